@@ -1,0 +1,318 @@
+//! The trait a lock server implements, and the values it exchanges with the engine.
+//!
+//! A backend answers a handful of questions atomically on its server and nothing more. All
+//! that users see — waiting, timeouts, fairness from the engine's side, reentrancy, the
+//! watchdog, loss signals, scoped runs, read-write locks, semaphores and elections — is
+//! built once on top of it, so every backend behaves the same and one conformance suite
+//! holds them all to it.
+//!
+//! # The model
+//!
+//! Each lock name has two independent sets of holders, each with a FIFO queue of waiters:
+//!
+//! - the *lock* set, used by [`Mode::Exclusive`] and [`Mode::Shared`] requests: an exclusive
+//!   holder excludes everyone, shared holders exclude only exclusive ones (a read-write lock;
+//!   a mutex and an election are its exclusive half);
+//! - the *permit* set, used by [`Mode::Permit`] requests: at most `limit` holders (a
+//!   counting semaphore whose permits are individual leases).
+//!
+//! One fencing counter per name serves both sets: every grant of a name gets a token greater
+//! than every earlier grant of that name.
+//!
+//! # The contract
+//!
+//! - **acquire** is atomic on the server and idempotent per owner: if `req.owner` already
+//!   holds the lock it is granted again with the same token and a fresh lease (this is how an
+//!   acquire whose reply was lost gets adopted). Otherwise it grants if the request is
+//!   compatible with the holders — and, when `req.fair`, with the waiters queued ahead of
+//!   it — or answers busy. When `req.fair && req.waiting`, a busy request keeps (or takes) a
+//!   place in the queue; the engine calls acquire again at least every `ttl / 3` while it
+//!   waits, and the backend may drop a queue entry not refreshed within `ttl`.
+//! - **renew** extends the owner's grant only if it is still the owner's (compare and
+//!   extend); otherwise it answers [`Renewal::Lost`].
+//! - **release** removes the owner's grant or queue entry, and nothing else.
+//! - **wait** returns when the state of the name may have changed since `hint` was taken,
+//!   or after `max` at the latest. Returning early is allowed; missing a change that
+//!   happened after the hint was taken is not.
+//! - Every future is cancel-safe in the sense that dropping it leaves the server in a state
+//!   the owner-checked release can clean up.
+
+use std::any::Any;
+use std::fmt;
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::error::{LossReason, Result};
+use crate::fencing::FencingToken;
+use crate::name::{LockName, OwnerId};
+
+/// How a request wants to hold a lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Mode {
+    /// Alone: no other holder of the name's lock set (mutex, writer, leader).
+    Exclusive,
+    /// Together with other shared holders, but no exclusive one (reader).
+    Shared,
+    /// One of at most `limit` holders of the name's permit set (semaphore permit).
+    Permit {
+        /// The most permits of this name held at once.
+        limit: NonZeroU32,
+    },
+}
+
+impl Mode {
+    /// Whether the mode uses the name's permit set rather than its lock set.
+    pub fn is_permit(self) -> bool {
+        matches!(self, Mode::Permit { .. })
+    }
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Mode::Exclusive => f.write_str("exclusive"),
+            Mode::Shared => f.write_str("shared"),
+            Mode::Permit { limit } => write!(f, "permit/{limit}"),
+        }
+    }
+}
+
+/// One acquisition's request, passed unchanged to acquire, renew and release.
+#[derive(Debug, Clone)]
+pub struct Request {
+    /// The lock.
+    pub name: LockName,
+    /// Who asks; unique per acquisition.
+    pub owner: OwnerId,
+    /// How it wants to hold the lock.
+    pub mode: Mode,
+    /// The lease length to grant (and to extend by on renewal).
+    pub ttl: Duration,
+    /// Respect the FIFO queue: grant only if nobody incompatible waits ahead.
+    pub fair: bool,
+    /// The caller will wait: if busy and `fair`, keep a place in the queue.
+    pub waiting: bool,
+    /// Keep the lock closed this long after this grant expires without a release.
+    pub lock_delay: Option<Duration>,
+    /// Data stored with the grant and shown by inspect (an election candidate's value).
+    pub value: Option<Arc<[u8]>>,
+}
+
+/// The answer to [`Backend::acquire`].
+#[derive(Debug)]
+pub enum Acquire {
+    /// The lock is ours.
+    Granted(Grant),
+    /// Someone incompatible holds or waits ahead; the hint lets [`Backend::wait`] notice the
+    /// next change.
+    Busy(WaitHint),
+}
+
+/// A successful grant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    /// The grant's fencing token.
+    pub token: FencingToken,
+    /// How long the server keeps it without renewal.
+    pub expiry: Expiry,
+}
+
+/// How long a server keeps a grant (or a renewal) without hearing from its owner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expiry {
+    /// This long from when the server applied the request. May be longer than asked when
+    /// the server rounds up; never shorter.
+    After(Duration),
+    /// Until released or until the holding process dies (the OS drops the lock); nothing to
+    /// renew.
+    Never,
+}
+
+/// The answer to [`Backend::renew`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Renewal {
+    /// Still ours, with a fresh lease.
+    Renewed(Expiry),
+    /// Not ours any more.
+    Lost(LossReason),
+}
+
+/// The answer to [`Backend::release`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Release {
+    /// The owner's grant or queue entry was removed.
+    Released,
+    /// The owner had neither.
+    NotHeld,
+}
+
+/// Opaque data a backend hands out with a busy answer or a [`LockState`] and gets back in
+/// [`Backend::wait`]: a version number, a revision, a key to watch.
+#[derive(Clone, Default)]
+pub struct WaitHint(Option<Arc<dyn Any + Send + Sync>>);
+
+impl WaitHint {
+    /// Wraps backend-specific data.
+    pub fn new<T: Any + Send + Sync>(data: T) -> Self {
+        Self(Some(Arc::new(data)))
+    }
+
+    /// A hint that carries nothing: wait returns at once.
+    pub fn none() -> Self {
+        Self(None)
+    }
+
+    /// The data, if it is a `T`.
+    pub fn get<T: Any + Send + Sync>(&self) -> Option<&T> {
+        self.0.as_deref()?.downcast_ref()
+    }
+}
+
+impl fmt::Debug for WaitHint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.is_some() { "WaitHint(..)" } else { "WaitHint(none)" })
+    }
+}
+
+/// A holder, as reported by [`Backend::inspect`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Holder {
+    /// Who holds.
+    pub owner: OwnerId,
+    /// How.
+    pub mode: Mode,
+    /// The grant's token.
+    pub token: FencingToken,
+    /// Time left on the server's lease; `None` for grants that do not expire.
+    pub remaining: Option<Duration>,
+    /// Data stored with the grant.
+    pub value: Option<Arc<[u8]>>,
+}
+
+/// A queued waiter, as reported by [`Backend::inspect`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Waiter {
+    /// Who waits.
+    pub owner: OwnerId,
+    /// For what.
+    pub mode: Mode,
+}
+
+/// What the server knows about one name: holders of both sets, queued waiters in queue
+/// order, and a hint for waiting on the next change.
+#[derive(Debug, Clone, Default)]
+pub struct LockState {
+    /// Current holders (lock set first, then permits).
+    pub holders: Vec<Holder>,
+    /// Queued waiters, in the order they will be served (per set).
+    pub waiters: Vec<Waiter>,
+    /// Pass to [`Backend::wait`] to wait for the next change.
+    pub hint: WaitHint,
+}
+
+/// How far a backend's fencing tokens can be trusted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TokenDurability {
+    /// Replicated by consensus: survive crashes and failover of a minority (etcd, ZooKeeper).
+    Consensus,
+    /// Stored durably on one server or disk: survive restarts of it, not the loss of its
+    /// storage (PostgreSQL, the file backend on a persistent directory).
+    Durable,
+    /// Kept while the server keeps its data; a restart without persistence or an async
+    /// failover can lose them (the backend must detect and refuse going backwards).
+    WhileServerKeepsData,
+    /// Kept in this process only (the in-memory backend).
+    Process,
+}
+
+/// What a backend can do. The engine checks requests against it; docs and the conformance
+/// suite read it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Capabilities {
+    /// Short name for messages ("memory", "file", "redis", ...).
+    pub backend: &'static str,
+    /// Grants are leases that expire unless renewed (a holder can lose its lock).
+    pub expiring_leases: bool,
+    /// Granted lease lengths are multiples of this (etcd: 1 s); ttls are rounded up.
+    pub ttl_granularity: Duration,
+    /// How far tokens survive.
+    pub tokens: TokenDurability,
+    /// A FIFO queue of waiters is available (`fair` requests).
+    pub fair: bool,
+    /// Waiters are woken by the server (pub/sub, watch, inotify), not by polling.
+    pub push_wakeups: bool,
+    /// Shared mode (read-write locks).
+    pub shared: bool,
+    /// Permit mode (semaphores).
+    pub permits: bool,
+    /// `lock_delay` is honoured.
+    pub lock_delay: bool,
+}
+
+impl Capabilities {
+    /// Capabilities with every flag off, for a backend to fill in.
+    pub fn new(backend: &'static str, tokens: TokenDurability) -> Self {
+        Self {
+            backend,
+            expiring_leases: false,
+            ttl_granularity: Duration::from_millis(1),
+            tokens,
+            fair: false,
+            push_wakeups: false,
+            shared: false,
+            permits: false,
+            lock_delay: false,
+        }
+    }
+}
+
+/// A lock server. Implement this to add a backend; use [`Client`](crate::Client) to lock.
+///
+/// See the [module documentation](self) for the model and the contract every method keeps.
+#[async_trait]
+pub trait Backend: Send + Sync + fmt::Debug + 'static {
+    /// What this backend can do.
+    fn capabilities(&self) -> Capabilities;
+
+    /// Grants the lock to `req.owner` or answers busy (see the contract).
+    async fn acquire(&self, req: &Request) -> Result<Acquire>;
+
+    /// Extends the owner's grant by `req.ttl` if it is still the owner's.
+    async fn renew(&self, req: &Request) -> Result<Renewal>;
+
+    /// Removes the owner's grant or queue entry; never anyone else's.
+    async fn release(&self, req: &Request) -> Result<Release>;
+
+    /// Returns when `name` may have changed since `hint` was taken, or after `max`.
+    async fn wait(&self, name: &LockName, hint: &WaitHint, max: Duration) -> Result<()>;
+
+    /// Holders, waiters and a wait hint for `name`.
+    async fn inspect(&self, name: &LockName) -> Result<LockState>;
+}
+
+#[async_trait]
+impl<B: Backend + ?Sized> Backend for Arc<B> {
+    fn capabilities(&self) -> Capabilities {
+        (**self).capabilities()
+    }
+    async fn acquire(&self, req: &Request) -> Result<Acquire> {
+        (**self).acquire(req).await
+    }
+    async fn renew(&self, req: &Request) -> Result<Renewal> {
+        (**self).renew(req).await
+    }
+    async fn release(&self, req: &Request) -> Result<Release> {
+        (**self).release(req).await
+    }
+    async fn wait(&self, name: &LockName, hint: &WaitHint, max: Duration) -> Result<()> {
+        (**self).wait(name, hint, max).await
+    }
+    async fn inspect(&self, name: &LockName) -> Result<LockState> {
+        (**self).inspect(name).await
+    }
+}

@@ -1,0 +1,408 @@
+//! One grant as the client sees it: its local deadline, its state and its loss signal.
+//!
+//! The rules (see `docs/safety.md`):
+//!
+//! - The deadline is `sent + validity(granted)`: counted from when the granting request was
+//!   *sent*, on the [`Clock`](crate::clock::Clock), minus the drift allowance. The server
+//!   started its own timer later than `sent`, so the holder gives up first.
+//! - The lease is held only while `now < deadline`, whatever any reply says.
+//! - Lost and Released are final: a renewal reply arriving after the deadline, or after a
+//!   "not owner", never revives the lease.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tokio::runtime::Handle;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::backend::{Expiry, Request};
+use crate::client::Client;
+use crate::clock::Instant;
+use crate::error::LossReason;
+use crate::fencing::FencingToken;
+use crate::options::LockOptions;
+
+/// Where a lease stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum State {
+    /// Held until `deadline` (`None`: no expiry) unless renewed; `capped` once renewal
+    /// stopped at the hold cap, so the deadline is final.
+    Held {
+        deadline: Option<Instant>,
+        capped: bool,
+    },
+    /// Lost; final.
+    Lost(LossReason),
+    /// Released by its holder; final.
+    Released,
+}
+
+/// The local deadline of a lease of length `granted` whose request was sent at `sent`, or
+/// `None` if the drift allowance leaves nothing of it.
+/// Why a lease that reached its deadline was lost.
+fn at_deadline(capped: bool) -> LossReason {
+    if capped {
+        LossReason::MaxHoldReached
+    } else {
+        LossReason::Expired
+    }
+}
+
+pub(crate) fn local_deadline(
+    options: &LockOptions,
+    sent: Instant,
+    granted: Duration,
+) -> Option<Instant> {
+    sent.checked_add(options.validity(granted)?)
+}
+
+/// The shared state of one grant. Guards (one per reentrant hold) and the watchdog point
+/// at it.
+#[derive(Debug)]
+pub(crate) struct Lease {
+    pub(crate) client: Client,
+    pub(crate) request: Request,
+    pub(crate) options: Arc<LockOptions>,
+    pub(crate) token: FencingToken,
+    /// When the granting request was sent.
+    pub(crate) acquired_at: Instant,
+    state: watch::Sender<State>,
+    holds: AtomicUsize,
+    /// Cancelled when the lease is released; stops the watchdog.
+    pub(crate) stop: CancellationToken,
+    /// The runtime the lease was granted on: a guard dropped outside of it releases there.
+    pub(crate) runtime: Option<Handle>,
+}
+
+impl Lease {
+    /// A lease for a grant whose request was sent at `sent`, with one hold; `None` if its
+    /// deadline has already passed (the reply came too late to be of use).
+    pub(crate) fn new(
+        client: Client,
+        request: Request,
+        options: Arc<LockOptions>,
+        token: FencingToken,
+        sent: Instant,
+        expiry: Expiry,
+    ) -> Option<Arc<Lease>> {
+        let deadline = match expiry {
+            Expiry::After(granted) => Some(local_deadline(&options, sent, granted)?),
+            Expiry::Never => None,
+        };
+        if deadline.is_some_and(|d| client.clock().now() >= d) {
+            return None;
+        }
+        Some(Arc::new(Lease {
+            client,
+            request,
+            options,
+            token,
+            acquired_at: sent,
+            state: watch::Sender::new(State::Held {
+                deadline,
+                capped: false,
+            }),
+            holds: AtomicUsize::new(1),
+            stop: CancellationToken::new(),
+            runtime: Handle::try_current().ok(),
+        }))
+    }
+
+    fn now(&self) -> Instant {
+        self.client.clock().now()
+    }
+
+    /// The state, with a passed deadline read as lost even before the watchdog marks it.
+    pub(crate) fn state(&self) -> State {
+        match *self.state.borrow() {
+            State::Held {
+                deadline: Some(deadline),
+                capped,
+            } if self.now() >= deadline => State::Lost(at_deadline(capped)),
+            state => state,
+        }
+    }
+
+    pub(crate) fn is_held(&self) -> bool {
+        matches!(self.state(), State::Held { .. })
+    }
+
+    /// The local deadline while held.
+    pub(crate) fn deadline(&self) -> Option<Instant> {
+        match self.state() {
+            State::Held { deadline, .. } => deadline,
+            _ => None,
+        }
+    }
+
+    /// Time left until the local deadline: `Duration::MAX` for a lease without expiry, zero
+    /// once lost or released.
+    pub(crate) fn remaining(&self) -> Duration {
+        match self.state() {
+            State::Held { deadline: None, .. } => Duration::MAX,
+            State::Held {
+                deadline: Some(deadline),
+                ..
+            } => deadline.saturating_duration_since(self.now()),
+            _ => Duration::ZERO,
+        }
+    }
+
+    /// Applies a renewal whose request was sent at `sent`. Returns whether the lease is
+    /// still held; a renewal that arrives after the deadline (or after a loss) changes
+    /// nothing and marks the lease lost.
+    pub(crate) fn extend(&self, sent: Instant, expiry: Expiry) -> bool {
+        let now = self.now();
+        let options = &self.options;
+        self.state.send_if_modified(|state| match state {
+            State::Held { deadline, capped } if !*capped && deadline.is_none_or(|d| now < d) => {
+                let renewed = match expiry {
+                    Expiry::After(granted) => local_deadline(options, sent, granted),
+                    Expiry::Never => None,
+                };
+                match (expiry, renewed) {
+                    (Expiry::After(_), Some(new)) if now < new => *deadline = Some(new),
+                    (Expiry::Never, _) => *deadline = None,
+                    _ => *state = State::Lost(LossReason::Expired),
+                }
+                true
+            }
+            State::Held { deadline, capped } => {
+                if deadline.is_some_and(|d| now >= d) {
+                    *state = State::Lost(at_deadline(*capped));
+                    return true;
+                }
+                false
+            }
+            State::Lost(_) | State::Released => false,
+        });
+        self.is_held()
+    }
+
+    /// Renewal stopped at the hold cap: the current deadline is final, and reaching it
+    /// counts as [`LossReason::MaxHoldReached`].
+    pub(crate) fn cap(&self) {
+        self.state.send_if_modified(|state| match state {
+            State::Held { capped, .. } if !*capped => {
+                *capped = true;
+                true
+            }
+            _ => false,
+        });
+    }
+
+    /// Marks the lease lost for `reason` unless it already ended. A lease whose deadline
+    /// passed is recorded as lost at its deadline, whatever `reason` says.
+    pub(crate) fn mark_lost(&self, reason: LossReason) {
+        let now = self.now();
+        let changed = self.state.send_if_modified(|state| match *state {
+            State::Held { deadline, capped } => {
+                let passed = deadline.is_some_and(|d| now >= d);
+                *state = State::Lost(if passed { at_deadline(capped) } else { reason });
+                true
+            }
+            _ => false,
+        });
+        if changed {
+            tracing::warn!(lock = %self.request.name, owner = %self.request.owner,
+                token = %self.token, state = ?*self.state.borrow(), "lock lost");
+        }
+    }
+
+    /// Ends the lease on release: stops the watchdog and returns the state it ended in
+    /// (`Held` if it was still held, else how it was lost).
+    pub(crate) fn finish(&self) -> State {
+        let before = self.state();
+        self.state.send_replace(match before {
+            State::Held { .. } | State::Released => State::Released,
+            lost @ State::Lost(_) => lost,
+        });
+        self.stop.cancel();
+        before
+    }
+
+    /// A future that completes when the lease is lost; it never completes if the lease is
+    /// released first. Owns what it needs.
+    pub(crate) fn lost(&self) -> impl Future<Output = LossReason> + Send + 'static {
+        let mut rx = self.state.subscribe();
+        let clock = self.client.clock().clone();
+        async move {
+            loop {
+                let (deadline, capped) = match *rx.borrow_and_update() {
+                    State::Lost(reason) => return reason,
+                    State::Released => (None, false),
+                    State::Held { deadline, capped } => (deadline, capped),
+                };
+                // Do not depend on the watchdog alone: the deadline itself is the signal.
+                let deadline_passed = async {
+                    match deadline {
+                        Some(d) => clock.sleep_until(d).await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    changed = rx.changed() => {
+                        if changed.is_err() {
+                            // The lease is gone: it was released.
+                            std::future::pending::<()>().await;
+                        }
+                    }
+                    () = deadline_passed => return at_deadline(capped),
+                }
+            }
+        }
+    }
+
+    /// Adds a reentrant hold if the lease still has one (and is held).
+    pub(crate) fn add_hold(&self) -> bool {
+        self.is_held()
+            && self
+                .holds
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |h| {
+                    (h > 0).then_some(h + 1)
+                })
+                .is_ok()
+    }
+
+    /// Drops one hold; returns whether it was the last one.
+    pub(crate) fn drop_hold(&self) -> bool {
+        self.holds.fetch_sub(1, Ordering::AcqRel) == 1
+    }
+
+    pub(crate) fn holds(&self) -> usize {
+        self.holds.load(Ordering::Acquire)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::Mode;
+    use crate::clock::{Clock, ManualClock};
+    use crate::memory::InMemory;
+    use crate::name::{LockName, OwnerId};
+
+    fn lease_at(clock: &ManualClock, sent: Instant, granted: Duration) -> Option<Arc<Lease>> {
+        let client = Client::builder(InMemory::new())
+            .clock(clock.clone())
+            .build();
+        let options = LockOptions::builder()
+            .ttl(granted)
+            .drift_factor(0.1)
+            .drift_margin(Duration::from_millis(100))
+            .build()
+            .unwrap();
+        let request = Request {
+            name: LockName::new("lease").unwrap(),
+            owner: OwnerId::generate(),
+            mode: Mode::Exclusive,
+            ttl: granted,
+            fair: false,
+            waiting: false,
+            lock_delay: None,
+            value: None,
+        };
+        Lease::new(
+            client,
+            request,
+            Arc::new(options),
+            FencingToken::new(1),
+            sent,
+            Expiry::After(granted),
+        )
+    }
+
+    const SEC: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn deadline_counts_from_send_time_minus_drift() {
+        let clock = ManualClock::new();
+        let sent = clock.now();
+        // The reply takes 2 s to arrive.
+        clock.advance(2 * SEC);
+        let lease = lease_at(&clock, sent, 10 * SEC).unwrap();
+        // 10 s - (1 s + 100 ms) from the send time: 8.9 s, of which 2 s already went by.
+        assert_eq!(lease.remaining(), Duration::from_millis(6_900));
+        clock.advance(Duration::from_millis(6_899));
+        assert!(lease.is_held());
+        clock.advance(Duration::from_millis(1));
+        assert!(!lease.is_held(), "held at the deadline");
+        assert_eq!(lease.state(), State::Lost(LossReason::Expired));
+        assert_eq!(lease.remaining(), Duration::ZERO);
+    }
+
+    #[test]
+    fn a_grant_arriving_after_its_deadline_is_refused() {
+        let clock = ManualClock::new();
+        let sent = clock.now();
+        clock.advance(9 * SEC);
+        assert!(lease_at(&clock, sent, 10 * SEC).is_none());
+    }
+
+    #[test]
+    fn a_late_renewal_never_revives_a_lost_lease() {
+        let clock = ManualClock::new();
+        let lease = lease_at(&clock, clock.now(), 10 * SEC).unwrap();
+        let renewal_sent = clock.now().checked_add(3 * SEC).unwrap();
+        // The renewal's reply arrives after the first deadline.
+        clock.advance(9 * SEC);
+        assert!(!lease.extend(renewal_sent, Expiry::After(10 * SEC)));
+        assert_eq!(lease.state(), State::Lost(LossReason::Expired));
+        // Nor after an explicit loss.
+        let lease = lease_at(&clock, clock.now(), 10 * SEC).unwrap();
+        lease.mark_lost(LossReason::NotOwner);
+        assert!(!lease.extend(clock.now(), Expiry::After(10 * SEC)));
+        assert_eq!(lease.state(), State::Lost(LossReason::NotOwner));
+    }
+
+    #[test]
+    fn a_timely_renewal_moves_the_deadline_from_its_send_time() {
+        let clock = ManualClock::new();
+        let lease = lease_at(&clock, clock.now(), 10 * SEC).unwrap();
+        clock.advance(3 * SEC);
+        let sent = clock.now();
+        clock.advance(SEC);
+        assert!(lease.extend(sent, Expiry::After(10 * SEC)));
+        // 8.9 s from the renewal's send time, 1 s of which passed.
+        assert_eq!(lease.remaining(), Duration::from_millis(7_900));
+    }
+
+    #[test]
+    fn release_is_final_and_reports_the_state_it_ended_in() {
+        let clock = ManualClock::new();
+        let lease = lease_at(&clock, clock.now(), 10 * SEC).unwrap();
+        assert!(matches!(lease.finish(), State::Held { .. }));
+        assert_eq!(lease.state(), State::Released);
+        assert!(!lease.extend(clock.now(), Expiry::After(10 * SEC)));
+        assert!(lease.stop.is_cancelled());
+
+        let lease = lease_at(&clock, clock.now(), 10 * SEC).unwrap();
+        clock.advance(10 * SEC);
+        assert_eq!(lease.finish(), State::Lost(LossReason::Expired));
+    }
+
+    #[test]
+    fn holds_are_counted() {
+        let clock = ManualClock::new();
+        let lease = lease_at(&clock, clock.now(), 10 * SEC).unwrap();
+        assert!(lease.add_hold());
+        assert_eq!(lease.holds(), 2);
+        assert!(!lease.drop_hold());
+        assert!(lease.drop_hold());
+        assert!(!lease.add_hold(), "a lease without holds was re-entered");
+    }
+
+    #[tokio::test]
+    async fn lost_fires_at_the_deadline_without_any_reply() {
+        let clock = ManualClock::new();
+        let lease = lease_at(&clock, clock.now(), 10 * SEC).unwrap();
+        let mut lost = std::pin::pin!(lease.lost());
+        assert!(futures_util::poll!(&mut lost).is_pending());
+        clock.advance(Duration::from_millis(8_899));
+        assert!(futures_util::poll!(&mut lost).is_pending());
+        clock.advance(Duration::from_millis(1));
+        assert_eq!(lost.await, LossReason::Expired);
+    }
+}

@@ -1,0 +1,52 @@
+//! leasehold-core: the lock API and the engine every leasehold backend plugs into.
+//!
+//! - [`Client`] — a backend, a clock and default options; makes [`Mutex`], [`RwLock`],
+//!   [`Semaphore`] and [`Election`] handles.
+//! - [`Guard`] — proof of holding: [`token`](Guard::token), [`lost`](Guard::lost),
+//!   [`remaining`](Guard::remaining), [`release`](Guard::release), [`run`](Guard::run).
+//! - [`backend::Backend`] — the narrow trait a lock server implements.
+//! - [`memory::InMemory`] — the reference backend, in process.
+//! - [`fencing::Fence`] — the resource-side token check, in process.
+//! - [`faulty::Faulty`] — fault injection around any backend.
+//!
+//! Everything is built once, on one engine: waiting, fairness, reentrancy, the watchdog,
+//! loss signals and scoped runs behave the same on every backend.
+//!
+//! ```
+//! use leasehold_core::{Client, memory::InMemory};
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold_core::Result<()> {
+//! let client = Client::new(InMemory::new());
+//! let guard = client.mutex("reports")?.lock().await?;
+//! let token = guard.token(); // send with every write to the protected resource
+//! # let _ = token;
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+
+pub mod backend;
+mod client;
+pub mod clock;
+mod engine;
+mod error;
+pub mod faulty;
+pub mod fencing;
+mod lease;
+pub mod memory;
+mod name;
+mod options;
+mod redact;
+pub mod sync;
+mod watchdog;
+
+pub use backend::{Backend, Capabilities, LockState, Mode};
+pub use client::{Client, ClientBuilder};
+pub use error::{Error, LossReason, Result};
+pub use fencing::{Fence, FencingToken, StaleToken};
+pub use name::{LockName, OwnerId};
+pub use options::{LockOptions, LockOptionsBuilder, MAX_DURATION, parse_duration};
+pub use redact::redact_url;
+pub use sync::{
+    Election, Guard, Leader, Leadership, Mutex, MutexGuard, Observer, Owner, Permit, ReadGuard,
+    RwLock, Semaphore, WriteGuard,
+};

@@ -1,0 +1,364 @@
+//! The in-memory backend: the reference semantics of the [`Backend`] contract, in one
+//! process.
+//!
+//! It implements everything — expiring leases on its own [`Clock`], FIFO queues with
+//! expiring entries, shared mode, permits, lock-delay, push wake-ups — exactly as the
+//! contract describes, so doctests and unit tests exercise the real engine against a real
+//! backend. Give it a [`ManualClock`](crate::clock::ManualClock) to move its time by hand.
+//!
+//! Tokens live in the process: they start at 1 for every new `InMemory`. The state of a
+//! name (its token counter) is kept for the life of the backend.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::watch;
+
+use crate::backend::{
+    Acquire, Backend, Capabilities, Expiry, Grant, Holder, LockState, Mode, Release, Renewal,
+    Request, TokenDurability, WaitHint, Waiter,
+};
+use crate::clock::{Clock, Instant, SystemClock};
+use crate::error::{Error, LossReason, Result};
+use crate::fencing::FencingToken;
+use crate::name::{LockName, OwnerId};
+
+/// An in-process lock server. Clones share the same locks.
+///
+/// ```
+/// use std::time::Duration;
+/// use leasehold_core::{Client, LockOptions, clock::ManualClock, memory::InMemory};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold_core::Result<()> {
+/// let clock = ManualClock::new();
+/// let server = InMemory::with_clock(clock.clone());
+/// let options = LockOptions::builder().ttl(Duration::from_secs(10)).build()?;
+/// let a = Client::builder(server.clone()).clock(clock.clone()).options(options.clone()).build();
+/// let b = Client::builder(server).clock(clock.clone()).options(options).build();
+///
+/// let guard = a.mutex("job")?.lock().await?;
+/// // The holder counts on 10 s minus the drift allowance (1 % + 2 ms), from the send time.
+/// assert_eq!(guard.remaining(), Duration::from_millis(9_898));
+/// assert!(b.mutex("job")?.try_lock().await?.is_none());
+/// guard.release().await?;
+/// let next = b.mutex("job")?.try_lock().await?.expect("free after the release");
+/// assert_eq!(next.token().get(), 2);
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct InMemory {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    clock: Arc<dyn Clock>,
+    names: Mutex<HashMap<LockName, Entry>>,
+}
+
+/// Everything about one name.
+#[derive(Debug)]
+struct Entry {
+    /// `[lock set, permit set]`.
+    sets: [Set; 2],
+    last_token: u64,
+    /// Bumped on every change; waiters watch it.
+    version: watch::Sender<u64>,
+}
+
+#[derive(Debug, Default)]
+struct Set {
+    holders: Vec<Held>,
+    queue: VecDeque<Queued>,
+    /// Lock-delay: closed to new grants until then.
+    closed_until: Option<Instant>,
+}
+
+#[derive(Debug)]
+struct Held {
+    owner: OwnerId,
+    mode: Mode,
+    token: FencingToken,
+    expires: Instant,
+    lock_delay: Option<Duration>,
+    value: Option<Arc<[u8]>>,
+}
+
+#[derive(Debug)]
+struct Queued {
+    owner: OwnerId,
+    mode: Mode,
+    expires: Instant,
+}
+
+impl Entry {
+    fn new() -> Self {
+        Self {
+            sets: Default::default(),
+            last_token: 0,
+            version: watch::Sender::new(0),
+        }
+    }
+
+    fn set(&mut self, mode: Mode) -> &mut Set {
+        &mut self.sets[usize::from(mode.is_permit())]
+    }
+
+    fn bump(&self) {
+        bump(&self.version);
+    }
+
+    fn hint(&self) -> WaitHint {
+        hint(&self.version)
+    }
+
+    /// Drops expired holders and queue entries of both sets; returns whether anything
+    /// changed.
+    fn purge(&mut self, now: Instant) -> bool {
+        let mut changed = false;
+        for set in &mut self.sets {
+            let before = (set.holders.len(), set.queue.len());
+            for held in set.holders.iter().filter(|h| h.expires <= now) {
+                if let Some(delay) = held.lock_delay {
+                    let until = held.expires.saturating_add(delay);
+                    set.closed_until = Some(set.closed_until.map_or(until, |c| c.max(until)));
+                }
+            }
+            set.holders.retain(|h| h.expires > now);
+            set.queue.retain(|q| q.expires > now);
+            if set.closed_until.is_some_and(|until| until <= now) {
+                set.closed_until = None;
+            }
+            changed |= before != (set.holders.len(), set.queue.len());
+        }
+        if changed {
+            self.bump();
+        }
+        changed
+    }
+
+    /// The next instant at which purging would change something.
+    fn next_expiry(&self) -> Option<Instant> {
+        self.sets
+            .iter()
+            .flat_map(|set| {
+                set.holders
+                    .iter()
+                    .map(|h| h.expires)
+                    .chain(set.queue.iter().map(|q| q.expires))
+                    .chain(set.closed_until)
+            })
+            .min()
+    }
+}
+
+fn bump(version: &watch::Sender<u64>) {
+    version.send_modify(|v| *v += 1);
+}
+
+fn hint(version: &watch::Sender<u64>) -> WaitHint {
+    WaitHint::new(*version.borrow())
+}
+
+/// Whether a request in `mode` fits next to `holders` and behind the queued `ahead`.
+fn compatible(holders: &[Held], ahead: &[Queued], mode: Mode) -> bool {
+    match mode {
+        Mode::Exclusive => holders.is_empty() && ahead.is_empty(),
+        Mode::Shared => {
+            holders.iter().all(|h| h.mode == Mode::Shared)
+                && ahead.iter().all(|q| q.mode == Mode::Shared)
+        }
+        Mode::Permit { limit } => {
+            holders.len().saturating_add(ahead.len()) < limit.get() as usize
+        }
+    }
+}
+
+impl InMemory {
+    /// A server on the system clock.
+    pub fn new() -> Self {
+        Self::with_clock(SystemClock)
+    }
+
+    /// A server whose leases expire by `clock`.
+    pub fn with_clock(clock: impl Clock) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                clock: Arc::new(clock),
+                names: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+
+    fn with_entry<T>(&self, name: &LockName, f: impl FnOnce(&mut Entry, Instant) -> T) -> T {
+        let now = self.inner.clock.now();
+        let mut names = self.inner.names.lock().unwrap_or_else(|e| e.into_inner());
+        let entry = names.entry(name.clone()).or_insert_with(Entry::new);
+        entry.purge(now);
+        f(entry, now)
+    }
+}
+
+impl Default for InMemory {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn expiry_after(now: Instant, ttl: Duration) -> Result<Instant> {
+    now.checked_add(ttl)
+        .ok_or_else(|| Error::invalid("ttl", format!("{ttl:?} overflows the clock")))
+}
+
+#[async_trait]
+impl Backend for InMemory {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            expiring_leases: true,
+            fair: true,
+            push_wakeups: true,
+            shared: true,
+            permits: true,
+            lock_delay: true,
+            ..Capabilities::new("memory", TokenDurability::Process)
+        }
+    }
+
+    async fn acquire(&self, req: &Request) -> Result<Acquire> {
+        self.with_entry(&req.name, |entry, now| {
+            let expires = expiry_after(now, req.ttl)?;
+            let next_token = entry.last_token + 1;
+            let Entry { sets, version, last_token } = entry;
+            let set = &mut sets[usize::from(req.mode.is_permit())];
+            if let Some(held) = set.holders.iter_mut().find(|h| h.owner == req.owner) {
+                held.expires = expires;
+                return Ok(Acquire::Granted(Grant {
+                    token: held.token,
+                    expiry: Expiry::After(req.ttl),
+                }));
+            }
+            let mut changed = false;
+            let mut position = set.queue.iter().position(|q| q.owner == req.owner);
+            if req.fair && req.waiting {
+                match position {
+                    Some(p) => set.queue[p].expires = expires,
+                    None => {
+                        set.queue.push_back(Queued {
+                            owner: req.owner.clone(),
+                            mode: req.mode,
+                            expires,
+                        });
+                        position = Some(set.queue.len() - 1);
+                        changed = true;
+                    }
+                }
+            }
+            let ahead = match (req.fair, position) {
+                (false, _) => 0,
+                (true, Some(p)) => p,
+                (true, None) => set.queue.len(),
+            };
+            let closed = set.closed_until.is_some_and(|until| now < until);
+            let queue = set.queue.make_contiguous();
+            if closed || !compatible(&set.holders, &queue[..ahead], req.mode) {
+                if changed {
+                    bump(version);
+                }
+                return Ok(Acquire::Busy(hint(version)));
+            }
+            if let Some(p) = position {
+                set.queue.remove(p);
+            }
+            set.holders.push(Held {
+                owner: req.owner.clone(),
+                mode: req.mode,
+                token: FencingToken::new(next_token),
+                expires,
+                lock_delay: req.lock_delay,
+                value: req.value.clone(),
+            });
+            *last_token = next_token;
+            bump(version);
+            Ok(Acquire::Granted(Grant {
+                token: FencingToken::new(next_token),
+                expiry: Expiry::After(req.ttl),
+            }))
+        })
+    }
+
+    async fn renew(&self, req: &Request) -> Result<Renewal> {
+        self.with_entry(&req.name, |entry, now| {
+            let expires = expiry_after(now, req.ttl)?;
+            Ok(
+                match entry
+                    .set(req.mode)
+                    .holders
+                    .iter_mut()
+                    .find(|h| h.owner == req.owner)
+                {
+                    Some(held) => {
+                        held.expires = expires;
+                        Renewal::Renewed(Expiry::After(req.ttl))
+                    }
+                    None => Renewal::Lost(LossReason::NotOwner),
+                },
+            )
+        })
+    }
+
+    async fn release(&self, req: &Request) -> Result<Release> {
+        Ok(self.with_entry(&req.name, |entry, _| {
+            let set = entry.set(req.mode);
+            let before = (set.holders.len(), set.queue.len());
+            set.holders.retain(|h| h.owner != req.owner);
+            set.queue.retain(|q| q.owner != req.owner);
+            if before == (set.holders.len(), set.queue.len()) {
+                return Release::NotHeld;
+            }
+            entry.bump();
+            Release::Released
+        }))
+    }
+
+    async fn wait(&self, name: &LockName, hint: &WaitHint, max: Duration) -> Result<()> {
+        let clock = self.inner.clock.clone();
+        let (mut version, next_expiry, now) = self.with_entry(name, |entry, now| {
+            (entry.version.subscribe(), entry.next_expiry(), now)
+        });
+        if hint.get::<u64>() != Some(&*version.borrow_and_update()) {
+            return Ok(());
+        }
+        let until = now.saturating_add(max);
+        let until = next_expiry.map_or(until, |expiry| expiry.min(until));
+        tokio::select! {
+            _ = version.changed() => {}
+            () = clock.sleep_until(until) => {}
+        }
+        Ok(())
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<LockState> {
+        Ok(self.with_entry(name, |entry, now| {
+            let mut state = LockState {
+                hint: entry.hint(),
+                ..LockState::default()
+            };
+            for set in &entry.sets {
+                state.holders.extend(set.holders.iter().map(|h| Holder {
+                    owner: h.owner.clone(),
+                    mode: h.mode,
+                    token: h.token,
+                    remaining: Some(h.expires.saturating_duration_since(now)),
+                    value: h.value.clone(),
+                }));
+                state.waiters.extend(set.queue.iter().map(|q| Waiter {
+                    owner: q.owner.clone(),
+                    mode: q.mode,
+                }));
+            }
+            state
+        }))
+    }
+}

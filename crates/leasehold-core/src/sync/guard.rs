@@ -1,0 +1,194 @@
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::backend::{Mode, Release};
+use crate::engine::release_in_background;
+use crate::error::{Error, LossReason, Result};
+use crate::fencing::FencingToken;
+use crate::lease::{Lease, State};
+use crate::name::{LockName, OwnerId};
+
+/// Proof of holding a lock (or a read lock, a permit, a leadership): its fencing token, its
+/// remaining validity and its loss signal.
+///
+/// The guard is owned — `'static`, `Send`, movable across tasks — and ownership is the
+/// guard, never a thread. While it exists a watchdog renews its lease (on backends whose
+/// leases expire); the moment the lease can no longer be trusted, [`lost`](Guard::lost)
+/// completes.
+///
+/// Release it with [`release`](Guard::release) to learn the outcome. Dropping it also
+/// releases, but in the background: the lock is free a little later, and errors are only
+/// logged ([`Client::settle`](crate::Client::settle) waits for such releases).
+#[must_use = "dropping a guard releases its lock at once (in the background)"]
+pub struct Guard {
+    lease: Arc<Lease>,
+    released: bool,
+}
+
+/// The guard of a [`Mutex`](crate::Mutex).
+pub type MutexGuard = Guard;
+/// The guard of a read lock of an [`RwLock`](crate::RwLock).
+pub type ReadGuard = Guard;
+/// The guard of a write lock of an [`RwLock`](crate::RwLock).
+pub type WriteGuard = Guard;
+/// One permit of a [`Semaphore`](crate::Semaphore).
+pub type Permit = Guard;
+
+impl Guard {
+    pub(crate) fn new(lease: Arc<Lease>) -> Self {
+        Self {
+            lease,
+            released: false,
+        }
+    }
+
+    pub(crate) fn lease(&self) -> &Arc<Lease> {
+        &self.lease
+    }
+
+    /// The lock's name.
+    pub fn name(&self) -> &LockName {
+        &self.lease.request.name
+    }
+
+    /// The fencing token of this grant. Pass it with every write to the protected resource,
+    /// which must refuse tokens lower than the highest it has seen.
+    pub fn token(&self) -> FencingToken {
+        self.lease.token
+    }
+
+    /// How the lock is held.
+    pub fn mode(&self) -> Mode {
+        self.lease.request.mode
+    }
+
+    /// The owner id the server records for this grant.
+    pub fn owner(&self) -> &OwnerId {
+        &self.lease.request.owner
+    }
+
+    /// Whether the lease is still valid by the local deadline. `false` once lost.
+    pub fn is_held(&self) -> bool {
+        self.lease.is_held()
+    }
+
+    /// Time left until the local deadline (renewals move it). `Duration::MAX` on backends
+    /// whose grants do not expire; zero once lost.
+    pub fn remaining(&self) -> Duration {
+        self.lease.remaining()
+    }
+
+    /// Completes when the lease is lost: at its local deadline without a renewal, or as
+    /// soon as the server says it is no longer ours. Never completes while the lease is
+    /// held, nor after a release.
+    ///
+    /// The future owns what it needs; it can be moved into another task.
+    pub fn lost(&self) -> impl Future<Output = LossReason> + Send + 'static {
+        self.lease.lost()
+    }
+
+    /// How many reentrant holds share this grant (see [`Owner`](crate::Owner)).
+    pub fn hold_count(&self) -> usize {
+        self.lease.holds()
+    }
+
+    /// Runs `work` while the lock is held; if the lease is lost first, `work` is dropped
+    /// (cancelled at its next await point) and [`Error::Lost`] is returned.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future drops `work`; the guard keeps the lock.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Lost`] if the lease was lost before `work` completed (or before it started).
+    pub async fn run<F: Future>(&self, work: F) -> Result<F::Output> {
+        if let State::Lost(reason) = self.lease.state() {
+            return Err(Error::Lost(reason));
+        }
+        let lost = self.lost();
+        tokio::select! {
+            biased;
+            reason = lost => Err(Error::Lost(reason)),
+            output = work => Ok(output),
+        }
+    }
+
+    /// Releases the lock and says how it went. Of reentrant holds, only the last one
+    /// releases on the server.
+    ///
+    /// # Cancel safety
+    ///
+    /// The lease is ended before the request is sent; if the future is dropped the release
+    /// may or may not reach the server, and an unreleased lease then expires by its TTL.
+    ///
+    /// # Errors
+    ///
+    /// - [`Error::Lost`] if the lease had been lost: the work done under it may have
+    ///   overlapped another holder's (the release is still attempted, owner-checked).
+    /// - [`Error::NotHeld`] if the server had no grant for this owner (it lost it without
+    ///   the holder noticing).
+    /// - Backend errors; if the outcome is unknown the release is retried in the background.
+    pub async fn release(mut self) -> Result<()> {
+        self.released = true;
+        let lease = &self.lease;
+        if !lease.drop_hold() {
+            return match lease.state() {
+                State::Lost(reason) => Err(Error::Lost(reason)),
+                _ => Ok(()),
+            };
+        }
+        let ended = lease.finish();
+        let client = &lease.client;
+        let timeout = lease.options.request_timeout();
+        let answer = client
+            .call(timeout, client.backend().release(&lease.request))
+            .await;
+        if let Err(error) = &answer
+            && error.is_unknown_outcome()
+        {
+            release_in_background(
+                client,
+                lease.runtime.as_ref(),
+                lease.request.clone(),
+                timeout,
+            );
+        }
+        match (ended, answer) {
+            (State::Lost(reason), _) => Err(Error::Lost(reason)),
+            (_, Ok(Release::Released)) => Ok(()),
+            (_, Ok(Release::NotHeld)) => Err(Error::NotHeld),
+            (_, Err(error)) => Err(error),
+        }
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        if self.released || !self.lease.drop_hold() {
+            return;
+        }
+        let lease = &self.lease;
+        lease.finish();
+        release_in_background(
+            &lease.client,
+            lease.runtime.as_ref(),
+            lease.request.clone(),
+            lease.options.request_timeout(),
+        );
+    }
+}
+
+impl fmt::Debug for Guard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Guard")
+            .field("name", self.name())
+            .field("mode", &self.mode())
+            .field("token", &self.token())
+            .field("owner", self.owner())
+            .field("held", &self.is_held())
+            .finish()
+    }
+}

@@ -213,12 +213,12 @@ async fn the_hold_cap_stops_renewal_and_the_lease_runs_out() {
 async fn an_acquire_whose_reply_was_lost_is_adopted_not_orphaned() {
     let r = rig();
     r.faults.lose_next_reply(Op::Acquire);
-    let guard = r
-        .client
-        .mutex("m")
-        .unwrap()
-        .lock_timeout(30 * SEC)
+    // The manual clock does not move: a retry that is not adopted would wait forever, so
+    // bound it in real time.
+    let mutex = r.client.mutex("m").unwrap();
+    let guard = tokio::time::timeout(Duration::from_secs(10), mutex.lock_timeout(30 * SEC))
         .await
+        .expect("the retry was refused: the lost grant was orphaned")
         .unwrap()
         .expect("granted on retry");
     // The retry carried the same owner id and got the grant the lost reply announced.

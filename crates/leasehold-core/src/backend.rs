@@ -25,9 +25,10 @@
 //!   holds the lock it is granted again with the same token and a fresh lease (this is how an
 //!   acquire whose reply was lost gets adopted). Otherwise it grants if the request is
 //!   compatible with the holders — and, when `req.fair`, with the waiters queued ahead of
-//!   it — or answers busy. When `req.fair && req.waiting`, a busy request keeps (or takes) a
-//!   place in the queue; the engine calls acquire again at least every `ttl / 3` while it
-//!   waits, and the backend may drop a queue entry not refreshed within `ttl`.
+//!   it — or answers busy. When `req.waiting`, a busy request may leave a waiter entry (a
+//!   place in the FIFO queue when `req.fair`, or other waiting state such as a writer's
+//!   claim); the engine calls acquire again at least every `ttl / 3` while it waits, a
+//!   backend may drop a waiter entry not refreshed within `ttl`, and release removes it.
 //! - **renew** extends the owner's grant only if it is still the owner's (compare and
 //!   extend); otherwise it answers [`Renewal::Lost`].
 //! - **release** removes the owner's grant or queue entry, and nothing else.
@@ -93,7 +94,7 @@ pub struct Request {
     pub ttl: Duration,
     /// Respect the FIFO queue: grant only if nobody incompatible waits ahead.
     pub fair: bool,
-    /// The caller will wait: if busy and `fair`, keep a place in the queue.
+    /// The caller will wait: if busy, keep a waiter entry (a place in the queue if `fair`).
     pub waiting: bool,
     /// Keep the lock closed this long after this grant expires without a release.
     pub lock_delay: Option<Duration>,

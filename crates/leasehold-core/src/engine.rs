@@ -84,8 +84,8 @@ pub(crate) async fn acquire(client: &Client, spec: &Spec, wait: Wait) -> Result<
     };
     let timeout = options.request_timeout();
     let mut cleanup = Cleanup::new(client, &request, timeout);
-    // A queue entry exists from the first busy answer of a fair waiting request.
-    cleanup.needed = request.fair && request.waiting;
+    // A waiting request may leave a waiter entry behind from its first busy answer on.
+    cleanup.needed = request.waiting;
     let mut failures = Failures::default();
     loop {
         let sent = clock.now();

@@ -1,0 +1,26 @@
+//! The conformance suite against the file backend: every client is a separate
+//! `FileBackend` instance on one temporary directory.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use leasehold_core::backend::Backend;
+use leasehold_file::FileBackend;
+use leasehold_testkit::Deployment;
+
+struct FileDeployment {
+    dir: tempfile::TempDir,
+}
+
+#[async_trait]
+impl Deployment for FileDeployment {
+    async fn connect(&self) -> Arc<dyn Backend> {
+        Arc::new(FileBackend::open(self.dir.path()).expect("lock directory"))
+    }
+}
+
+leasehold_testkit::conformance_suite!(async {
+    FileDeployment {
+        dir: tempfile::tempdir().expect("temporary directory"),
+    }
+});

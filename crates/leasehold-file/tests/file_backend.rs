@@ -1,0 +1,81 @@
+//! What only the file backend promises.
+
+use std::time::Duration;
+
+use leasehold_core::{Client, Error, LockOptions};
+use leasehold_file::FileBackend;
+
+fn client(dir: &std::path::Path) -> Client {
+    Client::new(FileBackend::open(dir).unwrap())
+}
+
+#[tokio::test]
+async fn tokens_continue_from_disk_in_a_new_backend() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = {
+        let c = client(dir.path());
+        let g = c.mutex("job").unwrap().lock().await.unwrap();
+        let t = g.token();
+        g.release().await.unwrap();
+        t
+    };
+    // As a restarted process would: a fresh backend on the same directory.
+    let c = client(dir.path());
+    let g = c.mutex("job").unwrap().lock().await.unwrap();
+    assert!(g.token() > first);
+}
+
+#[tokio::test]
+async fn a_corrupt_counter_is_an_error_not_a_guess() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("job#token"), b"garbage").unwrap();
+    let c = client(dir.path());
+    let err = c.mutex("job").unwrap().try_lock().await.unwrap_err();
+    assert!(matches!(err, Error::Backend { .. }), "{err}");
+    assert!(err.to_string().contains("refusing to guess"), "{err}");
+    // And the lock was not left taken by the failed attempt.
+    std::fs::remove_file(dir.path().join("job#token")).unwrap();
+    assert!(c.mutex("job").unwrap().try_lock().await.unwrap().is_some());
+}
+
+#[tokio::test]
+async fn a_waiter_is_woken_by_the_release_not_by_its_poll_interval() {
+    let dir = tempfile::tempdir().unwrap();
+    // A waiter re-checks on its own only every ttl / 3 = 100 s; only a push wake-up can
+    // get it the lock within 5 s.
+    let options = LockOptions::builder()
+        .ttl(Duration::from_secs(300))
+        .build()
+        .unwrap();
+    let holder = client(dir.path());
+    let waiter = Client::builder(FileBackend::open(dir.path()).unwrap())
+        .options(options)
+        .build();
+    let guard = holder.mutex("job").unwrap().lock().await.unwrap();
+    let mutex = waiter.mutex("job").unwrap();
+    let waiting = tokio::spawn(async move {
+        tokio::time::timeout(Duration::from_secs(5), mutex.lock()).await
+    });
+    // Give the waiter its first busy answer before releasing, through the holder record it
+    // writes while it waits.
+    let mut observed = holder.inspect("job").await.unwrap();
+    while observed.waiters.is_empty() {
+        holder
+            .backend()
+            .wait(&leasehold_core::LockName::new("job").unwrap(), &observed.hint, Duration::from_secs(5))
+            .await
+            .unwrap();
+        observed = holder.inspect("job").await.unwrap();
+    }
+    guard.release().await.unwrap();
+    let got = waiting.await.unwrap();
+    assert!(got.is_ok(), "the waiter was not woken by the release");
+}
+
+#[tokio::test]
+async fn a_directory_that_is_a_file_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("not-a-dir");
+    std::fs::write(&file, b"").unwrap();
+    assert!(matches!(FileBackend::open(&file), Err(Error::Unavailable { .. } | Error::Backend { .. })));
+}

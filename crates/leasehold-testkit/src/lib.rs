@@ -1,0 +1,36 @@
+//! Test infrastructure for leasehold: the conformance suite every backend must pass, real
+//! lock servers started on free loopback ports, and a TCP fault proxy.
+//!
+//! Nothing here mocks a server. The in-memory backend is a real backend; Redis, etcd,
+//! ZooKeeper and PostgreSQL are the real programs from Debian's packages, started by
+//! [`servers`] in temporary directories and stopped (by pid) when their handle drops.
+
+pub mod conformance;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use leasehold_core::backend::Backend;
+use leasehold_core::memory::InMemory;
+
+pub use conformance::Deployment;
+
+/// The in-memory backend as a deployment: every connection shares one server.
+#[derive(Debug, Clone, Default)]
+pub struct MemoryDeployment {
+    server: InMemory,
+}
+
+impl MemoryDeployment {
+    /// A fresh in-memory server.
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+#[async_trait]
+impl Deployment for MemoryDeployment {
+    async fn connect(&self) -> Arc<dyn Backend> {
+        Arc::new(self.server.clone())
+    }
+}

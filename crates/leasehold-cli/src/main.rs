@@ -1,0 +1,238 @@
+//! `leasehold`: run a command under a distributed lock, or inspect locks.
+
+use std::ffi::OsString;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use leasehold::{Client, Error, LockOptions, parse_duration};
+use leasehold_cli::run::{Hold, RunSpec, WaitFor};
+use leasehold_cli::{exit, inspect};
+use rustix::process::Signal;
+use tokio::signal::unix::{SignalKind, signal};
+
+/// Distributed locks that stay correct when networks, processes and clocks misbehave.
+///
+/// Without --url (or LEASEHOLD_URL) locks are local to this host: OS file locks in a
+/// per-user directory.
+#[derive(Debug, Parser)]
+#[command(name = "leasehold", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Hold a lock while a command runs; stop the command if the lock is lost.
+    ///
+    /// Exit codes: the command's own; 64 usage error; 69 backend unreachable or failed;
+    /// 75 not acquired (busy with --no-wait, or --wait ran out); 80 lock lost while the
+    /// command ran (it was stopped); 126/127 command not executable / not found;
+    /// 128+N stopped by signal N.
+    ///
+    /// The command sees LEASEHOLD_LOCK, LEASEHOLD_TOKEN (the fencing token, decimal) and
+    /// LEASEHOLD_OWNER in its environment, and runs in its own process group.
+    Run(RunArgs),
+    /// Show holders, modes, tokens, remaining TTLs and waiters of locks.
+    Inspect(InspectArgs),
+}
+
+#[derive(Debug, Args)]
+struct Connection {
+    /// Where the locks live: file:///dir, redis://host:port, ... (default: local file
+    /// locks).
+    #[arg(long, env = "LEASEHOLD_URL", hide_env_values = true)]
+    url: Option<String>,
+}
+
+#[derive(Debug, Args)]
+struct RunArgs {
+    #[command(flatten)]
+    connection: Connection,
+    /// Lease length; renewed every third of it while the command runs.
+    #[arg(long, default_value = "30s", value_parser = duration)]
+    ttl: Duration,
+    /// Wait at most this long for the lock (default: as long as it takes).
+    #[arg(long, value_parser = duration, conflicts_with = "no_wait")]
+    wait: Option<Duration>,
+    /// Do not wait: exit 75 at once if the lock is held.
+    #[arg(long)]
+    no_wait: bool,
+    /// Hold a shared (read) lock: other --shared holders may run at the same time.
+    #[arg(long, conflicts_with = "permits")]
+    shared: bool,
+    /// Hold one of N permits of a semaphore: up to N commands run at once.
+    #[arg(long, value_name = "N")]
+    permits: Option<u32>,
+    /// After SIGTERM, how long the command may take to exit before SIGKILL.
+    #[arg(long, default_value = "10s", value_parser = duration)]
+    grace: Duration,
+    /// The lock's name: ASCII letters, digits and _ - . : @ + =
+    name: String,
+    /// The command to run, after `--`.
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    command: Vec<OsString>,
+}
+
+#[derive(Debug, Args)]
+struct InspectArgs {
+    #[command(flatten)]
+    connection: Connection,
+    /// Print JSON instead of a table (also for errors).
+    #[arg(long)]
+    json: bool,
+    /// Lock names.
+    #[arg(required = true)]
+    names: Vec<String>,
+}
+
+fn duration(text: &str) -> Result<Duration, String> {
+    parse_duration(text).map_err(|e| match e {
+        Error::InvalidArgument { reason, .. } => reason,
+        other => other.to_string(),
+    })
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => {
+            let _ = error.print();
+            return ExitCode::from(if error.use_stderr() { exit::USAGE } else { 0 });
+        }
+    };
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("LEASEHOLD_LOG")
+                .unwrap_or_else(|_| "error".into()),
+        )
+        .init();
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("leasehold: cannot start: {error}");
+            return ExitCode::from(exit::BACKEND);
+        }
+    };
+    let code = runtime.block_on(async {
+        match cli.command {
+            Command::Run(args) => run(args).await,
+            Command::Inspect(args) => inspect(args).await,
+        }
+    });
+    ExitCode::from(code)
+}
+
+async fn connect(connection: &Connection) -> Result<Client, Error> {
+    let url = connection
+        .url
+        .clone()
+        .filter(|u| !u.is_empty())
+        .unwrap_or_else(leasehold::default_url);
+    leasehold::connect(&url).await
+}
+
+async fn run(args: RunArgs) -> u8 {
+    let options = match LockOptions::builder().ttl(args.ttl).build() {
+        Ok(options) => options,
+        Err(error) => {
+            eprintln!("leasehold: {error}");
+            return exit::USAGE;
+        }
+    };
+    let spec = RunSpec {
+        name: args.name,
+        hold: match (args.shared, args.permits) {
+            (true, _) => Hold::Shared,
+            (false, Some(n)) => Hold::Permits(n),
+            (false, None) => Hold::Exclusive,
+        },
+        wait: match (args.no_wait, args.wait) {
+            (true, _) => WaitFor::No,
+            (false, Some(d)) => WaitFor::UpTo(d),
+            (false, None) => WaitFor::Forever,
+        },
+        options,
+        grace: args.grace,
+        command: args.command,
+    };
+    // Listen before connecting, so that a signal at any point is handled.
+    let interrupted = match interrupts() {
+        Ok(interrupted) => interrupted,
+        Err(error) => {
+            eprintln!("leasehold: cannot handle signals: {error}");
+            return exit::BACKEND;
+        }
+    };
+    let mut interrupted = std::pin::pin!(interrupted);
+    let client = tokio::select! {
+        client = connect(&args.connection) => match client {
+            Ok(client) => client,
+            Err(error) => {
+                eprintln!("leasehold: {error}");
+                return exit::for_error(&error);
+            }
+        },
+        signal = &mut interrupted => return exit::signal(signal),
+    };
+    let code = leasehold_cli::run::run(&client, &spec, interrupted).await;
+    client.settle().await;
+    code
+}
+
+/// Completes with the number of the first SIGINT, SIGTERM or SIGHUP received.
+fn interrupts() -> std::io::Result<impl Future<Output = i32> + Send> {
+    let mut int = signal(SignalKind::interrupt())?;
+    let mut term = signal(SignalKind::terminate())?;
+    let mut hup = signal(SignalKind::hangup())?;
+    Ok(async move {
+        tokio::select! {
+            _ = int.recv() => Signal::INT.as_raw(),
+            _ = term.recv() => Signal::TERM.as_raw(),
+            _ = hup.recv() => Signal::HUP.as_raw(),
+        }
+    })
+}
+
+async fn inspect(args: InspectArgs) -> u8 {
+    let result = match connect(&args.connection).await {
+        Ok(client) => inspect::collect(&client, &args.names).await,
+        Err(error) => Err(error),
+    };
+    match (result, args.json) {
+        (Ok(locks), true) => {
+            println!("{}", inspect::to_json(&locks));
+            0
+        }
+        (Ok(locks), false) => {
+            print!("{}", inspect::to_table(&locks));
+            0
+        }
+        (Err(error), json) => {
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({ "error": { "kind": kind(&error), "message": error.to_string() } })
+                );
+            } else {
+                eprintln!("leasehold: {error}");
+            }
+            exit::for_error(&error)
+        }
+    }
+}
+
+fn kind(error: &Error) -> &'static str {
+    match error {
+        Error::InvalidArgument { .. } => "invalid_argument",
+        Error::Unsupported { .. } => "unsupported",
+        Error::Timeout(_) => "timeout",
+        Error::Unavailable { .. } => "unavailable",
+        _ => "backend",
+    }
+}

@@ -1,0 +1,265 @@
+//! The `leasehold` binary end to end, on the local file backend.
+
+use std::path::{Path, PathBuf};
+use std::process::{Output, Stdio};
+use std::time::Duration;
+
+use rustix::process::{Pid, Signal, kill_process, test_kill_process};
+use leasehold::Backend;
+use tokio::process::Command;
+
+const BIN: &str = env!("CARGO_BIN_EXE_leasehold");
+
+struct Dir {
+    dir: tempfile::TempDir,
+}
+
+impl Dir {
+    fn new() -> Self {
+        Self {
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn url(&self) -> String {
+        format!("file://{}", self.path("locks").display())
+    }
+
+    /// `leasehold ARGS` with LEASEHOLD_URL pointing at this directory's locks.
+    fn leasehold(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(BIN);
+        cmd.args(args)
+            .env("LEASEHOLD_URL", self.url())
+            .stdin(Stdio::null())
+            .kill_on_drop(true);
+        cmd
+    }
+
+    async fn output(&self, args: &[&str]) -> Output {
+        self.leasehold(args).output().await.unwrap()
+    }
+
+    /// A FIFO the command writes its pid into.
+    fn fifo(&self, name: &str) -> PathBuf {
+        let path = self.path(name);
+        let made = std::process::Command::new("mkfifo").arg(&path).status().unwrap();
+        assert!(made.success());
+        path
+    }
+}
+
+/// Waits until the command has written into `fifo`, and returns what it wrote.
+async fn read_fifo(fifo: &Path) -> String {
+    let fifo = fifo.to_path_buf();
+    tokio::task::spawn_blocking(move || std::fs::read_to_string(fifo))
+        .await
+        .unwrap()
+        .unwrap()
+}
+
+async fn read_pid(fifo: &Path) -> Pid {
+    Pid::from_raw(read_fifo(fifo).await.trim().parse().unwrap()).unwrap()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[tokio::test]
+async fn runs_a_command_under_the_lock() {
+    let d = Dir::new();
+    let out = d.output(&["run", "demo", "--", "echo", "hello"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "hello\n");
+}
+
+#[tokio::test]
+async fn twenty_processes_count_exactly_and_see_increasing_tokens() {
+    let d = Dir::new();
+    let counter = d.path("counter");
+    let tokens = d.path("tokens");
+    std::fs::write(&counter, "0\n").unwrap();
+    // Read, pause, write: without mutual exclusion, increments get lost.
+    let script = format!(
+        r#"n=$(cat {c}); echo "$LEASEHOLD_TOKEN" >> {t}; sleep 0.02; echo $((n + 1)) > {c}"#,
+        c = counter.display(),
+        t = tokens.display()
+    );
+    let mut children = Vec::new();
+    for _ in 0..20 {
+        children.push(d.leasehold(&["run", "counter", "--", "sh", "-c", &script]).output());
+    }
+    for child in children {
+        let out = child.await.unwrap();
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    }
+    assert_eq!(std::fs::read_to_string(&counter).unwrap().trim(), "20");
+    let seen: Vec<u64> = std::fs::read_to_string(&tokens)
+        .unwrap()
+        .lines()
+        .map(|l| l.parse().unwrap())
+        .collect();
+    assert_eq!(seen.len(), 20);
+    assert!(
+        seen.windows(2).all(|w| w[0] < w[1]),
+        "tokens in the order the commands ran: {seen:?}"
+    );
+}
+
+#[tokio::test]
+async fn exit_codes_for_busy_and_bad_usage() {
+    let d = Dir::new();
+    let fifo = d.fifo("ready");
+    let script = format!("echo $$ > {}; exec sleep 1000", fifo.display());
+    let mut holder = d
+        .leasehold(&["run", "busy", "--", "sh", "-c", &script])
+        .spawn()
+        .unwrap();
+    let command = read_pid(&fifo).await;
+
+    let out = d.output(&["run", "--no-wait", "busy", "--", "true"]).await;
+    assert_eq!(out.status.code(), Some(75), "{}", text(&out.stderr));
+    let out = d.output(&["run", "--wait", "200ms", "busy", "--", "true"]).await;
+    assert_eq!(out.status.code(), Some(75), "{}", text(&out.stderr));
+
+    for bad in [
+        &["run", "--ttl", "10", "x", "--", "true"][..],
+        &["run", "bad name", "--", "true"],
+        &["run", "x"],
+        &["run", "--permits", "0", "x", "--", "true"],
+        &["run", "--shared", "--permits", "2", "x", "--", "true"],
+        &["run", "--url", "nosuch://user:hunter2@host", "x", "--", "true"],
+        &["frobnicate"],
+    ] {
+        let out = d.output(bad).await;
+        assert_eq!(out.status.code(), Some(64), "{bad:?}: {}", text(&out.stderr));
+        assert!(!text(&out.stderr).contains("hunter2"), "a password in {bad:?}");
+    }
+    let out = d.output(&["--help"]).await;
+    assert_eq!(out.status.code(), Some(0));
+
+    let _ = kill_process(command, Signal::KILL);
+    holder.kill().await.unwrap();
+}
+
+#[tokio::test]
+async fn inspect_shows_the_holder_as_json_and_as_a_table() {
+    let d = Dir::new();
+    let fifo = d.fifo("ready");
+    let script = format!("echo $$ $LEASEHOLD_TOKEN > {}; exec sleep 1000", fifo.display());
+    let mut holder = d
+        .leasehold(&["run", "report", "--", "sh", "-c", &script])
+        .spawn()
+        .unwrap();
+    let written = read_fifo(&fifo).await;
+    let (pid, token) = written.trim().split_once(' ').unwrap();
+    let command = Pid::from_raw(pid.parse().unwrap()).unwrap();
+    let token: u64 = token.parse().unwrap();
+
+    let out = d.output(&["inspect", "--json", "report", "idle"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let locks = json["locks"].as_array().unwrap();
+    assert_eq!(locks[0]["name"], "report");
+    assert_eq!(locks[0]["holders"][0]["token"], token);
+    assert_eq!(locks[0]["holders"][0]["mode"], "exclusive");
+    assert!(locks[1]["holders"].as_array().unwrap().is_empty());
+
+    let out = d.output(&["inspect", "report"]).await;
+    let table = text(&out.stdout);
+    assert!(table.lines().next().unwrap().starts_with("LOCK"));
+    assert!(table.contains(&format!("report  holder  exclusive  {token}")), "{table}");
+
+    let out = d.output(&["inspect", "--json", "bad name"]).await;
+    assert_eq!(out.status.code(), Some(64));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["error"]["kind"], "invalid_argument");
+
+    kill_process(command, Signal::KILL).unwrap();
+    holder.wait().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_holder_killed_with_sigkill_frees_the_lock_at_once() {
+    let d = Dir::new();
+    let fifo = d.fifo("ready");
+    let script = format!("echo $$ > {}; exec sleep 1000", fifo.display());
+    let mut holder = d
+        .leasehold(&["run", "job", "--", "sh", "-c", &script])
+        .spawn()
+        .unwrap();
+    let command = read_pid(&fifo).await;
+    holder.start_kill().unwrap();
+    holder.wait().await.unwrap();
+    // The kernel dropped the dead holder's file lock: the next one gets it without waiting.
+    let out = d.output(&["run", "--no-wait", "job", "--", "true"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    // The orphaned command did not inherit the lock (descriptors are close-on-exec).
+    assert!(test_kill_process(command).is_ok());
+    kill_process(command, Signal::KILL).unwrap();
+}
+
+#[tokio::test]
+async fn sigterm_to_leasehold_stops_the_command_and_releases() {
+    let d = Dir::new();
+    let fifo = d.fifo("ready");
+    let script = format!("echo $$ > {}; exec sleep 1000", fifo.display());
+    let holder = d
+        .leasehold(&["run", "--grace", "2s", "job", "--", "sh", "-c", &script])
+        .spawn()
+        .unwrap();
+    let leasehold = Pid::from_raw(holder.id().unwrap() as i32).unwrap();
+    let command = read_pid(&fifo).await;
+    kill_process(leasehold, Signal::TERM).unwrap();
+    let out = holder.wait_with_output().await.unwrap();
+    assert_eq!(out.status.code(), Some(143));
+    assert_eq!(test_kill_process(command), Err(rustix::io::Errno::SRCH));
+    let out = d.output(&["run", "--no-wait", "job", "--", "true"]).await;
+    assert_eq!(out.status.code(), Some(0));
+}
+
+#[tokio::test]
+async fn sigint_while_waiting_exits_130_without_running_the_command() {
+    let d = Dir::new();
+    let fifo = d.fifo("ready");
+    let script = format!("echo $$ > {}; exec sleep 1000", fifo.display());
+    let mut holder = d
+        .leasehold(&["run", "job", "--", "sh", "-c", &script])
+        .spawn()
+        .unwrap();
+    let command = read_pid(&fifo).await;
+    let marker = d.path("ran");
+    let waiter = d
+        .leasehold(&["run", "job", "--", "touch", marker.to_str().unwrap()])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let waiter_pid = Pid::from_raw(waiter.id().unwrap() as i32).unwrap();
+    // Wait until it is queued: its waiter record appears, which the lock directory's
+    // change notification reports.
+    let locks = leasehold::file::FileBackend::open(d.path("locks")).unwrap();
+    let name = leasehold::LockName::new("job").unwrap();
+    loop {
+        let state = locks.inspect(&name).await.unwrap();
+        if !state.waiters.is_empty() {
+            break;
+        }
+        locks
+            .wait(&name, &state.hint, Duration::from_secs(5))
+            .await
+            .unwrap();
+    }
+    kill_process(waiter_pid, Signal::INT).unwrap();
+    let out = waiter.wait_with_output().await.unwrap();
+    assert_eq!(out.status.code(), Some(130), "{}", text(&out.stderr));
+    assert!(!marker.exists());
+    let out = d.output(&["inspect", "--json", "job"]).await;
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(json["locks"][0]["waiters"].as_array().unwrap().is_empty());
+    kill_process(command, Signal::KILL).unwrap();
+    holder.kill().await.unwrap();
+}

@@ -1,0 +1,133 @@
+//! leasehold: distributed locks that stay correct when networks, processes and clocks
+//! misbehave.
+//!
+//! One async API over every backend, a fencing token on every grant, and a loss signal
+//! that fires no later than the server could give the lock to someone else.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
+//! # let dir = tempfile::tempdir().unwrap();
+//! # let url = format!("file://{}", dir.path().display());
+//! let client = leasehold::connect(&url).await?; // or "redis://…", "etcd://…"
+//! let guard = client.mutex("nightly-report")?.lock().await?;
+//! // Pass the token with every write; the store refuses tokens older than one it has seen.
+//! println!("holding with token {}", guard.token());
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! See `docs/safety.md` for what a lease-based lock can and cannot promise, and one page
+//! per backend under `docs/backends/`.
+
+use std::sync::Arc;
+
+pub use leasehold_core::*;
+#[cfg(feature = "file")]
+pub use leasehold_file as file;
+
+/// Connects to the lock service at `url`, with default options.
+///
+/// | URL | backend |
+/// |---|---|
+/// | `file:///var/lib/app/locks` | [`file`] — OS file locks in that directory (one host) |
+/// | `memory:` | [`memory::InMemory`] — this process only (tests, examples) |
+///
+/// # Errors
+///
+/// [`Error::InvalidArgument`] for an unknown scheme or a malformed URL (credentials
+/// redacted in the message); [`Error::Unavailable`] if the service cannot be reached.
+pub async fn connect(url: &str) -> Result<Client> {
+    Ok(Client::builder_from_arc(connect_backend(url).await?).build())
+}
+
+/// The backend behind `url`, for use with [`Client::builder_from_arc`] (to choose the
+/// clock or default options).
+///
+/// # Errors
+///
+/// As for [`connect`].
+pub async fn connect_backend(url: &str) -> Result<Arc<dyn Backend>> {
+    let invalid = |reason: String| Error::invalid("url", format!("{}: {reason}", redact_url(url)));
+    let scheme = url
+        .split_once(':')
+        .map(|(scheme, _)| scheme.to_ascii_lowercase())
+        .filter(|s| !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c)))
+        .ok_or_else(|| invalid("not a URL; expected e.g. file:///path/to/dir".into()))?;
+    match scheme.as_str() {
+        "memory" => Ok(Arc::new(memory::InMemory::new())),
+        #[cfg(feature = "file")]
+        "file" => {
+            let parsed = url::Url::parse(url).map_err(|e| invalid(e.to_string()))?;
+            if !matches!(parsed.host_str(), None | Some("") | Some("localhost")) {
+                return Err(invalid(
+                    "file locks only work on this host; use file:///absolute/path".into(),
+                ));
+            }
+            // `file:relative` would be read as `/relative`: insist on the absolute form.
+            if !url[scheme.len()..].starts_with("://") {
+                return Err(invalid(
+                    "expected an absolute path, as in file:///var/lock/app".into(),
+                ));
+            }
+            let dir = parsed
+                .to_file_path()
+                .map_err(|()| invalid("expected an absolute path, as in file:///var/lock/app".into()))?;
+            Ok(Arc::new(file::FileBackend::open(dir)?))
+        }
+        other => Err(invalid(format!(
+            "unknown scheme {other:?}; this build supports {}",
+            supported_schemes().join(", ")
+        ))),
+    }
+}
+
+/// The URL schemes this build of leasehold can connect to.
+pub fn supported_schemes() -> Vec<&'static str> {
+    let mut schemes = vec!["memory"];
+    if cfg!(feature = "file") {
+        schemes.push("file");
+    }
+    schemes
+}
+
+/// The URL used when none is given: the file backend in its default directory.
+#[cfg(feature = "file")]
+pub fn default_url() -> String {
+    url::Url::from_directory_path(file::default_dir())
+        .map(String::from)
+        .unwrap_or_else(|()| format!("file://{}", file::default_dir().display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn invalid(url: &str) -> String {
+        match connect(url).await {
+            Err(Error::InvalidArgument { what: "url", reason }) => reason,
+            other => panic!("{url} gave {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn bad_urls_are_typed_errors_without_credentials() {
+        let reason = invalid("nosuch://user:hunter2@host:1").await;
+        assert!(reason.contains("unknown scheme \"nosuch\""), "{reason}");
+        assert!(!reason.contains("hunter2"), "{reason}");
+        assert!(invalid("").await.contains("not a URL"));
+        assert!(invalid("localhost").await.contains("not a URL"));
+        assert!(invalid("file://otherhost/tmp/x").await.contains("this host"));
+        assert!(invalid("file:relative/dir").await.contains("absolute"));
+    }
+
+    #[tokio::test]
+    async fn connects_to_file_and_memory() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = url::Url::from_directory_path(dir.path()).unwrap();
+        let client = connect(url.as_str()).await.unwrap();
+        assert_eq!(client.capabilities().backend, "file");
+        let client = connect("memory:").await.unwrap();
+        assert_eq!(client.capabilities().backend, "memory");
+        assert!(default_url().starts_with("file:///"));
+    }
+}

@@ -6,6 +6,14 @@
 //! [`servers`] in temporary directories and stopped (by pid) when their handle drops.
 
 pub mod conformance;
+pub mod probe;
+mod process;
+pub mod proxy;
+pub mod servers;
+
+pub use process::{ServerProcess, free_port};
+pub use proxy::{Direction, FaultProxy};
+pub use servers::{Etcd, Postgres, Redis, RedisReplicated, ZooKeeper, redis_servers};
 
 use std::sync::Arc;
 

@@ -1,0 +1,234 @@
+//! One server process started by a test: logs to a file, can be paused, resumed, killed and
+//! restarted with the same command line, and is killed when its handle drops or when the
+//! test process dies.
+
+use std::ffi::OsString;
+use std::fs::File;
+use std::io;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rustix::process::{Pid, Signal, kill_process};
+
+/// A server process owned by a test.
+#[derive(Debug)]
+pub struct ServerProcess {
+    label: String,
+    program: PathBuf,
+    args: Vec<OsString>,
+    env: Vec<(OsString, OsString)>,
+    uid: Option<u32>,
+    gid: Option<u32>,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+impl ServerProcess {
+    /// Starts `program args`, appending its output to `log`.
+    pub(crate) fn start(
+        label: &str,
+        program: &Path,
+        args: Vec<OsString>,
+        log: PathBuf,
+    ) -> io::Result<Self> {
+        Self::start_as(label, program, args, Vec::new(), None, log)
+    }
+
+    /// As [`start`](Self::start), with extra environment and optionally as another user
+    /// (`(uid, gid)`; needs root).
+    pub(crate) fn start_as(
+        label: &str,
+        program: &Path,
+        args: Vec<OsString>,
+        env: Vec<(OsString, OsString)>,
+        user: Option<(u32, u32)>,
+        log: PathBuf,
+    ) -> io::Result<Self> {
+        let mut process = Self {
+            label: label.to_owned(),
+            program: program.to_owned(),
+            args,
+            env,
+            uid: user.map(|(uid, _)| uid),
+            gid: user.map(|(_, gid)| gid),
+            log,
+            child: None,
+        };
+        process.spawn()?;
+        Ok(process)
+    }
+
+    fn spawn(&mut self) -> io::Result<()> {
+        let log = File::options().create(true).append(true).open(&self.log)?;
+        let mut command = Command::new(&self.program);
+        command
+            .args(&self.args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .process_group(0);
+        if let Some(gid) = self.gid {
+            command.gid(gid);
+        }
+        if let Some(uid) = self.uid {
+            command.uid(uid);
+        }
+        // SAFETY: only an async-signal-safe system call runs between fork and exec.
+        #[allow(unsafe_code)]
+        unsafe {
+            command.pre_exec(|| {
+                // Die with the test process, even if it is killed before dropping us.
+                rustix::process::set_parent_process_death_signal(Some(Signal::KILL))
+                    .map_err(io::Error::from)
+            });
+        }
+        let child = command.spawn().map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("starting {} ({}): {e}", self.label, self.program.display()),
+            )
+        })?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    /// The label given at start ("redis-server", "etcd member 2", ...).
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
+    /// The process id while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    fn signal(&self, signal: Signal) {
+        if let Some(pid) = self.pid().and_then(|p| Pid::from_raw(p as i32)) {
+            let _ = kill_process(pid, signal);
+        }
+    }
+
+    /// SIGSTOP: the server stops answering but keeps its sockets open.
+    pub fn pause(&self) {
+        self.signal(Signal::STOP);
+    }
+
+    /// SIGCONT.
+    pub fn resume(&self) {
+        self.signal(Signal::CONT);
+    }
+
+    /// Whether the process has exited (it is reaped if so).
+    pub fn exited(&mut self) -> bool {
+        match &mut self.child {
+            Some(child) => !matches!(child.try_wait(), Ok(None)),
+            None => true,
+        }
+    }
+
+    /// SIGKILL, and wait for it to be gone.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGTERM, up to 10 s to exit, then SIGKILL.
+    pub fn stop(&mut self) {
+        self.signal(Signal::CONT);
+        self.signal(Signal::TERM);
+        let started = Instant::now();
+        while !self.exited() && started.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.kill();
+    }
+
+    /// Kills the process if it runs, and starts the same command again.
+    pub fn restart(&mut self) -> io::Result<()> {
+        self.kill();
+        self.spawn()
+    }
+
+    /// What the process wrote so far (for failure messages).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The last lines of the log.
+    pub(crate) fn log_tail(&self) -> String {
+        let log = self.log();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(15)..].join("\n")
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Polls `check` until it succeeds or `limit` passes; fails early if `process` exits.
+/// Readiness of an external program has no event to await, so this is the one place the
+/// testkit polls.
+pub(crate) async fn wait_ready(
+    process: &mut ServerProcess,
+    limit: Duration,
+    mut check: impl AsyncFnMut() -> bool,
+) -> io::Result<()> {
+    let started = Instant::now();
+    loop {
+        if check().await {
+            return Ok(());
+        }
+        if process.exited() {
+            return Err(io::Error::other(format!(
+                "{} exited during start-up:\n{}",
+                process.label(),
+                process.log_tail()
+            )));
+        }
+        if started.elapsed() > limit {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "{} did not become ready within {limit:?}:\n{}",
+                    process.label(),
+                    process.log_tail()
+                ),
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// A loopback port nobody listens on right now. Another process may take it before the
+/// server binds it; server start-ups retry with a fresh port when that happens.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or(0)
+}
+
+/// Finds `program` on `PATH` or in `extra` directories.
+pub(crate) fn find_program(program: &str, extra: &[&str]) -> io::Result<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(extra.iter().map(PathBuf::from))
+        .map(|dir| dir.join(program))
+        .find(|candidate| candidate.is_file())
+        .ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                format!(
+                    "{program} is not installed; ./scripts/test installs every server the tests need"
+                ),
+            )
+        })
+}

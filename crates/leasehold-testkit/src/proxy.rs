@@ -1,0 +1,259 @@
+//! A TCP fault proxy: put it between a client and a server to delay traffic, cut one or
+//! both directions while leaving the sockets open, reset every connection, or refuse new
+//! ones.
+//!
+//! Cutting a direction holds its bytes rather than dropping them, as TCP would during a
+//! partition: when the link heals they arrive, late. That is what makes late replies,
+//! one-way partitions and "the request was applied but the reply never came" reproducible.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+/// A direction of traffic through the proxy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    /// Client to server: requests.
+    ToServer,
+    /// Server to client: replies.
+    ToClient,
+    /// Both.
+    Both,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Link {
+    delay: Duration,
+    cut: bool,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Faults {
+    to_server: Link,
+    to_client: Link,
+    refuse: bool,
+    /// Bumped by `reset`: connections from an earlier generation are closed with RST.
+    generation: u64,
+}
+
+impl Faults {
+    fn links(&mut self, direction: Direction) -> Vec<&mut Link> {
+        match direction {
+            Direction::ToServer => vec![&mut self.to_server],
+            Direction::ToClient => vec![&mut self.to_client],
+            Direction::Both => vec![&mut self.to_server, &mut self.to_client],
+        }
+    }
+}
+
+/// A running proxy. Dropping it stops it and closes every connection.
+#[derive(Debug)]
+pub struct FaultProxy {
+    addr: SocketAddr,
+    faults: watch::Sender<Faults>,
+    open: Arc<AtomicUsize>,
+    task: JoinHandle<()>,
+}
+
+impl FaultProxy {
+    /// Listens on a free loopback port and forwards every connection to `target`.
+    ///
+    /// # Errors
+    ///
+    /// If it cannot listen.
+    pub async fn start(target: SocketAddr) -> io::Result<FaultProxy> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let faults = watch::Sender::new(Faults::default());
+        let open = Arc::new(AtomicUsize::new(0));
+        let task = tokio::spawn(accept(listener, target, faults.subscribe(), open.clone()));
+        Ok(FaultProxy {
+            addr,
+            faults,
+            open,
+            task,
+        })
+    }
+
+    /// Where clients connect.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The port clients connect to.
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
+    /// Delays every chunk in `direction` by `delay` (in order).
+    pub fn set_delay(&self, direction: Direction, delay: Duration) {
+        self.faults.send_modify(|f| {
+            for link in f.links(direction) {
+                link.delay = delay;
+            }
+        });
+    }
+
+    /// Holds every byte in `direction` until [`heal`](FaultProxy::heal); sockets stay
+    /// open, nobody is told.
+    pub fn cut(&self, direction: Direction) {
+        self.faults.send_modify(|f| {
+            for link in f.links(direction) {
+                link.cut = true;
+            }
+        });
+    }
+
+    /// Removes delays and cuts; held bytes are delivered. New connections are accepted.
+    pub fn heal(&self) {
+        self.faults.send_modify(|f| {
+            f.to_server = Link::default();
+            f.to_client = Link::default();
+            f.refuse = false;
+        });
+    }
+
+    /// Closes every open connection with a TCP reset.
+    pub fn reset(&self) {
+        self.faults.send_modify(|f| f.generation += 1);
+    }
+
+    /// While `refuse`, new connections are accepted and closed at once.
+    pub fn refuse_new(&self, refuse: bool) {
+        self.faults.send_modify(|f| f.refuse = refuse);
+    }
+
+    /// How many connections are open through the proxy.
+    pub fn connections(&self) -> usize {
+        self.open.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+        self.reset();
+    }
+}
+
+async fn accept(
+    listener: TcpListener,
+    target: SocketAddr,
+    faults: watch::Receiver<Faults>,
+    open: Arc<AtomicUsize>,
+) {
+    loop {
+        let Ok((client, _)) = listener.accept().await else {
+            continue;
+        };
+        let current = *faults.borrow();
+        if current.refuse {
+            let _ = client.set_zero_linger();
+            continue;
+        }
+        let faults = faults.clone();
+        let open = open.clone();
+        tokio::spawn(async move {
+            let Ok(server) = TcpStream::connect(target).await else {
+                let _ = client.set_zero_linger();
+                return;
+            };
+            open.fetch_add(1, Ordering::SeqCst);
+            connection(client, server, faults, current.generation).await;
+            open.fetch_sub(1, Ordering::SeqCst);
+        });
+    }
+}
+
+/// Forwards both ways until either side closes or the proxy resets.
+async fn connection(
+    client: TcpStream,
+    server: TcpStream,
+    mut faults: watch::Receiver<Faults>,
+    generation: u64,
+) {
+    let _ = client.set_nodelay(true);
+    let _ = server.set_nodelay(true);
+    // A reset must send RST, not FIN: drop the sockets with zero linger.
+    let _ = client.set_zero_linger();
+    let _ = server.set_zero_linger();
+    let (client_read, client_write) = client.into_split();
+    let (server_read, server_write) = server.into_split();
+    let both = futures_join(
+        pump(client_read, server_write, Direction::ToServer, faults.clone()),
+        pump(server_read, client_write, Direction::ToClient, faults.clone()),
+    );
+    tokio::select! {
+        _ = both => {}
+        _ = faults.wait_for(|f| f.generation != generation) => {}
+    }
+}
+
+async fn futures_join(a: impl Future<Output = ()>, b: impl Future<Output = ()>) {
+    tokio::join!(a, b);
+}
+
+/// Copies one direction until its source closes (then passes the close on): a reader stamps
+/// chunks as they arrive, a writer delivers each at its stamp plus the delay, and not while
+/// the direction is cut.
+async fn pump(
+    mut from: OwnedReadHalf,
+    mut to: OwnedWriteHalf,
+    direction: Direction,
+    faults: watch::Receiver<Faults>,
+) {
+    let (tx, mut rx) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
+    let read = async move {
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            match from.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => {
+                    if tx.send((Instant::now(), buf[..n].to_vec())).is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    };
+    let write = async move {
+        let mut faults = faults;
+        while let Some((arrived, chunk)) = rx.recv().await {
+            loop {
+                let link = match direction {
+                    Direction::ToClient => faults.borrow_and_update().to_client,
+                    _ => faults.borrow_and_update().to_server,
+                };
+                if link.cut {
+                    if faults.changed().await.is_err() {
+                        return;
+                    }
+                    continue;
+                }
+                let due = arrived + link.delay;
+                if Instant::now() >= due {
+                    break;
+                }
+                tokio::select! {
+                    () = tokio::time::sleep_until(due) => {}
+                    changed = faults.changed() => if changed.is_err() { return },
+                }
+            }
+            if to.write_all(&chunk).await.is_err() {
+                return;
+            }
+        }
+        // The source closed: pass the close on.
+        let _ = to.shutdown().await;
+    };
+    tokio::join!(read, write);
+}

@@ -96,7 +96,10 @@ pub fn to_table(locks: &[(String, LockState)]) -> String {
 /// # Errors
 ///
 /// The first name that is invalid or cannot be read.
-pub async fn collect(client: &Client, names: &[String]) -> leasehold::Result<Vec<(String, LockState)>> {
+pub async fn collect(
+    client: &Client,
+    names: &[String],
+) -> leasehold::Result<Vec<(String, LockState)>> {
     let mut locks = Vec::with_capacity(names.len());
     for name in names {
         locks.push((name.clone(), client.inspect(name).await?));

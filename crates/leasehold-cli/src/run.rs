@@ -98,7 +98,10 @@ pub async fn run(
     let mut child = match command.spawn() {
         Ok(child) => child,
         Err(error) => {
-            eprintln!("leasehold: cannot run {}: {error}", program.to_string_lossy());
+            eprintln!(
+                "leasehold: cannot run {}: {error}",
+                program.to_string_lossy()
+            );
             release(guard).await;
             return if error.kind() == std::io::ErrorKind::NotFound {
                 exit::NOT_FOUND
@@ -148,19 +151,35 @@ async fn acquire(client: &Client, spec: &RunSpec) -> leasehold::Result<Option<Gu
     let name = spec.name.as_str();
     let options = spec.options.clone();
     match (spec.hold, spec.wait) {
-        (Hold::Exclusive, WaitFor::Forever) => {
-            client.mutex(name)?.with_options(options).lock().await.map(Some)
+        (Hold::Exclusive, WaitFor::Forever) => client
+            .mutex(name)?
+            .with_options(options)
+            .lock()
+            .await
+            .map(Some),
+        (Hold::Exclusive, WaitFor::No) => {
+            client.mutex(name)?.with_options(options).try_lock().await
         }
-        (Hold::Exclusive, WaitFor::No) => client.mutex(name)?.with_options(options).try_lock().await,
         (Hold::Exclusive, WaitFor::UpTo(d)) => {
-            client.mutex(name)?.with_options(options).lock_timeout(d).await
+            client
+                .mutex(name)?
+                .with_options(options)
+                .lock_timeout(d)
+                .await
         }
-        (Hold::Shared, WaitFor::Forever) => {
-            client.rwlock(name)?.with_options(options).read().await.map(Some)
-        }
+        (Hold::Shared, WaitFor::Forever) => client
+            .rwlock(name)?
+            .with_options(options)
+            .read()
+            .await
+            .map(Some),
         (Hold::Shared, WaitFor::No) => client.rwlock(name)?.with_options(options).try_read().await,
         (Hold::Shared, WaitFor::UpTo(d)) => {
-            client.rwlock(name)?.with_options(options).read_timeout(d).await
+            client
+                .rwlock(name)?
+                .with_options(options)
+                .read_timeout(d)
+                .await
         }
         (Hold::Permits(n), wait) => {
             let semaphore = client.semaphore(name, n)?.with_options(options);
@@ -180,7 +199,9 @@ async fn release(guard: Guard) {
     match guard.release().await {
         Ok(()) => {}
         Err(Error::Lost(LossReason::Expired)) => {
-            eprintln!("leasehold: warning: the lease on {name} had run out by the time it was released");
+            eprintln!(
+                "leasehold: warning: the lease on {name} had run out by the time it was released"
+            );
         }
         Err(error) => eprintln!("leasehold: warning: releasing {name}: {error}"),
     }

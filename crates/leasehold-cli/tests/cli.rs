@@ -1,11 +1,13 @@
 //! The `leasehold` binary end to end, on the local file backend.
 
+#![allow(clippy::unwrap_used)] // test code: a failed step fails the test
+
 use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 use std::time::Duration;
 
-use rustix::process::{Pid, Signal, kill_process, test_kill_process};
 use leasehold::Backend;
+use rustix::process::{Pid, Signal, kill_process, test_kill_process};
 use tokio::process::Command;
 
 const BIN: &str = env!("CARGO_BIN_EXE_leasehold");
@@ -46,7 +48,10 @@ impl Dir {
     /// A FIFO the command writes its pid into.
     fn fifo(&self, name: &str) -> PathBuf {
         let path = self.path(name);
-        let made = std::process::Command::new("mkfifo").arg(&path).status().unwrap();
+        let made = std::process::Command::new("mkfifo")
+            .arg(&path)
+            .status()
+            .unwrap();
         assert!(made.success());
         path
     }
@@ -91,7 +96,10 @@ async fn twenty_processes_count_exactly_and_see_increasing_tokens() {
     );
     let mut children = Vec::new();
     for _ in 0..20 {
-        children.push(d.leasehold(&["run", "counter", "--", "sh", "-c", &script]).output());
+        children.push(
+            d.leasehold(&["run", "counter", "--", "sh", "-c", &script])
+                .output(),
+        );
     }
     for child in children {
         let out = child.await.unwrap();
@@ -123,7 +131,9 @@ async fn exit_codes_for_busy_and_bad_usage() {
 
     let out = d.output(&["run", "--no-wait", "busy", "--", "true"]).await;
     assert_eq!(out.status.code(), Some(75), "{}", text(&out.stderr));
-    let out = d.output(&["run", "--wait", "200ms", "busy", "--", "true"]).await;
+    let out = d
+        .output(&["run", "--wait", "200ms", "busy", "--", "true"])
+        .await;
     assert_eq!(out.status.code(), Some(75), "{}", text(&out.stderr));
 
     for bad in [
@@ -132,12 +142,27 @@ async fn exit_codes_for_busy_and_bad_usage() {
         &["run", "x"],
         &["run", "--permits", "0", "x", "--", "true"],
         &["run", "--shared", "--permits", "2", "x", "--", "true"],
-        &["run", "--url", "nosuch://user:hunter2@host", "x", "--", "true"],
+        &[
+            "run",
+            "--url",
+            "nosuch://user:hunter2@host",
+            "x",
+            "--",
+            "true",
+        ],
         &["frobnicate"],
     ] {
         let out = d.output(bad).await;
-        assert_eq!(out.status.code(), Some(64), "{bad:?}: {}", text(&out.stderr));
-        assert!(!text(&out.stderr).contains("hunter2"), "a password in {bad:?}");
+        assert_eq!(
+            out.status.code(),
+            Some(64),
+            "{bad:?}: {}",
+            text(&out.stderr)
+        );
+        assert!(
+            !text(&out.stderr).contains("hunter2"),
+            "a password in {bad:?}"
+        );
     }
     let out = d.output(&["--help"]).await;
     assert_eq!(out.status.code(), Some(0));
@@ -150,7 +175,10 @@ async fn exit_codes_for_busy_and_bad_usage() {
 async fn inspect_shows_the_holder_as_json_and_as_a_table() {
     let d = Dir::new();
     let fifo = d.fifo("ready");
-    let script = format!("echo $$ $LEASEHOLD_TOKEN > {}; exec sleep 1000", fifo.display());
+    let script = format!(
+        "echo $$ $LEASEHOLD_TOKEN > {}; exec sleep 1000",
+        fifo.display()
+    );
     let mut holder = d
         .leasehold(&["run", "report", "--", "sh", "-c", &script])
         .spawn()
@@ -172,7 +200,10 @@ async fn inspect_shows_the_holder_as_json_and_as_a_table() {
     let out = d.output(&["inspect", "report"]).await;
     let table = text(&out.stdout);
     assert!(table.lines().next().unwrap().starts_with("LOCK"));
-    assert!(table.contains(&format!("report  holder  exclusive  {token}")), "{table}");
+    assert!(
+        table.contains(&format!("report  holder  exclusive  {token}")),
+        "{table}"
+    );
 
     let out = d.output(&["inspect", "--json", "bad name"]).await;
     assert_eq!(out.status.code(), Some(64));

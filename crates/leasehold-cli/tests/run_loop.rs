@@ -2,6 +2,8 @@
 //! lock stops the command's whole process group, signals are passed on, exit codes are as
 //! documented, and nothing is left on the server.
 
+#![allow(clippy::unwrap_used)] // test code: a failed step fails the test
+
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -38,7 +40,10 @@ impl Ready {
     fn new() -> Self {
         let dir = tempfile::tempdir().unwrap();
         let fifo = dir.path().join("ready");
-        let made = std::process::Command::new("mkfifo").arg(&fifo).status().unwrap();
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
         assert!(made.success());
         Self { _dir: dir, fifo }
     }
@@ -82,7 +87,8 @@ async fn losing_the_lock_stops_the_command_and_exits_80() {
     let script = format!("echo $$ > {}; exec sleep 1000", ready.path().display());
     let spec = spec(&["sh", "-c", &script]);
     let (_tx, interrupted) = interrupt();
-    let running = tokio::spawn(async move { run(&client, &spec, std::pin::pin!(interrupted)).await });
+    let running =
+        tokio::spawn(async move { run(&client, &spec, std::pin::pin!(interrupted)).await });
     let pid = ready.pid().await;
     assert!(!gone(pid));
     assert_eq!(running.await.unwrap(), exit::LOST);
@@ -102,7 +108,8 @@ async fn a_command_ignoring_sigterm_is_killed_after_the_grace_period() {
     );
     let spec = spec(&["sh", "-c", &script]);
     let (_tx, interrupted) = interrupt();
-    let running = tokio::spawn(async move { run(&client, &spec, std::pin::pin!(interrupted)).await });
+    let running =
+        tokio::spawn(async move { run(&client, &spec, std::pin::pin!(interrupted)).await });
     let pid = ready.pid().await;
     assert_eq!(running.await.unwrap(), exit::LOST);
     assert!(gone(pid), "SIGKILL did not follow the ignored SIGTERM");
@@ -128,7 +135,10 @@ async fn a_command_killed_by_a_signal_exits_128_plus_the_signal() {
     let client = Client::new(InMemory::new());
     let spec = spec(&["sh", "-c", "kill -KILL $$"]);
     let (_tx, interrupted) = interrupt();
-    assert_eq!(run(&client, &spec, std::pin::pin!(interrupted)).await, 128 + 9);
+    assert_eq!(
+        run(&client, &spec, std::pin::pin!(interrupted)).await,
+        128 + 9
+    );
 }
 
 #[tokio::test]
@@ -164,7 +174,8 @@ async fn an_interrupt_while_waiting_leaves_nothing_behind() {
     let client = Client::new(faults.clone());
     let spec = spec(&["true"]);
     let (tx, interrupted) = interrupt();
-    let running = tokio::spawn(async move { run(&client, &spec, std::pin::pin!(interrupted)).await });
+    let running =
+        tokio::spawn(async move { run(&client, &spec, std::pin::pin!(interrupted)).await });
     faults.until_calls(Op::Wait, 1).await;
     assert_eq!(holder.inspect("job").await.unwrap().waiters.len(), 1);
     tx.send(2).unwrap();
@@ -184,7 +195,8 @@ async fn an_interrupt_while_running_stops_the_command_and_releases() {
     let script = format!("echo $$ > {}; exec sleep 1000", ready.path().display());
     let spec = spec(&["sh", "-c", &script]);
     let (tx, interrupted) = interrupt();
-    let running = tokio::spawn(async move { run(&client, &spec, std::pin::pin!(interrupted)).await });
+    let running =
+        tokio::spawn(async move { run(&client, &spec, std::pin::pin!(interrupted)).await });
     let pid = ready.pid().await;
     assert_eq!(observer.inspect("job").await.unwrap().holders.len(), 1);
     tx.send(15).unwrap();

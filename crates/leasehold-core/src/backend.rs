@@ -174,7 +174,11 @@ impl WaitHint {
 
 impl fmt::Debug for WaitHint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(if self.0.is_some() { "WaitHint(..)" } else { "WaitHint(none)" })
+        f.write_str(if self.0.is_some() {
+            "WaitHint(..)"
+        } else {
+            "WaitHint(none)"
+        })
     }
 }
 

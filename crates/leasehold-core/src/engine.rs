@@ -116,7 +116,9 @@ pub(crate) async fn acquire(client: &Client, spec: &Spec, wait: Wait) -> Result<
                 }
                 tracing::debug!(lock = %request.name, "the grant arrived after its deadline; giving it back");
                 cleanup.needed = true;
-                let _ = client.call(timeout, client.backend().release(&request)).await;
+                let _ = client
+                    .call(timeout, client.backend().release(&request))
+                    .await;
                 WaitHint::none()
             }
             Ok(Acquire::Busy(hint)) => {
@@ -127,9 +129,9 @@ pub(crate) async fn acquire(client: &Client, spec: &Spec, wait: Wait) -> Result<
                 // Maybe applied, maybe not: the next acquire with the same owner adopts a
                 // grant the unanswered one made; giving up releases it.
                 cleanup.needed = true;
-                let pause = failures.next(sent, timeout).filter(|pause| {
-                    give_up_at.is_none_or(|at| sent.saturating_add(*pause) < at)
-                });
+                let pause = failures
+                    .next(sent, timeout)
+                    .filter(|pause| give_up_at.is_none_or(|at| sent.saturating_add(*pause) < at));
                 let Some(pause) = pause else {
                     cleanup.finish().await;
                     return Err(error);

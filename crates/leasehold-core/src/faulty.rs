@@ -15,7 +15,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::sync::watch;
 
-use crate::backend::{Acquire, Backend, Capabilities, LockState, Release, Renewal, Request, WaitHint};
+use crate::backend::{
+    Acquire, Backend, Capabilities, LockState, Release, Renewal, Request, WaitHint,
+};
 use crate::error::{Error, Result};
 use crate::name::LockName;
 
@@ -187,7 +189,9 @@ impl Faulty {
 
 impl fmt::Debug for Faulty {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Faulty").field("inner", &self.inner).finish()
+        f.debug_struct("Faulty")
+            .field("inner", &self.inner)
+            .finish()
     }
 }
 

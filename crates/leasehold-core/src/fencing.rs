@@ -87,7 +87,11 @@ impl Fence {
 
     /// Runs `write` if `token` is not older than the highest accepted token, atomically with
     /// the check, and records the token.
-    pub fn apply<T>(&self, token: FencingToken, write: impl FnOnce() -> T) -> Result<T, StaleToken> {
+    pub fn apply<T>(
+        &self,
+        token: FencingToken,
+        write: impl FnOnce() -> T,
+    ) -> Result<T, StaleToken> {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(highest) = state.highest
             && token < highest
@@ -119,7 +123,10 @@ impl Fence {
 
     /// How many writes were refused.
     pub fn rejected(&self) -> u64 {
-        self.state.lock().unwrap_or_else(|e| e.into_inner()).rejected
+        self.state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .rejected
     }
 }
 

@@ -170,9 +170,7 @@ fn compatible(holders: &[Held], ahead: &[Queued], mode: Mode) -> bool {
             holders.iter().all(|h| h.mode == Mode::Shared)
                 && ahead.iter().all(|q| q.mode == Mode::Shared)
         }
-        Mode::Permit { limit } => {
-            holders.len().saturating_add(ahead.len()) < limit.get() as usize
-        }
+        Mode::Permit { limit } => holders.len().saturating_add(ahead.len()) < limit.get() as usize,
     }
 }
 
@@ -230,7 +228,11 @@ impl Backend for InMemory {
         self.with_entry(&req.name, |entry, now| {
             let expires = expiry_after(now, req.ttl)?;
             let next_token = entry.last_token + 1;
-            let Entry { sets, version, last_token } = entry;
+            let Entry {
+                sets,
+                version,
+                last_token,
+            } = entry;
             let set = &mut sets[usize::from(req.mode.is_permit())];
             if let Some(held) = set.holders.iter_mut().find(|h| h.owner == req.owner) {
                 held.expires = expires;

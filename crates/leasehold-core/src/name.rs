@@ -184,7 +184,14 @@ mod tests {
 
     #[test]
     fn accepts_ordinary_names() {
-        for name in ["a", "orders:42", "job_1.daily", "user@example.com", "x=1+2", "A-Z"] {
+        for name in [
+            "a",
+            "orders:42",
+            "job_1.daily",
+            "user@example.com",
+            "x=1+2",
+            "A-Z",
+        ] {
             assert_eq!(LockName::new(name).unwrap().as_str(), name);
         }
         LockName::new(&"n".repeat(LockName::MAX_LEN)).unwrap();
@@ -209,7 +216,11 @@ mod tests {
         let huge = "x".repeat(1 << 20);
         let r = reason(&huge);
         assert!(r.contains("1048576 bytes"), "{r}");
-        assert!(r.len() < 200, "the reason quotes the whole name: {} bytes", r.len());
+        assert!(
+            r.len() < 200,
+            "the reason quotes the whole name: {} bytes",
+            r.len()
+        );
     }
 
     #[test]

@@ -285,8 +285,16 @@ pub fn parse_duration(text: &str) -> Result<Duration> {
         "s" => 1_000_000_000,
         "m" => 60_000_000_000,
         "h" => 3_600_000_000_000,
-        "" => return bad(format!("{text:?} has no unit; write e.g. {number}s or {number}ms")),
-        other => return bad(format!("unknown unit {other:?} in {text:?}; use ms, s, m or h")),
+        "" => {
+            return bad(format!(
+                "{text:?} has no unit; write e.g. {number}s or {number}ms"
+            ));
+        }
+        other => {
+            return bad(format!(
+                "unknown unit {other:?} in {text:?}; use ms, s, m or h"
+            ));
+        }
     };
     let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
     if whole.is_empty() || fraction.contains('.') || fraction.len() > 9 {
@@ -324,7 +332,10 @@ mod tests {
         let o = LockOptions::builder().build().unwrap();
         assert_eq!(o, LockOptions::default());
         assert_eq!(o.renew_every(), Duration::from_secs(10));
-        assert_eq!(o.validity(Duration::from_secs(30)), Some(Duration::from_millis(29_698)));
+        assert_eq!(
+            o.validity(Duration::from_secs(30)),
+            Some(Duration::from_millis(29_698))
+        );
     }
 
     #[test]
@@ -332,17 +343,32 @@ mod tests {
         let b = LockOptions::builder;
         assert_eq!(invalid_what(b().ttl(Duration::ZERO).build()), "ttl");
         assert_eq!(invalid_what(b().ttl(Duration::MAX).build()), "ttl");
-        assert_eq!(invalid_what(b().ttl(Duration::from_millis(2)).build()), "ttl");
-        assert_eq!(invalid_what(b().drift_factor(f64::NAN).build()), "drift factor");
+        assert_eq!(
+            invalid_what(b().ttl(Duration::from_millis(2)).build()),
+            "ttl"
+        );
+        assert_eq!(
+            invalid_what(b().drift_factor(f64::NAN).build()),
+            "drift factor"
+        );
         assert_eq!(invalid_what(b().drift_factor(-0.1).build()), "drift factor");
         assert_eq!(invalid_what(b().drift_factor(0.5).build()), "drift factor");
-        assert_eq!(invalid_what(b().renew_every(Duration::ZERO).build()), "renewal interval");
+        assert_eq!(
+            invalid_what(b().renew_every(Duration::ZERO).build()),
+            "renewal interval"
+        );
         assert_eq!(
             invalid_what(b().renew_every(Duration::from_secs(30)).build()),
             "renewal interval"
         );
-        assert_eq!(invalid_what(b().lock_delay(Duration::ZERO).build()), "lock delay");
-        assert_eq!(invalid_what(b().max_hold(Duration::ZERO).build()), "maximum hold time");
+        assert_eq!(
+            invalid_what(b().lock_delay(Duration::ZERO).build()),
+            "lock delay"
+        );
+        assert_eq!(
+            invalid_what(b().max_hold(Duration::ZERO).build()),
+            "maximum hold time"
+        );
         assert_eq!(
             invalid_what(b().request_timeout(Duration::ZERO).build()),
             "request timeout"
@@ -361,7 +387,10 @@ mod tests {
             .ttl(Duration::from_secs(10))
             .build()
             .unwrap();
-        assert_eq!(o.validity(Duration::from_secs(10)), Some(Duration::from_millis(8_900)));
+        assert_eq!(
+            o.validity(Duration::from_secs(10)),
+            Some(Duration::from_millis(8_900))
+        );
         // A granted lease shorter than the drift allowance is worth nothing.
         assert_eq!(o.validity(Duration::from_millis(100)), None);
     }
@@ -378,7 +407,16 @@ mod tests {
         assert_eq!(ok(" 7s "), Duration::from_secs(7));
         assert_eq!(ok("0s"), Duration::ZERO);
         for bad in [
-            "", "10", "-1s", "s", "1.2.3s", "1x", "1 s", ".s", "1.0000000001s", "99999999999999999999h",
+            "",
+            "10",
+            "-1s",
+            "s",
+            "1.2.3s",
+            "1x",
+            "1 s",
+            ".s",
+            "1.0000000001s",
+            "99999999999999999999h",
             "18446744073709551616s",
         ] {
             assert!(parse_duration(bad).is_err(), "{bad:?} was accepted");

@@ -1,6 +1,8 @@
 //! The engine, watchdog and deadline rules, on the in-memory backend and a manual clock:
 //! every instant below is exact, and nothing waits on real time except request timeouts.
 
+#![allow(clippy::unwrap_used)] // test code: a failed step fails the test
+
 use std::time::Duration;
 
 use leasehold_core::backend::{Backend, Mode, Request};
@@ -101,7 +103,10 @@ async fn loss_is_signalled_at_the_local_deadline_before_the_server_expires_the_l
     // The server still holds it for another 92 ms: the holder gave up first.
     assert!(r.other_try().await.is_none());
     r.clock.advance(92 * MS);
-    let next = r.other_try().await.expect("free once the server's lease ran out");
+    let next = r
+        .other_try()
+        .await
+        .expect("free once the server's lease ran out");
     assert!(next.token() > guard.token());
 
     // The stale guard's release reports the loss and leaves the new holder alone.
@@ -179,7 +184,11 @@ async fn a_dropped_guard_is_released_and_no_longer_renewed() {
     for _ in 0..20 {
         tokio::task::yield_now().await;
     }
-    assert_eq!(r.faults.calls(Op::Renew), 0, "an abandoned lease was renewed");
+    assert_eq!(
+        r.faults.calls(Op::Renew),
+        0,
+        "an abandoned lease was renewed"
+    );
 }
 
 #[tokio::test]
@@ -339,7 +348,10 @@ async fn reentrancy_is_counted_per_owner_not_per_task() {
     let read = rw.read().await.unwrap();
     assert!(matches!(
         rw.try_write().await,
-        Err(Error::InvalidArgument { what: "lock upgrade", .. })
+        Err(Error::InvalidArgument {
+            what: "lock upgrade",
+            ..
+        })
     ));
     drop(read);
 }
@@ -349,7 +361,10 @@ async fn unsupported_and_invalid_requests_are_typed_errors_and_send_nothing() {
     let r = rig();
     assert!(matches!(
         r.client.semaphore("s", 0),
-        Err(Error::InvalidArgument { what: "permits", .. })
+        Err(Error::InvalidArgument {
+            what: "permits",
+            ..
+        })
     ));
     assert!(matches!(
         r.client.mutex("bad name"),

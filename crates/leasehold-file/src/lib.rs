@@ -132,8 +132,8 @@ impl FileBackend {
                 dir.display()
             )));
         }
-        let notifier = Notifier::new(&dir)
-            .map_err(|e| io_error(&format!("watching {}", dir.display()), e))?;
+        let notifier =
+            Notifier::new(&dir).map_err(|e| io_error(&format!("watching {}", dir.display()), e))?;
         Ok(Self {
             inner: Arc::new(Inner { dir, notifier }),
         })
@@ -251,7 +251,9 @@ impl FileBackend {
             8 => u64::from_le_bytes(bytes.try_into().unwrap_or_default()),
             n => {
                 return Err(Error::backend(
-                    format!("{name}#token holds {n} bytes, not a counter; refusing to guess a token"),
+                    format!(
+                        "{name}#token holds {n} bytes, not a counter; refusing to guess a token"
+                    ),
                     false,
                 ));
             }
@@ -341,14 +343,11 @@ impl FileBackend {
 pub fn default_dir() -> PathBuf {
     match std::env::var_os("XDG_RUNTIME_DIR") {
         Some(dir) if Path::new(&dir).is_dir() => Path::new(&dir).join("leasehold"),
-        _ => std::env::temp_dir().join(format!(
-            "leasehold-{}",
-            rustix::process::getuid().as_raw()
-        )),
+        _ => std::env::temp_dir().join(format!("leasehold-{}", rustix::process::getuid().as_raw())),
     }
 }
 
-fn reuse<'a>(slot: &'a mut Option<File>, open: impl FnOnce() -> Result<File>) -> Result<&'a File> {
+fn reuse(slot: &mut Option<File>, open: impl FnOnce() -> Result<File>) -> Result<&File> {
     if slot.is_none() {
         *slot = Some(open()?);
     }
@@ -497,7 +496,10 @@ impl Backend for FileBackend {
     async fn release(&self, req: &Request) -> Result<Release> {
         let (held, waiting) = {
             let mut state = self.state();
-            (state.held.remove(&req.owner), state.waiting.remove(&req.owner))
+            (
+                state.held.remove(&req.owner),
+                state.waiting.remove(&req.owner),
+            )
         };
         let name = held
             .as_ref()

@@ -105,7 +105,8 @@ mod linux {
     impl Reader {
         pub(super) fn new(dir: &Path, names: Names) -> std::io::Result<Self> {
             let watch = || -> rustix::io::Result<OwnedFd> {
-                let fd = inotify::init(inotify::CreateFlags::NONBLOCK | inotify::CreateFlags::CLOEXEC)?;
+                let fd =
+                    inotify::init(inotify::CreateFlags::NONBLOCK | inotify::CreateFlags::CLOEXEC)?;
                 inotify::add_watch(
                     &fd,
                     dir,

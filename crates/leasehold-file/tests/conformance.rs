@@ -1,6 +1,8 @@
 //! The conformance suite against the file backend: every client is a separate
 //! `FileBackend` instance on one temporary directory.
 
+#![allow(clippy::unwrap_used)] // test code: a failed step fails the test
+
 use std::sync::Arc;
 
 use async_trait::async_trait;

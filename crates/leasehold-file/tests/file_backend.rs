@@ -1,5 +1,7 @@
 //! What only the file backend promises.
 
+#![allow(clippy::unwrap_used)] // test code: a failed step fails the test
+
 use std::time::Duration;
 
 use leasehold_core::{Client, Error, LockOptions};
@@ -53,16 +55,21 @@ async fn a_waiter_is_woken_by_the_release_not_by_its_poll_interval() {
         .build();
     let guard = holder.mutex("job").unwrap().lock().await.unwrap();
     let mutex = waiter.mutex("job").unwrap();
-    let waiting = tokio::spawn(async move {
-        tokio::time::timeout(Duration::from_secs(5), mutex.lock()).await
-    });
+    let waiting =
+        tokio::spawn(
+            async move { tokio::time::timeout(Duration::from_secs(5), mutex.lock()).await },
+        );
     // Give the waiter its first busy answer before releasing, through the holder record it
     // writes while it waits.
     let mut observed = holder.inspect("job").await.unwrap();
     while observed.waiters.is_empty() {
         holder
             .backend()
-            .wait(&leasehold_core::LockName::new("job").unwrap(), &observed.hint, Duration::from_secs(5))
+            .wait(
+                &leasehold_core::LockName::new("job").unwrap(),
+                &observed.hint,
+                Duration::from_secs(5),
+            )
             .await
             .unwrap();
         observed = holder.inspect("job").await.unwrap();
@@ -77,5 +84,8 @@ async fn a_directory_that_is_a_file_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("not-a-dir");
     std::fs::write(&file, b"").unwrap();
-    assert!(matches!(FileBackend::open(&file), Err(Error::Unavailable { .. } | Error::Backend { .. })));
+    assert!(matches!(
+        FileBackend::open(&file),
+        Err(Error::Unavailable { .. } | Error::Backend { .. })
+    ));
 }

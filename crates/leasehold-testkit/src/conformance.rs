@@ -12,6 +12,9 @@
 //! message, what it does not claim (shared mode, permits, expiring leases, fairness,
 //! lock-delay). Every case asserts behaviour that a broken lock fails.
 
+// These are test bodies: a failed step must fail the test, with the panic's location.
+#![allow(clippy::unwrap_used)]
+
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
@@ -262,7 +265,15 @@ pub async fn a_stale_guard_cannot_release_the_next_holders_lock(d: &dyn Deployme
     assert!(next.token() > stale.token());
     assert!(matches!(stale.release().await, Err(Error::Lost(_))));
     assert_eq!(holders(&b, NAME).await, vec![next.owner().to_string()]);
-    assert!(probe.mutex(NAME).unwrap().try_lock().await.unwrap().is_none());
+    assert!(
+        probe
+            .mutex(NAME)
+            .unwrap()
+            .try_lock()
+            .await
+            .unwrap()
+            .is_none()
+    );
     faults.resume(Op::Renew);
     next.release().await.unwrap();
 }
@@ -296,7 +307,13 @@ pub async fn loss_is_signalled_before_the_server_expires_the_lock(d: &dyn Deploy
     guard.lost().await;
     assert!(!guard.is_held());
     assert!(
-        probe.mutex(NAME).unwrap().try_lock().await.unwrap().is_none(),
+        probe
+            .mutex(NAME)
+            .unwrap()
+            .try_lock()
+            .await
+            .unwrap()
+            .is_none(),
         "the server had already given up the lock when the holder noticed"
     );
     let next = probe
@@ -314,7 +331,11 @@ pub async fn a_scoped_run_is_cancelled_on_loss(d: &dyn Deployment) {
     let probe = client(d).await;
     let caps = probe.capabilities().clone();
     if !caps.expiring_leases
-        && skip("a_scoped_run_is_cancelled_on_loss", &caps, "grants do not expire")
+        && skip(
+            "a_scoped_run_is_cancelled_on_loss",
+            &caps,
+            "grants do not expire",
+        )
     {
         return;
     }
@@ -363,7 +384,13 @@ pub async fn waiters_are_served_in_arrival_order(d: &dyn Deployment) {
     const WAITERS: usize = 8;
     let holder = client(d).await;
     let caps = holder.capabilities().clone();
-    if !caps.fair && skip("waiters_are_served_in_arrival_order", &caps, "no FIFO queue") {
+    if !caps.fair
+        && skip(
+            "waiters_are_served_in_arrival_order",
+            &caps,
+            "no FIFO queue",
+        )
+    {
         return;
     }
     let guard = holder.mutex(NAME).unwrap().lock().await.unwrap();
@@ -420,7 +447,13 @@ pub async fn a_semaphore_never_exceeds_its_permits(d: &dyn Deployment) {
     let semaphore = probe.semaphore(NAME, PERMITS).unwrap();
     let mut held = Vec::new();
     for _ in 0..PERMITS {
-        held.push(semaphore.try_acquire().await.unwrap().expect("a free permit"));
+        held.push(
+            semaphore
+                .try_acquire()
+                .await
+                .unwrap()
+                .expect("a free permit"),
+        );
     }
     assert!(semaphore.try_acquire().await.unwrap().is_none());
     let tokens: Vec<_> = held.iter().map(|p| p.token()).collect();
@@ -444,7 +477,13 @@ pub async fn read_write_semantics_and_no_writer_starvation(d: &dyn Deployment) {
     let b = client(d).await;
     let (w, faults) = faulty_client(d, options(Duration::from_secs(5))).await;
     let r1 = a.rwlock(NAME).unwrap().read().await.unwrap();
-    let r2 = b.rwlock(NAME).unwrap().try_read().await.unwrap().expect("readers share");
+    let r2 = b
+        .rwlock(NAME)
+        .unwrap()
+        .try_read()
+        .await
+        .unwrap()
+        .expect("readers share");
     assert!(b.rwlock(NAME).unwrap().try_write().await.unwrap().is_none());
     assert!(b.mutex(NAME).unwrap().try_lock().await.unwrap().is_none());
 
@@ -543,7 +582,13 @@ pub async fn inspect_reports_holders_and_waiters(d: &dyn Deployment) {
 pub async fn lock_delay_keeps_an_expired_lock_closed(d: &dyn Deployment) {
     let probe = client(d).await;
     let caps = probe.capabilities().clone();
-    if !caps.lock_delay && skip("lock_delay_keeps_an_expired_lock_closed", &caps, "no lock-delay") {
+    if !caps.lock_delay
+        && skip(
+            "lock_delay_keeps_an_expired_lock_closed",
+            &caps,
+            "no lock-delay",
+        )
+    {
         return;
     }
     let ttl = Duration::from_secs(1).max(caps.ttl_granularity);
@@ -578,7 +623,15 @@ pub async fn lock_delay_keeps_an_expired_lock_closed(d: &dyn Deployment) {
     let c = client_with(d, with_delay).await;
     let released = c.mutex(NAME).unwrap().lock().await.unwrap();
     released.release().await.unwrap();
-    assert!(probe.mutex(NAME).unwrap().try_lock().await.unwrap().is_some());
+    assert!(
+        probe
+            .mutex(NAME)
+            .unwrap()
+            .try_lock()
+            .await
+            .unwrap()
+            .is_some()
+    );
     faults.resume(Op::Renew);
 }
 
@@ -596,7 +649,18 @@ pub async fn names_are_independent(d: &dyn Deployment) {
 pub async fn bad_input_is_rejected_with_typed_errors(d: &dyn Deployment) {
     let (a, faults) = faulty_client(d, options(Duration::from_secs(5))).await;
     let huge = "n".repeat(1 << 20);
-    for name in ["", " ", "a b", "a\0b", "a/b", "{tag}", "a*", "a#lock", "..", huge.as_str()] {
+    for name in [
+        "",
+        " ",
+        "a b",
+        "a\0b",
+        "a/b",
+        "{tag}",
+        "a*",
+        "a#lock",
+        "..",
+        huge.as_str(),
+    ] {
         assert!(
             matches!(
                 a.mutex(name),
@@ -611,7 +675,10 @@ pub async fn bad_input_is_rejected_with_typed_errors(d: &dyn Deployment) {
     }
     assert!(matches!(
         a.semaphore(NAME, 0),
-        Err(Error::InvalidArgument { what: "permits", .. })
+        Err(Error::InvalidArgument {
+            what: "permits",
+            ..
+        })
     ));
     for bad in [
         LockOptions::builder().ttl(Duration::ZERO).build(),
@@ -620,7 +687,9 @@ pub async fn bad_input_is_rejected_with_typed_errors(d: &dyn Deployment) {
             .ttl(Duration::from_secs(1))
             .renew_every(Duration::from_secs(1))
             .build(),
-        LockOptions::builder().request_timeout(Duration::ZERO).build(),
+        LockOptions::builder()
+            .request_timeout(Duration::ZERO)
+            .build(),
     ] {
         assert!(matches!(bad, Err(Error::InvalidArgument { .. })), "{bad:?}");
     }
@@ -632,5 +701,9 @@ pub async fn bad_input_is_rejected_with_typed_errors(d: &dyn Deployment) {
         leasehold_core::parse_duration("10"),
         Err(Error::InvalidArgument { .. })
     ));
-    assert_eq!(faults.calls(Op::Acquire), 0, "a bad request reached the backend");
+    assert_eq!(
+        faults.calls(Op::Acquire),
+        0,
+        "a bad request reached the backend"
+    );
 }

@@ -189,8 +189,18 @@ async fn connection(
     let (client_read, client_write) = client.into_split();
     let (server_read, server_write) = server.into_split();
     let both = futures_join(
-        pump(client_read, server_write, Direction::ToServer, faults.clone()),
-        pump(server_read, client_write, Direction::ToClient, faults.clone()),
+        pump(
+            client_read,
+            server_write,
+            Direction::ToServer,
+            faults.clone(),
+        ),
+        pump(
+            server_read,
+            client_write,
+            Direction::ToClient,
+            faults.clone(),
+        ),
     );
     tokio::select! {
         _ = both => {}

@@ -497,10 +497,7 @@ impl ZooKeeper {
                     client_port: *client,
                 });
             }
-            let mut zookeeper = ZooKeeper {
-                servers,
-                _dir: dir,
-            };
+            let mut zookeeper = ZooKeeper { servers, _dir: dir };
             for server in &mut zookeeper.servers {
                 server.wait_ready().await?;
             }
@@ -768,7 +765,17 @@ fn postgres_template(bin: &Path, user: Option<(u32, u32)>) -> io::Result<PathBuf
     }
     let mut initdb = std::process::Command::new(bin.join("initdb"));
     initdb
-        .args(["-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8", "--locale=C", "-D"])
+        .args([
+            "-A",
+            "trust",
+            "-U",
+            "postgres",
+            "--no-sync",
+            "-E",
+            "UTF8",
+            "--locale=C",
+            "-D",
+        ])
         .arg(&template)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped());

@@ -1,5 +1,7 @@
 //! The fault proxy, in front of a small echo server that reports what it received.
 
+#![allow(clippy::unwrap_used)] // test code: a failed step fails the test
+
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -60,7 +62,11 @@ async fn a_delay_holds_each_direction_back() {
     proxy.set_delay(Direction::Both, Duration::from_millis(100));
     let started = Instant::now();
     assert_eq!(roundtrip(&mut client, b"x").await, b"x");
-    assert!(started.elapsed() >= Duration::from_millis(200), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() >= Duration::from_millis(200),
+        "{:?}",
+        started.elapsed()
+    );
 }
 
 #[tokio::test]
@@ -74,7 +80,8 @@ async fn cutting_replies_lets_requests_through_and_heal_delivers_them_late() {
     assert_eq!(received.recv().await.unwrap(), b"ping");
     // ...but the reply is held.
     let mut back = [0u8; 4];
-    let early = tokio::time::timeout(Duration::from_millis(200), client.read_exact(&mut back)).await;
+    let early =
+        tokio::time::timeout(Duration::from_millis(200), client.read_exact(&mut back)).await;
     assert!(early.is_err(), "a reply crossed a cut link");
     proxy.heal();
     client.read_exact(&mut back).await.unwrap();

@@ -1,5 +1,7 @@
 //! The server harness against the real programs.
 
+#![allow(clippy::unwrap_used)] // test code: a failed step fails the test
+
 use leasehold_testkit::probe::Resp;
 use leasehold_testkit::{Etcd, Postgres, Redis, RedisReplicated, ZooKeeper, redis_servers};
 use rustix::process::{Pid, test_kill_process};
@@ -11,7 +13,10 @@ fn gone(pid: u32) -> bool {
 #[tokio::test]
 async fn redis_serves_pauses_restarts_empty_and_dies_with_its_handle() {
     let mut redis = Redis::start().await.unwrap();
-    assert_eq!(redis.command(&["SET", "k", "v"]).await.unwrap(), Resp::Simple("OK".into()));
+    assert_eq!(
+        redis.command(&["SET", "k", "v"]).await.unwrap(),
+        Resp::Simple("OK".into())
+    );
     assert_eq!(
         redis.command(&["GET", "k"]).await.unwrap(),
         Resp::Bulk(Some(b"v".to_vec()))
@@ -21,12 +26,18 @@ async fn redis_serves_pauses_restarts_empty_and_dies_with_its_handle() {
     let paused = redis.command(&["PING"]).await;
     assert_eq!(paused.unwrap_err().kind(), std::io::ErrorKind::TimedOut);
     redis.resume();
-    assert_eq!(redis.command(&["PING"]).await.unwrap(), Resp::Simple("PONG".into()));
+    assert_eq!(
+        redis.command(&["PING"]).await.unwrap(),
+        Resp::Simple("PONG".into())
+    );
 
     let port = redis.port();
     redis.restart().await.unwrap();
     assert_eq!(redis.port(), port);
-    assert_eq!(redis.command(&["GET", "k"]).await.unwrap(), Resp::Bulk(None));
+    assert_eq!(
+        redis.command(&["GET", "k"]).await.unwrap(),
+        Resp::Bulk(None)
+    );
 
     let pid = redis.process().pid().unwrap();
     drop(redis);
@@ -38,7 +49,10 @@ async fn independent_redis_servers_do_not_share_data() {
     let servers = redis_servers(3).await.unwrap();
     servers[0].command(&["SET", "k", "0"]).await.unwrap();
     for server in &servers[1..] {
-        assert_eq!(server.command(&["GET", "k"]).await.unwrap(), Resp::Bulk(None));
+        assert_eq!(
+            server.command(&["GET", "k"]).await.unwrap(),
+            Resp::Bulk(None)
+        );
     }
 }
 
@@ -122,13 +136,25 @@ async fn postgres_runs_as_its_own_user_and_restarts_with_its_data() {
             .unwrap()
     };
     let out = psql("create table t (x int)");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(psql("insert into t values (42)").status.success());
     let out = psql("select current_user");
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "postgres");
     postgres.restart().await.unwrap();
     let out = std::process::Command::new("psql")
-        .args(["-h", "127.0.0.1", "-U", "postgres", "-tAc", "select x from t", "-p"])
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-U",
+            "postgres",
+            "-tAc",
+            "select x from t",
+            "-p",
+        ])
         .arg(postgres.port().to_string())
         .output()
         .unwrap();

@@ -51,7 +51,11 @@ pub async fn connect_backend(url: &str) -> Result<Arc<dyn Backend>> {
     let scheme = url
         .split_once(':')
         .map(|(scheme, _)| scheme.to_ascii_lowercase())
-        .filter(|s| !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c)))
+        .filter(|s| {
+            !s.is_empty()
+                && s.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c))
+        })
         .ok_or_else(|| invalid("not a URL; expected e.g. file:///path/to/dir".into()))?;
     match scheme.as_str() {
         "memory" => Ok(Arc::new(memory::InMemory::new())),
@@ -69,9 +73,9 @@ pub async fn connect_backend(url: &str) -> Result<Arc<dyn Backend>> {
                     "expected an absolute path, as in file:///var/lock/app".into(),
                 ));
             }
-            let dir = parsed
-                .to_file_path()
-                .map_err(|()| invalid("expected an absolute path, as in file:///var/lock/app".into()))?;
+            let dir = parsed.to_file_path().map_err(|()| {
+                invalid("expected an absolute path, as in file:///var/lock/app".into())
+            })?;
             Ok(Arc::new(file::FileBackend::open(dir)?))
         }
         other => Err(invalid(format!(
@@ -104,7 +108,10 @@ mod tests {
 
     async fn invalid(url: &str) -> String {
         match connect(url).await {
-            Err(Error::InvalidArgument { what: "url", reason }) => reason,
+            Err(Error::InvalidArgument {
+                what: "url",
+                reason,
+            }) => reason,
             other => panic!("{url} gave {other:?}"),
         }
     }
@@ -116,7 +123,11 @@ mod tests {
         assert!(!reason.contains("hunter2"), "{reason}");
         assert!(invalid("").await.contains("not a URL"));
         assert!(invalid("localhost").await.contains("not a URL"));
-        assert!(invalid("file://otherhost/tmp/x").await.contains("this host"));
+        assert!(
+            invalid("file://otherhost/tmp/x")
+                .await
+                .contains("this host")
+        );
         assert!(invalid("file:relative/dir").await.contains("absolute"));
     }
 

@@ -32,6 +32,10 @@ pub use leasehold_file as file;
 /// | `file:///var/lib/app/locks` | [`file`] — OS file locks in that directory (one host) |
 /// | `memory:` | [`memory::InMemory`] — this process only (tests, examples) |
 ///
+/// # Cancel safety
+///
+/// Dropping the future abandons the connection attempt; no lock is taken by connecting.
+///
 /// # Errors
 ///
 /// [`Error::InvalidArgument`] for an unknown scheme or a malformed URL (credentials
@@ -42,6 +46,10 @@ pub async fn connect(url: &str) -> Result<Client> {
 
 /// The backend behind `url`, for use with [`Client::builder_from_arc`] (to choose the
 /// clock or default options).
+///
+/// # Cancel safety
+///
+/// As for [`connect`].
 ///
 /// # Errors
 ///

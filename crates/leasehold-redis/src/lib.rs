@@ -1,0 +1,778 @@
+//! leasehold's Redis backend: `SET key owner NX PX ttl` done right.
+//!
+//! - **One round trip per uncontended grant**: one Lua script sets the lock key (the owner
+//!   id, with a PX expiry) and increments the lock's fencing counter, returning the token.
+//! - **Owner-checked everything**: renewal is compare-and-`PEXPIRE`, release is
+//!   compare-and-`DEL`, both in Lua. Never GET-then-DEL, never a bare DEL. A renewal that
+//!   finds another owner, or no key, ends the guard at once.
+//! - **Push wake-ups, no herd**: waiters queue in a Redis sorted set (FIFO, entries expire
+//!   when their owner stops refreshing them); a release publishes the owners at the head of
+//!   the queue on the lock's channel, and only they try again. A holder's expiry wakes the
+//!   waiters at the expiry time the server reported.
+//! - **Every primitive**: exclusive, shared (read-write lock; readers queue behind a waiting
+//!   writer), permits (semaphores; each permit its own lease), lock-delay.
+//! - **Fencing tokens** per name, seeded from the server's clock (microseconds) when the
+//!   counter is created, so an empty restart never makes them go backwards; this client also
+//!   refuses to use a token lower than one it has already seen, and repairs the counter.
+//! - **Replica safety**: optionally `WAIT` for replicas to acknowledge each grant; a
+//!   warning when `maxmemory-policy` can evict lock keys.
+//! - **Cluster-ready keys**: all keys of one lock share the hash tag `{name}`.
+//!
+//! URL: `redis://[user:password@]host:port[/db][?prefix=P&replicas=N&replica_timeout=D&replicas_required=true]`.
+//! See `docs/backends/redis.md` for what this backend guarantees and what it does not.
+
+mod wakeups;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use leasehold_core::backend::{
+    Acquire, Backend, Capabilities, Expiry, Grant, Holder, LockState, Mode, Release, Renewal,
+    Request, TokenDurability, WaitHint, Waiter,
+};
+use leasehold_core::{
+    Error, FencingToken, LockName, LossReason, OwnerId, Result, parse_duration, redact_url,
+};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{FromRedisValue, IntoConnectionInfo, ProtocolVersion, RedisError, Script, Value};
+
+use crate::wakeups::{Router, Ticket, Wakeups};
+
+macro_rules! script {
+    ($file:literal) => {
+        Script::new(concat!(
+            include_str!("../lua/common.lua"),
+            include_str!(concat!("../lua/", $file))
+        ))
+    };
+}
+
+#[derive(Debug)]
+struct Scripts {
+    acquire: Script,
+    renew: Script,
+    release: Script,
+    inspect: Script,
+    raise: Script,
+}
+
+impl Scripts {
+    fn new() -> Self {
+        Self {
+            acquire: script!("acquire.lua"),
+            renew: script!("renew.lua"),
+            release: script!("release.lua"),
+            inspect: script!("inspect.lua"),
+            raise: script!("raise.lua"),
+        }
+    }
+}
+
+/// Waiting for replicas to acknowledge each grant (`WAIT`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplicaAck {
+    /// How many replicas must acknowledge.
+    pub replicas: u32,
+    /// How long to wait for them.
+    pub timeout: Duration,
+    /// `true`: a grant not acknowledged in time is released and the acquire fails with a
+    /// retryable error. `false`: it is kept and a warning is logged.
+    pub required: bool,
+}
+
+/// Options of the Redis backend (also settable as URL query parameters).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisOptions {
+    prefix: String,
+    replicas: Option<ReplicaAck>,
+    connect_timeout: Duration,
+}
+
+impl Default for RedisOptions {
+    /// Prefix `leasehold`, no replica acknowledgement, 5 s connect timeout.
+    fn default() -> Self {
+        Self {
+            prefix: "leasehold".into(),
+            replicas: None,
+            connect_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+impl RedisOptions {
+    /// The key prefix: keys are `<prefix>:{<name>}:<part>`. 1–64 of `A-Z a-z 0-9 _ - . :`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for other prefixes.
+    pub fn prefix(mut self, prefix: &str) -> Result<Self> {
+        if prefix.is_empty()
+            || prefix.len() > 64
+            || !prefix
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "_-.:".contains(c))
+        {
+            return Err(Error::invalid(
+                "key prefix",
+                format!("{prefix:?} is not 1-64 of A-Z a-z 0-9 _ - . :"),
+            ));
+        }
+        self.prefix = prefix.into();
+        Ok(self)
+    }
+
+    /// `WAIT` for replicas after every grant.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for zero replicas or a zero or over-long timeout.
+    pub fn replicas(mut self, ack: ReplicaAck) -> Result<Self> {
+        if ack.replicas == 0 {
+            return Err(Error::invalid("replicas", "at least one replica must acknowledge"));
+        }
+        if ack.timeout.is_zero() || ack.timeout > Duration::from_secs(3600) {
+            return Err(Error::invalid(
+                "replica timeout",
+                format!("{:?} is not between 1 ms and 1 h", ack.timeout),
+            ));
+        }
+        self.replicas = Some(ack);
+        Ok(self)
+    }
+
+    /// How long connecting may take.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+}
+
+/// Most names whose highest seen token this client remembers; past it the memory starts
+/// over (protection against a regressing counter then restarts from the next grant).
+const MAX_FLOORS: usize = 100_000;
+
+/// A Redis server holding locks. Clones share one multiplexed connection.
+#[derive(Debug, Clone)]
+pub struct RedisBackend {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    conn: ConnectionManager,
+    options: RedisOptions,
+    scripts: Scripts,
+    wakeups: Arc<Wakeups>,
+    /// Per name: the highest token this client saw, and whose it was.
+    floors: Mutex<HashMap<LockName, (u64, OwnerId)>>,
+    warnings: Vec<String>,
+}
+
+/// The keys and the channel of one lock name.
+struct Keys {
+    keys: [String; 11],
+    channel: String,
+}
+
+impl Keys {
+    fn new(prefix: &str, name: &LockName) -> Self {
+        let base = format!("{prefix}:{{{name}}}:");
+        let part = |p: &str| format!("{base}{p}");
+        Keys {
+            keys: [
+                part("lock"),
+                part("xinfo"),
+                part("readers"),
+                part("rinfo"),
+                part("permits"),
+                part("pinfo"),
+                part("token"),
+                part("queue"),
+                part("qexp"),
+                part("delay"),
+                part("pdelay"),
+            ],
+            channel: part("wake"),
+        }
+    }
+}
+
+fn mode_code(mode: Mode) -> &'static str {
+    match mode {
+        Mode::Exclusive => "x",
+        Mode::Shared => "s",
+        Mode::Permit { .. } => "p",
+    }
+}
+
+/// Whole milliseconds, rounded up (Redis expiries are in ms; never grant less than asked).
+fn millis_up(d: Duration) -> u64 {
+    let ms = d.as_millis() + u128::from(d.subsec_nanos() % 1_000_000 != 0);
+    u64::try_from(ms).unwrap_or(u64::MAX).max(1)
+}
+
+impl RedisBackend {
+    /// Connects to the server at `url` (see the crate docs for the URL form).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future abandons the connection attempt.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for a malformed URL or unknown parameter (credentials
+    /// redacted); [`Error::Unavailable`] if the server cannot be reached.
+    pub async fn connect(url: &str) -> Result<Self> {
+        let (base, options) = parse_url(url)?;
+        Self::connect_with(&base, options).await
+    }
+
+    /// Connects to `url` (without query parameters) with explicit options.
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`connect`](RedisBackend::connect).
+    ///
+    /// # Errors
+    ///
+    /// As for [`connect`](RedisBackend::connect).
+    pub async fn connect_with(url: &str, options: RedisOptions) -> Result<Self> {
+        let shown = redact_url(url);
+        let info = url
+            .into_connection_info()
+            .map_err(|e| Error::invalid("url", format!("{shown}: {}", e.detail().unwrap_or("not a redis URL"))))?;
+        let settings = info.redis_settings().clone().set_protocol(ProtocolVersion::RESP3);
+        let info = info.set_redis_settings(settings);
+        let client = redis::Client::open(info)
+            .map_err(|e| Error::invalid("url", format!("{shown}: {e}")))?;
+        let wakeups = Arc::new(Wakeups::default());
+        let config = ConnectionManagerConfig::new()
+            .set_push_sender(Router(wakeups.clone()))
+            .set_automatic_resubscription()
+            .set_connection_timeout(Some(options.connect_timeout))
+            // Every request is bounded by the engine's request timeout instead.
+            .set_response_timeout(None);
+        let mut conn = tokio::time::timeout(
+            options.connect_timeout,
+            client.get_connection_manager_with_config(config),
+        )
+        .await
+        .map_err(|_| Error::unavailable(format!("connecting to {shown} timed out")))?
+        .map_err(|e| Error::Unavailable {
+            message: format!("cannot connect to redis at {shown}: {e}"),
+            source: Some(Arc::new(e)),
+        })?;
+        let warnings = eviction_warnings(&mut conn).await;
+        for warning in &warnings {
+            tracing::warn!(url = %shown, "{warning}");
+        }
+        Ok(Self {
+            inner: Arc::new(Inner {
+                conn,
+                options,
+                scripts: Scripts::new(),
+                wakeups,
+                floors: Mutex::new(HashMap::new()),
+                warnings,
+            }),
+        })
+    }
+
+    /// Configuration problems found on connecting (an eviction policy that can delete lock
+    /// keys).
+    pub fn warnings(&self) -> &[String] {
+        &self.inner.warnings
+    }
+
+    fn keys(&self, name: &LockName) -> Keys {
+        Keys::new(&self.inner.options.prefix, name)
+    }
+
+    /// Runs `script` for `req` with the common arguments and `extra` ones.
+    async fn run<T: FromRedisValue>(
+        &self,
+        script: &Script,
+        req: &Request,
+        keys: &Keys,
+        extra: &[Vec<u8>],
+    ) -> Result<T> {
+        let limit = match req.mode {
+            Mode::Permit { limit } => limit.get(),
+            _ => 0,
+        };
+        let mut invocation = script.prepare_invoke();
+        for key in &keys.keys {
+            invocation.key(key);
+        }
+        invocation
+            .arg(req.owner.as_str())
+            .arg(mode_code(req.mode))
+            .arg(millis_up(req.ttl))
+            .arg(limit)
+            .arg(&keys.channel)
+            .arg(req.lock_delay.map_or(0, millis_up));
+        for arg in extra {
+            invocation.arg(arg.as_slice());
+        }
+        let mut conn = self.inner.conn.clone();
+        invocation
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| map_error(e, &req.name))
+    }
+
+    /// Remembers `token` as the highest seen for the name, or returns the higher token
+    /// seen before (the server handed out one that is not new: it lost data).
+    fn check_floor(&self, req: &Request, token: u64) -> Option<u64> {
+        let mut floors = self.inner.floors.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((floor, owner)) = floors.get(&req.name)
+            && (token < *floor || (token == *floor && owner != &req.owner))
+        {
+            return Some(*floor);
+        }
+        if floors.len() >= MAX_FLOORS {
+            floors.clear();
+        }
+        floors.insert(req.name.clone(), (token, req.owner.clone()));
+        None
+    }
+
+    async fn acquire_once(&self, req: &Request, keys: &Keys) -> Result<Acquire> {
+        // Read the wake-up versions before the request leaves, so that a release published
+        // after the script ran cannot be missed.
+        let ticket = self
+            .inner
+            .wakeups
+            .ticket(&keys.channel, req.waiting.then_some(req.owner.as_str()));
+        let value = req.value.as_deref().unwrap_or_default();
+        let (granted, answer): (i64, i64) = self
+            .run(
+                &self.inner.scripts.acquire,
+                req,
+                keys,
+                &[
+                    flag(req.fair),
+                    flag(req.waiting),
+                    flag(req.value.is_some()),
+                    value.to_vec(),
+                ],
+            )
+            .await?;
+        if granted == 1 {
+            self.inner.wakeups.forget(&keys.channel, req.owner.as_str());
+            let token = u64::try_from(answer)
+                .map_err(|_| Error::backend(format!("redis answered a negative token for {}", req.name), false))?;
+            return Ok(Acquire::Granted(Grant {
+                token: FencingToken::new(token),
+                expiry: Expiry::After(Duration::from_millis(millis_up(req.ttl))),
+            }));
+        }
+        let mut ticket = ticket;
+        ticket.retry = u64::try_from(answer).ok().map(Duration::from_millis);
+        Ok(Acquire::Busy(WaitHint::new(ticket)))
+    }
+
+    async fn wait_for_replicas(&self, req: &Request, ack: ReplicaAck) -> Result<()> {
+        let mut conn = self.inner.conn.clone();
+        let acked: i64 = redis::cmd("WAIT")
+            .arg(ack.replicas)
+            .arg(millis_up(ack.timeout))
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| map_error(e, &req.name))?;
+        if acked >= i64::from(ack.replicas) {
+            return Ok(());
+        }
+        let problem = format!(
+            "only {acked} of {} replicas acknowledged the grant of {} within {:?}",
+            ack.replicas, req.name, ack.timeout
+        );
+        if !ack.required {
+            tracing::warn!("{problem}; keeping it");
+            return Ok(());
+        }
+        let keys = self.keys(&req.name);
+        let _: i64 = self
+            .run(&self.inner.scripts.release, req, &keys, &[])
+            .await?;
+        Err(Error::backend(format!("{problem}; released it"), true))
+    }
+}
+
+fn flag(on: bool) -> Vec<u8> {
+    if on { b"1".to_vec() } else { b"0".to_vec() }
+}
+
+/// Describes a configuration in which the server may evict lock keys.
+async fn eviction_warnings(conn: &mut ConnectionManager) -> Vec<String> {
+    let config: std::result::Result<HashMap<String, String>, RedisError> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("maxmemory*")
+        .query_async(conn)
+        .await;
+    let Ok(config) = config else {
+        // CONFIG may be disabled or not permitted; nothing to say then.
+        return Vec::new();
+    };
+    let limit = config.get("maxmemory").map(String::as_str).unwrap_or("0");
+    let policy = config
+        .get("maxmemory-policy")
+        .map(String::as_str)
+        .unwrap_or("noeviction");
+    if limit != "0" && policy != "noeviction" {
+        vec![format!(
+            "maxmemory-policy is {policy} with maxmemory {limit}: the server may evict lock keys \
+             (a holder then loses its lock at its next renewal, and another may be granted \
+             meanwhile); use noeviction"
+        )]
+    } else {
+        Vec::new()
+    }
+}
+
+/// Maps a Redis error to a leasehold error, without credentials.
+fn map_error(error: RedisError, name: &LockName) -> Error {
+    if error.is_connection_refusal() || error.is_io_error() || error.is_connection_dropped() {
+        return Error::Unavailable {
+            message: format!("redis: {error}"),
+            source: Some(Arc::new(error)),
+        };
+    }
+    let code = error.code().unwrap_or("");
+    let retryable = matches!(
+        code,
+        "READONLY" | "LOADING" | "BUSY" | "TRYAGAIN" | "MASTERDOWN" | "CLUSTERDOWN"
+    );
+    let message = match code {
+        "READONLY" => "the server is a read-only replica; point leasehold at the primary".into(),
+        "LOADING" => "the server is still loading its dataset".into(),
+        "BUSY" => "the server is busy running a script".into(),
+        "OOM" => "the server is out of memory and refuses writes".into(),
+        "NOAUTH" | "WRONGPASS" => "authentication failed".into(),
+        "NOPERM" => "this user may not run leasehold's commands (EVALSHA, PUBLISH, SUBSCRIBE, WAIT)".into(),
+        "WRONGTYPE" => format!("a key of lock {name} holds data of another type; it was not written by leasehold"),
+        "LEASEHOLD_FOREIGN" => error.detail().unwrap_or("foreign value under a lock key").into(),
+        "MOVED" | "ASK" | "CROSSSLOT" => "cluster redirection: connect to the node that serves the lock's slot".into(),
+        _ => error.to_string(),
+    };
+    Error::Backend {
+        message: format!("redis: {message}"),
+        retryable,
+        source: Some(Arc::new(error)),
+    }
+}
+
+/// Splits leasehold's query parameters off a redis URL.
+fn parse_url(url: &str) -> Result<(String, RedisOptions)> {
+    let shown = redact_url(url);
+    let invalid = |reason: String| Error::invalid("url", format!("{shown}: {reason}"));
+    let scheme = url.split_once("://").map(|(s, _)| s.to_ascii_lowercase());
+    match scheme.as_deref() {
+        Some("redis") => {}
+        Some("rediss") => {
+            return Err(Error::Unsupported {
+                backend: "redis",
+                feature: "TLS (rediss://) in this build",
+            });
+        }
+        _ => return Err(invalid("expected redis://host:port".into())),
+    }
+    let (base, query) = url.split_once('?').unwrap_or((url, ""));
+    let mut options = RedisOptions::default();
+    let mut ack = ReplicaAck {
+        replicas: 0,
+        timeout: Duration::from_millis(100),
+        required: true,
+    };
+    for param in query.split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = param.split_once('=').unwrap_or((param, ""));
+        match key {
+            "prefix" => options = options.prefix(value)?,
+            "replicas" => {
+                ack.replicas = value
+                    .parse()
+                    .map_err(|_| invalid(format!("replicas={value:?} is not a number")))?;
+            }
+            "replica_timeout" => ack.timeout = parse_duration(value)?,
+            "replicas_required" => {
+                ack.required = value
+                    .parse()
+                    .map_err(|_| invalid(format!("replicas_required={value:?} is not true or false")))?;
+            }
+            "connect_timeout" => options = options.connect_timeout(parse_duration(value)?),
+            other => {
+                return Err(invalid(format!(
+                    "unknown parameter {other:?}; known: prefix, replicas, replica_timeout, \
+                     replicas_required, connect_timeout"
+                )));
+            }
+        }
+    }
+    if ack.replicas > 0 {
+        options = options.replicas(ack)?;
+    }
+    Ok((base.to_owned(), options))
+}
+
+fn text(value: &Value) -> String {
+    match value {
+        Value::BulkString(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+        Value::SimpleString(s) => s.clone(),
+        Value::Int(i) => i.to_string(),
+        _ => String::new(),
+    }
+}
+
+fn int(value: &Value) -> i64 {
+    match value {
+        Value::Int(i) => *i,
+        other => text(other).parse().unwrap_or(0),
+    }
+}
+
+/// A holder's info: `token|lock_delay_ms|value`.
+fn parse_info(info: &str) -> (FencingToken, Option<Arc<[u8]>>) {
+    let mut parts = info.splitn(3, '|');
+    let token = parts.next().and_then(|t| t.parse().ok()).unwrap_or(0);
+    let _delay = parts.next();
+    let value = parts.next().filter(|v| !v.is_empty()).map(|v| Arc::from(v.as_bytes()));
+    (FencingToken::new(token), value)
+}
+
+fn remaining(ms: i64) -> Option<Duration> {
+    Some(Duration::from_millis(u64::try_from(ms).unwrap_or(0)))
+}
+
+#[async_trait]
+impl Backend for RedisBackend {
+    fn capabilities(&self) -> Capabilities {
+        let mut caps = Capabilities::new("redis", TokenDurability::WhileServerKeepsData);
+        caps.expiring_leases = true;
+        caps.fair = true;
+        caps.push_wakeups = true;
+        caps.shared = true;
+        caps.permits = true;
+        caps.lock_delay = true;
+        caps
+    }
+
+    async fn acquire(&self, req: &Request) -> Result<Acquire> {
+        let keys = self.keys(&req.name);
+        let mut answer = self.acquire_once(req, &keys).await?;
+        if let Acquire::Granted(grant) = &answer
+            && let Some(floor) = self.check_floor(req, grant.token.get())
+        {
+            tracing::warn!(lock = %req.name, token = grant.token.get(), seen = floor,
+                "redis handed out a fencing token not above one already seen (it lost data: \
+                 failover or restart); raising its counter and granting again");
+            let _: i64 = self.run(&self.inner.scripts.release, req, &keys, &[]).await?;
+            let _: i64 = self
+                .run(&self.inner.scripts.raise, req, &keys, &[floor.to_string().into_bytes()])
+                .await?;
+            answer = self.acquire_once(req, &keys).await?;
+            if let Acquire::Granted(grant) = &answer
+                && self.check_floor(req, grant.token.get()).is_some()
+            {
+                let _: i64 = self.run(&self.inner.scripts.release, req, &keys, &[]).await?;
+                return Err(Error::backend(
+                    format!("redis keeps handing out stale fencing tokens for {}", req.name),
+                    false,
+                ));
+            }
+        }
+        if matches!(answer, Acquire::Granted(_))
+            && let Some(ack) = self.inner.options.replicas
+        {
+            self.wait_for_replicas(req, ack).await?;
+        }
+        Ok(answer)
+    }
+
+    async fn renew(&self, req: &Request) -> Result<Renewal> {
+        let keys = self.keys(&req.name);
+        let renewed: i64 = self.run(&self.inner.scripts.renew, req, &keys, &[]).await?;
+        Ok(if renewed == 1 {
+            Renewal::Renewed(Expiry::After(Duration::from_millis(millis_up(req.ttl))))
+        } else {
+            Renewal::Lost(LossReason::NotOwner)
+        })
+    }
+
+    async fn release(&self, req: &Request) -> Result<Release> {
+        let keys = self.keys(&req.name);
+        self.inner.wakeups.forget(&keys.channel, req.owner.as_str());
+        let released: i64 = self.run(&self.inner.scripts.release, req, &keys, &[]).await?;
+        Ok(if released == 1 {
+            Release::Released
+        } else {
+            Release::NotHeld
+        })
+    }
+
+    async fn wait(&self, _name: &LockName, hint: &WaitHint, max: Duration) -> Result<()> {
+        let Some(ticket) = hint.get::<Ticket>() else {
+            return Ok(());
+        };
+        if !ticket.subscribed {
+            // Subscribe, then let the caller try again with the subscription in place.
+            let mut conn = self.inner.conn.clone();
+            conn.subscribe(&ticket.channel).await.map_err(|e| Error::Unavailable {
+                message: format!("redis: subscribing to wake-ups failed: {e}"),
+                source: Some(Arc::new(e)),
+            })?;
+            self.inner.wakeups.mark_subscribed(&ticket.channel);
+            return Ok(());
+        }
+        self.inner.wakeups.wait(ticket, max).await;
+        Ok(())
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<LockState> {
+        let keys = self.keys(name);
+        let mut ticket = self.inner.wakeups.ticket(&keys.channel, None);
+        let probe = Request {
+            name: name.clone(),
+            owner: OwnerId::parse("inspect").unwrap_or_else(|_| OwnerId::generate()),
+            mode: Mode::Exclusive,
+            ttl: Duration::from_millis(1),
+            fair: false,
+            waiting: false,
+            lock_delay: None,
+            value: None,
+        };
+        let reply: Vec<Value> = self.run(&self.inner.scripts.inspect, &probe, &keys, &[]).await?;
+        let [holder, ttl, xinfo, readers, permits, queue] = reply.as_slice() else {
+            return Err(Error::backend("redis: unexpected inspect reply", false));
+        };
+        let mut state = LockState::default();
+        let holder = text(holder);
+        let mut earliest: Option<i64> = None;
+        if !holder.is_empty() {
+            let (token, value) = parse_info(&text(xinfo));
+            let left = int(ttl);
+            earliest = Some(left);
+            state.holders.push(Holder {
+                owner: OwnerId::parse(&holder)?,
+                mode: Mode::Exclusive,
+                token,
+                remaining: remaining(left),
+                value,
+            });
+        }
+        let mut add = |members: &Value, mode: Mode| -> Result<()> {
+            if let Value::Array(flat) = members {
+                for chunk in flat.chunks(3) {
+                    if let [owner, left, info] = chunk {
+                        let (token, value) = parse_info(&text(info));
+                        let left = int(left);
+                        earliest = Some(earliest.map_or(left, |e| e.min(left)));
+                        state.holders.push(Holder {
+                            owner: OwnerId::parse(&text(owner))?,
+                            mode,
+                            token,
+                            remaining: remaining(left),
+                            value,
+                        });
+                    }
+                }
+            }
+            Ok(())
+        };
+        add(readers, Mode::Shared)?;
+        // The permit limit is not stored: report the count held.
+        let limit = match permits {
+            Value::Array(flat) => u32::try_from((flat.len() / 3).max(1)).unwrap_or(1),
+            _ => 1,
+        };
+        add(
+            permits,
+            Mode::Permit {
+                limit: std::num::NonZeroU32::new(limit).unwrap_or(std::num::NonZeroU32::MIN),
+            },
+        )?;
+        if let Value::Array(members) = queue {
+            for member in members {
+                let member = text(member);
+                let (kind, owner) = member.split_at(member.len().min(1));
+                let mode = match kind {
+                    "x" => Mode::Exclusive,
+                    "s" => Mode::Shared,
+                    _ => Mode::Permit {
+                        limit: std::num::NonZeroU32::MIN,
+                    },
+                };
+                state.waiters.push(Waiter {
+                    owner: OwnerId::parse(owner)?,
+                    mode,
+                });
+            }
+        }
+        ticket.retry = earliest.and_then(|ms| u64::try_from(ms).ok()).map(Duration::from_millis);
+        state.hint = WaitHint::new(ticket);
+        Ok(state)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_share_one_hash_tag() {
+        let keys = Keys::new("leasehold", &LockName::new("orders:42").unwrap());
+        for key in &keys.keys {
+            assert!(key.starts_with("leasehold:{orders:42}:"), "{key}");
+        }
+        assert_eq!(keys.keys[0], "leasehold:{orders:42}:lock");
+        assert_eq!(keys.channel, "leasehold:{orders:42}:wake");
+    }
+
+    #[test]
+    fn ttls_round_up_to_whole_milliseconds() {
+        assert_eq!(millis_up(Duration::from_micros(1500)), 2);
+        assert_eq!(millis_up(Duration::from_millis(3)), 3);
+        assert_eq!(millis_up(Duration::from_nanos(1)), 1);
+    }
+
+    #[test]
+    fn url_parameters_are_parsed_and_checked() {
+        let (base, options) =
+            parse_url("redis://u:pw@h:1/2?prefix=app&replicas=1&replica_timeout=50ms").unwrap();
+        assert_eq!(base, "redis://u:pw@h:1/2");
+        assert_eq!(options.prefix, "app");
+        assert_eq!(
+            options.replicas,
+            Some(ReplicaAck {
+                replicas: 1,
+                timeout: Duration::from_millis(50),
+                required: true
+            })
+        );
+        for bad in [
+            "redis://h:1?nosuch=1",
+            "redis://h:1?prefix=a{b}",
+            "redis://h:1?replicas=x",
+            "redis://h:1?replica_timeout=5",
+            "http://h:1",
+        ] {
+            let err = parse_url(bad).unwrap_err();
+            assert!(matches!(err, Error::InvalidArgument { .. }), "{bad}: {err}");
+        }
+        let err = parse_url("redis://u:hunter2@h:1?nosuch=1").unwrap_err();
+        assert!(!err.to_string().contains("hunter2"));
+        assert!(matches!(
+            parse_url("rediss://h:1"),
+            Err(Error::Unsupported { .. })
+        ));
+    }
+
+    #[test]
+    fn holder_info_round_trips() {
+        let (token, value) = parse_info("1763794800123456|0|10.0.0.7:80|x");
+        assert_eq!(token.get(), 1_763_794_800_123_456);
+        assert_eq!(value.as_deref(), Some(&b"10.0.0.7:80|x"[..]));
+        assert_eq!(parse_info("5|0|").1, None);
+    }
+}

@@ -1,0 +1,188 @@
+//! Push wake-ups: the release script publishes on the lock's channel whom it wakes (the
+//! owners at the head of the queue, or `*` for everyone); the connection's RESP3 push
+//! messages land here and wake exactly those waiters of this process.
+//!
+//! A waiter reads its versions *before* its acquire is sent, so a message that arrives
+//! between the script and the wait is never missed. A name is subscribed the first time
+//! one of its waiters is busy (the first wait subscribes and returns at once, so the
+//! acquire is retried with the subscription in place).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use redis::aio::{AsyncPushSender, SendError};
+use redis::{PushInfo, PushKind, Value};
+use tokio::sync::watch;
+
+/// Per-channel wake-up state of this process.
+#[derive(Debug, Default)]
+pub(crate) struct Wakeups {
+    channels: Mutex<HashMap<String, Channel>>,
+}
+
+#[derive(Debug)]
+struct Channel {
+    /// Bumped by `*` messages, and on reconnection.
+    everyone: watch::Sender<u64>,
+    /// Bumped by messages naming the owner.
+    owners: HashMap<String, watch::Sender<u64>>,
+    subscribed: bool,
+}
+
+impl Channel {
+    fn new() -> Self {
+        Self {
+            everyone: watch::Sender::new(0),
+            owners: HashMap::new(),
+            subscribed: false,
+        }
+    }
+}
+
+/// What a waiter knew before its request: pass it back to [`Wakeups::wait`].
+#[derive(Debug, Clone)]
+pub(crate) struct Ticket {
+    pub(crate) channel: String,
+    owner: Option<String>,
+    everyone: u64,
+    mine: u64,
+    pub(crate) subscribed: bool,
+    /// When the server said the state may change on its own (an expiry).
+    pub(crate) retry: Option<Duration>,
+}
+
+impl Wakeups {
+    fn channels(&self) -> std::sync::MutexGuard<'_, HashMap<String, Channel>> {
+        self.channels.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records the versions `owner` (or an observer, `None`) waits from.
+    pub(crate) fn ticket(&self, channel: &str, owner: Option<&str>) -> Ticket {
+        let mut channels = self.channels();
+        let entry = channels
+            .entry(channel.to_owned())
+            .or_insert_with(Channel::new);
+        let mine = owner.map_or(0, |owner| {
+            *entry
+                .owners
+                .entry(owner.to_owned())
+                .or_insert_with(|| watch::Sender::new(0))
+                .borrow()
+        });
+        Ticket {
+            channel: channel.to_owned(),
+            owner: owner.map(str::to_owned),
+            everyone: *entry.everyone.borrow(),
+            mine,
+            subscribed: entry.subscribed,
+            retry: None,
+        }
+    }
+
+    /// The waiter `owner` is done (granted or gone).
+    pub(crate) fn forget(&self, channel: &str, owner: &str) {
+        if let Some(entry) = self.channels().get_mut(channel) {
+            entry.owners.remove(owner);
+        }
+    }
+
+    pub(crate) fn mark_subscribed(&self, channel: &str) {
+        self.channels()
+            .entry(channel.to_owned())
+            .or_insert_with(Channel::new)
+            .subscribed = true;
+    }
+
+    /// Returns when a message for the ticket's owner (or for everyone) arrived after the
+    /// ticket was taken, or after `max`.
+    pub(crate) async fn wait(&self, ticket: &Ticket, max: Duration) {
+        let (mut everyone, mut mine) = {
+            let mut channels = self.channels();
+            let entry = channels
+                .entry(ticket.channel.clone())
+                .or_insert_with(Channel::new);
+            let mine = ticket.owner.as_ref().map(|owner| {
+                entry
+                    .owners
+                    .entry(owner.clone())
+                    .or_insert_with(|| watch::Sender::new(0))
+                    .subscribe()
+            });
+            (entry.everyone.subscribe(), mine)
+        };
+        if *everyone.borrow_and_update() != ticket.everyone
+            || mine
+                .as_mut()
+                .is_some_and(|m| *m.borrow_and_update() != ticket.mine)
+        {
+            return;
+        }
+        let mine_changed = async {
+            match &mut mine {
+                Some(m) => {
+                    let _ = m.changed().await;
+                }
+                None => std::future::pending().await,
+            }
+        };
+        let limit = ticket.retry.map_or(max, |retry| retry.min(max));
+        tokio::select! {
+            _ = everyone.changed() => {}
+            () = mine_changed => {}
+            () = tokio::time::sleep(limit) => {}
+        }
+    }
+
+    fn deliver(&self, channel: &str, payload: &str) {
+        let channels = self.channels();
+        let Some(entry) = channels.get(channel) else {
+            return;
+        };
+        if payload == "*" {
+            entry.everyone.send_modify(|v| *v += 1);
+            return;
+        }
+        for owner in payload.split(' ') {
+            if let Some(version) = entry.owners.get(owner) {
+                version.send_modify(|v| *v += 1);
+            }
+        }
+    }
+
+    /// After a reconnection messages may have been lost: everyone re-checks.
+    fn wake_all(&self) {
+        for entry in self.channels().values() {
+            entry.everyone.send_modify(|v| *v += 1);
+        }
+    }
+}
+
+/// Routes the connection's push messages into [`Wakeups`].
+#[derive(Debug, Clone)]
+pub(crate) struct Router(pub(crate) Arc<Wakeups>);
+
+fn text(value: &Value) -> Option<String> {
+    match value {
+        Value::BulkString(bytes) => String::from_utf8(bytes.clone()).ok(),
+        Value::SimpleString(s) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+impl AsyncPushSender for Router {
+    fn send(&self, info: PushInfo) -> Result<(), SendError> {
+        match info.kind {
+            PushKind::Message => {
+                if let [channel, payload, ..] = info.data.as_slice()
+                    && let (Some(channel), Some(payload)) = (text(channel), text(payload))
+                {
+                    self.0.deliver(&channel, &payload);
+                }
+            }
+            PushKind::Disconnection => self.0.wake_all(),
+            _ => {}
+        }
+        Ok(())
+    }
+}

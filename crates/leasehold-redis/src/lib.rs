@@ -59,6 +59,16 @@ struct Scripts {
 }
 
 impl Scripts {
+    fn all(&self) -> [&Script; 5] {
+        [
+            &self.acquire,
+            &self.renew,
+            &self.release,
+            &self.inspect,
+            &self.raise,
+        ]
+    }
+
     fn new() -> Self {
         Self {
             acquire: script!("acquire.lua"),
@@ -264,6 +274,15 @@ impl RedisBackend {
             message: format!("cannot connect to redis at {shown}: {e}"),
             source: Some(Arc::new(e)),
         })?;
+        let scripts = Scripts::new();
+        // Loaded up front, so that even the first grant is one round trip. After a server
+        // restart EVALSHA falls back to loading them again.
+        for script in scripts.all() {
+            script
+                .load_async(&mut conn)
+                .await
+                .map_err(|e| map_error(e, "(loading scripts)"))?;
+        }
         let warnings = eviction_warnings(&mut conn).await;
         for warning in &warnings {
             tracing::warn!(url = %shown, "{warning}");
@@ -272,7 +291,7 @@ impl RedisBackend {
             inner: Arc::new(Inner {
                 conn,
                 options,
-                scripts: Scripts::new(),
+                scripts,
                 wakeups,
                 floors: Mutex::new(HashMap::new()),
                 warnings,
@@ -433,7 +452,7 @@ async fn eviction_warnings(conn: &mut ConnectionManager) -> Vec<String> {
 }
 
 /// Maps a Redis error to a leasehold error, without credentials.
-fn map_error(error: RedisError, name: &LockName) -> Error {
+fn map_error(error: RedisError, name: impl std::fmt::Display) -> Error {
     if error.is_connection_refusal() || error.is_io_error() || error.is_connection_dropped() {
         return Error::Unavailable {
             message: format!("redis: {error}"),

@@ -262,6 +262,8 @@ impl RedisBackend {
             .set_push_sender(Router(wakeups.clone()))
             .set_automatic_resubscription()
             .set_connection_timeout(Some(options.connect_timeout))
+            // A refused connection fails fast; later reconnects are retried per request.
+            .set_number_of_retries(2)
             // Every request is bounded by the engine's request timeout instead.
             .set_response_timeout(None);
         let mut conn = tokio::time::timeout(

@@ -24,6 +24,8 @@ use std::sync::Arc;
 pub use leasehold_core::*;
 #[cfg(feature = "file")]
 pub use leasehold_file as file;
+#[cfg(feature = "redis")]
+pub use leasehold_redis as redis;
 
 /// Connects to the lock service at `url`, with default options.
 ///
@@ -31,6 +33,7 @@ pub use leasehold_file as file;
 /// |---|---|
 /// | `file:///var/lib/app/locks` | [`file`] — OS file locks in that directory (one host) |
 /// | `memory:` | [`memory::InMemory`] — this process only (tests, examples) |
+/// | `redis://[user:pass@]host:port[/db][?prefix=…&replicas=N…]` | [`redis`] — one Redis server |
 ///
 /// # Cancel safety
 ///
@@ -86,6 +89,8 @@ pub async fn connect_backend(url: &str) -> Result<Arc<dyn Backend>> {
             })?;
             Ok(Arc::new(file::FileBackend::open(dir)?))
         }
+        #[cfg(feature = "redis")]
+        "redis" | "rediss" => Ok(Arc::new(redis::RedisBackend::connect(url).await?)),
         other => Err(invalid(format!(
             "unknown scheme {other:?}; this build supports {}",
             supported_schemes().join(", ")
@@ -98,6 +103,9 @@ pub fn supported_schemes() -> Vec<&'static str> {
     let mut schemes = vec!["memory"];
     if cfg!(feature = "file") {
         schemes.push("file");
+    }
+    if cfg!(feature = "redis") {
+        schemes.push("redis");
     }
     schemes
 }

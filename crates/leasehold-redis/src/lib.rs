@@ -21,7 +21,12 @@
 //! URL: `redis://[user:password@]host:port[/db][?prefix=P&replicas=N&replica_timeout=D&replicas_required=true]`.
 //! See `docs/backends/redis.md` for what this backend guarantees and what it does not.
 
+pub mod fence;
 mod wakeups;
+
+/// The Redis client crate leasehold uses, for writing to the protected data with a
+/// [`fence::RedisFence`].
+pub use redis;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -1,6 +1,7 @@
 //! The `leasehold` command, as a library so that its run loop can be tested against any
 //! backend.
 
+pub mod bench;
 pub mod inspect;
 pub mod run;
 

@@ -36,6 +36,28 @@ enum Command {
     Run(RunArgs),
     /// Show holders, modes, tokens, remaining TTLs and waiters of locks.
     Inspect(InspectArgs),
+    /// Measure throughput and latency of the backend: uncontended and contended
+    /// acquire+release cycles, acquire latency, and hand-off from a release to the next
+    /// holder.
+    Bench(BenchArgs),
+}
+
+#[derive(Debug, Args)]
+struct BenchArgs {
+    #[command(flatten)]
+    connection: Connection,
+    /// How long each throughput run lasts.
+    #[arg(long, default_value = "3s", value_parser = duration)]
+    duration: Duration,
+    /// Clients (each with its own connection) of the concurrent runs.
+    #[arg(long, default_value_t = 16)]
+    clients: usize,
+    /// Hand-off rounds.
+    #[arg(long, default_value_t = 200)]
+    handoffs: usize,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -123,6 +145,7 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Run(args) => run(args).await,
             Command::Inspect(args) => inspect(args).await,
+            Command::Bench(args) => bench(args).await,
         }
     });
     ExitCode::from(code)
@@ -215,6 +238,40 @@ async fn inspect(args: InspectArgs) -> u8 {
         }
         (Err(error), json) => {
             if json {
+                println!(
+                    "{}",
+                    serde_json::json!({ "error": { "kind": kind(&error), "message": error.to_string() } })
+                );
+            } else {
+                eprintln!("leasehold: {error}");
+            }
+            exit::for_error(&error)
+        }
+    }
+}
+
+async fn bench(args: BenchArgs) -> u8 {
+    if args.clients == 0 || args.handoffs == 0 {
+        eprintln!("leasehold: --clients and --handoffs must be at least 1");
+        return exit::USAGE;
+    }
+    let spec = leasehold_cli::bench::BenchSpec {
+        duration: args.duration,
+        clients: args.clients,
+        handoffs: args.handoffs,
+    };
+    let connection = args.connection;
+    match leasehold_cli::bench::leasehold(&spec, || connect(&connection)).await {
+        Ok(rows) if args.json => {
+            println!("{}", leasehold_cli::bench::json(&rows));
+            0
+        }
+        Ok(rows) => {
+            print!("{}", leasehold_cli::bench::table(&rows));
+            0
+        }
+        Err(error) => {
+            if args.json {
                 println!(
                     "{}",
                     serde_json::json!({ "error": { "kind": kind(&error), "message": error.to_string() } })

@@ -14,6 +14,7 @@ use crate::error::{Error, Result};
 use crate::name::LockName;
 use crate::options::LockOptions;
 use crate::sync::{Election, Mutex, RwLock, Semaphore};
+use crate::watchdog::Watchdog;
 
 /// A connection to one lock backend, with the clock and default options every lock made
 /// from it uses. Cheap to clone; clones share everything.
@@ -40,6 +41,7 @@ struct Inner {
     clock: Arc<dyn Clock>,
     options: Arc<LockOptions>,
     background: watch::Sender<usize>,
+    watchdog: Arc<Watchdog>,
 }
 
 impl fmt::Debug for Client {
@@ -163,6 +165,11 @@ impl Client {
         &self.inner.options
     }
 
+    /// The renewal schedule of this client's leases.
+    pub(crate) fn watchdog(&self) -> &Arc<Watchdog> {
+        &self.inner.watchdog
+    }
+
     /// Runs `request` with a time limit; no answer in time is [`Error::Timeout`] (an
     /// unknown outcome).
     pub(crate) async fn call<T>(
@@ -227,6 +234,7 @@ impl ClientBuilder {
                 clock: self.clock,
                 options: Arc::new(self.options),
                 background: watch::Sender::new(0),
+                watchdog: Arc::default(),
             }),
         }
     }

@@ -22,7 +22,6 @@ use crate::lease::Lease;
 use crate::name::{LockName, OwnerId};
 use crate::options::{LockOptions, MAX_DURATION};
 use crate::sync::{Guard, Owner};
-use crate::watchdog;
 
 /// What to acquire.
 #[derive(Debug, Clone)]
@@ -106,7 +105,7 @@ pub(crate) async fn acquire(client: &Client, spec: &Spec, wait: Wait) -> Result<
                 if let Some(lease) = lease {
                     cleanup.armed = false;
                     if matches!(grant.expiry, Expiry::After(_)) {
-                        tokio::spawn(watchdog::run(lease.clone()));
+                        client.watchdog().watch(&lease);
                     }
                     let guard = Guard::new(lease);
                     if let Some(owner) = &spec.owner {

@@ -23,6 +23,7 @@ use crate::clock::Instant;
 use crate::error::LossReason;
 use crate::fencing::FencingToken;
 use crate::options::LockOptions;
+use crate::watchdog::Slot;
 
 /// Where a lease stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,8 +59,8 @@ pub(crate) fn local_deadline(
     sent.checked_add(options.validity(granted)?)
 }
 
-/// The shared state of one grant. Guards (one per reentrant hold) and the watchdog point
-/// at it.
+/// The shared state of one grant. Guards (one per reentrant hold) point at it; the
+/// client's renewal schedule holds it weakly.
 #[derive(Debug)]
 pub(crate) struct Lease {
     pub(crate) client: Client,
@@ -70,10 +71,12 @@ pub(crate) struct Lease {
     pub(crate) acquired_at: Instant,
     state: watch::Sender<State>,
     holds: AtomicUsize,
-    /// Cancelled when the lease is released; stops the watchdog.
+    /// Cancelled when the lease is released; stops a renewal in progress.
     pub(crate) stop: CancellationToken,
     /// The runtime the lease was granted on: a guard dropped outside of it releases there.
     pub(crate) runtime: Option<Handle>,
+    /// Its place in the client's renewal schedule.
+    slot: std::sync::Mutex<Option<Slot>>,
 }
 
 impl Lease {
@@ -107,6 +110,7 @@ impl Lease {
             holds: AtomicUsize::new(1),
             stop: CancellationToken::new(),
             runtime: Handle::try_current().ok(),
+            slot: std::sync::Mutex::new(None),
         }))
     }
 
@@ -114,7 +118,7 @@ impl Lease {
         self.client.clock().now()
     }
 
-    /// The state, with a passed deadline read as lost even before the watchdog marks it.
+    /// The state, with a passed deadline read as lost even before a renewal marks it.
     pub(crate) fn state(&self) -> State {
         match *self.state.borrow() {
             State::Held {
@@ -211,8 +215,9 @@ impl Lease {
         }
     }
 
-    /// Ends the lease on release: stops the watchdog and returns the state it ended in
-    /// (`Held` if it was still held, else how it was lost).
+    /// Ends the lease on release: takes it off the renewal schedule, stops a renewal in
+    /// progress, and returns the state it ended in (`Held` if it was still held, else how
+    /// it was lost).
     pub(crate) fn finish(&self) -> State {
         let before = self.state();
         self.state.send_replace(match before {
@@ -220,7 +225,16 @@ impl Lease {
             lost @ State::Lost(_) => lost,
         });
         self.stop.cancel();
+        self.client.watchdog().forget(self);
         before
+    }
+
+    /// Records the lease's place in the renewal schedule; returns the previous one.
+    pub(crate) fn set_slot(&self, slot: Option<Slot>) -> Option<Slot> {
+        std::mem::replace(
+            &mut *self.slot.lock().unwrap_or_else(|e| e.into_inner()),
+            slot,
+        )
     }
 
     /// A future that completes when the lease is lost; it never completes if the lease is
@@ -235,7 +249,7 @@ impl Lease {
                     State::Released => (None, false),
                     State::Held { deadline, capped } => (deadline, capped),
                 };
-                // Do not depend on the watchdog alone: the deadline itself is the signal.
+                // The deadline itself is the signal; renewals only move it.
                 let deadline_passed = async {
                     match deadline {
                         Some(d) => clock.sleep_until(d).await,

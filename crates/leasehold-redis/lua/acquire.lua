@@ -1,53 +1,56 @@
 -- acquire: grant the lock to OWNER, or answer busy.
--- ARGV[7] fair ('1'/'0'), ARGV[8] waiting ('1'/'0'), ARGV[9] has value ('1'/'0'), ARGV[10] value.
 -- Returns {1, token} when granted (again, with the same token, if OWNER already holds it),
--- {0, ms} when busy: ms until the state may change without a wake-up message (-1: none).
-local FAIR, WAITING, HAS_VALUE, VALUE = ARGV[7] == '1', ARGV[8] == '1', ARGV[9] == '1', ARGV[10]
+-- {0, ms} when busy: ms until the state may change without a wake-up message (-1: none),
+-- or {2, 0} from a fast-path call (5 keys) that could not take the fast path: call again
+-- with all keys.
 
-local function info_of(token)
-  return int(token) .. '|' .. int(LOCK_DELAY) .. '|' .. VALUE
-end
-
--- The uncontended exclusive grant: one SET NX PX, one INCR, one SET of the holder's info.
-if MODE == 'x' and LOCK_DELAY == 0 and redis.call('EXISTS', LOCK, READERS, QUEUE, DELAY) == 0 then
-  redis.call('SET', LOCK, OWNER, 'NX', 'PX', TTL)
+-- The uncontended exclusive grant: SET NX PX of "<owner> <token>", one INCR. (Requests with
+-- a value or a lock-delay take the full path.)
+if MODE == 'x' and NO_DELAY and string.sub(FLAGS, 4, 4) ~= '1'
+    and redis.call('EXISTS', LOCK, READERS, QUEUE, DELAY) == 0 then
   local token = next_token()
-  redis.call('SET', XINFO, info_of(token), 'PX', TTL)
-  if HAS_VALUE then redis.call('PUBLISH', CHANNEL, '*') end
+  redis.call('SET', LOCK, OWNER .. ' ' .. int(token), 'NX', 'PX', TTL)
   return {1, token}
 end
+if #KEYS < 11 then return {2, 0} end
 
+-- @common
+
+local ttl = tonumber(TTL)
 local now = now_ms()
 prune_all(now)
-local holder = redis.call('GET', LOCK)
-local foreign = check_foreign(holder)
+local value = redis.call('GET', LOCK)
+local foreign = check_foreign(value)
 if foreign then return foreign end
+local holder = owner_of(value)
 
 -- Already ours (a retry after a lost reply): renew and answer with the same token.
 if MODE == 'x' and holder == OWNER then
-  redis.call('PEXPIRE', LOCK, TTL)
-  redis.call('PEXPIRE', XINFO, TTL)
-  if LOCK_DELAY > 0 then redis.call('ZADD', DELAY, now + TTL + LOCK_DELAY, OWNER) end
-  return {1, token_of(redis.call('GET', XINFO))}
+  redis.call('PEXPIRE', LOCK, ttl)
+  redis.call('PEXPIRE', XINFO, ttl)
+  if LOCK_DELAY > 0 then redis.call('ZADD', DELAY, now + ttl + LOCK_DELAY, OWNER) end
+  return {1, token_in(value)}
 end
 local zset, info, delay = READERS, RINFO, DELAY
 if MODE == 'p' then zset, info, delay = PERMITS, PINFO, PDELAY end
 if MODE ~= 'x' and redis.call('ZSCORE', zset, OWNER) then
-  redis.call('ZADD', zset, now + TTL, OWNER)
+  redis.call('ZADD', zset, now + ttl, OWNER)
   extend_set(zset, info)
-  if LOCK_DELAY > 0 then redis.call('ZADD', delay, now + TTL + LOCK_DELAY, OWNER) end
+  if LOCK_DELAY > 0 then redis.call('ZADD', delay, now + ttl + LOCK_DELAY, OWNER) end
   return {1, token_of(redis.call('HGET', info, OWNER))}
 end
 
 local function in_set(member)
   local kind = string.sub(member, 1, 1)
   if MODE == 'p' then return kind == 'p' end
-  return kind ~= 'p'
+  return kind == 'x' or kind == 's'
 end
 
--- Our place in the queue, taken (or kept fresh) by a fair waiting request.
+-- Our place in the queue, taken (or kept fresh) by a fair waiting request. A waiting
+-- request that is not fair leaves only an expiring entry, so releases know to wake it.
 local me = MODE .. OWNER
-local rank = redis.call('ZRANK', QUEUE, me)
+local rank = false
+if FAIR then rank = redis.call('ZRANK', QUEUE, me) end
 if FAIR and WAITING then
   if not rank then
     local last = redis.call('ZRANGE', QUEUE, -1, -1, 'WITHSCORES')
@@ -56,7 +59,9 @@ if FAIR and WAITING then
     redis.call('ZADD', QUEUE, seq, me)
     rank = redis.call('ZRANK', QUEUE, me)
   end
-  redis.call('ZADD', QEXP, now + TTL, me)
+  redis.call('ZADD', QEXP, now + ttl, me)
+elseif WAITING then
+  redis.call('ZADD', QEXP, now + ttl, '~' .. OWNER)
 end
 local ahead = {}
 if FAIR and rank ~= 0 then
@@ -90,28 +95,26 @@ else
 end
 
 if ok then
-  if rank then
-    redis.call('ZREM', QUEUE, me)
-    redis.call('ZREM', QEXP, me)
-  end
+  if rank then redis.call('ZREM', QUEUE, me) end
+  redis.call('ZREM', QEXP, me, '~' .. OWNER)
   local token = next_token()
   if MODE == 'x' then
-    redis.call('SET', LOCK, OWNER, 'PX', TTL)
-    redis.call('SET', XINFO, info_of(token), 'PX', TTL)
+    redis.call('SET', LOCK, OWNER .. ' ' .. int(token), 'PX', ttl)
+    if HAS_VALUE then redis.call('SET', XINFO, VALUE, 'PX', ttl) end
   else
-    redis.call('ZADD', zset, now + TTL, OWNER)
+    redis.call('ZADD', zset, now + ttl, OWNER)
     redis.call('HSET', info, OWNER, info_of(token))
     extend_set(zset, info)
     -- Shared holders and permits are granted in groups: let the next waiters try.
     if FAIR and rank then wake_next(MODE == 'p', LIMIT) end
   end
-  if LOCK_DELAY > 0 then redis.call('ZADD', delay, now + TTL + LOCK_DELAY, OWNER) end
+  if LOCK_DELAY > 0 then redis.call('ZADD', delay, now + ttl + LOCK_DELAY, OWNER) end
   if HAS_VALUE then redis.call('PUBLISH', CHANNEL, '*') end
   return {1, token}
 end
 
 -- Busy. When could it change without anyone publishing? At the earliest expiry of a
--- holder, a waiter entry ahead, or a lock-delay.
+-- holder, a waiter entry, or a lock-delay.
 local next_change = nil
 local function consider(at)
   at = tonumber(at)

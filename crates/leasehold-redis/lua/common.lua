@@ -1,44 +1,30 @@
--- leasehold: helpers shared by every script. Prepended to each script's body.
---
--- Keys of one lock name N (all share the hash tag {N}, so they live in one cluster slot):
-local LOCK, XINFO = KEYS[1], KEYS[2]       -- exclusive holder: owner id (SET ... PX ttl); its "token|delay|value"
-local READERS, RINFO = KEYS[3], KEYS[4]    -- shared holders: zset owner -> expiry (ms); hash owner -> info
-local PERMITS, PINFO = KEYS[5], KEYS[6]    -- permit holders: zset owner -> expiry (ms); hash owner -> info
-local TOKEN = KEYS[7]                      -- the fencing counter
-local QUEUE, QEXP = KEYS[8], KEYS[9]       -- waiters: zset "<mode><owner>" -> arrival; zset same -> expiry (ms)
-local DELAY, PDELAY = KEYS[10], KEYS[11]   -- lock-delay: zset owner -> end of its delay, per set
--- Common arguments:
-local OWNER, MODE, TTL = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local LIMIT, CHANNEL = tonumber(ARGV[4]), ARGV[5]
-local LOCK_DELAY = tonumber(ARGV[6])
--- MODE: 'x' exclusive, 's' shared, 'p' permit.
+-- leasehold: helpers of the slower paths.
+local FAIR = string.sub(FLAGS, 2, 2) == '1'
+local WAITING = string.sub(FLAGS, 3, 3) == '1'
+local HAS_VALUE = string.sub(FLAGS, 4, 4) == '1'
+local LIMIT, LOCK_DELAY, VALUE = tonumber(ARGV[4] or '0'), tonumber(ARGV[5] or '0'), ARGV[6] or ''
+local CHANNEL = string.sub(LOCK, 1, -5) .. 'wake'
 
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- Lua numbers are doubles: format integers without an exponent.
-local function int(n)
-  return string.format('%.0f', n)
+-- The owner id and token of a lock value "<owner> <token>".
+local function owner_of(value)
+  if not value then return false end
+  return string.match(value, '^(%S+) ')
+end
+local function token_in(value)
+  return tonumber(string.match(value or '', ' (%d+)$')) or 0
 end
 
--- The next fencing token. A missing counter (a new name, or a server that lost its data)
--- starts from the server's clock in microseconds, so tokens never go backwards after an
--- empty restart as long as the server's clock does not.
-local function next_token()
-  local t = redis.call('INCR', TOKEN)
-  if t == 1 then
-    local now = redis.call('TIME')
-    t = tonumber(now[1]) * 1000000 + tonumber(now[2])
-    redis.call('SET', TOKEN, int(t))
-  end
-  return t
+-- Info of a shared or permit holder: "token|value".
+local function info_of(token)
+  return int(token) .. '|' .. VALUE
 end
-
 local function token_of(info)
-  if not info then return 0 end
-  return tonumber(string.match(info, '^(%d+)|')) or 0
+  return tonumber(string.match(info or '', '^(%d+)|')) or 0
 end
 
 -- Drops expired members of a holder zset and their info.
@@ -77,7 +63,7 @@ local function extend_set(zset, info)
 end
 
 -- Tells waiters that they may try again: the owners of the compatible group at the head
--- of the queue by name, or everyone ('*') when no fair waiter is queued for the set.
+-- of the fair queue by name, or everyone ('*') when no fair waiter is queued for the set.
 local function wake_next(permits, limit)
   local names = {}
   local members = redis.call('ZRANGE', QUEUE, 0, -1)
@@ -109,9 +95,9 @@ local function wake_next(permits, limit)
 end
 
 -- A lock key that never expires was not written by leasehold: refuse to guess.
-local function check_foreign(holder)
-  if holder and redis.call('PTTL', LOCK) == -1 then
-    return redis.error_reply('LEASEHOLD_FOREIGN ' .. LOCK .. ' holds a value without an expiry; it was not written by leasehold')
+local function check_foreign(value)
+  if value and (redis.call('PTTL', LOCK) == -1 or not owner_of(value)) then
+    return redis.error_reply('LEASEHOLD_FOREIGN ' .. LOCK .. ' holds a value not written by leasehold (no expiry, or not "<owner> <token>")')
   end
   return nil
 end

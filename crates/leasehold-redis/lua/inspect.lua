@@ -1,11 +1,13 @@
+-- @common
+
 -- inspect: the state of one name.
--- Returns {exclusive owner or '', its ms left, its info or '', readers, permits, waiters}
--- where readers and permits are flat lists owner, ms left, info, ... and waiters is the
--- queue in order, each member "<mode><owner>".
+-- Returns {exclusive lock value or '', its ms left, its value or '', readers, permits, waiters}
+-- where readers and permits are flat lists owner, ms left, "token|value", ... and waiters is
+-- the fair queue in order, each member "<mode><owner>".
 local now = now_ms()
 prune_all(now)
-local holder = redis.call('GET', LOCK)
-local foreign = check_foreign(holder)
+local value = redis.call('GET', LOCK)
+local foreign = check_foreign(value)
 if foreign then return foreign end
 local function holders(zset, info)
   local out = {}
@@ -18,7 +20,7 @@ local function holders(zset, info)
   return out
 end
 return {
-  holder or '',
+  value or '',
   redis.call('PTTL', LOCK),
   redis.call('GET', XINFO) or '',
   holders(READERS, RINFO),

@@ -1,15 +1,24 @@
--- release: remove OWNER's grant, or its place in the queue; nothing of anyone else's.
--- Wakes the waiters that may now be granted. Returns 1 if something was removed, else 0.
+-- release: remove OWNER's grant, or its waiter entry; nothing of anyone else's. Wakes the
+-- waiters that may now be granted. Returns 1 if something was removed, else 0.
+
+-- The common case: an exclusive holder, nobody waiting.
+local released = false
+if MODE == 'x' and is_mine(redis.call('GET', LOCK)) then
+  redis.call('DEL', LOCK, XINFO)
+  if not NO_DELAY then redis.call('ZREM', DELAY, OWNER) end
+  if redis.call('EXISTS', QEXP) == 0 then return 1 end
+  released = true
+end
+
+-- @common
+
 local now = now_ms()
-if MODE == 'x' then
-  if redis.call('GET', LOCK) == OWNER then
-    redis.call('DEL', LOCK, XINFO)
-    redis.call('ZREM', DELAY, OWNER)
-    prune_queue(now)
-    wake_next(false, 0)
-    return 1
-  end
-else
+if released then
+  prune_queue(now)
+  wake_next(false, 0)
+  return 1
+end
+if MODE ~= 'x' then
   local zset, info, delay = READERS, RINFO, DELAY
   if MODE == 'p' then zset, info, delay = PERMITS, PINFO, PDELAY end
   local expires = redis.call('ZSCORE', zset, OWNER)
@@ -26,8 +35,8 @@ else
   end
 end
 local me = MODE .. OWNER
-if redis.call('ZREM', QUEUE, me) == 1 then
-  redis.call('ZREM', QEXP, me)
+local gone = redis.call('ZREM', QEXP, me, '~' .. OWNER)
+if redis.call('ZREM', QUEUE, me) == 1 or gone > 0 then
   prune_queue(now)
   -- If it was at the head, whoever is next may now go first.
   wake_next(MODE == 'p', LIMIT)

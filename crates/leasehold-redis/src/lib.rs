@@ -45,13 +45,15 @@ use redis::{FromRedisValue, IntoConnectionInfo, ProtocolVersion, RedisError, Scr
 
 use crate::wakeups::{Router, Ticket, Wakeups};
 
-macro_rules! script {
-    ($file:literal) => {
-        Script::new(concat!(
-            include_str!("../lua/common.lua"),
-            include_str!(concat!("../lua/", $file))
-        ))
-    };
+/// A script: `head.lua`, then the operation's fast path, then the helpers of
+/// `common.lua` at the `-- @common` marker, then its slow path. Fast paths run before any
+/// helper is even defined.
+fn script(body: &str) -> Script {
+    Script::new(&format!(
+        "{}{}",
+        include_str!("../lua/head.lua"),
+        body.replacen("-- @common", include_str!("../lua/common.lua"), 1)
+    ))
 }
 
 #[derive(Debug)]
@@ -76,11 +78,11 @@ impl Scripts {
 
     fn new() -> Self {
         Self {
-            acquire: script!("acquire.lua"),
-            renew: script!("renew.lua"),
-            release: script!("release.lua"),
-            inspect: script!("inspect.lua"),
-            raise: script!("raise.lua"),
+            acquire: script(include_str!("../lua/acquire.lua")),
+            renew: script(include_str!("../lua/renew.lua")),
+            release: script(include_str!("../lua/release.lua")),
+            inspect: script(include_str!("../lua/inspect.lua")),
+            raise: script(include_str!("../lua/raise.lua")),
         }
     }
 }
@@ -185,28 +187,38 @@ struct Inner {
     warnings: Vec<String>,
 }
 
-/// The keys and the channel of one lock name.
+/// The keys and the channel of one lock name, in the order of `lua/head.lua`.
 struct Keys {
     keys: [String; 11],
     channel: String,
 }
 
+/// How many keys a call passes: exclusive fast paths touch only the first few.
+const ACQUIRE_FAST_KEYS: usize = 5;
+const EXCLUSIVE_KEYS: usize = 7;
+const ALL_KEYS: usize = 11;
+
 impl Keys {
     fn new(prefix: &str, name: &LockName) -> Self {
         let base = format!("{prefix}:{{{name}}}:");
-        let part = |p: &str| format!("{base}{p}");
+        let part = |p: &str| {
+            let mut key = String::with_capacity(base.len() + p.len());
+            key.push_str(&base);
+            key.push_str(p);
+            key
+        };
         Keys {
             keys: [
                 part("lock"),
-                part("xinfo"),
+                part("token"),
                 part("readers"),
+                part("queue"),
+                part("delay"),
+                part("qexp"),
+                part("xinfo"),
                 part("rinfo"),
                 part("permits"),
                 part("pinfo"),
-                part("token"),
-                part("queue"),
-                part("qexp"),
-                part("delay"),
                 part("pdelay"),
             ],
             channel: part("wake"),
@@ -316,37 +328,61 @@ impl RedisBackend {
         Keys::new(&self.inner.options.prefix, name)
     }
 
-    /// Runs `script` for `req` with the common arguments and `extra` ones.
+    /// Runs `script` for `req` with the first `key_count` keys. Arguments (see
+    /// `lua/head.lua`): owner, flags (mode, fair, waiting, has value), ttl ms, then —
+    /// unless all are defaults — permit limit, lock-delay ms and `value` (the stored value,
+    /// or the counter floor for `raise`). EVALSHA, loading the script if the server lost it.
     async fn run<T: FromRedisValue>(
         &self,
         script: &Script,
         req: &Request,
         keys: &Keys,
-        extra: &[Vec<u8>],
+        key_count: usize,
+        value: &[u8],
     ) -> Result<T> {
         let limit = match req.mode {
             Mode::Permit { limit } => limit.get(),
             _ => 0,
         };
-        let mut invocation = script.prepare_invoke();
-        for key in &keys.keys {
-            invocation.key(key);
-        }
-        invocation
+        let delay = req.lock_delay.map_or(0, millis_up);
+        let flags = [
+            mode_code(req.mode),
+            flag(req.fair),
+            flag(req.waiting),
+            flag(req.value.is_some()),
+        ]
+        .concat();
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(script.get_hash())
+            .arg(key_count)
+            .arg(&keys.keys[..key_count])
             .arg(req.owner.as_str())
-            .arg(mode_code(req.mode))
-            .arg(millis_up(req.ttl))
-            .arg(limit)
-            .arg(&keys.channel)
-            .arg(req.lock_delay.map_or(0, millis_up));
-        for arg in extra {
-            invocation.arg(arg.as_slice());
+            .arg(flags)
+            .arg(millis_up(req.ttl));
+        if limit != 0 || delay != 0 || !value.is_empty() {
+            cmd.arg(limit).arg(delay).arg(value);
         }
         let mut conn = self.inner.conn.clone();
-        invocation
-            .invoke_async(&mut conn)
-            .await
-            .map_err(|e| map_error(e, &req.name))
+        match cmd.query_async(&mut conn).await {
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                script
+                    .load_async(&mut conn)
+                    .await
+                    .map_err(|e| map_error(e, &req.name))?;
+                cmd.query_async(&mut conn).await
+            }
+            answer => answer,
+        }
+        .map_err(|e| map_error(e, &req.name))
+    }
+
+    /// How many keys a renewal or release of `req` needs.
+    fn keys_for(req: &Request) -> usize {
+        if req.mode == Mode::Exclusive {
+            EXCLUSIVE_KEYS
+        } else {
+            ALL_KEYS
+        }
     }
 
     /// Remembers `token` as the highest seen for the name, or returns the higher token
@@ -368,26 +404,36 @@ impl RedisBackend {
     async fn acquire_once(&self, req: &Request, keys: &Keys) -> Result<Acquire> {
         // Read the wake-up versions before the request leaves, so that a release published
         // after the script ran cannot be missed.
-        let ticket = self
-            .inner
-            .wakeups
-            .ticket(&keys.channel, req.waiting.then_some(req.owner.as_str()));
+        let owner = req.owner.as_str();
+        let busy_before = req.waiting && self.inner.wakeups.waits(&keys.channel, owner);
+        // Only a request that will wait records anything (no state per name for try_lock).
+        let ticket = req
+            .waiting
+            .then(|| self.inner.wakeups.ticket(&keys.channel, Some(owner)));
         let value = req.value.as_deref().unwrap_or_default();
-        let (granted, answer): (i64, i64) = self
-            .run(
-                &self.inner.scripts.acquire,
-                req,
-                keys,
-                &[
-                    flag(req.fair),
-                    flag(req.waiting),
-                    flag(req.value.is_some()),
-                    value.to_vec(),
-                ],
-            )
-            .await?;
+        // An exclusive request that has not been busy yet tries the fast path first, with
+        // only the keys it touches; if the name is not simply free, the script says so and
+        // the full call follows.
+        let fast = req.mode == Mode::Exclusive
+            && req.lock_delay.is_none()
+            && req.value.is_none()
+            && !busy_before;
+        let mut answer: (i64, i64) = (2, 0);
+        if fast {
+            answer = self
+                .run(&self.inner.scripts.acquire, req, keys, ACQUIRE_FAST_KEYS, value)
+                .await?;
+        }
+        if answer.0 == 2 {
+            answer = self
+                .run(&self.inner.scripts.acquire, req, keys, ALL_KEYS, value)
+                .await?;
+        }
+        let (granted, answer) = answer;
         if granted == 1 {
-            self.inner.wakeups.forget(&keys.channel, req.owner.as_str());
+            if ticket.is_some() {
+                self.inner.wakeups.forget(&keys.channel, owner);
+            }
             let token = u64::try_from(answer)
                 .map_err(|_| Error::backend(format!("redis answered a negative token for {}", req.name), false))?;
             return Ok(Acquire::Granted(Grant {
@@ -395,9 +441,13 @@ impl RedisBackend {
                 expiry: Expiry::After(Duration::from_millis(millis_up(req.ttl))),
             }));
         }
-        let mut ticket = ticket;
-        ticket.retry = u64::try_from(answer).ok().map(Duration::from_millis);
-        Ok(Acquire::Busy(WaitHint::new(ticket)))
+        Ok(Acquire::Busy(match ticket {
+            Some(mut ticket) => {
+                ticket.retry = u64::try_from(answer).ok().map(Duration::from_millis);
+                WaitHint::new(ticket)
+            }
+            None => WaitHint::none(),
+        }))
     }
 
     async fn wait_for_replicas(&self, req: &Request, ack: ReplicaAck) -> Result<()> {
@@ -421,14 +471,14 @@ impl RedisBackend {
         }
         let keys = self.keys(&req.name);
         let _: i64 = self
-            .run(&self.inner.scripts.release, req, &keys, &[])
+            .run(&self.inner.scripts.release, req, &keys, Self::keys_for(req), b"")
             .await?;
         Err(Error::backend(format!("{problem}; released it"), true))
     }
 }
 
-fn flag(on: bool) -> Vec<u8> {
-    if on { b"1".to_vec() } else { b"0".to_vec() }
+fn flag(on: bool) -> &'static str {
+    if on { "1" } else { "0" }
 }
 
 /// Describes a configuration in which the server may evict lock keys.
@@ -558,13 +608,11 @@ fn int(value: &Value) -> i64 {
     }
 }
 
-/// A holder's info: `token|lock_delay_ms|value`.
+/// A shared or permit holder's info: `token|value`.
 fn parse_info(info: &str) -> (FencingToken, Option<Arc<[u8]>>) {
-    let mut parts = info.splitn(3, '|');
-    let token = parts.next().and_then(|t| t.parse().ok()).unwrap_or(0);
-    let _delay = parts.next();
-    let value = parts.next().filter(|v| !v.is_empty()).map(|v| Arc::from(v.as_bytes()));
-    (FencingToken::new(token), value)
+    let (token, value) = info.split_once('|').unwrap_or((info, ""));
+    let value = (!value.is_empty()).then(|| Arc::from(value.as_bytes()));
+    (FencingToken::new(token.parse().unwrap_or(0)), value)
 }
 
 fn remaining(ms: i64) -> Option<Duration> {
@@ -593,15 +641,19 @@ impl Backend for RedisBackend {
             tracing::warn!(lock = %req.name, token = grant.token.get(), seen = floor,
                 "redis handed out a fencing token not above one already seen (it lost data: \
                  failover or restart); raising its counter and granting again");
-            let _: i64 = self.run(&self.inner.scripts.release, req, &keys, &[]).await?;
             let _: i64 = self
-                .run(&self.inner.scripts.raise, req, &keys, &[floor.to_string().into_bytes()])
+                .run(&self.inner.scripts.release, req, &keys, Self::keys_for(req), b"")
+                .await?;
+            let _: i64 = self
+                .run(&self.inner.scripts.raise, req, &keys, ALL_KEYS, floor.to_string().as_bytes())
                 .await?;
             answer = self.acquire_once(req, &keys).await?;
             if let Acquire::Granted(grant) = &answer
                 && self.check_floor(req, grant.token.get()).is_some()
             {
-                let _: i64 = self.run(&self.inner.scripts.release, req, &keys, &[]).await?;
+                let _: i64 = self
+                    .run(&self.inner.scripts.release, req, &keys, Self::keys_for(req), b"")
+                    .await?;
                 return Err(Error::backend(
                     format!("redis keeps handing out stale fencing tokens for {}", req.name),
                     false,
@@ -618,7 +670,9 @@ impl Backend for RedisBackend {
 
     async fn renew(&self, req: &Request) -> Result<Renewal> {
         let keys = self.keys(&req.name);
-        let renewed: i64 = self.run(&self.inner.scripts.renew, req, &keys, &[]).await?;
+        let renewed: i64 = self
+            .run(&self.inner.scripts.renew, req, &keys, Self::keys_for(req), b"")
+            .await?;
         Ok(if renewed == 1 {
             Renewal::Renewed(Expiry::After(Duration::from_millis(millis_up(req.ttl))))
         } else {
@@ -629,7 +683,9 @@ impl Backend for RedisBackend {
     async fn release(&self, req: &Request) -> Result<Release> {
         let keys = self.keys(&req.name);
         self.inner.wakeups.forget(&keys.channel, req.owner.as_str());
-        let released: i64 = self.run(&self.inner.scripts.release, req, &keys, &[]).await?;
+        let released: i64 = self
+            .run(&self.inner.scripts.release, req, &keys, Self::keys_for(req), b"")
+            .await?;
         Ok(if released == 1 {
             Release::Released
         } else {
@@ -668,23 +724,25 @@ impl Backend for RedisBackend {
             lock_delay: None,
             value: None,
         };
-        let reply: Vec<Value> = self.run(&self.inner.scripts.inspect, &probe, &keys, &[]).await?;
-        let [holder, ttl, xinfo, readers, permits, queue] = reply.as_slice() else {
+        let reply: Vec<Value> = self
+            .run(&self.inner.scripts.inspect, &probe, &keys, ALL_KEYS, b"")
+            .await?;
+        let [lock, ttl, xinfo, readers, permits, queue] = reply.as_slice() else {
             return Err(Error::backend("redis: unexpected inspect reply", false));
         };
         let mut state = LockState::default();
-        let holder = text(holder);
+        let lock = text(lock);
         let mut earliest: Option<i64> = None;
-        if !holder.is_empty() {
-            let (token, value) = parse_info(&text(xinfo));
+        if let Some((owner, token)) = lock.split_once(' ') {
             let left = int(ttl);
             earliest = Some(left);
+            let value = text(xinfo);
             state.holders.push(Holder {
-                owner: OwnerId::parse(&holder)?,
+                owner: OwnerId::parse(owner)?,
                 mode: Mode::Exclusive,
-                token,
+                token: FencingToken::new(token.parse().unwrap_or(0)),
                 remaining: remaining(left),
-                value,
+                value: (!value.is_empty()).then(|| Arc::from(value.as_bytes())),
             });
         }
         let mut add = |members: &Value, mode: Mode| -> Result<()> {
@@ -752,6 +810,7 @@ mod tests {
             assert!(key.starts_with("leasehold:{orders:42}:"), "{key}");
         }
         assert_eq!(keys.keys[0], "leasehold:{orders:42}:lock");
+        assert_eq!(keys.keys[1], "leasehold:{orders:42}:token");
         assert_eq!(keys.channel, "leasehold:{orders:42}:wake");
     }
 
@@ -796,9 +855,9 @@ mod tests {
 
     #[test]
     fn holder_info_round_trips() {
-        let (token, value) = parse_info("1763794800123456|0|10.0.0.7:80|x");
+        let (token, value) = parse_info("1763794800123456|10.0.0.7:80|x");
         assert_eq!(token.get(), 1_763_794_800_123_456);
         assert_eq!(value.as_deref(), Some(&b"10.0.0.7:80|x"[..]));
-        assert_eq!(parse_info("5|0|").1, None);
+        assert_eq!(parse_info("5|").1, None);
     }
 }

@@ -57,6 +57,13 @@ impl Wakeups {
         self.channels.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Whether `owner` already waits on `channel` (it has been busy before).
+    pub(crate) fn waits(&self, channel: &str, owner: &str) -> bool {
+        self.channels()
+            .get(channel)
+            .is_some_and(|entry| entry.owners.contains_key(owner))
+    }
+
     /// Records the versions `owner` (or an observer, `None`) waits from.
     pub(crate) fn ticket(&self, channel: &str, owner: Option<&str>) -> Ticket {
         let mut channels = self.channels();

@@ -253,7 +253,8 @@ async fn a_grant_whose_reply_was_lost_in_the_network_is_adopted() {
     proxy.heal();
     let guard = attempt.await.unwrap().unwrap().expect("granted");
     // The retry carried the same owner id and adopted the grant: no orphan until the ttl.
-    assert_eq!(owner, Resp::Bulk(Some(guard.owner().as_str().as_bytes().to_vec())));
+    let value = format!("{} {}", guard.owner(), guard.token());
+    assert_eq!(owner, Resp::Bulk(Some(value.into_bytes())));
     let state = client.inspect("job").await.unwrap();
     assert_eq!(state.holders.len(), 1);
     assert_eq!(state.holders[0].token, guard.token());

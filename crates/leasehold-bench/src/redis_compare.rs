@@ -1,0 +1,263 @@
+//! leasehold's Redis backend side by side with a bare redis-rs lock (SET NX PX + an EVALSHA
+//! compare-and-delete, no fencing, no waiting, no renewal) and the rslock crate, on one
+//! redis-server, in one run.
+//!
+//! ```sh
+//! cargo run --release -p leasehold-bench --bin redis-compare              # starts its own redis-server
+//! cargo run --release -p leasehold-bench --bin redis-compare -- --url redis://127.0.0.1:6379 --duration 5s --json
+//! ```
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark: failures should be loud
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use leasehold_cli::bench::{BenchSpec, Row, Stats, cycles, handoffs, json, table};
+use redis::aio::ConnectionManager;
+use serde_json::json as j;
+
+const TTL: Duration = Duration::from_secs(30);
+const UNLOCK: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end";
+
+struct Args {
+    url: Option<String>,
+    duration: Duration,
+    clients: usize,
+    handoffs: usize,
+    json: bool,
+}
+
+fn args() -> Args {
+    let mut args = Args {
+        url: None,
+        duration: Duration::from_secs(3),
+        clients: 16,
+        handoffs: 100,
+        json: false,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--url" => args.url = it.next(),
+            "--duration" => {
+                args.duration = leasehold::parse_duration(&it.next().expect("--duration D"))
+                    .expect("a duration such as 3s")
+            }
+            "--clients" => args.clients = it.next().and_then(|n| n.parse().ok()).expect("--clients N"),
+            "--handoffs" => args.handoffs = it.next().and_then(|n| n.parse().ok()).expect("--handoffs N"),
+            "--json" => args.json = true,
+            other => panic!("unknown argument {other}; see the source's header"),
+        }
+    }
+    args
+}
+
+async fn bare_connection(url: &str) -> ConnectionManager {
+    redis::Client::open(url)
+        .unwrap()
+        .get_connection_manager()
+        .await
+        .unwrap()
+}
+
+/// One bare cycle: SET NX PX (retried until it succeeds), then compare-and-delete.
+fn bare_cycle(
+    conn: ConnectionManager,
+    key: String,
+) -> impl FnMut() -> std::pin::Pin<Box<dyn Future<Output = Duration> + Send>> + Send + 'static {
+    let unlock = Arc::new(redis::Script::new(UNLOCK));
+    let mut n = 0u64;
+    move || {
+        let mut conn = conn.clone();
+        let key = key.clone();
+        let unlock = unlock.clone();
+        n += 1;
+        let owner = format!("bare-{n}-{}", std::process::id());
+        Box::pin(async move {
+            let started = Instant::now();
+            loop {
+                let set: Option<String> = redis::cmd("SET")
+                    .arg(&key)
+                    .arg(&owner)
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(TTL.as_millis() as u64)
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                if set.is_some() {
+                    break;
+                }
+            }
+            let took = started.elapsed();
+            let _: i64 = unlock.key(&key).arg(&owner).invoke_async(&mut conn).await.unwrap();
+            took
+        })
+    }
+}
+
+fn rslock_cycle(
+    manager: Arc<rslock::LockManager>,
+    key: String,
+) -> impl FnMut() -> std::pin::Pin<Box<dyn Future<Output = Duration> + Send>> + Send + 'static {
+    move || {
+        let manager = manager.clone();
+        let key = key.clone();
+        Box::pin(async move {
+            let started = Instant::now();
+            let lock = manager.acquire_no_guard(key.as_bytes(), TTL).await.unwrap();
+            let took = started.elapsed();
+            manager.unlock(&lock).await;
+            took
+        })
+    }
+}
+
+async fn commands_processed(conn: &mut ConnectionManager) -> u64 {
+    let info: String = redis::cmd("INFO").arg("stats").query_async(conn).await.unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("total_commands_processed:"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let args = args();
+    let server;
+    let url = match &args.url {
+        Some(url) => url.clone(),
+        None => {
+            server = leasehold_testkit::Redis::start().await.expect("redis-server");
+            server.url()
+        }
+    };
+    let spec = BenchSpec {
+        duration: args.duration,
+        clients: args.clients,
+        handoffs: args.handoffs,
+    };
+    let mut admin = bare_connection(&url).await;
+
+    // leasehold, with the server's command counter around the single-client run.
+    let before = commands_processed(&mut admin).await;
+    let mut rows = leasehold_cli::bench::leasehold(&spec, || leasehold::connect(&url))
+        .await
+        .expect("leasehold benchmark");
+    let after = commands_processed(&mut admin).await;
+
+    // Bare redis-rs, one connection per client.
+    let mut bare = Vec::new();
+    for _ in 0..args.clients {
+        bare.push(bare_connection(&url).await);
+    }
+    let solo = bare[0].clone();
+    rows.push(Row {
+        name: "bare SET NX PX + EVALSHA, 1 client".into(),
+        stats: cycles(1, spec.duration, |_| bare_cycle(solo.clone(), "bare-solo".into())).await,
+        handoff: false,
+    });
+    rows.push(Row {
+        name: format!("bare SET NX PX + EVALSHA, {} clients on {} names", args.clients, args.clients),
+        stats: cycles(args.clients, spec.duration, |i| {
+            bare_cycle(bare[i].clone(), format!("bare-name-{i}"))
+        })
+        .await,
+        handoff: false,
+    });
+
+    // rslock, one manager (connection) per client, default retry delay.
+    let managers: Vec<_> = (0..args.clients)
+        .map(|_| Arc::new(rslock::LockManager::new(vec![url.clone()])))
+        .collect();
+    rows.push(Row {
+        name: "rslock, 1 client".into(),
+        stats: cycles(1, spec.duration, |_| rslock_cycle(managers[0].clone(), "rslock-solo".into())).await,
+        handoff: false,
+    });
+    rows.push(Row {
+        name: format!("rslock, {} clients on {} names", args.clients, args.clients),
+        stats: cycles(args.clients, spec.duration, |i| {
+            rslock_cycle(managers[i].clone(), format!("rslock-name-{i}"))
+        })
+        .await,
+        handoff: false,
+    });
+    let (holder, waiter) = (managers[0].clone(), managers[1].clone());
+    rows.push(Row {
+        name: "rslock hand-off (release -> next holds)".into(),
+        stats: handoffs(
+            args.handoffs.min(20),
+            || {
+                let holder = holder.clone();
+                async move { holder.acquire_no_guard(&b"rslock-handoff"[..], TTL).await.unwrap() }
+            },
+            || {
+                let waiter = waiter.clone();
+                async move {
+                    let lock = waiter.acquire_no_guard(&b"rslock-handoff"[..], TTL).await.unwrap();
+                    let at = Instant::now();
+                    waiter.unlock(&lock).await;
+                    at
+                }
+            },
+            |lock| {
+                let holder = holder.clone();
+                async move { holder.unlock(&lock).await }
+            },
+        )
+        .await,
+        handoff: true,
+    });
+
+    let rate = |name: &str| -> Stats {
+        rows.iter()
+            .find(|r| r.name.starts_with(name))
+            .map(|r| r.stats.clone())
+            .unwrap_or_default()
+    };
+    let ours_1 = rate("leasehold uncontended, 1 client");
+    let ours_n = rate("leasehold uncontended, 16");
+    let bare_1 = rate("bare SET NX PX + EVALSHA, 1 client");
+    let bare_n = rate("bare SET NX PX + EVALSHA, 16");
+    let rs_1 = rate("rslock, 1 client");
+    let rs_n = rate("rslock, 16");
+    // Warm-up cycles and the other runs also count commands; the single-client run is the
+    // first, so attribute the total of the leasehold runs to all its cycles.
+    let leasehold_cycles: u64 = rows
+        .iter()
+        .filter(|r| r.name.starts_with("leasehold") && !r.handoff)
+        .map(|r| r.stats.cycles)
+        .sum::<u64>()
+        + rate("leasehold hand-off").cycles * 2
+        + args.clients as u64;
+    let per_cycle = (after - before) as f64 / leasehold_cycles.max(1) as f64;
+    let summary = j!({
+        "leasehold_vs_bare_1_client": ours_1.rate() / bare_1.rate(),
+        "leasehold_vs_bare_16_clients": ours_n.rate() / bare_n.rate(),
+        "leasehold_vs_rslock_1_client": ours_1.rate() / rs_1.rate(),
+        "leasehold_vs_rslock_16_clients": ours_n.rate() / rs_n.rate(),
+        "server_commands_per_leasehold_cycle": per_cycle,
+    });
+    if args.json {
+        let mut out = json(&rows);
+        out["summary"] = summary;
+        println!("{out}");
+    } else {
+        print!("{}", table(&rows));
+        println!();
+        println!(
+            "leasehold / bare:   {:.2} (1 client), {:.2} ({} clients)",
+            summary["leasehold_vs_bare_1_client"].as_f64().unwrap_or(0.0),
+            summary["leasehold_vs_bare_16_clients"].as_f64().unwrap_or(0.0),
+            args.clients
+        );
+        println!(
+            "leasehold / rslock: {:.2} (1 client), {:.2} ({} clients)",
+            summary["leasehold_vs_rslock_1_client"].as_f64().unwrap_or(0.0),
+            summary["leasehold_vs_rslock_16_clients"].as_f64().unwrap_or(0.0),
+            args.clients
+        );
+        println!("server commands per leasehold cycle (acquire + release): {per_cycle:.2}");
+    }
+}

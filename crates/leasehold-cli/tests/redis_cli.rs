@@ -39,11 +39,20 @@ async fn a_paused_holder_is_stopped_on_resume_and_the_next_holder_has_a_larger_t
     let second_ready = fifo(dir.path(), "second");
     let run = |script: String| {
         let mut cmd = Command::new(BIN);
-        cmd.args(["run", "--url", &server.url(), "--ttl", "2s", "--grace", "1s", "job"])
-            .args(["--", "sh", "-c", &script])
-            .stdin(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
+        cmd.args([
+            "run",
+            "--url",
+            &server.url(),
+            "--ttl",
+            "2s",
+            "--grace",
+            "1s",
+            "job",
+        ])
+        .args(["--", "sh", "-c", &script])
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
         cmd
     };
 
@@ -61,18 +70,34 @@ async fn a_paused_holder_is_stopped_on_resume_and_the_next_holder_has_a_larger_t
 
     // The holder stops renewing; its lease runs out on the server.
     kill_process(first_pid, Signal::STOP).unwrap();
-    let second = run(format!("echo $LEASEHOLD_TOKEN > {}", second_ready.display()))
-        .spawn()
-        .unwrap();
+    let second = run(format!(
+        "echo $LEASEHOLD_TOKEN > {}",
+        second_ready.display()
+    ))
+    .spawn()
+    .unwrap();
     let second_token: u64 = read(&second_ready).await.trim().parse().unwrap();
     let out = second.wait_with_output().await.unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(second_token > first_token, "{second_token} after {first_token}");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        second_token > first_token,
+        "{second_token} after {first_token}"
+    );
 
     // On resume, the first notices at once that its lease is gone: command stopped, 80.
     kill_process(first_pid, Signal::CONT).unwrap();
     let out = first.wait_with_output().await.unwrap();
-    assert_eq!(out.status.code(), Some(80), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(80),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(String::from_utf8_lossy(&out.stderr).contains("lost the lock"));
     assert_eq!(test_kill_process(command), Err(rustix::io::Errno::SRCH));
 }

@@ -125,8 +125,12 @@ pub struct OwnerId(Arc<str>);
 impl OwnerId {
     /// A new, unique owner id.
     pub fn generate() -> Self {
+        // The pid is only informative (uniqueness comes from the random bits); reading it
+        // once spares a system call per acquisition.
+        static PID: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+        let pid = *PID.get_or_init(std::process::id);
         let random: u128 = rand::random();
-        Self(format!("{:x}-{random:032x}", std::process::id()).into())
+        Self(format!("{pid:x}-{random:032x}").into())
     }
 
     /// Wraps an owner id read back from a server.

@@ -78,11 +78,8 @@ impl Watchdog {
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                 let clock = lease.client.clock().clone();
                 schedule.wakes_at = None;
-                schedule.task = Some(runtime.spawn(run(
-                    Arc::downgrade(self),
-                    self.changed.clone(),
-                    clock,
-                )));
+                schedule.task =
+                    Some(runtime.spawn(run(Arc::downgrade(self), self.changed.clone(), clock)));
             }
         }
         // Wake the timer only if this renewal is due before it would look anyway.
@@ -107,7 +104,10 @@ impl Watchdog {
         let due = std::mem::replace(&mut schedule.due, later);
         let next = schedule.due.keys().next().map(|(at, _)| *at);
         schedule.wakes_at = next;
-        let leases = due.into_values().filter_map(|lease| lease.upgrade()).collect();
+        let leases = due
+            .into_values()
+            .filter_map(|lease| lease.upgrade())
+            .collect();
         (leases, next)
     }
 }

@@ -170,14 +170,18 @@ pub async fn fenced(url: &str) -> Outcome {
         // Each buyer is its own process, with its own connection; the fault injector lets
         // a stall stop its lease renewals too, as a real pause would.
         let faults = Faulty::new(RedisBackend::connect(url).await.unwrap());
-        let client = Client::builder(faults.clone()).options(options.clone()).build();
+        let client = Client::builder(faults.clone())
+            .options(options.clone())
+            .build();
         let mut conn = conn.clone();
         let (tally, fence) = (tally.clone(), fence.clone());
         buyers.push(tokio::spawn(async move {
             let mutex = client.mutex("sale").unwrap();
             loop {
                 let guard = mutex.lock().await.unwrap();
-                let read = fence.get::<_, u64>(&mut conn, guard.token(), "{sale}:stock").await;
+                let read = fence
+                    .get::<_, u64>(&mut conn, guard.token(), "{sale}:stock")
+                    .await;
                 let Ok(left) = read.unwrap() else {
                     // Someone newer already touched the stock: our lease is gone.
                     tally.refused.fetch_add(1, Ordering::SeqCst);

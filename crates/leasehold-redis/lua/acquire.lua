@@ -1,19 +1,21 @@
--- acquire: grant the lock to OWNER, or answer busy.
--- Returns {1, token} when granted (again, with the same token, if OWNER already holds it),
--- {0, ms} when busy: ms until the state may change without a wake-up message (-1: none),
--- or {2, 0} from a fast-path call (5 keys) that could not take the fast path: call again
--- with all keys.
+-- acquire: grant the lock to OWNER, or answer busy. One integer (cheaper than a table):
+--   > 0   granted, this is the token (the same token again if OWNER already holds it);
+--   0     a fast-path call (5 keys) could not take the fast path: call again with all keys;
+--   -1    busy, nothing will change without a wake-up message;
+--   < -1  busy, the state may change on its own in -(answer + 2) ms (an expiry).
 
--- The uncontended exclusive grant: SET NX PX of "<owner> <token>", one INCR. (Requests with
--- a value or a lock-delay take the full path.)
-if MODE == 'x' and NO_DELAY and string.sub(FLAGS, 4, 4) ~= '1'
-    and redis.call('EXISTS', LOCK, READERS, QUEUE, DELAY) == 0 then
-  local token = next_token()
-  redis.call('SET', LOCK, OWNER .. ' ' .. int(token), 'NX', 'PX', TTL)
-  return {1, token}
+-- The uncontended exclusive grant (no value, no lock-delay): one INCR, one SET of
+-- "<owner> <token>" with PX, when nobody holds, reads, waits or delays the name.
+if string.sub(ARGV[2], 1, 1) == 'x' and string.sub(ARGV[2], 4, 4) == '0'
+    and (ARGV[5] or '0') == '0'
+    and redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[4], KEYS[5]) == 0 then
+  local token = next_token(KEYS[2])
+  redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. int(token), 'PX', ARGV[3])
+  return token
 end
-if #KEYS < 11 then return {2, 0} end
+if #KEYS < 11 then return 0 end
 
+-- @head
 -- @common
 
 local ttl = tonumber(TTL)
@@ -29,7 +31,7 @@ if MODE == 'x' and holder == OWNER then
   redis.call('PEXPIRE', LOCK, ttl)
   redis.call('PEXPIRE', XINFO, ttl)
   if LOCK_DELAY > 0 then redis.call('ZADD', DELAY, now + ttl + LOCK_DELAY, OWNER) end
-  return {1, token_in(value)}
+  return token_in(value)  -- check_foreign made sure it parses
 end
 local zset, info, delay = READERS, RINFO, DELAY
 if MODE == 'p' then zset, info, delay = PERMITS, PINFO, PDELAY end
@@ -37,7 +39,11 @@ if MODE ~= 'x' and redis.call('ZSCORE', zset, OWNER) then
   redis.call('ZADD', zset, now + ttl, OWNER)
   extend_set(zset, info)
   if LOCK_DELAY > 0 then redis.call('ZADD', delay, now + ttl + LOCK_DELAY, OWNER) end
-  return {1, token_of(redis.call('HGET', info, OWNER))}
+  local token = token_of(redis.call('HGET', info, OWNER))
+  if token == 0 then
+    return redis.error_reply('LEASEHOLD_FOREIGN ' .. info .. ' has no token for ' .. OWNER .. '; it was not written by leasehold')
+  end
+  return token
 end
 
 local function in_set(member)
@@ -97,9 +103,12 @@ end
 if ok then
   if rank then redis.call('ZREM', QUEUE, me) end
   redis.call('ZREM', QEXP, me, '~' .. OWNER)
-  local token = next_token()
+  local token = next_token(TOKEN)
   if MODE == 'x' then
-    redis.call('SET', LOCK, OWNER .. ' ' .. int(token), 'PX', ttl)
+    -- Others still waiting: mark the value, so that our release wakes them.
+    local mark = ''
+    if redis.call('EXISTS', QEXP) == 1 then mark = ' w' end
+    redis.call('SET', LOCK, OWNER .. ' ' .. int(token) .. mark, 'PX', ttl)
     if HAS_VALUE then redis.call('SET', XINFO, VALUE, 'PX', ttl) end
   else
     redis.call('ZADD', zset, now + ttl, OWNER)
@@ -110,11 +119,16 @@ if ok then
   end
   if LOCK_DELAY > 0 then redis.call('ZADD', delay, now + ttl + LOCK_DELAY, OWNER) end
   if HAS_VALUE then redis.call('PUBLISH', CHANNEL, '*') end
-  return {1, token}
+  return token
 end
 
--- Busy. When could it change without anyone publishing? At the earliest expiry of a
--- holder, a waiter entry, or a lock-delay.
+-- Busy behind an exclusive holder: mark its value so that its release wakes us.
+if WAITING and MODE ~= 'p' and value and not marked(value) then
+  redis.call('SET', LOCK, value .. ' w', 'KEEPTTL')
+end
+
+-- When could it change without anyone publishing? At the earliest expiry of a holder, a
+-- waiter entry, or a lock-delay.
 local next_change = nil
 local function consider(at)
   at = tonumber(at)
@@ -128,5 +142,5 @@ for _, set in ipairs({zset, QEXP, delay}) do
   local first = redis.call('ZRANGE', set, 0, 0, 'WITHSCORES')
   if #first > 0 then consider(first[2]) end
 end
-if next_change == nil then return {0, -1} end
-return {0, math.max(next_change - now, 1)}
+if next_change == nil then return -1 end
+return -(math.max(next_change - now, 1) + 2)

@@ -1,8 +1,4 @@
 -- leasehold: helpers of the slower paths.
-local FAIR = string.sub(FLAGS, 2, 2) == '1'
-local WAITING = string.sub(FLAGS, 3, 3) == '1'
-local HAS_VALUE = string.sub(FLAGS, 4, 4) == '1'
-local LIMIT, LOCK_DELAY, VALUE = tonumber(ARGV[4] or '0'), tonumber(ARGV[5] or '0'), ARGV[6] or ''
 local CHANNEL = string.sub(LOCK, 1, -5) .. 'wake'
 
 local function now_ms()
@@ -10,13 +6,20 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- The owner id and token of a lock value "<owner> <token>".
+-- The owner id and token of a lock value "<owner> <token>[ w]".
 local function owner_of(value)
   if not value then return false end
-  return string.match(value, '^(%S+) ')
+  return string.match(value, '^(%S+) %d+')
 end
 local function token_in(value)
-  return tonumber(string.match(value or '', ' (%d+)$')) or 0
+  return tonumber(string.match(value or '', '^%S+ (%d+)')) or 0
+end
+local function marked(value)
+  return string.sub(value, -2) == ' w'
+end
+-- Whether a lock value is OWNER's.
+local function is_mine(value)
+  return value and string.sub(value, 1, #OWNER + 1) == OWNER .. ' '
 end
 
 -- Info of a shared or permit holder: "token|value".

@@ -1,3 +1,4 @@
+-- @head
 -- @common
 
 -- inspect: the state of one name.

@@ -1,3 +1,4 @@
+-- @head
 -- raise: make sure the fencing counter is at least ARGV[6] (after a client saw the server
 -- hand out a token lower than one it had already seen: the server lost data).
 local floor = tonumber(ARGV[6])

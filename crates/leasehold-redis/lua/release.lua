@@ -1,19 +1,23 @@
 -- release: remove OWNER's grant, or its waiter entry; nothing of anyone else's. Wakes the
 -- waiters that may now be granted. Returns 1 if something was removed, else 0.
 
--- The common case: an exclusive holder, nobody waiting.
+-- An exclusive holder nobody waits for, without a lock-delay: compare, then DEL.
 local released = false
-if MODE == 'x' and is_mine(redis.call('GET', LOCK)) then
-  redis.call('DEL', LOCK, XINFO)
-  if not NO_DELAY then redis.call('ZREM', DELAY, OWNER) end
-  if redis.call('EXISTS', QEXP) == 0 then return 1 end
-  released = true
+if string.sub(ARGV[2], 1, 1) == 'x' then
+  local value = redis.call('GET', KEYS[1])
+  if value and string.sub(value, 1, #ARGV[1] + 1) == ARGV[1] .. ' ' then
+    redis.call('DEL', KEYS[1], KEYS[7])
+    if string.sub(value, -2) ~= ' w' and (ARGV[5] or '0') == '0' then return 1 end
+    released = true
+  end
 end
 
+-- @head
 -- @common
 
 local now = now_ms()
 if released then
+  if LOCK_DELAY > 0 then redis.call('ZREM', DELAY, OWNER) end
   prune_queue(now)
   wake_next(false, 0)
   return 1

@@ -1,12 +1,16 @@
 -- renew: extend OWNER's grant by TTL if it is still OWNER's (compare and extend).
 -- Returns 1 if extended, 0 if OWNER no longer holds it.
-if MODE == 'x' and NO_DELAY then
-  if not is_mine(redis.call('GET', LOCK)) then return 0 end
-  redis.call('PEXPIRE', LOCK, TTL)
-  redis.call('PEXPIRE', XINFO, TTL)
+
+-- An exclusive holder without a lock-delay: compare, then PEXPIRE.
+if string.sub(ARGV[2], 1, 1) == 'x' and (ARGV[5] or '0') == '0' then
+  local value = redis.call('GET', KEYS[1])
+  if not value or string.sub(value, 1, #ARGV[1] + 1) ~= ARGV[1] .. ' ' then return 0 end
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  if string.sub(ARGV[2], 4, 4) == '1' then redis.call('PEXPIRE', KEYS[7], ARGV[3]) end
   return 1
 end
 
+-- @head
 -- @common
 
 local ttl = tonumber(TTL)

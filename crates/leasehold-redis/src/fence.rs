@@ -39,7 +39,9 @@ pub struct RedisFence {
 
 impl fmt::Debug for RedisFence {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisFence").field("key", &self.key).finish()
+        f.debug_struct("RedisFence")
+            .field("key", &self.key)
+            .finish()
     }
 }
 

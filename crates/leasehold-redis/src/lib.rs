@@ -45,15 +45,14 @@ use redis::{FromRedisValue, IntoConnectionInfo, ProtocolVersion, RedisError, Scr
 
 use crate::wakeups::{Router, Ticket, Wakeups};
 
-/// A script: `head.lua`, then the operation's fast path, then the helpers of
-/// `common.lua` at the `-- @common` marker, then its slow path. Fast paths run before any
-/// helper is even defined.
+/// A script: `prologue.lua`, the operation's fast path, then — at the `-- @head` and
+/// `-- @common` markers — the names and helpers of the slower paths, then its slow path. A
+/// fast path runs before any of that is even defined.
 fn script(body: &str) -> Script {
-    Script::new(&format!(
-        "{}{}",
-        include_str!("../lua/head.lua"),
-        body.replacen("-- @common", include_str!("../lua/common.lua"), 1)
-    ))
+    let body = body
+        .replacen("-- @head", include_str!("../lua/head.lua"), 1)
+        .replacen("-- @common", include_str!("../lua/common.lua"), 1);
+    Script::new(&format!("{}{body}", include_str!("../lua/prologue.lua")))
 }
 
 #[derive(Debug)]
@@ -147,7 +146,10 @@ impl RedisOptions {
     /// [`Error::InvalidArgument`] for zero replicas or a zero or over-long timeout.
     pub fn replicas(mut self, ack: ReplicaAck) -> Result<Self> {
         if ack.replicas == 0 {
-            return Err(Error::invalid("replicas", "at least one replica must acknowledge"));
+            return Err(Error::invalid(
+                "replicas",
+                "at least one replica must acknowledge",
+            ));
         }
         if ack.timeout.is_zero() || ack.timeout > Duration::from_secs(3600) {
             return Err(Error::invalid(
@@ -267,10 +269,16 @@ impl RedisBackend {
     /// As for [`connect`](RedisBackend::connect).
     pub async fn connect_with(url: &str, options: RedisOptions) -> Result<Self> {
         let shown = redact_url(url);
-        let info = url
-            .into_connection_info()
-            .map_err(|e| Error::invalid("url", format!("{shown}: {}", e.detail().unwrap_or("not a redis URL"))))?;
-        let settings = info.redis_settings().clone().set_protocol(ProtocolVersion::RESP3);
+        let info = url.into_connection_info().map_err(|e| {
+            Error::invalid(
+                "url",
+                format!("{shown}: {}", e.detail().unwrap_or("not a redis URL")),
+            )
+        })?;
+        let settings = info
+            .redis_settings()
+            .clone()
+            .set_protocol(ProtocolVersion::RESP3);
         let info = info.set_redis_settings(settings);
         let client = redis::Client::open(info)
             .map_err(|e| Error::invalid("url", format!("{shown}: {e}")))?;
@@ -418,32 +426,36 @@ impl RedisBackend {
             && req.lock_delay.is_none()
             && req.value.is_none()
             && !busy_before;
-        let mut answer: (i64, i64) = (2, 0);
+        // See lua/acquire.lua for the answer's encoding.
+        let mut answer: i64 = 0;
         if fast {
             answer = self
-                .run(&self.inner.scripts.acquire, req, keys, ACQUIRE_FAST_KEYS, value)
+                .run(
+                    &self.inner.scripts.acquire,
+                    req,
+                    keys,
+                    ACQUIRE_FAST_KEYS,
+                    value,
+                )
                 .await?;
         }
-        if answer.0 == 2 {
+        if answer == 0 {
             answer = self
                 .run(&self.inner.scripts.acquire, req, keys, ALL_KEYS, value)
                 .await?;
         }
-        let (granted, answer) = answer;
-        if granted == 1 {
+        if answer > 0 {
             if ticket.is_some() {
                 self.inner.wakeups.forget(&keys.channel, owner);
             }
-            let token = u64::try_from(answer)
-                .map_err(|_| Error::backend(format!("redis answered a negative token for {}", req.name), false))?;
             return Ok(Acquire::Granted(Grant {
-                token: FencingToken::new(token),
+                token: FencingToken::new(answer.unsigned_abs()),
                 expiry: Expiry::After(Duration::from_millis(millis_up(req.ttl))),
             }));
         }
         Ok(Acquire::Busy(match ticket {
             Some(mut ticket) => {
-                ticket.retry = u64::try_from(answer).ok().map(Duration::from_millis);
+                ticket.retry = u64::try_from(-answer - 2).ok().map(Duration::from_millis);
                 WaitHint::new(ticket)
             }
             None => WaitHint::none(),
@@ -471,7 +483,13 @@ impl RedisBackend {
         }
         let keys = self.keys(&req.name);
         let _: i64 = self
-            .run(&self.inner.scripts.release, req, &keys, Self::keys_for(req), b"")
+            .run(
+                &self.inner.scripts.release,
+                req,
+                &keys,
+                Self::keys_for(req),
+                b"",
+            )
             .await?;
         Err(Error::backend(format!("{problem}; released it"), true))
     }
@@ -527,10 +545,19 @@ fn map_error(error: RedisError, name: impl std::fmt::Display) -> Error {
         "BUSY" => "the server is busy running a script".into(),
         "OOM" => "the server is out of memory and refuses writes".into(),
         "NOAUTH" | "WRONGPASS" => "authentication failed".into(),
-        "NOPERM" => "this user may not run leasehold's commands (EVALSHA, PUBLISH, SUBSCRIBE, WAIT)".into(),
-        "WRONGTYPE" => format!("a key of lock {name} holds data of another type; it was not written by leasehold"),
-        "LEASEHOLD_FOREIGN" => error.detail().unwrap_or("foreign value under a lock key").into(),
-        "MOVED" | "ASK" | "CROSSSLOT" => "cluster redirection: connect to the node that serves the lock's slot".into(),
+        "NOPERM" => {
+            "this user may not run leasehold's commands (EVALSHA, PUBLISH, SUBSCRIBE, WAIT)".into()
+        }
+        "WRONGTYPE" => format!(
+            "a key of lock {name} holds data of another type; it was not written by leasehold"
+        ),
+        "LEASEHOLD_FOREIGN" => error
+            .detail()
+            .unwrap_or("foreign value under a lock key")
+            .into(),
+        "MOVED" | "ASK" | "CROSSSLOT" => {
+            "cluster redirection: connect to the node that serves the lock's slot".into()
+        }
         _ => error.to_string(),
     };
     Error::Backend {
@@ -573,9 +600,9 @@ fn parse_url(url: &str) -> Result<(String, RedisOptions)> {
             }
             "replica_timeout" => ack.timeout = parse_duration(value)?,
             "replicas_required" => {
-                ack.required = value
-                    .parse()
-                    .map_err(|_| invalid(format!("replicas_required={value:?} is not true or false")))?;
+                ack.required = value.parse().map_err(|_| {
+                    invalid(format!("replicas_required={value:?} is not true or false"))
+                })?;
             }
             "connect_timeout" => options = options.connect_timeout(parse_duration(value)?),
             other => {
@@ -642,20 +669,41 @@ impl Backend for RedisBackend {
                 "redis handed out a fencing token not above one already seen (it lost data: \
                  failover or restart); raising its counter and granting again");
             let _: i64 = self
-                .run(&self.inner.scripts.release, req, &keys, Self::keys_for(req), b"")
+                .run(
+                    &self.inner.scripts.release,
+                    req,
+                    &keys,
+                    Self::keys_for(req),
+                    b"",
+                )
                 .await?;
             let _: i64 = self
-                .run(&self.inner.scripts.raise, req, &keys, ALL_KEYS, floor.to_string().as_bytes())
+                .run(
+                    &self.inner.scripts.raise,
+                    req,
+                    &keys,
+                    ALL_KEYS,
+                    floor.to_string().as_bytes(),
+                )
                 .await?;
             answer = self.acquire_once(req, &keys).await?;
             if let Acquire::Granted(grant) = &answer
                 && self.check_floor(req, grant.token.get()).is_some()
             {
                 let _: i64 = self
-                    .run(&self.inner.scripts.release, req, &keys, Self::keys_for(req), b"")
+                    .run(
+                        &self.inner.scripts.release,
+                        req,
+                        &keys,
+                        Self::keys_for(req),
+                        b"",
+                    )
                     .await?;
                 return Err(Error::backend(
-                    format!("redis keeps handing out stale fencing tokens for {}", req.name),
+                    format!(
+                        "redis keeps handing out stale fencing tokens for {}",
+                        req.name
+                    ),
                     false,
                 ));
             }
@@ -671,7 +719,13 @@ impl Backend for RedisBackend {
     async fn renew(&self, req: &Request) -> Result<Renewal> {
         let keys = self.keys(&req.name);
         let renewed: i64 = self
-            .run(&self.inner.scripts.renew, req, &keys, Self::keys_for(req), b"")
+            .run(
+                &self.inner.scripts.renew,
+                req,
+                &keys,
+                Self::keys_for(req),
+                b"",
+            )
             .await?;
         Ok(if renewed == 1 {
             Renewal::Renewed(Expiry::After(Duration::from_millis(millis_up(req.ttl))))
@@ -684,7 +738,13 @@ impl Backend for RedisBackend {
         let keys = self.keys(&req.name);
         self.inner.wakeups.forget(&keys.channel, req.owner.as_str());
         let released: i64 = self
-            .run(&self.inner.scripts.release, req, &keys, Self::keys_for(req), b"")
+            .run(
+                &self.inner.scripts.release,
+                req,
+                &keys,
+                Self::keys_for(req),
+                b"",
+            )
             .await?;
         Ok(if released == 1 {
             Release::Released
@@ -700,10 +760,12 @@ impl Backend for RedisBackend {
         if !ticket.subscribed {
             // Subscribe, then let the caller try again with the subscription in place.
             let mut conn = self.inner.conn.clone();
-            conn.subscribe(&ticket.channel).await.map_err(|e| Error::Unavailable {
-                message: format!("redis: subscribing to wake-ups failed: {e}"),
-                source: Some(Arc::new(e)),
-            })?;
+            conn.subscribe(&ticket.channel)
+                .await
+                .map_err(|e| Error::Unavailable {
+                    message: format!("redis: subscribing to wake-ups failed: {e}"),
+                    source: Some(Arc::new(e)),
+                })?;
             self.inner.wakeups.mark_subscribed(&ticket.channel);
             return Ok(());
         }
@@ -793,7 +855,9 @@ impl Backend for RedisBackend {
                 });
             }
         }
-        ticket.retry = earliest.and_then(|ms| u64::try_from(ms).ok()).map(Duration::from_millis);
+        ticket.retry = earliest
+            .and_then(|ms| u64::try_from(ms).ok())
+            .map(Duration::from_millis);
         state.hint = WaitHint::new(ticket);
         Ok(state)
     }

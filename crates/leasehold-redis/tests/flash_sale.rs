@@ -13,7 +13,10 @@ use leasehold_testkit::Redis;
 async fn only_the_naive_lock_oversells() {
     let server = Redis::start().await.unwrap();
     let naive = flash_sale::naive(&server.url()).await;
-    assert!(naive.oversold() > 0, "the naive lock did not oversell: {naive:?}");
+    assert!(
+        naive.oversold() > 0,
+        "the naive lock did not oversell: {naive:?}"
+    );
 
     let atomic = flash_sale::atomic(&server.url()).await;
     assert_eq!(atomic.sold, flash_sale::STOCK, "{atomic:?}");
@@ -22,5 +25,8 @@ async fn only_the_naive_lock_oversells() {
     let fenced = flash_sale::fenced(&server.url()).await;
     assert_eq!(fenced.sold, flash_sale::STOCK, "{fenced:?}");
     assert_eq!(fenced.stock_left, 0);
-    assert!(fenced.refused_writes > 0, "no stale write was refused: {fenced:?}");
+    assert!(
+        fenced.refused_writes > 0,
+        "no stale write was refused: {fenced:?}"
+    );
 }

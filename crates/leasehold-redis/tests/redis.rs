@@ -33,7 +33,9 @@ async fn client(server: &Redis, ttl: Duration) -> Client {
 
 async fn faulty_client(server: &Redis, ttl: Duration) -> (Client, Faulty) {
     let faults = Faulty::wrap(backend(server).await);
-    let client = Client::builder(faults.clone()).options(options(ttl)).build();
+    let client = Client::builder(faults.clone())
+        .options(options(ttl))
+        .build();
     (client, faults)
 }
 
@@ -129,7 +131,9 @@ async fn grants_wait_for_a_replica_when_asked() {
     pair.replica.pause();
     let refused = required.mutex("job").unwrap().try_lock().await;
     match refused {
-        Err(Error::Backend { retryable, message, .. }) => {
+        Err(Error::Backend {
+            retryable, message, ..
+        }) => {
             assert!(retryable);
             assert!(message.contains("0 of 1 replicas"), "{message}");
         }
@@ -150,7 +154,15 @@ async fn grants_wait_for_a_replica_when_asked() {
         .await
         .unwrap(),
     );
-    assert!(reported.mutex("job").unwrap().try_lock().await.unwrap().is_some());
+    assert!(
+        reported
+            .mutex("job")
+            .unwrap()
+            .try_lock()
+            .await
+            .unwrap()
+            .is_some()
+    );
     pair.replica.resume();
 }
 
@@ -159,7 +171,9 @@ async fn a_replica_answers_with_a_typed_retryable_error() {
     let pair = RedisReplicated::start().await.unwrap();
     let replica = client(&pair.replica, Duration::from_secs(5)).await;
     match replica.mutex("job").unwrap().try_lock().await {
-        Err(Error::Backend { retryable, message, .. }) => {
+        Err(Error::Backend {
+            retryable, message, ..
+        }) => {
             assert!(retryable);
             assert!(message.contains("read-only replica"), "{message}");
         }
@@ -175,7 +189,12 @@ async fn foreign_data_under_lock_keys_is_a_typed_error_not_a_guess() {
         .command(&["SET", "leasehold:{job}:lock", "someone-else"])
         .await
         .unwrap();
-    match a.mutex("job").unwrap().lock_timeout(Duration::from_secs(1)).await {
+    match a
+        .mutex("job")
+        .unwrap()
+        .lock_timeout(Duration::from_secs(1))
+        .await
+    {
         Err(Error::Backend { message, .. }) => {
             assert!(message.contains("not written by leasehold"), "{message}");
         }
@@ -183,7 +202,10 @@ async fn foreign_data_under_lock_keys_is_a_typed_error_not_a_guess() {
     }
     // Nothing of ours was written, the foreign value is untouched.
     assert_eq!(
-        server.command(&["GET", "leasehold:{job}:lock"]).await.unwrap(),
+        server
+            .command(&["GET", "leasehold:{job}:lock"])
+            .await
+            .unwrap(),
         Resp::Bulk(Some(b"someone-else".to_vec()))
     );
 
@@ -202,7 +224,13 @@ async fn foreign_data_under_lock_keys_is_a_typed_error_not_a_guess() {
 #[tokio::test]
 async fn an_evicting_policy_is_reported_on_connect() {
     let safe = Redis::start().await.unwrap();
-    assert!(RedisBackend::connect(&safe.url()).await.unwrap().warnings().is_empty());
+    assert!(
+        RedisBackend::connect(&safe.url())
+            .await
+            .unwrap()
+            .warnings()
+            .is_empty()
+    );
     let evicting = Redis::builder()
         .config("maxmemory", "64mb")
         .config("maxmemory-policy", "volatile-lru")
@@ -249,7 +277,10 @@ async fn a_grant_whose_reply_was_lost_in_the_network_is_adopted() {
     // The grant happened on the server; its reply is stuck in the network.
     let event = events.next().await.unwrap();
     assert_eq!(event.get_payload::<String>().unwrap(), "set");
-    let owner = server.command(&["GET", "leasehold:{job}:lock"]).await.unwrap();
+    let owner = server
+        .command(&["GET", "leasehold:{job}:lock"])
+        .await
+        .unwrap();
     proxy.heal();
     let guard = attempt.await.unwrap().unwrap().expect("granted");
     // The retry carried the same owner id and adopted the grant: no orphan until the ttl.
@@ -266,7 +297,11 @@ async fn a_hundred_waiters_are_served_in_arrival_order() {
     let server = Redis::start().await.unwrap();
     let holder = client(&server, Duration::from_secs(10)).await;
     let guard = holder.mutex("job").unwrap().lock().await.unwrap();
-    let connections = [backend(&server).await, backend(&server).await, backend(&server).await];
+    let connections = [
+        backend(&server).await,
+        backend(&server).await,
+        backend(&server).await,
+    ];
     let order = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
     let mut all_faults = Vec::new();
@@ -294,7 +329,10 @@ async fn a_hundred_waiters_are_served_in_arrival_order() {
     // Only the head is woken by each release: a few tries per waiter, not one per release
     // per waiter (a herd would make about WAITERS² / 2 = 5000).
     let tries: u64 = all_faults.iter().map(|f| f.calls(Op::Acquire)).sum();
-    assert!(tries <= 4 * WAITERS as u64, "{tries} acquire attempts for {WAITERS} waiters");
+    assert!(
+        tries <= 4 * WAITERS as u64,
+        "{tries} acquire attempts for {WAITERS} waiters"
+    );
 }
 
 #[tokio::test]
@@ -306,7 +344,9 @@ async fn a_waiter_is_woken_by_the_release_not_by_polling() {
     let guard = holder.mutex("job").unwrap().lock().await.unwrap();
     let mutex = waiter.mutex("job").unwrap();
     let waiting =
-        tokio::spawn(async move { tokio::time::timeout(Duration::from_secs(5), mutex.lock()).await });
+        tokio::spawn(
+            async move { tokio::time::timeout(Duration::from_secs(5), mutex.lock()).await },
+        );
     faults.until_calls(Op::Wait, 2).await;
     guard.release().await.unwrap();
     let got = waiting.await.unwrap();
@@ -329,12 +369,23 @@ async fn every_key_shares_the_names_hash_tag_and_only_the_counter_stays() {
         other => panic!("{other:?}"),
     };
     assert!(keys.len() >= 4, "{keys:?}");
-    assert!(keys.iter().all(|k| k.starts_with("leasehold:{job}:")), "{keys:?}");
+    assert!(
+        keys.iter().all(|k| k.starts_with("leasehold:{job}:")),
+        "{keys:?}"
+    );
     write.release().await.unwrap();
-    waiting_reader.await.unwrap().unwrap().release().await.unwrap();
+    waiting_reader
+        .await
+        .unwrap()
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
     permit.release().await.unwrap();
     assert_eq!(
         server.command(&["KEYS", "*"]).await.unwrap(),
-        Resp::Array(Some(vec![Resp::Bulk(Some(b"leasehold:{job}:token".to_vec()))]))
+        Resp::Array(Some(vec![Resp::Bulk(Some(
+            b"leasehold:{job}:token".to_vec()
+        ))]))
     );
 }

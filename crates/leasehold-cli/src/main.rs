@@ -236,18 +236,21 @@ async fn inspect(args: InspectArgs) -> u8 {
             print!("{}", inspect::to_table(&locks));
             0
         }
-        (Err(error), json) => {
-            if json {
-                println!(
-                    "{}",
-                    serde_json::json!({ "error": { "kind": kind(&error), "message": error.to_string() } })
-                );
-            } else {
-                eprintln!("leasehold: {error}");
-            }
-            exit::for_error(&error)
-        }
+        (Err(error), json) => report(&error, json),
     }
+}
+
+/// Prints `error` (as JSON on stdout with `--json`) and returns its exit code.
+fn report(error: &Error, json: bool) -> u8 {
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({ "error": { "kind": kind(error), "message": error.to_string() } })
+        );
+    } else {
+        eprintln!("leasehold: {error}");
+    }
+    exit::for_error(error)
 }
 
 async fn bench(args: BenchArgs) -> u8 {
@@ -270,17 +273,7 @@ async fn bench(args: BenchArgs) -> u8 {
             print!("{}", leasehold_cli::bench::table(&rows));
             0
         }
-        Err(error) => {
-            if args.json {
-                println!(
-                    "{}",
-                    serde_json::json!({ "error": { "kind": kind(&error), "message": error.to_string() } })
-                );
-            } else {
-                eprintln!("leasehold: {error}");
-            }
-            exit::for_error(&error)
-        }
+        Err(error) => report(&error, args.json),
     }
 }
 

@@ -384,6 +384,18 @@ impl RedisBackend {
         .map_err(|e| map_error(e, &req.name))
     }
 
+    /// Runs the release script for `req`: 1 if it removed something, 0 if not.
+    async fn release_script(&self, req: &Request, keys: &Keys) -> Result<i64> {
+        self.run(
+            &self.inner.scripts.release,
+            req,
+            keys,
+            Self::keys_for(req),
+            b"",
+        )
+        .await
+    }
+
     /// How many keys a renewal or release of `req` needs.
     fn keys_for(req: &Request) -> usize {
         if req.mode == Mode::Exclusive {
@@ -482,15 +494,7 @@ impl RedisBackend {
             return Ok(());
         }
         let keys = self.keys(&req.name);
-        let _: i64 = self
-            .run(
-                &self.inner.scripts.release,
-                req,
-                &keys,
-                Self::keys_for(req),
-                b"",
-            )
-            .await?;
+        let _: i64 = self.release_script(req, &keys).await?;
         Err(Error::backend(format!("{problem}; released it"), true))
     }
 }
@@ -668,15 +672,7 @@ impl Backend for RedisBackend {
             tracing::warn!(lock = %req.name, token = grant.token.get(), seen = floor,
                 "redis handed out a fencing token not above one already seen (it lost data: \
                  failover or restart); raising its counter and granting again");
-            let _: i64 = self
-                .run(
-                    &self.inner.scripts.release,
-                    req,
-                    &keys,
-                    Self::keys_for(req),
-                    b"",
-                )
-                .await?;
+            let _: i64 = self.release_script(req, &keys).await?;
             let _: i64 = self
                 .run(
                     &self.inner.scripts.raise,
@@ -690,15 +686,7 @@ impl Backend for RedisBackend {
             if let Acquire::Granted(grant) = &answer
                 && self.check_floor(req, grant.token.get()).is_some()
             {
-                let _: i64 = self
-                    .run(
-                        &self.inner.scripts.release,
-                        req,
-                        &keys,
-                        Self::keys_for(req),
-                        b"",
-                    )
-                    .await?;
+                let _: i64 = self.release_script(req, &keys).await?;
                 return Err(Error::backend(
                     format!(
                         "redis keeps handing out stale fencing tokens for {}",
@@ -737,15 +725,7 @@ impl Backend for RedisBackend {
     async fn release(&self, req: &Request) -> Result<Release> {
         let keys = self.keys(&req.name);
         self.inner.wakeups.forget(&keys.channel, req.owner.as_str());
-        let released: i64 = self
-            .run(
-                &self.inner.scripts.release,
-                req,
-                &keys,
-                Self::keys_for(req),
-                b"",
-            )
-            .await?;
+        let released: i64 = self.release_script(req, &keys).await?;
         Ok(if released == 1 {
             Release::Released
         } else {

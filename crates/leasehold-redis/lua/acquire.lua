@@ -2,18 +2,28 @@
 --   > 0   granted, this is the token (the same token again if OWNER already holds it);
 --   0     a fast-path call (5 keys) could not take the fast path: call again with all keys;
 --   -1    busy, nothing will change without a wake-up message;
---   < -1  busy, the state may change on its own in -(answer + 2) ms (an expiry).
+--   < -1  busy, the state may change on its own in -(answer + 2) ms (an expiry, or the end
+--         of a Redlock node's quarantine).
 
--- The uncontended exclusive grant (no value, no lock-delay): one INCR, one SET of
--- "<owner> <token>" with PX, when nobody holds, reads, waits or delays the name.
-if string.sub(ARGV[2], 1, 1) == 'x' and string.sub(ARGV[2], 4, 4) == '0'
-    and (ARGV[5] or '0') == '0'
-    and redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[4], KEYS[5]) == 0 then
+-- Redlock (ARGV[7], the quarantine in ms): a node that restarted less than the quarantine
+-- ago refuses grants, so that every lock it may have forgotten (an empty restart, or a
+-- snapshot older than the last grants) has expired on the other nodes first.
+if ARGV[7] and ARGV[7] ~= '0' then
+  local info = redis.call('INFO', 'server')
+  local up = tonumber(string.match(info, 'uptime_in_seconds:(%d+)') or '0') * 1000
+  local quarantine = tonumber(ARGV[7])
+  if up < quarantine then return -(quarantine - up + 2) end
+end
+
+-- The fast-path call (5 keys; the client makes it only for an exclusive request without a
+-- value or lock-delay that has not been waiting): one INCR, one SET of "<owner> <token>"
+-- with PX, when nobody holds, reads, waits or delays the name.
+if #KEYS < 11 then
+  if redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[4], KEYS[5]) ~= 0 then return 0 end
   local token = next_token(KEYS[2])
   redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. int(token), 'PX', ARGV[3])
   return token
 end
-if #KEYS < 11 then return 0 end
 
 -- @head
 -- @common
@@ -53,7 +63,8 @@ local function in_set(member)
 end
 
 -- Our place in the queue, taken (or kept fresh) by a fair waiting request. A waiting
--- request that is not fair leaves only an expiring entry, so releases know to wake it.
+-- request that is not fair leaves only an expiring entry "~<mode><owner>", so releases know
+-- to wake it, and new readers know a writer is waiting.
 local me = MODE .. OWNER
 local rank = false
 if FAIR then rank = redis.call('ZRANK', QUEUE, me) end
@@ -67,7 +78,7 @@ if FAIR and WAITING then
   end
   redis.call('ZADD', QEXP, now + ttl, me)
 elseif WAITING then
-  redis.call('ZADD', QEXP, now + ttl, '~' .. OWNER)
+  redis.call('ZADD', QEXP, now + ttl, '~' .. me)
 end
 local ahead = {}
 if FAIR and rank ~= 0 then
@@ -96,13 +107,19 @@ elseif MODE == 's' then
   for _, m in ipairs(ahead) do
     if string.sub(m, 1, 1) == 'x' then ok = false end
   end
+  -- Without a queue, a waiting writer still keeps new readers out: writers do not starve.
+  if not FAIR then
+    for _, m in ipairs(redis.call('ZRANGE', QEXP, 0, -1)) do
+      if string.sub(m, 1, 2) == '~x' then ok = false end
+    end
+  end
 else
   ok = ok and redis.call('ZCARD', PERMITS) + #ahead < LIMIT
 end
 
 if ok then
   if rank then redis.call('ZREM', QUEUE, me) end
-  redis.call('ZREM', QEXP, me, '~' .. OWNER)
+  redis.call('ZREM', QEXP, me, '~' .. me)
   local token = next_token(TOKEN)
   if MODE == 'x' then
     -- Others still waiting: mark the value, so that our release wakes them.

@@ -6,7 +6,7 @@
 -- release), every other call passes all 11.
 local LOCK, TOKEN = KEYS[1], KEYS[2]       -- exclusive holder: "<owner> <token>[ w]" (PX ttl); the fencing counter
 local READERS, QUEUE = KEYS[3], KEYS[4]    -- shared holders: zset owner -> expiry (ms); fair waiters: zset "<mode><owner>" -> arrival
-local DELAY, QEXP = KEYS[5], KEYS[6]       -- lock-delay: zset owner -> end of its delay; every waiter: zset -> expiry (ms)
+local DELAY, QEXP = KEYS[5], KEYS[6]       -- lock-delay: zset owner -> end of its delay; every waiter ("~<mode><owner>" if not fair): zset -> expiry (ms)
 local XINFO, RINFO = KEYS[7], KEYS[8]      -- the exclusive holder's value; hash reader -> "token|value"
 local PERMITS, PINFO = KEYS[9], KEYS[10]   -- permit holders: zset owner -> expiry (ms); hash owner -> "token|value"
 local PDELAY = KEYS[11]                    -- lock-delay of permits

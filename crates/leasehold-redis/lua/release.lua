@@ -39,7 +39,7 @@ if MODE ~= 'x' then
   end
 end
 local me = MODE .. OWNER
-local gone = redis.call('ZREM', QEXP, me, '~' .. OWNER)
+local gone = redis.call('ZREM', QEXP, me, '~' .. me)
 if redis.call('ZREM', QUEUE, me) == 1 or gone > 0 then
   prune_queue(now)
   -- If it was at the head, whoever is next may now go first.

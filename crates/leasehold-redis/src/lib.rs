@@ -22,7 +22,10 @@
 //! See `docs/backends/redis.md` for what this backend guarantees and what it does not.
 
 pub mod fence;
+pub mod redlock;
 mod wakeups;
+
+pub use redlock::{RedlockBackend, RedlockOptions};
 
 /// The Redis client crate leasehold uses, for writing to the protected data with a
 /// [`fence::RedisFence`].
@@ -242,6 +245,46 @@ fn millis_up(d: Duration) -> u64 {
     u64::try_from(ms).unwrap_or(u64::MAX).max(1)
 }
 
+/// One EVALSHA of `script` for `req`. Arguments (see `lua/head.lua`): owner, flags (mode,
+/// fair, waiting, has value), ttl ms, then — unless all are defaults and there is no
+/// `quarantine` — permit limit, lock-delay ms and `value` (the stored value, or the counter
+/// floor for `raise`), then the Redlock quarantine ms.
+fn script_cmd<'a>(
+    script: &Script,
+    keys: impl ExactSizeIterator<Item = &'a str>,
+    req: &Request,
+    value: &[u8],
+    quarantine: Option<u64>,
+) -> redis::Cmd {
+    let limit = match req.mode {
+        Mode::Permit { limit } => limit.get(),
+        _ => 0,
+    };
+    let delay = req.lock_delay.map_or(0, millis_up);
+    let flags = [
+        mode_code(req.mode),
+        flag(req.fair),
+        flag(req.waiting),
+        flag(req.value.is_some()),
+    ]
+    .concat();
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(script.get_hash()).arg(keys.len());
+    for key in keys {
+        cmd.arg(key);
+    }
+    cmd.arg(req.owner.as_str())
+        .arg(flags)
+        .arg(millis_up(req.ttl));
+    if limit != 0 || delay != 0 || !value.is_empty() || quarantine.is_some() {
+        cmd.arg(limit).arg(delay).arg(value);
+    }
+    if let Some(quarantine) = quarantine {
+        cmd.arg(quarantine);
+    }
+    cmd
+}
+
 impl RedisBackend {
     /// Connects to the server at `url` (see the crate docs for the URL form).
     ///
@@ -268,6 +311,12 @@ impl RedisBackend {
     ///
     /// As for [`connect`](RedisBackend::connect).
     pub async fn connect_with(url: &str, options: RedisOptions) -> Result<Self> {
+        Self::open(url, options, false).await
+    }
+
+    /// Connects to `url`; with `lazy`, without reaching the server now (it is tried on the
+    /// first request).
+    pub(crate) async fn open(url: &str, options: RedisOptions, lazy: bool) -> Result<Self> {
         let shown = redact_url(url);
         let info = url.into_connection_info().map_err(|e| {
             Error::invalid(
@@ -291,29 +340,37 @@ impl RedisBackend {
             .set_number_of_retries(2)
             // Every request is bounded by the engine's request timeout instead.
             .set_response_timeout(None);
-        let mut conn = tokio::time::timeout(
-            options.connect_timeout,
-            client.get_connection_manager_with_config(config),
-        )
-        .await
-        .map_err(|_| Error::unavailable(format!("connecting to {shown} timed out")))?
-        .map_err(|e| Error::Unavailable {
+        let scripts = Scripts::new();
+        let unavailable = |e: RedisError| Error::Unavailable {
             message: format!("cannot connect to redis at {shown}: {e}"),
             source: Some(Arc::new(e)),
-        })?;
-        let scripts = Scripts::new();
-        // Loaded up front, so that even the first grant is one round trip. After a server
-        // restart EVALSHA falls back to loading them again.
-        for script in scripts.all() {
-            script
-                .load_async(&mut conn)
-                .await
-                .map_err(|e| map_error(e, "(loading scripts)"))?;
-        }
-        let warnings = eviction_warnings(&mut conn).await;
-        for warning in &warnings {
-            tracing::warn!(url = %shown, "{warning}");
-        }
+        };
+        let (conn, warnings) = if lazy {
+            let conn =
+                ConnectionManager::new_lazy_with_config(client, config).map_err(unavailable)?;
+            (conn, Vec::new())
+        } else {
+            let mut conn = tokio::time::timeout(
+                options.connect_timeout,
+                client.get_connection_manager_with_config(config),
+            )
+            .await
+            .map_err(|_| Error::unavailable(format!("connecting to {shown} timed out")))?
+            .map_err(unavailable)?;
+            // Loaded up front, so that even the first grant is one round trip. After a
+            // server restart EVALSHA falls back to loading them again.
+            for script in scripts.all() {
+                script
+                    .load_async(&mut conn)
+                    .await
+                    .map_err(|e| map_error(e, "(loading scripts)"))?;
+            }
+            let warnings = eviction_warnings(&mut conn).await;
+            for warning in &warnings {
+                tracing::warn!(url = %shown, "{warning}");
+            }
+            (conn, warnings)
+        };
         Ok(Self {
             inner: Arc::new(Inner {
                 conn,
@@ -326,6 +383,20 @@ impl RedisBackend {
         })
     }
 
+    /// The server's run id (`INFO server`): tells two addresses of one server apart.
+    pub(crate) async fn run_id(&self) -> Result<String> {
+        let mut conn = self.inner.conn.clone();
+        let info: String = redis::cmd("INFO")
+            .arg("server")
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| map_error(e, "(INFO)"))?;
+        info.lines()
+            .find_map(|l| l.strip_prefix("run_id:"))
+            .map(|id| id.trim().to_owned())
+            .ok_or_else(|| Error::backend("redis: INFO server has no run_id", false))
+    }
+
     /// Configuration problems found on connecting (an eviction policy that can delete lock
     /// keys).
     pub fn warnings(&self) -> &[String] {
@@ -336,10 +407,7 @@ impl RedisBackend {
         Keys::new(&self.inner.options.prefix, name)
     }
 
-    /// Runs `script` for `req` with the first `key_count` keys. Arguments (see
-    /// `lua/head.lua`): owner, flags (mode, fair, waiting, has value), ttl ms, then —
-    /// unless all are defaults — permit limit, lock-delay ms and `value` (the stored value,
-    /// or the counter floor for `raise`). EVALSHA, loading the script if the server lost it.
+    /// Runs `script` for `req` with the first `key_count` keys (see [`script_cmd`]).
     async fn run<T: FromRedisValue>(
         &self,
         script: &Script,
@@ -348,40 +416,53 @@ impl RedisBackend {
         key_count: usize,
         value: &[u8],
     ) -> Result<T> {
-        let limit = match req.mode {
-            Mode::Permit { limit } => limit.get(),
-            _ => 0,
-        };
-        let delay = req.lock_delay.map_or(0, millis_up);
-        let flags = [
-            mode_code(req.mode),
-            flag(req.fair),
-            flag(req.waiting),
-            flag(req.value.is_some()),
-        ]
-        .concat();
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(script.get_hash())
-            .arg(key_count)
-            .arg(&keys.keys[..key_count])
-            .arg(req.owner.as_str())
-            .arg(flags)
-            .arg(millis_up(req.ttl));
-        if limit != 0 || delay != 0 || !value.is_empty() {
-            cmd.arg(limit).arg(delay).arg(value);
-        }
+        let keys = keys.keys[..key_count].iter().map(String::as_str);
+        let cmd = script_cmd(script, keys, req, value, None);
+        self.query(script, &cmd, &req.name).await
+    }
+
+    /// Sends an EVALSHA of `script`, loading the script if the server lost it.
+    async fn query<T: FromRedisValue>(
+        &self,
+        script: &Script,
+        cmd: &redis::Cmd,
+        name: &LockName,
+    ) -> Result<T> {
         let mut conn = self.inner.conn.clone();
         match cmd.query_async(&mut conn).await {
             Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
                 script
                     .load_async(&mut conn)
                     .await
-                    .map_err(|e| map_error(e, &req.name))?;
+                    .map_err(|e| map_error(e, name))?;
                 cmd.query_async(&mut conn).await
             }
             answer => answer,
         }
-        .map_err(|e| map_error(e, &req.name))
+        .map_err(|e| map_error(e, name))
+    }
+
+    /// An acquire as one Redlock node: a node that restarted less than `quarantine_ms`
+    /// ago refuses (0: no quarantine).
+    pub(crate) async fn acquire_node(&self, req: &Request, quarantine_ms: u64) -> Result<Acquire> {
+        let keys = self.keys(&req.name);
+        let quarantine = (quarantine_ms > 0).then_some(quarantine_ms);
+        self.acquire_once(req, &keys, quarantine).await
+    }
+
+    /// Raises the name's fencing counter to at least `floor` (Redlock's write-back).
+    pub(crate) async fn raise_node(&self, req: &Request, floor: u64) -> Result<()> {
+        let keys = self.keys(&req.name);
+        let _: i64 = self
+            .run(
+                &self.inner.scripts.raise,
+                req,
+                &keys,
+                ALL_KEYS,
+                floor.to_string().as_bytes(),
+            )
+            .await?;
+        Ok(())
     }
 
     /// Runs the release script for `req`: 1 if it removed something, 0 if not.
@@ -421,7 +502,14 @@ impl RedisBackend {
         None
     }
 
-    async fn acquire_once(&self, req: &Request, keys: &Keys) -> Result<Acquire> {
+    /// One acquire round trip (two when the fast path does not apply). For a Redlock node,
+    /// `quarantine_ms` is how long after a restart the node refuses grants.
+    async fn acquire_once(
+        &self,
+        req: &Request,
+        keys: &Keys,
+        quarantine_ms: Option<u64>,
+    ) -> Result<Acquire> {
         // Read the wake-up versions before the request leaves, so that a release published
         // after the script ran cannot be missed.
         let owner = req.owner.as_str();
@@ -437,24 +525,20 @@ impl RedisBackend {
         let fast = req.mode == Mode::Exclusive
             && req.lock_delay.is_none()
             && req.value.is_none()
-            && !busy_before;
+            && !busy_before
+            && quarantine_ms.is_none();
         // See lua/acquire.lua for the answer's encoding.
+        let script = &self.inner.scripts.acquire;
         let mut answer: i64 = 0;
         if fast {
             answer = self
-                .run(
-                    &self.inner.scripts.acquire,
-                    req,
-                    keys,
-                    ACQUIRE_FAST_KEYS,
-                    value,
-                )
+                .run(script, req, keys, ACQUIRE_FAST_KEYS, value)
                 .await?;
         }
         if answer == 0 {
-            answer = self
-                .run(&self.inner.scripts.acquire, req, keys, ALL_KEYS, value)
-                .await?;
+            let all = keys.keys.iter().map(String::as_str);
+            let cmd = script_cmd(script, all, req, value, quarantine_ms);
+            answer = self.query(script, &cmd, &req.name).await?;
         }
         if answer > 0 {
             if ticket.is_some() {
@@ -665,7 +749,7 @@ impl Backend for RedisBackend {
 
     async fn acquire(&self, req: &Request) -> Result<Acquire> {
         let keys = self.keys(&req.name);
-        let mut answer = self.acquire_once(req, &keys).await?;
+        let mut answer = self.acquire_once(req, &keys, None).await?;
         if let Acquire::Granted(grant) = &answer
             && let Some(floor) = self.check_floor(req, grant.token.get())
         {
@@ -673,16 +757,8 @@ impl Backend for RedisBackend {
                 "redis handed out a fencing token not above one already seen (it lost data: \
                  failover or restart); raising its counter and granting again");
             let _: i64 = self.release_script(req, &keys).await?;
-            let _: i64 = self
-                .run(
-                    &self.inner.scripts.raise,
-                    req,
-                    &keys,
-                    ALL_KEYS,
-                    floor.to_string().as_bytes(),
-                )
-                .await?;
-            answer = self.acquire_once(req, &keys).await?;
+            self.raise_node(req, floor).await?;
+            answer = self.acquire_once(req, &keys, None).await?;
             if let Acquire::Granted(grant) = &answer
                 && self.check_floor(req, grant.token.get()).is_some()
             {

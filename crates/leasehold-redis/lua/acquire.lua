@@ -14,6 +14,7 @@ if ARGV[7] and ARGV[7] ~= '0' then
   local quarantine = tonumber(ARGV[7])
   if up < quarantine then return -(quarantine - up + 2) end
 end
+-- (A Redlock node takes the fast path below as well: the quarantine came first.)
 
 -- The fast-path call (5 keys; the client makes it only for an exclusive request without a
 -- value or lock-delay that has not been waiting): one INCR, one SET of "<owner> <token>"

@@ -416,8 +416,22 @@ impl RedisBackend {
         key_count: usize,
         value: &[u8],
     ) -> Result<T> {
+        self.run_quarantined(script, req, keys, key_count, value, None)
+            .await
+    }
+
+    /// [`run`](RedisBackend::run), for a Redlock node with a restart quarantine.
+    async fn run_quarantined<T: FromRedisValue>(
+        &self,
+        script: &Script,
+        req: &Request,
+        keys: &Keys,
+        key_count: usize,
+        value: &[u8],
+        quarantine_ms: Option<u64>,
+    ) -> Result<T> {
         let keys = keys.keys[..key_count].iter().map(String::as_str);
-        let cmd = script_cmd(script, keys, req, value, None);
+        let cmd = script_cmd(script, keys, req, value, quarantine_ms);
         self.query(script, &cmd, &req.name).await
     }
 
@@ -525,20 +539,21 @@ impl RedisBackend {
         let fast = req.mode == Mode::Exclusive
             && req.lock_delay.is_none()
             && req.value.is_none()
-            && !busy_before
-            && quarantine_ms.is_none();
+            && !busy_before;
         // See lua/acquire.lua for the answer's encoding.
         let script = &self.inner.scripts.acquire;
         let mut answer: i64 = 0;
-        if fast {
+        for key_count in [ACQUIRE_FAST_KEYS, ALL_KEYS] {
+            if key_count == ACQUIRE_FAST_KEYS && !fast {
+                continue;
+            }
             answer = self
-                .run(script, req, keys, ACQUIRE_FAST_KEYS, value)
+                .run_quarantined(script, req, keys, key_count, value, quarantine_ms)
                 .await?;
-        }
-        if answer == 0 {
-            let all = keys.keys.iter().map(String::as_str);
-            let cmd = script_cmd(script, all, req, value, quarantine_ms);
-            answer = self.query(script, &cmd, &req.name).await?;
+            // 0: the fast path did not apply; the full call follows.
+            if answer != 0 {
+                break;
+            }
         }
         if answer > 0 {
             if ticket.is_some() {

@@ -22,7 +22,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures_util::StreamExt;
 use futures_util::future::{join_all, select_all};
+use futures_util::stream::FuturesUnordered;
 use leasehold_core::backend::{
     Acquire, Backend, Capabilities, Expiry, Grant, Holder, LockState, Release, Renewal, Request,
     TokenDurability, WaitHint, Waiter,
@@ -251,6 +253,44 @@ impl RedlockBackend {
         .await
     }
 
+    /// Runs `call` on every node at once (each bounded by the node timeout) and returns as
+    /// soon as `enough` says the answers so far suffice, or all have answered. Requests
+    /// still under way when it returns go on; their effects are covered by the caller.
+    async fn until<'a, T, F, Fut>(
+        &'a self,
+        call: F,
+        enough: impl Fn(&[(usize, Result<T>)]) -> bool,
+    ) -> Vec<(usize, Result<T>)>
+    where
+        F: Fn(&'a RedisBackend) -> Fut,
+        Fut: Future<Output = Result<T>>,
+    {
+        let limit = self.inner.options.node_timeout;
+        let mut pending: FuturesUnordered<_> = self
+            .inner
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, node)| {
+                let request = call(node);
+                async move {
+                    let answer = tokio::time::timeout(limit, request)
+                        .await
+                        .unwrap_or(Err(Error::Timeout(limit)));
+                    (i, answer)
+                }
+            })
+            .collect();
+        let mut answers = Vec::with_capacity(self.inner.nodes.len());
+        while let Some(answer) = pending.next().await {
+            answers.push(answer);
+            if enough(&answers) {
+                break;
+            }
+        }
+        answers
+    }
+
     /// Releases on every node; errors are logged, a node that cannot be reached lets the
     /// lease run out.
     async fn release_everywhere(&self, req: &Request) -> Vec<Result<Release>> {
@@ -394,17 +434,30 @@ impl Backend for RedlockBackend {
             Some(q) => millis_up(q),
             None => millis_up(req.ttl),
         };
+        let quorum = self.inner.quorum;
         let started = std::time::Instant::now();
+        // Done as soon as a majority granted: a node that grants later grants to the same
+        // owner, and renewal and release reach every node.
         let answers = self
-            .each(|node| node.acquire_node(&node_req, quarantine))
+            .until(
+                |node| node.acquire_node(&node_req, quarantine),
+                |answers| {
+                    answers
+                        .iter()
+                        .filter(|(_, a)| matches!(a, Ok(Acquire::Granted(_))))
+                        .count()
+                        >= quorum
+                },
+            )
             .await;
         let mut tokens = Vec::new();
-        let mut hints = Vec::new();
+        let mut hints = vec![WaitHint::none(); self.inner.nodes.len()];
         // Nodes where a grant exists or may exist (no answer): released on failure. Nodes
         // that answered busy keep the waiter entry (a waiting writer keeps readers out).
         let mut to_release = Vec::new();
         let mut answered = 0;
-        for (node, answer) in self.inner.nodes.iter().zip(answers) {
+        for (i, answer) in answers {
+            let node = &self.inner.nodes[i];
             match answer {
                 Ok(Acquire::Granted(grant)) => {
                     answered += 1;
@@ -413,12 +466,9 @@ impl Backend for RedlockBackend {
                 }
                 Ok(Acquire::Busy(hint)) => {
                     answered += 1;
-                    hints.push(hint);
+                    hints[i] = hint;
                 }
-                Err(_) => {
-                    hints.push(WaitHint::none());
-                    to_release.push(node);
-                }
+                Err(_) => to_release.push(node),
             }
         }
         if tokens.len() >= self.inner.quorum
@@ -426,15 +476,18 @@ impl Backend for RedlockBackend {
         {
             let written = if self.inner.options.fencing {
                 let raised = self
-                    .each(|node| node.raise_node(&node_req, token.get()))
+                    .until(
+                        |node| node.raise_node(&node_req, token.get()),
+                        |answers| answers.iter().filter(|(_, a)| a.is_ok()).count() >= quorum,
+                    )
                     .await;
-                raised.iter().filter(|r| r.is_ok()).count()
+                raised.iter().filter(|(_, a)| a.is_ok()).count()
             } else {
                 self.inner.nodes.len()
             };
             let ttl = Duration::from_millis(millis_up(req.ttl));
             let elapsed = started.elapsed();
-            if written >= self.inner.quorum && elapsed < ttl {
+            if written >= quorum && elapsed < ttl {
                 return Ok(Acquire::Granted(Grant {
                     token,
                     expiry: Expiry::After(ttl - elapsed),

@@ -34,6 +34,7 @@ pub use leasehold_redis as redis;
 /// | `file:///var/lib/app/locks` | [`file`] — OS file locks in that directory (one host) |
 /// | `memory:` | [`memory::InMemory`] — this process only (tests, examples) |
 /// | `redis://[user:pass@]host:port[/db][?prefix=…&replicas=N…]` | [`redis`] — one Redis server |
+/// | `redlock://[user:pass@]h1:p1,h2:p2,h3:p3[?node_timeout=…]` | [`redis::RedlockBackend`] — Redlock over independent Redis masters |
 ///
 /// # Cancel safety
 ///
@@ -91,6 +92,8 @@ pub async fn connect_backend(url: &str) -> Result<Arc<dyn Backend>> {
         }
         #[cfg(feature = "redis")]
         "redis" | "rediss" => Ok(Arc::new(redis::RedisBackend::connect(url).await?)),
+        #[cfg(feature = "redis")]
+        "redlock" => Ok(Arc::new(redis::RedlockBackend::connect(url).await?)),
         other => Err(invalid(format!(
             "unknown scheme {other:?}; this build supports {}",
             supported_schemes().join(", ")
@@ -106,6 +109,7 @@ pub fn supported_schemes() -> Vec<&'static str> {
     }
     if cfg!(feature = "redis") {
         schemes.push("redis");
+        schemes.push("redlock");
     }
     schemes
 }

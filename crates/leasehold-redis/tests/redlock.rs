@@ -1,0 +1,337 @@
+//! What only Redlock promises (and what it cannot), against real redis-servers.
+
+#![allow(clippy::unwrap_used)] // test code: a failed step fails the test
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use leasehold_core::{Client, Error, Fence, LockOptions};
+use leasehold_redis::{RedlockBackend, RedlockOptions};
+use leasehold_testkit::probe::Resp;
+use leasehold_testkit::{Direction, FaultProxy, Redis, redis_servers};
+
+fn urls(servers: &[Redis]) -> Vec<String> {
+    servers.iter().map(Redis::url).collect()
+}
+
+fn no_quarantine() -> RedlockOptions {
+    RedlockOptions::default().quarantine(Duration::ZERO)
+}
+
+async fn client(urls: &[String], options: RedlockOptions, ttl: Duration) -> Client {
+    Client::builder(RedlockBackend::connect_nodes(urls, options).await.unwrap())
+        .options(
+            LockOptions::builder()
+                .ttl(ttl)
+                .request_timeout(Duration::from_secs(2))
+                .build()
+                .unwrap(),
+        )
+        .build()
+}
+
+/// Whether a node has the lock key of `name`.
+async fn holds(server: &Redis, name: &str) -> bool {
+    server
+        .command(&["EXISTS", &format!("leasehold:{{{name}}}:lock")])
+        .await
+        .unwrap()
+        == Resp::Integer(1)
+}
+
+#[tokio::test]
+async fn bad_topologies_are_refused() {
+    let servers = redis_servers(2).await.unwrap();
+    let err = RedlockBackend::connect_nodes(&[], no_quarantine())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument { .. }), "{err}");
+    let same = vec![servers[0].url(), servers[0].url()];
+    let err = RedlockBackend::connect_nodes(&same, no_quarantine())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument { .. }), "{err}");
+    let alias = vec![
+        servers[0].url(),
+        format!("redis://localhost:{}", servers[0].port()),
+    ];
+    let err = RedlockBackend::connect_nodes(&alias, no_quarantine())
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("independent"), "{err}");
+    // The same server behind another address (a proxy): caught by its run id.
+    let proxy = FaultProxy::start(servers[0].addr()).await.unwrap();
+    let hidden = vec![
+        servers[0].url(),
+        format!("redis://127.0.0.1:{}", proxy.port()),
+    ];
+    let err = RedlockBackend::connect_nodes(&hidden, no_quarantine())
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("same redis server"), "{err}");
+    // An even number is allowed, with a warning.
+    let even = RedlockBackend::connect_nodes(&urls(&servers), no_quarantine())
+        .await
+        .unwrap();
+    assert_eq!(even.quorum(), 2);
+    assert!(even.warnings().iter().any(|w| w.contains("even")));
+}
+
+#[tokio::test]
+async fn two_of_five_down_still_grant_three_down_fail_and_leave_nothing() {
+    let mut servers = redis_servers(5).await.unwrap();
+    let c = client(&urls(&servers), no_quarantine(), Duration::from_secs(5)).await;
+    servers[3].kill();
+    servers[4].kill();
+    let guard = c
+        .mutex("job")
+        .unwrap()
+        .try_lock()
+        .await
+        .unwrap()
+        .expect("3 of 5");
+    guard.release().await.unwrap();
+
+    servers[2].kill();
+    let attempt = c
+        .mutex("job")
+        .unwrap()
+        .lock_timeout(Duration::from_secs(3))
+        .await;
+    match attempt {
+        Err(Error::Unavailable { message, .. }) => {
+            assert!(message.contains("majority"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+    c.settle().await;
+    for survivor in &servers[..2] {
+        assert!(!holds(survivor, "job").await);
+        assert_eq!(
+            survivor
+                .command(&["EXISTS", "leasehold:{job}:qexp", "leasehold:{job}:queue"])
+                .await
+                .unwrap(),
+            Resp::Integer(0),
+            "a waiter entry was left behind"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_slow_node_is_waited_for_only_up_to_its_timeout_and_the_time_is_counted() {
+    let servers = redis_servers(5).await.unwrap();
+    let slow = FaultProxy::start(servers[4].addr()).await.unwrap();
+    let mut nodes = urls(&servers[..4]);
+    nodes.push(format!("redis://127.0.0.1:{}", slow.port()));
+    let ttl = Duration::from_secs(2);
+    let c = client(&nodes, no_quarantine(), ttl).await;
+    slow.set_delay(Direction::ToClient, Duration::from_millis(300));
+    let guard = c
+        .mutex("job")
+        .unwrap()
+        .try_lock()
+        .await
+        .unwrap()
+        .expect("4 of 5");
+    // The attempt waited the 50 ms node timeout for the slow node: the lease it reports
+    // starts that much shorter.
+    assert!(
+        guard.remaining() <= ttl - Duration::from_millis(50),
+        "{:?}",
+        guard.remaining()
+    );
+    guard.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn when_the_majority_answers_too_late_the_grant_is_refused_and_given_back() {
+    let servers = redis_servers(5).await.unwrap();
+    let mut proxies = Vec::new();
+    let mut nodes = Vec::new();
+    for server in &servers {
+        let proxy = FaultProxy::start(server.addr()).await.unwrap();
+        nodes.push(format!("redis://127.0.0.1:{}", proxy.port()));
+        proxies.push(proxy);
+    }
+    let options = no_quarantine()
+        .node_timeout(Duration::from_secs(2))
+        .unwrap();
+    let c = client(&nodes, options, Duration::from_millis(300)).await;
+    // Three nodes answer after the whole lease is gone.
+    for proxy in &proxies[..3] {
+        proxy.set_delay(Direction::ToClient, Duration::from_millis(400));
+    }
+    let attempt = c.mutex("job").unwrap().try_lock().await.unwrap();
+    assert!(attempt.is_none(), "a grant with no validity left was used");
+    c.settle().await;
+    for server in &servers {
+        assert!(!holds(server, "job").await, "a grant was left behind");
+    }
+}
+
+/// Seconds the server has been up, as it reports.
+async fn uptime(server: &Redis) -> u64 {
+    let info = server
+        .command(&["INFO", "server"])
+        .await
+        .unwrap()
+        .text()
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("uptime_in_seconds:"))
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_node_that_just_restarted_refuses_grants_for_the_quarantine() {
+    let mut servers = redis_servers(3).await.unwrap();
+    // Fresh servers: with the default quarantine (the request's ttl) nobody grants yet.
+    let fresh = client(
+        &urls(&servers),
+        RedlockOptions::default(),
+        Duration::from_secs(30),
+    )
+    .await;
+    assert!(
+        fresh
+            .mutex("job")
+            .unwrap()
+            .try_lock()
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    // Let the servers age past a 2 s quarantine, then restart one.
+    let quarantine = RedlockOptions::default().quarantine(Duration::from_secs(2));
+    for server in &servers {
+        while uptime(server).await < 2 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    servers[0].restart().await.unwrap();
+    let c = client(&urls(&servers), quarantine, Duration::from_secs(5)).await;
+    let guard = c
+        .mutex("job")
+        .unwrap()
+        .try_lock()
+        .await
+        .unwrap()
+        .expect("2 of 3");
+    // The restarted node refused its part; the two older ones granted.
+    assert!(!holds(&servers[0], "job").await, "a restarted node granted");
+    assert!(holds(&servers[1], "job").await && holds(&servers[2], "job").await);
+    guard.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_key_expiring_early_on_one_node_makes_two_holders_and_fencing_refuses_the_stale_one() {
+    // Five nodes; A reaches 1-3, B reaches 3-5 (each through proxies that cut the rest).
+    let servers = redis_servers(5).await.unwrap();
+    let mut nodes_a = Vec::new();
+    let mut nodes_b = Vec::new();
+    let mut proxies = Vec::new();
+    for (i, server) in servers.iter().enumerate() {
+        let to_a = FaultProxy::start(server.addr()).await.unwrap();
+        let to_b = FaultProxy::start(server.addr()).await.unwrap();
+        nodes_a.push(format!("redis://127.0.0.1:{}", to_a.port()));
+        nodes_b.push(format!("redis://127.0.0.1:{}", to_b.port()));
+        if i >= 3 {
+            to_a.cut(Direction::Both);
+        }
+        if i < 2 {
+            to_b.cut(Direction::Both);
+        }
+        proxies.push((to_a, to_b));
+    }
+    let ttl = Duration::from_secs(10);
+    let a = client(&nodes_a, no_quarantine(), ttl).await;
+    let b = client(&nodes_b, no_quarantine(), ttl).await;
+    let first = a
+        .mutex("stock")
+        .unwrap()
+        .try_lock()
+        .await
+        .unwrap()
+        .expect("1-3");
+    // Node 3's clock jumps forward (redis-server cannot run under libfaketime here): its
+    // copy of the lock expires early.
+    servers[2]
+        .command(&["PEXPIRE", "leasehold:{stock}:lock", "1"])
+        .await
+        .unwrap();
+    let second = b
+        .mutex("stock")
+        .unwrap()
+        .try_lock()
+        .await
+        .unwrap()
+        .expect("3-5");
+    // Two holders, each with a majority it believes in: what the checker must flag.
+    assert!(
+        first.is_held() && second.is_held(),
+        "expected the double grant"
+    );
+    assert!(
+        second.token() > first.token(),
+        "the write-back must order the tokens"
+    );
+    let fence = Fence::new();
+    let writes = Arc::new(Mutex::new(Vec::new()));
+    fence
+        .apply(second.token(), || writes.lock().unwrap().push("b"))
+        .expect("the newer holder writes");
+    let stale = fence.apply(first.token(), || writes.lock().unwrap().push("a"));
+    assert!(stale.is_err(), "the stale holder's write was accepted");
+    assert_eq!(*writes.lock().unwrap(), vec!["b"]);
+    drop(proxies);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_increase_over_a_thousand_contended_grants_with_nodes_restarting() {
+    let mut servers = redis_servers(5).await.unwrap();
+    let nodes = urls(&servers);
+    // A restarted node sits out the quarantine (the 1 s ttl) while the others carry on.
+    let clients = [
+        client(&nodes, RedlockOptions::default(), Duration::from_secs(1)).await,
+        client(&nodes, RedlockOptions::default(), Duration::from_secs(1)).await,
+    ];
+    // Let the fresh servers age past the quarantine once, with a first grant.
+    let first = clients[0]
+        .mutex("counter")
+        .unwrap()
+        .lock_timeout(Duration::from_secs(10))
+        .await
+        .unwrap()
+        .expect("granted after the start-up quarantine");
+    first.release().await.unwrap();
+
+    let tokens = Arc::new(Mutex::new(Vec::new()));
+    for round in 0..10 {
+        let mut tasks = Vec::new();
+        for c in &clients {
+            let mutex = c.mutex("counter").unwrap();
+            let tokens = tokens.clone();
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..50 {
+                    let guard = mutex.lock().await.unwrap();
+                    tokens.lock().unwrap().push(guard.token());
+                    guard.release().await.unwrap();
+                }
+            }));
+        }
+        for task in tasks {
+            task.await.unwrap();
+        }
+        // Between rounds, one node restarts empty.
+        servers[round % 5].restart().await.unwrap();
+    }
+    let tokens = tokens.lock().unwrap();
+    assert_eq!(tokens.len(), 1000);
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "tokens went backwards in the order the grants were made"
+    );
+}

@@ -301,8 +301,15 @@ impl RedlockBackend {
         answers
     }
 
-    fn busy(&self, req: &Request, hints: Vec<WaitHint>) -> Acquire {
-        let jitter = (req.ttl / 10).clamp(Duration::from_millis(1), Duration::from_millis(20));
+    /// A busy answer. Waiters woken together retry after a random pause, so that they do
+    /// not split the vote: up to 1 ms after a plain wake-up, longer after a split vote
+    /// (some nodes granted, no majority).
+    fn busy(&self, req: &Request, hints: Vec<WaitHint>, split: bool) -> Acquire {
+        let jitter = if split {
+            (req.ttl / 10).clamp(Duration::from_millis(1), Duration::from_millis(20))
+        } else {
+            Duration::from_millis(1)
+        };
         Acquire::Busy(WaitHint::new(Hint {
             nodes: hints,
             jitter,
@@ -514,7 +521,7 @@ impl Backend for RedlockBackend {
                 self.inner.quorum
             )));
         }
-        Ok(self.busy(req, hints))
+        Ok(self.busy(req, hints, !tokens.is_empty()))
     }
 
     async fn renew(&self, req: &Request) -> Result<Renewal> {
@@ -591,12 +598,15 @@ impl Backend for RedlockBackend {
             .map(|(node, h)| Box::pin(node.wait(name, h, max)))
             .collect();
         if waits.is_empty() {
-            tokio::time::sleep(hint.jitter.min(max)).await;
+            // Nothing to wait on (the request will not wait): pause as after a split vote.
+            tokio::time::sleep(hint.jitter.max(Duration::from_millis(1)).min(max)).await;
             return Ok(());
         }
         let _ = select_all(waits).await;
-        let pause = rand::random_range(Duration::ZERO..=hint.jitter);
-        tokio::time::sleep(pause).await;
+        if !hint.jitter.is_zero() {
+            let pause = rand::random_range(Duration::ZERO..=hint.jitter);
+            tokio::time::sleep(pause).await;
+        }
         Ok(())
     }
 

@@ -126,7 +126,13 @@ async fn a_node_slower_than_its_timeout_does_not_hold_up_a_grant() {
     nodes.push(format!("redis://127.0.0.1:{}", slow.port()));
     let c = client(&nodes, no_quarantine(), Duration::from_secs(2)).await;
     slow.set_delay(Direction::ToClient, Duration::from_millis(300));
-    let guard = c.mutex("job").unwrap().try_lock().await.unwrap().expect("4 of 5");
+    let guard = c
+        .mutex("job")
+        .unwrap()
+        .try_lock()
+        .await
+        .unwrap()
+        .expect("4 of 5");
     guard.release().await.unwrap();
 }
 
@@ -143,9 +149,17 @@ async fn the_time_a_majority_took_is_taken_off_the_lease() {
         proxies.push(proxy);
     }
     let ttl = Duration::from_secs(2);
-    let options = no_quarantine().node_timeout(Duration::from_secs(1)).unwrap();
+    let options = no_quarantine()
+        .node_timeout(Duration::from_secs(1))
+        .unwrap();
     let c = client(&nodes, options, ttl).await;
-    let guard = c.mutex("job").unwrap().try_lock().await.unwrap().expect("2 of 3");
+    let guard = c
+        .mutex("job")
+        .unwrap()
+        .try_lock()
+        .await
+        .unwrap()
+        .expect("2 of 3");
     assert!(
         guard.remaining() <= ttl - Duration::from_millis(150),
         "{:?} left of a {ttl:?} lease that took 150 ms to win",

@@ -1,10 +1,25 @@
 -- @head
--- raise: make sure the fencing counter is at least ARGV[6] (after a client saw the server
--- hand out a token lower than one it had already seen: the server lost data).
+-- @common
+-- raise: make sure the fencing counter is at least ARGV[6], and record ARGV[6] as OWNER's
+-- token if OWNER holds the lock here. Used after a client saw the server hand out a token
+-- lower than one it had already seen (the server lost data), and by Redlock to write the
+-- token of a grant back to the nodes.
 local floor = tonumber(ARGV[6])
 local current = tonumber(redis.call('GET', TOKEN) or '0')
 if current < floor then
   redis.call('SET', TOKEN, int(floor))
-  return 1
 end
-return 0
+if MODE == 'x' then
+  local value = redis.call('GET', LOCK)
+  if is_mine(value) then
+    local mark = ''
+    if marked(value) then mark = ' w' end
+    redis.call('SET', LOCK, OWNER .. ' ' .. int(floor) .. mark, 'KEEPTTL')
+  end
+elseif MODE == 's' then
+  local info = redis.call('HGET', RINFO, OWNER)
+  if info then
+    redis.call('HSET', RINFO, OWNER, int(floor) .. string.sub(info, string.find(info, '|', 1, true)))
+  end
+end
+return 1

@@ -648,14 +648,14 @@ impl Backend for RedlockBackend {
             if copies.len() < quorum {
                 continue;
             }
-            // Held until fewer than a majority of nodes hold it.
+            // Held until fewer than a majority of nodes hold it; its token is the one a
+            // majority holds (the grant wrote it back to at least a majority; a node that
+            // granted late may hold a token of its own).
             copies.sort_by_key(|h| std::cmp::Reverse(h.remaining));
             let remaining = copies[quorum - 1].remaining;
-            let token = copies
-                .iter()
-                .map(|h| h.token)
-                .max()
-                .unwrap_or(FencingToken::new(0));
+            let mut tokens: Vec<FencingToken> = copies.iter().map(|h| h.token).collect();
+            tokens.sort_by_key(|t| std::cmp::Reverse(*t));
+            let token = tokens[quorum - 1];
             let first = copies.swap_remove(0);
             state.holders.push(Holder {
                 remaining,

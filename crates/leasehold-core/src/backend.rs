@@ -45,7 +45,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use tokio::sync::watch;
 
+use crate::clock::Instant;
 use crate::error::{LossReason, Result};
 use crate::fencing::FencingToken;
 use crate::name::{LockName, OwnerId};
@@ -122,18 +124,102 @@ pub struct Grant {
 }
 
 /// How long a server keeps a grant (or a renewal) without hearing from its owner.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Expiry {
     /// This long from when the server applied the request. May be longer than asked when
-    /// the server rounds up; never shorter.
+    /// the server rounds up; never shorter. The engine renews the grant.
     After(Duration),
     /// Until released or until the holding process dies (the OS drops the lock); nothing to
     /// renew.
     Never,
+    /// As long as the backend's session lives (an etcd lease, a ZooKeeper session kept
+    /// alive for all the client's grants at once); the engine renews nothing and follows
+    /// the session.
+    Session(SessionLiveness),
+}
+
+/// Whether a session is alive, and until when it can be counted on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Liveness {
+    /// Alive until at least this instant of [`SystemClock`](crate::clock::SystemClock),
+    /// unless kept alive further; the backend computes it conservatively (from when its
+    /// last keep-alive was sent, minus a drift allowance).
+    Alive {
+        /// The session's local deadline.
+        until: Instant,
+    },
+    /// Ended: every grant bound to it is lost.
+    Ended,
+}
+
+/// The engine's view of a backend session: it changes when the backend keeps the session
+/// alive or loses it. Session deadlines are on the system clock.
+#[derive(Debug, Clone)]
+pub struct SessionLiveness(watch::Receiver<Liveness>);
+
+impl SessionLiveness {
+    /// The session's liveness now.
+    pub fn current(&self) -> Liveness {
+        *self.0.borrow()
+    }
+
+    /// Completes when the liveness changes (or at once if the keeper is gone, which ends
+    /// the session).
+    pub async fn changed(&mut self) {
+        if self.0.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+impl PartialEq for SessionLiveness {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.same_channel(&other.0)
+    }
+}
+
+impl Eq for SessionLiveness {}
+
+/// The backend's side of a session: it reports each keep-alive, or the end.
+#[derive(Debug)]
+pub struct SessionKeeper(watch::Sender<Liveness>);
+
+impl SessionKeeper {
+    /// A session alive until `until`.
+    pub fn new(until: Instant) -> Self {
+        Self(watch::Sender::new(Liveness::Alive { until }))
+    }
+
+    /// Moves the session's deadline (a keep-alive was acknowledged). Never revives an
+    /// ended session, and never moves the deadline back.
+    pub fn alive_until(&self, until: Instant) {
+        self.0.send_if_modified(|liveness| match liveness {
+            Liveness::Alive { until: current } if until > *current => {
+                *current = until;
+                true
+            }
+            _ => false,
+        });
+    }
+
+    /// Ends the session: every grant bound to it is lost.
+    pub fn end(&self) {
+        self.0.send_replace(Liveness::Ended);
+    }
+
+    /// The liveness now.
+    pub fn current(&self) -> Liveness {
+        *self.0.borrow()
+    }
+
+    /// A view for grants bound to this session.
+    pub fn liveness(&self) -> SessionLiveness {
+        SessionLiveness(self.0.subscribe())
+    }
 }
 
 /// The answer to [`Backend::renew`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Renewal {
     /// Still ours, with a fresh lease.
     Renewed(Expiry),
@@ -257,6 +343,9 @@ pub struct Capabilities {
     pub permits: bool,
     /// `lock_delay` is honoured.
     pub lock_delay: bool,
+    /// Grants are bound to one session of the client ([`Expiry::Session`]), not renewed
+    /// one by one: a hold cap cannot stop one grant's renewal.
+    pub sessions: bool,
 }
 
 impl Capabilities {
@@ -272,6 +361,7 @@ impl Capabilities {
             shared: false,
             permits: false,
             lock_delay: false,
+            sessions: false,
         }
     }
 }

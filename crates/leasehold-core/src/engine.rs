@@ -94,6 +94,7 @@ pub(crate) async fn acquire(client: &Client, spec: &Spec, wait: Wait) -> Result<
         let hint = match answer {
             Ok(Acquire::Granted(grant)) => {
                 failures = Failures::default();
+                let renewed = matches!(grant.expiry, Expiry::After(_));
                 let lease = Lease::new(
                     client.clone(),
                     request.clone(),
@@ -104,7 +105,7 @@ pub(crate) async fn acquire(client: &Client, spec: &Spec, wait: Wait) -> Result<
                 );
                 if let Some(lease) = lease {
                     cleanup.armed = false;
-                    if matches!(grant.expiry, Expiry::After(_)) {
+                    if renewed {
                         client.watchdog().watch(&lease);
                     }
                     let guard = Guard::new(lease);
@@ -198,6 +199,9 @@ fn check_supported(client: &Client, spec: &Spec) -> Result<bool> {
     }
     if options.max_hold().is_some() && !caps.expiring_leases {
         return unsupported("a maximum hold time (its grants do not expire)");
+    }
+    if options.max_hold().is_some() && caps.sessions {
+        return unsupported("a maximum hold time (grants live as long as the client's session)");
     }
     match options.fair() {
         Some(true) if !caps.fair => unsupported("fair (FIFO) queueing"),

@@ -17,7 +17,7 @@ use tokio::runtime::Handle;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::{Expiry, Request};
+use crate::backend::{Expiry, Liveness, Request, SessionLiveness};
 use crate::client::Client;
 use crate::clock::Instant;
 use crate::error::LossReason;
@@ -51,6 +51,19 @@ fn at_deadline(capped: bool) -> LossReason {
     }
 }
 
+/// A held state of a lease bound to `session` takes the session's deadline, or is lost
+/// when the session ended.
+fn with_session(state: State, session: Option<&SessionLiveness>) -> State {
+    match (state, session.map(SessionLiveness::current)) {
+        (State::Held { capped, .. }, Some(Liveness::Alive { until })) => State::Held {
+            deadline: Some(until),
+            capped,
+        },
+        (State::Held { .. }, Some(Liveness::Ended)) => State::Lost(LossReason::SessionEnded),
+        (state, _) => state,
+    }
+}
+
 pub(crate) fn local_deadline(
     options: &LockOptions,
     sent: Instant,
@@ -77,6 +90,9 @@ pub(crate) struct Lease {
     pub(crate) runtime: Option<Handle>,
     /// Its place in the client's renewal schedule.
     slot: std::sync::Mutex<Option<Slot>>,
+    /// The backend session the grant lives by, if it is bound to one: then the session's
+    /// deadline is the lease's.
+    session: Option<SessionLiveness>,
 }
 
 impl Lease {
@@ -90,12 +106,24 @@ impl Lease {
         sent: Instant,
         expiry: Expiry,
     ) -> Option<Arc<Lease>> {
-        let deadline = match expiry {
-            Expiry::After(granted) => Some(local_deadline(&options, sent, granted)?),
-            Expiry::Never => None,
+        let (deadline, session) = match expiry {
+            Expiry::After(granted) => (Some(local_deadline(&options, sent, granted)?), None),
+            Expiry::Never => (None, None),
+            Expiry::Session(session) => (None, Some(session)),
         };
-        if deadline.is_some_and(|d| client.clock().now() >= d) {
-            return None;
+        let initial = with_session(
+            State::Held {
+                deadline,
+                capped: false,
+            },
+            session.as_ref(),
+        );
+        match initial {
+            State::Held {
+                deadline: Some(d), ..
+            } if client.clock().now() >= d => return None,
+            State::Held { .. } => {}
+            _ => return None,
         }
         Some(Arc::new(Lease {
             client,
@@ -111,6 +139,7 @@ impl Lease {
             stop: CancellationToken::new(),
             runtime: Handle::try_current().ok(),
             slot: std::sync::Mutex::new(None),
+            session,
         }))
     }
 
@@ -118,9 +147,10 @@ impl Lease {
         self.client.clock().now()
     }
 
-    /// The state, with a passed deadline read as lost even before a renewal marks it.
+    /// The state, with a passed deadline read as lost even before a renewal marks it,
+    /// and a session's deadline or end taken into account.
     pub(crate) fn state(&self) -> State {
-        match *self.state.borrow() {
+        match with_session(*self.state.borrow(), self.session.as_ref()) {
             State::Held {
                 deadline: Some(deadline),
                 capped,
@@ -162,14 +192,12 @@ impl Lease {
         let options = &self.options;
         self.state.send_if_modified(|state| match state {
             State::Held { deadline, capped } if !*capped && deadline.is_none_or(|d| now < d) => {
-                let renewed = match expiry {
-                    Expiry::After(granted) => local_deadline(options, sent, granted),
-                    Expiry::Never => None,
-                };
-                match (expiry, renewed) {
-                    (Expiry::After(_), Some(new)) if now < new => *deadline = Some(new),
-                    (Expiry::Never, _) => *deadline = None,
-                    _ => *state = State::Lost(LossReason::Expired),
+                match &expiry {
+                    Expiry::After(granted) => match local_deadline(options, sent, *granted) {
+                        Some(new) if now < new => *deadline = Some(new),
+                        _ => *state = State::Lost(LossReason::Expired),
+                    },
+                    Expiry::Never | Expiry::Session(_) => *deadline = None,
                 }
                 true
             }
@@ -241,13 +269,21 @@ impl Lease {
     /// released first. Owns what it needs.
     pub(crate) fn lost(&self) -> impl Future<Output = LossReason> + Send + 'static {
         let mut rx = self.state.subscribe();
+        let mut session = self.session.clone();
         let clock = self.client.clock().clone();
         async move {
             loop {
-                let (deadline, capped) = match *rx.borrow_and_update() {
+                let state = with_session(*rx.borrow_and_update(), session.as_ref());
+                let (deadline, capped) = match state {
                     State::Lost(reason) => return reason,
                     State::Released => (None, false),
                     State::Held { deadline, capped } => (deadline, capped),
+                };
+                let session_changed = async {
+                    match &mut session {
+                        Some(session) => session.changed().await,
+                        None => std::future::pending().await,
+                    }
                 };
                 // The deadline itself is the signal; renewals only move it.
                 let deadline_passed = async {
@@ -263,6 +299,7 @@ impl Lease {
                             std::future::pending::<()>().await;
                         }
                     }
+                    () = session_changed => {}
                     () = deadline_passed => return at_deadline(capped),
                 }
             }
@@ -293,7 +330,7 @@ impl Lease {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::Mode;
+    use crate::backend::{Mode, SessionKeeper};
     use crate::clock::{Clock, ManualClock};
     use crate::memory::InMemory;
     use crate::name::{LockName, OwnerId};
@@ -406,6 +443,61 @@ mod tests {
         assert!(!lease.drop_hold());
         assert!(lease.drop_hold());
         assert!(!lease.add_hold(), "a lease without holds was re-entered");
+    }
+
+    fn session_lease(clock: &ManualClock, keeper: &SessionKeeper) -> Option<Arc<Lease>> {
+        let client = Client::builder(InMemory::new()).clock(clock.clone()).build();
+        let request = Request {
+            name: LockName::new("lease").unwrap(),
+            owner: OwnerId::generate(),
+            mode: Mode::Exclusive,
+            ttl: 10 * SEC,
+            fair: false,
+            waiting: false,
+            lock_delay: None,
+            value: None,
+        };
+        Lease::new(
+            client,
+            request,
+            Arc::new(LockOptions::default()),
+            FencingToken::new(1),
+            clock.now(),
+            Expiry::Session(keeper.liveness()),
+        )
+    }
+
+    #[tokio::test]
+    async fn a_session_lease_follows_its_session() {
+        let clock = ManualClock::new();
+        let keeper = SessionKeeper::new(clock.now().checked_add(5 * SEC).unwrap());
+        let lease = session_lease(&clock, &keeper).unwrap();
+        assert_eq!(lease.remaining(), 5 * SEC);
+        // A keep-alive moves the deadline; the lease follows.
+        clock.advance(4 * SEC);
+        keeper.alive_until(clock.now().checked_add(5 * SEC).unwrap());
+        assert_eq!(lease.remaining(), 5 * SEC);
+        // Without the next keep-alive, the deadline is the signal.
+        let mut lost = std::pin::pin!(lease.lost());
+        assert!(futures_util::poll!(&mut lost).is_pending());
+        clock.advance(5 * SEC);
+        assert_eq!(lost.await, LossReason::Expired);
+        assert!(!lease.is_held());
+    }
+
+    #[tokio::test]
+    async fn an_ended_session_ends_its_leases_at_once() {
+        let clock = ManualClock::new();
+        let keeper = SessionKeeper::new(clock.now().checked_add(60 * SEC).unwrap());
+        let lease = session_lease(&clock, &keeper).unwrap();
+        let lost = lease.lost();
+        keeper.end();
+        assert_eq!(lost.await, LossReason::SessionEnded);
+        assert_eq!(lease.state(), State::Lost(LossReason::SessionEnded));
+        // An ended session is never revived, and grants on it are refused.
+        keeper.alive_until(clock.now().checked_add(60 * SEC).unwrap());
+        assert!(!lease.is_held());
+        assert!(session_lease(&clock, &keeper).is_none());
     }
 
     #[tokio::test]

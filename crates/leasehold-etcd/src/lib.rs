@@ -1,0 +1,833 @@
+//! leasehold's etcd backend: every grant committed by a Raft majority.
+//!
+//! - **One session per backend**: one lease, kept alive by a keep-alive stream, shared by
+//!   every lock, permit and candidacy; guards follow the session and are lost when it ends
+//!   (see [`session`](crate::session)). [`EtcdBackend::close`] revokes it,
+//!   [`EtcdBackend::orphan`] stops renewing it.
+//! - **Grant in one transaction**: if my key (`<prefix>/<name>/<set>/<owner>`) does not
+//!   exist (create revision 0), put it bound to the session lease; read the queue (the keys
+//!   of the set, oldest first). The holder is the key with the lowest create revision (for
+//!   shared keys: no exclusive key before it; for permits: fewer than N keys before it).
+//!   The fencing token is the create revision of the holder's key, increasing cluster-wide.
+//! - **Waiting**: watch only the key that stands in my way (the one just before mine; for a
+//!   reader the nearest writer before it), starting at the revision *after* the one the
+//!   transaction read — a watch from an older revision goes through etcd's catch-up loop
+//!   and is delivered up to 100 ms late. After waking, the transaction confirms my key still
+//!   exists under my live session before anything is granted; a waiter whose session ended
+//!   while it waited is refused (never granted on a dead lease).
+//! - **Release** deletes my key inside a transaction comparing its create revision.
+//!
+//! URL: `etcd://[user:password@]host:port[,host:port...][?prefix=P&session_ttl=D&connect_timeout=D]`.
+//! See `docs/backends/etcd.md`.
+
+mod session;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, PutOptions, SortOrder,
+    SortTarget, Txn, TxnOp, TxnOpResponse, WatchOptions,
+};
+use leasehold_core::backend::{
+    Acquire, Backend, Capabilities, Expiry, Grant, Holder, LockState, Mode, Release, Renewal,
+    Request, TokenDurability, WaitHint, Waiter,
+};
+use leasehold_core::{
+    Error, FencingToken, Guard, LockName, LossReason, OwnerId, Result, parse_duration, redact_url,
+};
+use tokio::sync::Mutex as AsyncMutex;
+
+use crate::session::Session;
+
+/// Options of the etcd backend (also settable as URL query parameters).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdOptions {
+    prefix: String,
+    session_ttl: Duration,
+    connect_timeout: Duration,
+    user: Option<(String, String)>,
+}
+
+impl Default for EtcdOptions {
+    /// Prefix `leasehold`, a 10 s session, 5 s to connect.
+    fn default() -> Self {
+        Self {
+            prefix: "leasehold".into(),
+            session_ttl: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(5),
+            user: None,
+        }
+    }
+}
+
+impl EtcdOptions {
+    /// The key prefix: keys are `<prefix>/<name>/<set>/<owner>`. 1–64 of
+    /// `A-Z a-z 0-9 _ - . :` (no `/`, so that names cannot reach into other prefixes).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for other prefixes.
+    pub fn prefix(mut self, prefix: &str) -> Result<Self> {
+        if prefix.is_empty()
+            || prefix.len() > 64
+            || !prefix
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "_-.:".contains(c))
+        {
+            return Err(Error::invalid(
+                "key prefix",
+                format!("{prefix:?} is not 1-64 of A-Z a-z 0-9 _ - . :"),
+            ));
+        }
+        self.prefix = prefix.into();
+        Ok(self)
+    }
+
+    /// The session lease's ttl: how long after the client stops keeping it alive (it
+    /// crashed, it is partitioned) its locks are freed, and how soon a guard learns that
+    /// the session is gone. etcd leases are whole seconds: a fraction is rounded up, and
+    /// etcd may grant more than asked (its minimum); the granted ttl is used.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for less than 1 s or more than a day.
+    pub fn session_ttl(mut self, ttl: Duration) -> Result<Self> {
+        if ttl < Duration::from_secs(1) || ttl > Duration::from_secs(86_400) {
+            return Err(Error::invalid(
+                "session ttl",
+                format!("{ttl:?} is not between 1 s and 1 day (etcd leases are whole seconds)"),
+            ));
+        }
+        self.session_ttl = ttl;
+        Ok(self)
+    }
+
+    /// How long connecting may take.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Authenticate as `user`.
+    pub fn user(mut self, user: &str, password: &str) -> Self {
+        self.user = Some((user.into(), password.into()));
+        self
+    }
+}
+
+/// A client's connection to an etcd cluster. Clones share the connection and the session.
+#[derive(Debug, Clone)]
+pub struct EtcdBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: Client,
+    options: EtcdOptions,
+    session: AsyncMutex<Option<Arc<Session>>>,
+    /// Owners with a key in a queue: their key's create revision and the session it is
+    /// bound to.
+    keys: Mutex<HashMap<OwnerId, (i64, i64)>>,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdBackend")
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a busy request hands to `wait`: what to watch, from which revision.
+#[derive(Debug)]
+struct Hint {
+    key: Vec<u8>,
+    prefix: bool,
+    from: i64,
+}
+
+/// One holder or waiter, from a queue read.
+#[derive(Debug)]
+struct Entry {
+    owner: OwnerId,
+    mode: Mode,
+    value: Option<Arc<[u8]>>,
+    revision: i64,
+    lease: i64,
+    key: Vec<u8>,
+}
+
+fn set_of(mode: Mode) -> &'static str {
+    if mode.is_permit() { "permit" } else { "lock" }
+}
+
+/// A key's value: the mode (`x`, `s`, `p<limit>`), a newline, the stored value.
+fn encode(mode: Mode, value: Option<&[u8]>) -> Vec<u8> {
+    let mut out = match mode {
+        Mode::Exclusive => b"x".to_vec(),
+        Mode::Shared => b"s".to_vec(),
+        Mode::Permit { limit } => format!("p{limit}").into_bytes(),
+    };
+    out.push(b'\n');
+    if let Some(value) = value {
+        out.extend_from_slice(value);
+    }
+    out
+}
+
+fn decode(kv: &KeyValue) -> Option<Entry> {
+    let key = kv.key();
+    let owner = std::str::from_utf8(key).ok()?.rsplit('/').next()?;
+    let value = kv.value();
+    let newline = value.iter().position(|b| *b == b'\n')?;
+    let (mode, rest) = value.split_at(newline);
+    let mode = match mode {
+        b"x" => Mode::Exclusive,
+        b"s" => Mode::Shared,
+        [b'p', limit @ ..] => Mode::Permit {
+            limit: std::str::from_utf8(limit).ok()?.parse().ok()?,
+        },
+        _ => return None,
+    };
+    let stored = &rest[1..];
+    Some(Entry {
+        owner: OwnerId::parse(owner).ok()?,
+        mode,
+        value: (!stored.is_empty()).then(|| Arc::from(stored)),
+        revision: kv.create_revision(),
+        lease: kv.lease(),
+        key: key.to_vec(),
+    })
+}
+
+/// Which entries of a queue (oldest first) hold: exclusive — the first only; shared — those
+/// with no exclusive entry before them; permits — the first `limit`.
+fn holding(queue: &[Entry]) -> Vec<bool> {
+    let mut seen_exclusive = false;
+    queue
+        .iter()
+        .enumerate()
+        .map(|(i, entry)| {
+            let holds = match entry.mode {
+                Mode::Exclusive => i == 0,
+                Mode::Shared => !seen_exclusive,
+                Mode::Permit { limit } => i < limit.get() as usize,
+            };
+            seen_exclusive |= entry.mode == Mode::Exclusive;
+            holds
+        })
+        .collect()
+}
+
+/// The key whose change may let the entry at `me` hold: the one just before it (for a
+/// reader, the nearest writer before it); permits watch the whole queue.
+fn in_the_way(queue: &[Entry], me: usize) -> Option<(&[u8], bool)> {
+    match queue[me].mode {
+        Mode::Exclusive => me.checked_sub(1).map(|i| (&queue[i].key[..], false)),
+        Mode::Shared => queue[..me]
+            .iter()
+            .rev()
+            .find(|e| e.mode == Mode::Exclusive)
+            .map(|e| (&e.key[..], false)),
+        Mode::Permit { .. } => None,
+    }
+}
+
+/// Maps an etcd-client error, without credentials.
+fn map_error(error: etcd_client::Error, doing: &str) -> Error {
+    use etcd_client::Error as E;
+    match &error {
+        E::GRpcStatus(status) => {
+            let code = status.code();
+            let message = format!("etcd: {doing}: {}", status.message());
+            match code {
+                tonic_code::Unavailable | tonic_code::Cancelled | tonic_code::Unknown => {
+                    Error::Unavailable {
+                        message,
+                        source: Some(Arc::new(error)),
+                    }
+                }
+                tonic_code::DeadlineExceeded => Error::Timeout(Duration::ZERO),
+                _ => Error::Backend {
+                    message,
+                    retryable: matches!(code, tonic_code::ResourceExhausted | tonic_code::Aborted),
+                    source: Some(Arc::new(error)),
+                },
+            }
+        }
+        E::TransportError(_) | E::IoError(_) => Error::Unavailable {
+            message: format!("etcd: {doing}: {error}"),
+            source: Some(Arc::new(error)),
+        },
+        _ => Error::Backend {
+            message: format!("etcd: {doing}: {error}"),
+            retryable: false,
+            source: Some(Arc::new(error)),
+        },
+    }
+}
+
+/// gRPC status codes, as etcd-client reports them.
+mod tonic_code {
+    pub(crate) use tonic::Code::*;
+}
+
+/// Splits `etcd://[user:pass@]h1:p1,h2:p2[?params]` into endpoints and options.
+fn parse_url(url: &str) -> Result<(Vec<String>, EtcdOptions)> {
+    let shown = redact_url(url);
+    let invalid = |reason: String| Error::invalid("url", format!("{shown}: {reason}"));
+    let Some(rest) = url.strip_prefix("etcd://") else {
+        if url.starts_with("etcds://") {
+            return Err(Error::Unsupported {
+                backend: "etcd",
+                feature: "TLS (etcds://) in this build",
+            });
+        }
+        return Err(invalid("expected etcd://host:port[,host:port...]".into()));
+    };
+    let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let rest = rest.trim_end_matches('/');
+    if rest.contains('/') {
+        return Err(invalid("a path is not used; give the prefix as ?prefix=P".into()));
+    }
+    let mut options = EtcdOptions::default();
+    let hosts = match rest.rsplit_once('@') {
+        Some((auth, hosts)) => {
+            let (user, password) = auth.split_once(':').unwrap_or((auth, ""));
+            options = options.user(user, password);
+            hosts
+        }
+        None => rest,
+    };
+    let endpoints: Vec<String> = hosts
+        .split(',')
+        .filter(|h| !h.trim().is_empty())
+        .map(|h| format!("http://{}", h.trim()))
+        .collect();
+    if endpoints.is_empty() {
+        return Err(invalid("no endpoints".into()));
+    }
+    for param in query.split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = param.split_once('=').unwrap_or((param, ""));
+        match key {
+            "prefix" => options = options.prefix(value)?,
+            "session_ttl" => options = options.session_ttl(parse_duration(value)?)?,
+            "connect_timeout" => options = options.connect_timeout(parse_duration(value)?),
+            other => {
+                return Err(invalid(format!(
+                    "unknown parameter {other:?}; known: prefix, session_ttl, connect_timeout"
+                )));
+            }
+        }
+    }
+    Ok((endpoints, options))
+}
+
+fn header_revision(responses: &[TxnOpResponse], fallback: i64) -> i64 {
+    responses
+        .iter()
+        .find_map(|r| match r {
+            TxnOpResponse::Get(get) => get.header().map(|h| h.revision()),
+            _ => None,
+        })
+        .unwrap_or(fallback)
+}
+
+impl EtcdBackend {
+    /// Connects to the cluster at `url` (see the crate docs).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future abandons the connection attempt; no session exists yet.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for a malformed URL (credentials redacted);
+    /// [`Error::Unavailable`] if no endpoint answers.
+    pub async fn connect(url: &str) -> Result<Self> {
+        let (endpoints, options) = parse_url(url)?;
+        Self::connect_with(&endpoints, options).await
+    }
+
+    /// Connects to `endpoints` (`http://host:port` each).
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`connect`](EtcdBackend::connect).
+    ///
+    /// # Errors
+    ///
+    /// As for [`connect`](EtcdBackend::connect).
+    pub async fn connect_with(endpoints: &[String], options: EtcdOptions) -> Result<Self> {
+        let mut connect = ConnectOptions::new()
+            .with_connect_timeout(options.connect_timeout)
+            .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2))
+            .with_keep_alive_while_idle(true);
+        if let Some((user, password)) = &options.user {
+            connect = connect.with_user(user, password);
+        }
+        let client = tokio::time::timeout(
+            options.connect_timeout,
+            Client::connect(endpoints, Some(connect)),
+        )
+        .await
+        .map_err(|_| Error::unavailable(format!("connecting to etcd at {} timed out", endpoints.join(","))))?
+        .map_err(|e| map_error(e, "connecting"))?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                client,
+                options,
+                session: AsyncMutex::new(None),
+                keys: Mutex::new(HashMap::new()),
+            }),
+        })
+    }
+
+    fn client(&self) -> Client {
+        self.inner.client.clone()
+    }
+
+    fn dir(&self, name: &LockName, mode: Mode) -> String {
+        format!("{}/{name}/{}/", self.inner.options.prefix, set_of(mode))
+    }
+
+    /// The live session, started now if there is none or the last one ended.
+    async fn session(&self) -> Result<Arc<Session>> {
+        let mut current = self.inner.session.lock().await;
+        if let Some(session) = current.as_ref()
+            && session.is_alive()
+        {
+            return Ok(session.clone());
+        }
+        let session = Arc::new(Session::start(&self.inner.client, self.inner.options.session_ttl).await?);
+        *current = Some(session.clone());
+        Ok(session)
+    }
+
+    /// The session in use, if any (without starting one).
+    async fn current_session(&self) -> Option<Arc<Session>> {
+        self.inner.session.lock().await.clone()
+    }
+
+    /// Ends this client's session and revokes its lease: every lock it holds is freed at
+    /// once, and its guards are lost. A later acquisition starts a new session.
+    ///
+    /// # Cancel safety
+    ///
+    /// The session ends locally at once; if the future is dropped the revocation may not
+    /// reach etcd, and the lease then runs out.
+    ///
+    /// # Errors
+    ///
+    /// If etcd cannot be reached (the lease then runs out by itself).
+    pub async fn close(&self) -> Result<()> {
+        let session = self.inner.session.lock().await.take();
+        match session {
+            Some(session) => session.close(&self.inner.client).await,
+            None => Ok(()),
+        }
+    }
+
+    /// Stops keeping this client's session alive without revoking it: its locks stay held
+    /// until the lease runs out (and its guards are lost then).
+    pub async fn orphan(&self) {
+        if let Some(session) = self.inner.session.lock().await.take() {
+            session.orphan();
+        }
+    }
+
+    /// A comparison that holds while `guard`'s lock is still held: its key exists with the
+    /// revision the grant created. Put it in your own etcd transaction so that a write
+    /// happens only while the lock is held.
+    pub fn still_owner(&self, guard: &Guard) -> Compare {
+        let key = format!("{}{}", self.dir(guard.name(), guard.mode()), guard.owner());
+        let revision = i64::try_from(guard.token().get()).unwrap_or(i64::MAX);
+        Compare::create_revision(key, CompareOp::Equal, revision)
+    }
+
+    /// The queue of `dir`, oldest first.
+    fn queue_of(responses: &[TxnOpResponse]) -> Vec<Entry> {
+        responses
+            .iter()
+            .rev()
+            .find_map(|r| match r {
+                TxnOpResponse::Get(get) => Some(get.kvs().iter().filter_map(decode).collect()),
+                _ => None,
+            })
+            .unwrap_or_default()
+    }
+
+    fn sorted(dir: &str) -> GetOptions {
+        GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Ascend)
+            .with_range(prefix_end(dir))
+    }
+
+    fn forget(&self, owner: &OwnerId) {
+        self.inner
+            .keys
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(owner);
+    }
+}
+
+/// The end of the range of keys starting with `prefix`.
+fn prefix_end(prefix: &str) -> Vec<u8> {
+    let mut end = prefix.as_bytes().to_vec();
+    if let Some(last) = end.last_mut() {
+        *last += 1;
+    }
+    end
+}
+
+#[async_trait]
+impl Backend for EtcdBackend {
+    fn capabilities(&self) -> Capabilities {
+        let mut caps = Capabilities::new("etcd", TokenDurability::Consensus);
+        caps.expiring_leases = true;
+        caps.ttl_granularity = Duration::from_secs(1);
+        caps.fair = true;
+        caps.push_wakeups = true;
+        caps.shared = true;
+        caps.permits = true;
+        caps.sessions = true;
+        // Not offered: "closed for a while after an expiry" needs a second lease per grant
+        // that outlives the session by the delay; see docs/backends/etcd.md.
+        caps.lock_delay = false;
+        caps
+    }
+
+    async fn acquire(&self, req: &Request) -> Result<Acquire> {
+        let session = self.session().await?;
+        let dir = self.dir(&req.name, req.mode);
+        let key = format!("{dir}{}", req.owner);
+        let queued = self
+            .inner
+            .keys
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&req.owner)
+            .copied();
+        if let Some((_, lease)) = queued
+            && lease != session.id
+        {
+            // Queued under a session that has ended: the key went with it.
+            self.forget(&req.owner);
+            return Err(Error::Lost(LossReason::SessionEnded));
+        }
+        let read = TxnOp::get(dir.as_str(), Some(Self::sorted(&dir)));
+        let txn = if queued.is_some() {
+            // Woken: the key must still be there (and so its lease alive); never re-queue.
+            Txn::new()
+                .when([Compare::create_revision(key.as_str(), CompareOp::NotEqual, 0)])
+                .and_then([read])
+        } else if !req.waiting && req.mode == Mode::Exclusive {
+            // A try for the exclusive lock: put only if the queue is empty; one round trip
+            // either way.
+            Txn::new()
+                .when([Compare::create_revision(dir.as_str(), CompareOp::Equal, 0)
+                    .with_range(prefix_end(&dir))])
+                .and_then([
+                    TxnOp::put(
+                        key.as_str(),
+                        encode(req.mode, req.value.as_deref()),
+                        Some(PutOptions::new().with_lease(session.id)),
+                    ),
+                    read.clone(),
+                ])
+                .or_else([read])
+        } else {
+            Txn::new()
+                .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+                .and_then([
+                    TxnOp::put(
+                        key.as_str(),
+                        encode(req.mode, req.value.as_deref()),
+                        Some(PutOptions::new().with_lease(session.id)),
+                    ),
+                    read.clone(),
+                ])
+                .or_else([read])
+        };
+        let answer = self
+            .client()
+            .txn(txn)
+            .await
+            .map_err(|e| map_error(e, "acquiring"))?;
+        let revision = answer.header().map_or(0, |h| h.revision());
+        let responses = answer.op_responses();
+        if queued.is_some() && !answer.succeeded() {
+            // The key is gone: its lease expired (or someone deleted it) while we waited.
+            self.forget(&req.owner);
+            return Err(Error::Lost(LossReason::SessionEnded));
+        }
+        let queue = Self::queue_of(&responses);
+        let from = header_revision(&responses, revision) + 1;
+        let Some(me) = queue.iter().position(|e| e.owner == req.owner) else {
+            // A try that found the queue occupied: nothing was written.
+            return Ok(Acquire::Busy(WaitHint::new(Hint {
+                key: dir.into_bytes(),
+                prefix: true,
+                from,
+            })));
+        };
+        let mine = &queue[me];
+        if mine.lease != session.id {
+            return Err(Error::backend(
+                format!("etcd: the key of {} is bound to another lease", req.name),
+                false,
+            ));
+        }
+        if holding(&queue)[me] {
+            self.forget(&req.owner);
+            self.inner
+                .keys
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(req.owner.clone(), (mine.revision, session.id));
+            return Ok(Acquire::Granted(Grant {
+                token: FencingToken::new(u64::try_from(mine.revision).unwrap_or(0)),
+                expiry: Expiry::Session(session.liveness()),
+            }));
+        }
+        if !req.waiting {
+            // Not granted and not waiting: take the key out of the queue again.
+            let undo = Txn::new()
+                .when([Compare::create_revision(key.as_str(), CompareOp::Equal, mine.revision)])
+                .and_then([TxnOp::delete(key.as_str(), None)]);
+            self.client()
+                .txn(undo)
+                .await
+                .map_err(|e| map_error(e, "withdrawing"))?;
+            return Ok(Acquire::Busy(WaitHint::none()));
+        }
+        self.inner
+            .keys
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(req.owner.clone(), (mine.revision, session.id));
+        let hint = match in_the_way(&queue, me) {
+            Some((key, prefix)) => Hint {
+                key: key.to_vec(),
+                prefix,
+                from,
+            },
+            None => Hint {
+                key: dir.into_bytes(),
+                prefix: true,
+                from,
+            },
+        };
+        Ok(Acquire::Busy(WaitHint::new(hint)))
+    }
+
+    async fn renew(&self, req: &Request) -> Result<Renewal> {
+        // Grants live by the session; this only says whether the key is still ours.
+        let key = format!("{}{}", self.dir(&req.name, req.mode), req.owner);
+        let found = self
+            .client()
+            .get(key, None)
+            .await
+            .map_err(|e| map_error(e, "checking a key"))?;
+        let session = self.current_session().await;
+        match (found.kvs().first(), session) {
+            (Some(kv), Some(session)) if kv.lease() == session.id && session.is_alive() => {
+                Ok(Renewal::Renewed(Expiry::Session(session.liveness())))
+            }
+            _ => Ok(Renewal::Lost(LossReason::NotOwner)),
+        }
+    }
+
+    async fn release(&self, req: &Request) -> Result<Release> {
+        let key = format!("{}{}", self.dir(&req.name, req.mode), req.owner);
+        let known = self
+            .inner
+            .keys
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&req.owner);
+        // Delete only the key this acquisition created: compare its create revision (or,
+        // for a key whose creation went unanswered, its lease).
+        let guard = match (known, self.current_session().await) {
+            (Some((revision, _)), _) => Compare::create_revision(key.as_str(), CompareOp::Equal, revision),
+            (None, Some(session)) => Compare::lease(key.as_str(), CompareOp::Equal, session.id),
+            (None, None) => return Ok(Release::NotHeld),
+        };
+        let answer = self
+            .client()
+            .txn(
+                Txn::new()
+                    .when([guard])
+                    .and_then([TxnOp::delete(key.as_str(), None)]),
+            )
+            .await
+            .map_err(|e| map_error(e, "releasing"))?;
+        let deleted = answer.op_responses().iter().any(|r| {
+            matches!(r, TxnOpResponse::Delete(d) if d.deleted() > 0)
+        });
+        Ok(if answer.succeeded() && deleted {
+            Release::Released
+        } else {
+            Release::NotHeld
+        })
+    }
+
+    async fn wait(&self, _name: &LockName, hint: &WaitHint, max: Duration) -> Result<()> {
+        let Some(hint) = hint.get::<Hint>() else {
+            return Ok(());
+        };
+        let mut options = WatchOptions::new().with_start_revision(hint.from);
+        if hint.prefix {
+            options = options.with_prefix();
+        }
+        let watched = async {
+            let mut stream = self
+                .client()
+                .watch(hint.key.clone(), Some(options))
+                .await
+                .map_err(|e| map_error(e, "watching"))?;
+            loop {
+                match stream.message().await.map_err(|e| map_error(e, "watching"))? {
+                    Some(answer) if !answer.events().is_empty() || answer.canceled() => {
+                        return Ok(());
+                    }
+                    Some(_) => {}
+                    None => return Ok(()),
+                }
+            }
+        };
+        match tokio::time::timeout(max, watched).await {
+            Ok(result) => result,
+            Err(_) => Ok(()),
+        }
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<LockState> {
+        let sets = [self.dir(name, Mode::Exclusive), self.dir(name, Mode::Permit {
+            limit: std::num::NonZeroU32::MIN,
+        })];
+        let answer = self
+            .client()
+            .txn(Txn::new().and_then(
+                sets.iter()
+                    .map(|dir| TxnOp::get(dir.as_str(), Some(Self::sorted(dir))))
+                    .collect::<Vec<_>>(),
+            ))
+            .await
+            .map_err(|e| map_error(e, "inspecting"))?;
+        let revision = answer.header().map_or(0, |h| h.revision());
+        let mut state = LockState {
+            hint: WaitHint::new(Hint {
+                key: format!("{}/{name}/", self.inner.options.prefix).into_bytes(),
+                prefix: true,
+                from: revision + 1,
+            }),
+            ..LockState::default()
+        };
+        let mut ttls: HashMap<i64, Option<Duration>> = HashMap::new();
+        for response in answer.op_responses() {
+            let TxnOpResponse::Get(get) = response else {
+                continue;
+            };
+            let queue: Vec<Entry> = get.kvs().iter().filter_map(decode).collect();
+            for (entry, holds) in queue.into_iter().zip(holding_owned(get.kvs())) {
+                if holds {
+                    if !ttls.contains_key(&entry.lease) {
+                        let left = self
+                            .client()
+                            .lease_time_to_live(entry.lease, None)
+                            .await
+                            .ok()
+                            .and_then(|t| u64::try_from(t.ttl()).ok())
+                            .map(Duration::from_secs);
+                        ttls.insert(entry.lease, left);
+                    }
+                    state.holders.push(Holder {
+                        owner: entry.owner,
+                        mode: entry.mode,
+                        token: FencingToken::new(u64::try_from(entry.revision).unwrap_or(0)),
+                        remaining: ttls.get(&entry.lease).copied().flatten(),
+                        value: entry.value,
+                    });
+                } else {
+                    state.waiters.push(Waiter {
+                        owner: entry.owner,
+                        mode: entry.mode,
+                    });
+                }
+            }
+        }
+        Ok(state)
+    }
+}
+
+/// [`holding`] of a raw key list.
+fn holding_owned(kvs: &[KeyValue]) -> Vec<bool> {
+    let queue: Vec<Entry> = kvs.iter().filter_map(decode).collect();
+    holding(&queue)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_give_endpoints_and_options() {
+        let (endpoints, options) =
+            parse_url("etcd://u:pw@h1:2379,h2:2379?prefix=app&session_ttl=1500ms").unwrap();
+        assert_eq!(endpoints, ["http://h1:2379", "http://h2:2379"]);
+        assert_eq!(options.prefix, "app");
+        assert_eq!(options.session_ttl, Duration::from_millis(1500));
+        assert_eq!(options.user, Some(("u".into(), "pw".into())));
+        for bad in [
+            "etcd://",
+            "etcd://h:1?nosuch=1",
+            "etcd://h:1?session_ttl=500ms",
+            "etcd://h:1?prefix=a/b",
+            "etcd://h:1/path",
+            "http://h:1",
+        ] {
+            assert!(matches!(parse_url(bad), Err(Error::InvalidArgument { .. })), "{bad}");
+        }
+        assert!(!parse_url("etcd://u:hunter2@h:1?x=1").unwrap_err().to_string().contains("hunter2"));
+        assert!(matches!(parse_url("etcds://h:1"), Err(Error::Unsupported { .. })));
+    }
+
+    fn entry(mode: Mode, n: i64) -> Entry {
+        Entry {
+            owner: OwnerId::parse(&format!("o{n}")).unwrap(),
+            mode,
+            value: None,
+            revision: n,
+            lease: 1,
+            key: format!("k{n}").into_bytes(),
+        }
+    }
+
+    #[test]
+    fn who_holds_a_queue() {
+        let x = Mode::Exclusive;
+        let s = Mode::Shared;
+        let q = [entry(s, 1), entry(s, 2), entry(x, 3), entry(s, 4)];
+        assert_eq!(holding(&q), [true, true, false, false]);
+        // The writer waits for the reader before it; the late reader for the writer.
+        assert_eq!(in_the_way(&q, 2).unwrap().0, b"k2");
+        assert_eq!(in_the_way(&q, 3).unwrap().0, b"k3");
+        let p = Mode::Permit {
+            limit: std::num::NonZeroU32::new(2).unwrap(),
+        };
+        assert_eq!(holding(&[entry(p, 1), entry(p, 2), entry(p, 3)]), [true, true, false]);
+    }
+
+    #[test]
+    fn values_round_trip() {
+        let kv_value = encode(Mode::Exclusive, Some(b"10.0.0.7:80\nmore"));
+        assert_eq!(&kv_value[..2], b"x\n");
+        assert_eq!(prefix_end("a/b/"), b"a/b0".to_vec());
+    }
+}

@@ -446,7 +446,9 @@ mod tests {
     }
 
     fn session_lease(clock: &ManualClock, keeper: &SessionKeeper) -> Option<Arc<Lease>> {
-        let client = Client::builder(InMemory::new()).clock(clock.clone()).build();
+        let client = Client::builder(InMemory::new())
+            .clock(clock.clone())
+            .build();
         let request = Request {
             name: LockName::new("lease").unwrap(),
             owner: OwnerId::generate(),

@@ -291,7 +291,9 @@ fn parse_url(url: &str) -> Result<(Vec<String>, EtcdOptions)> {
     let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
     let rest = rest.trim_end_matches('/');
     if rest.contains('/') {
-        return Err(invalid("a path is not used; give the prefix as ?prefix=P".into()));
+        return Err(invalid(
+            "a path is not used; give the prefix as ?prefix=P".into(),
+        ));
     }
     let mut options = EtcdOptions::default();
     let hosts = match rest.rsplit_once('@') {
@@ -374,7 +376,12 @@ impl EtcdBackend {
             Client::connect(endpoints, Some(connect)),
         )
         .await
-        .map_err(|_| Error::unavailable(format!("connecting to etcd at {} timed out", endpoints.join(","))))?
+        .map_err(|_| {
+            Error::unavailable(format!(
+                "connecting to etcd at {} timed out",
+                endpoints.join(",")
+            ))
+        })?
         .map_err(|e| map_error(e, "connecting"))?;
         Ok(Self {
             inner: Arc::new(Inner {
@@ -402,7 +409,8 @@ impl EtcdBackend {
         {
             return Ok(session.clone());
         }
-        let session = Arc::new(Session::start(&self.inner.client, self.inner.options.session_ttl).await?);
+        let session =
+            Arc::new(Session::start(&self.inner.client, self.inner.options.session_ttl).await?);
         *current = Some(session.clone());
         Ok(session)
     }
@@ -429,6 +437,12 @@ impl EtcdBackend {
             Some(session) => session.close(&self.inner.client).await,
             None => Ok(()),
         }
+    }
+
+    /// The ttl etcd granted the current session (whole seconds, at least the configured
+    /// one), if a session has started.
+    pub async fn session_ttl(&self) -> Option<Duration> {
+        self.current_session().await.map(|s| s.ttl)
     }
 
     /// Stops keeping this client's session alive without revoking it: its locks stay held
@@ -524,7 +538,11 @@ impl Backend for EtcdBackend {
         let txn = if queued.is_some() {
             // Woken: the key must still be there (and so its lease alive); never re-queue.
             Txn::new()
-                .when([Compare::create_revision(key.as_str(), CompareOp::NotEqual, 0)])
+                .when([Compare::create_revision(
+                    key.as_str(),
+                    CompareOp::NotEqual,
+                    0,
+                )])
                 .and_then([read])
         } else if !req.waiting && req.mode == Mode::Exclusive {
             // A try for the exclusive lock: put only if the queue is empty; one round trip
@@ -598,7 +616,11 @@ impl Backend for EtcdBackend {
         if !req.waiting {
             // Not granted and not waiting: take the key out of the queue again.
             let undo = Txn::new()
-                .when([Compare::create_revision(key.as_str(), CompareOp::Equal, mine.revision)])
+                .when([Compare::create_revision(
+                    key.as_str(),
+                    CompareOp::Equal,
+                    mine.revision,
+                )])
                 .and_then([TxnOp::delete(key.as_str(), None)]);
             self.client()
                 .txn(undo)
@@ -654,7 +676,9 @@ impl Backend for EtcdBackend {
         // Delete only the key this acquisition created: compare its create revision (or,
         // for a key whose creation went unanswered, its lease).
         let guard = match (known, self.current_session().await) {
-            (Some((revision, _)), _) => Compare::create_revision(key.as_str(), CompareOp::Equal, revision),
+            (Some((revision, _)), _) => {
+                Compare::create_revision(key.as_str(), CompareOp::Equal, revision)
+            }
             (None, Some(session)) => Compare::lease(key.as_str(), CompareOp::Equal, session.id),
             (None, None) => return Ok(Release::NotHeld),
         };
@@ -667,9 +691,10 @@ impl Backend for EtcdBackend {
             )
             .await
             .map_err(|e| map_error(e, "releasing"))?;
-        let deleted = answer.op_responses().iter().any(|r| {
-            matches!(r, TxnOpResponse::Delete(d) if d.deleted() > 0)
-        });
+        let deleted = answer
+            .op_responses()
+            .iter()
+            .any(|r| matches!(r, TxnOpResponse::Delete(d) if d.deleted() > 0));
         Ok(if answer.succeeded() && deleted {
             Release::Released
         } else {
@@ -692,7 +717,11 @@ impl Backend for EtcdBackend {
                 .await
                 .map_err(|e| map_error(e, "watching"))?;
             loop {
-                match stream.message().await.map_err(|e| map_error(e, "watching"))? {
+                match stream
+                    .message()
+                    .await
+                    .map_err(|e| map_error(e, "watching"))?
+                {
                     Some(answer) if !answer.events().is_empty() || answer.canceled() => {
                         return Ok(());
                     }
@@ -708,16 +737,24 @@ impl Backend for EtcdBackend {
     }
 
     async fn inspect(&self, name: &LockName) -> Result<LockState> {
-        let sets = [self.dir(name, Mode::Exclusive), self.dir(name, Mode::Permit {
-            limit: std::num::NonZeroU32::MIN,
-        })];
+        let sets = [
+            self.dir(name, Mode::Exclusive),
+            self.dir(
+                name,
+                Mode::Permit {
+                    limit: std::num::NonZeroU32::MIN,
+                },
+            ),
+        ];
         let answer = self
             .client()
-            .txn(Txn::new().and_then(
-                sets.iter()
-                    .map(|dir| TxnOp::get(dir.as_str(), Some(Self::sorted(dir))))
-                    .collect::<Vec<_>>(),
-            ))
+            .txn(
+                Txn::new().and_then(
+                    sets.iter()
+                        .map(|dir| TxnOp::get(dir.as_str(), Some(Self::sorted(dir))))
+                        .collect::<Vec<_>>(),
+                ),
+            )
             .await
             .map_err(|e| map_error(e, "inspecting"))?;
         let revision = answer.header().map_or(0, |h| h.revision());
@@ -792,10 +829,21 @@ mod tests {
             "etcd://h:1/path",
             "http://h:1",
         ] {
-            assert!(matches!(parse_url(bad), Err(Error::InvalidArgument { .. })), "{bad}");
+            assert!(
+                matches!(parse_url(bad), Err(Error::InvalidArgument { .. })),
+                "{bad}"
+            );
         }
-        assert!(!parse_url("etcd://u:hunter2@h:1?x=1").unwrap_err().to_string().contains("hunter2"));
-        assert!(matches!(parse_url("etcds://h:1"), Err(Error::Unsupported { .. })));
+        assert!(
+            !parse_url("etcd://u:hunter2@h:1?x=1")
+                .unwrap_err()
+                .to_string()
+                .contains("hunter2")
+        );
+        assert!(matches!(
+            parse_url("etcds://h:1"),
+            Err(Error::Unsupported { .. })
+        ));
     }
 
     fn entry(mode: Mode, n: i64) -> Entry {
@@ -821,7 +869,10 @@ mod tests {
         let p = Mode::Permit {
             limit: std::num::NonZeroU32::new(2).unwrap(),
         };
-        assert_eq!(holding(&[entry(p, 1), entry(p, 2), entry(p, 3)]), [true, true, false]);
+        assert_eq!(
+            holding(&[entry(p, 1), entry(p, 2), entry(p, 3)]),
+            [true, true, false]
+        );
     }
 
     #[test]

@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use etcd_client::Client;
 use leasehold_core::backend::{Liveness, SessionKeeper, SessionLiveness};
-use leasehold_core::clock::{Clock, SystemClock};
 #[cfg(test)]
 use leasehold_core::clock::Instant;
+use leasehold_core::clock::{Clock, SystemClock};
 use leasehold_core::{Error, Result};
 use tokio::task::JoinHandle;
 
@@ -54,10 +54,19 @@ impl Session {
         }
         let ttl = Duration::from_secs(u64::try_from(granted.ttl()).unwrap_or(0));
         if granted.ttl() > asked {
-            tracing::warn!(asked, granted = granted.ttl(), "etcd granted a longer session lease than asked (its minimum ttl)");
+            tracing::warn!(
+                asked,
+                granted = granted.ttl(),
+                "etcd granted a longer session lease than asked (its minimum ttl)"
+            );
         }
         let keeper = Arc::new(SessionKeeper::new(sent.saturating_add(validity(ttl))));
-        let task = tokio::spawn(keep_alive(client.clone(), granted.id(), ttl, keeper.clone()));
+        let task = tokio::spawn(keep_alive(
+            client.clone(),
+            granted.id(),
+            ttl,
+            keeper.clone(),
+        ));
         Ok(Session {
             id: granted.id(),
             ttl,

@@ -272,9 +272,8 @@ async fn a_key_expiring_early_on_one_node_makes_two_holders_and_fencing_refuses_
     }
     let ttl = Duration::from_secs(10);
     // Connecting to the cut nodes gives up after 1 s; they are reached lazily.
-    let options = no_quarantine().redis(
-        leasehold_redis::RedisOptions::default().connect_timeout(Duration::from_secs(1)),
-    );
+    let options = no_quarantine()
+        .redis(leasehold_redis::RedisOptions::default().connect_timeout(Duration::from_secs(1)));
     let a = client(&nodes_a, options.clone(), ttl).await;
     let b = client(&nodes_b, options, ttl).await;
     let first = a

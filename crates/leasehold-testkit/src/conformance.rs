@@ -293,7 +293,10 @@ pub async fn a_stale_guard_cannot_release_the_next_holders_lock(d: &dyn Deployme
 pub async fn loss_is_signalled_before_the_server_expires_the_lock(d: &dyn Deployment) {
     let probe = client(d).await;
     let caps = probe.capabilities().clone();
-    if !renewals_can_be_cut("loss_is_signalled_before_the_server_expires_the_lock", &caps) {
+    if !renewals_can_be_cut(
+        "loss_is_signalled_before_the_server_expires_the_lock",
+        &caps,
+    ) {
         return;
     }
     // A 2 s lease with a 600 ms margin: the holder gives up at 1.38 s after sending, the

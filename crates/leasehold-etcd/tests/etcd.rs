@@ -1,0 +1,293 @@
+//! What only the etcd backend promises, against real etcd members.
+
+#![allow(clippy::unwrap_used)] // test code: a failed step fails the test
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use etcd_client::{Client as Etcd3, Txn, TxnOp};
+use leasehold_core::backend::Backend;
+use leasehold_core::{Client, Error, LockName, LockOptions, LossReason};
+use leasehold_etcd::{EtcdBackend, EtcdOptions};
+use leasehold_testkit::{Direction, Etcd, FaultProxy};
+
+fn options() -> LockOptions {
+    LockOptions::builder()
+        .ttl(Duration::from_secs(3))
+        .request_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap()
+}
+
+async fn backend(endpoints: &[String], session_ttl: Duration) -> EtcdBackend {
+    let endpoints: Vec<String> = endpoints.iter().map(|e| format!("http://{e}")).collect();
+    let options = EtcdOptions::default().session_ttl(session_ttl).unwrap();
+    EtcdBackend::connect_with(&endpoints, options)
+        .await
+        .unwrap()
+}
+
+async fn client(endpoints: &[String], session_ttl: Duration) -> Client {
+    Client::builder(backend(endpoints, session_ttl).await)
+        .options(options())
+        .build()
+}
+
+/// Waits, without polling, until `check` holds for the state of `name` as `observer` sees it.
+async fn until(observer: &Client, name: &str, check: impl Fn(&leasehold_core::LockState) -> bool) {
+    let lock = LockName::new(name).unwrap();
+    loop {
+        let state = observer.inspect(name).await.unwrap();
+        if check(&state) {
+            return;
+        }
+        observer
+            .backend()
+            .wait(&lock, &state.hint, Duration::from_secs(5))
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_cut_session_loses_its_guards_before_etcd_frees_the_lock() {
+    let mut etcd = Etcd::start().await.unwrap();
+    let proxy = FaultProxy::start(etcd.members()[0].addr()).await.unwrap();
+    let cut_off = client(
+        &[format!("127.0.0.1:{}", proxy.port())],
+        Duration::from_secs(2),
+    )
+    .await;
+    let other = client(&etcd.endpoints(), Duration::from_secs(2)).await;
+    let guard = cut_off.mutex("job").unwrap().lock().await.unwrap();
+    proxy.cut(Direction::Both);
+    let reason = tokio::time::timeout(Duration::from_secs(10), guard.lost())
+        .await
+        .expect("no loss signal while the session was cut off");
+    assert!(
+        matches!(reason, LossReason::Expired | LossReason::SessionEnded),
+        "{reason:?}"
+    );
+    // etcd still counts the lease: the holder gave up first.
+    assert!(
+        other
+            .mutex("job")
+            .unwrap()
+            .try_lock()
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let next = other
+        .mutex("job")
+        .unwrap()
+        .lock_timeout(Duration::from_secs(10))
+        .await
+        .unwrap()
+        .expect("free once etcd expired the lease");
+    assert!(next.token() > guard.token());
+    proxy.heal();
+}
+
+#[tokio::test]
+async fn a_waiter_whose_session_expires_while_queued_is_never_granted() {
+    let mut etcd = Etcd::start().await.unwrap();
+    let proxy = FaultProxy::start(etcd.members()[0].addr()).await.unwrap();
+    let holder = client(&etcd.endpoints(), Duration::from_secs(2)).await;
+    let waiter = client(
+        &[format!("127.0.0.1:{}", proxy.port())],
+        Duration::from_secs(2),
+    )
+    .await;
+    let held = holder.mutex("job").unwrap().lock().await.unwrap();
+    let mutex = waiter.mutex("job").unwrap();
+    let waiting = tokio::spawn(async move { mutex.lock().await });
+    until(&holder, "job", |s| s.waiters.len() == 1).await;
+    // The waiter's keep-alives stop reaching etcd: its lease, and its queue entry, expire.
+    proxy.cut(Direction::Both);
+    until(&holder, "job", |s| s.waiters.is_empty()).await;
+    held.release().await.unwrap();
+    proxy.heal();
+    let answer = tokio::time::timeout(Duration::from_secs(30), waiting)
+        .await
+        .expect("the waiter never answered")
+        .unwrap();
+    assert!(
+        matches!(answer, Err(Error::Lost(LossReason::SessionEnded))),
+        "a waiter was granted on a dead session: {answer:?}"
+    );
+    assert!(
+        holder
+            .mutex("job")
+            .unwrap()
+            .try_lock()
+            .await
+            .unwrap()
+            .is_some()
+    );
+}
+
+#[tokio::test]
+async fn a_paused_leader_never_lets_two_guards_be_held_at_once() {
+    let mut etcd = Etcd::cluster(3).await.unwrap();
+    let endpoints = etcd.endpoints();
+    let a = client(&endpoints, Duration::from_secs(3)).await;
+    let b = client(&endpoints, Duration::from_secs(3)).await;
+    let first = a.mutex("job").unwrap().lock().await.unwrap();
+    let leader = etcd.leader().await.unwrap();
+    etcd.members()[leader].process().pause();
+    // The others elect a new leader; A keeps its session alive through them or loses it.
+    let second = b
+        .mutex("job")
+        .unwrap()
+        .lock_timeout(Duration::from_secs(8))
+        .await
+        .unwrap_or(None);
+    match &second {
+        Some(second) => {
+            assert!(!first.is_held(), "two guards held at once");
+            assert!(second.token() > first.token());
+        }
+        None => assert!(first.is_held(), "nobody holds the lock"),
+    }
+    etcd.members()[leader].process().resume();
+}
+
+#[tokio::test]
+async fn the_member_the_client_talks_to_paused_costs_it_the_lock_at_its_deadline() {
+    let mut etcd = Etcd::cluster(3).await.unwrap();
+    let endpoints = etcd.endpoints();
+    let only_first = client(&endpoints[..1], Duration::from_secs(2)).await;
+    let others = client(&endpoints[1..], Duration::from_secs(2)).await;
+    let guard = only_first.mutex("job").unwrap().lock().await.unwrap();
+    etcd.members()[0].process().pause();
+    tokio::time::timeout(Duration::from_secs(10), guard.lost())
+        .await
+        .expect("the guard outlived its unreachable session");
+    let next = others
+        .mutex("job")
+        .unwrap()
+        .lock_timeout(Duration::from_secs(15))
+        .await
+        .unwrap()
+        .expect("granted once the lease expired");
+    assert!(next.token() > guard.token());
+    etcd.members()[0].process().resume();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_increase_over_a_thousand_grants_with_a_member_restarting() {
+    let mut etcd = Etcd::cluster(3).await.unwrap();
+    let endpoints = etcd.endpoints();
+    let clients = [
+        client(&endpoints, Duration::from_secs(5)).await,
+        client(&endpoints, Duration::from_secs(5)).await,
+    ];
+    let tokens = Arc::new(Mutex::new(Vec::new()));
+    for round in 0..10 {
+        let mut tasks = Vec::new();
+        for c in &clients {
+            let mutex = c.mutex("counter").unwrap();
+            let tokens = tokens.clone();
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..50 {
+                    let guard = mutex.lock().await.unwrap();
+                    tokens.lock().unwrap().push(guard.token());
+                    guard.release().await.unwrap();
+                }
+            }));
+        }
+        for task in tasks {
+            task.await.unwrap();
+        }
+        let member = &mut etcd.members()[round % 3];
+        member.process().kill();
+        member.restart().await.unwrap();
+    }
+    let tokens = tokens.lock().unwrap();
+    assert_eq!(tokens.len(), 1000);
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "tokens went backwards"
+    );
+}
+
+#[tokio::test]
+async fn the_owner_predicate_guards_writes_in_the_callers_own_transactions() {
+    let etcd = Etcd::start().await.unwrap();
+    let locks = backend(&etcd.endpoints(), Duration::from_secs(5)).await;
+    let c = Client::builder(locks.clone()).options(options()).build();
+    let mut kv = Etcd3::connect(
+        etcd.endpoints()
+            .iter()
+            .map(|e| format!("http://{e}"))
+            .collect::<Vec<_>>(),
+        None,
+    )
+    .await
+    .unwrap();
+    let guard = c.mutex("ledger").unwrap().lock().await.unwrap();
+    let write = |value: &'static str| {
+        Txn::new()
+            .when([locks.still_owner(&guard)])
+            .and_then([TxnOp::put("ledger/balance", value, None)])
+    };
+    assert!(kv.txn(write("100")).await.unwrap().succeeded());
+    let stale = write("42");
+    guard.release().await.unwrap();
+    assert!(
+        !kv.txn(stale).await.unwrap().succeeded(),
+        "a write after the release"
+    );
+    let balance = kv.get("ledger/balance", None).await.unwrap();
+    assert_eq!(balance.kvs()[0].value(), b"100");
+}
+
+#[tokio::test]
+async fn session_ttls_are_rounded_up_to_whole_seconds_and_reported() {
+    let etcd = Etcd::start().await.unwrap();
+    let locks = backend(&etcd.endpoints(), Duration::from_millis(1500)).await;
+    let c = Client::new(locks.clone());
+    let guard = c.mutex("job").unwrap().lock().await.unwrap();
+    assert_eq!(locks.session_ttl().await, Some(Duration::from_secs(2)));
+    assert!(guard.remaining() <= Duration::from_secs(2));
+    assert!(matches!(
+        EtcdOptions::default().session_ttl(Duration::from_millis(500)),
+        Err(Error::InvalidArgument { .. })
+    ));
+}
+
+#[tokio::test]
+async fn closing_the_session_frees_every_lock_at_once() {
+    let etcd = Etcd::start().await.unwrap();
+    let locks = backend(&etcd.endpoints(), Duration::from_secs(30)).await;
+    let c = Client::new(locks.clone());
+    let other = client(&etcd.endpoints(), Duration::from_secs(30)).await;
+    let a = c.mutex("a").unwrap().lock().await.unwrap();
+    let b = c.semaphore("b", 1).unwrap().acquire().await.unwrap();
+    locks.close().await.unwrap();
+    assert_eq!(a.lost().await, LossReason::SessionEnded);
+    assert_eq!(b.lost().await, LossReason::SessionEnded);
+    // No waiting for the 30 s lease: revoked.
+    assert!(
+        other
+            .mutex("a")
+            .unwrap()
+            .try_lock()
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert!(
+        other
+            .semaphore("b", 1)
+            .unwrap()
+            .try_acquire()
+            .await
+            .unwrap()
+            .is_some()
+    );
+    // A later acquisition starts a new session.
+    drop(a);
+    assert!(c.mutex("c").unwrap().try_lock().await.unwrap().is_some());
+}

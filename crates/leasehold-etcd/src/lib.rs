@@ -774,7 +774,8 @@ impl Backend for EtcdBackend {
             let queue: Vec<Entry> = get.kvs().iter().filter_map(decode).collect();
             for (entry, holds) in queue.into_iter().zip(holding_owned(get.kvs())) {
                 if holds {
-                    if !ttls.contains_key(&entry.lease) {
+                    if let std::collections::hash_map::Entry::Vacant(slot) = ttls.entry(entry.lease)
+                    {
                         let left = self
                             .client()
                             .lease_time_to_live(entry.lease, None)
@@ -782,7 +783,7 @@ impl Backend for EtcdBackend {
                             .ok()
                             .and_then(|t| u64::try_from(t.ttl()).ok())
                             .map(Duration::from_secs);
-                        ttls.insert(entry.lease, left);
+                        slot.insert(left);
                     }
                     state.holders.push(Holder {
                         owner: entry.owner,

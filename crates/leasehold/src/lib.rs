@@ -22,6 +22,8 @@
 use std::sync::Arc;
 
 pub use leasehold_core::*;
+#[cfg(feature = "etcd")]
+pub use leasehold_etcd as etcd;
 #[cfg(feature = "file")]
 pub use leasehold_file as file;
 #[cfg(feature = "redis")]
@@ -35,6 +37,7 @@ pub use leasehold_redis as redis;
 /// | `memory:` | [`memory::InMemory`] — this process only (tests, examples) |
 /// | `redis://[user:pass@]host:port[/db][?prefix=…&replicas=N…]` | [`redis`] — one Redis server |
 /// | `redlock://[user:pass@]h1:p1,h2:p2,h3:p3[?node_timeout=…]` | [`redis::RedlockBackend`] — Redlock over independent Redis masters |
+/// | `etcd://[user:pass@]h1:p1[,h2:p2…][?session_ttl=…]` | `etcd::EtcdBackend` — an etcd cluster (feature `etcd`) |
 ///
 /// # Cancel safety
 ///
@@ -94,6 +97,8 @@ pub async fn connect_backend(url: &str) -> Result<Arc<dyn Backend>> {
         "redis" | "rediss" => Ok(Arc::new(redis::RedisBackend::connect(url).await?)),
         #[cfg(feature = "redis")]
         "redlock" => Ok(Arc::new(redis::RedlockBackend::connect(url).await?)),
+        #[cfg(feature = "etcd")]
+        "etcd" | "etcds" => Ok(Arc::new(etcd::EtcdBackend::connect(url).await?)),
         other => Err(invalid(format!(
             "unknown scheme {other:?}; this build supports {}",
             supported_schemes().join(", ")
@@ -110,6 +115,9 @@ pub fn supported_schemes() -> Vec<&'static str> {
     if cfg!(feature = "redis") {
         schemes.push("redis");
         schemes.push("redlock");
+    }
+    if cfg!(feature = "etcd") {
+        schemes.push("etcd");
     }
     schemes
 }

@@ -259,10 +259,7 @@ impl Cleanup {
         if !self.needed {
             return;
         }
-        let released = self
-            .client
-            .call(self.timeout, self.client.backend().release(&self.request))
-            .await;
+        let released = release(&self.client, &self.request, self.timeout).await;
         if let Err(error) = released {
             tracing::debug!(lock = %self.request.name, %error, "clean-up release failed; retrying in the background");
             self.armed = true;
@@ -279,6 +276,33 @@ impl Drop for Cleanup {
                 self.request.clone(),
                 self.timeout,
             );
+        }
+    }
+}
+
+/// Releases `request`, retrying failures that may pass (a refused connection, a failover)
+/// for about one request timeout; a release is owner-checked, so a retry is harmless.
+pub(crate) async fn release(
+    client: &Client,
+    request: &Request,
+    timeout: Duration,
+) -> Result<Release> {
+    let clock = client.clock();
+    let mut failures = Failures::default();
+    loop {
+        let sent = clock.now();
+        match client
+            .call(timeout, client.backend().release(request))
+            .await
+        {
+            Err(error) if error.is_retryable() => {
+                let Some(pause) = failures.next(sent, timeout) else {
+                    return Err(error);
+                };
+                tracing::debug!(lock = %request.name, %error, "release failed; retrying");
+                tokio::time::sleep(pause).await;
+            }
+            answer => return answer,
         }
     }
 }

@@ -173,6 +173,20 @@ async fn failed_renewals_are_retried_until_one_succeeds() {
 }
 
 #[tokio::test]
+async fn a_release_that_fails_to_reach_the_server_is_retried() {
+    let r = rig();
+    let guard = r.lock().await;
+    for _ in 0..2 {
+        r.faults
+            .fail_next(Op::Release, Error::unavailable("connection refused"));
+    }
+    guard.release().await.unwrap();
+    assert_eq!(r.faults.calls(Op::Release), 3);
+    assert!(r.holders().await.is_empty());
+    assert!(r.other_try().await.is_some());
+}
+
+#[tokio::test]
 async fn a_dropped_guard_is_released_and_no_longer_renewed() {
     let r = rig();
     let guard = r.lock().await;

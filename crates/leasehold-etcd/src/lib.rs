@@ -4,17 +4,20 @@
 //!   every lock, permit and candidacy; guards follow the session and are lost when it ends
 //!   (see [`session`](crate::session)). [`EtcdBackend::close`] revokes it,
 //!   [`EtcdBackend::orphan`] stops renewing it.
-//! - **Grant in one transaction**: if my key (`<prefix>/<name>/<set>/<owner>`) does not
-//!   exist (create revision 0), put it bound to the session lease; read the queue (the keys
-//!   of the set, oldest first). The holder is the key with the lowest create revision (for
+//! - **Grant in one transaction**: if my key (`<prefix>/<name>/<set>/<lease>.<slot>`) does
+//!   not exist (create revision 0), put it bound to the session lease, with the owner in its
+//!   value; read the queue (the keys of the set, oldest first). A session reuses the slot
+//!   numbers it freed: every new key would leave a deleted one behind that each queue read
+//!   steps over until etcd compacts its history. The holder is the key with the lowest create revision (for
 //!   shared keys: no exclusive key before it; for permits: fewer than N keys before it).
 //!   The fencing token is the create revision of the holder's key, increasing cluster-wide.
-//! - **Waiting**: watch only the key that stands in my way (the one just before mine; for a
-//!   reader the nearest writer before it), starting at the revision *after* the one the
-//!   transaction read — a watch from an older revision goes through etcd's catch-up loop
-//!   and is delivered up to 100 ms late. After waking, the transaction confirms my key still
-//!   exists under my live session before anything is granted; a waiter whose session ended
-//!   while it waited is refused (never granted on a dead lease).
+//! - **Waiting**: watch only the deletion of the key that stands in my way (the one just
+//!   before mine; for a reader the nearest writer before it), from the current revision — a
+//!   watch from an older revision goes through etcd's catch-up loop and is delivered up to
+//!   100 ms late — then look that key up once, for what happened before the watch was in
+//!   place. After waking, the transaction confirms my key still exists under my live
+//!   session before anything is granted; a waiter whose session ended while it waited is
+//!   refused (never granted on a dead lease).
 //! - **Release** deletes my key inside a transaction comparing its create revision.
 //!
 //! URL: `etcd://[user:password@]host:port[,host:port...][?prefix=P&session_ttl=D&connect_timeout=D]`.
@@ -29,7 +32,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, PutOptions, SortOrder,
-    SortTarget, Txn, TxnOp, TxnOpResponse, WatchOptions,
+    SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions,
 };
 use leasehold_core::backend::{
     Acquire, Backend, Capabilities, Expiry, Grant, Holder, LockState, Mode, Release, Renewal,
@@ -64,7 +67,7 @@ impl Default for EtcdOptions {
 }
 
 impl EtcdOptions {
-    /// The key prefix: keys are `<prefix>/<name>/<set>/<owner>`. 1–64 of
+    /// The key prefix: keys are `<prefix>/<name>/<set>/<lease>.<slot>`. 1–64 of
     /// `A-Z a-z 0-9 _ - . :` (no `/`, so that names cannot reach into other prefixes).
     ///
     /// # Errors
@@ -128,9 +131,73 @@ struct Inner {
     client: Client,
     options: EtcdOptions,
     session: AsyncMutex<Option<Arc<Session>>>,
-    /// Owners with a key in a queue: their key's create revision and the session it is
-    /// bound to.
-    keys: Mutex<HashMap<OwnerId, (i64, i64)>>,
+    keys: Mutex<Keys>,
+}
+
+/// The keys this backend has placed or is placing, by owner.
+#[derive(Debug, Default)]
+struct Keys {
+    by_owner: HashMap<OwnerId, Placed>,
+    /// Slots taken, per session lease and queue directory.
+    taken: HashMap<(i64, String), std::collections::BTreeSet<u32>>,
+}
+
+/// One owner's key.
+#[derive(Debug, Clone)]
+struct Placed {
+    dir: String,
+    slot: u32,
+    lease: i64,
+    /// Its create revision, once an answer showed it (unknown after a lost reply).
+    revision: Option<i64>,
+}
+
+impl Placed {
+    fn key(&self) -> String {
+        format!("{}{:x}.{}", self.dir, self.lease, self.slot)
+    }
+}
+
+impl Keys {
+    /// The owner's key, placing it in the lowest free slot of `dir` if it has none.
+    fn place(&mut self, owner: &OwnerId, dir: &str, lease: i64) -> Placed {
+        if let Some(placed) = self.by_owner.get(owner) {
+            return placed.clone();
+        }
+        let taken = self.taken.entry((lease, dir.to_owned())).or_default();
+        let slot = (0..).find(|n| !taken.contains(n)).unwrap_or(u32::MAX);
+        taken.insert(slot);
+        let placed = Placed {
+            dir: dir.to_owned(),
+            slot,
+            lease,
+            revision: None,
+        };
+        self.by_owner.insert(owner.clone(), placed.clone());
+        placed
+    }
+
+    fn record(&mut self, owner: &OwnerId, revision: i64) {
+        if let Some(placed) = self.by_owner.get_mut(owner) {
+            placed.revision = Some(revision);
+        }
+    }
+
+    /// Forgets the owner's key; its slot is free again unless `retire` (a put of unknown
+    /// outcome may still land there).
+    fn forget(&mut self, owner: &OwnerId, retire: bool) -> Option<Placed> {
+        let placed = self.by_owner.remove(owner)?;
+        if !retire {
+            let at = (placed.lease, placed.dir.clone());
+            if let Some(taken) = self.taken.get_mut(&at) {
+                taken.remove(&placed.slot);
+                if taken.is_empty() {
+                    self.taken.remove(&at);
+                }
+            }
+        }
+        Some(placed)
+    }
 }
 
 impl std::fmt::Debug for Inner {
@@ -141,11 +208,17 @@ impl std::fmt::Debug for Inner {
     }
 }
 
-/// What a busy request hands to `wait`: what to watch, from which revision.
+/// What a busy request hands to `wait`: what to watch, and what it looked like when read.
 #[derive(Debug)]
 struct Hint {
     key: Vec<u8>,
+    /// Watch every key under `key`.
     prefix: bool,
+    /// Only deletions matter (a queued entry: nothing put later gets ahead of it).
+    deletes_only: bool,
+    /// The watched key's create revision, for a single key.
+    created: Option<i64>,
+    /// The revision after the read: a change at or after it may matter.
     from: i64,
 }
 
@@ -164,14 +237,15 @@ fn set_of(mode: Mode) -> &'static str {
     if mode.is_permit() { "permit" } else { "lock" }
 }
 
-/// A key's value: the mode (`x`, `s`, `p<limit>`), a newline, the stored value.
-fn encode(mode: Mode, value: Option<&[u8]>) -> Vec<u8> {
-    let mut out = match mode {
-        Mode::Exclusive => b"x".to_vec(),
-        Mode::Shared => b"s".to_vec(),
-        Mode::Permit { limit } => format!("p{limit}").into_bytes(),
+/// A key's value: the mode (`x`, `s`, `p<limit>`), a space, the owner, a newline, the
+/// stored value.
+fn encode(mode: Mode, owner: &OwnerId, value: Option<&[u8]>) -> Vec<u8> {
+    let mode = match mode {
+        Mode::Exclusive => "x".to_owned(),
+        Mode::Shared => "s".to_owned(),
+        Mode::Permit { limit } => format!("p{limit}"),
     };
-    out.push(b'\n');
+    let mut out = format!("{mode} {owner}\n").into_bytes();
     if let Some(value) = value {
         out.extend_from_slice(value);
     }
@@ -179,12 +253,26 @@ fn encode(mode: Mode, value: Option<&[u8]>) -> Vec<u8> {
 }
 
 fn decode(kv: &KeyValue) -> Option<Entry> {
-    let key = kv.key();
-    let owner = std::str::from_utf8(key).ok()?.rsplit('/').next()?;
-    let value = kv.value();
+    let (mode, owner, value) = decode_value(kv.value())?;
+    Some(Entry {
+        owner,
+        mode,
+        value,
+        revision: kv.create_revision(),
+        lease: kv.lease(),
+        key: kv.key().to_vec(),
+    })
+}
+
+/// What a key's value says: its mode, its owner, the value stored with it.
+type Decoded = (Mode, OwnerId, Option<Arc<[u8]>>);
+
+/// Parses a key's value (see [`encode`]).
+fn decode_value(value: &[u8]) -> Option<Decoded> {
     let newline = value.iter().position(|b| *b == b'\n')?;
-    let (mode, rest) = value.split_at(newline);
-    let mode = match mode {
+    let (head, rest) = value.split_at(newline);
+    let (mode, owner) = std::str::from_utf8(head).ok()?.split_once(' ')?;
+    let mode = match mode.as_bytes() {
         b"x" => Mode::Exclusive,
         b"s" => Mode::Shared,
         [b'p', limit @ ..] => Mode::Permit {
@@ -193,14 +281,11 @@ fn decode(kv: &KeyValue) -> Option<Entry> {
         _ => return None,
     };
     let stored = &rest[1..];
-    Some(Entry {
-        owner: OwnerId::parse(owner).ok()?,
+    Some((
         mode,
-        value: (!stored.is_empty()).then(|| Arc::from(stored)),
-        revision: kv.create_revision(),
-        lease: kv.lease(),
-        key: key.to_vec(),
-    })
+        OwnerId::parse(owner).ok()?,
+        (!stored.is_empty()).then(|| Arc::from(stored)),
+    ))
 }
 
 /// Which entries of a queue (oldest first) hold: exclusive — the first only; shared — those
@@ -224,14 +309,10 @@ fn holding(queue: &[Entry]) -> Vec<bool> {
 
 /// The key whose change may let the entry at `me` hold: the one just before it (for a
 /// reader, the nearest writer before it); permits watch the whole queue.
-fn in_the_way(queue: &[Entry], me: usize) -> Option<(&[u8], bool)> {
+fn in_the_way(queue: &[Entry], me: usize) -> Option<&Entry> {
     match queue[me].mode {
-        Mode::Exclusive => me.checked_sub(1).map(|i| (&queue[i].key[..], false)),
-        Mode::Shared => queue[..me]
-            .iter()
-            .rev()
-            .find(|e| e.mode == Mode::Exclusive)
-            .map(|e| (&e.key[..], false)),
+        Mode::Exclusive => me.checked_sub(1).map(|i| &queue[i]),
+        Mode::Shared => queue[..me].iter().rev().find(|e| e.mode == Mode::Exclusive),
         Mode::Permit { .. } => None,
     }
 }
@@ -388,7 +469,7 @@ impl EtcdBackend {
                 client,
                 options,
                 session: AsyncMutex::new(None),
-                keys: Mutex::new(HashMap::new()),
+                keys: Mutex::new(Keys::default()),
             }),
         })
     }
@@ -457,9 +538,18 @@ impl EtcdBackend {
     /// revision the grant created. Put it in your own etcd transaction so that a write
     /// happens only while the lock is held.
     pub fn still_owner(&self, guard: &Guard) -> Compare {
-        let key = format!("{}{}", self.dir(guard.name(), guard.mode()), guard.owner());
+        // A released guard compares its queue directory, a key that never exists.
+        let key = self
+            .keys()
+            .by_owner
+            .get(guard.owner())
+            .map_or_else(|| self.dir(guard.name(), guard.mode()), Placed::key);
         let revision = i64::try_from(guard.token().get()).unwrap_or(i64::MAX);
         Compare::create_revision(key, CompareOp::Equal, revision)
+    }
+
+    fn keys(&self) -> std::sync::MutexGuard<'_, Keys> {
+        self.inner.keys.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The queue of `dir`, oldest first.
@@ -481,12 +571,26 @@ impl EtcdBackend {
             .with_range(prefix_end(dir))
     }
 
+    /// Whether what `hint` watches may have changed since it was read, now that a watch
+    /// created at revision `now` is in place: a single key is looked up (gone or created
+    /// again); a range counts as changed if anything was written since the read.
+    async fn moved(&self, hint: &Hint, now: i64) -> Result<bool> {
+        let Some(created) = hint.created else {
+            return Ok(now >= hint.from);
+        };
+        let now = self
+            .client()
+            .get(hint.key.clone(), Some(GetOptions::new().with_keys_only()))
+            .await
+            .map_err(|e| map_error(e, "watching"))?;
+        Ok(now
+            .kvs()
+            .first()
+            .is_none_or(|kv| kv.create_revision() != created))
+    }
+
     fn forget(&self, owner: &OwnerId) {
-        self.inner
-            .keys
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(owner);
+        self.keys().forget(owner, false);
     }
 }
 
@@ -519,23 +623,23 @@ impl Backend for EtcdBackend {
     async fn acquire(&self, req: &Request) -> Result<Acquire> {
         let session = self.session().await?;
         let dir = self.dir(&req.name, req.mode);
-        let key = format!("{dir}{}", req.owner);
-        let queued = self
-            .inner
-            .keys
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&req.owner)
-            .copied();
-        if let Some((_, lease)) = queued
-            && lease != session.id
-        {
+        let placed = self.keys().place(&req.owner, &dir, session.id);
+        if placed.lease != session.id {
             // Queued under a session that has ended: the key went with it.
             self.forget(&req.owner);
             return Err(Error::Lost(LossReason::SessionEnded));
         }
+        let key = placed.key();
+        let queued = placed.revision.is_some();
         let read = TxnOp::get(dir.as_str(), Some(Self::sorted(&dir)));
-        let txn = if queued.is_some() {
+        let put = || {
+            TxnOp::put(
+                key.as_str(),
+                encode(req.mode, &req.owner, req.value.as_deref()),
+                Some(PutOptions::new().with_lease(session.id)),
+            )
+        };
+        let txn = if queued {
             // Woken: the key must still be there (and so its lease alive); never re-queue.
             Txn::new()
                 .when([Compare::create_revision(
@@ -550,26 +654,12 @@ impl Backend for EtcdBackend {
             Txn::new()
                 .when([Compare::create_revision(dir.as_str(), CompareOp::Equal, 0)
                     .with_range(prefix_end(&dir))])
-                .and_then([
-                    TxnOp::put(
-                        key.as_str(),
-                        encode(req.mode, req.value.as_deref()),
-                        Some(PutOptions::new().with_lease(session.id)),
-                    ),
-                    read.clone(),
-                ])
+                .and_then([put(), read.clone()])
                 .or_else([read])
         } else {
             Txn::new()
                 .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
-                .and_then([
-                    TxnOp::put(
-                        key.as_str(),
-                        encode(req.mode, req.value.as_deref()),
-                        Some(PutOptions::new().with_lease(session.id)),
-                    ),
-                    read.clone(),
-                ])
+                .and_then([put(), read.clone()])
                 .or_else([read])
         };
         let answer = self
@@ -579,7 +669,7 @@ impl Backend for EtcdBackend {
             .map_err(|e| map_error(e, "acquiring"))?;
         let revision = answer.header().map_or(0, |h| h.revision());
         let responses = answer.op_responses();
-        if queued.is_some() && !answer.succeeded() {
+        if queued && !answer.succeeded() {
             // The key is gone: its lease expired (or someone deleted it) while we waited.
             self.forget(&req.owner);
             return Err(Error::Lost(LossReason::SessionEnded));
@@ -588,26 +678,27 @@ impl Backend for EtcdBackend {
         let from = header_revision(&responses, revision) + 1;
         let Some(me) = queue.iter().position(|e| e.owner == req.owner) else {
             // A try that found the queue occupied: nothing was written.
+            self.forget(&req.owner);
             return Ok(Acquire::Busy(WaitHint::new(Hint {
                 key: dir.into_bytes(),
                 prefix: true,
+                deletes_only: true,
+                created: None,
                 from,
             })));
         };
         let mine = &queue[me];
-        if mine.lease != session.id {
+        if mine.lease != session.id || mine.key != key.as_bytes() {
             return Err(Error::backend(
-                format!("etcd: the key of {} is bound to another lease", req.name),
+                format!(
+                    "etcd: the key of {} is not where this session put it",
+                    req.name
+                ),
                 false,
             ));
         }
         if holding(&queue)[me] {
-            self.forget(&req.owner);
-            self.inner
-                .keys
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(req.owner.clone(), (mine.revision, session.id));
+            self.keys().record(&req.owner, mine.revision);
             return Ok(Acquire::Granted(Grant {
                 token: FencingToken::new(u64::try_from(mine.revision).unwrap_or(0)),
                 expiry: Expiry::Session(session.liveness()),
@@ -626,22 +717,23 @@ impl Backend for EtcdBackend {
                 .txn(undo)
                 .await
                 .map_err(|e| map_error(e, "withdrawing"))?;
+            self.forget(&req.owner);
             return Ok(Acquire::Busy(WaitHint::none()));
         }
-        self.inner
-            .keys
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(req.owner.clone(), (mine.revision, session.id));
+        self.keys().record(&req.owner, mine.revision);
         let hint = match in_the_way(&queue, me) {
-            Some((key, prefix)) => Hint {
-                key: key.to_vec(),
-                prefix,
+            Some(before) => Hint {
+                key: before.key.clone(),
+                prefix: false,
+                deletes_only: true,
+                created: Some(before.revision),
                 from,
             },
             None => Hint {
                 key: dir.into_bytes(),
                 prefix: true,
+                deletes_only: true,
+                created: None,
                 from,
             },
         };
@@ -650,15 +742,21 @@ impl Backend for EtcdBackend {
 
     async fn renew(&self, req: &Request) -> Result<Renewal> {
         // Grants live by the session; this only says whether the key is still ours.
-        let key = format!("{}{}", self.dir(&req.name, req.mode), req.owner);
+        let Some(placed) = self.keys().by_owner.get(&req.owner).cloned() else {
+            return Ok(Renewal::Lost(LossReason::NotOwner));
+        };
         let found = self
             .client()
-            .get(key, None)
+            .get(placed.key(), None)
             .await
             .map_err(|e| map_error(e, "checking a key"))?;
         let session = self.current_session().await;
         match (found.kvs().first(), session) {
-            (Some(kv), Some(session)) if kv.lease() == session.id && session.is_alive() => {
+            (Some(kv), Some(session))
+                if kv.lease() == session.id
+                    && session.is_alive()
+                    && placed.revision == Some(kv.create_revision()) =>
+            {
                 Ok(Renewal::Renewed(Expiry::Session(session.liveness())))
             }
             _ => Ok(Renewal::Lost(LossReason::NotOwner)),
@@ -666,21 +764,16 @@ impl Backend for EtcdBackend {
     }
 
     async fn release(&self, req: &Request) -> Result<Release> {
-        let key = format!("{}{}", self.dir(&req.name, req.mode), req.owner);
-        let known = self
-            .inner
-            .keys
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&req.owner);
+        let Some(placed) = self.keys().by_owner.get(&req.owner).cloned() else {
+            return Ok(Release::NotHeld);
+        };
+        let key = placed.key();
         // Delete only the key this acquisition created: compare its create revision (or,
-        // for a key whose creation went unanswered, its lease).
-        let guard = match (known, self.current_session().await) {
-            (Some((revision, _)), _) => {
-                Compare::create_revision(key.as_str(), CompareOp::Equal, revision)
-            }
-            (None, Some(session)) => Compare::lease(key.as_str(), CompareOp::Equal, session.id),
-            (None, None) => return Ok(Release::NotHeld),
+        // for a key whose creation went unanswered, its lease — the slot is this
+        // acquisition's alone until it is forgotten).
+        let guard = match placed.revision {
+            Some(revision) => Compare::create_revision(key.as_str(), CompareOp::Equal, revision),
+            None => Compare::lease(key.as_str(), CompareOp::Equal, placed.lease),
         };
         let answer = self
             .client()
@@ -691,6 +784,8 @@ impl Backend for EtcdBackend {
             )
             .await
             .map_err(|e| map_error(e, "releasing"))?;
+        // A put whose answer was lost may still land in the slot: never hand it out again.
+        self.keys().forget(&req.owner, placed.revision.is_none());
         let deleted = answer
             .op_responses()
             .iter()
@@ -706,9 +801,17 @@ impl Backend for EtcdBackend {
         let Some(hint) = hint.get::<Hint>() else {
             return Ok(());
         };
-        let mut options = WatchOptions::new().with_start_revision(hint.from);
+        // The watch starts at the current revision, not at `hint.from`: etcd serves a watch
+        // that starts in the past from a catch-up loop that runs every 100 ms, one that
+        // starts now at once. What changed before the watch was in place is looked up once
+        // it is: etcd fixes a new watch's start revision before it registers it, and a
+        // write in between also leaves it to the catch-up loop.
+        let mut options = WatchOptions::new();
         if hint.prefix {
             options = options.with_prefix();
+        }
+        if hint.deletes_only {
+            options = options.with_filters([WatchFilterType::NoPut]);
         }
         let watched = async {
             let mut stream = self
@@ -722,6 +825,12 @@ impl Backend for EtcdBackend {
                     .await
                     .map_err(|e| map_error(e, "watching"))?
                 {
+                    Some(answer) if answer.created() => {
+                        let now = answer.header().map_or(i64::MAX, |h| h.revision());
+                        if self.moved(hint, now).await? {
+                            return Ok(());
+                        }
+                    }
                     Some(answer) if !answer.events().is_empty() || answer.canceled() => {
                         return Ok(());
                     }
@@ -762,6 +871,8 @@ impl Backend for EtcdBackend {
             hint: WaitHint::new(Hint {
                 key: format!("{}/{name}/", self.inner.options.prefix).into_bytes(),
                 prefix: true,
+                deletes_only: false,
+                created: None,
                 from: revision + 1,
             }),
             ..LockState::default()
@@ -865,8 +976,9 @@ mod tests {
         let q = [entry(s, 1), entry(s, 2), entry(x, 3), entry(s, 4)];
         assert_eq!(holding(&q), [true, true, false, false]);
         // The writer waits for the reader before it; the late reader for the writer.
-        assert_eq!(in_the_way(&q, 2).unwrap().0, b"k2");
-        assert_eq!(in_the_way(&q, 3).unwrap().0, b"k3");
+        assert_eq!(in_the_way(&q, 2).unwrap().key, b"k2");
+        assert_eq!(in_the_way(&q, 3).unwrap().key, b"k3");
+        assert!(in_the_way(&q, 0).is_none());
         let p = Mode::Permit {
             limit: std::num::NonZeroU32::new(2).unwrap(),
         };
@@ -878,8 +990,35 @@ mod tests {
 
     #[test]
     fn values_round_trip() {
-        let kv_value = encode(Mode::Exclusive, Some(b"10.0.0.7:80\nmore"));
-        assert_eq!(&kv_value[..2], b"x\n");
+        let owner = OwnerId::parse("o1").unwrap();
+        let limit = std::num::NonZeroU32::new(3).unwrap();
+        for (mode, value) in [
+            (Mode::Exclusive, Some(&b"10.0.0.7:80\nmore"[..])),
+            (Mode::Shared, None),
+            (Mode::Permit { limit }, Some(&b"v"[..])),
+        ] {
+            let (m, o, v) = decode_value(&encode(mode, &owner, value)).unwrap();
+            assert_eq!((m, &o, v.as_deref()), (mode, &owner, value));
+        }
+        assert!(decode_value(b"q o1\n").is_none());
+        assert!(decode_value(b"x o1").is_none());
         assert_eq!(prefix_end("a/b/"), b"a/b0".to_vec());
+    }
+
+    #[test]
+    fn slots_are_reused_unless_retired() {
+        let mut keys = Keys::default();
+        let [a, b, c, d] = ["a", "b", "c", "d"].map(|o| OwnerId::parse(o).unwrap());
+        assert_eq!(keys.place(&a, "p/n/lock/", 7).key(), "p/n/lock/7.0");
+        assert_eq!(keys.place(&b, "p/n/lock/", 7).slot, 1);
+        // Placing again is idempotent; other sessions and directories count apart.
+        assert_eq!(keys.place(&a, "p/n/lock/", 7).slot, 0);
+        assert_eq!(keys.place(&c, "p/n/lock/", 8).slot, 0);
+        keys.forget(&a, false);
+        assert_eq!(keys.place(&d, "p/n/lock/", 7).slot, 0);
+        keys.forget(&b, true);
+        keys.forget(&d, false);
+        assert_eq!(keys.place(&a, "p/n/lock/", 7).slot, 0);
+        assert_eq!(keys.place(&d, "p/n/lock/", 7).slot, 2);
     }
 }

@@ -291,3 +291,45 @@ async fn closing_the_session_frees_every_lock_at_once() {
     drop(a);
     assert!(c.mutex("c").unwrap().try_lock().await.unwrap().is_some());
 }
+
+#[tokio::test]
+async fn a_busy_name_reuses_its_keys_instead_of_piling_up_deleted_ones() {
+    let etcd = Etcd::start().await.unwrap();
+    let c = client(&etcd.endpoints(), Duration::from_secs(5)).await;
+    let mut kv = Etcd3::connect(
+        etcd.endpoints()
+            .iter()
+            .map(|e| format!("http://{e}"))
+            .collect::<Vec<_>>(),
+        None,
+    )
+    .await
+    .unwrap();
+    let mut keys = std::collections::BTreeSet::new();
+    let held_keys = async |kv: &mut Etcd3| -> Vec<String> {
+        let found = kv
+            .get(
+                "leasehold/",
+                Some(etcd_client::GetOptions::new().with_prefix()),
+            )
+            .await
+            .unwrap();
+        found
+            .kvs()
+            .iter()
+            .map(|k| k.key_str().unwrap().to_owned())
+            .collect()
+    };
+    let semaphore = c.semaphore("pool", 2).unwrap();
+    for _ in 0..10 {
+        let a = semaphore.acquire().await.unwrap();
+        let b = semaphore.acquire().await.unwrap();
+        let now = held_keys(&mut kv).await;
+        assert_eq!(now.len(), 2, "{now:?}");
+        keys.extend(now);
+        a.release().await.unwrap();
+        b.release().await.unwrap();
+    }
+    assert!(held_keys(&mut kv).await.is_empty());
+    assert_eq!(keys.len(), 2, "keys used: {keys:?}");
+}

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::backend::{Mode, Release};
-use crate::engine::release_in_background;
+use crate::engine::{self, release_in_background};
 use crate::error::{Error, LossReason, Result};
 use crate::fencing::FencingToken;
 use crate::lease::{Lease, State};
@@ -130,7 +130,8 @@ impl Guard {
     ///   overlapped another holder's (the release is still attempted, owner-checked).
     /// - [`Error::NotHeld`] if the server had no grant for this owner (it lost it without
     ///   the holder noticing).
-    /// - Backend errors; if the outcome is unknown the release is retried in the background.
+    /// - Backend errors, once retrying them for about one request timeout has not helped;
+    ///   if the outcome is unknown the release goes on in the background.
     pub async fn release(mut self) -> Result<()> {
         self.released = true;
         let lease = &self.lease;
@@ -143,9 +144,7 @@ impl Guard {
         let ended = lease.finish();
         let client = &lease.client;
         let timeout = lease.options.request_timeout();
-        let answer = client
-            .call(timeout, client.backend().release(&lease.request))
-            .await;
+        let answer = engine::release(client, &lease.request, timeout).await;
         if let Err(error) = &answer
             && error.is_unknown_outcome()
         {

@@ -1,0 +1,311 @@
+//! leasehold's etcd backend side by side with etcd's own lock service (the `v3lock` API,
+//! driven through etcd-client's `lock` / `unlock` with one lease per client granted up
+//! front), on one etcd member, in one run.
+//!
+//! ```sh
+//! cargo run --release -p leasehold-bench --bin etcd-compare             # starts its own etcd
+//! cargo run --release -p leasehold-bench --bin etcd-compare -- --url etcd://127.0.0.1:2379 --duration 5s --json
+//! ```
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark: failures should be loud
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::time::{Duration, Instant};
+
+use etcd_client::{Client, LockOptions};
+use leasehold_cli::bench::{BenchSpec, Row, Stats, cycles, handoffs, json, table};
+use serde_json::json as j;
+
+const ROUNDS: usize = 3;
+/// Long enough for the whole run, so the stock clients need no keep-alive stream.
+const LEASE_SECONDS: i64 = 3600;
+
+struct Args {
+    url: Option<String>,
+    duration: Duration,
+    clients: usize,
+    handoffs: usize,
+    json: bool,
+    /// Run only one side (`leasehold` or `stock`), to profile it.
+    only: Option<String>,
+}
+
+fn args() -> Args {
+    let mut args = Args {
+        url: None,
+        duration: Duration::from_secs(3),
+        clients: 16,
+        handoffs: 100,
+        json: false,
+        only: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--url" => args.url = it.next(),
+            "--duration" => {
+                args.duration = leasehold::parse_duration(&it.next().expect("--duration D"))
+                    .expect("a duration such as 3s")
+            }
+            "--clients" => {
+                args.clients = it.next().and_then(|n| n.parse().ok()).expect("--clients N")
+            }
+            "--handoffs" => {
+                args.handoffs = it
+                    .next()
+                    .and_then(|n| n.parse().ok())
+                    .expect("--handoffs N")
+            }
+            "--json" => args.json = true,
+            "--only" => args.only = it.next(),
+            other => panic!("unknown argument {other}; see the source's header"),
+        }
+    }
+    args
+}
+
+/// An etcd-client connection with its own lease, as a user of the lock service would
+/// hold one (without a lease, every `lock` call makes the server grant a fresh one).
+#[derive(Clone)]
+struct Stock {
+    client: Client,
+    lease: i64,
+}
+
+impl Stock {
+    async fn connect(endpoints: &[String]) -> Stock {
+        let mut client = Client::connect(endpoints, None).await.unwrap();
+        let lease = client.lease_grant(LEASE_SECONDS, None).await.unwrap().id();
+        Stock { client, lease }
+    }
+
+    async fn lock(&mut self, name: &str) -> Vec<u8> {
+        let options = LockOptions::new().with_lease(self.lease);
+        let locked = self.client.lock(name, Some(options)).await.unwrap();
+        locked.key().to_vec()
+    }
+
+    async fn unlock(&mut self, key: Vec<u8>) {
+        self.client.unlock(key).await.unwrap();
+    }
+}
+
+type Cycle = Pin<Box<dyn Future<Output = Duration> + Send>>;
+
+/// One stock cycle: `lock` (timed), then `unlock`.
+fn stock_cycle(stock: Stock, name: String) -> impl FnMut() -> Cycle + Send + 'static {
+    move || {
+        let mut stock = stock.clone();
+        let name = name.clone();
+        Box::pin(async move {
+            let started = Instant::now();
+            let key = stock.lock(&name).await;
+            let took = started.elapsed();
+            stock.unlock(key).await;
+            took
+        })
+    }
+}
+
+/// Unary gRPC requests the member has started (streams such as keep-alive and watch are
+/// not counted): each is one client round trip.
+async fn unary_requests(member: SocketAddr) -> f64 {
+    let metrics = leasehold_testkit::probe::http_get(member, "/metrics")
+        .await
+        .unwrap();
+    metrics
+        .lines()
+        .filter(|l| {
+            l.starts_with("grpc_server_started_total{") && l.contains("grpc_type=\"unary\"")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let args = args();
+    let server;
+    let url = match &args.url {
+        Some(url) => url.clone(),
+        None => {
+            server = leasehold_testkit::Etcd::start().await.expect("etcd");
+            server.url()
+        }
+    };
+    let endpoints: Vec<String> = url
+        .trim_start_matches("etcd://")
+        .split(['/', '?'])
+        .next()
+        .unwrap_or_default()
+        .split(',')
+        .map(str::to_owned)
+        .collect();
+    let spec = BenchSpec {
+        duration: args.duration,
+        clients: args.clients,
+        handoffs: args.handoffs,
+    };
+    let mut stock = Vec::new();
+    for _ in 0..args.clients.max(2) {
+        stock.push(Stock::connect(&endpoints).await);
+    }
+
+    // The two implementations take turns, ROUNDS times, and each row keeps its best round.
+    let mut best: Vec<Row> = Vec::new();
+    let mut keep = |rows: Vec<Row>| {
+        for row in rows {
+            match best.iter_mut().find(|b| b.name == row.name) {
+                Some(b) if row.handoff && row.stats.quantile(0.5) < b.stats.quantile(0.5) => {
+                    *b = row
+                }
+                Some(b) if !row.handoff && row.stats.rate() > b.stats.rate() => *b = row,
+                Some(_) => {}
+                None => best.push(row),
+            }
+        }
+    };
+    let runs = |side: &str| args.only.as_deref().is_none_or(|only| only == side);
+    for round in 0..ROUNDS {
+        if runs("leasehold") {
+            let rows = leasehold_cli::bench::leasehold(&spec, || leasehold::connect(&url))
+                .await
+                .expect("leasehold benchmark");
+            keep(rows);
+        }
+        if !runs("stock") {
+            continue;
+        }
+
+        let mut rows = vec![
+            Row {
+                name: "etcd lock service, 1 client".into(),
+                stats: cycles(1, spec.duration, |_| {
+                    stock_cycle(stock[0].clone(), "stock-solo".into())
+                })
+                .await,
+                handoff: false,
+            },
+            Row {
+                name: format!(
+                    "etcd lock service, {} clients on {} names",
+                    args.clients, args.clients
+                ),
+                stats: cycles(args.clients, spec.duration, |i| {
+                    stock_cycle(stock[i].clone(), format!("stock-name-{i}"))
+                })
+                .await,
+                handoff: false,
+            },
+            Row {
+                name: format!("etcd lock service, {} clients on 1 name", args.clients),
+                stats: cycles(args.clients, spec.duration, |i| {
+                    stock_cycle(stock[i].clone(), "stock-shared".into())
+                })
+                .await,
+                handoff: false,
+            },
+        ];
+        // Its hand-off takes tens of milliseconds: one round of samples is enough.
+        if round == 0 {
+            let (holder, waiter) = (stock[0].clone(), stock[1].clone());
+            rows.push(Row {
+                name: "etcd lock service hand-off".into(),
+                stats: handoffs(
+                    args.handoffs.min(30),
+                    || {
+                        let mut holder = holder.clone();
+                        async move { holder.lock("stock-handoff").await }
+                    },
+                    || {
+                        let mut waiter = waiter.clone();
+                        async move {
+                            let key = waiter.lock("stock-handoff").await;
+                            let at = Instant::now();
+                            waiter.unlock(key).await;
+                            at
+                        }
+                    },
+                    |key| {
+                        let mut holder = holder.clone();
+                        async move { holder.unlock(key).await }
+                    },
+                )
+                .await,
+                handoff: true,
+            });
+        }
+        keep(rows);
+    }
+    let rows = best;
+    let row = |name: &str| -> Stats {
+        rows.iter()
+            .find(|r| r.name == name)
+            .map(|r| r.stats.clone())
+            .unwrap_or_default()
+    };
+    let n = args.clients;
+    let ratio = |ours: &str, theirs: &str| row(ours).rate() / row(theirs).rate();
+    let p50_ms = |name: &str| row(name).quantile(0.5).as_secs_f64() * 1000.0;
+
+    // Round trips of an uncontended cycle, counted by the member around plain cycles.
+    let member: SocketAddr = endpoints[0].parse().expect("an ip:port endpoint");
+    let client = leasehold::connect(&url).await.expect("connect");
+    let mutex = client.mutex("round-trips").expect("name");
+    let cycle = async || mutex.lock().await.unwrap().release().await.unwrap();
+    cycle().await;
+    let counted = 500u32;
+    let before = unary_requests(member).await;
+    for _ in 0..counted {
+        cycle().await;
+    }
+    let ours_per_cycle = (unary_requests(member).await - before) / f64::from(counted);
+    let mut solo = stock[0].clone();
+    let before = unary_requests(member).await;
+    for _ in 0..counted {
+        let key = solo.lock("round-trips-stock").await;
+        solo.unlock(key).await;
+    }
+    let stock_per_cycle = (unary_requests(member).await - before) / f64::from(counted);
+
+    let summary = j!({
+        "leasehold_vs_stock_1_client": ratio("leasehold uncontended, 1 client", "etcd lock service, 1 client"),
+        "leasehold_vs_stock_n_clients": ratio(
+            &format!("leasehold uncontended, {n} clients on {n} names"),
+            &format!("etcd lock service, {n} clients on {n} names"),
+        ),
+        "leasehold_vs_stock_contended": ratio(
+            &format!("leasehold contended, {n} clients on 1 name"),
+            &format!("etcd lock service, {n} clients on 1 name"),
+        ),
+        "leasehold_handoff_p50_ms": p50_ms("leasehold hand-off (release -> next holds)"),
+        "stock_handoff_p50_ms": p50_ms("etcd lock service hand-off"),
+        "round_trips_per_leasehold_cycle": ours_per_cycle,
+        "round_trips_per_stock_cycle": stock_per_cycle,
+    });
+    if args.json {
+        let mut out = json(&rows);
+        out["summary"] = summary;
+        println!("{out}");
+    } else {
+        print!("{}", table(&rows));
+        let f = |key: &str| summary[key].as_f64().unwrap_or(f64::NAN);
+        println!();
+        println!(
+            "leasehold / etcd lock service: {:.2} (1 client), {:.2} ({n} clients), {:.2} (contended)",
+            f("leasehold_vs_stock_1_client"),
+            f("leasehold_vs_stock_n_clients"),
+            f("leasehold_vs_stock_contended"),
+        );
+        println!(
+            "hand-off p50: leasehold {:.2} ms, etcd lock service {:.2} ms",
+            f("leasehold_handoff_p50_ms"),
+            f("stock_handoff_p50_ms"),
+        );
+        println!(
+            "round trips per uncontended cycle (acquire + release): leasehold {:.2}, etcd lock service {:.2}",
+            ours_per_cycle, stock_per_cycle
+        );
+    }
+}

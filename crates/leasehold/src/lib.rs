@@ -99,10 +99,25 @@ pub async fn connect_backend(url: &str) -> Result<Arc<dyn Backend>> {
         "redlock" => Ok(Arc::new(redis::RedlockBackend::connect(url).await?)),
         #[cfg(feature = "etcd")]
         "etcd" | "etcds" => Ok(Arc::new(etcd::EtcdBackend::connect(url).await?)),
-        other => Err(invalid(format!(
-            "unknown scheme {other:?}; this build supports {}",
-            supported_schemes().join(", ")
-        ))),
+        other => {
+            let feature = match other {
+                "file" => Some("file"),
+                "redis" | "rediss" | "redlock" => Some("redis"),
+                "etcd" | "etcds" => Some("etcd"),
+                _ => None,
+            };
+            Err(invalid(match feature {
+                Some(feature) => format!(
+                    "{other}:// needs leasehold built with the `{feature}` cargo feature; \
+                     this build supports {}",
+                    supported_schemes().join(", ")
+                ),
+                None => format!(
+                    "unknown scheme {other:?}; this build supports {}",
+                    supported_schemes().join(", ")
+                ),
+            }))
+        }
     }
 }
 

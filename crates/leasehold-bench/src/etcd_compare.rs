@@ -17,53 +17,12 @@ use etcd_client::{Client, LockOptions};
 use leasehold_cli::bench::{BenchSpec, Row, Stats, cycles, handoffs, json, table};
 use serde_json::json as j;
 
+mod common;
+use common::{Args, Best};
+
 const ROUNDS: usize = 3;
 /// Long enough for the whole run, so the stock clients need no keep-alive stream.
 const LEASE_SECONDS: i64 = 3600;
-
-struct Args {
-    url: Option<String>,
-    duration: Duration,
-    clients: usize,
-    handoffs: usize,
-    json: bool,
-    /// Run only one side (`leasehold` or `stock`), to profile it.
-    only: Option<String>,
-}
-
-fn args() -> Args {
-    let mut args = Args {
-        url: None,
-        duration: Duration::from_secs(3),
-        clients: 16,
-        handoffs: 100,
-        json: false,
-        only: None,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(arg) = it.next() {
-        match arg.as_str() {
-            "--url" => args.url = it.next(),
-            "--duration" => {
-                args.duration = leasehold::parse_duration(&it.next().expect("--duration D"))
-                    .expect("a duration such as 3s")
-            }
-            "--clients" => {
-                args.clients = it.next().and_then(|n| n.parse().ok()).expect("--clients N")
-            }
-            "--handoffs" => {
-                args.handoffs = it
-                    .next()
-                    .and_then(|n| n.parse().ok())
-                    .expect("--handoffs N")
-            }
-            "--json" => args.json = true,
-            "--only" => args.only = it.next(),
-            other => panic!("unknown argument {other}; see the source's header"),
-        }
-    }
-    args
-}
 
 /// An etcd-client connection with its own lease, as a user of the lock service would
 /// hold one (without a lease, every `lock` call makes the server grant a fresh one).
@@ -125,7 +84,7 @@ async fn unary_requests(member: SocketAddr) -> f64 {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let args = args();
+    let args = Args::parse();
     let server;
     let url = match &args.url {
         Some(url) => url.clone(),
@@ -153,28 +112,15 @@ async fn main() {
     }
 
     // The two implementations take turns, ROUNDS times, and each row keeps its best round.
-    let mut best: Vec<Row> = Vec::new();
-    let mut keep = |rows: Vec<Row>| {
-        for row in rows {
-            match best.iter_mut().find(|b| b.name == row.name) {
-                Some(b) if row.handoff && row.stats.quantile(0.5) < b.stats.quantile(0.5) => {
-                    *b = row
-                }
-                Some(b) if !row.handoff && row.stats.rate() > b.stats.rate() => *b = row,
-                Some(_) => {}
-                None => best.push(row),
-            }
-        }
-    };
-    let runs = |side: &str| args.only.as_deref().is_none_or(|only| only == side);
+    let mut best = Best::default();
     for round in 0..ROUNDS {
-        if runs("leasehold") {
+        if args.runs("leasehold") {
             let rows = leasehold_cli::bench::leasehold(&spec, || leasehold::connect(&url))
                 .await
                 .expect("leasehold benchmark");
-            keep(rows);
+            best.keep(rows);
         }
-        if !runs("stock") {
+        if !args.runs("stock") {
             continue;
         }
 
@@ -236,9 +182,9 @@ async fn main() {
                 handoff: true,
             });
         }
-        keep(rows);
+        best.keep(rows);
     }
-    let rows = best;
+    let rows = best.0;
     let row = |name: &str| -> Stats {
         rows.iter()
             .find(|r| r.name == name)

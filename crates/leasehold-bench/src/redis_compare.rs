@@ -16,49 +16,12 @@ use leasehold_cli::bench::{BenchSpec, Row, Stats, cycles, handoffs, json, table}
 use redis::aio::ConnectionManager;
 use serde_json::json as j;
 
+mod common;
+use common::{Args, Best};
+
 const TTL: Duration = Duration::from_secs(30);
 const ROUNDS: usize = 3;
 const UNLOCK: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end";
-
-struct Args {
-    url: Option<String>,
-    duration: Duration,
-    clients: usize,
-    handoffs: usize,
-    json: bool,
-}
-
-fn args() -> Args {
-    let mut args = Args {
-        url: None,
-        duration: Duration::from_secs(3),
-        clients: 16,
-        handoffs: 100,
-        json: false,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(arg) = it.next() {
-        match arg.as_str() {
-            "--url" => args.url = it.next(),
-            "--duration" => {
-                args.duration = leasehold::parse_duration(&it.next().expect("--duration D"))
-                    .expect("a duration such as 3s")
-            }
-            "--clients" => {
-                args.clients = it.next().and_then(|n| n.parse().ok()).expect("--clients N")
-            }
-            "--handoffs" => {
-                args.handoffs = it
-                    .next()
-                    .and_then(|n| n.parse().ok())
-                    .expect("--handoffs N")
-            }
-            "--json" => args.json = true,
-            other => panic!("unknown argument {other}; see the source's header"),
-        }
-    }
-    args
-}
 
 async fn bare_connection(url: &str) -> ConnectionManager {
     redis::Client::open(url)
@@ -142,7 +105,7 @@ async fn commands(conn: &mut ConnectionManager) -> u64 {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let args = args();
+    let args = Args::parse();
     let server;
     let url = match &args.url {
         Some(url) => url.clone(),
@@ -167,29 +130,16 @@ async fn main() {
         .map(|_| Arc::new(rslock::LockManager::new(vec![url.clone()])))
         .collect();
 
-    // The three implementations take turns, ROUNDS times, and each row keeps its best
-    // round: on a small machine whatever else runs (the server itself) moves single runs.
-    let mut best: Vec<Row> = Vec::new();
-    let mut keep = |rows: Vec<Row>| {
-        for row in rows {
-            match best.iter_mut().find(|b| b.name == row.name) {
-                Some(b) if row.handoff && row.stats.quantile(0.5) < b.stats.quantile(0.5) => {
-                    *b = row
-                }
-                Some(b) if !row.handoff && row.stats.rate() > b.stats.rate() => *b = row,
-                Some(_) => {}
-                None => best.push(row),
-            }
-        }
-    };
+    // The three implementations take turns, ROUNDS times, and each row keeps its best round.
+    let mut best = Best::default();
     for round in 0..ROUNDS {
         let rows = leasehold_cli::bench::leasehold(&spec, || leasehold::connect(&url))
             .await
             .expect("leasehold benchmark");
-        keep(rows);
+        best.keep(rows);
 
         let solo = bare[0].clone();
-        keep(vec![
+        best.keep(vec![
             Row {
                 name: "bare SET NX PX + EVALSHA, 1 client".into(),
                 stats: cycles(1, spec.duration, |_| {
@@ -265,9 +215,9 @@ async fn main() {
                 handoff: true,
             });
         }
-        keep(rows);
+        best.keep(rows);
     }
-    let rows = best;
+    let rows = best.0;
 
     let _ = ROUNDS;
     let rate = |name: &str| -> Stats {

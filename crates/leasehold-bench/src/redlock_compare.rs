@@ -7,28 +7,17 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark: failures should be loud
 
-use std::time::Duration;
-
-use leasehold_cli::bench::{BenchSpec, Row, json, table};
+use leasehold_cli::bench::{BenchSpec, json, table};
 use serde_json::json as j;
+
+mod common;
+use common::{Args, Best};
 
 const ROUNDS: usize = 2;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let mut duration = Duration::from_secs(3);
-    let mut as_json = false;
-    let mut args = std::env::args().skip(1);
-    while let Some(arg) = args.next() {
-        match arg.as_str() {
-            "--duration" => {
-                duration = leasehold::parse_duration(&args.next().expect("--duration D"))
-                    .expect("a duration such as 3s")
-            }
-            "--json" => as_json = true,
-            other => panic!("unknown argument {other}"),
-        }
-    }
+    let args = Args::parse();
     let single = leasehold_testkit::Redis::start()
         .await
         .expect("redis-server");
@@ -50,29 +39,27 @@ async fn main() {
         ("redlock N=5, fencing", redlock.clone()),
     ];
     let spec = BenchSpec {
-        duration,
-        clients: 16,
-        handoffs: 100,
+        duration: args.duration,
+        clients: args.clients,
+        handoffs: args.handoffs,
     };
-    let mut best: Vec<Row> = Vec::new();
+    let mut best = Best::default();
     for _ in 0..ROUNDS {
         for (label, url) in &targets {
             let rows = leasehold_cli::bench::leasehold(&spec, || leasehold::connect(url))
                 .await
                 .expect("benchmark");
-            for mut row in rows {
-                row.name = row.name.replacen("leasehold", label, 1);
-                match best.iter_mut().find(|b| b.name == row.name) {
-                    Some(b) if row.handoff && row.stats.quantile(0.5) < b.stats.quantile(0.5) => {
-                        *b = row
-                    }
-                    Some(b) if !row.handoff && row.stats.rate() > b.stats.rate() => *b = row,
-                    Some(_) => {}
-                    None => best.push(row),
-                }
-            }
+            best.keep(
+                rows.into_iter()
+                    .map(|mut row| {
+                        row.name = row.name.replacen("leasehold", label, 1);
+                        row
+                    })
+                    .collect(),
+            );
         }
     }
+    let best = best.0;
     let p50 = |label: &str| {
         best.iter()
             .find(|r| r.name == format!("{label} uncontended, 1 client"))
@@ -83,7 +70,7 @@ async fn main() {
         "redlock_no_fencing_vs_single_p50": p50(targets[1].0) / p50(targets[0].0),
         "redlock_fencing_vs_single_p50": p50(targets[2].0) / p50(targets[0].0),
     });
-    if as_json {
+    if args.json {
         let mut out = json(&best);
         out["summary"] = summary;
         println!("{out}");

@@ -33,6 +33,16 @@ async fn client(endpoints: &[String], session_ttl: Duration) -> Client {
         .build()
 }
 
+/// A plain etcd-client connection to `etcd`, for looking at and writing keys directly.
+async fn raw(etcd: &Etcd) -> Etcd3 {
+    let endpoints: Vec<String> = etcd
+        .endpoints()
+        .iter()
+        .map(|e| format!("http://{e}"))
+        .collect();
+    Etcd3::connect(endpoints, None).await.unwrap()
+}
+
 /// Waits, without polling, until `check` holds for the state of `name` as `observer` sees it.
 async fn until(observer: &Client, name: &str, check: impl Fn(&leasehold_core::LockState) -> bool) {
     let lock = LockName::new(name).unwrap();
@@ -217,15 +227,7 @@ async fn the_owner_predicate_guards_writes_in_the_callers_own_transactions() {
     let etcd = Etcd::start().await.unwrap();
     let locks = backend(&etcd.endpoints(), Duration::from_secs(5)).await;
     let c = Client::builder(locks.clone()).options(options()).build();
-    let mut kv = Etcd3::connect(
-        etcd.endpoints()
-            .iter()
-            .map(|e| format!("http://{e}"))
-            .collect::<Vec<_>>(),
-        None,
-    )
-    .await
-    .unwrap();
+    let mut kv = raw(&etcd).await;
     let guard = c.mutex("ledger").unwrap().lock().await.unwrap();
     let write = |value: &'static str| {
         Txn::new()
@@ -296,15 +298,7 @@ async fn closing_the_session_frees_every_lock_at_once() {
 async fn a_busy_name_reuses_its_keys_instead_of_piling_up_deleted_ones() {
     let etcd = Etcd::start().await.unwrap();
     let c = client(&etcd.endpoints(), Duration::from_secs(5)).await;
-    let mut kv = Etcd3::connect(
-        etcd.endpoints()
-            .iter()
-            .map(|e| format!("http://{e}"))
-            .collect::<Vec<_>>(),
-        None,
-    )
-    .await
-    .unwrap();
+    let mut kv = raw(&etcd).await;
     let mut keys = std::collections::BTreeSet::new();
     let held_keys = async |kv: &mut Etcd3| -> Vec<String> {
         let found = kv

@@ -10,7 +10,8 @@ use leasehold::Backend;
 use rustix::process::{Pid, Signal, kill_process, test_kill_process};
 use tokio::process::Command;
 
-const BIN: &str = env!("CARGO_BIN_EXE_leasehold");
+mod common;
+use common::BIN;
 
 struct Dir {
     dir: tempfile::TempDir,
@@ -85,37 +86,7 @@ async fn runs_a_command_under_the_lock() {
 #[tokio::test]
 async fn twenty_processes_count_exactly_and_see_increasing_tokens() {
     let d = Dir::new();
-    let counter = d.path("counter");
-    let tokens = d.path("tokens");
-    std::fs::write(&counter, "0\n").unwrap();
-    // Read, pause, write: without mutual exclusion, increments get lost.
-    let script = format!(
-        r#"n=$(cat {c}); echo "$LEASEHOLD_TOKEN" >> {t}; sleep 0.02; echo $((n + 1)) > {c}"#,
-        c = counter.display(),
-        t = tokens.display()
-    );
-    let mut children = Vec::new();
-    for _ in 0..20 {
-        children.push(
-            d.leasehold(&["run", "counter", "--", "sh", "-c", &script])
-                .output(),
-        );
-    }
-    for child in children {
-        let out = child.await.unwrap();
-        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    }
-    assert_eq!(std::fs::read_to_string(&counter).unwrap().trim(), "20");
-    let seen: Vec<u64> = std::fs::read_to_string(&tokens)
-        .unwrap()
-        .lines()
-        .map(|l| l.parse().unwrap())
-        .collect();
-    assert_eq!(seen.len(), 20);
-    assert!(
-        seen.windows(2).all(|w| w[0] < w[1]),
-        "tokens in the order the commands ran: {seen:?}"
-    );
+    common::twenty_runs_share_a_counter(&d.url()).await;
 }
 
 #[tokio::test]

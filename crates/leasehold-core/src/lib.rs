@@ -43,7 +43,7 @@ pub use backend::{Backend, Capabilities, LockState, Mode};
 pub use client::{Client, ClientBuilder};
 pub use error::{Error, LossReason, Result};
 pub use fencing::{Fence, FencingToken, StaleToken};
-pub use name::{LockName, OwnerId};
+pub use name::{LockName, OwnerId, check_key_prefix};
 pub use options::{LockOptions, LockOptionsBuilder, MAX_DURATION, parse_duration};
 pub use redact::redact_url;
 pub use sync::{

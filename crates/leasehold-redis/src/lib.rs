@@ -127,17 +127,7 @@ impl RedisOptions {
     ///
     /// [`Error::InvalidArgument`] for other prefixes.
     pub fn prefix(mut self, prefix: &str) -> Result<Self> {
-        if prefix.is_empty()
-            || prefix.len() > 64
-            || !prefix
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || "_-.:".contains(c))
-        {
-            return Err(Error::invalid(
-                "key prefix",
-                format!("{prefix:?} is not 1-64 of A-Z a-z 0-9 _ - . :"),
-            ));
-        }
+        leasehold_core::check_key_prefix(prefix)?;
         self.prefix = prefix.into();
         Ok(self)
     }

@@ -70,31 +70,31 @@ async fn a_cut_session_loses_its_guards_before_etcd_frees_the_lock() {
     .await;
     let other = client(&etcd.endpoints(), Duration::from_secs(2)).await;
     let guard = cut_off.mutex("job").unwrap().lock().await.unwrap();
+    // The other client queues first, so it holds the moment etcd frees the lock.
+    let waiter = other.mutex("job").unwrap();
+    let next = tokio::spawn(async move {
+        let next = waiter
+            .lock_timeout(Duration::from_secs(15))
+            .await
+            .unwrap()
+            .expect("free once etcd expired the lease");
+        (next, std::time::Instant::now())
+    });
+    until(&other, "job", |state| !state.waiters.is_empty()).await;
     proxy.cut(Direction::Both);
     let reason = tokio::time::timeout(Duration::from_secs(10), guard.lost())
         .await
         .expect("no loss signal while the session was cut off");
+    let lost_at = std::time::Instant::now();
     assert!(
         matches!(reason, LossReason::Expired | LossReason::SessionEnded),
         "{reason:?}"
     );
-    // etcd still counts the lease: the holder gave up first.
+    let (next, granted_at) = next.await.unwrap();
     assert!(
-        other
-            .mutex("job")
-            .unwrap()
-            .try_lock()
-            .await
-            .unwrap()
-            .is_none()
+        lost_at <= granted_at,
+        "the next holder was granted before the loss signal"
     );
-    let next = other
-        .mutex("job")
-        .unwrap()
-        .lock_timeout(Duration::from_secs(10))
-        .await
-        .unwrap()
-        .expect("free once etcd expired the lease");
     assert!(next.token() > guard.token());
     proxy.heal();
 }

@@ -5,6 +5,7 @@
 //! ```sh
 //! cargo run --release -p leasehold-bench --bin redis-compare              # starts its own redis-server
 //! cargo run --release -p leasehold-bench --bin redis-compare -- --url redis://127.0.0.1:6379 --duration 5s --json
+//! cargo run --release -p leasehold-bench --bin redis-compare -- --only leasehold   # or bare, rslock: to profile one side
 //! ```
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark: failures should be loud
@@ -133,33 +134,40 @@ async fn main() {
     // The three implementations take turns, ROUNDS times, and each row keeps its best round.
     let mut best = Best::default();
     for round in 0..ROUNDS {
-        let rows = leasehold_cli::bench::leasehold(&spec, || leasehold::connect(&url))
-            .await
-            .expect("leasehold benchmark");
-        best.keep(rows);
+        if args.runs("leasehold") {
+            let rows = leasehold_cli::bench::leasehold(&spec, || leasehold::connect(&url))
+                .await
+                .expect("leasehold benchmark");
+            best.keep(rows);
+        }
 
         let solo = bare[0].clone();
-        best.keep(vec![
-            Row {
-                name: "bare SET NX PX + EVALSHA, 1 client".into(),
-                stats: cycles(1, spec.duration, |_| {
-                    bare_cycle(solo.clone(), "bare-solo".into())
-                })
-                .await,
-                handoff: false,
-            },
-            Row {
-                name: format!(
-                    "bare SET NX PX + EVALSHA, {} clients on {} names",
-                    args.clients, args.clients
-                ),
-                stats: cycles(args.clients, spec.duration, |i| {
-                    bare_cycle(bare[i].clone(), format!("bare-name-{i}"))
-                })
-                .await,
-                handoff: false,
-            },
-        ]);
+        if args.runs("bare") {
+            best.keep(vec![
+                Row {
+                    name: "bare SET NX PX + EVALSHA, 1 client".into(),
+                    stats: cycles(1, spec.duration, |_| {
+                        bare_cycle(solo.clone(), "bare-solo".into())
+                    })
+                    .await,
+                    handoff: false,
+                },
+                Row {
+                    name: format!(
+                        "bare SET NX PX + EVALSHA, {} clients on {} names",
+                        args.clients, args.clients
+                    ),
+                    stats: cycles(args.clients, spec.duration, |i| {
+                        bare_cycle(bare[i].clone(), format!("bare-name-{i}"))
+                    })
+                    .await,
+                    handoff: false,
+                },
+            ]);
+        }
+        if !args.runs("rslock") {
+            continue;
+        }
 
         let mut rows = vec![
             Row {

@@ -102,7 +102,15 @@ impl Watchdog {
         let mut schedule = self.schedule_guard();
         let later = schedule.due.split_off(&(now, u64::MAX));
         let due = std::mem::replace(&mut schedule.due, later);
-        let next = schedule.due.keys().next().map(|(at, _)| *at);
+        // With nothing left to renew, keep a wake-up already planned for later rather than
+        // sleep until the next change: leases that come and go between two looks at the
+        // schedule (short holds) would otherwise wake the timer task once each.
+        let next = schedule
+            .due
+            .keys()
+            .next()
+            .map(|(at, _)| *at)
+            .or(schedule.wakes_at.filter(|at| *at > now));
         schedule.wakes_at = next;
         let leases = due
             .into_values()
@@ -209,5 +217,28 @@ async fn renew(lease: &Lease) -> Option<Instant> {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+
+    #[test]
+    fn an_empty_schedule_keeps_a_planned_wake_up_until_it_has_passed() {
+        let clock = ManualClock::new();
+        let dog = Watchdog::default();
+        let planned = clock.now().checked_add(Duration::from_secs(10)).unwrap();
+        dog.schedule_guard().wakes_at = Some(planned);
+        // The lease the wake-up was planned for was released before the task looked: the
+        // task still sleeps until then, so the next lease (due later) needs no wake-up.
+        let (due, next) = dog.take_due(clock.now());
+        assert!(due.is_empty());
+        assert_eq!(next, Some(planned));
+        assert_eq!(dog.schedule_guard().wakes_at, Some(planned));
+        clock.advance(Duration::from_secs(10));
+        assert_eq!(dog.take_due(clock.now()).1, None);
+        assert_eq!(dog.schedule_guard().wakes_at, None);
     }
 }

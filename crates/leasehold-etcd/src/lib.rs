@@ -19,6 +19,9 @@
 //!   session before anything is granted; a waiter whose session ended while it waited is
 //!   refused (never granted on a dead lease).
 //! - **Release** deletes my key inside a transaction comparing its create revision.
+//! - **Lock-delay**: a grant with a lock-delay also puts a marker bound to a lease that
+//!   outlives the session's by the delay; a marker whose holder's key is gone closes the
+//!   queue until it expires; release deletes it with the key (see [`MARKER`]).
 //!
 //! URL: `etcd://[user:password@]host:port[,host:port...][?prefix=P&session_ttl=D&connect_timeout=D]`.
 //! See `docs/backends/etcd.md`.
@@ -146,7 +149,19 @@ impl Placed {
     fn key(&self) -> String {
         format!("{}{:x}.{}", self.dir, self.lease, self.slot)
     }
+
+    /// The lock-delay marker of this key (see [`MARKER`]).
+    fn marker(&self) -> String {
+        format!("{}.d", self.key())
+    }
 }
+
+/// The value of a lock-delay marker starts with this, then the owner. A marker is put
+/// beside a grant of a request with a lock-delay, bound to the session's delay lease
+/// (which outlives the session's own by the delay), and deleted with the key on release;
+/// a marker whose owner has no key left in the queue means its holder vanished without
+/// releasing, and closes the queue until it expires.
+const MARKER: &[u8] = b"d ";
 
 impl Keys {
     /// The owner's key, placing it in the lowest free slot of `dir` if it has none.
@@ -520,7 +535,7 @@ impl EtcdBackend {
     /// until the lease runs out (and its guards are lost then).
     pub async fn orphan(&self) {
         if let Some(session) = self.inner.session.lock().await.take() {
-            session.orphan();
+            session.orphan().await;
         }
     }
 
@@ -542,16 +557,30 @@ impl EtcdBackend {
         self.inner.keys.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The queue of `dir`, oldest first.
-    fn queue_of(responses: &[TxnOpResponse]) -> Vec<Entry> {
-        responses
+    /// The queue of `dir`, oldest first, and the oldest lock-delay marker that keeps it
+    /// closed (one whose owner has no key in the queue).
+    fn queue_of(responses: &[TxnOpResponse]) -> (Vec<Entry>, Option<(Vec<u8>, i64)>) {
+        let kvs = responses
             .iter()
             .rev()
             .find_map(|r| match r {
-                TxnOpResponse::Get(get) => Some(get.kvs().iter().filter_map(decode).collect()),
+                TxnOpResponse::Get(get) => Some(get.kvs()),
                 _ => None,
             })
-            .unwrap_or_default()
+            .unwrap_or_default();
+        let queue: Vec<Entry> = kvs.iter().filter_map(decode).collect();
+        let closed_by = kvs
+            .iter()
+            .find(|kv| {
+                kv.value()
+                    .strip_prefix(MARKER)
+                    .and_then(|owner| std::str::from_utf8(owner).ok())
+                    .is_some_and(|owner| {
+                        !queue.iter().any(|e| e.owner.as_str() == owner.trim_end())
+                    })
+            })
+            .map(|kv| (kv.key().to_vec(), kv.create_revision()));
+        (queue, closed_by)
     }
 
     fn sorted(dir: &str) -> GetOptions {
@@ -582,6 +611,44 @@ impl EtcdBackend {
     fn forget(&self, owner: &OwnerId) {
         self.keys().forget(owner, false);
     }
+
+    /// Puts the lock-delay marker of a grant, if its key is still the one granted; the
+    /// grant is reported only after this, so no holder ever works without its marker.
+    async fn put_marker(
+        &self,
+        session: &Session,
+        placed: &Placed,
+        owner: &OwnerId,
+        revision: i64,
+        delay: Duration,
+    ) -> Result<()> {
+        let lease = session.delay_lease(&self.inner.client, delay).await?;
+        let mut value = MARKER.to_vec();
+        value.extend_from_slice(owner.as_str().as_bytes());
+        let put = Txn::new()
+            .when([Compare::create_revision(
+                placed.key(),
+                CompareOp::Equal,
+                revision,
+            )])
+            .and_then([TxnOp::put(
+                placed.marker(),
+                value,
+                Some(PutOptions::new().with_lease(lease)),
+            )]);
+        let answer = self
+            .client()
+            .txn(put)
+            .await
+            .map_err(|e| map_error(e, "marking a grant for lock-delay"))?;
+        if answer.succeeded() {
+            Ok(())
+        } else {
+            // The key is gone: the session's lease ran out since the grant.
+            self.forget(owner);
+            Err(Error::Lost(LossReason::SessionEnded))
+        }
+    }
 }
 
 /// The end of the range of keys starting with `prefix`.
@@ -604,9 +671,8 @@ impl Backend for EtcdBackend {
         caps.shared = true;
         caps.permits = true;
         caps.sessions = true;
-        // Not offered: "closed for a while after an expiry" needs a second lease per grant
-        // that outlives the session by the delay; see docs/backends/etcd.md.
-        caps.lock_delay = false;
+        // Markers bound to a lease that outlives the session's by the delay.
+        caps.lock_delay = true;
         caps
     }
 
@@ -664,7 +730,7 @@ impl Backend for EtcdBackend {
             self.forget(&req.owner);
             return Err(Error::Lost(LossReason::SessionEnded));
         }
-        let queue = Self::queue_of(&responses);
+        let (queue, closed_by) = Self::queue_of(&responses);
         let from = header_revision(&responses, revision) + 1;
         let Some(me) = queue.iter().position(|e| e.owner == req.owner) else {
             // A try that found the queue occupied: nothing was written.
@@ -687,8 +753,13 @@ impl Backend for EtcdBackend {
                 false,
             ));
         }
-        if holding(&queue)[me] {
+        let granted = holding(&queue)[me];
+        if granted && closed_by.is_none() {
             self.keys().record(&req.owner, mine.revision);
+            if let Some(delay) = req.lock_delay {
+                self.put_marker(&session, &placed, &req.owner, mine.revision, delay)
+                    .await?;
+            }
             return Ok(Acquire::Granted(Grant {
                 token: FencingToken::new(u64::try_from(mine.revision).unwrap_or(0)),
                 expiry: Expiry::Session(session.liveness()),
@@ -711,15 +782,23 @@ impl Backend for EtcdBackend {
             return Ok(Acquire::Busy(WaitHint::none()));
         }
         self.keys().record(&req.owner, mine.revision);
-        let hint = match in_the_way(&queue, me) {
-            Some(before) => Hint {
+        let hint = match (in_the_way(&queue, me), closed_by) {
+            // First in line, but a vanished holder's lock-delay is not over.
+            (_, Some((marker, created))) if granted => Hint {
+                key: marker,
+                prefix: false,
+                deletes_only: true,
+                created: Some(created),
+                from,
+            },
+            (Some(before), _) => Hint {
                 key: before.key.clone(),
                 prefix: false,
                 deletes_only: true,
                 created: Some(before.revision),
                 from,
             },
-            None => Hint {
+            (None, _) => Hint {
                 key: dir.into_bytes(),
                 prefix: true,
                 deletes_only: true,
@@ -765,13 +844,14 @@ impl Backend for EtcdBackend {
             Some(revision) => Compare::create_revision(key.as_str(), CompareOp::Equal, revision),
             None => Compare::lease(key.as_str(), CompareOp::Equal, placed.lease),
         };
+        let mut deletes = vec![TxnOp::delete(key.as_str(), None)];
+        if req.lock_delay.is_some() {
+            // A release is not a vanishing: the lock opens at once.
+            deletes.push(TxnOp::delete(placed.marker(), None));
+        }
         let answer = self
             .client()
-            .txn(
-                Txn::new()
-                    .when([guard])
-                    .and_then([TxnOp::delete(key.as_str(), None)]),
-            )
+            .txn(Txn::new().when([guard]).and_then(deletes))
             .await
             .map_err(|e| map_error(e, "releasing"))?;
         // A put whose answer was lost may still land in the slot: never hand it out again.

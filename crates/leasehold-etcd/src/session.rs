@@ -6,15 +6,15 @@
 //! lease expired or is unknown), or no acknowledged keep-alive before the deadline, ends the
 //! session: every guard on it is lost. A new session is started for later acquisitions.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::Client;
 use leasehold_core::backend::{Liveness, SessionKeeper, SessionLiveness};
-#[cfg(test)]
-use leasehold_core::clock::Instant;
-use leasehold_core::clock::{Clock, SystemClock};
+use leasehold_core::clock::{Clock, Instant, SystemClock};
 use leasehold_core::{Error, Result};
+use tokio::sync::Mutex as AsyncMutex;
 use tokio::task::JoinHandle;
 
 use crate::map_error;
@@ -32,47 +32,101 @@ pub(crate) struct Session {
     pub(crate) ttl: Duration,
     keeper: Arc<SessionKeeper>,
     task: JoinHandle<()>,
+    /// Lock-delay leases, by delay in whole seconds (see [`Session::delay_lease`]).
+    delays: AsyncMutex<HashMap<u64, Lease>>,
+}
+
+/// A lease kept alive by a task of its own.
+#[derive(Debug)]
+struct Lease {
+    id: i64,
+    keeper: Arc<SessionKeeper>,
+    task: JoinHandle<()>,
+}
+
+/// Grants a lease of at least `ttl` (rounded up to whole seconds); returns its id and the
+/// ttl etcd granted, with the time the request was sent.
+async fn grant(client: &Client, ttl: Duration, what: &str) -> Result<(i64, Duration, Instant)> {
+    let asked = i64::try_from(ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0))
+        .unwrap_or(i64::MAX)
+        .max(1);
+    let sent = SystemClock.now();
+    let granted = client
+        .clone()
+        .lease_grant(asked, None)
+        .await
+        .map_err(|e| map_error(e, &format!("granting the {what}")))?;
+    if !granted.error().is_empty() {
+        return Err(Error::backend(
+            format!("etcd refused the {what}: {}", granted.error()),
+            true,
+        ));
+    }
+    if granted.ttl() > asked {
+        tracing::warn!(
+            asked,
+            granted = granted.ttl(),
+            "etcd granted a longer {what} than asked (its minimum ttl)"
+        );
+    }
+    let ttl = Duration::from_secs(u64::try_from(granted.ttl()).unwrap_or(0));
+    Ok((granted.id(), ttl, sent))
 }
 
 impl Session {
     /// Grants a lease of at least `ttl` and starts keeping it alive.
     pub(crate) async fn start(client: &Client, ttl: Duration) -> Result<Session> {
-        let asked = i64::try_from(ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0))
-            .unwrap_or(i64::MAX)
-            .max(1);
-        let sent = SystemClock.now();
-        let granted = client
-            .clone()
-            .lease_grant(asked, None)
-            .await
-            .map_err(|e| map_error(e, "granting the session lease"))?;
-        if !granted.error().is_empty() {
-            return Err(Error::backend(
-                format!("etcd refused the session lease: {}", granted.error()),
-                true,
-            ));
-        }
-        let ttl = Duration::from_secs(u64::try_from(granted.ttl()).unwrap_or(0));
-        if granted.ttl() > asked {
-            tracing::warn!(
-                asked,
-                granted = granted.ttl(),
-                "etcd granted a longer session lease than asked (its minimum ttl)"
-            );
-        }
+        let (id, ttl, sent) = grant(client, ttl, "session lease").await?;
         let keeper = Arc::new(SessionKeeper::new(sent.saturating_add(validity(ttl))));
         let task = tokio::spawn(keep_alive(
             client.clone(),
-            granted.id(),
-            ttl,
+            id,
+            cadence(ttl),
             keeper.clone(),
+            None,
         ));
         Ok(Session {
-            id: granted.id(),
+            id,
             ttl,
             keeper,
             task,
+            delays: AsyncMutex::new(HashMap::new()),
         })
+    }
+
+    /// The lease for lock-delay markers of `delay`: its ttl is the session's plus a
+    /// keep-alive period plus the delay (whole seconds, rounded up), and it is kept alive
+    /// only while the session is. When
+    /// the session's lease runs out, the markers outlive the session's keys by at least
+    /// the delay; a normal release deletes them with the lock key.
+    pub(crate) async fn delay_lease(&self, client: &Client, delay: Duration) -> Result<i64> {
+        let secs = delay.as_secs() + u64::from(delay.subsec_nanos() > 0);
+        let mut delays = self.delays.lock().await;
+        if let Some(lease) = delays.get(&secs)
+            && matches!(lease.keeper.current(), Liveness::Alive { .. })
+        {
+            return Ok(lease.id);
+        }
+        if !self.is_alive() {
+            return Err(Error::Lost(leasehold_core::LossReason::SessionEnded));
+        }
+        // Kept alive as often as the session, and longer by one keep-alive period: its last
+        // keep-alive may be that much older than the session's.
+        let every = cadence(self.ttl);
+        let total = self.ttl + every + Duration::from_secs(secs);
+        let (id, ttl, sent) = grant(client, total, "lock-delay lease").await?;
+        let keeper = Arc::new(SessionKeeper::new(sent.saturating_add(validity(ttl))));
+        let task = tokio::spawn(keep_alive(
+            client.clone(),
+            id,
+            every,
+            keeper.clone(),
+            Some(self.keeper.clone()),
+        ));
+        if let Some(old) = delays.insert(secs, Lease { id, keeper, task }) {
+            old.task.abort();
+        }
+        Ok(id)
     }
 
     /// Whether the session can still be counted on.
@@ -88,41 +142,74 @@ impl Session {
         self.keeper.liveness()
     }
 
-    /// Ends the session and revokes its lease: every key bound to it is deleted at once.
+    /// Ends the session and revokes its leases: every key bound to them is deleted at once
+    /// (a close is a release of everything: no lock-delay follows it).
     pub(crate) async fn close(&self, client: &Client) -> Result<()> {
         self.task.abort();
         self.keeper.end();
-        client
-            .clone()
-            .lease_revoke(self.id)
-            .await
-            .map(|_| ())
-            .map_err(|e| map_error(e, "revoking the session lease"))
+        let delays: Vec<i64> = self.delays.lock().await.values().map(|l| l.id).collect();
+        for id in std::iter::once(self.id).chain(delays) {
+            client
+                .clone()
+                .lease_revoke(id)
+                .await
+                .map_err(|e| map_error(e, "revoking the session lease"))?;
+        }
+        Ok(())
     }
 
     /// Stops keeping the session alive without revoking it: its keys stay until the lease
     /// runs out (for a process handing its locks over to its own successor).
-    pub(crate) fn orphan(&self) {
+    pub(crate) async fn orphan(&self) {
         self.task.abort();
+        for lease in self.delays.lock().await.values() {
+            lease.task.abort();
+        }
     }
 }
 
 impl Drop for Session {
     fn drop(&mut self) {
         self.task.abort();
+        if let Ok(delays) = self.delays.try_lock() {
+            for lease in delays.values() {
+                lease.task.abort();
+            }
+        }
     }
 }
 
-/// Keeps the lease alive: a keep-alive every third of its ttl on a keep-alive stream,
-/// re-opening the stream after errors, until the lease is gone or the deadline passes.
-async fn keep_alive(client: Client, id: i64, ttl: Duration, keeper: Arc<SessionKeeper>) {
-    let every = (ttl / 3).max(Duration::from_millis(100));
+/// How often a session's lease is kept alive: every third of its ttl.
+fn cadence(ttl: Duration) -> Duration {
+    (ttl / 3).max(Duration::from_millis(100))
+}
+
+/// Keeps the lease alive: a keep-alive `every` so often on a keep-alive stream,
+/// re-opening the stream after errors, until the lease is gone or the deadline passes —
+/// or, for a lease that follows a session (`parent`), until that session has ended.
+async fn keep_alive(
+    client: Client,
+    id: i64,
+    every: Duration,
+    keeper: Arc<SessionKeeper>,
+    parent: Option<Arc<SessionKeeper>>,
+) {
+    let parent_alive = || {
+        parent.as_ref().is_none_or(|p| match p.current() {
+            Liveness::Alive { until } => SystemClock.now() < until,
+            Liveness::Ended => false,
+        })
+    };
     let deadline = || match keeper.current() {
-        Liveness::Alive { until } => Some(until),
-        Liveness::Ended => None,
+        Liveness::Alive { until } if parent_alive() => Some(until),
+        _ => {
+            // Ended, or its session has: let the lease run out.
+            keeper.end();
+            None
+        }
     };
     let end = |why: &str| {
-        tracing::warn!(lease = id, "etcd session ended: {why}");
+        tracing::warn!(lease = id, "etcd lease no longer kept alive: {why}");
         keeper.end();
     };
     'stream: loop {

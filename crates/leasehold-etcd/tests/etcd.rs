@@ -340,3 +340,69 @@ async fn a_busy_name_reuses_its_keys_instead_of_piling_up_deleted_ones() {
     assert!(held_keys(&mut kv).await.is_empty());
     assert_eq!(keys.len(), 2, "keys used: {keys:?}");
 }
+
+#[tokio::test]
+async fn lock_delay_keeps_a_vanished_holders_lock_closed_but_not_a_released_one() {
+    let etcd = Etcd::start().await.unwrap();
+    let delay = Duration::from_secs(2);
+    let with_delay = options().to_builder().lock_delay(delay).build().unwrap();
+    let locks = backend(&etcd.endpoints(), Duration::from_secs(1)).await;
+    let a = Client::builder(locks.clone()).options(with_delay).build();
+    // B asks for no lock-delay of its own: it must respect A's all the same.
+    let b = client(&etcd.endpoints(), Duration::from_secs(2)).await;
+    let try_b = || async { b.mutex("job").unwrap().try_lock().await.unwrap() };
+
+    // A release opens the lock at once, and so does closing the session.
+    a.mutex("job")
+        .unwrap()
+        .lock()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    try_b()
+        .await
+        .expect("open after a release")
+        .release()
+        .await
+        .unwrap();
+    let closed = a.mutex("job").unwrap().lock().await.unwrap();
+    locks.close().await.unwrap();
+    assert!(!closed.is_held());
+    try_b()
+        .await
+        .expect("open after a close")
+        .release()
+        .await
+        .unwrap();
+
+    // A holder that vanishes (its session is no longer kept alive) keeps it closed.
+    let vanished = a.mutex("job").unwrap().lock().await.unwrap();
+    locks.orphan().await;
+    tokio::time::timeout(Duration::from_secs(10), vanished.lost())
+        .await
+        .expect("the orphaned session outlived its ttl");
+    let lost_at = std::time::Instant::now();
+    until(&b, "job", |s| s.holders.is_empty()).await;
+    assert!(
+        try_b().await.is_none(),
+        "granted as soon as the vanished holder's key expired"
+    );
+    let next = b
+        .mutex("job")
+        .unwrap()
+        .lock_timeout(Duration::from_secs(20))
+        .await
+        .unwrap()
+        .expect("open once the lock-delay is over");
+    // etcd expired A's lease no earlier than A's own deadline; the delay runs from there.
+    assert!(
+        lost_at.elapsed() >= delay,
+        "granted {:?} after the vanished holder's deadline; the delay is {delay:?}",
+        lost_at.elapsed()
+    );
+    assert!(next.token() > vanished.token());
+    next.release().await.unwrap();
+    assert!(try_b().await.is_some(), "closed again after a release");
+}

@@ -18,7 +18,8 @@
 //!   warning when `maxmemory-policy` can evict lock keys.
 //! - **Cluster-ready keys**: all keys of one lock share the hash tag `{name}`.
 //!
-//! URL: `redis://[user:password@]host:port[/db][?prefix=P&replicas=N&replica_timeout=D&replicas_required=true]`.
+//! URL: `redis://[user:password@]host:port[/db][?prefix=P&replicas=N&replica_timeout=D&replicas_required=true]`;
+//! `rediss://…[&tls_ca=PATH&tls_cert=PATH&tls_key=PATH]` for TLS.
 //! See `docs/backends/redis.md` for what this backend guarantees and what it does not.
 
 pub mod fence;
@@ -107,15 +108,37 @@ pub struct RedisOptions {
     prefix: String,
     replicas: Option<ReplicaAck>,
     connect_timeout: Duration,
+    tls: TlsFiles,
+}
+
+/// What a `rediss://` connection trusts and shows beyond the defaults (PEM contents).
+#[derive(Clone, Default, PartialEq, Eq)]
+struct TlsFiles {
+    /// CA certificates to trust instead of the system's.
+    ca: Option<Vec<u8>>,
+    /// A client certificate and its key, for servers that ask for one.
+    client: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for TlsFiles {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the key.
+        f.debug_struct("TlsFiles")
+            .field("ca", &self.ca.is_some())
+            .field("client_certificate", &self.client.is_some())
+            .finish()
+    }
 }
 
 impl Default for RedisOptions {
-    /// Prefix `leasehold`, no replica acknowledgement, 5 s connect timeout.
+    /// Prefix `leasehold`, no replica acknowledgement, 5 s connect timeout, the system's
+    /// CA certificates for `rediss://`.
     fn default() -> Self {
         Self {
             prefix: "leasehold".into(),
             replicas: None,
             connect_timeout: Duration::from_secs(5),
+            tls: TlsFiles::default(),
         }
     }
 }
@@ -158,6 +181,65 @@ impl RedisOptions {
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self
+    }
+
+    /// For `rediss://`: trust the CA certificates in `pem` instead of the system's.
+    pub fn tls_ca(mut self, pem: Vec<u8>) -> Self {
+        self.tls.ca = Some(pem);
+        self
+    }
+
+    /// For `rediss://`: show this client certificate (PEM) and key (PEM) to servers that ask
+    /// for one (`tls-auth-clients yes`).
+    pub fn tls_client(mut self, certificate: Vec<u8>, key: Vec<u8>) -> Self {
+        self.tls.client = Some((certificate, key));
+        self
+    }
+
+    /// Reads the `tls_ca`, `tls_cert` or `tls_key` URL parameter's file.
+    fn read_tls_file(&mut self, param: &str, path: &str) -> Result<bool> {
+        let read = || {
+            std::fs::read(path)
+                .map_err(|e| Error::invalid("url", format!("{param}={path:?} cannot be read: {e}")))
+        };
+        match param {
+            "tls_ca" => self.tls.ca = Some(read()?),
+            "tls_cert" => {
+                let key = self
+                    .tls
+                    .client
+                    .take()
+                    .map(|(_, key)| key)
+                    .unwrap_or_default();
+                self.tls.client = Some((read()?, key));
+            }
+            "tls_key" => {
+                let cert = self.tls.client.take().map(|(c, _)| c).unwrap_or_default();
+                self.tls.client = Some((cert, read()?));
+            }
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    /// Checks the TLS settings against the scheme of `url`; whether it is TLS.
+    fn check_tls(&self, url: &str) -> Result<bool> {
+        let tls = url.to_ascii_lowercase().starts_with("rediss://");
+        if !tls && self.tls != TlsFiles::default() {
+            return Err(Error::invalid(
+                "url",
+                "tls_ca, tls_cert and tls_key need a rediss:// URL",
+            ));
+        }
+        if let Some((cert, key)) = &self.tls.client
+            && (cert.is_empty() || key.is_empty())
+        {
+            return Err(Error::invalid(
+                "url",
+                "a client certificate needs both tls_cert and tls_key",
+            ));
+        }
+        Ok(tls)
     }
 }
 
@@ -319,8 +401,26 @@ impl RedisBackend {
             .clone()
             .set_protocol(ProtocolVersion::RESP3);
         let info = info.set_redis_settings(settings);
-        let client = redis::Client::open(info)
-            .map_err(|e| Error::invalid("url", format!("{shown}: {e}")))?;
+        if options.check_tls(url)? {
+            install_crypto_provider();
+        }
+        let client = if options.tls == TlsFiles::default() {
+            redis::Client::open(info)
+        } else {
+            redis::Client::build_with_tls(
+                info,
+                redis::TlsCertificates {
+                    client_tls: options.tls.client.clone().map(|(client_cert, client_key)| {
+                        redis::ClientTlsConfig {
+                            client_cert,
+                            client_key,
+                        }
+                    }),
+                    root_cert: options.tls.ca.clone(),
+                },
+            )
+        }
+        .map_err(|e| Error::invalid("url", format!("{shown}: {e}")))?;
         let wakeups = Arc::new(Wakeups::default());
         let config = ConnectionManagerConfig::new()
             .set_push_sender(Router(wakeups.clone()))
@@ -660,20 +760,23 @@ fn map_error(error: RedisError, name: impl std::fmt::Display) -> Error {
     }
 }
 
+/// Makes ring rustls's crypto provider for this process, unless one is set already.
+fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
 /// Splits leasehold's query parameters off a redis URL.
 fn parse_url(url: &str) -> Result<(String, RedisOptions)> {
     let shown = redact_url(url);
     let invalid = |reason: String| Error::invalid("url", format!("{shown}: {reason}"));
     let scheme = url.split_once("://").map(|(s, _)| s.to_ascii_lowercase());
     match scheme.as_deref() {
-        Some("redis") => {}
-        Some("rediss") => {
-            return Err(Error::Unsupported {
-                backend: "redis",
-                feature: "TLS (rediss://) in this build",
-            });
+        Some("redis" | "rediss") => {}
+        _ => {
+            return Err(invalid(
+                "expected redis://host:port or rediss://host:port".into(),
+            ));
         }
-        _ => return Err(invalid("expected redis://host:port".into())),
     }
     let (base, query) = url.split_once('?').unwrap_or((url, ""));
     let mut options = RedisOptions::default();
@@ -698,10 +801,11 @@ fn parse_url(url: &str) -> Result<(String, RedisOptions)> {
                 })?;
             }
             "connect_timeout" => options = options.connect_timeout(parse_duration(value)?),
+            tls if options.read_tls_file(tls, value)? => {}
             other => {
                 return Err(invalid(format!(
                     "unknown parameter {other:?}; known: prefix, replicas, replica_timeout, \
-                     replicas_required, connect_timeout"
+                     replicas_required, connect_timeout, tls_ca, tls_cert, tls_key"
                 )));
             }
         }
@@ -972,10 +1076,43 @@ mod tests {
         }
         let err = parse_url("redis://u:hunter2@h:1?nosuch=1").unwrap_err();
         assert!(!err.to_string().contains("hunter2"));
-        assert!(matches!(
-            parse_url("rediss://h:1"),
-            Err(Error::Unsupported { .. })
-        ));
+        // TLS files are read while parsing; a missing one is named, its contents never.
+        let (base, options) = parse_url("rediss://h:1").unwrap();
+        assert_eq!(
+            (base.as_str(), &options.tls),
+            ("rediss://h:1", &TlsFiles::default())
+        );
+        let err = parse_url("rediss://h:1?tls_ca=/no/such/ca.pem").unwrap_err();
+        assert!(err.to_string().contains("/no/such/ca.pem"), "{err}");
+        let dir = std::env::temp_dir().join(format!("leasehold-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = |name: &str, text: &str| {
+            let path = dir.join(name);
+            std::fs::write(&path, text).unwrap();
+            path.display().to_string()
+        };
+        let (ca, cert, key) = (file("ca", "CA"), file("cert", "CERT"), file("key", "KEY"));
+        let (_, options) = parse_url(&format!(
+            "rediss://h:1?tls_ca={ca}&tls_cert={cert}&tls_key={key}"
+        ))
+        .unwrap();
+        assert_eq!(options.tls.ca.as_deref(), Some(&b"CA"[..]));
+        assert_eq!(
+            options.tls.client,
+            Some((b"CERT".to_vec(), b"KEY".to_vec()))
+        );
+        assert!(!format!("{options:?}").contains("KEY"));
+        assert!(options.check_tls("rediss://h:1").unwrap());
+        assert!(
+            options.check_tls("redis://h:1").is_err(),
+            "TLS files on a plain URL"
+        );
+        let (_, half) = parse_url(&format!("rediss://h:1?tls_cert={cert}")).unwrap();
+        assert!(
+            half.check_tls("rediss://h:1").is_err(),
+            "a certificate without its key"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -381,20 +381,18 @@ fn parse_url(url: &str) -> Result<(Vec<String>, RedlockOptions)> {
         Some((auth, hosts)) => (format!("{auth}@"), hosts),
         None => (String::new(), authority),
     };
-    let nodes: Vec<String> = hosts
-        .split(',')
-        .filter(|h| !h.trim().is_empty())
-        .map(|h| format!("redis://{auth}{}{path}", h.trim()))
-        .collect();
-    if nodes.is_empty() {
-        return Err(invalid(
-            "no nodes; list them as host:port,host:port,...".into(),
-        ));
-    }
     let mut options = RedlockOptions::default();
+    let mut scheme = "redis";
     for param in query.split('&').filter(|p| !p.is_empty()) {
         let (key, value) = param.split_once('=').unwrap_or((param, ""));
         match key {
+            "tls" => {
+                let on: bool = value
+                    .parse()
+                    .map_err(|_| invalid(format!("tls={value:?} is not true or false")))?;
+                scheme = if on { "rediss" } else { "redis" };
+            }
+            tls if options.redis.read_tls_file(tls, value)? => {}
             "prefix" => options.redis = options.redis.prefix(value)?,
             "connect_timeout" => {
                 options.redis = options.redis.connect_timeout(parse_duration(value)?);
@@ -409,10 +407,20 @@ fn parse_url(url: &str) -> Result<(Vec<String>, RedlockOptions)> {
             other => {
                 return Err(invalid(format!(
                     "unknown parameter {other:?}; known: prefix, connect_timeout, node_timeout, \
-                     quarantine, fencing"
+                     quarantine, fencing, tls, tls_ca, tls_cert, tls_key"
                 )));
             }
         }
+    }
+    let nodes: Vec<String> = hosts
+        .split(',')
+        .filter(|h| !h.trim().is_empty())
+        .map(|h| format!("{scheme}://{auth}{}{path}", h.trim()))
+        .collect();
+    if nodes.is_empty() {
+        return Err(invalid(
+            "no nodes; list them as host:port,host:port,...".into(),
+        ));
     }
     Ok((nodes, options))
 }

@@ -49,6 +49,8 @@ async fn with_retries<T>(mut attempt: impl AsyncFnMut() -> io::Result<T>) -> io:
 pub struct Redis {
     process: ServerProcess,
     port: u16,
+    /// The TLS port, for a server built with [`RedisBuilder::tls`].
+    tls_port: Option<u16>,
     dir: TempDir,
 }
 
@@ -56,12 +58,103 @@ pub struct Redis {
 #[derive(Debug, Clone, Default)]
 pub struct RedisBuilder {
     config: Vec<(String, String)>,
+    tls: Option<ClientAuth>,
+}
+
+/// Whether a TLS server asks its clients for a certificate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientAuth {
+    /// Clients may connect without one.
+    Optional,
+    /// Clients without a certificate signed by the test CA are refused.
+    Required,
+}
+
+/// The files of a test certificate authority, written by `openssl` into a server's
+/// directory: the CA, the server's certificate (for 127.0.0.1 and localhost) and a client
+/// certificate, each with its key.
+fn write_test_certificates(dir: &Path) -> io::Result<()> {
+    let openssl = find_program("openssl", &[])?;
+    let run = |args: &[&str]| -> io::Result<()> {
+        let out = std::process::Command::new(&openssl)
+            .args(args)
+            .current_dir(dir)
+            .output()?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(io::Error::other(format!(
+                "openssl {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr)
+            )))
+        }
+    };
+    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"];
+    run(&[
+        &["req", "-x509", "-nodes", "-days", "2"],
+        &ec[..],
+        &[
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.crt",
+            "-subj",
+            "/CN=leasehold test CA",
+        ],
+    ]
+    .concat())?;
+    std::fs::write(
+        dir.join("server.ext"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
+    )?;
+    std::fs::write(dir.join("client.ext"), "extendedKeyUsage=clientAuth\n")?;
+    for (who, cn) in [("server", "localhost"), ("client", "leasehold test client")] {
+        let subject = format!("/CN={cn}");
+        run(&[
+            &["req", "-nodes"],
+            &ec[..],
+            &[
+                "-keyout",
+                &format!("{who}.key"),
+                "-out",
+                &format!("{who}.csr"),
+            ],
+            &["-subj", &subject],
+        ]
+        .concat())?;
+        run(&[
+            "x509",
+            "-req",
+            "-days",
+            "2",
+            "-in",
+            &format!("{who}.csr"),
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            &format!("{who}.crt"),
+            "-extfile",
+            &format!("{who}.ext"),
+        ])?;
+    }
+    Ok(())
 }
 
 impl RedisBuilder {
     /// Adds `--name value` to the command line (e.g. `maxmemory-policy`, `appendonly`).
     pub fn config(mut self, name: &str, value: &str) -> Self {
         self.config.push((name.to_owned(), value.to_owned()));
+        self
+    }
+
+    /// Also serves TLS on a second port, with a certificate of a test CA generated for this
+    /// server (see [`Redis::tls_url`]); the plain port stays for administration.
+    pub fn tls(mut self, clients: ClientAuth) -> Self {
+        self.tls = Some(clients);
         self
     }
 
@@ -95,6 +188,31 @@ impl RedisBuilder {
                 "--logfile".into(),
                 String::new(),
             ];
+            let tls_port = match self.tls {
+                Some(clients) => {
+                    write_test_certificates(dir.path())?;
+                    let tls_port = free_port();
+                    let file = |name: &str| dir.path().join(name).display().to_string();
+                    let auth = match clients {
+                        ClientAuth::Optional => "optional",
+                        ClientAuth::Required => "yes",
+                    };
+                    args.extend([
+                        "--tls-port".to_owned(),
+                        tls_port.to_string(),
+                        "--tls-cert-file".into(),
+                        file("server.crt"),
+                        "--tls-key-file".into(),
+                        file("server.key"),
+                        "--tls-ca-cert-file".into(),
+                        file("ca.crt"),
+                        "--tls-auth-clients".into(),
+                        auth.into(),
+                    ]);
+                    Some(tls_port)
+                }
+                None => None,
+            };
             for (name, value) in &self.config {
                 args.push(format!("--{name}"));
                 args.push(value.clone());
@@ -105,7 +223,12 @@ impl RedisBuilder {
                 os(&args),
                 dir.path().join("redis.log"),
             )?;
-            let mut redis = Redis { process, port, dir };
+            let mut redis = Redis {
+                process,
+                port,
+                tls_port,
+                dir,
+            };
             redis.wait_ready().await?;
             Ok(redis)
         })
@@ -149,6 +272,22 @@ impl Redis {
     /// `redis://127.0.0.1:port`.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// `rediss://127.0.0.1:tls-port?tls_ca=…` for a server built with
+    /// [`RedisBuilder::tls`]: the TLS port, trusting the test CA.
+    pub fn tls_url(&self) -> Option<String> {
+        let ca = self.tls_file("ca.crt")?;
+        Some(format!(
+            "rediss://127.0.0.1:{}?tls_ca={}",
+            self.tls_port?,
+            ca.display()
+        ))
+    }
+
+    /// A file of the test CA of a TLS server: `ca.crt`, `client.crt`, `client.key`, ….
+    pub fn tls_file(&self, name: &str) -> Option<PathBuf> {
+        self.tls_port.map(|_| self.dir.path().join(name))
     }
 
     /// The server's data directory.

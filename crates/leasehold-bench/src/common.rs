@@ -1,8 +1,40 @@
 //! What the comparison binaries share: their command line and the best-of-rounds table.
 
+use std::pin::Pin;
 use std::time::Duration;
 
-use leasehold_cli::bench::Row;
+use leasehold_cli::bench::{Row, cycles};
+
+/// One acquire + release of a compared implementation; resolves to the acquire's latency.
+pub(crate) type Cycle = Pin<Box<dyn Future<Output = Duration> + Send>>;
+
+/// The two uncontended rows of one side: `<label>, 1 client` on the name `<slug>-solo`, and
+/// `<label>, N clients on N names`, client `i` on `<slug>-name-<i>`. `cycle(i, name)` makes
+/// client `i`'s cycles on `name`.
+#[allow(dead_code)] // not every comparison has sides of its own
+pub(crate) async fn uncontended<C>(
+    label: &str,
+    slug: &str,
+    clients: usize,
+    duration: Duration,
+    cycle: impl Fn(usize, String) -> C,
+) -> Vec<Row>
+where
+    C: FnMut() -> Cycle + Send + 'static,
+{
+    vec![
+        Row {
+            name: format!("{label}, 1 client"),
+            stats: cycles(1, duration, |_| cycle(0, format!("{slug}-solo"))).await,
+            handoff: false,
+        },
+        Row {
+            name: format!("{label}, {clients} clients on {clients} names"),
+            stats: cycles(clients, duration, |i| cycle(i, format!("{slug}-name-{i}"))).await,
+            handoff: false,
+        },
+    ]
+}
 
 /// `[--url URL] [--duration D] [--clients N] [--handoffs N] [--json] [--only SIDE]`.
 pub(crate) struct Args {

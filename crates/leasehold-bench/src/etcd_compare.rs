@@ -10,15 +10,14 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark: failures should be loud
 
 use std::net::SocketAddr;
-use std::pin::Pin;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use etcd_client::{Client, LockOptions};
 use leasehold_cli::bench::{BenchSpec, Row, Stats, cycles, handoffs, json, table};
 use serde_json::json as j;
 
 mod common;
-use common::{Args, Best};
+use common::{Args, Best, Cycle, uncontended};
 
 const ROUNDS: usize = 3;
 /// Long enough for the whole run, so the stock clients need no keep-alive stream.
@@ -49,8 +48,6 @@ impl Stock {
         self.client.unlock(key).await.unwrap();
     }
 }
-
-type Cycle = Pin<Box<dyn Future<Output = Duration> + Send>>;
 
 /// One stock cycle: `lock` (timed), then `unlock`.
 fn stock_cycle(stock: Stock, name: String) -> impl FnMut() -> Cycle + Send + 'static {
@@ -124,35 +121,22 @@ async fn main() {
             continue;
         }
 
-        let mut rows = vec![
-            Row {
-                name: "etcd lock service, 1 client".into(),
-                stats: cycles(1, spec.duration, |_| {
-                    stock_cycle(stock[0].clone(), "stock-solo".into())
-                })
-                .await,
-                handoff: false,
-            },
-            Row {
-                name: format!(
-                    "etcd lock service, {} clients on {} names",
-                    args.clients, args.clients
-                ),
-                stats: cycles(args.clients, spec.duration, |i| {
-                    stock_cycle(stock[i].clone(), format!("stock-name-{i}"))
-                })
-                .await,
-                handoff: false,
-            },
-            Row {
-                name: format!("etcd lock service, {} clients on 1 name", args.clients),
-                stats: cycles(args.clients, spec.duration, |i| {
-                    stock_cycle(stock[i].clone(), "stock-shared".into())
-                })
-                .await,
-                handoff: false,
-            },
-        ];
+        let mut rows = uncontended(
+            "etcd lock service",
+            "stock",
+            args.clients,
+            spec.duration,
+            |i, name| stock_cycle(stock[i].clone(), name),
+        )
+        .await;
+        rows.push(Row {
+            name: format!("etcd lock service, {} clients on 1 name", args.clients),
+            stats: cycles(args.clients, spec.duration, |i| {
+                stock_cycle(stock[i].clone(), "stock-shared".into())
+            })
+            .await,
+            handoff: false,
+        });
         // Its hand-off takes tens of milliseconds: one round of samples is enough.
         if round == 0 {
             let (holder, waiter) = (stock[0].clone(), stock[1].clone());

@@ -13,12 +13,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use leasehold_cli::bench::{BenchSpec, Row, Stats, cycles, handoffs, json, table};
+use leasehold_cli::bench::{BenchSpec, Row, Stats, handoffs, json, table};
 use redis::aio::ConnectionManager;
 use serde_json::json as j;
 
 mod common;
-use common::{Args, Best};
+use common::{Args, Best, Cycle, uncontended};
 
 const TTL: Duration = Duration::from_secs(30);
 const ROUNDS: usize = 3;
@@ -33,10 +33,7 @@ async fn bare_connection(url: &str) -> ConnectionManager {
 }
 
 /// One bare cycle: SET NX PX (retried until it succeeds), then compare-and-delete.
-fn bare_cycle(
-    conn: ConnectionManager,
-    key: String,
-) -> impl FnMut() -> std::pin::Pin<Box<dyn Future<Output = Duration> + Send>> + Send + 'static {
+fn bare_cycle(conn: ConnectionManager, key: String) -> impl FnMut() -> Cycle + Send + 'static {
     let unlock = Arc::new(redis::Script::new(UNLOCK));
     let mut n = 0u64;
     move || {
@@ -76,7 +73,7 @@ fn bare_cycle(
 fn rslock_cycle(
     manager: Arc<rslock::LockManager>,
     key: String,
-) -> impl FnMut() -> std::pin::Pin<Box<dyn Future<Output = Duration> + Send>> + Send + 'static {
+) -> impl FnMut() -> Cycle + Send + 'static {
     move || {
         let manager = manager.clone();
         let key = key.clone();
@@ -141,52 +138,25 @@ async fn main() {
             best.keep(rows);
         }
 
-        let solo = bare[0].clone();
         if args.runs("bare") {
-            best.keep(vec![
-                Row {
-                    name: "bare SET NX PX + EVALSHA, 1 client".into(),
-                    stats: cycles(1, spec.duration, |_| {
-                        bare_cycle(solo.clone(), "bare-solo".into())
-                    })
-                    .await,
-                    handoff: false,
-                },
-                Row {
-                    name: format!(
-                        "bare SET NX PX + EVALSHA, {} clients on {} names",
-                        args.clients, args.clients
-                    ),
-                    stats: cycles(args.clients, spec.duration, |i| {
-                        bare_cycle(bare[i].clone(), format!("bare-name-{i}"))
-                    })
-                    .await,
-                    handoff: false,
-                },
-            ]);
+            let rows = uncontended(
+                "bare SET NX PX + EVALSHA",
+                "bare",
+                args.clients,
+                spec.duration,
+                |i, key| bare_cycle(bare[i].clone(), key),
+            )
+            .await;
+            best.keep(rows);
         }
         if !args.runs("rslock") {
             continue;
         }
 
-        let mut rows = vec![
-            Row {
-                name: "rslock, 1 client".into(),
-                stats: cycles(1, spec.duration, |_| {
-                    rslock_cycle(managers[0].clone(), "rslock-solo".into())
-                })
-                .await,
-                handoff: false,
-            },
-            Row {
-                name: format!("rslock, {} clients on {} names", args.clients, args.clients),
-                stats: cycles(args.clients, spec.duration, |i| {
-                    rslock_cycle(managers[i].clone(), format!("rslock-name-{i}"))
-                })
-                .await,
-                handoff: false,
-            },
-        ];
+        let mut rows = uncontended("rslock", "rslock", args.clients, spec.duration, |i, key| {
+            rslock_cycle(managers[i].clone(), key)
+        })
+        .await;
         if round == 0 {
             let (holder, waiter) = (managers[0].clone(), managers[1].clone());
             rows.push(Row {

@@ -96,9 +96,9 @@ impl Session {
 
     /// The lease for lock-delay markers of `delay`: its ttl is the session's plus a
     /// keep-alive period plus the delay (whole seconds, rounded up), and it is kept alive
-    /// only while the session is. When
-    /// the session's lease runs out, the markers outlive the session's keys by at least
-    /// the delay; a normal release deletes them with the lock key.
+    /// only while the session is. When the session's lease runs out, the markers outlive
+    /// the session's keys by at least the delay; a normal release deletes them with the
+    /// lock key.
     pub(crate) async fn delay_lease(&self, client: &Client, delay: Duration) -> Result<i64> {
         let secs = delay.as_secs() + u64::from(delay.subsec_nanos() > 0);
         let mut delays = self.delays.lock().await;
@@ -148,14 +148,16 @@ impl Session {
         self.task.abort();
         self.keeper.end();
         let delays: Vec<i64> = self.delays.lock().await.values().map(|l| l.id).collect();
-        for id in std::iter::once(self.id).chain(delays) {
-            client
-                .clone()
-                .lease_revoke(id)
-                .await
-                .map_err(|e| map_error(e, "revoking the session lease"))?;
+        // Every lease is tried: a delay lease left behind would close its locks after all.
+        let mut first_error = None;
+        for (id, what) in std::iter::once((self.id, "the session lease"))
+            .chain(delays.into_iter().map(|id| (id, "a lock-delay lease")))
+        {
+            if let Err(e) = client.clone().lease_revoke(id).await {
+                first_error.get_or_insert(map_error(e, &format!("revoking {what}")));
+            }
         }
-        Ok(())
+        first_error.map_or(Ok(()), Err)
     }
 
     /// Stops keeping the session alive without revoking it: its keys stay until the lease

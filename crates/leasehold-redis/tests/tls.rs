@@ -38,18 +38,7 @@ async fn locks_over_tls_trusting_the_servers_ca() {
 async fn a_server_certificate_nobody_vouches_for_is_refused() {
     let server = tls_server(ClientAuth::Optional).await;
     // The system's CAs do not know the test CA.
-    let url = format!(
-        "rediss://127.0.0.1:{}?connect_timeout=5s",
-        server
-            .tls_url()
-            .unwrap()
-            .split(':')
-            .nth(2)
-            .unwrap()
-            .split('?')
-            .next()
-            .unwrap()
-    );
+    let url = format!("rediss://127.0.0.1:{}", server.tls_port().unwrap());
     let refused = RedisBackend::connect(&url).await.unwrap_err();
     assert!(matches!(refused, Error::Unavailable { .. }), "{refused}");
     // Nor does a plain connection get through to the TLS port.
@@ -90,14 +79,7 @@ async fn redlock_reaches_its_nodes_over_tls() {
     std::fs::write(&bundle, cas).unwrap();
     let hosts: Vec<String> = nodes
         .iter()
-        .map(|n| {
-            let url = n.tls_url().unwrap();
-            url.trim_start_matches("rediss://")
-                .split('?')
-                .next()
-                .unwrap()
-                .to_owned()
-        })
+        .map(|n| format!("127.0.0.1:{}", n.tls_port().unwrap()))
         .collect();
     let url = format!(
         "redlock://{}?tls=true&tls_ca={}",

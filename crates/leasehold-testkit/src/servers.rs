@@ -274,6 +274,11 @@ impl Redis {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
+    /// The TLS port of a server built with [`RedisBuilder::tls`].
+    pub fn tls_port(&self) -> Option<u16> {
+        self.tls_port
+    }
+
     /// `rediss://127.0.0.1:tls-port?tls_ca=…` for a server built with
     /// [`RedisBuilder::tls`]: the TLS port, trusting the test CA.
     pub fn tls_url(&self) -> Option<String> {

@@ -196,7 +196,8 @@ impl RedisOptions {
         self
     }
 
-    /// Reads the `tls_ca`, `tls_cert` or `tls_key` URL parameter's file.
+    /// Reads the file of a `tls_ca`, `tls_cert` or `tls_key` URL parameter; `false` if
+    /// `param` is none of them.
     fn read_tls_file(&mut self, param: &str, path: &str) -> Result<bool> {
         let read = || {
             std::fs::read(path)

@@ -1,5 +1,6 @@
 //! Redlock over five redis-servers side by side with leasehold on one redis-server: the
-//! cost of the parallel fan-out, with and without the fencing write-back round.
+//! cost of the parallel fan-out, with and without the fencing write-back round, and the
+//! floor under it on this machine (a bare PING to all five nodes at once).
 //!
 //! ```sh
 //! cargo run --release -p leasehold-bench --bin redlock-compare [-- --duration 3s --json]
@@ -7,13 +8,41 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark: failures should be loud
 
-use leasehold_cli::bench::{BenchSpec, json, table};
+use std::time::Instant;
+
+use futures_util::future::join_all;
+use leasehold_cli::bench::{BenchSpec, Row, cycles, json, table};
+use redis::aio::MultiplexedConnection;
 use serde_json::json as j;
 
 mod common;
-use common::{Args, Best};
+use common::{Args, Best, Cycle};
 
 const ROUNDS: usize = 2;
+
+/// The floor under any Redlock on this machine: a PING to every node at once, answered by
+/// all (no script, no lock), with plain redis-rs connections.
+fn ping_all(nodes: Vec<MultiplexedConnection>) -> impl FnMut() -> Cycle + Send + 'static {
+    move || {
+        let nodes = nodes.clone();
+        Box::pin(async move {
+            let started = Instant::now();
+            join_all(nodes.into_iter().map(|mut node| async move {
+                let _: String = redis::cmd("PING").query_async(&mut node).await.unwrap();
+            }))
+            .await;
+            started.elapsed()
+        })
+    }
+}
+
+async fn connection(url: &str) -> MultiplexedConnection {
+    redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
@@ -43,8 +72,25 @@ async fn main() {
         clients: args.clients,
         handoffs: args.handoffs,
     };
+    let one = vec![connection(&single.url()).await];
+    let mut five = Vec::new();
+    for node in &nodes {
+        five.push(connection(&node.url()).await);
+    }
     let mut best = Best::default();
     for _ in 0..ROUNDS {
+        best.keep(vec![
+            Row {
+                name: "bare PING, 1 node".into(),
+                stats: cycles(1, spec.duration, |_| ping_all(one.clone())).await,
+                handoff: false,
+            },
+            Row {
+                name: "bare PING, 5 nodes at once".into(),
+                stats: cycles(1, spec.duration, |_| ping_all(five.clone())).await,
+                handoff: false,
+            },
+        ]);
         for (label, url) in &targets {
             let rows = leasehold_cli::bench::leasehold(&spec, || leasehold::connect(url))
                 .await
@@ -60,15 +106,17 @@ async fn main() {
         }
     }
     let best = best.0;
-    let p50 = |label: &str| {
+    let p50_of = |row: &str| {
         best.iter()
-            .find(|r| r.name == format!("{label} uncontended, 1 client"))
+            .find(|r| r.name == row)
             .map(|r| r.stats.quantile(0.5).as_secs_f64())
             .unwrap_or(f64::NAN)
     };
+    let p50 = |label: &str| p50_of(&format!("{label} uncontended, 1 client"));
     let summary = j!({
         "redlock_no_fencing_vs_single_p50": p50(targets[1].0) / p50(targets[0].0),
         "redlock_fencing_vs_single_p50": p50(targets[2].0) / p50(targets[0].0),
+        "ping_5_nodes_vs_single_acquire_p50": p50_of("bare PING, 5 nodes at once") / p50(targets[0].0),
     });
     if args.json {
         let mut out = json(&best);
@@ -82,6 +130,12 @@ async fn main() {
                 .as_f64()
                 .unwrap_or(0.0),
             summary["redlock_fencing_vs_single_p50"]
+                .as_f64()
+                .unwrap_or(0.0)
+        );
+        println!(
+            "the floor: a bare PING to all five nodes at once takes {:.2}x the single acquire",
+            summary["ping_5_nodes_vs_single_acquire_p50"]
                 .as_f64()
                 .unwrap_or(0.0)
         );

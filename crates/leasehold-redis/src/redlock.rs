@@ -489,7 +489,11 @@ impl Backend for RedlockBackend {
         if tokens.len() >= self.inner.quorum
             && let Some(&token) = tokens.iter().max()
         {
-            let written = if self.inner.options.fencing {
+            // A majority whose counters already stand at the token needs no write-back:
+            // the write-back would leave the same state (the next grant's majority meets
+            // one of them, whose INCR goes above the token).
+            let at_max = tokens.iter().filter(|&&t| t == token).count();
+            let written = if self.inner.options.fencing && at_max < quorum {
                 let raised = self
                     .until(
                         |node| node.raise_node(&node_req, token.get()),

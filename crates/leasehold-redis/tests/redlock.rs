@@ -316,6 +316,76 @@ async fn a_key_expiring_early_on_one_node_makes_two_holders_and_fencing_refuses_
     drop(proxies);
 }
 
+/// Scripts a node has run since its statistics were last reset.
+async fn scripts_run(server: &Redis) -> u64 {
+    let Resp::Bulk(Some(info)) = server.command(&["INFO", "commandstats"]).await.unwrap() else {
+        panic!("INFO gave no text");
+    };
+    String::from_utf8(info)
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+/// The fencing counter of `name` on a node.
+async fn counter(server: &Redis, name: &str) -> u64 {
+    match server
+        .command(&["GET", &format!("leasehold:{{{name}}}:token")])
+        .await
+        .unwrap()
+    {
+        Resp::Bulk(Some(n)) => String::from_utf8(n).unwrap().parse().unwrap(),
+        other => panic!("no counter: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn the_write_back_round_runs_only_when_the_majoritys_counters_disagree() {
+    let servers = redis_servers(3).await.unwrap();
+    let c = client(&urls(&servers), no_quarantine(), Duration::from_secs(10)).await;
+    let mutex = c.mutex("fenced").unwrap();
+    let counter_key = "leasehold:{fenced}:token";
+    for server in &servers {
+        server.command(&["SET", counter_key, "100"]).await.unwrap();
+        server.command(&["CONFIG", "RESETSTAT"]).await.unwrap();
+    }
+    // Counters agree: every node's grant says 101, and the grant is done in one round.
+    let guard = mutex.try_lock().await.unwrap().expect("free");
+    assert_eq!(guard.token().get(), 101);
+    guard.release().await.unwrap();
+    for server in &servers {
+        // One acquire and one release each: no write-back.
+        assert_eq!(scripts_run(server).await, 2);
+        assert_eq!(counter(server, "fenced").await, 101);
+    }
+
+    // One node ran ahead (it granted alone, say): the grant takes its higher token and
+    // writes it back, so a majority stands at it and the next grant goes above it.
+    servers[0]
+        .command(&["SET", counter_key, "500"])
+        .await
+        .unwrap();
+    let guard = mutex.try_lock().await.unwrap().expect("free");
+    assert_eq!(guard.token().get(), 501);
+    guard.release().await.unwrap();
+    let mut at_least = 0;
+    for server in &servers {
+        if counter(server, "fenced").await >= 501 {
+            at_least += 1;
+        }
+    }
+    assert!(at_least >= 2, "only {at_least} nodes were raised to 501");
+    let next = mutex.try_lock().await.unwrap().expect("free");
+    assert!(
+        next.token().get() > 501,
+        "{:?} is not above 501",
+        next.token()
+    );
+    next.release().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_increase_over_a_thousand_contended_grants_with_nodes_restarting() {
     let mut servers = redis_servers(5).await.unwrap();

@@ -1,11 +1,12 @@
 //! leasehold's Redis backend side by side with a bare redis-rs lock (SET NX PX + an EVALSHA
-//! compare-and-delete, no fencing, no waiting, no renewal) and the rslock crate, on one
-//! redis-server, in one run.
+//! compare-and-delete, no fencing, no waiting, no renewal), the least script a fenced grant
+//! can run (SET NX PX + INCR in one EVALSHA), and the rslock crate, on one redis-server, in
+//! one run.
 //!
 //! ```sh
 //! cargo run --release -p leasehold-bench --bin redis-compare              # starts its own redis-server
 //! cargo run --release -p leasehold-bench --bin redis-compare -- --url redis://127.0.0.1:6379 --duration 5s --json
-//! cargo run --release -p leasehold-bench --bin redis-compare -- --only leasehold   # or bare, rslock: to profile one side
+//! cargo run --release -p leasehold-bench --bin redis-compare -- --only leasehold   # or bare, fenced, rslock: to profile one side
 //! ```
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark: failures should be loud
@@ -55,6 +56,49 @@ fn bare_cycle(conn: ConnectionManager, key: String) -> impl FnMut() -> Cycle + S
                     .await
                     .unwrap();
                 if set.is_some() {
+                    break;
+                }
+            }
+            let took = started.elapsed();
+            let _: i64 = unlock
+                .key(&key)
+                .arg(&owner)
+                .invoke_async(&mut conn)
+                .await
+                .unwrap();
+            took
+        })
+    }
+}
+
+/// The least a one-round-trip fenced grant can cost with a script: SET NX PX, then INCR of
+/// the counter, in one EVALSHA (no waiters, no lock-delay, no token in the value); released
+/// like the bare lock. Not a lock to use: the ceiling for any script-based fenced grant.
+const FENCED_GRANT: &str = "if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return redis.call('INCR', KEYS[2]) end return 0";
+
+fn fenced_cycle(conn: ConnectionManager, key: String) -> impl FnMut() -> Cycle + Send + 'static {
+    let grant = Arc::new(redis::Script::new(FENCED_GRANT));
+    let unlock = Arc::new(redis::Script::new(UNLOCK));
+    let counter = format!("{key}:token");
+    let mut n = 0u64;
+    move || {
+        let mut conn = conn.clone();
+        let (key, counter) = (key.clone(), counter.clone());
+        let (grant, unlock) = (grant.clone(), unlock.clone());
+        n += 1;
+        let owner = format!("fenced-{n}-{}", std::process::id());
+        Box::pin(async move {
+            let started = Instant::now();
+            loop {
+                let token: i64 = grant
+                    .key(&key)
+                    .key(&counter)
+                    .arg(&owner)
+                    .arg(TTL.as_millis() as u64)
+                    .invoke_async(&mut conn)
+                    .await
+                    .unwrap();
+                if token > 0 {
                     break;
                 }
             }
@@ -145,6 +189,17 @@ async fn main() {
                 args.clients,
                 spec.duration,
                 |i, key| bare_cycle(bare[i].clone(), key),
+            )
+            .await;
+            best.keep(rows);
+        }
+        if args.runs("fenced") {
+            let rows = uncontended(
+                "least fenced script (SET NX + INCR)",
+                "fenced",
+                args.clients,
+                spec.duration,
+                |i, key| fenced_cycle(bare[i].clone(), key),
             )
             .await;
             best.keep(rows);

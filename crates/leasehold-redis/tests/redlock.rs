@@ -344,7 +344,11 @@ async fn counter(server: &Redis, name: &str) -> u64 {
 #[tokio::test]
 async fn the_write_back_round_runs_only_when_the_majoritys_counters_disagree() {
     let servers = redis_servers(3).await.unwrap();
-    let c = client(&urls(&servers), no_quarantine(), Duration::from_secs(10)).await;
+    // A node timeout no busy test machine reaches: the counts below assume no retries.
+    let options = no_quarantine()
+        .node_timeout(Duration::from_secs(1))
+        .unwrap();
+    let c = client(&urls(&servers), options, Duration::from_secs(30)).await;
     let mutex = c.mutex("fenced").unwrap();
     let counter_key = "leasehold:{fenced}:token";
     for server in &servers {
@@ -405,6 +409,9 @@ async fn tokens_increase_over_a_thousand_contended_grants_with_nodes_restarting(
         .expect("granted after the start-up quarantine");
     first.release().await.unwrap();
 
+    // Each grant is recorded while it is held, so the record's order is the grants' order.
+    // A record made by a holder whose lease ran out first (its task stalled for about the
+    // 1 s lease on a loaded machine) is in no particular order: it is marked, not ordered.
     let tokens = Arc::new(Mutex::new(Vec::new()));
     for round in 0..10 {
         let mut tasks = Vec::new();
@@ -414,7 +421,15 @@ async fn tokens_increase_over_a_thousand_contended_grants_with_nodes_restarting(
             tasks.push(tokio::spawn(async move {
                 for _ in 0..50 {
                     let guard = mutex.lock().await.unwrap();
-                    tokens.lock().unwrap().push(guard.token());
+                    let at = {
+                        let mut tokens = tokens.lock().unwrap();
+                        tokens.push((guard.token(), true));
+                        tokens.len() - 1
+                    };
+                    // A lost guard is never held again: held now means held when recorded.
+                    if !guard.is_held() {
+                        tokens.lock().unwrap()[at].1 = false;
+                    }
                     guard.release().await.unwrap();
                 }
             }));
@@ -425,10 +440,18 @@ async fn tokens_increase_over_a_thousand_contended_grants_with_nodes_restarting(
         // Between rounds, one node restarts empty.
         servers[round % 5].restart().await.unwrap();
     }
-    let tokens = tokens.lock().unwrap();
-    assert_eq!(tokens.len(), 1000);
+    let records = tokens.lock().unwrap();
+    assert_eq!(records.len(), 1000);
+    let held: Vec<_> = records.iter().filter(|r| r.1).map(|r| r.0).collect();
     assert!(
-        tokens.windows(2).all(|w| w[0] < w[1]),
-        "tokens went backwards in the order the grants were made"
+        held.len() >= 990,
+        "{} of 1000 holders lost their lease before recording their token",
+        1000 - held.len()
     );
+    if let Some(i) = held.windows(2).position(|w| w[0] >= w[1]) {
+        panic!(
+            "tokens went backwards in the order the grants were made: {:?}",
+            &held[i.saturating_sub(2)..(i + 3).min(held.len())]
+        );
+    }
 }

@@ -6,9 +6,10 @@
 //! - A failed attempt releases on *every* node, including those that failed or timed out.
 //! - Renewal extends on all nodes and counts only if a majority extended.
 //! - Fencing: each node's grant increments its own counter; the grant takes the highest
-//!   token of its majority and writes it back to a majority (a second round) before the
-//!   guard is returned. Any later grant's majority meets that one in at least one node, so
-//!   its token is higher. That holds as long as nodes do not lose data.
+//!   token of its majority and, unless a majority already answered with that token, writes
+//!   it back to a majority (a second round) before the guard is returned. Any later
+//!   grant's majority meets that one in at least one node, so its token is higher. That
+//!   holds as long as nodes do not lose data.
 //! - A node that restarted refuses grants for a quarantine (by default the request's ttl),
 //!   so that the locks it may have forgotten expire everywhere first.
 //! - Configurations that break the quorum are refused: no nodes, or one server twice
@@ -80,9 +81,10 @@ impl RedlockOptions {
         Ok(self)
     }
 
-    /// `true` (the default): write the token back to a majority before a grant is used, so
-    /// tokens strictly increase. `false`: one round trip per grant, but tokens taken from
-    /// different majorities may go backwards; do not fence with them.
+    /// `true` (the default): unless a majority already stands at the grant's token, write
+    /// it back to a majority before the grant is used, so tokens strictly increase.
+    /// `false`: never a second round, but tokens taken from different majorities may go
+    /// backwards; do not fence with them.
     pub fn fencing(mut self, fencing: bool) -> Self {
         self.fencing = fencing;
         self

@@ -11,7 +11,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark: failures should be loud
 
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
 use leasehold_cli::bench::{BenchSpec, Row, Stats, handoffs, json, table};
@@ -33,8 +33,60 @@ async fn bare_connection(url: &str) -> ConnectionManager {
         .unwrap()
 }
 
-/// One bare cycle: SET NX PX (retried until it succeeds), then compare-and-delete.
-fn bare_cycle(conn: ConnectionManager, key: String) -> impl FnMut() -> Cycle + Send + 'static {
+/// The least a one-round-trip fenced grant can cost with a script: SET NX PX, then INCR of
+/// the counter, in one EVALSHA (no waiters, no lock-delay, no token in the value). Not a
+/// lock to use: the ceiling for any script-based fenced grant.
+static FENCED_GRANT: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(
+        "if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return redis.call('INCR', KEYS[2]) end return 0",
+    )
+});
+
+/// How a bare lock grants: the plain `SET NX PX`, or the least fenced script.
+#[derive(Clone, Copy)]
+enum BareGrant {
+    SetNx,
+    FencedScript,
+}
+
+impl BareGrant {
+    /// The side's label and its slug for `--only` and the names it locks.
+    fn label(self) -> (&'static str, &'static str) {
+        match self {
+            BareGrant::SetNx => ("bare SET NX PX + EVALSHA", "bare"),
+            BareGrant::FencedScript => ("least fenced script (SET NX + INCR)", "fenced"),
+        }
+    }
+
+    /// One grant attempt; a nil or 0 answer means the key was taken.
+    fn attempt(self, key: &str, owner: &str) -> redis::Cmd {
+        let ttl = TTL.as_millis() as u64;
+        match self {
+            BareGrant::SetNx => {
+                let mut cmd = redis::cmd("SET");
+                cmd.arg(key).arg(owner).arg("NX").arg("PX").arg(ttl);
+                cmd
+            }
+            BareGrant::FencedScript => {
+                let mut cmd = redis::cmd("EVALSHA");
+                cmd.arg(FENCED_GRANT.get_hash())
+                    .arg(2)
+                    .arg(key)
+                    .arg(format!("{key}:token"))
+                    .arg(owner)
+                    .arg(ttl);
+                cmd
+            }
+        }
+    }
+}
+
+/// One bare cycle: the grant (retried until it takes), then an EVALSHA compare-and-delete.
+fn bare_cycle(
+    grant: BareGrant,
+    conn: ConnectionManager,
+    key: String,
+) -> impl FnMut() -> Cycle + Send + 'static {
     let unlock = Arc::new(redis::Script::new(UNLOCK));
     let mut n = 0u64;
     move || {
@@ -43,62 +95,12 @@ fn bare_cycle(conn: ConnectionManager, key: String) -> impl FnMut() -> Cycle + S
         let unlock = unlock.clone();
         n += 1;
         let owner = format!("bare-{n}-{}", std::process::id());
+        let attempt = grant.attempt(&key, &owner);
         Box::pin(async move {
             let started = Instant::now();
             loop {
-                let set: Option<String> = redis::cmd("SET")
-                    .arg(&key)
-                    .arg(&owner)
-                    .arg("NX")
-                    .arg("PX")
-                    .arg(TTL.as_millis() as u64)
-                    .query_async(&mut conn)
-                    .await
-                    .unwrap();
-                if set.is_some() {
-                    break;
-                }
-            }
-            let took = started.elapsed();
-            let _: i64 = unlock
-                .key(&key)
-                .arg(&owner)
-                .invoke_async(&mut conn)
-                .await
-                .unwrap();
-            took
-        })
-    }
-}
-
-/// The least a one-round-trip fenced grant can cost with a script: SET NX PX, then INCR of
-/// the counter, in one EVALSHA (no waiters, no lock-delay, no token in the value); released
-/// like the bare lock. Not a lock to use: the ceiling for any script-based fenced grant.
-const FENCED_GRANT: &str = "if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return redis.call('INCR', KEYS[2]) end return 0";
-
-fn fenced_cycle(conn: ConnectionManager, key: String) -> impl FnMut() -> Cycle + Send + 'static {
-    let grant = Arc::new(redis::Script::new(FENCED_GRANT));
-    let unlock = Arc::new(redis::Script::new(UNLOCK));
-    let counter = format!("{key}:token");
-    let mut n = 0u64;
-    move || {
-        let mut conn = conn.clone();
-        let (key, counter) = (key.clone(), counter.clone());
-        let (grant, unlock) = (grant.clone(), unlock.clone());
-        n += 1;
-        let owner = format!("fenced-{n}-{}", std::process::id());
-        Box::pin(async move {
-            let started = Instant::now();
-            loop {
-                let token: i64 = grant
-                    .key(&key)
-                    .key(&counter)
-                    .arg(&owner)
-                    .arg(TTL.as_millis() as u64)
-                    .invoke_async(&mut conn)
-                    .await
-                    .unwrap();
-                if token > 0 {
+                let answer: redis::Value = attempt.query_async(&mut conn).await.unwrap();
+                if !matches!(answer, redis::Value::Nil | redis::Value::Int(0)) {
                     break;
                 }
             }
@@ -164,6 +166,8 @@ async fn main() {
         handoffs: args.handoffs,
     };
     let mut admin = bare_connection(&url).await;
+    // The fenced side sends EVALSHA directly: load its script first.
+    let _: String = FENCED_GRANT.load_async(&mut admin).await.unwrap();
     let mut bare = Vec::new();
     for _ in 0..args.clients {
         bare.push(bare_connection(&url).await);
@@ -182,27 +186,15 @@ async fn main() {
             best.keep(rows);
         }
 
-        if args.runs("bare") {
-            let rows = uncontended(
-                "bare SET NX PX + EVALSHA",
-                "bare",
-                args.clients,
-                spec.duration,
-                |i, key| bare_cycle(bare[i].clone(), key),
-            )
-            .await;
-            best.keep(rows);
-        }
-        if args.runs("fenced") {
-            let rows = uncontended(
-                "least fenced script (SET NX + INCR)",
-                "fenced",
-                args.clients,
-                spec.duration,
-                |i, key| fenced_cycle(bare[i].clone(), key),
-            )
-            .await;
-            best.keep(rows);
+        for grant in [BareGrant::SetNx, BareGrant::FencedScript] {
+            let (label, slug) = grant.label();
+            if args.runs(slug) {
+                let rows = uncontended(label, slug, args.clients, spec.duration, |i, key| {
+                    bare_cycle(grant, bare[i].clone(), key)
+                })
+                .await;
+                best.keep(rows);
+            }
         }
         if !args.runs("rslock") {
             continue;

@@ -583,7 +583,8 @@ impl ZooKeeper {
         Self::ensemble(1).await
     }
 
-    /// An ensemble of `n` servers (`n == 1`: standalone).
+    /// An ensemble of `n` servers (`n == 1`: standalone), returned once its election has
+    /// settled: one leader, the others following it.
     ///
     /// # Errors
     ///
@@ -645,6 +646,23 @@ impl ZooKeeper {
             for server in &mut zookeeper.servers {
                 server.wait_ready().await?;
             }
+            if n > 1 {
+                // Every server having a mode is not enough: while an election settles, two
+                // can say "leader" for a moment. Ready is one leader and n - 1 followers.
+                let addrs: Vec<SocketAddr> = zookeeper.servers.iter().map(|s| s.addr()).collect();
+                wait_ready(&mut zookeeper.servers[0].process, READY_LIMIT, async || {
+                    let mut leaders = 0;
+                    for addr in &addrs {
+                        match zookeeper_mode(*addr).await.as_deref() {
+                            Some("leader") => leaders += 1,
+                            Some("follower") => {}
+                            _ => return false,
+                        }
+                    }
+                    leaders == 1
+                })
+                .await?;
+            }
             Ok(zookeeper)
         })
         .await
@@ -670,6 +688,15 @@ impl ZooKeeper {
     }
 }
 
+/// The mode the ZooKeeper server at `addr` reports (`srvr`), if it answers.
+async fn zookeeper_mode(addr: SocketAddr) -> Option<String> {
+    let answer = zookeeper_word(addr, "srvr").await.ok()?;
+    answer
+        .lines()
+        .find_map(|l| l.strip_prefix("Mode: "))
+        .map(str::to_owned)
+}
+
 impl ZooKeeperServer {
     async fn wait_ready(&mut self) -> io::Result<()> {
         let addr = self.addr();
@@ -688,11 +715,7 @@ impl ZooKeeperServer {
 
     /// `standalone`, `leader` or `follower`, as the server reports it.
     pub async fn mode(&self) -> Option<String> {
-        let answer = zookeeper_word(self.addr(), "srvr").await.ok()?;
-        answer
-            .lines()
-            .find_map(|l| l.strip_prefix("Mode: "))
-            .map(str::to_owned)
+        zookeeper_mode(self.addr()).await
     }
 
     /// The process (pause, resume, kill, log).

@@ -36,6 +36,16 @@ where
     ]
 }
 
+/// A plain redis-rs connection (multiplexed, reconnecting) for the bare comparison sides.
+#[allow(dead_code)] // not every comparison talks to Redis
+pub(crate) async fn bare_connection(url: &str) -> redis::aio::ConnectionManager {
+    redis::Client::open(url)
+        .unwrap()
+        .get_connection_manager()
+        .await
+        .unwrap()
+}
+
 /// `[--url URL] [--duration D] [--clients N] [--handoffs N] [--json] [--only SIDE]`.
 pub(crate) struct Args {
     /// The server to use; without it the binary starts its own.

@@ -19,19 +19,11 @@ use redis::aio::ConnectionManager;
 use serde_json::json as j;
 
 mod common;
-use common::{Args, Best, Cycle, uncontended};
+use common::{Args, Best, Cycle, bare_connection, uncontended};
 
 const TTL: Duration = Duration::from_secs(30);
 const ROUNDS: usize = 3;
 const UNLOCK: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end";
-
-async fn bare_connection(url: &str) -> ConnectionManager {
-    redis::Client::open(url)
-        .unwrap()
-        .get_connection_manager()
-        .await
-        .unwrap()
-}
 
 /// The least a one-round-trip fenced grant can cost with a script: SET NX PX, then INCR of
 /// the counter, in one EVALSHA (no waiters, no lock-delay, no token in the value). Not a

@@ -12,17 +12,17 @@ use std::time::Instant;
 
 use futures_util::future::join_all;
 use leasehold_cli::bench::{BenchSpec, Row, cycles, json, table};
-use redis::aio::MultiplexedConnection;
+use redis::aio::ConnectionManager;
 use serde_json::json as j;
 
 mod common;
-use common::{Args, Best, Cycle};
+use common::{Args, Best, Cycle, bare_connection};
 
 const ROUNDS: usize = 2;
 
 /// The floor under any Redlock on this machine: a PING to every node at once, answered by
 /// all (no script, no lock), with plain redis-rs connections.
-fn ping_all(nodes: Vec<MultiplexedConnection>) -> impl FnMut() -> Cycle + Send + 'static {
+fn ping_all(nodes: Vec<ConnectionManager>) -> impl FnMut() -> Cycle + Send + 'static {
     move || {
         let nodes = nodes.clone();
         Box::pin(async move {
@@ -34,14 +34,6 @@ fn ping_all(nodes: Vec<MultiplexedConnection>) -> impl FnMut() -> Cycle + Send +
             started.elapsed()
         })
     }
-}
-
-async fn connection(url: &str) -> MultiplexedConnection {
-    redis::Client::open(url)
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap()
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -72,10 +64,10 @@ async fn main() {
         clients: args.clients,
         handoffs: args.handoffs,
     };
-    let one = vec![connection(&single.url()).await];
+    let one = vec![bare_connection(&single.url()).await];
     let mut five = Vec::new();
     for node in &nodes {
-        five.push(connection(&node.url()).await);
+        five.push(bare_connection(&node.url()).await);
     }
     let mut best = Best::default();
     for _ in 0..ROUNDS {

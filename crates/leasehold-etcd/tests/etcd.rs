@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use etcd_client::{Client as Etcd3, Txn, TxnOp};
 use leasehold_core::backend::Backend;
-use leasehold_core::{Client, Error, LockName, LockOptions, LossReason};
+use leasehold_core::{Client, Error, Guard, LockName, LockOptions, LossReason};
 use leasehold_etcd::{EtcdBackend, EtcdOptions};
 use leasehold_testkit::{Direction, Etcd, FaultProxy};
 
@@ -41,6 +41,17 @@ async fn raw(etcd: &Etcd) -> Etcd3 {
         .map(|e| format!("http://{e}"))
         .collect();
     Etcd3::connect(endpoints, None).await.unwrap()
+}
+
+/// The lock "job" for `client` within `within`; fails the test with `why` if not granted.
+async fn job_within(client: &Client, within: Duration, why: &str) -> Guard {
+    client
+        .mutex("job")
+        .unwrap()
+        .lock_timeout(within)
+        .await
+        .unwrap()
+        .expect(why)
 }
 
 /// Waits, without polling, until `check` holds for the state of `name` as `observer` sees it.
@@ -165,13 +176,12 @@ async fn a_paused_leader_never_lets_two_guards_be_held_at_once() {
         let first_token = first.token();
         // Held or lost by now; either way giving it back must not fail the lock for B.
         let _ = first.release().await;
-        let next = b
-            .mutex("job")
-            .unwrap()
-            .lock_timeout(Duration::from_secs(20))
-            .await
-            .unwrap()
-            .expect("the lock stayed closed after the member came back");
+        let next = job_within(
+            &b,
+            Duration::from_secs(20),
+            "the lock stayed closed after the member came back",
+        )
+        .await;
         assert!(next.token() > first_token);
     }
 }
@@ -187,13 +197,12 @@ async fn the_member_the_client_talks_to_paused_costs_it_the_lock_at_its_deadline
     tokio::time::timeout(Duration::from_secs(10), guard.lost())
         .await
         .expect("the guard outlived its unreachable session");
-    let next = others
-        .mutex("job")
-        .unwrap()
-        .lock_timeout(Duration::from_secs(15))
-        .await
-        .unwrap()
-        .expect("granted once the lease expired");
+    let next = job_within(
+        &others,
+        Duration::from_secs(15),
+        "granted once the lease expired",
+    )
+    .await;
     assert!(next.token() > guard.token());
     etcd.members()[0].process().resume();
 }
@@ -389,13 +398,12 @@ async fn lock_delay_keeps_a_vanished_holders_lock_closed_but_not_a_released_one(
         try_b().await.is_none(),
         "granted as soon as the vanished holder's key expired"
     );
-    let next = b
-        .mutex("job")
-        .unwrap()
-        .lock_timeout(Duration::from_secs(20))
-        .await
-        .unwrap()
-        .expect("open once the lock-delay is over");
+    let next = job_within(
+        &b,
+        Duration::from_secs(20),
+        "open once the lock-delay is over",
+    )
+    .await;
     // etcd expired A's lease no earlier than A's own deadline; the delay runs from there.
     assert!(
         lost_at.elapsed() >= delay,

@@ -123,14 +123,22 @@ impl TryFrom<&str> for LockName {
 pub struct OwnerId(Arc<str>);
 
 impl OwnerId {
-    /// A new, unique owner id.
+    /// A new, unique owner id: `<pid in hex>-<128 random bits in hex>`.
     pub fn generate() -> Self {
-        // The pid is only informative (uniqueness comes from the random bits); reading it
-        // once spares a system call per acquisition.
-        static PID: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-        let pid = *PID.get_or_init(std::process::id);
+        // The pid is only informative (uniqueness comes from the random bits); it is
+        // written once per process, and every id is made from it without formatting (one
+        // is made per acquisition).
+        static PREFIX: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+        let prefix = PREFIX.get_or_init(|| format!("{:x}-", std::process::id()));
+        let mut id = [0u8; 8 + 1 + 32];
+        id[..prefix.len()].copy_from_slice(prefix.as_bytes());
         let random: u128 = rand::random();
-        Self(format!("{pid:x}-{random:032x}").into())
+        for (i, digit) in id[prefix.len()..prefix.len() + 32].iter_mut().enumerate() {
+            *digit = b"0123456789abcdef"[(random >> (124 - 4 * i)) as usize & 0xf];
+        }
+        let id = &id[..prefix.len() + 32];
+        // Hex digits and '-' only.
+        Self(Arc::from(std::str::from_utf8(id).unwrap_or_default()))
     }
 
     /// Wraps an owner id read back from a server.
@@ -267,6 +275,9 @@ mod tests {
         let b = OwnerId::generate();
         assert_ne!(a, b);
         assert_eq!(a.pid(), Some(std::process::id()));
+        let (_, random) = a.as_str().split_once('-').unwrap();
+        assert_eq!(random.len(), 32);
+        assert!(random.chars().all(|c| c.is_ascii_hexdigit()), "{a}");
         assert!(a.as_str().chars().all(LockName::allowed));
         assert_eq!(OwnerId::parse(a.as_str()).unwrap(), a);
         assert!(OwnerId::parse("").is_err());

@@ -5,6 +5,8 @@
 --   < -1  busy, the state may change on its own in -(answer + 2) ms (an expiry, or the end
 --         of a Redlock node's quarantine).
 
+-- @prologue
+
 -- Redlock (ARGV[7], the quarantine in ms): a node that restarted less than the quarantine
 -- ago refuses grants, so that every lock it may have forgotten (an empty restart, or a
 -- snapshot older than the last grants) has expired on the other nodes first.
@@ -16,10 +18,11 @@ if ARGV[7] and ARGV[7] ~= '0' then
 end
 -- (A Redlock node takes the fast path below as well: the quarantine came first.)
 
--- The fast-path call (5 keys; the client makes it only for an exclusive request without a
--- value or lock-delay that has not been waiting): one INCR, one SET of "<owner> <token>"
--- with PX, when nobody holds, reads, waits or delays the name.
-if #KEYS < 11 then
+-- The fast-path call, with keys of its own (LOCK, TOKEN, READERS, QUEUE, DELAY; the client
+-- makes it only for an exclusive request without a value or lock-delay that has not been
+-- waiting): one INCR, one SET of "<owner> <token>" with PX, when nobody holds, reads, waits
+-- or delays the name.
+if #KEYS == 5 then
   if redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[4], KEYS[5]) ~= 0 then return 0 end
   local token = next_token(KEYS[2])
   redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. int(token), 'PX', ARGV[3])

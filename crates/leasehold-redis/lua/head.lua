@@ -1,13 +1,14 @@
 -- leasehold: names for the keys and arguments, for everything after the fast paths.
 --
 -- Keys of one lock name N (all share the hash tag {N}, so they live in one cluster slot),
--- ordered so that the fast paths touch only the first few: a call that can only take a fast
--- path passes just those keys (5 for an exclusive acquire, 7 for an exclusive renew or
--- release), every other call passes all 11.
-local LOCK, TOKEN = KEYS[1], KEYS[2]       -- exclusive holder: "<owner> <token>[ w]" (PX ttl); the fencing counter
-local READERS, QUEUE = KEYS[3], KEYS[4]    -- shared holders: zset owner -> expiry (ms); fair waiters: zset "<mode><owner>" -> arrival
-local DELAY, QEXP = KEYS[5], KEYS[6]       -- lock-delay: zset owner -> end of its delay; every waiter ("~<mode><owner>" if not fair): zset -> expiry (ms)
-local XINFO, RINFO = KEYS[7], KEYS[8]      -- the exclusive holder's value; hash reader -> "token|value"
+-- ordered so that an exclusive release or renewal passes only the first few (every key a
+-- call passes costs the server time): a release 3 (4 with a lock-delay, 5 with a stored
+-- value), a renewal 1 (5 with a lock-delay or a value). Every other call passes all 11;
+-- the acquire fast path is a call of its own with its own 5 keys (see acquire.lua).
+local LOCK, QUEUE = KEYS[1], KEYS[2]       -- exclusive holder: "<owner> <token>[ w]" (PX ttl); fair waiters: zset "<mode><owner>" -> arrival
+local QEXP, DELAY = KEYS[3], KEYS[4]       -- every waiter ("~<mode><owner>" if not fair): zset -> expiry (ms); lock-delay: zset owner -> end of its delay
+local XINFO, TOKEN = KEYS[5], KEYS[6]      -- the exclusive holder's value; the fencing counter
+local READERS, RINFO = KEYS[7], KEYS[8]    -- shared holders: zset owner -> expiry (ms); hash reader -> "token|value"
 local PERMITS, PINFO = KEYS[9], KEYS[10]   -- permit holders: zset owner -> expiry (ms); hash owner -> "token|value"
 local PDELAY = KEYS[11]                    -- lock-delay of permits
 -- The lock value ends in " w" while someone waits behind the exclusive holder: its release

@@ -1,3 +1,4 @@
+-- @prologue
 -- @head
 -- @common
 

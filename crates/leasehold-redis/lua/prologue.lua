@@ -1,5 +1,7 @@
--- leasehold: the first lines of every script; the fast paths follow right after, before
--- head.lua and common.lua, and use KEYS and ARGV directly.
+-- leasehold: the two helpers every script needs, included at its `-- @prologue` marker:
+-- before the acquire fast path (which draws a token), after the release and renewal fast
+-- paths (which need neither, and so create no closures). The fast paths use KEYS and ARGV
+-- directly; the names of head.lua and the helpers of common.lua follow them.
 
 -- Lua numbers are doubles; tostring would write large ones with an exponent.
 local function int(n)

@@ -1,3 +1,4 @@
+-- @prologue
 -- @head
 -- @common
 -- raise: make sure the fencing counter is at least ARGV[6], and record ARGV[6] as OWNER's

@@ -1,17 +1,21 @@
 -- release: remove OWNER's grant, or its waiter entry; nothing of anyone else's. Wakes the
 -- waiters that may now be granted. Returns 1 if something was removed, else 0.
 
--- An exclusive holder nobody waits for, without a lock-delay: compare, then DEL.
+-- An exclusive holder nobody waits for, without a lock-delay: compare the owner (without
+-- building a string: the value is "<owner> <token>[ w]"), then DEL the lock (and its stored
+-- value, the 5th key when passed).
 local released = false
-if string.sub(ARGV[2], 1, 1) == 'x' then
+if string.byte(ARGV[2]) == 120 then -- 'x'
   local value = redis.call('GET', KEYS[1])
-  if value and string.sub(value, 1, #ARGV[1] + 1) == ARGV[1] .. ' ' then
-    redis.call('DEL', KEYS[1], KEYS[7])
-    if string.sub(value, -2) ~= ' w' and (ARGV[5] or '0') == '0' then return 1 end
+  if value and string.find(value, ARGV[1], 1, true) == 1 and string.byte(value, #ARGV[1] + 1) == 32 then
+    if KEYS[5] then redis.call('DEL', KEYS[1], KEYS[5]) else redis.call('DEL', KEYS[1]) end
+    -- Unmarked (a token ends in a digit, a mark in 'w'), no lock-delay entry to drop: done.
+    if string.byte(value, -1) ~= 119 and (ARGV[5] or '0') == '0' then return 1 end
     released = true
   end
 end
 
+-- @prologue
 -- @head
 -- @common
 

@@ -1,15 +1,19 @@
 -- renew: extend OWNER's grant by TTL if it is still OWNER's (compare and extend).
 -- Returns 1 if extended, 0 if OWNER no longer holds it.
 
--- An exclusive holder without a lock-delay: compare, then PEXPIRE.
-if string.sub(ARGV[2], 1, 1) == 'x' and (ARGV[5] or '0') == '0' then
+-- An exclusive holder without a lock-delay: compare the owner (as release.lua does), then
+-- PEXPIRE the lock (and its stored value, the 5th key when passed).
+if string.byte(ARGV[2]) == 120 and (ARGV[5] or '0') == '0' then
   local value = redis.call('GET', KEYS[1])
-  if not value or string.sub(value, 1, #ARGV[1] + 1) ~= ARGV[1] .. ' ' then return 0 end
+  if not value or string.find(value, ARGV[1], 1, true) ~= 1 or string.byte(value, #ARGV[1] + 1) ~= 32 then
+    return 0
+  end
   redis.call('PEXPIRE', KEYS[1], ARGV[3])
-  if string.sub(ARGV[2], 4, 4) == '1' then redis.call('PEXPIRE', KEYS[7], ARGV[3]) end
+  if KEYS[5] then redis.call('PEXPIRE', KEYS[5], ARGV[3]) end
   return 1
 end
 
+-- @prologue
 -- @head
 -- @common
 

@@ -47,16 +47,17 @@ use leasehold_core::{
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{FromRedisValue, IntoConnectionInfo, ProtocolVersion, RedisError, Script, Value};
 
-use crate::wakeups::{Router, Ticket, Wakeups};
+use crate::wakeups::{Router, Seen, Ticket, Wakeups};
 
-/// A script: `prologue.lua`, the operation's fast path, then — at the `-- @head` and
-/// `-- @common` markers — the names and helpers of the slower paths, then its slow path. A
-/// fast path runs before any of that is even defined.
+/// A script: the operation's fast path, then — at the `-- @prologue`, `-- @head` and
+/// `-- @common` markers — the helpers, names and helpers of the slower paths, then its slow
+/// path. A fast path runs before anything it does not use is even defined.
 fn script(body: &str) -> Script {
     let body = body
+        .replacen("-- @prologue", include_str!("../lua/prologue.lua"), 1)
         .replacen("-- @head", include_str!("../lua/head.lua"), 1)
         .replacen("-- @common", include_str!("../lua/common.lua"), 1);
-    Script::new(&format!("{}{body}", include_str!("../lua/prologue.lua")))
+    Script::new(&body)
 }
 
 #[derive(Debug)]
@@ -265,50 +266,91 @@ struct Inner {
     warnings: Vec<String>,
 }
 
-/// The keys and the channel of one lock name, in the order of `lua/head.lua`.
+/// The keys and the channel of one lock name, in the order of `lua/head.lua`, in one
+/// buffer (a request names up to twelve of them; one allocation instead of twelve).
 struct Keys {
-    keys: [String; 11],
-    channel: String,
+    text: String,
+    /// Where each part ends in `text`; the channel is the last part.
+    ends: [usize; PARTS.len()],
 }
 
-/// How many keys a call passes: exclusive fast paths touch only the first few.
-const ACQUIRE_FAST_KEYS: usize = 5;
-const EXCLUSIVE_KEYS: usize = 7;
+/// The parts of one name's keys, in the order of `lua/head.lua`, and its wake-up channel.
+const PARTS: [&str; 12] = [
+    "lock", "queue", "qexp", "delay", "xinfo", "token", "readers", "rinfo", "permits", "pinfo",
+    "pdelay", "wake",
+];
+
+/// Every key of a name (a call that is not an exclusive fast path passes them all).
 const ALL_KEYS: usize = 11;
+
+/// The keys of the acquire fast-path call, in its own order (see `lua/acquire.lua`): lock,
+/// token, readers, queue, delay.
+const ACQUIRE_FAST: [usize; 5] = [0, 5, 6, 1, 3];
 
 impl Keys {
     fn new(prefix: &str, name: &LockName) -> Self {
-        let base = format!("{prefix}:{{{name}}}:");
-        let part = |p: &str| {
-            let mut key = String::with_capacity(base.len() + p.len());
-            key.push_str(&base);
-            key.push_str(p);
-            key
-        };
-        Keys {
-            keys: [
-                part("lock"),
-                part("token"),
-                part("readers"),
-                part("queue"),
-                part("delay"),
-                part("qexp"),
-                part("xinfo"),
-                part("rinfo"),
-                part("permits"),
-                part("pinfo"),
-                part("pdelay"),
-            ],
-            channel: part("wake"),
+        let base_len = prefix.len() + name.as_str().len() + 4; // "<prefix>:{<name>}:"
+        let mut text = String::with_capacity(PARTS.len() * base_len + 64);
+        let mut ends = [0; PARTS.len()];
+        for (end, part) in ends.iter_mut().zip(PARTS) {
+            text.push_str(prefix);
+            text.push_str(":{");
+            text.push_str(name.as_str());
+            text.push_str("}:");
+            text.push_str(part);
+            *end = text.len();
         }
+        Keys { text, ends }
+    }
+
+    fn part(&self, i: usize) -> &str {
+        let start = if i == 0 { 0 } else { self.ends[i - 1] };
+        &self.text[start..self.ends[i]]
+    }
+
+    /// The first `n` keys.
+    fn first(&self, n: usize) -> impl ExactSizeIterator<Item = &str> {
+        (0..n.min(ALL_KEYS)).map(|i| self.part(i))
+    }
+
+    /// The keys of the acquire fast-path call.
+    fn acquire_fast(&self) -> impl ExactSizeIterator<Item = &str> {
+        ACQUIRE_FAST.into_iter().map(|i| self.part(i))
+    }
+
+    /// The lock's wake-up channel.
+    fn channel(&self) -> &str {
+        self.part(PARTS.len() - 1)
     }
 }
 
-fn mode_code(mode: Mode) -> &'static str {
+fn mode_code(mode: Mode) -> u8 {
     match mode {
-        Mode::Exclusive => "x",
-        Mode::Shared => "s",
-        Mode::Permit { .. } => "p",
+        Mode::Exclusive => b'x',
+        Mode::Shared => b's',
+        Mode::Permit { .. } => b'p',
+    }
+}
+
+/// How many keys (in the order of `lua/head.lua`) a release of `req` passes: an exclusive
+/// one the lock and the queue's two (the release wakes the next waiter), the lock-delay
+/// entries with a lock-delay, the stored value with a value; others all.
+fn release_keys(req: &Request) -> usize {
+    match req.mode {
+        Mode::Exclusive if req.value.is_some() => 5,
+        Mode::Exclusive if req.lock_delay.is_some() => 4,
+        Mode::Exclusive => 3,
+        _ => ALL_KEYS,
+    }
+}
+
+/// How many keys a renewal of `req` passes: an exclusive one the lock alone, or with its
+/// stored value and lock-delay entries; others all.
+fn renew_keys(req: &Request) -> usize {
+    match req.mode {
+        Mode::Exclusive if req.value.is_some() || req.lock_delay.is_some() => 5,
+        Mode::Exclusive => 1,
+        _ => ALL_KEYS,
     }
 }
 
@@ -339,15 +381,14 @@ fn script_cmd<'a>(
         flag(req.fair),
         flag(req.waiting),
         flag(req.value.is_some()),
-    ]
-    .concat();
+    ];
     let mut cmd = redis::cmd("EVALSHA");
     cmd.arg(script.get_hash()).arg(keys.len());
     for key in keys {
         cmd.arg(key);
     }
     cmd.arg(req.owner.as_str())
-        .arg(flags)
+        .arg(&flags[..])
         .arg(millis_up(req.ttl));
     if limit != 0 || delay != 0 || !value.is_empty() || quarantine.is_some() {
         cmd.arg(limit).arg(delay).arg(value);
@@ -498,30 +539,26 @@ impl RedisBackend {
         Keys::new(&self.inner.options.prefix, name)
     }
 
-    /// Runs `script` for `req` with the first `key_count` keys (see [`script_cmd`]).
-    async fn run<T: FromRedisValue>(
+    /// Runs `script` for `req` with `keys` (see [`script_cmd`]).
+    async fn run<'k, T: FromRedisValue>(
         &self,
         script: &Script,
         req: &Request,
-        keys: &Keys,
-        key_count: usize,
+        keys: impl ExactSizeIterator<Item = &'k str>,
         value: &[u8],
     ) -> Result<T> {
-        self.run_quarantined(script, req, keys, key_count, value, None)
-            .await
+        self.run_quarantined(script, req, keys, value, None).await
     }
 
     /// [`run`](RedisBackend::run), for a Redlock node with a restart quarantine.
-    async fn run_quarantined<T: FromRedisValue>(
+    async fn run_quarantined<'k, T: FromRedisValue>(
         &self,
         script: &Script,
         req: &Request,
-        keys: &Keys,
-        key_count: usize,
+        keys: impl ExactSizeIterator<Item = &'k str>,
         value: &[u8],
         quarantine_ms: Option<u64>,
     ) -> Result<T> {
-        let keys = keys.keys[..key_count].iter().map(String::as_str);
         let cmd = script_cmd(script, keys, req, value, quarantine_ms);
         self.query(script, &cmd, &req.name).await
     }
@@ -562,8 +599,7 @@ impl RedisBackend {
             .run(
                 &self.inner.scripts.raise,
                 req,
-                &keys,
-                ALL_KEYS,
+                keys.first(ALL_KEYS),
                 floor.to_string().as_bytes(),
             )
             .await?;
@@ -572,33 +608,20 @@ impl RedisBackend {
 
     /// Runs the release script for `req`: 1 if it removed something, 0 if not.
     async fn release_script(&self, req: &Request, keys: &Keys) -> Result<i64> {
-        self.run(
-            &self.inner.scripts.release,
-            req,
-            keys,
-            Self::keys_for(req),
-            b"",
-        )
-        .await
-    }
-
-    /// How many keys a renewal or release of `req` needs.
-    fn keys_for(req: &Request) -> usize {
-        if req.mode == Mode::Exclusive {
-            EXCLUSIVE_KEYS
-        } else {
-            ALL_KEYS
-        }
+        let keys = keys.first(release_keys(req));
+        self.run(&self.inner.scripts.release, req, keys, b"").await
     }
 
     /// Remembers `token` as the highest seen for the name, or returns the higher token
     /// seen before (the server handed out one that is not new: it lost data).
     fn check_floor(&self, req: &Request, token: u64) -> Option<u64> {
         let mut floors = self.inner.floors.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((floor, owner)) = floors.get(&req.name)
-            && (token < *floor || (token == *floor && owner != &req.owner))
-        {
-            return Some(*floor);
+        if let Some((floor, owner)) = floors.get_mut(&req.name) {
+            if token < *floor || (token == *floor && *owner != req.owner) {
+                return Some(*floor);
+            }
+            (*floor, *owner) = (token, req.owner.clone());
+            return None;
         }
         if floors.len() >= MAX_FLOORS {
             floors.clear();
@@ -616,13 +639,15 @@ impl RedisBackend {
         quarantine_ms: Option<u64>,
     ) -> Result<Acquire> {
         // Read the wake-up versions before the request leaves, so that a release published
-        // after the script ran cannot be missed.
+        // after the script ran cannot be missed. Only a request that will wait records
+        // anything (no state per name for try_lock).
         let owner = req.owner.as_str();
-        let busy_before = req.waiting && self.inner.wakeups.waits(&keys.channel, owner);
-        // Only a request that will wait records anything (no state per name for try_lock).
-        let ticket = req
-            .waiting
-            .then(|| self.inner.wakeups.ticket(&keys.channel, Some(owner)));
+        let seen = if req.waiting {
+            self.inner.wakeups.seen(keys.channel(), Some(owner))
+        } else {
+            Seen::default()
+        };
+        let busy_before = seen.waited;
         let value = req.value.as_deref().unwrap_or_default();
         // An exclusive request that has not been busy yet tries the fast path first, with
         // only the keys it touches; if the name is not simply free, the script says so and
@@ -634,34 +659,32 @@ impl RedisBackend {
         // See lua/acquire.lua for the answer's encoding.
         let script = &self.inner.scripts.acquire;
         let mut answer: i64 = 0;
-        for key_count in [ACQUIRE_FAST_KEYS, ALL_KEYS] {
-            if key_count == ACQUIRE_FAST_KEYS && !fast {
-                continue;
-            }
+        if fast {
             answer = self
-                .run_quarantined(script, req, keys, key_count, value, quarantine_ms)
+                .run_quarantined(script, req, keys.acquire_fast(), value, quarantine_ms)
                 .await?;
-            // 0: the fast path did not apply; the full call follows.
-            if answer != 0 {
-                break;
-            }
+        }
+        // 0: the fast path did not apply (or was not tried); the full call follows.
+        if answer == 0 {
+            answer = self
+                .run_quarantined(script, req, keys.first(ALL_KEYS), value, quarantine_ms)
+                .await?;
         }
         if answer > 0 {
-            if ticket.is_some() {
-                self.inner.wakeups.forget(&keys.channel, owner);
+            if seen.registered {
+                self.inner.wakeups.forget(keys.channel(), owner);
             }
             return Ok(Acquire::Granted(Grant {
                 token: FencingToken::new(answer.unsigned_abs()),
                 expiry: Expiry::After(Duration::from_millis(millis_up(req.ttl))),
             }));
         }
-        Ok(Acquire::Busy(match ticket {
-            Some(mut ticket) => {
-                ticket.retry = u64::try_from(-answer - 2).ok().map(Duration::from_millis);
-                WaitHint::new(ticket)
-            }
-            None => WaitHint::none(),
-        }))
+        if !req.waiting {
+            return Ok(Acquire::Busy(WaitHint::none()));
+        }
+        let mut ticket = seen.ticket(keys.channel(), Some(owner));
+        ticket.retry = u64::try_from(-answer - 2).ok().map(Duration::from_millis);
+        Ok(Acquire::Busy(WaitHint::new(ticket)))
     }
 
     async fn wait_for_replicas(&self, req: &Request, ack: ReplicaAck) -> Result<()> {
@@ -689,8 +712,8 @@ impl RedisBackend {
     }
 }
 
-fn flag(on: bool) -> &'static str {
-    if on { "1" } else { "0" }
+fn flag(on: bool) -> u8 {
+    if on { b'1' } else { b'0' }
 }
 
 /// Describes a configuration in which the server may evict lock keys.
@@ -896,8 +919,7 @@ impl Backend for RedisBackend {
             .run(
                 &self.inner.scripts.renew,
                 req,
-                &keys,
-                Self::keys_for(req),
+                keys.first(renew_keys(req)),
                 b"",
             )
             .await?;
@@ -910,7 +932,9 @@ impl Backend for RedisBackend {
 
     async fn release(&self, req: &Request) -> Result<Release> {
         let keys = self.keys(&req.name);
-        self.inner.wakeups.forget(&keys.channel, req.owner.as_str());
+        self.inner
+            .wakeups
+            .forget(keys.channel(), req.owner.as_str());
         let released: i64 = self.release_script(req, &keys).await?;
         Ok(if released == 1 {
             Release::Released
@@ -941,7 +965,11 @@ impl Backend for RedisBackend {
 
     async fn inspect(&self, name: &LockName) -> Result<LockState> {
         let keys = self.keys(name);
-        let mut ticket = self.inner.wakeups.ticket(&keys.channel, None);
+        let mut ticket = self
+            .inner
+            .wakeups
+            .seen(keys.channel(), None)
+            .ticket(keys.channel(), None);
         let probe = Request {
             name: name.clone(),
             owner: OwnerId::parse("inspect").unwrap_or_else(|_| OwnerId::generate()),
@@ -953,7 +981,12 @@ impl Backend for RedisBackend {
             value: None,
         };
         let reply: Vec<Value> = self
-            .run(&self.inner.scripts.inspect, &probe, &keys, ALL_KEYS, b"")
+            .run(
+                &self.inner.scripts.inspect,
+                &probe,
+                keys.first(ALL_KEYS),
+                b"",
+            )
             .await?;
         let [lock, ttl, xinfo, readers, permits, queue] = reply.as_slice() else {
             return Err(Error::backend("redis: unexpected inspect reply", false));
@@ -1036,12 +1069,19 @@ mod tests {
     #[test]
     fn keys_share_one_hash_tag() {
         let keys = Keys::new("leasehold", &LockName::new("orders:42").unwrap());
-        for key in &keys.keys {
+        assert_eq!(keys.first(ALL_KEYS).len(), ALL_KEYS);
+        for key in keys.first(ALL_KEYS) {
             assert!(key.starts_with("leasehold:{orders:42}:"), "{key}");
         }
-        assert_eq!(keys.keys[0], "leasehold:{orders:42}:lock");
-        assert_eq!(keys.keys[1], "leasehold:{orders:42}:token");
-        assert_eq!(keys.channel, "leasehold:{orders:42}:wake");
+        assert_eq!(keys.part(0), "leasehold:{orders:42}:lock");
+        assert_eq!(keys.part(10), "leasehold:{orders:42}:pdelay");
+        let fast: Vec<&str> = keys.acquire_fast().collect();
+        assert_eq!(
+            fast,
+            ["lock", "token", "readers", "queue", "delay"]
+                .map(|p| format!("leasehold:{{orders:42}}:{p}"))
+        );
+        assert_eq!(keys.channel(), "leasehold:{orders:42}:wake");
     }
 
     #[test]

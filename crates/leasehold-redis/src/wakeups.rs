@@ -40,6 +40,32 @@ impl Channel {
     }
 }
 
+/// The versions a waiter read before its request was sent (see [`Wakeups::seen`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Seen {
+    everyone: u64,
+    mine: u64,
+    subscribed: bool,
+    /// The owner had an entry already: it has been busy before.
+    pub(crate) waited: bool,
+    /// The owner has an entry now (to forget once granted).
+    pub(crate) registered: bool,
+}
+
+impl Seen {
+    /// What a busy request hands to [`Wakeups::wait`].
+    pub(crate) fn ticket(self, channel: &str, owner: Option<&str>) -> Ticket {
+        Ticket {
+            channel: channel.to_owned(),
+            owner: owner.map(str::to_owned),
+            everyone: self.everyone,
+            mine: self.mine,
+            subscribed: self.subscribed,
+            retry: None,
+        }
+    }
+}
+
 /// What a waiter knew before its request: pass it back to [`Wakeups::wait`].
 #[derive(Debug, Clone)]
 pub(crate) struct Ticket {
@@ -57,33 +83,31 @@ impl Wakeups {
         self.channels.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Whether `owner` already waits on `channel` (it has been busy before).
-    pub(crate) fn waits(&self, channel: &str, owner: &str) -> bool {
-        self.channels()
-            .get(channel)
-            .is_some_and(|entry| entry.owners.contains_key(owner))
-    }
-
-    /// Records the versions `owner` (or an observer, `None`) waits from.
-    pub(crate) fn ticket(&self, channel: &str, owner: Option<&str>) -> Ticket {
+    /// Reads the versions `owner` (or an observer, `None`) waits from, before its request is
+    /// sent. Messages arrive only on a subscribed channel: there the owner gets an entry now,
+    /// so that a message naming it after the request cannot be missed. An unsubscribed
+    /// channel costs nothing here; the first wait subscribes and has the request retried.
+    pub(crate) fn seen(&self, channel: &str, owner: Option<&str>) -> Seen {
         let mut channels = self.channels();
-        let entry = channels
-            .entry(channel.to_owned())
-            .or_insert_with(Channel::new);
-        let mine = owner.map_or(0, |owner| {
-            *entry
-                .owners
-                .entry(owner.to_owned())
-                .or_insert_with(|| watch::Sender::new(0))
-                .borrow()
+        let Some(entry) = channels.get_mut(channel) else {
+            return Seen::default();
+        };
+        let waited = owner.is_some_and(|owner| entry.owners.contains_key(owner));
+        let mine = owner.and_then(|owner| match entry.owners.get(owner) {
+            Some(version) => Some(*version.borrow()),
+            None if entry.subscribed => {
+                let version = watch::Sender::new(0);
+                entry.owners.insert(owner.to_owned(), version);
+                Some(0)
+            }
+            None => None,
         });
-        Ticket {
-            channel: channel.to_owned(),
-            owner: owner.map(str::to_owned),
+        Seen {
             everyone: *entry.everyone.borrow(),
-            mine,
+            mine: mine.unwrap_or(0),
             subscribed: entry.subscribed,
-            retry: None,
+            waited,
+            registered: mine.is_some(),
         }
     }
 

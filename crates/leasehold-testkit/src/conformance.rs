@@ -57,6 +57,7 @@ macro_rules! conformance_suite {
             reentrant_holds_are_counted,
             inspect_reports_holders_and_waiters,
             lock_delay_keeps_an_expired_lock_closed,
+            renewals_keep_every_kind_of_grant,
             names_are_independent,
             bad_input_is_rejected_with_typed_errors,
         );
@@ -641,6 +642,103 @@ pub async fn lock_delay_keeps_an_expired_lock_closed(d: &dyn Deployment) {
             .is_some()
     );
     faults.resume(Op::Renew);
+}
+
+/// Every kind of grant — plain, with a lock-delay, with a stored value (a leader), shared,
+/// a permit — stays held through several renewals, well past its first lease, with its
+/// token (and value) unchanged on the server and nobody else let in.
+pub async fn renewals_keep_every_kind_of_grant(d: &dyn Deployment) {
+    let probe = client(d).await;
+    let caps = probe.capabilities().clone();
+    if !renewals_can_be_cut("renewals_keep_every_kind_of_grant", &caps) {
+        return;
+    }
+    let ttl = Duration::from_millis(600).max(caps.ttl_granularity);
+    let plain = LockOptions::builder()
+        .ttl(ttl)
+        .request_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let mut kinds = vec![("plain", plain.clone())];
+    if caps.lock_delay {
+        let delayed = LockOptions::builder()
+            .ttl(ttl)
+            .lock_delay(Duration::from_millis(100))
+            .request_timeout(Duration::from_secs(2))
+            .build()
+            .unwrap();
+        kinds.push(("lock-delay", delayed));
+    }
+    kinds.push(("leader", plain.clone()));
+    if caps.shared {
+        kinds.push(("reader", plain.clone()));
+    }
+    if caps.permits {
+        kinds.push(("permit", plain.clone()));
+    }
+    let probe = &probe;
+    let cases = kinds.into_iter().map(|(kind, options)| async move {
+        let name = format!("renewed-{kind}");
+        let (a, faults) = faulty_client(d, options).await;
+        let started = std::time::Instant::now();
+        let held = match kind {
+            "leader" => Held::Leader(a.election(&name).unwrap().campaign("node-a").await.unwrap()),
+            "reader" => Held::Guard(a.rwlock(&name).unwrap().read().await.unwrap()),
+            "permit" => Held::Guard(a.semaphore(&name, 1).unwrap().acquire().await.unwrap()),
+            _ => Held::Guard(a.mutex(&name).unwrap().lock().await.unwrap()),
+        };
+        let guard = held.guard();
+        // Renewals of one lease run one after another: once the fourth has started, three
+        // succeeded, and the first lease ran out long ago.
+        tokio::select! {
+            () = faults.until_calls(Op::Renew, 4) => {}
+            reason = guard.lost() => panic!("{kind}: lost while renewing: {reason:?}"),
+        }
+        assert!(started.elapsed() > ttl, "{kind}");
+        assert!(guard.is_held(), "{kind}");
+        let state = probe.inspect(&name).await.unwrap();
+        let holder = state
+            .holders
+            .iter()
+            .find(|h| &h.owner == guard.owner())
+            .unwrap_or_else(|| panic!("{kind}: the server forgot the holder"));
+        assert_eq!(holder.token, guard.token(), "{kind}");
+        if kind == "leader" {
+            assert_eq!(holder.value.as_deref(), Some(&b"node-a"[..]), "{kind}");
+        }
+        let other = match kind {
+            "reader" => probe.rwlock(&name).unwrap().try_write().await.unwrap(),
+            "permit" => probe
+                .semaphore(&name, 1)
+                .unwrap()
+                .try_acquire()
+                .await
+                .unwrap(),
+            "leader" => probe.mutex(&name).unwrap().try_lock().await.unwrap(),
+            _ => probe.mutex(&name).unwrap().try_lock().await.unwrap(),
+        };
+        assert!(other.is_none(), "{kind}: let another in while held");
+        match held {
+            Held::Guard(guard) => guard.release().await.unwrap(),
+            Held::Leader(leadership) => leadership.resign().await.unwrap(),
+        }
+    });
+    futures_util::future::join_all(cases).await;
+}
+
+/// A guard, or a leadership (which owns its guard).
+enum Held {
+    Guard(leasehold_core::Guard),
+    Leader(leasehold_core::Leadership),
+}
+
+impl Held {
+    fn guard(&self) -> &leasehold_core::Guard {
+        match self {
+            Held::Guard(guard) => guard,
+            Held::Leader(leadership) => leadership.guard(),
+        }
+    }
 }
 
 /// Locks of different names do not interact.

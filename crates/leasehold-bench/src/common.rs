@@ -46,13 +46,15 @@ pub(crate) async fn bare_connection(url: &str) -> redis::aio::ConnectionManager 
         .unwrap()
 }
 
-/// `[--url URL] [--duration D] [--clients N] [--handoffs N] [--json] [--only SIDE]`.
+/// `[--url URL] [--duration D] [--clients N] [--handoffs N] [--rounds N] [--json] [--only SIDE]`.
 pub(crate) struct Args {
     /// The server to use; without it the binary starts its own.
     pub(crate) url: Option<String>,
     pub(crate) duration: Duration,
     pub(crate) clients: usize,
     pub(crate) handoffs: usize,
+    /// Rounds of the whole comparison (each binary has its default).
+    pub(crate) rounds: Option<usize>,
     pub(crate) json: bool,
     /// Run only one side of the comparison, to profile it.
     pub(crate) only: Option<String>,
@@ -65,6 +67,7 @@ impl Args {
             duration: Duration::from_secs(3),
             clients: 16,
             handoffs: 100,
+            rounds: None,
             json: false,
             only: None,
         };
@@ -83,6 +86,7 @@ impl Args {
                 }
                 "--clients" => args.clients = number(&mut it, "--clients"),
                 "--handoffs" => args.handoffs = number(&mut it, "--handoffs"),
+                "--rounds" => args.rounds = Some(number(&mut it, "--rounds").max(1)),
                 "--json" => args.json = true,
                 "--only" => args.only = it.next(),
                 other => panic!("unknown argument {other}; see the source's header"),
@@ -98,22 +102,65 @@ impl Args {
     }
 }
 
-/// The best round of each row: the highest rate, or for hand-offs the lowest median. On a
-/// small machine whatever else runs (the servers themselves) moves single rounds.
+/// Every round's rows. The table shows each row at its best round (the highest rate, or for
+/// hand-offs the lowest median): on a small machine whatever else runs (the servers
+/// themselves) moves single rounds. A comparison of two rows is also given as the median,
+/// over rounds, of their ratio within one round, where both ran back to back.
 #[derive(Default)]
-pub(crate) struct Best(pub(crate) Vec<Row>);
+pub(crate) struct Rounds(Vec<Vec<Row>>);
 
-impl Best {
+impl Rounds {
+    /// Starts a round.
+    pub(crate) fn next(&mut self) {
+        self.0.push(Vec::new());
+    }
+
+    /// Adds rows to the current round.
     pub(crate) fn keep(&mut self, rows: Vec<Row>) {
-        for row in rows {
-            match self.0.iter_mut().find(|b| b.name == row.name) {
+        if self.0.is_empty() {
+            self.next();
+        }
+        if let Some(round) = self.0.last_mut() {
+            round.extend(rows);
+        }
+    }
+
+    /// Each row at its best round, in the order rows first appeared.
+    pub(crate) fn best(&self) -> Vec<Row> {
+        let mut best: Vec<Row> = Vec::new();
+        for row in self.0.iter().flatten() {
+            match best.iter_mut().find(|b| b.name == row.name) {
                 Some(b) if row.handoff && row.stats.quantile(0.5) < b.stats.quantile(0.5) => {
-                    *b = row
+                    *b = row.clone()
                 }
-                Some(b) if !row.handoff && row.stats.rate() > b.stats.rate() => *b = row,
+                Some(b) if !row.handoff && row.stats.rate() > b.stats.rate() => *b = row.clone(),
                 Some(_) => {}
-                None => self.0.push(row),
+                None => best.push(row.clone()),
             }
+        }
+        best
+    }
+
+    /// The median over rounds of the rate of the row whose name starts with `ours` divided
+    /// by that of `theirs` in the same round (NaN if no round has both).
+    #[allow(dead_code)] // not every comparison compares rates
+    pub(crate) fn paired(&self, ours: &str, theirs: &str) -> f64 {
+        let rate = |round: &[Row], name: &str| {
+            round
+                .iter()
+                .find(|r| r.name.starts_with(name))
+                .map(|r| r.stats.rate())
+        };
+        let mut ratios: Vec<f64> = self
+            .0
+            .iter()
+            .filter_map(|round| Some(rate(round, ours)? / rate(round, theirs)?))
+            .collect();
+        ratios.sort_by(f64::total_cmp);
+        match ratios.len() {
+            0 => f64::NAN,
+            n if n % 2 == 1 => ratios[n / 2],
+            n => (ratios[n / 2 - 1] + ratios[n / 2]) / 2.0,
         }
     }
 }

@@ -17,7 +17,7 @@ use leasehold_cli::bench::{BenchSpec, Row, Stats, cycles, handoffs, json, table}
 use serde_json::json as j;
 
 mod common;
-use common::{Args, Best, Cycle, uncontended};
+use common::{Args, Cycle, Rounds, uncontended};
 
 const ROUNDS: usize = 3;
 /// Long enough for the whole run, so the stock clients need no keep-alive stream.
@@ -109,13 +109,14 @@ async fn main() {
     }
 
     // The two implementations take turns, ROUNDS times, and each row keeps its best round.
-    let mut best = Best::default();
-    for round in 0..ROUNDS {
+    let mut rounds = Rounds::default();
+    for round in 0..args.rounds.unwrap_or(ROUNDS) {
+        rounds.next();
         if args.runs("leasehold") {
             let rows = leasehold_cli::bench::leasehold(&spec, || leasehold::connect(&url))
                 .await
                 .expect("leasehold benchmark");
-            best.keep(rows);
+            rounds.keep(rows);
         }
         if !args.runs("stock") {
             continue;
@@ -166,9 +167,9 @@ async fn main() {
                 handoff: true,
             });
         }
-        best.keep(rows);
+        rounds.keep(rows);
     }
-    let rows = best.0;
+    let rows = rounds.best();
     let row = |name: &str| -> Stats {
         rows.iter()
             .find(|r| r.name == name)
@@ -209,6 +210,17 @@ async fn main() {
             &format!("leasehold contended, {n} clients on 1 name"),
             &format!("etcd lock service, {n} clients on 1 name"),
         ),
+        "paired_rounds": {
+            "leasehold_vs_stock_1_client": rounds.paired("leasehold uncontended, 1 client", "etcd lock service, 1 client"),
+            "leasehold_vs_stock_n_clients": rounds.paired(
+                &format!("leasehold uncontended, {n} clients on {n} names"),
+                &format!("etcd lock service, {n} clients on {n} names"),
+            ),
+            "leasehold_vs_stock_contended": rounds.paired(
+                &format!("leasehold contended, {n} clients on 1 name"),
+                &format!("etcd lock service, {n} clients on 1 name"),
+            ),
+        },
         "leasehold_handoff_p50_ms": p50_ms("leasehold hand-off (release -> next holds)"),
         "stock_handoff_p50_ms": p50_ms("etcd lock service hand-off"),
         "round_trips_per_leasehold_cycle": ours_per_cycle,
@@ -227,6 +239,13 @@ async fn main() {
             f("leasehold_vs_stock_1_client"),
             f("leasehold_vs_stock_n_clients"),
             f("leasehold_vs_stock_contended"),
+        );
+        let paired = |key: &str| summary["paired_rounds"][key].as_f64().unwrap_or(f64::NAN);
+        println!(
+            "median of the rounds' own ratios: {:.2} (1 client), {:.2} ({n} clients), {:.2} (contended)",
+            paired("leasehold_vs_stock_1_client"),
+            paired("leasehold_vs_stock_n_clients"),
+            paired("leasehold_vs_stock_contended"),
         );
         println!(
             "hand-off p50: leasehold {:.2} ms, etcd lock service {:.2} ms",

@@ -19,7 +19,7 @@ use redis::aio::ConnectionManager;
 use serde_json::json as j;
 
 mod common;
-use common::{Args, Best, Cycle, bare_connection, uncontended};
+use common::{Args, Cycle, Rounds, bare_connection, uncontended};
 
 const TTL: Duration = Duration::from_secs(30);
 const ROUNDS: usize = 3;
@@ -169,13 +169,14 @@ async fn main() {
         .collect();
 
     // The three implementations take turns, ROUNDS times, and each row keeps its best round.
-    let mut best = Best::default();
-    for round in 0..ROUNDS {
+    let mut rounds = Rounds::default();
+    for round in 0..args.rounds.unwrap_or(ROUNDS) {
+        rounds.next();
         if args.runs("leasehold") {
             let rows = leasehold_cli::bench::leasehold(&spec, || leasehold::connect(&url))
                 .await
                 .expect("leasehold benchmark");
-            best.keep(rows);
+            rounds.keep(rows);
         }
 
         for grant in [BareGrant::SetNx, BareGrant::FencedScript] {
@@ -185,7 +186,7 @@ async fn main() {
                     bare_cycle(grant, bare[i].clone(), key)
                 })
                 .await;
-                best.keep(rows);
+                rounds.keep(rows);
             }
         }
         if !args.runs("rslock") {
@@ -232,11 +233,10 @@ async fn main() {
                 handoff: true,
             });
         }
-        best.keep(rows);
+        rounds.keep(rows);
     }
-    let rows = best.0;
+    let rows = rounds.best();
 
-    let _ = ROUNDS;
     let rate = |name: &str| -> Stats {
         rows.iter()
             .find(|r| r.name.starts_with(name))
@@ -273,11 +273,25 @@ async fn main() {
     }
     let after = commands(&mut admin).await;
     let per_cycle = (after - before) as f64 / f64::from(counted);
+    let (ours_one, ours_many) = (
+        "leasehold uncontended, 1 client",
+        "leasehold uncontended, 16",
+    );
+    let (bare_one, bare_many) = (
+        "bare SET NX PX + EVALSHA, 1 client",
+        "bare SET NX PX + EVALSHA, 16",
+    );
     let summary = j!({
         "leasehold_vs_bare_1_client": ours_1.rate() / bare_1.rate(),
         "leasehold_vs_bare_16_clients": ours_n.rate() / bare_n.rate(),
         "leasehold_vs_rslock_1_client": ours_1.rate() / rs_1.rate(),
         "leasehold_vs_rslock_16_clients": ours_n.rate() / rs_n.rate(),
+        "paired_rounds": {
+            "leasehold_vs_bare_1_client": rounds.paired(ours_one, bare_one),
+            "leasehold_vs_bare_16_clients": rounds.paired(ours_many, bare_many),
+            "leasehold_vs_rslock_1_client": rounds.paired(ours_one, "rslock, 1 client"),
+            "leasehold_vs_rslock_16_clients": rounds.paired(ours_many, "rslock, 16"),
+        },
         "round_trips_per_leasehold_cycle": per_cycle,
     });
     if args.json {
@@ -305,6 +319,16 @@ async fn main() {
             summary["leasehold_vs_rslock_16_clients"]
                 .as_f64()
                 .unwrap_or(0.0),
+            args.clients
+        );
+        let paired = &summary["paired_rounds"];
+        let f = |key: &str| paired[key].as_f64().unwrap_or(f64::NAN);
+        println!(
+            "median of the rounds' own ratios: {:.2} / {:.2} to bare, {:.2} / {:.2} to rslock (1 / {} clients)",
+            f("leasehold_vs_bare_1_client"),
+            f("leasehold_vs_bare_16_clients"),
+            f("leasehold_vs_rslock_1_client"),
+            f("leasehold_vs_rslock_16_clients"),
             args.clients
         );
         println!("round trips per uncontended leasehold cycle (acquire + release): {per_cycle:.2}");

@@ -16,7 +16,7 @@ use redis::aio::ConnectionManager;
 use serde_json::json as j;
 
 mod common;
-use common::{Args, Best, Cycle, bare_connection};
+use common::{Args, Cycle, Rounds, bare_connection};
 
 const ROUNDS: usize = 2;
 
@@ -69,9 +69,10 @@ async fn main() {
     for node in &nodes {
         five.push(bare_connection(&node.url()).await);
     }
-    let mut best = Best::default();
-    for _ in 0..ROUNDS {
-        best.keep(vec![
+    let mut rounds = Rounds::default();
+    for _ in 0..args.rounds.unwrap_or(ROUNDS) {
+        rounds.next();
+        rounds.keep(vec![
             Row {
                 name: "bare PING, 1 node".into(),
                 stats: cycles(1, spec.duration, |_| ping_all(one.clone())).await,
@@ -87,7 +88,7 @@ async fn main() {
             let rows = leasehold_cli::bench::leasehold(&spec, || leasehold::connect(url))
                 .await
                 .expect("benchmark");
-            best.keep(
+            rounds.keep(
                 rows.into_iter()
                     .map(|mut row| {
                         row.name = row.name.replacen("leasehold", label, 1);
@@ -97,7 +98,7 @@ async fn main() {
             );
         }
     }
-    let best = best.0;
+    let best = rounds.best();
     let p50_of = |row: &str| {
         best.iter()
             .find(|r| r.name == row)

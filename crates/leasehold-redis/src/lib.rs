@@ -266,22 +266,24 @@ struct Inner {
     warnings: Vec<String>,
 }
 
-/// The keys and the channel of one lock name, in the order of `lua/head.lua`, in one
-/// buffer (a request names up to twelve of them; one allocation instead of twelve).
+/// The keys of one lock name, `<prefix>:{<name>}:<part>` with the parts in the order of
+/// `lua/head.lua`. Only the base they share is kept: a call writes the keys it passes
+/// straight into its command.
 struct Keys {
-    text: String,
-    /// Where each part ends in `text`; the channel is the last part.
-    ends: [usize; PARTS.len()],
+    base: String,
 }
 
-/// The parts of one name's keys, in the order of `lua/head.lua`, and its wake-up channel.
-const PARTS: [&str; 12] = [
+/// The parts of one name's keys, in the order of `lua/head.lua`.
+const PARTS: [&str; 11] = [
     "lock", "queue", "qexp", "delay", "xinfo", "token", "readers", "rinfo", "permits", "pinfo",
-    "pdelay", "wake",
+    "pdelay",
 ];
 
-/// Every key of a name (a call that is not an exclusive fast path passes them all).
-const ALL_KEYS: usize = 11;
+/// The part of the lock's wake-up channel (`lua/common.lua` derives it from the lock key).
+const WAKE: &str = "wake";
+
+/// Every key of a name, by part (a call that is not an exclusive fast path passes them all).
+const ALL_KEYS: [usize; 11] = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10];
 
 /// The keys of the acquire fast-path call, in its own order (see `lua/acquire.lua`): lock,
 /// token, readers, queue, delay.
@@ -289,39 +291,34 @@ const ACQUIRE_FAST: [usize; 5] = [0, 5, 6, 1, 3];
 
 impl Keys {
     fn new(prefix: &str, name: &LockName) -> Self {
-        let base_len = prefix.len() + name.as_str().len() + 4; // "<prefix>:{<name>}:"
-        let mut text = String::with_capacity(PARTS.len() * base_len + 64);
-        let mut ends = [0; PARTS.len()];
-        for (end, part) in ends.iter_mut().zip(PARTS) {
-            text.push_str(prefix);
-            text.push_str(":{");
-            text.push_str(name.as_str());
-            text.push_str("}:");
-            text.push_str(part);
-            *end = text.len();
-        }
-        Keys { text, ends }
+        let name = name.as_str();
+        let mut base = String::with_capacity(prefix.len() + name.len() + 4);
+        base.push_str(prefix);
+        base.push_str(":{");
+        base.push_str(name);
+        base.push_str("}:");
+        Keys { base }
     }
 
-    fn part(&self, i: usize) -> &str {
-        let start = if i == 0 { 0 } else { self.ends[i - 1] };
-        &self.text[start..self.ends[i]]
+    /// What every key of the name starts with; it also names the lock's wake-ups here.
+    fn base(&self) -> &str {
+        &self.base
     }
 
-    /// The first `n` keys.
-    fn first(&self, n: usize) -> impl ExactSizeIterator<Item = &str> {
-        (0..n.min(ALL_KEYS)).map(|i| self.part(i))
+    /// Writes the key of `part` as the command's next argument.
+    fn write(&self, cmd: &mut redis::Cmd, part: usize) {
+        use redis::RedisWrite;
+        use std::io::Write;
+        let mut arg = cmd.writer_for_next_arg();
+        // Writing into the command's buffer cannot fail.
+        let _ = arg.write_all(self.base.as_bytes());
+        let _ = arg.write_all(PARTS[part].as_bytes());
     }
+}
 
-    /// The keys of the acquire fast-path call.
-    fn acquire_fast(&self) -> impl ExactSizeIterator<Item = &str> {
-        ACQUIRE_FAST.into_iter().map(|i| self.part(i))
-    }
-
-    /// The lock's wake-up channel.
-    fn channel(&self) -> &str {
-        self.part(PARTS.len() - 1)
-    }
+/// The wake-up channel of the name whose keys start with `base`.
+fn channel_of(base: &str) -> String {
+    format!("{base}{WAKE}")
 }
 
 fn mode_code(mode: Mode) -> u8 {
@@ -340,7 +337,7 @@ fn release_keys(req: &Request) -> usize {
         Mode::Exclusive if req.value.is_some() => 5,
         Mode::Exclusive if req.lock_delay.is_some() => 4,
         Mode::Exclusive => 3,
-        _ => ALL_KEYS,
+        _ => ALL_KEYS.len(),
     }
 }
 
@@ -350,7 +347,7 @@ fn renew_keys(req: &Request) -> usize {
     match req.mode {
         Mode::Exclusive if req.value.is_some() || req.lock_delay.is_some() => 5,
         Mode::Exclusive => 1,
-        _ => ALL_KEYS,
+        _ => ALL_KEYS.len(),
     }
 }
 
@@ -360,13 +357,14 @@ fn millis_up(d: Duration) -> u64 {
     u64::try_from(ms).unwrap_or(u64::MAX).max(1)
 }
 
-/// One EVALSHA of `script` for `req`. Arguments (see `lua/head.lua`): owner, flags (mode,
-/// fair, waiting, has value), ttl ms, then — unless all are defaults and there is no
-/// `quarantine` — permit limit, lock-delay ms and `value` (the stored value, or the counter
-/// floor for `raise`), then the Redlock quarantine ms.
-fn script_cmd<'a>(
+/// One EVALSHA of `script` for `req` with the keys of `parts`. Arguments (see
+/// `lua/head.lua`): owner, flags (mode, fair, waiting, has value), ttl ms, then — unless all
+/// are defaults and there is no `quarantine` — permit limit, lock-delay ms and `value` (the
+/// stored value, or the counter floor for `raise`), then the Redlock quarantine ms.
+fn script_cmd(
     script: &Script,
-    keys: impl ExactSizeIterator<Item = &'a str>,
+    keys: &Keys,
+    parts: &[usize],
     req: &Request,
     value: &[u8],
     quarantine: Option<u64>,
@@ -382,10 +380,14 @@ fn script_cmd<'a>(
         flag(req.waiting),
         flag(req.value.is_some()),
     ];
-    let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(script.get_hash()).arg(keys.len());
-    for key in keys {
-        cmd.arg(key);
+    // Sized up front: the command is written once, without growing.
+    let mut cmd = redis::Cmd::with_capacity(
+        parts.len() + 10,
+        96 + parts.len() * (keys.base.len() + 8) + req.owner.as_str().len() + value.len(),
+    );
+    cmd.arg("EVALSHA").arg(script.get_hash()).arg(parts.len());
+    for &part in parts {
+        keys.write(&mut cmd, part);
     }
     cmd.arg(req.owner.as_str())
         .arg(&flags[..])
@@ -539,27 +541,28 @@ impl RedisBackend {
         Keys::new(&self.inner.options.prefix, name)
     }
 
-    /// Runs `script` for `req` with `keys` (see [`script_cmd`]).
-    async fn run<'k, T: FromRedisValue>(
+    /// Runs `script` for `req` with the keys of `parts` (see [`script_cmd`]).
+    async fn run<T: FromRedisValue>(
         &self,
         script: &Script,
         req: &Request,
-        keys: impl ExactSizeIterator<Item = &'k str>,
+        (keys, parts): (&Keys, &[usize]),
         value: &[u8],
     ) -> Result<T> {
-        self.run_quarantined(script, req, keys, value, None).await
+        self.run_quarantined(script, req, (keys, parts), value, None)
+            .await
     }
 
     /// [`run`](RedisBackend::run), for a Redlock node with a restart quarantine.
-    async fn run_quarantined<'k, T: FromRedisValue>(
+    async fn run_quarantined<T: FromRedisValue>(
         &self,
         script: &Script,
         req: &Request,
-        keys: impl ExactSizeIterator<Item = &'k str>,
+        (keys, parts): (&Keys, &[usize]),
         value: &[u8],
         quarantine_ms: Option<u64>,
     ) -> Result<T> {
-        let cmd = script_cmd(script, keys, req, value, quarantine_ms);
+        let cmd = script_cmd(script, keys, parts, req, value, quarantine_ms);
         self.query(script, &cmd, &req.name).await
     }
 
@@ -599,7 +602,7 @@ impl RedisBackend {
             .run(
                 &self.inner.scripts.raise,
                 req,
-                keys.first(ALL_KEYS),
+                (&keys, &ALL_KEYS[..]),
                 floor.to_string().as_bytes(),
             )
             .await?;
@@ -608,7 +611,7 @@ impl RedisBackend {
 
     /// Runs the release script for `req`: 1 if it removed something, 0 if not.
     async fn release_script(&self, req: &Request, keys: &Keys) -> Result<i64> {
-        let keys = keys.first(release_keys(req));
+        let keys = (keys, &ALL_KEYS[..release_keys(req)]);
         self.run(&self.inner.scripts.release, req, keys, b"").await
     }
 
@@ -643,7 +646,7 @@ impl RedisBackend {
         // anything (no state per name for try_lock).
         let owner = req.owner.as_str();
         let seen = if req.waiting {
-            self.inner.wakeups.seen(keys.channel(), Some(owner))
+            self.inner.wakeups.seen(keys.base(), Some(owner))
         } else {
             Seen::default()
         };
@@ -661,18 +664,18 @@ impl RedisBackend {
         let mut answer: i64 = 0;
         if fast {
             answer = self
-                .run_quarantined(script, req, keys.acquire_fast(), value, quarantine_ms)
+                .run_quarantined(script, req, (keys, &ACQUIRE_FAST[..]), value, quarantine_ms)
                 .await?;
         }
         // 0: the fast path did not apply (or was not tried); the full call follows.
         if answer == 0 {
             answer = self
-                .run_quarantined(script, req, keys.first(ALL_KEYS), value, quarantine_ms)
+                .run_quarantined(script, req, (keys, &ALL_KEYS[..]), value, quarantine_ms)
                 .await?;
         }
         if answer > 0 {
             if seen.registered {
-                self.inner.wakeups.forget(keys.channel(), owner);
+                self.inner.wakeups.forget(keys.base(), owner);
             }
             return Ok(Acquire::Granted(Grant {
                 token: FencingToken::new(answer.unsigned_abs()),
@@ -682,7 +685,7 @@ impl RedisBackend {
         if !req.waiting {
             return Ok(Acquire::Busy(WaitHint::none()));
         }
-        let mut ticket = seen.ticket(keys.channel(), Some(owner));
+        let mut ticket = seen.ticket(keys.base(), Some(owner));
         ticket.retry = u64::try_from(-answer - 2).ok().map(Duration::from_millis);
         Ok(Acquire::Busy(WaitHint::new(ticket)))
     }
@@ -919,7 +922,7 @@ impl Backend for RedisBackend {
             .run(
                 &self.inner.scripts.renew,
                 req,
-                keys.first(renew_keys(req)),
+                (&keys, &ALL_KEYS[..renew_keys(req)]),
                 b"",
             )
             .await?;
@@ -932,9 +935,7 @@ impl Backend for RedisBackend {
 
     async fn release(&self, req: &Request) -> Result<Release> {
         let keys = self.keys(&req.name);
-        self.inner
-            .wakeups
-            .forget(keys.channel(), req.owner.as_str());
+        self.inner.wakeups.forget(keys.base(), req.owner.as_str());
         let released: i64 = self.release_script(req, &keys).await?;
         Ok(if released == 1 {
             Release::Released
@@ -950,13 +951,13 @@ impl Backend for RedisBackend {
         if !ticket.subscribed {
             // Subscribe, then let the caller try again with the subscription in place.
             let mut conn = self.inner.conn.clone();
-            conn.subscribe(&ticket.channel)
+            conn.subscribe(channel_of(&ticket.lock))
                 .await
                 .map_err(|e| Error::Unavailable {
                     message: format!("redis: subscribing to wake-ups failed: {e}"),
                     source: Some(Arc::new(e)),
                 })?;
-            self.inner.wakeups.mark_subscribed(&ticket.channel);
+            self.inner.wakeups.mark_subscribed(&ticket.lock);
             return Ok(());
         }
         self.inner.wakeups.wait(ticket, max).await;
@@ -968,8 +969,8 @@ impl Backend for RedisBackend {
         let mut ticket = self
             .inner
             .wakeups
-            .seen(keys.channel(), None)
-            .ticket(keys.channel(), None);
+            .seen(keys.base(), None)
+            .ticket(keys.base(), None);
         let probe = Request {
             name: name.clone(),
             owner: OwnerId::parse("inspect").unwrap_or_else(|_| OwnerId::generate()),
@@ -984,7 +985,7 @@ impl Backend for RedisBackend {
             .run(
                 &self.inner.scripts.inspect,
                 &probe,
-                keys.first(ALL_KEYS),
+                (&keys, &ALL_KEYS[..]),
                 b"",
             )
             .await?;
@@ -1069,19 +1070,40 @@ mod tests {
     #[test]
     fn keys_share_one_hash_tag() {
         let keys = Keys::new("leasehold", &LockName::new("orders:42").unwrap());
-        assert_eq!(keys.first(ALL_KEYS).len(), ALL_KEYS);
-        for key in keys.first(ALL_KEYS) {
-            assert!(key.starts_with("leasehold:{orders:42}:"), "{key}");
+        let req = Request {
+            name: LockName::new("orders:42").unwrap(),
+            owner: OwnerId::parse("o1").unwrap(),
+            mode: Mode::Exclusive,
+            ttl: Duration::from_micros(1_500_500),
+            fair: true,
+            waiting: false,
+            lock_delay: None,
+            value: None,
+        };
+        let script = Script::new("return 1");
+        let packed = |parts: &[usize]| {
+            let cmd = script_cmd(&script, &keys, parts, &req, b"", None);
+            String::from_utf8(cmd.get_packed_command()).unwrap()
+        };
+        let all = packed(&ALL_KEYS);
+        for part in PARTS {
+            assert!(
+                all.contains(&format!("\r\nleasehold:{{orders:42}}:{part}\r\n")),
+                "{all}"
+            );
         }
-        assert_eq!(keys.part(0), "leasehold:{orders:42}:lock");
-        assert_eq!(keys.part(10), "leasehold:{orders:42}:pdelay");
-        let fast: Vec<&str> = keys.acquire_fast().collect();
+        // EVALSHA, the hash, the key count, the keys in order, owner, flags, ttl (rounded up).
+        let fast = packed(&ACQUIRE_FAST);
+        let args: Vec<&str> = fast.split("\r\n").skip(2).step_by(2).collect();
+        assert_eq!(args[0], "EVALSHA");
+        assert_eq!(args[2], "5");
         assert_eq!(
-            fast,
+            &args[3..8],
             ["lock", "token", "readers", "queue", "delay"]
                 .map(|p| format!("leasehold:{{orders:42}}:{p}"))
         );
-        assert_eq!(keys.channel(), "leasehold:{orders:42}:wake");
+        assert_eq!(&args[8..11], ["o1", "x100", "1501"]);
+        assert_eq!(channel_of(keys.base()), "leasehold:{orders:42}:wake");
     }
 
     #[test]

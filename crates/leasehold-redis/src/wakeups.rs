@@ -2,6 +2,9 @@
 //! owners at the head of the queue, or `*` for everyone); the connection's RESP3 push
 //! messages land here and wake exactly those waiters of this process.
 //!
+//! A lock is known here by the base its keys share (`<prefix>:{<name>}:`), its channel
+//! being that base and `wake`.
+//!
 //! A waiter reads its versions *before* its acquire is sent, so a message that arrives
 //! between the script and the wait is never missed. A name is subscribed the first time
 //! one of its waiters is busy (the first wait subscribes and returns at once, so the
@@ -15,10 +18,10 @@ use redis::aio::{AsyncPushSender, SendError};
 use redis::{PushInfo, PushKind, Value};
 use tokio::sync::watch;
 
-/// Per-channel wake-up state of this process.
+/// Per-lock wake-up state of this process, by the lock's key base.
 #[derive(Debug, Default)]
 pub(crate) struct Wakeups {
-    channels: Mutex<HashMap<String, Channel>>,
+    locks: Mutex<HashMap<String, Channel>>,
 }
 
 #[derive(Debug)]
@@ -54,9 +57,9 @@ pub(crate) struct Seen {
 
 impl Seen {
     /// What a busy request hands to [`Wakeups::wait`].
-    pub(crate) fn ticket(self, channel: &str, owner: Option<&str>) -> Ticket {
+    pub(crate) fn ticket(self, lock: &str, owner: Option<&str>) -> Ticket {
         Ticket {
-            channel: channel.to_owned(),
+            lock: lock.to_owned(),
             owner: owner.map(str::to_owned),
             everyone: self.everyone,
             mine: self.mine,
@@ -69,7 +72,8 @@ impl Seen {
 /// What a waiter knew before its request: pass it back to [`Wakeups::wait`].
 #[derive(Debug, Clone)]
 pub(crate) struct Ticket {
-    pub(crate) channel: String,
+    /// The lock's key base.
+    pub(crate) lock: String,
     owner: Option<String>,
     everyone: u64,
     mine: u64,
@@ -79,17 +83,17 @@ pub(crate) struct Ticket {
 }
 
 impl Wakeups {
-    fn channels(&self) -> std::sync::MutexGuard<'_, HashMap<String, Channel>> {
-        self.channels.lock().unwrap_or_else(|e| e.into_inner())
+    fn locks(&self) -> std::sync::MutexGuard<'_, HashMap<String, Channel>> {
+        self.locks.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Reads the versions `owner` (or an observer, `None`) waits from, before its request is
     /// sent. Messages arrive only on a subscribed channel: there the owner gets an entry now,
     /// so that a message naming it after the request cannot be missed. An unsubscribed
     /// channel costs nothing here; the first wait subscribes and has the request retried.
-    pub(crate) fn seen(&self, channel: &str, owner: Option<&str>) -> Seen {
-        let mut channels = self.channels();
-        let Some(entry) = channels.get_mut(channel) else {
+    pub(crate) fn seen(&self, lock: &str, owner: Option<&str>) -> Seen {
+        let mut locks = self.locks();
+        let Some(entry) = locks.get_mut(lock) else {
             return Seen::default();
         };
         let waited = owner.is_some_and(|owner| entry.owners.contains_key(owner));
@@ -112,15 +116,15 @@ impl Wakeups {
     }
 
     /// The waiter `owner` is done (granted or gone).
-    pub(crate) fn forget(&self, channel: &str, owner: &str) {
-        if let Some(entry) = self.channels().get_mut(channel) {
+    pub(crate) fn forget(&self, lock: &str, owner: &str) {
+        if let Some(entry) = self.locks().get_mut(lock) {
             entry.owners.remove(owner);
         }
     }
 
-    pub(crate) fn mark_subscribed(&self, channel: &str) {
-        self.channels()
-            .entry(channel.to_owned())
+    pub(crate) fn mark_subscribed(&self, lock: &str) {
+        self.locks()
+            .entry(lock.to_owned())
             .or_insert_with(Channel::new)
             .subscribed = true;
     }
@@ -129,9 +133,9 @@ impl Wakeups {
     /// ticket was taken, or after `max`.
     pub(crate) async fn wait(&self, ticket: &Ticket, max: Duration) {
         let (mut everyone, mut mine) = {
-            let mut channels = self.channels();
-            let entry = channels
-                .entry(ticket.channel.clone())
+            let mut locks = self.locks();
+            let entry = locks
+                .entry(ticket.lock.clone())
                 .or_insert_with(Channel::new);
             let mine = ticket.owner.as_ref().map(|owner| {
                 entry
@@ -166,8 +170,11 @@ impl Wakeups {
     }
 
     fn deliver(&self, channel: &str, payload: &str) {
-        let channels = self.channels();
-        let Some(entry) = channels.get(channel) else {
+        let Some(lock) = channel.strip_suffix(crate::WAKE) else {
+            return;
+        };
+        let locks = self.locks();
+        let Some(entry) = locks.get(lock) else {
             return;
         };
         if payload == "*" {
@@ -183,7 +190,7 @@ impl Wakeups {
 
     /// After a reconnection messages may have been lost: everyone re-checks.
     fn wake_all(&self) {
-        for entry in self.channels().values() {
+        for entry in self.locks().values() {
             entry.everyone.send_modify(|v| *v += 1);
         }
     }

@@ -14,8 +14,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::runtime::Handle;
-use tokio::sync::watch;
-use tokio_util::sync::CancellationToken;
+use tokio::sync::Notify;
 
 use crate::backend::{Expiry, Liveness, Request, SessionLiveness};
 use crate::client::Client;
@@ -82,10 +81,12 @@ pub(crate) struct Lease {
     pub(crate) token: FencingToken,
     /// When the granting request was sent.
     pub(crate) acquired_at: Instant,
-    state: watch::Sender<State>,
+    state: std::sync::Mutex<State>,
+    /// Notified on every change of `state` (loss signals and a renewal in progress wait on
+    /// it). One `Notify` rather than a watch channel: a lease is made and ended per
+    /// acquisition, and nobody may be listening.
+    changed: Notify,
     holds: AtomicUsize,
-    /// Cancelled when the lease is released; stops a renewal in progress.
-    pub(crate) stop: CancellationToken,
     /// The runtime the lease was granted on: a guard dropped outside of it releases there.
     pub(crate) runtime: Option<Handle>,
     /// Its place in the client's renewal schedule.
@@ -131,12 +132,12 @@ impl Lease {
             options,
             token,
             acquired_at: sent,
-            state: watch::Sender::new(State::Held {
+            state: std::sync::Mutex::new(State::Held {
                 deadline,
                 capped: false,
             }),
+            changed: Notify::new(),
             holds: AtomicUsize::new(1),
-            stop: CancellationToken::new(),
             runtime: Handle::try_current().ok(),
             slot: std::sync::Mutex::new(None),
             session,
@@ -147,10 +148,25 @@ impl Lease {
         self.client.clock().now()
     }
 
+    /// The state as last set (without the deadline or the session taken into account).
+    fn recorded(&self) -> State {
+        *self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Changes the state with `change`, which says whether it changed anything; wakes the
+    /// waiters if it did.
+    fn update(&self, change: impl FnOnce(&mut State) -> bool) -> bool {
+        let changed = change(&mut self.state.lock().unwrap_or_else(|e| e.into_inner()));
+        if changed {
+            self.changed.notify_waiters();
+        }
+        changed
+    }
+
     /// The state, with a passed deadline read as lost even before a renewal marks it,
     /// and a session's deadline or end taken into account.
     pub(crate) fn state(&self) -> State {
-        match with_session(*self.state.borrow(), self.session.as_ref()) {
+        match with_session(self.recorded(), self.session.as_ref()) {
             State::Held {
                 deadline: Some(deadline),
                 capped,
@@ -190,7 +206,7 @@ impl Lease {
     pub(crate) fn extend(&self, sent: Instant, expiry: Expiry) -> bool {
         let now = self.now();
         let options = &self.options;
-        self.state.send_if_modified(|state| match state {
+        self.update(|state| match state {
             State::Held { deadline, capped } if !*capped && deadline.is_none_or(|d| now < d) => {
                 match &expiry {
                     Expiry::After(granted) => match local_deadline(options, sent, *granted) {
@@ -216,7 +232,7 @@ impl Lease {
     /// Renewal stopped at the hold cap: the current deadline is final, and reaching it
     /// counts as [`LossReason::MaxHoldReached`].
     pub(crate) fn cap(&self) {
-        self.state.send_if_modified(|state| match state {
+        self.update(|state| match state {
             State::Held { capped, .. } if !*capped => {
                 *capped = true;
                 true
@@ -229,7 +245,7 @@ impl Lease {
     /// passed is recorded as lost at its deadline, whatever `reason` says.
     pub(crate) fn mark_lost(&self, reason: LossReason) {
         let now = self.now();
-        let changed = self.state.send_if_modified(|state| match *state {
+        let changed = self.update(|state| match *state {
             State::Held { deadline, capped } => {
                 let passed = deadline.is_some_and(|d| now >= d);
                 *state = State::Lost(if passed { at_deadline(capped) } else { reason });
@@ -239,7 +255,7 @@ impl Lease {
         });
         if changed {
             tracing::warn!(lock = %self.request.name, owner = %self.request.owner,
-                token = %self.token, state = ?*self.state.borrow(), "lock lost");
+                token = %self.token, state = ?self.recorded(), "lock lost");
         }
     }
 
@@ -248,13 +264,28 @@ impl Lease {
     /// it was lost).
     pub(crate) fn finish(&self) -> State {
         let before = self.state();
-        self.state.send_replace(match before {
-            State::Held { .. } | State::Released => State::Released,
-            lost @ State::Lost(_) => lost,
+        self.update(|state| {
+            *state = match before {
+                State::Held { .. } | State::Released => State::Released,
+                lost @ State::Lost(_) => lost,
+            };
+            true
         });
-        self.stop.cancel();
         self.client.watchdog().forget(self);
         before
+    }
+
+    /// Completes once the lease was released or marked lost (a renewal in progress stops).
+    pub(crate) async fn ended(&self) {
+        loop {
+            // Registered before the state is read: a change after the read wakes us.
+            let mut changed = std::pin::pin!(self.changed.notified());
+            changed.as_mut().enable();
+            if !matches!(self.recorded(), State::Held { .. }) {
+                return;
+            }
+            changed.await;
+        }
     }
 
     /// Records the lease's place in the renewal schedule; returns the previous one.
@@ -267,13 +298,16 @@ impl Lease {
 
     /// A future that completes when the lease is lost; it never completes if the lease is
     /// released first. Owns what it needs.
-    pub(crate) fn lost(&self) -> impl Future<Output = LossReason> + Send + 'static {
-        let mut rx = self.state.subscribe();
+    pub(crate) fn lost(self: &Arc<Self>) -> impl Future<Output = LossReason> + Send + 'static {
+        let lease = self.clone();
         let mut session = self.session.clone();
         let clock = self.client.clock().clone();
         async move {
             loop {
-                let state = with_session(*rx.borrow_and_update(), session.as_ref());
+                // Registered before the state is read: a change after the read wakes us.
+                let mut changed = std::pin::pin!(lease.changed.notified());
+                changed.as_mut().enable();
+                let state = with_session(lease.recorded(), session.as_ref());
                 let (deadline, capped) = match state {
                     State::Lost(reason) => return reason,
                     State::Released => (None, false),
@@ -293,12 +327,7 @@ impl Lease {
                     }
                 };
                 tokio::select! {
-                    changed = rx.changed() => {
-                        if changed.is_err() {
-                            // The lease is gone: it was released.
-                            std::future::pending::<()>().await;
-                        }
-                    }
+                    () = changed => {}
                     () = session_changed => {}
                     () = deadline_passed => return at_deadline(capped),
                 }
@@ -427,7 +456,8 @@ mod tests {
         assert!(matches!(lease.finish(), State::Held { .. }));
         assert_eq!(lease.state(), State::Released);
         assert!(!lease.extend(clock.now(), Expiry::After(10 * SEC)));
-        assert!(lease.stop.is_cancelled());
+        // A renewal in progress stops.
+        assert!(futures_util::FutureExt::now_or_never(lease.ended()).is_some());
 
         let lease = lease_at(&clock, clock.now(), 10 * SEC).unwrap();
         clock.advance(10 * SEC);

@@ -178,7 +178,7 @@ async fn renew(lease: &Lease) -> Option<Instant> {
         let deadline = lease.deadline()?;
         let sent = clock.now();
         let renewal = tokio::select! {
-            () = lease.stop.cancelled() => return None,
+            () = lease.ended() => return None,
             () = clock.sleep_until(deadline) => {
                 lease.mark_lost(LossReason::Expired);
                 return None;
@@ -208,7 +208,7 @@ async fn renew(lease: &Lease) -> Option<Instant> {
                 tracing::debug!(lock = %lease.request.name, %error, "renewal failed; retrying");
                 let retry_at = clock.now().saturating_add(retry_pause);
                 tokio::select! {
-                    () = lease.stop.cancelled() => return None,
+                    () = lease.ended() => return None,
                     () = clock.sleep_until(deadline) => {
                         lease.mark_lost(LossReason::Expired);
                         return None;

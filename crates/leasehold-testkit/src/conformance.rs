@@ -653,7 +653,7 @@ pub async fn renewals_keep_every_kind_of_grant(d: &dyn Deployment) {
     if !renewals_can_be_cut("renewals_keep_every_kind_of_grant", &caps) {
         return;
     }
-    let ttl = Duration::from_millis(600).max(caps.ttl_granularity);
+    let ttl = Duration::from_millis(1200).max(caps.ttl_granularity);
     let plain = LockOptions::builder()
         .ttl(ttl)
         .request_timeout(Duration::from_secs(2))

@@ -130,15 +130,14 @@ impl OwnerId {
         // is made per acquisition).
         static PREFIX: std::sync::OnceLock<String> = std::sync::OnceLock::new();
         let prefix = PREFIX.get_or_init(|| format!("{:x}-", std::process::id()));
-        let mut id = [0u8; 8 + 1 + 32];
-        id[..prefix.len()].copy_from_slice(prefix.as_bytes());
         let random: u128 = rand::random();
-        for (i, digit) in id[prefix.len()..prefix.len() + 32].iter_mut().enumerate() {
-            *digit = b"0123456789abcdef"[(random >> (124 - 4 * i)) as usize & 0xf];
-        }
-        let id = &id[..prefix.len() + 32];
-        // Hex digits and '-' only.
-        Self(Arc::from(std::str::from_utf8(id).unwrap_or_default()))
+        let mut id = String::with_capacity(prefix.len() + 32);
+        id.push_str(prefix);
+        id.extend(
+            (0..32)
+                .map(|i| char::from(b"0123456789abcdef"[(random >> (124 - 4 * i)) as usize & 0xf])),
+        );
+        Self(id.into())
     }
 
     /// Wraps an owner id read back from a server.

@@ -49,9 +49,10 @@ use redis::{FromRedisValue, IntoConnectionInfo, ProtocolVersion, RedisError, Scr
 
 use crate::wakeups::{Router, Seen, Ticket, Wakeups};
 
-/// A script: the operation's fast path, then — at the `-- @prologue`, `-- @head` and
-/// `-- @common` markers — the helpers, names and helpers of the slower paths, then its slow
-/// path. A fast path runs before anything it does not use is even defined.
+/// A script: the operation's fast path, then — at its `-- @prologue`, `-- @head` and
+/// `-- @common` markers — the token helpers, the names of keys and arguments, and the
+/// helpers of the slower paths, then its slow path. A fast path runs before anything it
+/// does not use is even defined.
 fn script(body: &str) -> Script {
     let body = body
         .replacen("-- @prologue", include_str!("../lua/prologue.lua"), 1)

@@ -654,17 +654,12 @@ pub async fn renewals_keep_every_kind_of_grant(d: &dyn Deployment) {
         return;
     }
     let ttl = Duration::from_millis(1200).max(caps.ttl_granularity);
-    let plain = LockOptions::builder()
-        .ttl(ttl)
-        .request_timeout(Duration::from_secs(2))
-        .build()
-        .unwrap();
+    let plain = options(ttl);
     let mut kinds = vec![("plain", plain.clone())];
     if caps.lock_delay {
-        let delayed = LockOptions::builder()
-            .ttl(ttl)
+        let delayed = plain
+            .to_builder()
             .lock_delay(Duration::from_millis(100))
-            .request_timeout(Duration::from_secs(2))
             .build()
             .unwrap();
         kinds.push(("lock-delay", delayed));
@@ -714,7 +709,7 @@ pub async fn renewals_keep_every_kind_of_grant(d: &dyn Deployment) {
                 .try_acquire()
                 .await
                 .unwrap(),
-            "leader" => probe.mutex(&name).unwrap().try_lock().await.unwrap(),
+            // A leader holds the exclusive side of its name.
             _ => probe.mutex(&name).unwrap().try_lock().await.unwrap(),
         };
         assert!(other.is_none(), "{kind}: let another in while held");

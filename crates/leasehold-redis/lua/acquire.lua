@@ -1,31 +1,36 @@
 -- acquire: grant the lock to OWNER, or answer busy. One integer (cheaper than a table):
 --   > 0   granted, this is the token (the same token again if OWNER already holds it);
---   0     a fast-path call (5 keys) could not take the fast path: call again with all keys;
+--   0     a fast-path call (3 keys) could not take the fast path: call again with all keys;
 --   -1    busy, nothing will change without a wake-up message;
 --   < -1  busy, the state may change on its own in -(answer + 2) ms (an expiry, or the end
 --         of a Redlock node's quarantine).
 
 -- @prologue
 
--- Redlock (ARGV[7], the quarantine in ms): a node that restarted less than the quarantine
--- ago refuses grants, so that every lock it may have forgotten (an empty restart, or a
--- snapshot older than the last grants) has expired on the other nodes first.
-if ARGV[7] and ARGV[7] ~= '0' then
+-- The fast-path call has keys and arguments of its own: LOCK, TOKEN, GATE; owner, ttl ms
+-- (and a Redlock quarantine). The client makes it only for an exclusive request without a
+-- value or lock-delay that has not been waiting.
+local fast = #KEYS == 3
+
+-- Redlock (the quarantine in ms, the last argument): a node that restarted less than the
+-- quarantine ago refuses grants, so that every lock it may have forgotten (an empty
+-- restart, or a snapshot older than the last grants) has expired on the other nodes first.
+local quarantine = ARGV[7]
+if fast then quarantine = ARGV[3] end
+if quarantine and quarantine ~= '0' then
   local info = redis.call('INFO', 'server')
   local up = tonumber(string.match(info, 'uptime_in_seconds:(%d+)') or '0') * 1000
-  local quarantine = tonumber(ARGV[7])
+  quarantine = tonumber(quarantine)
   if up < quarantine then return -(quarantine - up + 2) end
 end
 -- (A Redlock node takes the fast path below as well: the quarantine came first.)
 
--- The fast-path call, with keys of its own (LOCK, TOKEN, READERS, QUEUE, DELAY; the client
--- makes it only for an exclusive request without a value or lock-delay that has not been
--- waiting): one INCR, one SET of "<owner> <token>" with PX, when nobody holds, reads, waits
--- or delays the name.
-if #KEYS == 5 then
-  if redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[4], KEYS[5]) ~= 0 then return 0 end
+-- The fast path: one INCR, one SET of "<owner> <token>" with PX, when neither the lock nor
+-- the gate exists (nobody holds, reads, waits for or delays the name; see head.lua).
+if fast then
+  if redis.call('EXISTS', KEYS[1], KEYS[3]) ~= 0 then return 0 end
   local token = next_token(KEYS[2])
-  redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. int(token), 'PX', ARGV[3])
+  redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. int(token), 'PX', ARGV[2])
   return token
 end
 
@@ -44,15 +49,15 @@ local holder = owner_of(value)
 if MODE == 'x' and holder == OWNER then
   redis.call('PEXPIRE', LOCK, ttl)
   redis.call('PEXPIRE', XINFO, ttl)
-  if LOCK_DELAY > 0 then redis.call('ZADD', DELAY, now + ttl + LOCK_DELAY, OWNER) end
+  if LOCK_DELAY > 0 then hold(DELAY, now + ttl + LOCK_DELAY, OWNER) end
   return token_in(value)  -- check_foreign made sure it parses
 end
 local zset, info, delay = READERS, RINFO, DELAY
 if MODE == 'p' then zset, info, delay = PERMITS, PINFO, PDELAY end
 if MODE ~= 'x' and redis.call('ZSCORE', zset, OWNER) then
-  redis.call('ZADD', zset, now + ttl, OWNER)
+  hold(zset, now + ttl, OWNER)
   extend_set(zset, info)
-  if LOCK_DELAY > 0 then redis.call('ZADD', delay, now + ttl + LOCK_DELAY, OWNER) end
+  if LOCK_DELAY > 0 then hold(delay, now + ttl + LOCK_DELAY, OWNER) end
   local token = token_of(redis.call('HGET', info, OWNER))
   if token == 0 then
     return redis.error_reply('LEASEHOLD_FOREIGN ' .. info .. ' has no token for ' .. OWNER .. '; it was not written by leasehold')
@@ -81,6 +86,7 @@ if FAIR and WAITING then
     rank = redis.call('ZRANK', QUEUE, me)
   end
   redis.call('ZADD', QEXP, now + ttl, me)
+  hold_gate(now + ttl)
 elseif WAITING then
   redis.call('ZADD', QEXP, now + ttl, '~' .. me)
 end
@@ -131,14 +137,15 @@ if ok then
     if redis.call('EXISTS', QEXP) == 1 then mark = ' w' end
     redis.call('SET', LOCK, OWNER .. ' ' .. int(token) .. mark, 'PX', ttl)
     if HAS_VALUE then redis.call('SET', XINFO, VALUE, 'PX', ttl) end
+    close_gate_if_idle()
   else
-    redis.call('ZADD', zset, now + ttl, OWNER)
+    hold(zset, now + ttl, OWNER)
     redis.call('HSET', info, OWNER, info_of(token))
     extend_set(zset, info)
     -- Shared holders and permits are granted in groups: let the next waiters try.
     if FAIR and rank then wake_next(MODE == 'p', LIMIT) end
   end
-  if LOCK_DELAY > 0 then redis.call('ZADD', delay, now + ttl + LOCK_DELAY, OWNER) end
+  if LOCK_DELAY > 0 then hold(delay, now + ttl + LOCK_DELAY, OWNER) end
   if HAS_VALUE then redis.call('PUBLISH', CHANNEL, '*') end
   return token
 end

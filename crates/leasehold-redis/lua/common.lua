@@ -30,6 +30,28 @@ local function token_of(info)
   return tonumber(string.match(info or '', '^(%d+)|')) or 0
 end
 
+-- Keeps the gate (see head.lua) up until at least `at` (ms).
+local function hold_gate(at)
+  if redis.call('PEXPIRETIME', GATE) < at then
+    redis.call('SET', GATE, '1', 'PXAT', int(at))
+  end
+end
+
+-- Drops the gate once nothing it guards is left (called after removing holders or waiters;
+-- a call without every key leaves it to expire, or to the next call that has them).
+local function close_gate_if_idle()
+  if #KEYS == 12 and redis.call('EXISTS', READERS, QUEUE, DELAY) == 0 then
+    redis.call('DEL', GATE)
+  end
+end
+
+-- Writes until when `owner` holds, or is delayed, in a holder zset or lock-delay zset; the
+-- entries of exclusive and shared holders keep the gate up (permits are not gated).
+local function hold(zset, at, owner)
+  redis.call('ZADD', zset, at, owner)
+  if zset ~= PERMITS and zset ~= PDELAY then hold_gate(at) end
+end
+
 -- Drops expired members of a holder zset and their info.
 local function prune_holders(zset, info, now)
   local gone = redis.call('ZRANGEBYSCORE', zset, '-inf', now)

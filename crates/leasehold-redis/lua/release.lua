@@ -3,9 +3,9 @@
 
 -- An exclusive holder nobody waits for, without a lock-delay: compare the owner (without
 -- building a string: the value is "<owner> <token>[ w]"), then DEL the lock (and its stored
--- value, the 5th key when passed).
+-- value, the 5th key when passed). Such a release passes the owner alone (no flags: 'x').
 local released = false
-if string.byte(ARGV[2]) == 120 then -- 'x'
+if not ARGV[2] or string.byte(ARGV[2]) == 120 then -- 'x'
   local value = redis.call('GET', KEYS[1])
   if value and string.find(value, ARGV[1], 1, true) == 1 and string.byte(value, #ARGV[1] + 1) == 32 then
     if KEYS[5] then redis.call('DEL', KEYS[1], KEYS[5]) else redis.call('DEL', KEYS[1]) end
@@ -34,6 +34,7 @@ if MODE ~= 'x' then
     redis.call('ZREM', zset, OWNER)
     redis.call('HDEL', info, OWNER)
     redis.call('ZREM', delay, OWNER)
+    close_gate_if_idle()
     if tonumber(expires) > now then
       prune_queue(now)
       wake_next(MODE == 'p', LIMIT)
@@ -46,6 +47,7 @@ local me = MODE .. OWNER
 local gone = redis.call('ZREM', QEXP, me, '~' .. me)
 if redis.call('ZREM', QUEUE, me) == 1 or gone > 0 then
   prune_queue(now)
+  close_gate_if_idle()
   -- If it was at the head, whoever is next may now go first.
   wake_next(MODE == 'p', LIMIT)
   return 1

@@ -23,7 +23,7 @@ if MODE == 'x' then
   if not is_mine(redis.call('GET', LOCK)) then return 0 end
   redis.call('PEXPIRE', LOCK, ttl)
   redis.call('PEXPIRE', XINFO, ttl)
-  redis.call('ZADD', DELAY, now + ttl + LOCK_DELAY, OWNER)
+  hold(DELAY, now + ttl + LOCK_DELAY, OWNER)
   return 1
 end
 local zset, info, delay = READERS, RINFO, DELAY
@@ -33,7 +33,7 @@ if not expires or tonumber(expires) <= now then
   prune_holders(zset, info, now)
   return 0
 end
-redis.call('ZADD', zset, now + ttl, OWNER)
+hold(zset, now + ttl, OWNER)
 extend_set(zset, info)
-if LOCK_DELAY > 0 then redis.call('ZADD', delay, now + ttl + LOCK_DELAY, OWNER) end
+if LOCK_DELAY > 0 then hold(delay, now + ttl + LOCK_DELAY, OWNER) end
 return 1

@@ -275,20 +275,55 @@ struct Keys {
 }
 
 /// The parts of one name's keys, in the order of `lua/head.lua`.
-const PARTS: [&str; 11] = [
-    "lock", "queue", "qexp", "delay", "xinfo", "token", "readers", "rinfo", "permits", "pinfo",
-    "pdelay",
+const PARTS: [&str; 12] = [
+    "lock", "queue", "qexp", "delay", "xinfo", "gate", "token", "readers", "rinfo", "permits",
+    "pinfo", "pdelay",
 ];
 
 /// The part of the lock's wake-up channel (`lua/common.lua` derives it from the lock key).
 const WAKE: &str = "wake";
 
 /// Every key of a name, by part (a call that is not an exclusive fast path passes them all).
-const ALL_KEYS: [usize; 11] = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10];
+const ALL_KEYS: [usize; 12] = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11];
 
-/// The keys of the acquire fast-path call, in its own order (see `lua/acquire.lua`): lock,
-/// token, readers, queue, delay.
-const ACQUIRE_FAST: [usize; 5] = [0, 5, 6, 1, 3];
+/// What one script call passes: the keys of `parts` (in that order), and its arguments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Call {
+    parts: &'static [usize],
+    args: Args,
+}
+
+/// The arguments of a script call (see `lua/head.lua`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Args {
+    /// Owner, flags, ttl, then — unless all are defaults — permit limit, lock-delay and
+    /// value (then a Redlock quarantine).
+    Full,
+    /// Owner and ttl (then a Redlock quarantine): the acquire fast path.
+    OwnerTtl,
+    /// The owner alone: an exclusive release without lock-delay or value.
+    Owner,
+}
+
+impl Call {
+    /// Every key and every argument.
+    const ALL: Call = Call::first(ALL_KEYS.len());
+
+    /// The acquire fast path's own keys, in its order (see `lua/acquire.lua`): lock,
+    /// token, gate.
+    const ACQUIRE_FAST: Call = Call {
+        parts: &[0, 6, 5],
+        args: Args::OwnerTtl,
+    };
+
+    /// The first `n` keys with every argument.
+    const fn first(n: usize) -> Call {
+        Call {
+            parts: ALL_KEYS.split_at(n).0,
+            args: Args::Full,
+        }
+    }
+}
 
 impl Keys {
     fn new(prefix: &str, name: &LockName) -> Self {
@@ -330,25 +365,29 @@ fn mode_code(mode: Mode) -> u8 {
     }
 }
 
-/// How many keys (in the order of `lua/head.lua`) a release of `req` passes: an exclusive
-/// one the lock and the queue's two (the release wakes the next waiter), the lock-delay
-/// entries with a lock-delay, the stored value with a value; others all.
-fn release_keys(req: &Request) -> usize {
+/// What a release of `req` passes (keys in the order of `lua/head.lua`): an exclusive one
+/// the lock and the queue's two (the release wakes the next waiter) with the owner alone,
+/// or every argument and also the lock-delay entries with a lock-delay, the stored value
+/// with a value; others all.
+fn release_call(req: &Request) -> Call {
     match req.mode {
-        Mode::Exclusive if req.value.is_some() => 5,
-        Mode::Exclusive if req.lock_delay.is_some() => 4,
-        Mode::Exclusive => 3,
-        _ => ALL_KEYS.len(),
+        Mode::Exclusive if req.value.is_some() => Call::first(5),
+        Mode::Exclusive if req.lock_delay.is_some() => Call::first(4),
+        Mode::Exclusive => Call {
+            parts: ALL_KEYS.split_at(3).0,
+            args: Args::Owner,
+        },
+        _ => Call::ALL,
     }
 }
 
-/// How many keys a renewal of `req` passes: an exclusive one the lock alone, or with its
-/// stored value and lock-delay entries; others all.
-fn renew_keys(req: &Request) -> usize {
+/// What a renewal of `req` passes: an exclusive one the lock alone, or with its stored
+/// value, lock-delay entries and the gate they keep up; others all.
+fn renew_call(req: &Request) -> Call {
     match req.mode {
-        Mode::Exclusive if req.value.is_some() || req.lock_delay.is_some() => 5,
-        Mode::Exclusive => 1,
-        _ => ALL_KEYS.len(),
+        Mode::Exclusive if req.value.is_some() || req.lock_delay.is_some() => Call::first(6),
+        Mode::Exclusive => Call::first(1),
+        _ => Call::ALL,
     }
 }
 
@@ -358,18 +397,19 @@ fn millis_up(d: Duration) -> u64 {
     u64::try_from(ms).unwrap_or(u64::MAX).max(1)
 }
 
-/// One EVALSHA of `script` for `req` with the keys of `parts`. Arguments (see
-/// `lua/head.lua`): owner, flags (mode, fair, waiting, has value), ttl ms, then — unless all
-/// are defaults and there is no `quarantine` — permit limit, lock-delay ms and `value` (the
-/// stored value, or the counter floor for `raise`), then the Redlock quarantine ms.
+/// One EVALSHA of `script` for `req` as `call` says. Full arguments (see `lua/head.lua`):
+/// owner, flags (mode, fair, waiting, has value), ttl ms, then — unless all are defaults
+/// and there is no `quarantine` — permit limit, lock-delay ms and `value` (the stored value,
+/// or the counter floor for `raise`), then the Redlock quarantine ms.
 fn script_cmd(
     script: &Script,
     keys: &Keys,
-    parts: &[usize],
+    call: Call,
     req: &Request,
     value: &[u8],
     quarantine: Option<u64>,
 ) -> redis::Cmd {
+    let parts = call.parts;
     let limit = match req.mode {
         Mode::Permit { limit } => limit.get(),
         _ => 0,
@@ -390,11 +430,18 @@ fn script_cmd(
     for &part in parts {
         keys.write(&mut cmd, part);
     }
-    cmd.arg(req.owner.as_str())
-        .arg(&flags[..])
-        .arg(millis_up(req.ttl));
-    if limit != 0 || delay != 0 || !value.is_empty() || quarantine.is_some() {
-        cmd.arg(limit).arg(delay).arg(value);
+    cmd.arg(req.owner.as_str());
+    match call.args {
+        Args::Owner => return cmd,
+        Args::OwnerTtl => {
+            cmd.arg(millis_up(req.ttl));
+        }
+        Args::Full => {
+            cmd.arg(&flags[..]).arg(millis_up(req.ttl));
+            if limit != 0 || delay != 0 || !value.is_empty() || quarantine.is_some() {
+                cmd.arg(limit).arg(delay).arg(value);
+            }
+        }
     }
     if let Some(quarantine) = quarantine {
         cmd.arg(quarantine);
@@ -542,15 +589,15 @@ impl RedisBackend {
         Keys::new(&self.inner.options.prefix, name)
     }
 
-    /// Runs `script` for `req` with the keys of `parts` (see [`script_cmd`]).
+    /// Runs `script` for `req` as `call` says (see [`script_cmd`]).
     async fn run<T: FromRedisValue>(
         &self,
         script: &Script,
         req: &Request,
-        (keys, parts): (&Keys, &[usize]),
+        (keys, call): (&Keys, Call),
         value: &[u8],
     ) -> Result<T> {
-        self.run_quarantined(script, req, (keys, parts), value, None)
+        self.run_quarantined(script, req, (keys, call), value, None)
             .await
     }
 
@@ -559,11 +606,11 @@ impl RedisBackend {
         &self,
         script: &Script,
         req: &Request,
-        (keys, parts): (&Keys, &[usize]),
+        (keys, call): (&Keys, Call),
         value: &[u8],
         quarantine_ms: Option<u64>,
     ) -> Result<T> {
-        let cmd = script_cmd(script, keys, parts, req, value, quarantine_ms);
+        let cmd = script_cmd(script, keys, call, req, value, quarantine_ms);
         self.query(script, &cmd, &req.name).await
     }
 
@@ -603,7 +650,7 @@ impl RedisBackend {
             .run(
                 &self.inner.scripts.raise,
                 req,
-                (&keys, &ALL_KEYS[..]),
+                (&keys, Call::ALL),
                 floor.to_string().as_bytes(),
             )
             .await?;
@@ -612,7 +659,7 @@ impl RedisBackend {
 
     /// Runs the release script for `req`: 1 if it removed something, 0 if not.
     async fn release_script(&self, req: &Request, keys: &Keys) -> Result<i64> {
-        let keys = (keys, &ALL_KEYS[..release_keys(req)]);
+        let keys = (keys, release_call(req));
         self.run(&self.inner.scripts.release, req, keys, b"").await
     }
 
@@ -665,13 +712,19 @@ impl RedisBackend {
         let mut answer: i64 = 0;
         if fast {
             answer = self
-                .run_quarantined(script, req, (keys, &ACQUIRE_FAST[..]), value, quarantine_ms)
+                .run_quarantined(
+                    script,
+                    req,
+                    (keys, Call::ACQUIRE_FAST),
+                    value,
+                    quarantine_ms,
+                )
                 .await?;
         }
         // 0: the fast path did not apply (or was not tried); the full call follows.
         if answer == 0 {
             answer = self
-                .run_quarantined(script, req, (keys, &ALL_KEYS[..]), value, quarantine_ms)
+                .run_quarantined(script, req, (keys, Call::ALL), value, quarantine_ms)
                 .await?;
         }
         if answer > 0 {
@@ -923,7 +976,7 @@ impl Backend for RedisBackend {
             .run(
                 &self.inner.scripts.renew,
                 req,
-                (&keys, &ALL_KEYS[..renew_keys(req)]),
+                (&keys, renew_call(req)),
                 b"",
             )
             .await?;
@@ -983,12 +1036,7 @@ impl Backend for RedisBackend {
             value: None,
         };
         let reply: Vec<Value> = self
-            .run(
-                &self.inner.scripts.inspect,
-                &probe,
-                (&keys, &ALL_KEYS[..]),
-                b"",
-            )
+            .run(&self.inner.scripts.inspect, &probe, (&keys, Call::ALL), b"")
             .await?;
         let [lock, ttl, xinfo, readers, permits, queue] = reply.as_slice() else {
             return Err(Error::backend("redis: unexpected inspect reply", false));
@@ -1082,28 +1130,52 @@ mod tests {
             value: None,
         };
         let script = Script::new("return 1");
-        let packed = |parts: &[usize]| {
-            let cmd = script_cmd(&script, &keys, parts, &req, b"", None);
-            String::from_utf8(cmd.get_packed_command()).unwrap()
+        // EVALSHA, the hash, the key count, the keys in order, then the arguments.
+        let args = |call: Call, quarantine: Option<u64>| -> Vec<String> {
+            let cmd = script_cmd(&script, &keys, call, &req, b"", quarantine);
+            let packed = String::from_utf8(cmd.get_packed_command()).unwrap();
+            let args: Vec<String> = packed
+                .split("\r\n")
+                .skip(2)
+                .step_by(2)
+                .map(str::to_owned)
+                .collect();
+            assert_eq!(args[0], "EVALSHA");
+            assert_eq!(args[2], call.parts.len().to_string());
+            args[3..].to_vec()
         };
-        let all = packed(&ALL_KEYS);
-        for part in PARTS {
-            assert!(
-                all.contains(&format!("\r\nleasehold:{{orders:42}}:{part}\r\n")),
-                "{all}"
-            );
-        }
-        // EVALSHA, the hash, the key count, the keys in order, owner, flags, ttl (rounded up).
-        let fast = packed(&ACQUIRE_FAST);
-        let args: Vec<&str> = fast.split("\r\n").skip(2).step_by(2).collect();
-        assert_eq!(args[0], "EVALSHA");
-        assert_eq!(args[2], "5");
+        let key = |part: &str| format!("leasehold:{{orders:42}}:{part}");
+        let all = args(Call::ALL, None);
+        assert_eq!(all[..12], PARTS.map(key));
+        // Owner, flags (exclusive, fair, not waiting, no value), ttl rounded up.
+        assert_eq!(all[12..], ["o1", "x100", "1501"]);
+        // The fast path: lock, token, gate; owner, ttl (and a Redlock quarantine).
+        let owner_ttl = ["o1".to_owned(), "1501".to_owned()];
         assert_eq!(
-            &args[3..8],
-            ["lock", "token", "readers", "queue", "delay"]
-                .map(|p| format!("leasehold:{{orders:42}}:{p}"))
+            args(Call::ACQUIRE_FAST, None),
+            [
+                [key("lock"), key("token"), key("gate")].as_slice(),
+                &owner_ttl
+            ]
+            .concat()
         );
-        assert_eq!(&args[8..11], ["o1", "x100", "1501"]);
+        assert_eq!(
+            args(Call::ACQUIRE_FAST, Some(250))[3..],
+            ["o1", "1501", "250"]
+        );
+        // An exclusive release: lock, queue, waiter expiries and the owner alone.
+        assert_eq!(
+            args(release_call(&req), None),
+            [key("lock"), key("queue"), key("qexp"), "o1".to_owned()]
+        );
+        // With a lock-delay: the delay entries and every argument.
+        let delayed = Request {
+            lock_delay: Some(Duration::from_millis(40)),
+            ..req.clone()
+        };
+        assert_eq!(release_call(&delayed), Call::first(4));
+        assert_eq!(renew_call(&delayed).parts.last(), Some(&5), "the gate");
+        assert_eq!(PARTS[5], "gate");
         assert_eq!(channel_of(keys.base()), "leasehold:{orders:42}:wake");
     }
 

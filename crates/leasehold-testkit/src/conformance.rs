@@ -613,6 +613,19 @@ pub async fn lock_delay_keeps_an_expired_lock_closed(d: &dyn Deployment) {
     let started = std::time::Instant::now();
     let crashed = a.mutex(NAME).unwrap().lock().await.unwrap();
     crashed.lost().await;
+    // Closed after the lease too: every fresh try by a client without a lock-delay (the
+    // first attempt of an uncontended acquire, which may take a backend's fast path) is
+    // refused, up to half-way through the delay.
+    while started.elapsed() < ttl + delay / 2 {
+        let attempt = probe.mutex(NAME).unwrap().try_lock().await.unwrap();
+        assert!(
+            attempt.is_none() || started.elapsed() >= ttl + delay,
+            "a fresh try got in {:?} after the crashed holder's grant; ttl + delay is {:?}",
+            started.elapsed(),
+            ttl + delay
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
     let next = probe
         .mutex(NAME)
         .unwrap()

@@ -1,16 +1,27 @@
 -- acquire: grant the lock to OWNER, or answer busy. One integer (cheaper than a table):
 --   > 0   granted, this is the token (the same token again if OWNER already holds it);
---   0     a fast-path call (3 keys) could not take the fast path: call again with all keys;
+--   0     a fast-path call (2 keys) could not take the fast path: call again with all keys;
 --   -1    busy, nothing will change without a wake-up message;
 --   < -1  busy, the state may change on its own in -(answer + 2) ms (an expiry, or the end
 --         of a Redlock node's quarantine).
 
--- @prologue
+-- The fast-path call has keys and arguments of its own: LOCK, TOKEN; owner, ttl ms (and a
+-- Redlock quarantine). The client makes it only for an exclusive request without a value
+-- or lock-delay that has not been waiting.
+local fast = #KEYS == 2
 
--- The fast-path call has keys and arguments of its own: LOCK, TOKEN, GATE; owner, ttl ms
--- (and a Redlock quarantine). The client makes it only for an exclusive request without a
--- value or lock-delay that has not been waiting.
-local fast = #KEYS == 3
+-- The next fencing token from the counter at `key`. A missing counter (a new name, or a
+-- server that lost its data) starts from the server's clock in microseconds, so tokens
+-- never go backwards after an empty restart as long as the server's clock does not.
+local function next_token(key)
+  local t = redis.call('INCR', key)
+  if t == 1 then
+    local now = redis.call('TIME')
+    t = tonumber(now[1]) * 1000000 + tonumber(now[2])
+    redis.call('SET', key, string.format('%d', t))
+  end
+  return t
+end
 
 -- Redlock (the quarantine in ms, the last argument): a node that restarted less than the
 -- quarantine ago refuses grants, so that every lock it may have forgotten (an empty
@@ -25,15 +36,20 @@ if quarantine and quarantine ~= '0' then
 end
 -- (A Redlock node takes the fast path below as well: the quarantine came first.)
 
--- The fast path: one INCR, one SET of "<owner> <token>" with PX, when neither the lock nor
--- the gate exists (nobody holds, reads, waits for or delays the name; see head.lua).
+-- The fast path, before any other helper is defined: one INCR, one SET NX of
+-- "<owner> <token>" with PX. The lock key is absent only if nobody holds, reads, waits for
+-- or delays the name (see head.lua). If it is there, the token was not handed out: take it
+-- back.
 if fast then
-  if redis.call('EXISTS', KEYS[1], KEYS[3]) ~= 0 then return 0 end
   local token = next_token(KEYS[2])
-  redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. int(token), 'PX', ARGV[2])
-  return token
+  if redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. string.format('%d', token), 'NX', 'PX', ARGV[2]) then
+    return token
+  end
+  redis.call('DECR', KEYS[2])
+  return 0
 end
 
+-- @prologue
 -- @head
 -- @common
 
@@ -43,14 +59,14 @@ prune_all(now)
 local value = redis.call('GET', LOCK)
 local foreign = check_foreign(value)
 if foreign then return foreign end
-local holder = owner_of(value)
+local holder, held_token = live_holder(value, now)
 
 -- Already ours (a retry after a lost reply): renew and answer with the same token.
 if MODE == 'x' and holder == OWNER then
-  redis.call('PEXPIRE', LOCK, ttl)
+  extend_holder(value, now, ttl)
   redis.call('PEXPIRE', XINFO, ttl)
   if LOCK_DELAY > 0 then hold(DELAY, now + ttl + LOCK_DELAY, OWNER) end
-  return token_in(value)  -- check_foreign made sure it parses
+  return held_token
 end
 local zset, info, delay = READERS, RINFO, DELAY
 if MODE == 'p' then zset, info, delay = PERMITS, PINFO, PDELAY end
@@ -86,7 +102,6 @@ if FAIR and WAITING then
     rank = redis.call('ZRANK', QUEUE, me)
   end
   redis.call('ZADD', QEXP, now + ttl, me)
-  hold_gate(now + ttl)
 elseif WAITING then
   redis.call('ZADD', QEXP, now + ttl, '~' .. me)
 end
@@ -132,12 +147,12 @@ if ok then
   redis.call('ZREM', QEXP, me, '~' .. me)
   local token = next_token(TOKEN)
   if MODE == 'x' then
-    -- Others still waiting: mark the value, so that our release wakes them.
-    local mark = ''
-    if redis.call('EXISTS', QEXP) == 1 then mark = ' w' end
-    redis.call('SET', LOCK, OWNER .. ' ' .. int(token) .. mark, 'PX', ttl)
+    redis.call('SET', LOCK, OWNER .. ' ' .. int(token), 'PX', ttl)
     if HAS_VALUE then redis.call('SET', XINFO, VALUE, 'PX', ttl) end
-    close_gate_if_idle()
+    -- Others still waiting: keep the key up for them (which marks our value with the end
+    -- of our lease, so that our release wakes them).
+    local last = redis.call('ZRANGE', QEXP, -1, -1, 'WITHSCORES')
+    if #last > 0 then hold_gate(tonumber(last[2])) end
   else
     hold(zset, now + ttl, OWNER)
     redis.call('HSET', info, OWNER, info_of(token))
@@ -150,10 +165,10 @@ if ok then
   return token
 end
 
--- Busy behind an exclusive holder: mark its value so that its release wakes us.
-if WAITING and MODE ~= 'p' and value and not marked(value) then
-  redis.call('SET', LOCK, value .. ' w', 'KEEPTTL')
-end
+-- Busy and waiting (fair, or behind an exclusive holder or readers): keep the lock key up
+-- as the gate for as long as our entry lives. A holder's value gets marked with the end of
+-- its lease, so that its release wakes us.
+if WAITING and (FAIR or MODE ~= 'p') then hold_gate(now + ttl) end
 
 -- When could it change without anyone publishing? At the earliest expiry of a holder, a
 -- waiter entry, or a lock-delay.
@@ -163,8 +178,13 @@ local function consider(at)
   if at and (next_change == nil or at < next_change) then next_change = at end
 end
 if holder then
-  local left = redis.call('PTTL', LOCK)
-  if left > 0 then consider(now + left) end
+  local _, _, ends = parse_lock(value)
+  if ends then
+    consider(ends)
+  else
+    local left = redis.call('PTTL', LOCK)
+    if left > 0 then consider(now + left) end
+  end
 end
 for _, set in ipairs({zset, QEXP, delay}) do
   local first = redis.call('ZRANGE', set, 0, 0, 'WITHSCORES')

@@ -6,18 +6,30 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- The owner id and token of a lock value "<owner> <token>[ w]".
-local function owner_of(value)
-  if not value then return false end
-  return string.match(value, '^(%S+) %d+')
+-- The lock value of nobody (see head.lua); '*' is not allowed in owner ids.
+local GATE_ONLY = '* w0 0'
+
+-- The owner, token and lease end (false: the key's expiry) of a lock value, or nil if it
+-- is not one.
+local function parse_lock(value)
+  if not value then return nil end
+  local owner, token = string.match(value, '^(%S+) (%d+)$')
+  if owner then return owner, tonumber(token), false end
+  local ends
+  owner, ends, token = string.match(value, '^(%S+) w(%d+) (%d+)$')
+  if owner then return owner, tonumber(token), tonumber(ends) end
+  return nil
 end
-local function token_in(value)
-  return tonumber(string.match(value or '', '^%S+ (%d+)')) or 0
+
+-- The exclusive holder in a lock value at `now` (owner and token), or false.
+local function live_holder(value, now)
+  local owner, token, ends = parse_lock(value)
+  if owner and (not ends or ends > now) then return owner, token end
+  return false
 end
-local function marked(value)
-  return string.sub(value, -2) == ' w'
-end
--- Whether a lock value is OWNER's (compared in place, as the fast paths do).
+
+-- Whether a lock value names OWNER (compared in place, as the fast paths do); its lease may
+-- have ended.
 local function is_mine(value)
   return value and string.find(value, OWNER, 1, true) == 1 and string.byte(value, #OWNER + 1) == 32
 end
@@ -30,23 +42,36 @@ local function token_of(info)
   return tonumber(string.match(info or '', '^(%d+)|')) or 0
 end
 
--- Keeps the gate (see head.lua) up until at least `at` (ms).
+-- Keeps the lock key up as the gate (see head.lua) until at least `at` (ms). A holder's
+-- value is rewritten with its own lease end first, so the gate never lengthens a lease.
 local function hold_gate(at)
-  if redis.call('PEXPIRETIME', GATE) < at then
-    redis.call('SET', GATE, '1', 'PXAT', int(at))
+  local value = redis.call('GET', LOCK)
+  if not value then
+    redis.call('SET', LOCK, GATE_ONLY, 'PXAT', int(at))
+    return
   end
+  local owner, token, ends = parse_lock(value)
+  if not owner then return end -- not leasehold's: check_foreign reports it
+  local expires = redis.call('PEXPIRETIME', LOCK)
+  if not ends then
+    redis.call('SET', LOCK, owner .. ' w' .. int(expires) .. ' ' .. int(token), 'KEEPTTL')
+  end
+  if expires < at then redis.call('PEXPIREAT', LOCK, int(at)) end
 end
 
--- Drops the gate once nothing it guards is left (called after removing holders or waiters;
--- a call without every key leaves it to expire, or to the next call that has them).
-local function close_gate_if_idle()
-  if #KEYS == 12 and redis.call('EXISTS', READERS, QUEUE, DELAY) == 0 then
-    redis.call('DEL', GATE)
+-- Extends the lease of the exclusive holder in `value` to now + ttl.
+local function extend_holder(value, now, ttl)
+  local owner, token, ends = parse_lock(value)
+  if not ends then
+    redis.call('PEXPIRE', LOCK, ttl)
+    return
   end
+  redis.call('SET', LOCK, owner .. ' w' .. int(now + ttl) .. ' ' .. int(token), 'KEEPTTL')
+  if redis.call('PEXPIRETIME', LOCK) < now + ttl then redis.call('PEXPIREAT', LOCK, int(now + ttl)) end
 end
 
 -- Writes until when `owner` holds, or is delayed, in a holder zset or lock-delay zset; the
--- entries of exclusive and shared holders keep the gate up (permits are not gated).
+-- entries of exclusive and shared holders keep the gate up (permits do not need it).
 local function hold(zset, at, owner)
   redis.call('ZADD', zset, at, owner)
   if zset ~= PERMITS and zset ~= PDELAY then hold_gate(at) end
@@ -76,6 +101,16 @@ local function prune_all(now)
   prune_queue(now)
   redis.call('ZREMRANGEBYSCORE', DELAY, '-inf', now)
   redis.call('ZREMRANGEBYSCORE', PDELAY, '-inf', now)
+end
+
+-- Drops the lock key once it is only a gate with nothing left behind it: no live holder,
+-- waiter, reader or lock-delay. (A call without every key leaves it to expire.)
+local function close_gate_if_idle(now)
+  if not PDELAY then return end
+  local value = redis.call('GET', LOCK)
+  if not value or not parse_lock(value) or live_holder(value, now) then return end
+  prune_all(now)
+  if redis.call('EXISTS', READERS, QEXP, DELAY) == 0 then redis.call('DEL', LOCK) end
 end
 
 -- Keeps a holder zset and its info hash alive exactly as long as their last member.
@@ -121,8 +156,8 @@ end
 
 -- A lock key that never expires was not written by leasehold: refuse to guess.
 local function check_foreign(value)
-  if value and (redis.call('PTTL', LOCK) == -1 or not owner_of(value)) then
-    return redis.error_reply('LEASEHOLD_FOREIGN ' .. LOCK .. ' holds a value not written by leasehold (no expiry, or not "<owner> <token>")')
+  if value and (redis.call('PTTL', LOCK) == -1 or not parse_lock(value)) then
+    return redis.error_reply('LEASEHOLD_FOREIGN ' .. LOCK .. ' holds a value not written by leasehold (no expiry, or not "<owner> [w<until> ]<token>")')
   end
   return nil
 end

@@ -3,7 +3,7 @@
 -- @common
 
 -- inspect: the state of one name.
--- Returns {exclusive lock value or '', its ms left, its value or '', readers, permits, waiters}
+-- Returns {"<owner> <token>" of the exclusive holder or '', its ms left, its value or '', readers, permits, waiters}
 -- where readers and permits are flat lists owner, ms left, "token|value", ... and waiters is
 -- the fair queue in order, each member "<mode><owner>".
 local now = now_ms()
@@ -11,6 +11,14 @@ prune_all(now)
 local value = redis.call('GET', LOCK)
 local foreign = check_foreign(value)
 if foreign then return foreign end
+-- The exclusive holder as "<owner> <token>" and its ms left (the lock key may outlive it).
+local holder, token = live_holder(value, now)
+local shown, left = '', -2
+if holder then
+  shown = holder .. ' ' .. int(token)
+  local _, _, ends = parse_lock(value)
+  if ends then left = ends - now else left = redis.call('PTTL', LOCK) end
+end
 local function holders(zset, info)
   local out = {}
   local members = redis.call('ZRANGE', zset, 0, -1, 'WITHSCORES')
@@ -22,8 +30,8 @@ local function holders(zset, info)
   return out
 end
 return {
-  value or '',
-  redis.call('PTTL', LOCK),
+  shown,
+  left,
   redis.call('GET', XINFO) or '',
   holders(READERS, RINFO),
   holders(PERMITS, PINFO),

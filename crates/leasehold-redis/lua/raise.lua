@@ -11,11 +11,11 @@ if current < floor then
   redis.call('SET', TOKEN, int(floor))
 end
 if MODE == 'x' then
-  local value = redis.call('GET', LOCK)
-  if is_mine(value) then
-    local mark = ''
-    if marked(value) then mark = ' w' end
-    redis.call('SET', LOCK, OWNER .. ' ' .. int(floor) .. mark, 'KEEPTTL')
+  local owner, _, ends = parse_lock(redis.call('GET', LOCK))
+  if owner == OWNER then
+    local lease = ''
+    if ends then lease = 'w' .. int(ends) .. ' ' end
+    redis.call('SET', LOCK, OWNER .. ' ' .. lease .. int(floor), 'KEEPTTL')
   end
 elseif MODE == 's' then
   local info = redis.call('HGET', RINFO, OWNER)

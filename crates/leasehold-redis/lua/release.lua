@@ -1,17 +1,21 @@
 -- release: remove OWNER's grant, or its waiter entry; nothing of anyone else's. Wakes the
 -- waiters that may now be granted. Returns 1 if something was removed, else 0.
 
--- An exclusive holder nobody waits for, without a lock-delay: compare the owner (without
--- building a string: the value is "<owner> <token>[ w]"), then DEL the lock (and its stored
--- value, the 5th key when passed). Such a release passes the owner alone (no flags: 'x').
-local released = false
+-- An exclusive holder whose lease is the key's (nobody waits; see head.lua): compare the
+-- owner without building a string, then DEL the lock, its stored value (the 5th key when
+-- passed) and its lock-delay entry (the 4th). Such a release passes the owner alone unless
+-- it has a lock-delay or a value (no flags: 'x').
+local value = false
 if not ARGV[2] or string.byte(ARGV[2]) == 120 then -- 'x'
-  local value = redis.call('GET', KEYS[1])
+  value = redis.call('GET', KEYS[1])
   if value and string.find(value, ARGV[1], 1, true) == 1 and string.byte(value, #ARGV[1] + 1) == 32 then
-    if KEYS[5] then redis.call('DEL', KEYS[1], KEYS[5]) else redis.call('DEL', KEYS[1]) end
-    -- Unmarked (a token ends in a digit, a mark in 'w'), no lock-delay entry to drop: done.
-    if string.byte(value, -1) ~= 119 and (ARGV[5] or '0') == '0' then return 1 end
-    released = true
+    if string.byte(value, #ARGV[1] + 2) ~= 119 then -- not "<owner> w<until> <token>"
+      if KEYS[5] then redis.call('DEL', KEYS[1], KEYS[5]) else redis.call('DEL', KEYS[1]) end
+      if KEYS[4] then redis.call('ZREM', KEYS[4], ARGV[1]) end
+      return 1
+    end
+  else
+    value = false
   end
 end
 
@@ -20,9 +24,22 @@ end
 -- @common
 
 local now = now_ms()
-if released then
-  if LOCK_DELAY > 0 then redis.call('ZREM', DELAY, OWNER) end
+-- OWNER's value with a lease end: released if the lease has not ended. The key stays as
+-- the gate while others wait (or delay the name); woken, they go on in queue order.
+if value and live_holder(value, now) then
+  if XINFO then redis.call('DEL', XINFO) end
   prune_queue(now)
+  local others = redis.call('EXISTS', QEXP)
+  if DELAY then
+    redis.call('ZREM', DELAY, OWNER)
+    redis.call('ZREMRANGEBYSCORE', DELAY, '-inf', now)
+    others = others + redis.call('EXISTS', DELAY)
+  end
+  if others == 0 then
+    redis.call('DEL', LOCK)
+  else
+    redis.call('SET', LOCK, GATE_ONLY, 'KEEPTTL')
+  end
   wake_next(false, 0)
   return 1
 end
@@ -34,7 +51,7 @@ if MODE ~= 'x' then
     redis.call('ZREM', zset, OWNER)
     redis.call('HDEL', info, OWNER)
     redis.call('ZREM', delay, OWNER)
-    close_gate_if_idle()
+    close_gate_if_idle(now)
     if tonumber(expires) > now then
       prune_queue(now)
       wake_next(MODE == 'p', LIMIT)
@@ -47,7 +64,7 @@ local me = MODE .. OWNER
 local gone = redis.call('ZREM', QEXP, me, '~' .. me)
 if redis.call('ZREM', QUEUE, me) == 1 or gone > 0 then
   prune_queue(now)
-  close_gate_if_idle()
+  close_gate_if_idle(now)
   -- If it was at the head, whoever is next may now go first.
   wake_next(MODE == 'p', LIMIT)
   return 1

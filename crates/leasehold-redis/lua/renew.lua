@@ -1,16 +1,19 @@
 -- renew: extend OWNER's grant by TTL if it is still OWNER's (compare and extend).
 -- Returns 1 if extended, 0 if OWNER no longer holds it.
 
--- An exclusive holder without a lock-delay: compare the owner (as release.lua does), then
--- PEXPIRE the lock (and its stored value, the 5th key when passed).
+-- An exclusive holder without a lock-delay whose lease is the key's (see head.lua):
+-- compare the owner (as release.lua does), then PEXPIRE the lock (and its stored value, the
+-- 5th key when passed).
 if string.byte(ARGV[2]) == 120 and (ARGV[5] or '0') == '0' then
   local value = redis.call('GET', KEYS[1])
   if not value or string.find(value, ARGV[1], 1, true) ~= 1 or string.byte(value, #ARGV[1] + 1) ~= 32 then
     return 0
   end
-  redis.call('PEXPIRE', KEYS[1], ARGV[3])
-  if KEYS[5] then redis.call('PEXPIRE', KEYS[5], ARGV[3]) end
-  return 1
+  if string.byte(value, #ARGV[1] + 2) ~= 119 then -- not "<owner> w<until> <token>"
+    redis.call('PEXPIRE', KEYS[1], ARGV[3])
+    if KEYS[5] then redis.call('PEXPIRE', KEYS[5], ARGV[3]) end
+    return 1
+  end
 end
 
 -- @prologue
@@ -20,10 +23,12 @@ end
 local ttl = tonumber(TTL)
 local now = now_ms()
 if MODE == 'x' then
-  if not is_mine(redis.call('GET', LOCK)) then return 0 end
-  redis.call('PEXPIRE', LOCK, ttl)
-  redis.call('PEXPIRE', XINFO, ttl)
-  hold(DELAY, now + ttl + LOCK_DELAY, OWNER)
+  -- Ours only while the lease in the value has not ended: the key may outlive it.
+  local value = redis.call('GET', LOCK)
+  if live_holder(value, now) ~= OWNER then return 0 end
+  extend_holder(value, now, ttl)
+  if XINFO then redis.call('PEXPIRE', XINFO, ttl) end
+  if LOCK_DELAY > 0 then hold(DELAY, now + ttl + LOCK_DELAY, OWNER) end
   return 1
 end
 local zset, info, delay = READERS, RINFO, DELAY

@@ -275,16 +275,16 @@ struct Keys {
 }
 
 /// The parts of one name's keys, in the order of `lua/head.lua`.
-const PARTS: [&str; 12] = [
-    "lock", "queue", "qexp", "delay", "xinfo", "gate", "token", "readers", "rinfo", "permits",
-    "pinfo", "pdelay",
+const PARTS: [&str; 11] = [
+    "lock", "queue", "qexp", "delay", "xinfo", "token", "readers", "rinfo", "permits", "pinfo",
+    "pdelay",
 ];
 
 /// The part of the lock's wake-up channel (`lua/common.lua` derives it from the lock key).
 const WAKE: &str = "wake";
 
 /// Every key of a name, by part (a call that is not an exclusive fast path passes them all).
-const ALL_KEYS: [usize; 12] = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11];
+const ALL_KEYS: [usize; 11] = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10];
 
 /// What one script call passes: the keys of `parts` (in that order), and its arguments.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -309,10 +309,9 @@ impl Call {
     /// Every key and every argument.
     const ALL: Call = Call::first(ALL_KEYS.len());
 
-    /// The acquire fast path's own keys, in its order (see `lua/acquire.lua`): lock,
-    /// token, gate.
+    /// The acquire fast path's own keys (see `lua/acquire.lua`): lock and token.
     const ACQUIRE_FAST: Call = Call {
-        parts: &[0, 6, 5],
+        parts: &[0, 5],
         args: Args::OwnerTtl,
     };
 
@@ -382,10 +381,10 @@ fn release_call(req: &Request) -> Call {
 }
 
 /// What a renewal of `req` passes: an exclusive one the lock alone, or with its stored
-/// value, lock-delay entries and the gate they keep up; others all.
+/// value and lock-delay entries; others all.
 fn renew_call(req: &Request) -> Call {
     match req.mode {
-        Mode::Exclusive if req.value.is_some() || req.lock_delay.is_some() => Call::first(6),
+        Mode::Exclusive if req.value.is_some() || req.lock_delay.is_some() => Call::first(5),
         Mode::Exclusive => Call::first(1),
         _ => Call::ALL,
     }
@@ -1146,21 +1145,21 @@ mod tests {
         };
         let key = |part: &str| format!("leasehold:{{orders:42}}:{part}");
         let all = args(Call::ALL, None);
-        assert_eq!(all[..12], PARTS.map(key));
+        assert_eq!(all[..11], PARTS.map(key));
         // Owner, flags (exclusive, fair, not waiting, no value), ttl rounded up.
-        assert_eq!(all[12..], ["o1", "x100", "1501"]);
-        // The fast path: lock, token, gate; owner, ttl (and a Redlock quarantine).
-        let owner_ttl = ["o1".to_owned(), "1501".to_owned()];
+        assert_eq!(all[11..], ["o1", "x100", "1501"]);
+        // The fast path: lock, token; owner, ttl (and a Redlock quarantine).
         assert_eq!(
             args(Call::ACQUIRE_FAST, None),
             [
-                [key("lock"), key("token"), key("gate")].as_slice(),
-                &owner_ttl
+                key("lock"),
+                key("token"),
+                "o1".to_owned(),
+                "1501".to_owned()
             ]
-            .concat()
         );
         assert_eq!(
-            args(Call::ACQUIRE_FAST, Some(250))[3..],
+            args(Call::ACQUIRE_FAST, Some(250))[2..],
             ["o1", "1501", "250"]
         );
         // An exclusive release: lock, queue, waiter expiries and the owner alone.
@@ -1174,8 +1173,7 @@ mod tests {
             ..req.clone()
         };
         assert_eq!(release_call(&delayed), Call::first(4));
-        assert_eq!(renew_call(&delayed).parts.last(), Some(&5), "the gate");
-        assert_eq!(PARTS[5], "gate");
+        assert_eq!(renew_call(&delayed), Call::first(5));
         assert_eq!(channel_of(keys.base()), "leasehold:{orders:42}:wake");
     }
 

@@ -6,9 +6,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use leasehold_core::backend::Backend;
+use leasehold_core::backend::{Acquire, Backend, Mode, Release, Renewal, Request};
 use leasehold_core::faulty::{Faulty, Op};
-use leasehold_core::{Client, Error, LockOptions, LossReason};
+use leasehold_core::{Client, Error, LockName, LockOptions, LossReason, OwnerId};
 use leasehold_redis::{RedisBackend, RedisOptions, ReplicaAck};
 use leasehold_testkit::probe::Resp;
 use leasehold_testkit::{Direction, FaultProxy, Redis, RedisReplicated};
@@ -388,4 +388,98 @@ async fn every_key_shares_the_names_hash_tag_and_only_the_counter_stays() {
             b"leasehold:{job}:token".to_vec()
         ))]))
     );
+}
+
+/// An exclusive request on "job" with the given owner, ttl and waiting flag (fair).
+fn request(ttl: Duration, waiting: bool) -> Request {
+    Request {
+        name: LockName::new("job").unwrap(),
+        owner: OwnerId::generate(),
+        mode: Mode::Exclusive,
+        ttl,
+        fair: true,
+        waiting,
+        lock_delay: None,
+        value: None,
+    }
+}
+
+/// A holder's lease that ends while someone waits behind it: the lock key lives on for the
+/// waiter (it keeps the acquire fast path shut), with the holder's own lease end in its
+/// value. After that end the holder can neither renew nor release, nobody barges in ahead
+/// of the waiter, and the waiter gets the lock; the last release removes the key.
+#[tokio::test]
+async fn a_lease_that_ends_while_others_wait_stays_ended() {
+    let server = Redis::start().await.unwrap();
+    let a = RedisBackend::connect(&server.url()).await.unwrap();
+    let b = RedisBackend::connect(&server.url()).await.unwrap();
+    let first = request(Duration::from_millis(500), false);
+    let Acquire::Granted(grant) = a.acquire(&first).await.unwrap() else {
+        panic!("a free lock was busy");
+    };
+    let granted = tokio::time::Instant::now();
+    let waiting = request(Duration::from_secs(30), true);
+    assert!(matches!(
+        b.acquire(&waiting).await.unwrap(),
+        Acquire::Busy(_)
+    ));
+    let key = "leasehold:{job}:lock";
+    match server.command(&["PTTL", key]).await.unwrap() {
+        Resp::Integer(ms) => assert!(ms > 10_000, "the key lives as long as the waiter: {ms} ms"),
+        other => panic!("{other:?}"),
+    }
+    // Let the first lease run out on the server (its end is in the value, not an event).
+    tokio::time::sleep_until(granted + Duration::from_millis(700)).await;
+    assert!(matches!(a.renew(&first).await.unwrap(), Renewal::Lost(_)));
+    assert!(matches!(a.release(&first).await.unwrap(), Release::NotHeld));
+    let c = client(&server, Duration::from_secs(5)).await;
+    assert!(
+        c.mutex("job").unwrap().try_lock().await.unwrap().is_none(),
+        "barged in"
+    );
+    let Acquire::Granted(next) = b.acquire(&waiting).await.unwrap() else {
+        panic!("the waiter is still busy after the lease before it ended");
+    };
+    assert!(next.token > grant.token);
+    let state = c.inspect("job").await.unwrap();
+    assert_eq!(state.holders.len(), 1);
+    assert_eq!(state.holders[0].owner, waiting.owner);
+    assert_eq!(state.holders[0].token, next.token);
+    assert!(matches!(
+        b.release(&waiting).await.unwrap(),
+        Release::Released
+    ));
+    assert_eq!(
+        server.command(&["EXISTS", key]).await.unwrap(),
+        Resp::Integer(0)
+    );
+}
+
+/// A waiter whose own entry lasts far longer than the lease before it is told to try again
+/// when that lease ends (the key lives on for the waiter, so its expiry is no guide).
+#[tokio::test]
+async fn a_waiter_retries_when_the_lease_before_it_ends() {
+    let server = Redis::start().await.unwrap();
+    let a = RedisBackend::connect(&server.url()).await.unwrap();
+    let first = request(Duration::from_millis(500), false);
+    assert!(matches!(
+        a.acquire(&first).await.unwrap(),
+        Acquire::Granted(_)
+    ));
+    let started = std::time::Instant::now();
+    let b = client(&server, Duration::from_secs(30)).await;
+    let next = b
+        .mutex("job")
+        .unwrap()
+        .lock_timeout(Duration::from_secs(20))
+        .await
+        .unwrap()
+        .expect("granted when the first lease ended");
+    // Its next look would otherwise be a third of its ttl away (10 s), or the key's expiry.
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "granted {:?} after a 500 ms lease",
+        started.elapsed()
+    );
+    next.release().await.unwrap();
 }

@@ -1,7 +1,9 @@
 //! leasehold's Redis backend: `SET key owner NX PX ttl` done right.
 //!
-//! - **One round trip per uncontended grant**: one Lua script sets the lock key (the owner
-//!   id, with a PX expiry) and increments the lock's fencing counter, returning the token.
+//! - **One round trip per uncontended grant**: one Lua script increments the lock's fencing
+//!   counter and sets the lock key if absent (the owner id and token, with a PX expiry),
+//!   returning the token. The lock key is also the gate: it stays up while anyone reads,
+//!   waits or is delayed, so `SET NX` alone decides an uncontended grant.
 //! - **Owner-checked everything**: renewal is compare-and-`PEXPIRE`, release is
 //!   compare-and-`DEL`, both in Lua. Never GET-then-DEL, never a bare DEL. A renewal that
 //!   finds another owner, or no key, ends the guard at once.

@@ -147,7 +147,7 @@ if ok then
   redis.call('ZREM', QEXP, me, '~' .. me)
   local token = next_token(TOKEN)
   if MODE == 'x' then
-    redis.call('SET', LOCK, OWNER .. ' ' .. int(token), 'PX', ttl)
+    redis.call('SET', LOCK, lock_value(OWNER, token, false), 'PX', ttl)
     if HAS_VALUE then redis.call('SET', XINFO, VALUE, 'PX', ttl) end
     -- Others still waiting: keep the key up for them (which marks our value with the end
     -- of our lease, so that our release wakes them).

@@ -28,10 +28,10 @@ local function live_holder(value, now)
   return false
 end
 
--- Whether a lock value names OWNER (compared in place, as the fast paths do); its lease may
--- have ended.
-local function is_mine(value)
-  return value and string.find(value, OWNER, 1, true) == 1 and string.byte(value, #OWNER + 1) == 32
+-- The lock value of a holder: with its lease end `ends` (ms) when the key may outlive it.
+local function lock_value(owner, token, ends)
+  if ends then return owner .. ' w' .. int(ends) .. ' ' .. int(token) end
+  return owner .. ' ' .. int(token)
 end
 
 -- Info of a shared or permit holder: "token|value".
@@ -54,7 +54,7 @@ local function hold_gate(at)
   if not owner then return end -- not leasehold's: check_foreign reports it
   local expires = redis.call('PEXPIRETIME', LOCK)
   if not ends then
-    redis.call('SET', LOCK, owner .. ' w' .. int(expires) .. ' ' .. int(token), 'KEEPTTL')
+    redis.call('SET', LOCK, lock_value(owner, token, expires), 'KEEPTTL')
   end
   if expires < at then redis.call('PEXPIREAT', LOCK, int(at)) end
 end
@@ -66,7 +66,7 @@ local function extend_holder(value, now, ttl)
     redis.call('PEXPIRE', LOCK, ttl)
     return
   end
-  redis.call('SET', LOCK, owner .. ' w' .. int(now + ttl) .. ' ' .. int(token), 'KEEPTTL')
+  redis.call('SET', LOCK, lock_value(owner, token, now + ttl), 'KEEPTTL')
   if redis.call('PEXPIRETIME', LOCK) < now + ttl then redis.call('PEXPIREAT', LOCK, int(now + ttl)) end
 end
 

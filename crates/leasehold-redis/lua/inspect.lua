@@ -15,7 +15,7 @@ if foreign then return foreign end
 local holder, token = live_holder(value, now)
 local shown, left = '', -2
 if holder then
-  shown = holder .. ' ' .. int(token)
+  shown = lock_value(holder, token, false)
   local _, _, ends = parse_lock(value)
   if ends then left = ends - now else left = redis.call('PTTL', LOCK) end
 end

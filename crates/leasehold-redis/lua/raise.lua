@@ -12,11 +12,7 @@ if current < floor then
 end
 if MODE == 'x' then
   local owner, _, ends = parse_lock(redis.call('GET', LOCK))
-  if owner == OWNER then
-    local lease = ''
-    if ends then lease = 'w' .. int(ends) .. ' ' end
-    redis.call('SET', LOCK, OWNER .. ' ' .. lease .. int(floor), 'KEEPTTL')
-  end
+  if owner == OWNER then redis.call('SET', LOCK, lock_value(OWNER, floor, ends), 'KEEPTTL') end
 elseif MODE == 's' then
   local info = redis.call('HGET', RINFO, OWNER)
   if info then

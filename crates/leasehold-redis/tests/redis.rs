@@ -484,20 +484,6 @@ async fn a_waiter_retries_when_the_lease_before_it_ends() {
     next.release().await.unwrap();
 }
 
-/// Script calls the server has served so far.
-async fn script_calls(server: &Redis) -> u64 {
-    let Resp::Bulk(Some(info)) = server.command(&["INFO", "commandstats"]).await.unwrap() else {
-        panic!("INFO gave no text");
-    };
-    String::from_utf8(info)
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
-}
-
 /// A waiter that gave up leaves the lock key behind as a gate (its release call does not
 /// see every key), which sends the next acquire down the full path; that grant replaces the
 /// gate, and from then on an uncontended cycle is two script calls again.
@@ -526,9 +512,9 @@ async fn the_fast_path_comes_back_after_contention() {
             .unwrap();
     };
     cycle().await;
-    let before = script_calls(&server).await;
+    let before = server.scripts_run().await.unwrap();
     for _ in 0..3 {
         cycle().await;
     }
-    assert_eq!(script_calls(&server).await - before, 6);
+    assert_eq!(server.scripts_run().await.unwrap() - before, 6);
 }

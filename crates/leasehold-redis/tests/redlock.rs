@@ -316,19 +316,6 @@ async fn a_key_expiring_early_on_one_node_makes_two_holders_and_fencing_refuses_
     drop(proxies);
 }
 
-/// Scripts a node has run since its statistics were last reset.
-async fn scripts_run(server: &Redis) -> u64 {
-    let Resp::Bulk(Some(info)) = server.command(&["INFO", "commandstats"]).await.unwrap() else {
-        panic!("INFO gave no text");
-    };
-    String::from_utf8(info)
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |n| n.parse().unwrap())
-}
-
 /// The fencing counter of `name` on a node.
 async fn counter(server: &Redis, name: &str) -> u64 {
     match server
@@ -361,7 +348,7 @@ async fn the_write_back_round_runs_only_when_the_majoritys_counters_disagree() {
     guard.release().await.unwrap();
     for server in &servers {
         // One acquire and one release each: no write-back.
-        assert_eq!(scripts_run(server).await, 2);
+        assert_eq!(server.scripts_run().await.unwrap(), 2);
         assert_eq!(counter(server, "fenced").await, 101);
     }
 
@@ -382,7 +369,7 @@ async fn the_write_back_round_runs_only_when_the_majoritys_counters_disagree() {
         if counter(server, "fenced").await >= token {
             raised += 1;
         }
-        scripts += scripts_run(server).await;
+        scripts += server.scripts_run().await.unwrap();
     }
     assert!(raised >= 2, "only {raised} nodes stand at {token}");
     // An acquire and a release on each node, and the write-back on at least a majority.

@@ -318,6 +318,27 @@ impl Redis {
         redis_commands(self.addr(), commands).await
     }
 
+    /// How many scripts (`EVALSHA`) the server has run since its statistics were reset.
+    ///
+    /// # Errors
+    ///
+    /// As for [`command`](Redis::command), and `InvalidData` for an `INFO` reply that is
+    /// not text.
+    pub async fn scripts_run(&self) -> io::Result<u64> {
+        let Resp::Bulk(Some(info)) = self.command(&["INFO", "commandstats"]).await? else {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "INFO gave no text",
+            ));
+        };
+        Ok(String::from_utf8_lossy(&info)
+            .lines()
+            .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0))
+    }
+
     /// The process (pause, resume, kill, log).
     pub fn process(&mut self) -> &mut ServerProcess {
         &mut self.process

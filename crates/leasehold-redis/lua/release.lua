@@ -5,17 +5,17 @@
 -- owner without building a string, then DEL the lock, its stored value (the 5th key when
 -- passed) and its lock-delay entry (the 4th). Such a release passes the owner alone unless
 -- it has a lock-delay or a value (no flags: 'x').
-local value = false
+-- A value of OWNER's that carries a lease end goes on to the slower path below, as `mine`.
+local mine = false
 if not ARGV[2] or string.byte(ARGV[2]) == 120 then -- 'x'
-  value = redis.call('GET', KEYS[1])
+  local value = redis.call('GET', KEYS[1])
   if value and string.find(value, ARGV[1], 1, true) == 1 and string.byte(value, #ARGV[1] + 1) == 32 then
     if string.byte(value, #ARGV[1] + 2) ~= 119 then -- not "<owner> w<until> <token>"
       if KEYS[5] then redis.call('DEL', KEYS[1], KEYS[5]) else redis.call('DEL', KEYS[1]) end
       if KEYS[4] then redis.call('ZREM', KEYS[4], ARGV[1]) end
       return 1
     end
-  else
-    value = false
+    mine = value
   end
 end
 
@@ -26,7 +26,7 @@ end
 local now = now_ms()
 -- OWNER's value with a lease end: released if the lease has not ended. The key stays as
 -- the gate while others wait (or delay the name); woken, they go on in queue order.
-if value and live_holder(value, now) then
+if mine and live_holder(mine, now) then
   if XINFO then redis.call('DEL', XINFO) end
   prune_queue(now)
   local others = redis.call('EXISTS', QEXP)

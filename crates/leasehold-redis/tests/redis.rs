@@ -390,7 +390,7 @@ async fn every_key_shares_the_names_hash_tag_and_only_the_counter_stays() {
     );
 }
 
-/// An exclusive request on "job" with the given owner, ttl and waiting flag (fair).
+/// A fair exclusive request on "job" by a new owner, with the given ttl and waiting flag.
 fn request(ttl: Duration, waiting: bool) -> Request {
     Request {
         name: LockName::new("job").unwrap(),

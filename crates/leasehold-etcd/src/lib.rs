@@ -4,11 +4,13 @@
 //!   every lock, permit and candidacy; guards follow the session and are lost when it ends
 //!   (see [`session`](crate::session)). [`EtcdBackend::close`] revokes it,
 //!   [`EtcdBackend::orphan`] stops renewing it.
-//! - **Grant in one transaction**: if my key (`<prefix>/<name>/<set>/<lease>.<slot>`) does
-//!   not exist (create revision 0), put it bound to the session lease, with the owner in its
-//!   value; read the queue (the keys of the set, oldest first). A session reuses the slot
-//!   numbers it freed: every new key would leave a deleted one behind that each queue read
-//!   steps over until etcd compacts its history. The holder is the key with the lowest create revision (for
+//! - **Grant in one transaction**: into an empty queue, my key
+//!   (`<prefix>/<name>/<set>/<lease>.<slot>`) is put bound to the session lease, with the
+//!   owner in its value, and holds at the transaction's revision. Otherwise a nested
+//!   transaction puts it if it does not exist (create revision 0) and reads the queue (the
+//!   keys of the set, oldest first). A session reuses the slot numbers it freed: every new
+//!   key would leave a deleted one behind that each queue read steps over until etcd
+//!   compacts its history. The holder is the key with the lowest create revision (for
 //!   shared keys: no exclusive key before it; for permits: fewer than N keys before it).
 //!   The fencing token is the create revision of the holder's key, increasing cluster-wide.
 //! - **Waiting**: watch only the deletion of the key that stands in my way (the one just
@@ -681,6 +683,26 @@ impl EtcdBackend {
         Ok(Some(deleted))
     }
 
+    /// The grant of `placed`, whose key holds at create revision `revision`: recorded, with
+    /// its lock-delay marker put first if the request has a lock-delay.
+    async fn granted(
+        &self,
+        session: &Session,
+        placed: &Placed,
+        req: &Request,
+        revision: i64,
+    ) -> Result<Acquire> {
+        self.keys().record(&req.owner, revision);
+        if let Some(delay) = req.lock_delay {
+            self.put_marker(session, placed, &req.owner, revision, delay)
+                .await?;
+        }
+        Ok(Acquire::Granted(Grant {
+            token: FencingToken::new(u64::try_from(revision).unwrap_or(0)),
+            expiry: Expiry::Session(session.liveness()),
+        }))
+    }
+
     /// Puts the lock-delay marker of a grant, if its key is still the one granted; the
     /// grant is reported only after this, so no holder ever works without its marker.
     async fn put_marker(
@@ -764,6 +786,10 @@ impl Backend for EtcdBackend {
                 Some(PutOptions::new().with_lease(session.id)),
             )
         };
+        // Nothing under the queue's directory: no holder, waiter or lock-delay marker.
+        let empty = || {
+            Compare::create_revision(dir.as_str(), CompareOp::Equal, 0).with_range(prefix_end(&dir))
+        };
         let txn = if queued {
             // Woken: the key must still be there (and so its lease alive); never re-queue.
             Txn::new()
@@ -776,16 +802,20 @@ impl Backend for EtcdBackend {
         } else if !req.waiting && req.mode == Mode::Exclusive {
             // A try for the exclusive lock: put only if the queue is empty; one round trip
             // either way.
-            Txn::new()
-                .when([Compare::create_revision(dir.as_str(), CompareOp::Equal, 0)
-                    .with_range(prefix_end(&dir))])
-                .and_then([put(), read.clone()])
-                .or_else([read])
+            Txn::new().when([empty()]).and_then([put()]).or_else([read])
         } else {
+            // An empty queue is taken with a bare put (nothing to read back); otherwise the
+            // key joins the queue — unless the put of an unanswered try already landed —
+            // and the queue is read.
             Txn::new()
-                .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
-                .and_then([put(), read.clone()])
-                .or_else([read])
+                .when([empty()])
+                .and_then([put()])
+                .or_else([TxnOp::txn(
+                    Txn::new()
+                        .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+                        .and_then([put(), read.clone()])
+                        .or_else([read]),
+                )])
         };
         let answer = self
             .kv()
@@ -793,11 +823,19 @@ impl Backend for EtcdBackend {
             .await
             .map_err(|e| map_error(e, "acquiring"))?;
         let revision = answer.header().map_or(0, |h| h.revision());
-        let responses = answer.op_responses();
         if queued && !answer.succeeded() {
             // The key is gone: its lease expired (or someone deleted it) while we waited.
             self.forget(&req.owner);
             return Err(Error::Lost(LossReason::SessionEnded));
+        }
+        if !queued && answer.succeeded() {
+            // The queue was empty and the transaction's one write put the key: it holds, and
+            // was created at the transaction's revision.
+            return self.granted(&session, &placed, req, revision).await;
+        }
+        let mut responses = answer.op_responses();
+        if let [TxnOpResponse::Txn(joined)] = responses.as_slice() {
+            responses = joined.op_responses();
         }
         let (queue, closed_by) = Self::queue_of(&responses);
         let from = header_revision(&responses, revision) + 1;
@@ -824,15 +862,7 @@ impl Backend for EtcdBackend {
         }
         let granted = holding(&queue)[me];
         if granted && closed_by.is_none() {
-            self.keys().record(&req.owner, mine.revision);
-            if let Some(delay) = req.lock_delay {
-                self.put_marker(&session, &placed, &req.owner, mine.revision, delay)
-                    .await?;
-            }
-            return Ok(Acquire::Granted(Grant {
-                token: FencingToken::new(u64::try_from(mine.revision).unwrap_or(0)),
-                expiry: Expiry::Session(session.liveness()),
-            }));
+            return self.granted(&session, &placed, req, mine.revision).await;
         }
         if !req.waiting {
             // Not granted and not waiting: take the key out of the queue again.

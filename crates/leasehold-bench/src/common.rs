@@ -1,9 +1,9 @@
 //! What the comparison binaries share: their command line and the best-of-rounds table.
 
 use std::pin::Pin;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use leasehold_cli::bench::{Row, cycles};
+use leasehold_cli::bench::{Row, Stats, cycles};
 
 /// One acquire + release of a compared implementation; resolves to the acquire's latency.
 pub(crate) type Cycle = Pin<Box<dyn Future<Output = Duration> + Send>>;
@@ -34,6 +34,61 @@ where
             handoff: false,
         },
     ]
+}
+
+/// Two sides measured under the same load: `clients` tasks for `duration`, each running one
+/// cycle of side A then one of side B, then B then A, and so on. Each side's [`Stats`] hold
+/// its acquire latencies, and a rate of `cycles / (time spent in its cycles / clients)`:
+/// what the side would run at alone under that load. Slow phases of the server (an fsync
+/// stall, a compaction) fall on both sides alike, which rows measured one after the other
+/// cannot promise.
+#[allow(dead_code)] // not every comparison interleaves
+pub(crate) async fn interleaved<A, B>(
+    clients: usize,
+    duration: Duration,
+    mut make: impl FnMut(usize) -> (A, B),
+) -> (Stats, Stats)
+where
+    A: FnMut() -> Cycle + Send + 'static,
+    B: FnMut() -> Cycle + Send + 'static,
+{
+    let start = Instant::now();
+    let mut tasks = Vec::with_capacity(clients);
+    for i in 0..clients {
+        let (mut a, mut b) = make(i);
+        tasks.push(tokio::spawn(async move {
+            let mut sides = [Stats::default(), Stats::default()];
+            let mut spent = [Duration::ZERO; 2];
+            let mut a_first = true;
+            while start.elapsed() < duration {
+                for side in if a_first { [0, 1] } else { [1, 0] } {
+                    let began = Instant::now();
+                    let acquire = if side == 0 { a().await } else { b().await };
+                    spent[side] += began.elapsed();
+                    sides[side].samples.push(acquire);
+                    sides[side].cycles += 1;
+                }
+                a_first = !a_first;
+            }
+            (sides, spent)
+        }));
+    }
+    let mut totals = [Stats::default(), Stats::default()];
+    let mut spent = [Duration::ZERO; 2];
+    for task in tasks {
+        let (sides, time) = task.await.expect("an interleaved client");
+        for side in 0..2 {
+            totals[side].cycles += sides[side].cycles;
+            totals[side].samples.extend_from_slice(&sides[side].samples);
+            spent[side] += time[side];
+        }
+    }
+    let [mut a, mut b] = totals;
+    for (stats, spent) in [(&mut a, spent[0]), (&mut b, spent[1])] {
+        stats.samples.sort();
+        stats.elapsed = spent / u32::try_from(clients.max(1)).unwrap_or(u32::MAX);
+    }
+    (a, b)
 }
 
 /// A plain redis-rs connection (multiplexed, reconnecting) for the bare comparison sides.
@@ -145,6 +200,18 @@ impl Rounds {
     /// by that of `theirs` in the same round (NaN if no round has both).
     #[allow(dead_code)] // not every comparison compares rates
     pub(crate) fn paired(&self, ours: &str, theirs: &str) -> f64 {
+        let ratios = self.ratios(ours, theirs);
+        match ratios.len() {
+            0 => f64::NAN,
+            n if n % 2 == 1 => ratios[n / 2],
+            n => (ratios[n / 2 - 1] + ratios[n / 2]) / 2.0,
+        }
+    }
+
+    /// The ratios behind [`paired`](Rounds::paired), one per round that has both rows,
+    /// smallest first.
+    #[allow(dead_code)] // not every comparison compares rates
+    pub(crate) fn ratios(&self, ours: &str, theirs: &str) -> Vec<f64> {
         let rate = |round: &[Row], name: &str| {
             round
                 .iter()
@@ -157,10 +224,6 @@ impl Rounds {
             .filter_map(|round| Some(rate(round, ours)? / rate(round, theirs)?))
             .collect();
         ratios.sort_by(f64::total_cmp);
-        match ratios.len() {
-            0 => f64::NAN,
-            n if n % 2 == 1 => ratios[n / 2],
-            n => (ratios[n / 2 - 1] + ratios[n / 2]) / 2.0,
-        }
+        ratios
     }
 }

@@ -2,6 +2,11 @@
 //! driven through etcd-client's `lock` / `unlock` with one lease per client granted up
 //! front), on one etcd member, in one run.
 //!
+//! Besides the rows each side runs on its own, every round has *interleaved* rows: each
+//! client runs a leasehold cycle and a lock-service cycle by turns, so that a slow phase of
+//! the member (an fsync stall, a backend commit) falls on both sides alike. On a small
+//! machine these ratios move by about 1 % from round to round, the separate rows' by 20 %.
+//!
 //! ```sh
 //! cargo run --release -p leasehold-bench --bin etcd-compare             # starts its own etcd
 //! cargo run --release -p leasehold-bench --bin etcd-compare -- --url etcd://127.0.0.1:2379 --duration 5s --json
@@ -10,14 +15,14 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark: failures should be loud
 
 use std::net::SocketAddr;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use etcd_client::{Client, LockOptions};
 use leasehold_cli::bench::{BenchSpec, Row, Stats, cycles, handoffs, json, table};
 use serde_json::json as j;
 
 mod common;
-use common::{Args, Cycle, Rounds, uncontended};
+use common::{Args, Cycle, Rounds, interleaved, uncontended};
 
 const ROUNDS: usize = 3;
 /// Long enough for the whole run, so the stock clients need no keep-alive stream.
@@ -64,6 +69,53 @@ fn stock_cycle(stock: Stock, name: String) -> impl FnMut() -> Cycle + Send + 'st
     }
 }
 
+/// One leasehold cycle on `mutex`: `lock` (timed), then `release`.
+fn leasehold_cycle(mutex: leasehold::Mutex) -> impl FnMut() -> Cycle + Send + 'static {
+    move || {
+        let mutex = mutex.clone();
+        Box::pin(async move {
+            let started = Instant::now();
+            let guard = mutex.lock().await.unwrap();
+            let took = started.elapsed();
+            guard.release().await.unwrap();
+            took
+        })
+    }
+}
+
+/// The interleaved rows (see [`interleaved`]) for `clients` clients, each on names of its own.
+async fn interleaved_rows(
+    clients: usize,
+    duration: Duration,
+    ours: &[leasehold::Mutex],
+    stock: &[Stock],
+) -> Vec<Row> {
+    let (ours_stats, stock_stats) = interleaved(clients, duration, |i| {
+        (
+            leasehold_cycle(ours[i].clone()),
+            stock_cycle(stock[i].clone(), format!("stock-interleaved-{i}")),
+        )
+    })
+    .await;
+    let on = if clients == 1 {
+        "1 client".to_owned()
+    } else {
+        format!("{clients} clients on {clients} names")
+    };
+    vec![
+        Row {
+            name: format!("leasehold interleaved, {on}"),
+            stats: ours_stats,
+            handoff: false,
+        },
+        Row {
+            name: format!("etcd lock service interleaved, {on}"),
+            stats: stock_stats,
+            handoff: false,
+        },
+    ]
+}
+
 /// Unary gRPC requests the member has started (streams such as keep-alive and watch are
 /// not counted): each is one client round trip.
 async fn unary_requests(member: SocketAddr) -> f64 {
@@ -106,6 +158,23 @@ async fn main() {
     let mut stock = Vec::new();
     for _ in 0..args.clients.max(2) {
         stock.push(Stock::connect(&endpoints).await);
+    }
+
+    // For the interleaved rows: a leasehold client per stock client, each on a name of its
+    // own.
+    let options = leasehold::LockOptions::builder()
+        .ttl(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let mut ours = Vec::new();
+    for i in 0..args.clients.max(2) {
+        let client = leasehold::connect(&url).await.expect("connect");
+        let mutex = client
+            .mutex(&format!("interleaved-{i}"))
+            .unwrap()
+            .with_options(options.clone());
+        mutex.lock().await.unwrap().release().await.unwrap();
+        ours.push(mutex);
     }
 
     // The two implementations take turns, ROUNDS times, and each row keeps its best round.
@@ -168,6 +237,11 @@ async fn main() {
             });
         }
         rounds.keep(rows);
+        if args.runs("leasehold") {
+            for clients in [1, args.clients] {
+                rounds.keep(interleaved_rows(clients, spec.duration, &ours, &stock).await);
+            }
+        }
     }
     let rows = rounds.best();
     let row = |name: &str| -> Stats {
@@ -221,6 +295,13 @@ async fn main() {
                 &format!("etcd lock service, {n} clients on 1 name"),
             ),
         },
+        "interleaved_rounds": {
+            "leasehold_vs_stock_1_client": rounds.ratios("leasehold interleaved, 1 client", "etcd lock service interleaved, 1 client"),
+            "leasehold_vs_stock_n_clients": rounds.ratios(
+                &format!("leasehold interleaved, {n} clients on {n} names"),
+                &format!("etcd lock service interleaved, {n} clients on {n} names"),
+            ),
+        },
         "leasehold_handoff_p50_ms": p50_ms("leasehold hand-off (release -> next holds)"),
         "stock_handoff_p50_ms": p50_ms("etcd lock service hand-off"),
         "round_trips_per_leasehold_cycle": ours_per_cycle,
@@ -246,6 +327,23 @@ async fn main() {
             paired("leasehold_vs_stock_1_client"),
             paired("leasehold_vs_stock_n_clients"),
             paired("leasehold_vs_stock_contended"),
+        );
+        let spread = |key: &str| {
+            let ratios: Vec<String> = summary["interleaved_rounds"][key]
+                .as_array()
+                .map(|r| {
+                    r.iter()
+                        .filter_map(|x| x.as_f64())
+                        .map(|x| format!("{x:.3}"))
+                        .collect()
+                })
+                .unwrap_or_default();
+            ratios.join(" ")
+        };
+        println!(
+            "interleaved, each round's ratio (smallest first): [{}] (1 client), [{}] ({n} clients)",
+            spread("leasehold_vs_stock_1_client"),
+            spread("leasehold_vs_stock_n_clients"),
         );
         println!(
             "hand-off p50: leasehold {:.2} ms, etcd lock service {:.2} ms",

@@ -831,6 +831,13 @@ impl Backend for EtcdBackend {
         if !queued && answer.succeeded() {
             // The queue was empty and the transaction's one write put the key: it holds, and
             // was created at the transaction's revision.
+            if revision <= 0 {
+                // Retryable: the retry reads the queue and adopts the key put here.
+                return Err(Error::backend(
+                    "etcd: a granting transaction was answered without its revision",
+                    true,
+                ));
+            }
             return self.granted(&session, &placed, req, revision).await;
         }
         let mut responses = answer.op_responses();

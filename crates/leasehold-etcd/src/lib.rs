@@ -34,6 +34,7 @@
 //! See `docs/backends/etcd.md`.
 
 mod session;
+mod transport;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -171,6 +172,10 @@ impl Placed {
 /// a marker whose owner has no key left in the queue means its holder vanished without
 /// releasing, and closes the queue until it expires.
 const MARKER: &[u8] = b"d ";
+
+/// How often an idle connection is pinged, and how long a ping may go unanswered before
+/// the connection is given up for the next member.
+const KEEP_ALIVE: Duration = Duration::from_secs(2);
 
 impl Keys {
     /// The owner's key, placing it in the lowest free slot of `dir` if it has none.
@@ -488,16 +493,15 @@ impl EtcdBackend {
     ///
     /// As for [`connect`](EtcdBackend::connect).
     pub async fn connect_with(endpoints: &[String], options: EtcdOptions) -> Result<Self> {
-        let mut connect = ConnectOptions::new()
-            .with_connect_timeout(options.connect_timeout)
-            .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2))
-            .with_keep_alive_while_idle(true);
+        let mut connect = ConnectOptions::new();
         if let Some((user, password)) = &options.user {
             connect = connect.with_user(user, password);
         }
+        let channel = transport::channel(endpoints, options.connect_timeout, KEEP_ALIVE)
+            .map_err(|e| Error::invalid("url", format!("{}: {e}", endpoints.join(","))))?;
         let client = tokio::time::timeout(
             options.connect_timeout,
-            Client::connect(endpoints, Some(connect)),
+            Client::from_channel(etcd_client::Channel::Tonic(channel), Some(connect)),
         )
         .await
         .map_err(|_| {
@@ -805,17 +809,13 @@ impl Backend for EtcdBackend {
             Txn::new().when([empty()]).and_then([put()]).or_else([read])
         } else {
             // An empty queue is taken with a bare put (nothing to read back); otherwise the
-            // key joins the queue — unless the put of an unanswered try already landed —
-            // and the queue is read.
+            // key joins the queue and the queue is read. If the put of an unanswered
+            // attempt already landed, putting the key again keeps its create revision
+            // (its place in the queue), and its watchers ignore puts.
             Txn::new()
                 .when([empty()])
                 .and_then([put()])
-                .or_else([TxnOp::txn(
-                    Txn::new()
-                        .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
-                        .and_then([put(), read.clone()])
-                        .or_else([read]),
-                )])
+                .or_else([put(), read])
         };
         let answer = self
             .kv()
@@ -840,10 +840,7 @@ impl Backend for EtcdBackend {
             }
             return self.granted(&session, &placed, req, revision).await;
         }
-        let mut responses = answer.op_responses();
-        if let [TxnOpResponse::Txn(joined)] = responses.as_slice() {
-            responses = joined.op_responses();
-        }
+        let responses = answer.op_responses();
         let (queue, closed_by) = Self::queue_of(&responses);
         let from = header_revision(&responses, revision) + 1;
         let Some(me) = queue.iter().position(|e| e.owner == req.owner) else {

@@ -207,6 +207,38 @@ async fn the_member_the_client_talks_to_paused_costs_it_the_lock_at_its_deadline
     etcd.members()[0].process().resume();
 }
 
+#[tokio::test]
+async fn a_client_moves_on_to_the_next_member_when_its_member_pauses() {
+    let mut etcd = Etcd::cluster(3).await.unwrap();
+    let endpoints = etcd.endpoints();
+    // A client connects to the first member it is given.
+    let client = client(&endpoints, Duration::from_secs(2)).await;
+    let guard = job_within(&client, Duration::from_secs(5), "the lock was free").await;
+    etcd.members()[0].process().pause();
+    // The session's keep-alives sit on the paused member longer than its lease lasts.
+    tokio::time::timeout(Duration::from_secs(10), guard.lost())
+        .await
+        .expect("the guard outlived its unreachable session");
+    // The same client, with a new session on another member, gets the lock once the
+    // lease of the old one has run out on the others. Requests already on the paused
+    // member fail (unavailable) when its connection is given up; they are tried again.
+    let give_up = tokio::time::Instant::now() + Duration::from_secs(20);
+    let next = loop {
+        let left = give_up.saturating_duration_since(tokio::time::Instant::now());
+        assert!(
+            !left.is_zero(),
+            "the client did not move on from the paused member"
+        );
+        match client.mutex("job").unwrap().lock_timeout(left).await {
+            Ok(Some(next)) => break next,
+            Ok(None) => {}
+            Err(error) => assert!(error.is_retryable(), "{error}"),
+        }
+    };
+    assert!(next.token() > guard.token());
+    etcd.members()[0].process().resume();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_increase_over_a_thousand_grants_with_a_member_restarting() {
     let mut etcd = Etcd::cluster(3).await.unwrap();

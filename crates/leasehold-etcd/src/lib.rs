@@ -6,9 +6,10 @@
 //!   [`EtcdBackend::orphan`] stops renewing it.
 //! - **Grant in one transaction**: into an empty queue, my key
 //!   (`<prefix>/<name>/<set>/<lease>.<slot>`) is put bound to the session lease, with the
-//!   owner in its value, and holds at the transaction's revision. Otherwise a nested
-//!   transaction puts it if it does not exist (create revision 0) and reads the queue (the
-//!   keys of the set, oldest first). A session reuses the slot numbers it freed: every new
+//!   owner in its value, and holds at the transaction's revision. Otherwise the same
+//!   transaction puts it and reads the queue (the keys of the set, oldest first); if the
+//!   put of an unanswered attempt already landed, the put again keeps the key's create
+//!   revision, its place in the queue. A session reuses the slot numbers it freed: every new
 //!   key would leave a deleted one behind that each queue read steps over until etcd
 //!   compacts its history. The holder is the key with the lowest create revision (for
 //!   shared keys: no exclusive key before it; for permits: fewer than N keys before it).
@@ -483,7 +484,9 @@ impl EtcdBackend {
         Self::connect_with(&endpoints, options).await
     }
 
-    /// Connects to `endpoints` (`http://host:port` each).
+    /// Connects to `endpoints` (`http://host:port` each): one connection, to the first
+    /// member, moving on to the next whenever it must connect again (the member went away
+    /// or left a keep-alive ping unanswered for 2 s).
     ///
     /// # Cancel safety
     ///

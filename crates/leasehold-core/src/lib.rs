@@ -37,6 +37,7 @@ mod name;
 mod options;
 mod redact;
 pub mod sync;
+mod tls;
 mod watchdog;
 
 pub use backend::{Backend, Capabilities, LockState, Mode};
@@ -50,3 +51,4 @@ pub use sync::{
     Election, Guard, Leader, Leadership, Mutex, MutexGuard, Observer, Owner, Permit, ReadGuard,
     RwLock, Semaphore, WriteGuard,
 };
+pub use tls::TlsFiles;

@@ -31,8 +31,10 @@
 //!   outlives the session's by the delay; a marker whose holder's key is gone closes the
 //!   queue until it expires; release deletes it with the key (see [`MARKER`]).
 //!
-//! URL: `etcd://[user:password@]host:port[,host:port...][?prefix=P&session_ttl=D&connect_timeout=D]`.
-//! See `docs/backends/etcd.md`.
+//! URL: `etcd://[user:password@]host:port[,host:port...][?prefix=P&session_ttl=D&connect_timeout=D]`;
+//! `etcds://…[&tls_ca=PATH&tls_cert=PATH&tls_key=PATH]` for TLS (each member's
+//! certificate checked against its own host name; without `tls_ca`, the system's CA
+//! certificates). See `docs/backends/etcd.md`.
 
 mod session;
 mod transport;
@@ -51,29 +53,46 @@ use leasehold_core::backend::{
     Request, TokenDurability, WaitHint, Waiter,
 };
 use leasehold_core::{
-    Error, FencingToken, Guard, LockName, LossReason, OwnerId, Result, parse_duration, redact_url,
+    Error, FencingToken, Guard, LockName, LossReason, OwnerId, Result, TlsFiles, parse_duration,
+    redact_url,
 };
 use tokio::sync::Mutex as AsyncMutex;
 
 use crate::session::Session;
 
 /// Options of the etcd backend (also settable as URL query parameters).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct EtcdOptions {
     prefix: String,
     session_ttl: Duration,
     connect_timeout: Duration,
     user: Option<(String, String)>,
+    tls: TlsFiles,
+}
+
+impl std::fmt::Debug for EtcdOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the password.
+        f.debug_struct("EtcdOptions")
+            .field("prefix", &self.prefix)
+            .field("session_ttl", &self.session_ttl)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("user", &self.user.as_ref().map(|(user, _)| user))
+            .field("tls", &self.tls)
+            .finish()
+    }
 }
 
 impl Default for EtcdOptions {
-    /// Prefix `leasehold`, a 10 s session, 5 s to connect.
+    /// Prefix `leasehold`, a 10 s session, 5 s to connect, the system's CA certificates
+    /// for TLS.
     fn default() -> Self {
         Self {
             prefix: "leasehold".into(),
             session_ttl: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(5),
             user: None,
+            tls: TlsFiles::default(),
         }
     }
 }
@@ -119,6 +138,14 @@ impl EtcdOptions {
     /// Authenticate as `user`.
     pub fn user(mut self, user: &str, password: &str) -> Self {
         self.user = Some((user.into(), password.into()));
+        self
+    }
+
+    /// For TLS (`https://` endpoints): the CA certificates to trust instead of the
+    /// system's, and a client certificate for members that ask for one
+    /// (`--client-cert-auth`).
+    pub fn tls(mut self, files: TlsFiles) -> Self {
+        self.tls = files;
         self
     }
 }
@@ -409,14 +436,14 @@ mod tonic_code {
 fn parse_url(url: &str) -> Result<(Vec<String>, EtcdOptions)> {
     let shown = redact_url(url);
     let invalid = |reason: String| Error::invalid("url", format!("{shown}: {reason}"));
-    let Some(rest) = url.strip_prefix("etcd://") else {
-        if url.starts_with("etcds://") {
-            return Err(Error::Unsupported {
-                backend: "etcd",
-                feature: "TLS (etcds://) in this build",
-            });
+    let (rest, scheme) = match url.split_once("://") {
+        Some((etcd, rest)) if etcd.eq_ignore_ascii_case("etcd") => (rest, "http"),
+        Some((etcds, rest)) if etcds.eq_ignore_ascii_case("etcds") => (rest, "https"),
+        _ => {
+            return Err(invalid(
+                "expected etcd://host:port[,host:port...] or etcds://… (TLS)".into(),
+            ));
         }
-        return Err(invalid("expected etcd://host:port[,host:port...]".into()));
     };
     let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
     let rest = rest.trim_end_matches('/');
@@ -437,7 +464,7 @@ fn parse_url(url: &str) -> Result<(Vec<String>, EtcdOptions)> {
     let endpoints: Vec<String> = hosts
         .split(',')
         .filter(|h| !h.trim().is_empty())
-        .map(|h| format!("http://{}", h.trim()))
+        .map(|h| format!("{scheme}://{}", h.trim()))
         .collect();
     if endpoints.is_empty() {
         return Err(invalid("no endpoints".into()));
@@ -448,13 +475,16 @@ fn parse_url(url: &str) -> Result<(Vec<String>, EtcdOptions)> {
             "prefix" => options = options.prefix(value)?,
             "session_ttl" => options = options.session_ttl(parse_duration(value)?)?,
             "connect_timeout" => options = options.connect_timeout(parse_duration(value)?),
+            tls if options.tls.read_param(tls, value)? => {}
             other => {
                 return Err(invalid(format!(
-                    "unknown parameter {other:?}; known: prefix, session_ttl, connect_timeout"
+                    "unknown parameter {other:?}; known: prefix, session_ttl, connect_timeout, {}",
+                    TlsFiles::PARAMS
                 )));
             }
         }
     }
+    options.tls.check(scheme == "https", "etcds")?;
     Ok((endpoints, options))
 }
 
@@ -477,16 +507,17 @@ impl EtcdBackend {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] for a malformed URL (credentials redacted);
-    /// [`Error::Unavailable`] if no endpoint answers.
+    /// [`Error::InvalidArgument`] for a malformed URL (credentials redacted) or TLS files
+    /// that cannot be read or hold no usable certificate or key; [`Error::Unavailable`] if
+    /// no endpoint answers.
     pub async fn connect(url: &str) -> Result<Self> {
         let (endpoints, options) = parse_url(url)?;
         Self::connect_with(&endpoints, options).await
     }
 
-    /// Connects to `endpoints` (`http://host:port` each): one connection, to the first
-    /// member, moving on to the next whenever it must connect again (the member went away
-    /// or left a keep-alive ping unanswered for 2 s).
+    /// Connects to `endpoints` (`http://host:port` each, or `https://host:port` each for
+    /// TLS): one connection, to the first member, moving on to the next whenever it must
+    /// connect again (the member went away or left a keep-alive ping unanswered for 2 s).
     ///
     /// # Cancel safety
     ///
@@ -500,12 +531,16 @@ impl EtcdBackend {
         if let Some((user, password)) = &options.user {
             connect = connect.with_user(user, password);
         }
-        let channel = transport::channel(endpoints, options.connect_timeout, KEEP_ALIVE)
-            .map_err(|e| Error::invalid("url", format!("{}: {e}", endpoints.join(","))))?;
-        let client = tokio::time::timeout(
-            options.connect_timeout,
-            Client::from_channel(etcd_client::Channel::Tonic(channel), Some(connect)),
-        )
+        let channel =
+            transport::channel(endpoints, &options.tls, options.connect_timeout, KEEP_ALIVE)?;
+        // The channel connects on first use: a status request makes the first use here, so
+        // that an unreachable cluster or a refused certificate is reported by `connect`.
+        let client = tokio::time::timeout(options.connect_timeout, async {
+            let mut client =
+                Client::from_channel(etcd_client::Channel::Tonic(channel), Some(connect)).await?;
+            client.status().await?;
+            Ok(client)
+        })
         .await
         .map_err(|_| {
             Error::unavailable(format!(
@@ -1094,10 +1129,60 @@ mod tests {
                 .to_string()
                 .contains("hunter2")
         );
-        assert!(matches!(
-            parse_url("etcds://h:1"),
-            Err(Error::Unsupported { .. })
-        ));
+        assert!(!format!("{options:?}").contains("pw"), "{options:?}");
+        let (endpoints, options) = parse_url("etcds://h1:2379,h2:2379").unwrap();
+        assert_eq!(endpoints, ["https://h1:2379", "https://h2:2379"]);
+        assert!(options.tls.is_empty(), "the system's CA certificates");
+        let ca = std::env::temp_dir().join(format!("leasehold-etcd-ca-{}", std::process::id()));
+        std::fs::write(&ca, "CA").unwrap();
+        let (_, options) = parse_url(&format!("etcds://h:1?tls_ca={}", ca.display())).unwrap();
+        assert_eq!(options.tls.ca.as_deref(), Some(&b"CA"[..]));
+        let plain = parse_url(&format!("etcd://h:1?tls_ca={}", ca.display())).unwrap_err();
+        assert!(plain.to_string().contains("etcds://"), "{plain}");
+        std::fs::remove_file(&ca).unwrap();
+    }
+
+    #[tokio::test]
+    async fn endpoints_and_tls_files_are_checked_before_connecting() {
+        let channel = |endpoints: &[&str], tls: &TlsFiles| {
+            let endpoints: Vec<String> = endpoints.iter().map(|e| (*e).to_owned()).collect();
+            transport::channel(&endpoints, tls, Duration::from_secs(1), KEEP_ALIVE)
+        };
+        let none = TlsFiles::default();
+        assert!(channel(&["http://h:1", "http://h:2"], &none).is_ok());
+        assert!(channel(&["https://h:1", "https://[::1]:2"], &none).is_ok());
+        for bad in [
+            &["http://h:1", "https://h:2"][..],
+            &["http://h"],
+            &["https://h:port"],
+            &["ftp://h:1"],
+            &[],
+        ] {
+            assert!(
+                matches!(channel(bad, &none), Err(Error::InvalidArgument { .. })),
+                "{bad:?}"
+            );
+        }
+        let files = |ca: &str, client: Option<(&str, &str)>| TlsFiles {
+            ca: Some(ca.as_bytes().to_vec()),
+            client: client.map(|(c, k)| (c.as_bytes().to_vec(), k.as_bytes().to_vec())),
+        };
+        for (bad, what) in [
+            (files("not a certificate", None), "tls_ca"),
+            (files("", None), "tls_ca"),
+        ] {
+            match channel(&["https://h:1"], &bad) {
+                Err(Error::InvalidArgument { what: named, .. }) => assert_eq!(named, what),
+                other => panic!("{bad:?}: {other:?}"),
+            }
+        }
+        assert!(
+            matches!(
+                channel(&["http://h:1"], &files("x", None)),
+                Err(Error::InvalidArgument { .. })
+            ),
+            "TLS files for plain endpoints"
+        );
     }
 
     fn entry(mode: Mode, n: i64) -> Entry {

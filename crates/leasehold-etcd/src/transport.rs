@@ -1,10 +1,11 @@
 //! The connection to etcd: one HTTP/2 connection at a time, to one member, moving on to
 //! the next member each time it has to connect again (the member it used went away or
-//! stopped answering its keep-alive pings).
+//! stopped answering its keep-alive pings). Over TLS (`https://` endpoints) each member's
+//! certificate is checked against that member's own host name.
 //!
-//! The socket is offered to HTTP/2 without vectored writes. With vectored writes, h2
-//! sends any message over 256 bytes (a queueing transaction is about 400) with a write
-//! of its own and the end of the stream with another; etcd then wakes twice for one
+//! The stream is offered to HTTP/2 without vectored writes. With vectored writes, h2
+//! sends any message over 256 bytes (a queueing transaction is a few hundred) with a
+//! write of its own and the end of the stream with another; etcd then wakes twice for one
 //! request. Without them, h2 copies messages of up to 1 KiB into its buffer and every
 //! unary request leaves in one write.
 
@@ -17,30 +18,59 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use hyper_util::rt::TokioIo;
+use leasehold_core::{Error, Result, TlsFiles};
+use rustls::RootCertStore;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+use tokio_rustls::client::TlsStream;
 use tonic::transport::{Channel, Endpoint, Uri};
 
-/// A lazily connected channel to the members at `endpoints` (`http://host:port`), with
-/// HTTP/2 keep-alive pings every `keep_alive` (the connection is dropped when one goes
-/// unanswered as long) so that a paused member is left for the next one.
+/// A lazily connected channel to the members at `endpoints` (all `http://host:port`, or
+/// all `https://host:port` for TLS with `tls`), with HTTP/2 keep-alive pings every
+/// `keep_alive` (the connection is dropped when one goes unanswered as long) so that a
+/// paused member is left for the next one.
+///
+/// # Errors
+///
+/// [`Error::InvalidArgument`] for a malformed or mixed list of endpoints, TLS files on
+/// plain endpoints, or TLS files that hold no usable certificate or key.
 pub(crate) fn channel(
     endpoints: &[String],
+    tls: &TlsFiles,
     connect_timeout: Duration,
     keep_alive: Duration,
-) -> Result<Channel, tonic::transport::Error> {
-    let addresses: Arc<[String]> = endpoints
+) -> Result<Channel> {
+    let invalid = |reason: String| Error::invalid("endpoints", reason);
+    let secure = endpoints.iter().all(|e| e.starts_with("https://"));
+    let scheme = if secure { "https://" } else { "http://" };
+    let members = endpoints
         .iter()
-        .map(|e| e.trim_start_matches("http://").to_owned())
-        .collect();
-    // Every member gets its share of the connect timeout, which bounds the whole attempt.
-    let members = u32::try_from(addresses.len().max(1)).unwrap_or(u32::MAX);
+        .map(|endpoint| {
+            let address = endpoint.strip_prefix(scheme).ok_or_else(|| {
+                invalid(format!(
+                    "{endpoint}: every endpoint is http://host:port, or every one https://host:port"
+                ))
+            })?;
+            Member::new(address, secure).map_err(|e| invalid(format!("{endpoint}: {e}")))
+        })
+        .collect::<Result<Arc<[Member]>>>()?;
+    tls.check(secure, "https")?;
+    let count = u32::try_from(members.len().max(1)).unwrap_or(u32::MAX);
     let connector = Members {
-        addresses,
+        members,
+        tls: secure.then(|| tls_connector(tls)).transpose()?,
         next: Arc::default(),
-        each: connect_timeout / members,
+        // Every member gets its share of the connect timeout, which bounds the whole attempt.
+        each: connect_timeout / count,
     };
-    let endpoint = Endpoint::from_shared(endpoints.first().cloned().unwrap_or_default())?
+    let first = endpoints
+        .first()
+        .ok_or_else(|| invalid("no endpoints".into()))?;
+    let endpoint = Endpoint::from_shared(first.clone())
+        .map_err(|e| invalid(format!("{first}: {e}")))?
         .connect_timeout(connect_timeout)
         .http2_keep_alive_interval(keep_alive)
         .keep_alive_timeout(keep_alive)
@@ -48,16 +78,99 @@ pub(crate) fn channel(
     Ok(endpoint.connect_with_connector_lazy(connector))
 }
 
+/// TLS for every member: the CA certificates of `files` (or the system's), its client
+/// certificate if any, HTTP/2 by ALPN (which etcd's TLS port needs for gRPC).
+fn tls_connector(files: &TlsFiles) -> Result<TlsConnector> {
+    let mut roots = RootCertStore::empty();
+    match &files.ca {
+        Some(pem) => {
+            for certificate in CertificateDer::pem_slice_iter(pem) {
+                let certificate =
+                    certificate.map_err(|e| Error::invalid("tls_ca", format!("{e:?}")))?;
+                roots
+                    .add(certificate)
+                    .map_err(|e| Error::invalid("tls_ca", e.to_string()))?;
+            }
+            if roots.is_empty() {
+                return Err(Error::invalid("tls_ca", "no PEM certificate in it"));
+            }
+        }
+        None => {
+            roots.add_parsable_certificates(rustls_native_certs::load_native_certs().certs);
+        }
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(
+        rustls::crypto::ring::default_provider().into(),
+    )
+    .with_safe_default_protocol_versions()
+    .map_err(|e| Error::invalid("tls", e.to_string()))?
+    .with_root_certificates(roots);
+    let mut config = match &files.client {
+        None => builder.with_no_client_auth(),
+        Some((certificate, key)) => {
+            let chain = CertificateDer::pem_slice_iter(certificate)
+                .collect::<std::result::Result<Vec<_>, _>>()
+                .map_err(|e| Error::invalid("tls_cert", format!("{e:?}")))?;
+            if chain.is_empty() {
+                return Err(Error::invalid("tls_cert", "no PEM certificate in it"));
+            }
+            let key = PrivateKeyDer::from_pem_slice(key)
+                .map_err(|e| Error::invalid("tls_key", format!("{e:?}")))?;
+            builder
+                .with_client_auth_cert(chain, key)
+                .map_err(|e| Error::invalid("tls_cert", e.to_string()))?
+        }
+    };
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(TlsConnector::from(Arc::new(config)))
+}
+
+/// One member: where to connect, and the name its certificate must carry.
+struct Member {
+    address: String,
+    name: Option<ServerName<'static>>,
+}
+
+impl Member {
+    fn new(address: &str, secure: bool) -> std::result::Result<Self, String> {
+        let host = match address.rsplit_once(':') {
+            Some((host, port)) if port.parse::<u16>().is_ok() => host,
+            _ => return Err("expected host:port".into()),
+        };
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        let name = secure
+            .then(|| ServerName::try_from(host.to_owned()).map_err(|e| e.to_string()))
+            .transpose()?;
+        Ok(Self {
+            address: address.to_owned(),
+            name,
+        })
+    }
+
+    async fn connect(&self, tls: Option<&TlsConnector>) -> io::Result<Stream> {
+        let tcp = TcpStream::connect(self.address.as_str()).await?;
+        tcp.set_nodelay(true)?;
+        match (tls, &self.name) {
+            (Some(tls), Some(name)) => {
+                let stream = tls.connect(name.clone(), tcp).await?;
+                Ok(Stream::Tls(Box::new(stream)))
+            }
+            _ => Ok(Stream::Plain(tcp)),
+        }
+    }
+}
+
 /// Connects to the members in turn, starting after the one connected to last.
 #[derive(Clone)]
 struct Members {
-    addresses: Arc<[String]>,
+    members: Arc<[Member]>,
+    tls: Option<TlsConnector>,
     next: Arc<AtomicUsize>,
     each: Duration,
 }
 
 impl tower_service::Service<Uri> for Members {
-    type Response = TokioIo<Unvectored>;
+    type Response = TokioIo<Stream>;
     type Error = io::Error;
     type Future = Pin<Box<dyn Future<Output = io::Result<Self::Response>> + Send>>;
 
@@ -66,24 +179,23 @@ impl tower_service::Service<Uri> for Members {
     }
 
     fn call(&mut self, _: Uri) -> Self::Future {
-        let members = self.clone();
+        let this = self.clone();
         Box::pin(async move {
-            let count = members.addresses.len();
-            let first = members.next.fetch_add(1, Ordering::Relaxed);
+            let count = this.members.len();
+            let first = this.next.fetch_add(1, Ordering::Relaxed);
             let mut failure = io::Error::new(io::ErrorKind::NotFound, "no etcd endpoints");
             for turn in 0..count {
-                let address = &members.addresses[(first + turn) % count];
-                match tokio::time::timeout(members.each, TcpStream::connect(address.as_str())).await
-                {
-                    Ok(Ok(stream)) => {
-                        stream.set_nodelay(true)?;
-                        return Ok(TokioIo::new(Unvectored(stream)));
+                let member = &this.members[(first + turn) % count];
+                match tokio::time::timeout(this.each, member.connect(this.tls.as_ref())).await {
+                    Ok(Ok(stream)) => return Ok(TokioIo::new(stream)),
+                    Ok(Err(error)) => {
+                        failure =
+                            io::Error::new(error.kind(), format!("{}: {error}", member.address));
                     }
-                    Ok(Err(error)) => failure = error,
                     Err(_) => {
                         failure = io::Error::new(
                             io::ErrorKind::TimedOut,
-                            format!("connecting to {address} timed out"),
+                            format!("connecting to {} timed out", member.address),
                         );
                     }
                 }
@@ -93,33 +205,49 @@ impl tower_service::Service<Uri> for Members {
     }
 }
 
-/// A TCP stream that does not offer vectored writes (see the module docs).
-struct Unvectored(TcpStream);
+/// A connection to a member, plain or TLS; it offers no vectored writes (see the module
+/// docs).
+enum Stream {
+    Plain(TcpStream),
+    Tls(Box<TlsStream<TcpStream>>),
+}
 
-impl AsyncRead for Unvectored {
+impl AsyncRead for Stream {
     fn poll_read(
-        mut self: Pin<&mut Self>,
+        self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_read(cx, buf)
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Stream::Tls(s) => Pin::new(s).poll_read(cx, buf),
+        }
     }
 }
 
-impl AsyncWrite for Unvectored {
+impl AsyncWrite for Stream {
     fn poll_write(
-        mut self: Pin<&mut Self>,
+        self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.0).poll_write(cx, buf)
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Stream::Tls(s) => Pin::new(s).poll_write(cx, buf),
+        }
     }
 
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_flush(cx)
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_flush(cx),
+            Stream::Tls(s) => Pin::new(s).poll_flush(cx),
+        }
     }
 
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_shutdown(cx)
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Stream::Tls(s) => Pin::new(s).poll_shutdown(cx),
+        }
     }
 }

@@ -44,7 +44,8 @@ use leasehold_core::backend::{
     Request, TokenDurability, WaitHint, Waiter,
 };
 use leasehold_core::{
-    Error, FencingToken, LockName, LossReason, OwnerId, Result, parse_duration, redact_url,
+    Error, FencingToken, LockName, LossReason, OwnerId, Result, TlsFiles, parse_duration,
+    redact_url,
 };
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{FromRedisValue, IntoConnectionInfo, ProtocolVersion, RedisError, Script, Value};
@@ -115,25 +116,6 @@ pub struct RedisOptions {
     tls: TlsFiles,
 }
 
-/// What a `rediss://` connection trusts and shows beyond the defaults (PEM contents).
-#[derive(Clone, Default, PartialEq, Eq)]
-struct TlsFiles {
-    /// CA certificates to trust instead of the system's.
-    ca: Option<Vec<u8>>,
-    /// A client certificate and its key, for servers that ask for one.
-    client: Option<(Vec<u8>, Vec<u8>)>,
-}
-
-impl std::fmt::Debug for TlsFiles {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Never the key.
-        f.debug_struct("TlsFiles")
-            .field("ca", &self.ca.is_some())
-            .field("client_certificate", &self.client.is_some())
-            .finish()
-    }
-}
-
 impl Default for RedisOptions {
     /// Prefix `leasehold`, no replica acknowledgement, 5 s connect timeout, the system's
     /// CA certificates for `rediss://`.
@@ -200,50 +182,10 @@ impl RedisOptions {
         self
     }
 
-    /// Reads the file of a `tls_ca`, `tls_cert` or `tls_key` URL parameter; `false` if
-    /// `param` is none of them.
-    fn read_tls_file(&mut self, param: &str, path: &str) -> Result<bool> {
-        let read = || {
-            std::fs::read(path)
-                .map_err(|e| Error::invalid("url", format!("{param}={path:?} cannot be read: {e}")))
-        };
-        match param {
-            "tls_ca" => self.tls.ca = Some(read()?),
-            "tls_cert" => {
-                let key = self
-                    .tls
-                    .client
-                    .take()
-                    .map(|(_, key)| key)
-                    .unwrap_or_default();
-                self.tls.client = Some((read()?, key));
-            }
-            "tls_key" => {
-                let cert = self.tls.client.take().map(|(c, _)| c).unwrap_or_default();
-                self.tls.client = Some((cert, read()?));
-            }
-            _ => return Ok(false),
-        }
-        Ok(true)
-    }
-
     /// Checks the TLS settings against the scheme of `url`; whether it is TLS.
     fn check_tls(&self, url: &str) -> Result<bool> {
         let tls = url.to_ascii_lowercase().starts_with("rediss://");
-        if !tls && self.tls != TlsFiles::default() {
-            return Err(Error::invalid(
-                "url",
-                "tls_ca, tls_cert and tls_key need a rediss:// URL",
-            ));
-        }
-        if let Some((cert, key)) = &self.tls.client
-            && (cert.is_empty() || key.is_empty())
-        {
-            return Err(Error::invalid(
-                "url",
-                "a client certificate needs both tls_cert and tls_key",
-            ));
-        }
+        self.tls.check(tls, "rediss")?;
         Ok(tls)
     }
 }
@@ -497,7 +439,7 @@ impl RedisBackend {
         if options.check_tls(url)? {
             install_crypto_provider();
         }
-        let client = if options.tls == TlsFiles::default() {
+        let client = if options.tls.is_empty() {
             redis::Client::open(info)
         } else {
             redis::Client::build_with_tls(
@@ -883,7 +825,7 @@ fn parse_url(url: &str) -> Result<(String, RedisOptions)> {
                 })?;
             }
             "connect_timeout" => options = options.connect_timeout(parse_duration(value)?),
-            tls if options.read_tls_file(tls, value)? => {}
+            tls if options.tls.read_param(tls, value)? => {}
             other => {
                 return Err(invalid(format!(
                     "unknown parameter {other:?}; known: prefix, replicas, replica_timeout, \
@@ -1212,43 +1154,24 @@ mod tests {
         }
         let err = parse_url("redis://u:hunter2@h:1?nosuch=1").unwrap_err();
         assert!(!err.to_string().contains("hunter2"));
-        // TLS files are read while parsing; a missing one is named, its contents never.
+        // TLS files are read while parsing (see `TlsFiles`), and only go with rediss://.
         let (base, options) = parse_url("rediss://h:1").unwrap();
         assert_eq!(
-            (base.as_str(), &options.tls),
-            ("rediss://h:1", &TlsFiles::default())
+            (base.as_str(), options.tls.is_empty()),
+            ("rediss://h:1", true)
         );
         let err = parse_url("rediss://h:1?tls_ca=/no/such/ca.pem").unwrap_err();
         assert!(err.to_string().contains("/no/such/ca.pem"), "{err}");
-        let dir = std::env::temp_dir().join(format!("leasehold-tls-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let file = |name: &str, text: &str| {
-            let path = dir.join(name);
-            std::fs::write(&path, text).unwrap();
-            path.display().to_string()
-        };
-        let (ca, cert, key) = (file("ca", "CA"), file("cert", "CERT"), file("key", "KEY"));
-        let (_, options) = parse_url(&format!(
-            "rediss://h:1?tls_ca={ca}&tls_cert={cert}&tls_key={key}"
-        ))
-        .unwrap();
+        let ca = std::env::temp_dir().join(format!("leasehold-redis-ca-{}", std::process::id()));
+        std::fs::write(&ca, "CA").unwrap();
+        let (_, options) = parse_url(&format!("rediss://h:1?tls_ca={}", ca.display())).unwrap();
         assert_eq!(options.tls.ca.as_deref(), Some(&b"CA"[..]));
-        assert_eq!(
-            options.tls.client,
-            Some((b"CERT".to_vec(), b"KEY".to_vec()))
-        );
-        assert!(!format!("{options:?}").contains("KEY"));
         assert!(options.check_tls("rediss://h:1").unwrap());
         assert!(
             options.check_tls("redis://h:1").is_err(),
             "TLS files on a plain URL"
         );
-        let (_, half) = parse_url(&format!("rediss://h:1?tls_cert={cert}")).unwrap();
-        assert!(
-            half.check_tls("rediss://h:1").is_err(),
-            "a certificate without its key"
-        );
-        std::fs::remove_dir_all(&dir).unwrap();
+        std::fs::remove_file(&ca).unwrap();
     }
 
     #[test]

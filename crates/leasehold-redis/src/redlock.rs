@@ -394,7 +394,7 @@ fn parse_url(url: &str) -> Result<(Vec<String>, RedlockOptions)> {
                     .map_err(|_| invalid(format!("tls={value:?} is not true or false")))?;
                 scheme = if on { "rediss" } else { "redis" };
             }
-            tls if options.redis.read_tls_file(tls, value)? => {}
+            tls if options.redis.tls.read_param(tls, value)? => {}
             "prefix" => options.redis = options.redis.prefix(value)?,
             "connect_timeout" => {
                 options.redis = options.redis.connect_timeout(parse_duration(value)?);

@@ -422,11 +422,13 @@ impl RedisReplicated {
 // etcd
 
 /// An etcd cluster of one or more members on loopback, with short heartbeat and election
-/// timeouts.
+/// timeouts. Health and metrics are served on a plain-HTTP port of their own, so that a
+/// member serving its clients over TLS is probed alike.
 #[derive(Debug)]
 pub struct Etcd {
     members: Vec<EtcdMember>,
-    _dir: TempDir,
+    tls: bool,
+    dir: TempDir,
 }
 
 /// One etcd member.
@@ -435,6 +437,7 @@ pub struct EtcdMember {
     process: ServerProcess,
     name: String,
     client_port: u16,
+    metrics_port: u16,
 }
 
 impl Etcd {
@@ -453,24 +456,57 @@ impl Etcd {
     ///
     /// If etcd is not installed or the cluster does not become healthy.
     pub async fn cluster(n: usize) -> io::Result<Etcd> {
+        Self::launch(n, None).await
+    }
+
+    /// A single member that serves its clients over TLS only, with a certificate of a test
+    /// CA generated for it (see [`Etcd::tls_url`]).
+    ///
+    /// # Errors
+    ///
+    /// If etcd or openssl is not installed or the member does not become healthy.
+    pub async fn tls(clients: ClientAuth) -> io::Result<Etcd> {
+        Self::launch(1, Some(clients)).await
+    }
+
+    async fn launch(n: usize, tls: Option<ClientAuth>) -> io::Result<Etcd> {
         let program = find_program("etcd", &[])?;
         with_retries(async || {
             let dir = tempfile::tempdir()?;
-            let ports: Vec<(u16, u16)> = (0..n).map(|_| (free_port(), free_port())).collect();
+            let client_scheme = if tls.is_some() { "https" } else { "http" };
+            let mut tls_args = Vec::new();
+            if let Some(clients) = tls {
+                write_test_certificates(dir.path())?;
+                let file = |name: &str| dir.path().join(name).display().to_string();
+                tls_args = vec![
+                    format!("--cert-file={}", file("server.crt")),
+                    format!("--key-file={}", file("server.key")),
+                ];
+                // etcd 3.4 asks every client for a certificate once it has a CA to check
+                // them against.
+                if clients == ClientAuth::Required {
+                    tls_args.push(format!("--trusted-ca-file={}", file("ca.crt")));
+                    tls_args.push("--client-cert-auth".into());
+                }
+            }
+            let ports: Vec<(u16, u16, u16)> = (0..n)
+                .map(|_| (free_port(), free_port(), free_port()))
+                .collect();
             let initial_cluster = ports
                 .iter()
                 .enumerate()
-                .map(|(i, (_, peer))| format!("m{i}=http://127.0.0.1:{peer}"))
+                .map(|(i, (_, peer, _))| format!("m{i}=http://127.0.0.1:{peer}"))
                 .collect::<Vec<_>>()
                 .join(",");
             let mut members = Vec::with_capacity(n);
-            for (i, (client, peer)) in ports.iter().enumerate() {
+            for (i, (client, peer, metrics)) in ports.iter().enumerate() {
                 let name = format!("m{i}");
-                let args = vec![
+                let mut args = vec![
                     format!("--name={name}"),
                     format!("--data-dir={}", dir.path().join(&name).display()),
-                    format!("--listen-client-urls=http://127.0.0.1:{client}"),
-                    format!("--advertise-client-urls=http://127.0.0.1:{client}"),
+                    format!("--listen-client-urls={client_scheme}://127.0.0.1:{client}"),
+                    format!("--advertise-client-urls={client_scheme}://127.0.0.1:{client}"),
+                    format!("--listen-metrics-urls=http://127.0.0.1:{metrics}"),
                     format!("--listen-peer-urls=http://127.0.0.1:{peer}"),
                     format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer}"),
                     format!("--initial-cluster={initial_cluster}"),
@@ -481,6 +517,7 @@ impl Etcd {
                     "--logger=zap".into(),
                     "--log-level=warn".into(),
                 ];
+                args.extend(tls_args.iter().cloned());
                 let process = ServerProcess::start(
                     &format!("etcd member {name}"),
                     &program,
@@ -491,9 +528,14 @@ impl Etcd {
                     process,
                     name,
                     client_port: *client,
+                    metrics_port: *metrics,
                 });
             }
-            let mut etcd = Etcd { members, _dir: dir };
+            let mut etcd = Etcd {
+                members,
+                tls: tls.is_some(),
+                dir,
+            };
             for member in &mut etcd.members {
                 member.wait_ready().await?;
             }
@@ -515,6 +557,22 @@ impl Etcd {
         format!("etcd://{}", self.endpoints().join(","))
     }
 
+    /// `etcds://127.0.0.1:p?tls_ca=…` for a member started with [`Etcd::tls`]: its
+    /// endpoints, trusting the test CA.
+    pub fn tls_url(&self) -> Option<String> {
+        let ca = self.tls_file("ca.crt")?;
+        Some(format!(
+            "etcds://{}?tls_ca={}",
+            self.endpoints().join(","),
+            ca.display()
+        ))
+    }
+
+    /// A file of the test CA of a TLS member: `ca.crt`, `client.crt`, `client.key`, ….
+    pub fn tls_file(&self, name: &str) -> Option<PathBuf> {
+        self.tls.then(|| self.dir.path().join(name))
+    }
+
     /// The members.
     pub fn members(&mut self) -> &mut [EtcdMember] {
         &mut self.members
@@ -523,7 +581,7 @@ impl Etcd {
     /// The index of the member that currently leads, as the members report it.
     pub async fn leader(&self) -> Option<usize> {
         for (i, member) in self.members.iter().enumerate() {
-            let Ok(metrics) = http_get(member.addr(), "/metrics").await else {
+            let Ok(metrics) = http_get(member.metrics_addr(), "/metrics").await else {
                 continue;
             };
             if metrics
@@ -539,7 +597,7 @@ impl Etcd {
 
 impl EtcdMember {
     async fn wait_ready(&mut self) -> io::Result<()> {
-        let addr = self.addr();
+        let addr = self.metrics_addr();
         wait_ready(&mut self.process, READY_LIMIT, async || {
             http_get(addr, "/health")
                 .await
@@ -556,6 +614,11 @@ impl EtcdMember {
     /// Its client address.
     pub fn addr(&self) -> SocketAddr {
         loopback(self.client_port)
+    }
+
+    /// Its plain-HTTP address for `/health` and `/metrics`.
+    pub fn metrics_addr(&self) -> SocketAddr {
+        loopback(self.metrics_port)
     }
 
     /// The process (pause, resume, kill, log).

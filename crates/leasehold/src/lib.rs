@@ -37,7 +37,7 @@ pub use leasehold_redis as redis;
 /// | `memory:` | [`memory::InMemory`] — this process only (tests, examples) |
 /// | `redis://[user:pass@]host:port[/db][?prefix=…&replicas=N…]`, `rediss://…[?tls_ca=…]` | [`redis`] — one Redis server (`rediss`: TLS) |
 /// | `redlock://[user:pass@]h1:p1,h2:p2,h3:p3[?node_timeout=…]` | [`redis::RedlockBackend`] — Redlock over independent Redis masters |
-/// | `etcd://[user:pass@]h1:p1[,h2:p2…][?session_ttl=…]` | `etcd::EtcdBackend` — an etcd cluster (feature `etcd`) |
+/// | `etcd://[user:pass@]h1:p1[,h2:p2…][?session_ttl=…]`, `etcds://…[?tls_ca=…]` | `etcd::EtcdBackend` — an etcd cluster (feature `etcd`; `etcds`: TLS) |
 ///
 /// # Cancel safety
 ///

@@ -44,6 +44,9 @@ pub(crate) fn channel(
     keep_alive: Duration,
 ) -> Result<Channel> {
     let invalid = |reason: String| Error::invalid("endpoints", reason);
+    let first = endpoints
+        .first()
+        .ok_or_else(|| invalid("no endpoints".into()))?;
     let secure = endpoints.iter().all(|e| e.starts_with("https://"));
     let scheme = if secure { "https://" } else { "http://" };
     let members = endpoints
@@ -66,9 +69,6 @@ pub(crate) fn channel(
         // Every member gets its share of the connect timeout, which bounds the whole attempt.
         each: connect_timeout / count,
     };
-    let first = endpoints
-        .first()
-        .ok_or_else(|| invalid("no endpoints".into()))?;
     let endpoint = Endpoint::from_shared(first.clone())
         .map_err(|e| invalid(format!("{first}: {e}")))?
         .connect_timeout(connect_timeout)
@@ -150,13 +150,15 @@ impl Member {
     async fn connect(&self, tls: Option<&TlsConnector>) -> io::Result<Stream> {
         let tcp = TcpStream::connect(self.address.as_str()).await?;
         tcp.set_nodelay(true)?;
-        match (tls, &self.name) {
-            (Some(tls), Some(name)) => {
-                let stream = tls.connect(name.clone(), tcp).await?;
-                Ok(Stream::Tls(Box::new(stream)))
-            }
-            _ => Ok(Stream::Plain(tcp)),
-        }
+        let Some(tls) = tls else {
+            return Ok(Stream::Plain(tcp));
+        };
+        // Never plain text where TLS was asked for.
+        let name = self
+            .name
+            .clone()
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no server name for TLS"))?;
+        Ok(Stream::Tls(Box::new(tls.connect(name, tcp).await?)))
     }
 }
 

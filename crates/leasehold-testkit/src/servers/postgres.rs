@@ -1,0 +1,233 @@
+//! PostgreSQL: one server from a template data directory.
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+use tempfile::TempDir;
+
+use super::{READY_LIMIT, os, with_retries};
+use crate::process::{ServerProcess, free_port, wait_ready};
+
+/// A PostgreSQL server on a free loopback port (`trust` authentication, user `postgres`),
+/// running as the `postgres` user when the tests run as root. `fsync` is off: committed
+/// data survives killing the server, not the machine.
+#[derive(Debug)]
+pub struct Postgres {
+    process: ServerProcess,
+    port: u16,
+    bin: PathBuf,
+    _dir: TempDir,
+}
+
+impl Postgres {
+    /// Starts a server from a data directory copied from a template made once per machine
+    /// (`initdb` is the slow part).
+    ///
+    /// # Errors
+    ///
+    /// If PostgreSQL is not installed or does not accept connections.
+    pub async fn start() -> io::Result<Postgres> {
+        let bin = postgres_bin()?;
+        let user = postgres_user()?;
+        let template = tokio::task::spawn_blocking({
+            let bin = bin.clone();
+            move || postgres_template(&bin, user)
+        })
+        .await
+        .map_err(io::Error::other)??;
+        with_retries(async || {
+            let dir = tempfile::tempdir()?;
+            let data = dir.path().join("data");
+            let copied = std::process::Command::new("cp")
+                .arg("-a")
+                .arg(&template)
+                .arg(&data)
+                .status()?;
+            if !copied.success() {
+                return Err(io::Error::other("copying the PostgreSQL template failed"));
+            }
+            if let Some((uid, gid)) = user {
+                chown(dir.path(), uid, gid)?;
+                chown(&data, uid, gid)?;
+            }
+            let port = free_port();
+            let args = vec![
+                "-D".to_owned(),
+                data.display().to_string(),
+                "-p".into(),
+                port.to_string(),
+                "-k".into(),
+                dir.path().display().to_string(),
+                "-c".into(),
+                "listen_addresses=127.0.0.1".into(),
+                "-c".into(),
+                "fsync=off".into(),
+                "-c".into(),
+                "full_page_writes=off".into(),
+                "-c".into(),
+                "shared_buffers=16MB".into(),
+            ];
+            let process = ServerProcess::start_as(
+                "postgres",
+                &bin.join("postgres"),
+                os(&args),
+                Vec::new(),
+                user,
+                dir.path().join("postgres.log"),
+            )?;
+            let mut postgres = Postgres {
+                process,
+                port,
+                bin: bin.clone(),
+                _dir: dir,
+            };
+            postgres.wait_ready().await?;
+            Ok(postgres)
+        })
+        .await
+    }
+
+    async fn wait_ready(&mut self) -> io::Result<()> {
+        let isready = self.bin.join("pg_isready");
+        let port = self.port.to_string();
+        wait_ready(&mut self.process, READY_LIMIT, async || {
+            tokio::process::Command::new(&isready)
+                .args(["-q", "-h", "127.0.0.1", "-U", "postgres", "-p", &port])
+                .status()
+                .await
+                .is_ok_and(|s| s.success())
+        })
+        .await
+    }
+
+    /// The port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `postgres://postgres@127.0.0.1:port/postgres`.
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// The process (pause, resume, kill, log).
+    pub fn process(&mut self) -> &mut ServerProcess {
+        &mut self.process
+    }
+
+    /// Kills the server (as `pg_ctl stop -m immediate` would) and starts it again with its
+    /// data.
+    ///
+    /// # Errors
+    ///
+    /// If it does not accept connections again.
+    pub async fn restart(&mut self) -> io::Result<()> {
+        self.process.restart()?;
+        self.wait_ready().await
+    }
+}
+
+fn postgres_bin() -> io::Result<PathBuf> {
+    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let version = e.file_name().to_str()?.parse().ok()?;
+            let bin = e.path().join("bin");
+            bin.join("postgres").is_file().then_some((version, bin))
+        })
+        .collect();
+    versions.sort();
+    versions.pop().map(|(_, bin)| bin).ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::NotFound,
+            "PostgreSQL is not installed under /usr/lib/postgresql",
+        )
+    })
+}
+
+/// `(uid, gid)` of the `postgres` user when running as root (PostgreSQL refuses root);
+/// `None` when not root.
+fn postgres_user() -> io::Result<Option<(u32, u32)>> {
+    if !rustix::process::getuid().is_root() {
+        return Ok(None);
+    }
+    let passwd = std::fs::read_to_string("/etc/passwd")?;
+    passwd
+        .lines()
+        .find_map(|line| {
+            let fields: Vec<&str> = line.split(':').collect();
+            (fields.first() == Some(&"postgres") && fields.len() > 3)
+                .then(|| Some((fields[2].parse().ok()?, fields[3].parse().ok()?)))
+                .flatten()
+        })
+        .map(Some)
+        .ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                "running as root, but there is no postgres user to run PostgreSQL as",
+            )
+        })
+}
+
+fn chown(path: &Path, uid: u32, gid: u32) -> io::Result<()> {
+    rustix::fs::chown(
+        path,
+        Some(rustix::fs::Uid::from_raw(uid)),
+        Some(rustix::fs::Gid::from_raw(gid)),
+    )
+    .map_err(io::Error::from)
+}
+
+/// The initdb'd template data directory, made once per machine under an exclusive file
+/// lock so that concurrent test processes do not race.
+fn postgres_template(bin: &Path, user: Option<(u32, u32)>) -> io::Result<PathBuf> {
+    let version = bin
+        .parent()
+        .and_then(Path::file_name)
+        .and_then(|v| v.to_str())
+        .unwrap_or("pg");
+    let root = std::env::temp_dir().join(format!("leasehold-testkit-postgres-{version}"));
+    let template = root.join("data");
+    std::fs::create_dir_all(&root)?;
+    let lock = std::fs::File::create(root.join("lock"))?;
+    rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive)?;
+    if root.join("ready").is_file() {
+        return Ok(template);
+    }
+    let _ = std::fs::remove_dir_all(&template);
+    std::fs::create_dir_all(&template)?;
+    if let Some((uid, gid)) = user {
+        chown(&template, uid, gid)?;
+    }
+    let mut initdb = std::process::Command::new(bin.join("initdb"));
+    initdb
+        .args([
+            "-A",
+            "trust",
+            "-U",
+            "postgres",
+            "--no-sync",
+            "-E",
+            "UTF8",
+            "--locale=C",
+            "-D",
+        ])
+        .arg(&template)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    if let Some((uid, gid)) = user {
+        use std::os::unix::process::CommandExt;
+        initdb.uid(uid).gid(gid).current_dir("/");
+    }
+    let out = initdb.output()?;
+    if !out.status.success() {
+        return Err(io::Error::other(format!(
+            "initdb failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )));
+    }
+    std::fs::write(root.join("ready"), b"")?;
+    Ok(template)
+}

@@ -1,0 +1,188 @@
+//! ZooKeeper: a standalone server or an ensemble.
+
+use std::io;
+use std::net::SocketAddr;
+use std::path::Path;
+
+use tempfile::TempDir;
+
+use super::{READY_LIMIT, loopback, os, with_retries};
+use crate::probe::zookeeper_word;
+use crate::process::{ServerProcess, find_program, free_port, wait_ready};
+
+const ZOOKEEPER_JAR: &str = "/usr/share/java/zookeeper.jar";
+
+/// A ZooKeeper server or ensemble on loopback, with a 200 ms tick.
+#[derive(Debug)]
+pub struct ZooKeeper {
+    servers: Vec<ZooKeeperServer>,
+    _dir: TempDir,
+}
+
+/// One ZooKeeper server.
+#[derive(Debug)]
+pub struct ZooKeeperServer {
+    process: ServerProcess,
+    client_port: u16,
+}
+
+impl ZooKeeper {
+    /// A standalone server.
+    ///
+    /// # Errors
+    ///
+    /// If ZooKeeper (or Java) is not installed or it does not start serving.
+    pub async fn start() -> io::Result<ZooKeeper> {
+        Self::ensemble(1).await
+    }
+
+    /// An ensemble of `n` servers (`n == 1`: standalone), returned once its election has
+    /// settled: one leader, the others following it.
+    ///
+    /// # Errors
+    ///
+    /// As for [`start`](ZooKeeper::start).
+    pub async fn ensemble(n: usize) -> io::Result<ZooKeeper> {
+        let java = find_program("java", &[])?;
+        if !Path::new(ZOOKEEPER_JAR).is_file() {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                "zookeeper is not installed; ./scripts/test installs every server the tests need",
+            ));
+        }
+        with_retries(async || {
+            let dir = tempfile::tempdir()?;
+            let ports: Vec<[u16; 3]> = (0..n)
+                .map(|_| [free_port(), free_port(), free_port()])
+                .collect();
+            let mut servers = Vec::with_capacity(n);
+            for (i, [client, ..]) in ports.iter().enumerate() {
+                let id = i + 1;
+                let data = dir.path().join(format!("zk{id}"));
+                std::fs::create_dir_all(&data)?;
+                std::fs::write(data.join("myid"), format!("{id}\n"))?;
+                let mut config = format!(
+                    "tickTime=200\ninitLimit=20\nsyncLimit=10\ndataDir={}\nclientPort={client}\n\
+                     clientPortAddress=127.0.0.1\nadmin.enableServer=false\n\
+                     4lw.commands.whitelist=srvr,stat,ruok,mntr,cons\nmaxSessionTimeout=60000\n",
+                    data.display()
+                );
+                if n > 1 {
+                    for (j, [_, q, e]) in ports.iter().enumerate() {
+                        config.push_str(&format!("server.{}=127.0.0.1:{q}:{e}\n", j + 1));
+                    }
+                }
+                let config_file = data.join("zoo.cfg");
+                std::fs::write(&config_file, config)?;
+                let args = vec![
+                    "-Xmx256m".to_owned(),
+                    "-XX:+UseSerialGC".into(),
+                    "-XX:TieredStopAtLevel=1".into(),
+                    format!("-Dzookeeper.log.dir={}", data.display()),
+                    "-cp".into(),
+                    ZOOKEEPER_JAR.into(),
+                    "org.apache.zookeeper.server.quorum.QuorumPeerMain".into(),
+                    config_file.display().to_string(),
+                ];
+                let process = ServerProcess::start(
+                    &format!("zookeeper {id}"),
+                    &java,
+                    os(&args),
+                    data.join("zookeeper.log"),
+                )?;
+                servers.push(ZooKeeperServer {
+                    process,
+                    client_port: *client,
+                });
+            }
+            let mut zookeeper = ZooKeeper { servers, _dir: dir };
+            for server in &mut zookeeper.servers {
+                server.wait_ready().await?;
+            }
+            if n > 1 {
+                // Every server having a mode is not enough: while an election settles, two
+                // can say "leader" for a moment. Ready is one leader and n - 1 followers.
+                let addrs: Vec<SocketAddr> = zookeeper.servers.iter().map(|s| s.addr()).collect();
+                wait_ready(&mut zookeeper.servers[0].process, READY_LIMIT, async || {
+                    let mut leaders = 0;
+                    for addr in &addrs {
+                        match zookeeper_mode(*addr).await.as_deref() {
+                            Some("leader") => leaders += 1,
+                            Some("follower") => {}
+                            _ => return false,
+                        }
+                    }
+                    leaders == 1
+                })
+                .await?;
+            }
+            Ok(zookeeper)
+        })
+        .await
+    }
+
+    /// `127.0.0.1:p1,127.0.0.1:p2,...`, as ZooKeeper clients take it.
+    pub fn connect_string(&self) -> String {
+        self.servers
+            .iter()
+            .map(|s| format!("127.0.0.1:{}", s.client_port))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// `zookeeper://127.0.0.1:p1,...`.
+    pub fn url(&self) -> String {
+        format!("zookeeper://{}", self.connect_string())
+    }
+
+    /// The servers.
+    pub fn servers(&mut self) -> &mut [ZooKeeperServer] {
+        &mut self.servers
+    }
+}
+
+/// The mode the ZooKeeper server at `addr` reports (`srvr`), if it answers.
+async fn zookeeper_mode(addr: SocketAddr) -> Option<String> {
+    let answer = zookeeper_word(addr, "srvr").await.ok()?;
+    answer
+        .lines()
+        .find_map(|l| l.strip_prefix("Mode: "))
+        .map(str::to_owned)
+}
+
+impl ZooKeeperServer {
+    async fn wait_ready(&mut self) -> io::Result<()> {
+        let addr = self.addr();
+        wait_ready(&mut self.process, READY_LIMIT, async || {
+            zookeeper_word(addr, "srvr")
+                .await
+                .is_ok_and(|answer| answer.contains("Mode: "))
+        })
+        .await
+    }
+
+    /// Its client address.
+    pub fn addr(&self) -> SocketAddr {
+        loopback(self.client_port)
+    }
+
+    /// `standalone`, `leader` or `follower`, as the server reports it.
+    pub async fn mode(&self) -> Option<String> {
+        zookeeper_mode(self.addr()).await
+    }
+
+    /// The process (pause, resume, kill, log).
+    pub fn process(&mut self) -> &mut ServerProcess {
+        &mut self.process
+    }
+
+    /// Kills the server if it runs and starts it again with its data.
+    ///
+    /// # Errors
+    ///
+    /// If it does not start serving (an ensemble member needs a quorum).
+    pub async fn restart(&mut self) -> io::Result<()> {
+        self.process.restart()?;
+        self.wait_ready().await
+    }
+}

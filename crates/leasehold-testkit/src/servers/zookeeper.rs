@@ -135,6 +135,11 @@ impl ZooKeeper {
         format!("zookeeper://{}", self.connect_string())
     }
 
+    /// The client address of each server, in order.
+    pub fn addrs(&self) -> Vec<SocketAddr> {
+        self.servers.iter().map(ZooKeeperServer::addr).collect()
+    }
+
     /// The servers.
     pub fn servers(&mut self) -> &mut [ZooKeeperServer] {
         &mut self.servers

@@ -1,0 +1,357 @@
+//! The session: one ZooKeeper session per backend, serving every lock, permit and
+//! candidacy of that backend, and the task that tells its guards how far it can be trusted.
+//!
+//! - **Alive**: a probe (an `exists` of the chroot) goes out every tenth of the negotiated
+//!   session timeout (it also keeps the session alive: the client library pings only an
+//!   idle connection). Each acknowledged probe moves the session's local deadline to the
+//!   time the probe was *sent*, plus the negotiated timeout, minus a drift allowance. The
+//!   server expires a session no earlier than its timeout after it last heard from the
+//!   client, and it heard the probe after it was sent: the guards give up first.
+//! - **Suspended** (jeopardy): the connection is lost, or a probe goes unanswered for a
+//!   tenth of the timeout. The deadline stays where the last acknowledged probe put it.
+//! - **Resumed**: a probe is acknowledged again before the deadline (the client library
+//!   reconnected within the session's life).
+//! - **Ended**: the deadline passes first, or the server says the session expired, or it
+//!   is closed. An acknowledgement arriving after the deadline ends it too: the loss was
+//!   signalled, so the session is closed rather than believed again, and its nodes go.
+//!   A new session is opened for later acquisitions.
+//!
+//! A session also owns the *lock-delay sessions*: one more session per lock-delay, whose
+//! ephemeral markers outlive the main session's nodes by the delay (see the crate docs).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use leasehold_core::backend::{Liveness, SessionKeeper, SessionLiveness};
+#[cfg(test)]
+use leasehold_core::clock::Instant;
+use leasehold_core::clock::{Clock, SystemClock};
+use leasehold_core::{Error, OwnerId, Result};
+use tokio::sync::Mutex as AsyncMutex;
+use tokio::task::JoinHandle;
+use zookeeper_client as zk;
+
+use crate::error::{ends_session, map};
+use crate::options::{Target, ZooKeeperOptions};
+
+/// The drift allowance subtracted from the session timeout: 1 % + 2 ms, as for the engine.
+fn validity(timeout: Duration) -> Duration {
+    timeout.saturating_sub(timeout / 100 + Duration::from_millis(2))
+}
+
+/// How often the session is probed, and how long a probe may go unanswered before the
+/// session counts as suspended.
+fn cadence(timeout: Duration) -> Duration {
+    (timeout / 10).max(Duration::from_millis(10))
+}
+
+/// The data of the epoch node starts with this, then a random id.
+const EPOCH: &str = "leasehold-epoch ";
+
+/// How this client's nodes are protected.
+pub(crate) fn acls(private: bool) -> zk::Acls<'static> {
+    if private {
+        zk::Acls::creator_all()
+    } else {
+        zk::Acls::anyone_all()
+    }
+}
+
+/// One ZooKeeper session and the task following it.
+#[derive(Debug)]
+pub(crate) struct Session {
+    /// The client, rooted at the chroot.
+    pub(crate) client: zk::Client,
+    /// ZooKeeper's id of the session (the `ephemeralOwner` of its nodes).
+    pub(crate) id: i64,
+    /// The negotiated session timeout.
+    pub(crate) timeout: Duration,
+    keeper: Arc<SessionKeeper>,
+    task: JoinHandle<()>,
+    /// Lock-delay sessions, by delay.
+    delays: AsyncMutex<HashMap<Duration, zk::Client>>,
+    target: Arc<Target>,
+    options: Arc<ZooKeeperOptions>,
+}
+
+/// Connects a client to `target`'s servers with a session of `timeout`, enters the chroot
+/// (creating it if missing).
+async fn connect(
+    target: &Target,
+    options: &ZooKeeperOptions,
+    timeout: Duration,
+    detached: bool,
+) -> Result<zk::Client> {
+    let mut connector = zk::Client::connector().with_session_timeout(timeout);
+    if let Some((user, password)) = &options.digest {
+        connector = connector.with_auth("digest", format!("{user}:{password}").as_bytes());
+    }
+    if detached {
+        connector = connector.with_detached();
+    }
+    let servers = target.connect_string();
+    let client = tokio::time::timeout(options.connect_timeout, connector.connect(&servers))
+        .await
+        .map_err(|_| {
+            Error::unavailable(format!(
+                "zookeeper: no session established with {servers} within {:?}",
+                options.connect_timeout
+            ))
+        })?
+        .map_err(|e| map(e, &format!("connecting to {servers}")))?;
+    let Some(chroot) = &target.chroot else {
+        return Ok(client);
+    };
+    client
+        .mkdir(
+            chroot,
+            &zk::CreateMode::Persistent.with_acls(acls(options.digest.is_some())),
+        )
+        .await
+        .map_err(|e| map(e, &format!("creating the chroot {chroot}")))?;
+    client.chroot(chroot.as_str()).map_err(|_| {
+        Error::invalid(
+            "url",
+            format!("the chroot {chroot:?} is not a ZooKeeper path"),
+        )
+    })
+}
+
+impl Session {
+    /// Opens a session and makes sure `root` (the epoch node) exists; returns the session
+    /// and the epoch found in (or written to) `root`.
+    pub(crate) async fn open(
+        target: Arc<Target>,
+        options: Arc<ZooKeeperOptions>,
+        root: &str,
+    ) -> Result<(Session, String)> {
+        let client = connect(&target, &options, options.session_timeout, false).await?;
+        let timeout = client.session_timeout();
+        let sent = SystemClock.now();
+        let epoch = ensure_epoch(&client, root, options.digest.is_some()).await?;
+        let keeper = Arc::new(SessionKeeper::new(sent.saturating_add(validity(timeout))));
+        let task = tokio::spawn(follow(client.clone(), timeout, keeper.clone()));
+        let id = client.session_id().0;
+        tracing::debug!(session = %format_args!("{id:x}"), ?timeout, "zookeeper session opened");
+        Ok((
+            Session {
+                client,
+                id,
+                timeout,
+                keeper,
+                task,
+                delays: AsyncMutex::new(HashMap::new()),
+                target,
+                options,
+            },
+            epoch,
+        ))
+    }
+
+    /// Whether the session can still be counted on.
+    pub(crate) fn is_alive(&self) -> bool {
+        match self.keeper.current() {
+            Liveness::Alive { until } => SystemClock.now() < until,
+            Liveness::Ended => false,
+        }
+    }
+
+    /// Time left until the local deadline (zero once ended).
+    pub(crate) fn remaining(&self) -> Duration {
+        match self.keeper.current() {
+            Liveness::Alive { until } => until.saturating_duration_since(SystemClock.now()),
+            Liveness::Ended => Duration::ZERO,
+        }
+    }
+
+    /// A view for grants bound to this session.
+    pub(crate) fn liveness(&self) -> SessionLiveness {
+        self.keeper.liveness()
+    }
+
+    /// Ends the session here: its guards are lost. The session itself closes (its nodes go
+    /// at once) when the last user of this value drops it; the lock-delay sessions are left
+    /// to expire, so that their markers keep the delay.
+    pub(crate) fn end(&self) {
+        self.keeper.end();
+        self.task.abort();
+    }
+
+    /// The client of the lock-delay session for `delay`: a session whose timeout is this
+    /// one's plus the delay plus the slack of its pings, so that its ephemeral markers
+    /// outlive this session's nodes by at least `delay` when both go silent. It is
+    /// detached: dropping it leaves it to expire rather than closing it.
+    pub(crate) async fn delay_client(&self, delay: Duration) -> Result<zk::Client> {
+        let mut delays = self.delays.lock().await;
+        if let Some(client) = delays.get(&delay)
+            && !client.state().is_terminated()
+        {
+            return Ok(client.clone());
+        }
+        if !self.is_alive() {
+            return Err(Error::Lost(leasehold_core::LossReason::SessionEnded));
+        }
+        // The server expires a session `timeout` after it last heard from it; an idle
+        // client pings every 3/20 of its timeout, so the last ping may be that old.
+        let wanted = (self.timeout + delay).saturating_mul(4) / 3;
+        let client = connect(&self.target, &self.options, wanted, true).await?;
+        if client.session_timeout() < wanted {
+            return Err(Error::invalid(
+                "lock delay",
+                format!(
+                    "a lock-delay of {delay:?} needs a ZooKeeper session of {wanted:?}; the \
+                     server granted {:?} (raise its maxSessionTimeout, or shorten the delay \
+                     or the session timeout)",
+                    client.session_timeout()
+                ),
+            ));
+        }
+        delays.insert(delay, client.clone());
+        Ok(client)
+    }
+
+    /// Ends the session and closes it: its nodes are deleted at once. The lock-delay
+    /// sessions are dropped (the caller deletes their markers first: a close is a release,
+    /// not a vanishing). Waits up to the connect timeout for the server to confirm.
+    pub(crate) async fn close(self: Arc<Self>) -> Result<()> {
+        let mut state = self.client.state_watcher();
+        self.end();
+        self.delays.lock().await.clear();
+        let limit = self.options.connect_timeout;
+        drop(self);
+        let closed = async {
+            while !state.state().is_terminated() {
+                state.changed().await;
+            }
+        };
+        tokio::time::timeout(limit, closed).await.map_err(|_| {
+            Error::unavailable(
+                "zookeeper: the session was not confirmed closed in time; its nodes go when \
+                 it expires",
+            )
+        })
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Makes sure the epoch node exists and carries an epoch; returns it.
+async fn ensure_epoch(client: &zk::Client, root: &str, private: bool) -> Result<String> {
+    let fresh = format!("{EPOCH}{}", OwnerId::generate());
+    let options = zk::CreateMode::Persistent.with_acls(acls(private));
+    for _ in 0..3 {
+        match client.create(root, fresh.as_bytes(), &options).await {
+            Ok(_) => return Ok(fresh),
+            Err(zk::Error::NodeExists) => {}
+            Err(e) => return Err(map(e, &format!("creating {root}"))),
+        }
+        let (data, stat) = match client.get_data(root).await {
+            Ok(found) => found,
+            Err(zk::Error::NoNode) => continue,
+            Err(e) => return Err(map(e, &format!("reading {root}"))),
+        };
+        if !data.is_empty() {
+            return Ok(String::from_utf8_lossy(&data).into_owned());
+        }
+        // Made by another recipe (Curator creates parents empty): give it an epoch.
+        match client
+            .set_data(root, fresh.as_bytes(), Some(stat.version))
+            .await
+        {
+            Ok(_) => return Ok(fresh),
+            Err(zk::Error::BadVersion | zk::Error::NoNode) => {}
+            Err(e) => return Err(map(e, &format!("writing {root}"))),
+        }
+    }
+    Err(Error::backend(
+        format!("zookeeper: {root} keeps changing; cannot read its epoch"),
+        true,
+    ))
+}
+
+/// Follows the session until it ends: probes it, suspends it, resumes it, ends it.
+async fn follow(client: zk::Client, timeout: Duration, keeper: Arc<SessionKeeper>) {
+    let every = cadence(timeout);
+    let mut state = client.state_watcher();
+    let end = |why: &str| {
+        tracing::warn!(session = %format_args!("{:x}", client.session_id().0), "zookeeper session ended: {why}");
+        keeper.end();
+    };
+    loop {
+        let Liveness::Alive { until } = keeper.current() else {
+            return;
+        };
+        let sent = SystemClock.now();
+        if sent >= until {
+            return end("no probe was acknowledged before the deadline");
+        }
+        // The request is queued now; while disconnected it goes out on reconnection.
+        let mut probe = std::pin::pin!(client.check_stat("/"));
+        let mut overdue = std::pin::pin!(SystemClock.sleep_until(sent.saturating_add(every)));
+        let mut deadline = std::pin::pin!(SystemClock.sleep_until(until));
+        let mut late = false;
+        loop {
+            tokio::select! {
+                biased;
+                answer = &mut probe => {
+                    match answer {
+                        Ok(_) => {
+                            if SystemClock.now() >= until {
+                                return end("a probe was acknowledged after the deadline");
+                            }
+                            keeper.alive_until(sent.saturating_add(validity(timeout)));
+                        }
+                        Err(error) if ends_session(&error) => {
+                            return end(&error.to_string());
+                        }
+                        Err(_) => keeper.suspend(),
+                    }
+                    break;
+                }
+                changed = state.changed() => match changed {
+                    zk::SessionState::Disconnected => keeper.suspend(),
+                    s if s.is_terminated() => return end(&format!("the session is {s}")),
+                    _ => {}
+                },
+                () = &mut overdue, if !late => {
+                    late = true;
+                    keeper.suspend();
+                }
+                () = &mut deadline => {
+                    return end("no probe was acknowledged before the deadline");
+                }
+            }
+        }
+        SystemClock.sleep_until(sent.saturating_add(every)).await;
+    }
+}
+
+/// The deadline of a session whose probe was sent at `sent`, for tests of the arithmetic.
+#[cfg(test)]
+pub(crate) fn deadline_after(sent: Instant, timeout: Duration) -> Instant {
+    sent.saturating_add(validity(timeout))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_session_counts_on_its_timeout_minus_the_drift_from_the_send_time() {
+        let sent = Instant::from_origin(Duration::from_secs(100));
+        assert_eq!(
+            deadline_after(sent, Duration::from_secs(10)),
+            Instant::from_origin(Duration::from_millis(109_898))
+        );
+        assert_eq!(cadence(Duration::from_secs(10)), Duration::from_secs(1));
+        assert_eq!(
+            cadence(Duration::from_millis(50)),
+            Duration::from_millis(10)
+        );
+    }
+}

@@ -10,7 +10,7 @@
 //! ```
 //!
 //! - Every case runs on every backend. A case skips only what the backend's
-//!   [`Capabilities`](leasehold_core::Capabilities) say it does not do (shared mode,
+//!   [`Capabilities`] say it does not do (shared mode,
 //!   permits, fairness, lock-delay, expiring grants), with a message naming the case.
 //!   Any other skip — a deployment that cannot cut a client's liveness although the
 //!   backend's grants expire — fails the test when the environment variable
@@ -58,19 +58,27 @@ pub trait Deployment: Send + Sync {
             return None;
         }
         let faulty = Faulty::wrap(backend);
-        Some(Cuttable {
-            backend: Arc::new(faulty.clone()),
-            switch: Arc::new(RenewalSwitch(faulty)),
-        })
+        Some(Cuttable::new(
+            Arc::new(faulty.clone()),
+            Arc::new(RenewalSwitch::new(faulty)),
+        ))
     }
 }
 
 /// A connection and the switch that cuts its liveness.
+#[non_exhaustive]
 pub struct Cuttable {
     /// The connection.
     pub backend: Arc<dyn Backend>,
     /// Cuts and restores the connection's liveness.
     pub switch: Arc<dyn LivenessSwitch>,
+}
+
+impl Cuttable {
+    /// `backend`, whose liveness `switch` cuts.
+    pub fn new(backend: Arc<dyn Backend>, switch: Arc<dyn LivenessSwitch>) -> Self {
+        Self { backend, switch }
+    }
 }
 
 impl std::fmt::Debug for Cuttable {
@@ -95,7 +103,15 @@ pub trait LivenessSwitch: Send + Sync {
 /// The liveness switch of a backend that renews each grant: renewals are held before they
 /// reach the server.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct RenewalSwitch(pub Faulty);
+
+impl RenewalSwitch {
+    /// Holds the renewals that pass through `faulty`.
+    pub fn new(faulty: Faulty) -> Self {
+        Self(faulty)
+    }
+}
 
 #[async_trait]
 impl LivenessSwitch for RenewalSwitch {
@@ -110,7 +126,15 @@ impl LivenessSwitch for RenewalSwitch {
 /// The liveness switch of a connection through a [`FaultProxy`]: a cut is a partition
 /// (both directions held, on open and new connections alike), a restore heals it.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct ProxySwitch(pub Arc<FaultProxy>);
+
+impl ProxySwitch {
+    /// Cuts the connections through `proxy`.
+    pub fn new(proxy: Arc<FaultProxy>) -> Self {
+        Self(proxy)
+    }
+}
 
 #[async_trait]
 impl LivenessSwitch for ProxySwitch {
@@ -299,16 +323,12 @@ fn effective_ttl(caps: &Capabilities, ttl: Duration) -> Duration {
 }
 
 fn request(name: &str, owner: &leasehold_core::OwnerId, mode: Mode) -> Request {
-    Request {
-        name: LockName::new(name).expect("valid name"),
-        owner: owner.clone(),
+    Request::new(
+        LockName::new(name).expect("valid name"),
+        owner.clone(),
         mode,
-        ttl: Duration::from_secs(5),
-        fair: false,
-        waiting: false,
-        lock_delay: None,
-        value: None,
-    }
+        Duration::from_secs(5),
+    )
 }
 
 async fn holders(client: &Client, name: &str) -> Vec<String> {

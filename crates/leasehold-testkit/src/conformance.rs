@@ -331,6 +331,11 @@ fn request(name: &str, owner: &leasehold_core::OwnerId, mode: Mode) -> Request {
     )
 }
 
+/// `try_lock` of a mutex `name` by `client`, which must not fail.
+async fn try_lock(client: &Client, name: &str) -> Option<leasehold_core::Guard> {
+    client.mutex(name).unwrap().try_lock().await.unwrap()
+}
+
 async fn holders(client: &Client, name: &str) -> Vec<String> {
     let state = client.inspect(name).await.expect("inspect");
     state.holders.iter().map(|h| h.owner.to_string()).collect()
@@ -382,31 +387,10 @@ async fn try_lock_is_none_while_held(case: &Case<'_>) {
     let a = case.client().await;
     let b = case.client().await;
     let guard = a.mutex(case.name).unwrap().lock().await.unwrap();
-    assert!(
-        b.mutex(case.name)
-            .unwrap()
-            .try_lock()
-            .await
-            .unwrap()
-            .is_none()
-    );
-    assert!(
-        a.mutex(case.name)
-            .unwrap()
-            .try_lock()
-            .await
-            .unwrap()
-            .is_none()
-    );
+    assert!(try_lock(&b, case.name).await.is_none());
+    assert!(try_lock(&a, case.name).await.is_none());
     guard.release().await.unwrap();
-    assert!(
-        b.mutex(case.name)
-            .unwrap()
-            .try_lock()
-            .await
-            .unwrap()
-            .is_some()
-    );
+    assert!(try_lock(&b, case.name).await.is_some());
 }
 
 /// A wait that runs out is `Ok(None)`, leaves no queue entry, and the holder keeps its lock.
@@ -428,14 +412,7 @@ async fn a_wait_timeout_gives_none_and_leaves_nothing(case: &Case<'_>) {
         vec![guard.owner().to_string()]
     );
     guard.release().await.unwrap();
-    assert!(
-        b.mutex(case.name)
-            .unwrap()
-            .try_lock()
-            .await
-            .unwrap()
-            .is_some()
-    );
+    assert!(try_lock(&b, case.name).await.is_some());
 }
 
 /// Cancelling a waiting `lock()` removes its queue entry: nobody is left waiting, and the
@@ -458,14 +435,7 @@ async fn a_cancelled_waiter_leaves_nothing_behind(case: &Case<'_>) {
     let state = c.inspect(case.name).await.unwrap();
     assert!(state.waiters.is_empty(), "left behind: {:?}", state.waiters);
     guard.release().await.unwrap();
-    assert!(
-        c.mutex(case.name)
-            .unwrap()
-            .try_lock()
-            .await
-            .unwrap()
-            .is_some()
-    );
+    assert!(try_lock(&c, case.name).await.is_some());
 }
 
 /// A release whose future is dropped before the server answered (a `select!`, a timeout,
@@ -484,14 +454,7 @@ async fn a_cancelled_release_still_frees_the_lock(case: &Case<'_>) {
     a.settle().await;
     let state = b.inspect(case.name).await.unwrap();
     assert!(state.holders.is_empty(), "left behind: {:?}", state.holders);
-    assert!(
-        b.mutex(case.name)
-            .unwrap()
-            .try_lock()
-            .await
-            .unwrap()
-            .is_some()
-    );
+    assert!(try_lock(&b, case.name).await.is_some());
 }
 
 /// A release the server never receives is retried in the background until the grant's
@@ -513,13 +476,7 @@ async fn an_unconfirmed_release_does_not_outlive_its_lease(case: &Case<'_>) {
     );
     a.settle().await;
     assert!(
-        probe
-            .mutex(case.name)
-            .unwrap()
-            .try_lock()
-            .await
-            .unwrap()
-            .is_some(),
+        try_lock(&probe, case.name).await.is_some(),
         "the unreleased grant outlived the background release"
     );
     faults.resume(Op::Release);
@@ -540,14 +497,7 @@ async fn a_stale_release_deletes_nothing(case: &Case<'_>) {
         holders(&a, case.name).await,
         vec![second.owner().to_string()]
     );
-    assert!(
-        a.mutex(case.name)
-            .unwrap()
-            .try_lock()
-            .await
-            .unwrap()
-            .is_none()
-    );
+    assert!(try_lock(&a, case.name).await.is_none());
     second.release().await.unwrap();
 }
 
@@ -576,15 +526,7 @@ async fn a_stale_guard_cannot_release_the_next_holders_lock(case: &Case<'_>) {
     assert!(next.token() > stale.token());
     assert!(matches!(stale.release().await, Err(Error::Lost(_))));
     assert_eq!(holders(&b, case.name).await, vec![next.owner().to_string()]);
-    assert!(
-        probe
-            .mutex(case.name)
-            .unwrap()
-            .try_lock()
-            .await
-            .unwrap()
-            .is_none()
-    );
+    assert!(try_lock(&probe, case.name).await.is_none());
     switch.restore().await;
     // The stale guard's release, retried once its client is back, still changes nothing.
     a.settle().await;
@@ -611,13 +553,7 @@ async fn loss_is_signalled_before_the_server_expires_the_lock(case: &Case<'_>) {
     guard.lost().await;
     assert!(!guard.is_held());
     assert!(
-        probe
-            .mutex(case.name)
-            .unwrap()
-            .try_lock()
-            .await
-            .unwrap()
-            .is_none(),
+        try_lock(&probe, case.name).await.is_none(),
         "the server had already given up the lock when the holder noticed"
     );
     let next = probe
@@ -654,14 +590,7 @@ async fn a_dropped_guard_frees_the_lock(case: &Case<'_>) {
     let guard = a.mutex(case.name).unwrap().lock().await.unwrap();
     drop(guard);
     a.settle().await;
-    assert!(
-        b.mutex(case.name)
-            .unwrap()
-            .try_lock()
-            .await
-            .unwrap()
-            .is_some()
-    );
+    assert!(try_lock(&b, case.name).await.is_some());
 }
 
 /// Grants that follow each other get strictly increasing tokens, across clients and modes.
@@ -787,14 +716,7 @@ async fn read_write_semantics_and_no_writer_starvation(case: &Case<'_>) {
             .unwrap()
             .is_none()
     );
-    assert!(
-        b.mutex(case.name)
-            .unwrap()
-            .try_lock()
-            .await
-            .unwrap()
-            .is_none()
-    );
+    assert!(try_lock(&b, case.name).await.is_none());
 
     let lock = w.rwlock(case.name).unwrap();
     let writer = tokio::spawn(async move { lock.write().await });
@@ -883,23 +805,9 @@ async fn reentrant_holds_are_counted(case: &Case<'_>) {
     assert_eq!(inner.token(), outer.token());
     assert_eq!(outer.hold_count(), 2);
     inner.release().await.unwrap();
-    assert!(
-        b.mutex(case.name)
-            .unwrap()
-            .try_lock()
-            .await
-            .unwrap()
-            .is_none()
-    );
+    assert!(try_lock(&b, case.name).await.is_none());
     outer.release().await.unwrap();
-    assert!(
-        b.mutex(case.name)
-            .unwrap()
-            .try_lock()
-            .await
-            .unwrap()
-            .is_some()
-    );
+    assert!(try_lock(&b, case.name).await.is_some());
 }
 
 /// inspect shows the holder with its token and mode, and a fair backend's waiters.
@@ -960,7 +868,7 @@ async fn lock_delay_keeps_an_expired_lock_closed(case: &Case<'_>) {
     // first attempt of an uncontended acquire, which may take a backend's fast path) is
     // refused, up to half-way through the delay.
     while lost_at.elapsed() < delay / 2 {
-        let attempt = probe.mutex(case.name).unwrap().try_lock().await.unwrap();
+        let attempt = try_lock(&probe, case.name).await;
         assert!(
             attempt.is_none(),
             "a fresh try got in {:?} after the crashed holder's loss; the delay is {delay:?}",
@@ -987,15 +895,7 @@ async fn lock_delay_keeps_an_expired_lock_closed(case: &Case<'_>) {
     let c = case.client_with(with_delay).await;
     let released = c.mutex(case.name).unwrap().lock().await.unwrap();
     released.release().await.unwrap();
-    assert!(
-        probe
-            .mutex(case.name)
-            .unwrap()
-            .try_lock()
-            .await
-            .unwrap()
-            .is_some()
-    );
+    assert!(try_lock(&probe, case.name).await.is_some());
 }
 
 /// Every kind of grant — plain, with a lock-delay, with a stored value (a leader), shared,
@@ -1073,7 +973,7 @@ async fn renewals_keep_every_kind_of_grant(case: &Case<'_>) {
                 .await
                 .unwrap(),
             // A leader holds the exclusive side of its name.
-            _ => probe.mutex(&name).unwrap().try_lock().await.unwrap(),
+            _ => try_lock(probe, &name).await,
         };
         assert!(other.is_none(), "{kind}: let another in while held");
         match held {
@@ -1104,8 +1004,8 @@ async fn names_are_independent(case: &Case<'_>) {
     let a = case.client().await;
     let (x, y) = (format!("{}:x", case.name), format!("{}:y", case.name));
     let held = a.mutex(&x).unwrap().lock().await.unwrap();
-    assert!(a.mutex(&y).unwrap().try_lock().await.unwrap().is_some());
-    assert!(a.mutex(&x).unwrap().try_lock().await.unwrap().is_none());
+    assert!(try_lock(&a, &y).await.is_some());
+    assert!(try_lock(&a, &x).await.is_none());
     held.release().await.unwrap();
 }
 

@@ -193,6 +193,7 @@ cases!($
     try_lock_is_none_while_held,
     a_wait_timeout_gives_none_and_leaves_nothing,
     a_cancelled_waiter_leaves_nothing_behind,
+    a_cancelled_try_lock_leaves_nothing_behind,
     a_cancelled_release_still_frees_the_lock,
     an_unconfirmed_release_does_not_outlive_its_lease,
     a_stale_release_deletes_nothing,
@@ -336,6 +337,19 @@ async fn try_lock(client: &Client, name: &str) -> Option<leasehold_core::Guard> 
     client.mutex(name).unwrap().try_lock().await.unwrap()
 }
 
+/// Waits (on the backend's wake-ups) until the server shows a holder of `name`.
+async fn until_held(client: &Client, name: &str) {
+    loop {
+        let state = client.inspect(name).await.unwrap();
+        if !state.holders.is_empty() {
+            return;
+        }
+        let name = LockName::new(name).unwrap();
+        let max = Duration::from_secs(1);
+        client.backend().wait(&name, &state.hint, max).await.unwrap();
+    }
+}
+
 async fn holders(client: &Client, name: &str) -> Vec<String> {
     let state = client.inspect(name).await.expect("inspect");
     state.holders.iter().map(|h| h.owner.to_string()).collect()
@@ -436,6 +450,25 @@ async fn a_cancelled_waiter_leaves_nothing_behind(case: &Case<'_>) {
     assert!(state.waiters.is_empty(), "left behind: {:?}", state.waiters);
     guard.release().await.unwrap();
     assert!(try_lock(&c, case.name).await.is_some());
+}
+
+/// A `try_lock` dropped while its request was on the server (the grant applied, the reply
+/// not yet read) leaves no grant behind: it is released by owner in the background.
+async fn a_cancelled_try_lock_leaves_nothing_behind(case: &Case<'_>) {
+    let (a, faults) = case.faulty_client(options(Duration::from_secs(30))).await;
+    let b = case.client().await;
+    faults.hold_replies(Op::Acquire);
+    let mutex = a.mutex(case.name).unwrap();
+    let attempt = tokio::spawn(async move { mutex.try_lock().await });
+    // The request is applied on the server; its reply is held.
+    until_held(&b, case.name).await;
+    attempt.abort();
+    assert!(attempt.await.unwrap_err().is_cancelled());
+    faults.resume(Op::Acquire);
+    a.settle().await;
+    let state = b.inspect(case.name).await.unwrap();
+    assert!(state.holders.is_empty(), "left behind: {:?}", state.holders);
+    assert!(try_lock(&b, case.name).await.is_some());
 }
 
 /// A release whose future is dropped before the server answered (a `select!`, a timeout,

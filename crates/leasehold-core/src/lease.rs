@@ -174,14 +174,27 @@ impl Lease {
 
     /// The state, with a passed deadline read as lost even before a renewal marks it,
     /// and a session's deadline or end taken into account.
+    ///
+    /// A loss found this way is recorded: once a reader saw the lease lost, it stays lost,
+    /// whatever a session's late keep-alive says afterwards.
     pub(crate) fn state(&self) -> State {
-        match with_session(self.recorded(), self.session.as_ref()) {
+        let state = match with_session(self.recorded(), self.session.as_ref()) {
             State::Held {
                 deadline: Some(deadline),
                 capped,
             } if self.now() >= deadline => State::Lost(at_deadline(capped)),
             state => state,
+        };
+        if let State::Lost(reason) = state {
+            self.update(|recorded| match recorded {
+                State::Held { .. } => {
+                    *recorded = State::Lost(reason);
+                    true
+                }
+                _ => false,
+            });
         }
+        state
     }
 
     pub(crate) fn is_held(&self) -> bool {
@@ -693,5 +706,19 @@ mod tests {
                 "the loss signal fired for a lease that is held"
             );
         }
+    }
+
+    #[tokio::test]
+    async fn a_late_keep_alive_never_revives_a_session_lease_seen_lost() {
+        let clock = ManualClock::new();
+        let keeper = SessionKeeper::new(clock.now().checked_add(5 * SEC).unwrap());
+        let lease = session_lease(&clock, &keeper).unwrap();
+        // The keep-alive sent at 4 s is answered only after the deadline.
+        let sent = clock.now().checked_add(4 * SEC).unwrap();
+        clock.advance(5 * SEC);
+        assert!(!lease.is_held());
+        keeper.alive_until(sent.checked_add(5 * SEC).unwrap());
+        assert!(!lease.is_held(), "a late keep-alive revived a lost lease");
+        assert_eq!(lease.state(), State::Lost(LossReason::Expired));
     }
 }

@@ -531,10 +531,11 @@ impl ZooKeeperBackend {
                 .map_err(|e| map(e, "passing the turn on"))?;
             self.update(&req.owner, |p| p.version = stat.version);
         }
-        Ok(Acquire::Granted(Grant {
-            token: FencingToken::new(u64::try_from(placed.czxid).unwrap_or(0)),
-            expiry: Expiry::Session(session.liveness()),
-        }))
+        let token = u64::try_from(placed.czxid).map_err(|_| bad_czxid(placed.czxid))?;
+        Ok(Acquire::Granted(Grant::new(
+            FencingToken::new(token),
+            Expiry::Session(session.liveness()),
+        )))
     }
 
     /// Creates a lock-delay marker owned by the session of `delay`.
@@ -571,6 +572,11 @@ fn or_empty(listed: std::result::Result<Vec<String>, zk::Error>, dir: &str) -> R
         Err(zk::Error::NoNode) => Ok(Vec::new()),
         Err(e) => Err(map(e, &format!("listing {dir}"))),
     }
+}
+
+/// A node's czxid that is no zxid (a reply that does not decode).
+fn bad_czxid(czxid: i64) -> Error {
+    Error::backend(format!("zookeeper: a node has czxid {czxid}"), false)
 }
 
 /// The permit limit a foreign contender of `mode`'s set counts with.
@@ -864,10 +870,9 @@ impl Backend for ZooKeeperBackend {
             let mut read = join_all(reads).await.into_iter();
             for (contender, holds) in queue.iter().zip(&holds) {
                 if !holds {
-                    state.waiters.push(Waiter {
-                        owner: contender.shown_owner(),
-                        mode: contender.mode,
-                    });
+                    state
+                        .waiters
+                        .push(Waiter::new(contender.shown_owner(), contender.mode));
                     continue;
                 }
                 let (data, stat) = match read.next() {
@@ -879,22 +884,23 @@ impl Backend for ZooKeeperBackend {
                 if limit.is_none() {
                     watched.push(format!("{dir}/{}", contender.node));
                 }
-                let token = u64::try_from(stat.czxid).map_err(|_| {
-                    Error::backend(format!("zookeeper: a node has czxid {}", stat.czxid), false)
-                })?;
-                state.holders.push(Holder {
-                    owner: contender.shown_owner(),
-                    mode: contender.mode,
-                    token: FencingToken::new(token),
-                    // This session's nodes last until its local deadline; another's until
-                    // at most a session timeout after its owner goes silent.
-                    remaining: Some(if stat.ephemeral_owner == session.id {
-                        session.remaining()
-                    } else {
-                        session.timeout
-                    }),
-                    value: (!data.is_empty()).then(|| Arc::from(data)),
-                });
+                let token = u64::try_from(stat.czxid).map_err(|_| bad_czxid(stat.czxid))?;
+                // This session's nodes last until its local deadline; another's until at
+                // most a session timeout after its owner goes silent.
+                let remaining = if stat.ephemeral_owner == session.id {
+                    session.remaining()
+                } else {
+                    session.timeout
+                };
+                state.holders.push(
+                    Holder::new(
+                        contender.shown_owner(),
+                        contender.mode,
+                        FencingToken::new(token),
+                    )
+                    .with_remaining(Some(remaining))
+                    .with_value((!data.is_empty()).then(|| Arc::from(data))),
+                );
             }
         }
         let children = watched.is_empty().then_some(lock_dir);

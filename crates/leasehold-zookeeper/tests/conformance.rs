@@ -30,10 +30,10 @@ impl Deployment for ZooKeeperDeployment {
         let proxy = Arc::new(FaultProxy::start(self.zookeeper.addrs()[0]).await.unwrap());
         let url = format!("zk://127.0.0.1:{}?{SESSION}", proxy.port());
         let backend = ZooKeeperBackend::connect(&url).await.unwrap();
-        Some(Cuttable {
-            backend: Arc::new(backend),
-            switch: Arc::new(ProxySwitch(proxy)),
-        })
+        Some(Cuttable::new(
+            Arc::new(backend),
+            Arc::new(ProxySwitch::new(proxy)),
+        ))
     }
 }
 

@@ -260,10 +260,23 @@ impl ZooKeeperBackend {
             // the server expired it already. Its lock-delay sessions expire on their own.
             old.end();
         }
+        let inner = Arc::downgrade(&self.inner);
+        let on_end = move |id: i64| {
+            // Let go of the ended session: it closes once its last user is done.
+            if let Some(inner) = inner.upgrade() {
+                let taken = inner
+                    .session
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .take_if(|s| s.id == id);
+                drop(taken);
+            }
+        };
         let (session, epoch) = Session::open(
             self.inner.target.clone(),
             self.inner.options.clone(),
             self.inner.layout.root(),
+            on_end,
         )
         .await?;
         let session = Arc::new(session);

@@ -17,7 +17,7 @@
 //!   A new session is opened for later acquisitions.
 //!
 //! A session also owns the *lock-delay sessions*: one more session per lock-delay, whose
-//! ephemeral markers outlive the main session's nodes by the delay (see the crate docs).
+//! ephemeral markers outlive the main session's nodes by the delay (see [`DelaySession`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -70,7 +70,9 @@ pub(crate) struct Session {
     keeper: Arc<SessionKeeper>,
     task: JoinHandle<()>,
     /// Lock-delay sessions, by delay.
-    delays: AsyncMutex<HashMap<Duration, zk::Client>>,
+    delays: std::sync::Mutex<HashMap<Duration, DelaySession>>,
+    /// Held while a lock-delay session is being opened.
+    delay_opening: AsyncMutex<()>,
     target: Arc<Target>,
     options: Arc<ZooKeeperOptions>,
 }
@@ -121,17 +123,21 @@ async fn connect(
 impl Session {
     /// Opens a session and makes sure `root` (the epoch node) exists; returns the session
     /// and the epoch found in (or written to) `root`.
+    ///
+    /// `on_end` is called with the session's id when it ends by itself (deadline, expiry):
+    /// the owner lets go of it then, so that it closes and its nodes go.
     pub(crate) async fn open(
         target: Arc<Target>,
         options: Arc<ZooKeeperOptions>,
         root: &str,
+        on_end: impl FnOnce(i64) + Send + 'static,
     ) -> Result<(Session, String)> {
         let client = connect(&target, &options, options.session_timeout, false).await?;
         let timeout = client.session_timeout();
         let sent = SystemClock.now();
         let epoch = ensure_epoch(&client, root, options.digest.is_some()).await?;
         let keeper = Arc::new(SessionKeeper::new(sent.saturating_add(validity(timeout))));
-        let task = tokio::spawn(follow(client.clone(), timeout, keeper.clone()));
+        let task = tokio::spawn(follow(client.clone(), timeout, keeper.clone(), on_end));
         let id = client.session_id().0;
         tracing::debug!(session = %format_args!("{id:x}"), ?timeout, "zookeeper session opened");
         Ok((
@@ -141,7 +147,8 @@ impl Session {
                 timeout,
                 keeper,
                 task,
-                delays: AsyncMutex::new(HashMap::new()),
+                delays: std::sync::Mutex::new(HashMap::new()),
+                delay_opening: AsyncMutex::new(()),
                 target,
                 options,
             },
@@ -176,39 +183,29 @@ impl Session {
     pub(crate) fn end(&self) {
         self.keeper.end();
         self.task.abort();
+        // No longer probed: each expires one (longer) timeout from now.
+        self.delay_sessions().clear();
     }
 
-    /// The client of the lock-delay session for `delay`: a session whose timeout is this
-    /// one's plus the delay plus the slack of its pings, so that its ephemeral markers
-    /// outlive this session's nodes by at least `delay` when both go silent. It is
-    /// detached: dropping it leaves it to expire rather than closing it.
+    /// The client of the lock-delay session for `delay` (see [`DelaySession`]).
     pub(crate) async fn delay_client(&self, delay: Duration) -> Result<zk::Client> {
-        let mut delays = self.delays.lock().await;
-        if let Some(client) = delays.get(&delay)
-            && !client.state().is_terminated()
+        let _opening = self.delay_opening.lock().await;
+        if let Some(open) = self.delay_sessions().get(&delay)
+            && !open.client.state().is_terminated()
         {
-            return Ok(client.clone());
+            return Ok(open.client.clone());
         }
         if !self.is_alive() {
             return Err(Error::Lost(leasehold_core::LossReason::SessionEnded));
         }
-        // The server expires a session `timeout` after it last heard from it; an idle
-        // client pings every 3/20 of its timeout, so the last ping may be that old.
-        let wanted = (self.timeout + delay).saturating_mul(4) / 3;
-        let client = connect(&self.target, &self.options, wanted, true).await?;
-        if client.session_timeout() < wanted {
-            return Err(Error::invalid(
-                "lock delay",
-                format!(
-                    "a lock-delay of {delay:?} needs a ZooKeeper session of {wanted:?}; the \
-                     server granted {:?} (raise its maxSessionTimeout, or shorten the delay \
-                     or the session timeout)",
-                    client.session_timeout()
-                ),
-            ));
-        }
-        delays.insert(delay, client.clone());
+        let opened = DelaySession::open(&self.target, &self.options, self.timeout, delay).await?;
+        let client = opened.client.clone();
+        self.delay_sessions().insert(delay, opened);
         Ok(client)
+    }
+
+    fn delay_sessions(&self) -> std::sync::MutexGuard<'_, HashMap<Duration, DelaySession>> {
+        self.delays.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Ends the session and closes it: its nodes are deleted at once. The lock-delay
@@ -217,7 +214,6 @@ impl Session {
     pub(crate) async fn close(self: Arc<Self>) -> Result<()> {
         let mut state = self.client.state_watcher();
         self.end();
-        self.delays.lock().await.clear();
         let limit = self.options.connect_timeout;
         drop(self);
         let closed = async {
@@ -235,6 +231,63 @@ impl Session {
 }
 
 impl Drop for Session {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A lock-delay session: the owner of the lock-delay markers of one delay. Its timeout is
+/// the main session's plus the delay, plus its probe cadence (a twentieth of it): it is
+/// probed that often while the main session lives, so when both go silent (the process
+/// died, the link broke) its markers outlive the main session's nodes by the delay, less
+/// at most one server tick (ZooKeeper rounds expiries up to its tick). It is detached:
+/// dropping it leaves it to expire rather than closing it.
+#[derive(Debug)]
+struct DelaySession {
+    client: zk::Client,
+    task: JoinHandle<()>,
+}
+
+impl DelaySession {
+    async fn open(
+        target: &Target,
+        options: &ZooKeeperOptions,
+        main: Duration,
+        delay: Duration,
+    ) -> Result<DelaySession> {
+        // ZooKeeper counts whole milliseconds: rounded up.
+        let total = u64::try_from((main + delay).as_millis()).unwrap_or(u64::MAX / 20);
+        let wanted = Duration::from_millis((total * 20).div_ceil(19));
+        let client = connect(target, options, wanted, true).await?;
+        let granted = client.session_timeout();
+        if granted < wanted {
+            return Err(Error::invalid(
+                "lock delay",
+                format!(
+                    "a lock-delay of {delay:?} needs a ZooKeeper session of {wanted:?}; the \
+                     server granted {granted:?} (raise its maxSessionTimeout, or shorten the \
+                     delay or the session timeout)"
+                ),
+            ));
+        }
+        let probed = client.clone();
+        let every = granted / 20;
+        let task = tokio::spawn(async move {
+            loop {
+                let next = SystemClock.now().saturating_add(every);
+                if let Err(error) = probed.check_stat("/").await
+                    && ends_session(&error)
+                {
+                    return;
+                }
+                SystemClock.sleep_until(next).await;
+            }
+        });
+        Ok(DelaySession { client, task })
+    }
+}
+
+impl Drop for DelaySession {
     fn drop(&mut self) {
         self.task.abort();
     }
@@ -275,16 +328,28 @@ async fn ensure_epoch(client: &zk::Client, root: &str, private: bool) -> Result<
 }
 
 /// Follows the session until it ends: probes it, suspends it, resumes it, ends it.
-async fn follow(client: zk::Client, timeout: Duration, keeper: Arc<SessionKeeper>) {
+async fn follow(
+    client: zk::Client,
+    timeout: Duration,
+    keeper: Arc<SessionKeeper>,
+    on_end: impl FnOnce(i64) + Send + 'static,
+) {
+    let id = client.session_id().0;
+    let why = watch(&client, timeout, &keeper).await;
+    tracing::warn!(session = %format_args!("{id:x}"), "zookeeper session ended: {why}");
+    keeper.end();
+    drop(client);
+    on_end(id);
+}
+
+/// Follows the session until it ends; returns why it ended.
+async fn watch(client: &zk::Client, timeout: Duration, keeper: &SessionKeeper) -> String {
     let every = cadence(timeout);
     let mut state = client.state_watcher();
-    let end = |why: &str| {
-        tracing::warn!(session = %format_args!("{:x}", client.session_id().0), "zookeeper session ended: {why}");
-        keeper.end();
-    };
+    let end = |why: &str| why.to_owned();
     loop {
         let Liveness::Alive { until } = keeper.current() else {
-            return;
+            return end("ended by this client");
         };
         let sent = SystemClock.now();
         if sent >= until {

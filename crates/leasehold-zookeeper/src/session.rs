@@ -105,13 +105,19 @@ async fn connect(
     let Some(chroot) = &target.chroot else {
         return Ok(client);
     };
-    client
-        .mkdir(
-            chroot,
-            &zk::CreateMode::Persistent.with_acls(acls(options.digest.is_some())),
-        )
+    let exists = client
+        .check_stat(chroot)
         .await
-        .map_err(|e| map(e, &format!("creating the chroot {chroot}")))?;
+        .map_err(|e| map(e, &format!("looking up the chroot {chroot}")))?;
+    if exists.is_none() {
+        client
+            .mkdir(
+                chroot,
+                &zk::CreateMode::Persistent.with_acls(acls(options.digest.is_some())),
+            )
+            .await
+            .map_err(|e| map(e, &format!("creating the chroot {chroot}")))?;
+    }
     client.chroot(chroot.as_str()).map_err(|_| {
         Error::invalid(
             "url",
@@ -181,7 +187,10 @@ impl Session {
     /// at once) when the last user of this value drops it; the lock-delay sessions are left
     /// to expire, so that their markers keep the delay.
     pub(crate) fn end(&self) {
-        self.keeper.end();
+        // A session past its deadline keeps it: its guards say why they were lost.
+        if self.is_alive() {
+            self.keeper.end();
+        }
         self.task.abort();
         // No longer probed: each expires one (longer) timeout from now.
         self.delay_sessions().clear();
@@ -298,14 +307,13 @@ async fn ensure_epoch(client: &zk::Client, root: &str, private: bool) -> Result<
     let fresh = format!("{EPOCH}{}", OwnerId::generate());
     let options = zk::CreateMode::Persistent.with_acls(acls(private));
     for _ in 0..3 {
-        match client.create(root, fresh.as_bytes(), &options).await {
-            Ok(_) => return Ok(fresh),
-            Err(zk::Error::NodeExists) => {}
-            Err(e) => return Err(map(e, &format!("creating {root}"))),
-        }
         let (data, stat) = match client.get_data(root).await {
             Ok(found) => found,
-            Err(zk::Error::NoNode) => continue,
+            Err(zk::Error::NoNode) => match client.create(root, fresh.as_bytes(), &options).await {
+                Ok(_) => return Ok(fresh),
+                Err(zk::Error::NodeExists) => continue,
+                Err(e) => return Err(map(e, &format!("creating {root}"))),
+            },
             Err(e) => return Err(map(e, &format!("reading {root}"))),
         };
         if !data.is_empty() {
@@ -327,7 +335,7 @@ async fn ensure_epoch(client: &zk::Client, root: &str, private: bool) -> Result<
     ))
 }
 
-/// Follows the session until it ends: probes it, suspends it, resumes it, ends it.
+/// Follows the session until it ends, then lets its owner know.
 async fn follow(
     client: zk::Client,
     timeout: Duration,
@@ -335,25 +343,45 @@ async fn follow(
     on_end: impl FnOnce(i64) + Send + 'static,
 ) {
     let id = client.session_id().0;
-    let why = watch(&client, timeout, &keeper).await;
-    tracing::warn!(session = %format_args!("{id:x}"), "zookeeper session ended: {why}");
-    keeper.end();
+    let ended = watch(&client, timeout, &keeper).await;
+    tracing::warn!(session = %format_args!("{id:x}"), "zookeeper session ended: {}", ended.why());
+    if let Ended::Gone(_) = ended {
+        keeper.end();
+    }
     drop(client);
     on_end(id);
 }
 
-/// Follows the session until it ends; returns why it ended.
-async fn watch(client: &zk::Client, timeout: Duration, keeper: &SessionKeeper) -> String {
+/// How a session ended.
+enum Ended {
+    /// Its local deadline passed: its guards are lost at it (as disconnected if it was
+    /// suspended), and it is given up.
+    Deadline(&'static str),
+    /// The server or this client ended it: its guards are lost at once.
+    Gone(String),
+}
+
+impl Ended {
+    fn why(&self) -> &str {
+        match self {
+            Ended::Deadline(why) => why,
+            Ended::Gone(why) => why,
+        }
+    }
+}
+
+/// Probes the session, suspends and resumes it, until it ends.
+async fn watch(client: &zk::Client, timeout: Duration, keeper: &SessionKeeper) -> Ended {
     let every = cadence(timeout);
     let mut state = client.state_watcher();
-    let end = |why: &str| why.to_owned();
+    let missed = || Ended::Deadline("no probe was acknowledged before the deadline");
     loop {
         let Liveness::Alive { until } = keeper.current() else {
-            return end("ended by this client");
+            return Ended::Gone("ended by this client".into());
         };
         let sent = SystemClock.now();
         if sent >= until {
-            return end("no probe was acknowledged before the deadline");
+            return missed();
         }
         // The request is queued now; while disconnected it goes out on reconnection.
         let mut probe = std::pin::pin!(client.check_stat("/"));
@@ -367,12 +395,14 @@ async fn watch(client: &zk::Client, timeout: Duration, keeper: &SessionKeeper) -
                     match answer {
                         Ok(_) => {
                             if SystemClock.now() >= until {
-                                return end("a probe was acknowledged after the deadline");
+                                return Ended::Deadline(
+                                    "a probe was acknowledged after the deadline",
+                                );
                             }
                             keeper.alive_until(sent.saturating_add(validity(timeout)));
                         }
                         Err(error) if ends_session(&error) => {
-                            return end(&error.to_string());
+                            return Ended::Gone(error.to_string());
                         }
                         Err(_) => keeper.suspend(),
                     }
@@ -380,16 +410,14 @@ async fn watch(client: &zk::Client, timeout: Duration, keeper: &SessionKeeper) -
                 }
                 changed = state.changed() => match changed {
                     zk::SessionState::Disconnected => keeper.suspend(),
-                    s if s.is_terminated() => return end(&format!("the session is {s}")),
+                    s if s.is_terminated() => return Ended::Gone(format!("the session is {s}")),
                     _ => {}
                 },
                 () = &mut overdue, if !late => {
                     late = true;
                     keeper.suspend();
                 }
-                () = &mut deadline => {
-                    return end("no probe was acknowledged before the deadline");
-                }
+                () = &mut deadline => return missed(),
             }
         }
         SystemClock.sleep_until(sent.saturating_add(every)).await;

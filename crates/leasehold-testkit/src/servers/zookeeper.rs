@@ -64,7 +64,8 @@ impl ZooKeeper {
                 let mut config = format!(
                     "tickTime=200\ninitLimit=20\nsyncLimit=10\ndataDir={}\nclientPort={client}\n\
                      clientPortAddress=127.0.0.1\nadmin.enableServer=false\n\
-                     4lw.commands.whitelist=srvr,stat,ruok,mntr,cons\nmaxSessionTimeout=60000\n",
+                     4lw.commands.whitelist=srvr,stat,ruok,mntr,cons\nmaxSessionTimeout=60000\n\
+                     maxClientCnxns=0\n",
                     data.display()
                 );
                 if n > 1 {

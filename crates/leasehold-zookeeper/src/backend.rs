@@ -77,6 +77,9 @@ struct Placed {
     waited: bool,
     /// Its lock-delay marker's path, once created.
     marker: Option<String>,
+    /// The one node in its way was deleted, and nothing else can be (see
+    /// `layout::sole_blocker`): it holds, without listing the directory again.
+    woken: bool,
 }
 
 impl Placed {
@@ -92,6 +95,9 @@ impl Placed {
 struct Hint {
     /// The session whose watches these are.
     session: i64,
+    /// The waiting acquisition whose only blocker is the one node watched (see
+    /// `layout::sole_blocker`): its deletion grants it.
+    sole: Option<OwnerId>,
     /// Nodes whose deletion (or change) may matter.
     nodes: Vec<String>,
     /// A directory whose children may matter (an observer of a lock without holders).
@@ -335,7 +341,7 @@ impl ZooKeeperBackend {
         dir: &str,
         delay_dir: &str,
     ) -> Result<(zk::Stat, String, Vec<String>, Vec<String>)> {
-        let prefix = layout::node_prefix(&req.owner, req.mode);
+        let prefix = layout::node_prefix(&req.owner, req.mode, req.lock_delay.is_some());
         let path = format!("{dir}/{prefix}");
         let data = req.value.as_deref().unwrap_or_default();
         let options = self.create_options(zk::CreateMode::EphemeralSequential);
@@ -645,7 +651,7 @@ impl Backend for ZooKeeperBackend {
         let layout = &self.inner.layout;
         let dir = layout.dir(&req.name, req.mode);
         let delay_dir = layout.delay_dir(&req.name);
-        let prefix = layout::node_prefix(&req.owner, req.mode);
+        let prefix = layout::node_prefix(&req.owner, req.mode, req.lock_delay.is_some());
 
         let mut placed = self.owners().get(&req.owner).cloned();
         if let Some(old) = placed.take_if(|p| p.session != session.id) {
@@ -655,6 +661,11 @@ impl Backend for ZooKeeperBackend {
             if let Err(error) = self.delete_node(client, &req.owner, &old).await {
                 tracing::debug!(%error, "zookeeper: could not delete a node of an ended session");
             }
+        }
+        if let Some(woken) = placed.take_if(|p| p.woken && p.node.is_some()) {
+            // The one node in the way is gone and nothing else can be: mine holds.
+            self.update(&req.owner, |p| p.woken = false);
+            return self.granted(&session, req, &woken, &[]).await;
         }
         if placed
             .as_ref()
@@ -686,6 +697,7 @@ impl Backend for ZooKeeperBackend {
                         unsure: true,
                         waited: false,
                         marker: None,
+                        woken: false,
                     },
                 );
                 let (stat, node, children, markers) =
@@ -718,12 +730,8 @@ impl Backend for ZooKeeperBackend {
             )));
         };
         let holds = layout::holding(&queue, default_limit(req.mode));
-        let closed_by = if holds[me] {
-            orphan_markers(&markers, &queue, req.mode, &delay_dir)
-        } else {
-            Vec::new()
-        };
-        if holds[me] && closed_by.is_empty() {
+        let orphans = orphan_markers(&markers, &queue, req.mode, &delay_dir);
+        if holds[me] && orphans.is_empty() {
             let placed = self
                 .owners()
                 .get(&req.owner)
@@ -741,17 +749,21 @@ impl Backend for ZooKeeperBackend {
             return Ok(Acquire::Busy(WaitHint::none()));
         }
         self.update(&req.owner, |p| p.waited = true);
-        let nodes: Vec<String> = if closed_by.is_empty() {
+        let sole =
+            (orphans.is_empty() && layout::sole_blocker(&queue, me)).then(|| req.owner.clone());
+        let nodes: Vec<String> = if holds[me] {
+            // First in line, but a vanished holder's lock-delay is not over.
+            orphans
+        } else {
             layout::in_the_way(&queue, &holds, me)
                 .into_iter()
                 .map(|c| format!("{dir}/{}", c.node))
                 .collect()
-        } else {
-            closed_by
         };
         let children = nodes.is_empty().then_some(dir);
         Ok(Acquire::Busy(WaitHint::new(Hint {
             session: session.id,
+            sole,
             nodes,
             children,
         })))
@@ -818,7 +830,12 @@ impl Backend for ZooKeeperBackend {
         for answer in join_all(nodes).await {
             match answer {
                 // Gone already: no need to wait.
-                Ok((None, _)) => return Ok(()),
+                Ok((None, _)) => {
+                    if let Some(owner) = &hint.sole {
+                        self.update(owner, |p| p.woken = p.session == hint.session);
+                    }
+                    return Ok(());
+                }
                 Ok((Some(_), watcher)) => watchers.push(watcher),
                 Err(e) => return Err(map(e, "watching")),
             }
@@ -844,6 +861,11 @@ impl Backend for ZooKeeperBackend {
             && event.event_type != zk::EventType::Session
         {
             self.inner.watch_events.fetch_add(1, Ordering::Relaxed);
+            if let Some(owner) = &hint.sole
+                && event.event_type == zk::EventType::NodeDeleted
+            {
+                self.update(owner, |p| p.woken = p.session == hint.session);
+            }
         }
         Ok(())
     }
@@ -919,6 +941,7 @@ impl Backend for ZooKeeperBackend {
         let children = watched.is_empty().then_some(lock_dir);
         state.hint = WaitHint::new(Hint {
             session: session.id,
+            sole: None,
             nodes: watched,
             children,
         });

@@ -64,9 +64,12 @@ impl Layout {
     }
 }
 
-/// The name (without the sequence number) of `owner`'s node in `mode`.
-pub(crate) fn node_prefix(owner: &OwnerId, mode: Mode) -> String {
-    format!("{owner}-{}{LOCK_SUFFIX}", mode_token(mode))
+/// The name (without the sequence number) of `owner`'s node in `mode`; `delayed` when the
+/// grant will have a lock-delay marker (a `d` after the mode: a waiter behind it knows that
+/// its deletion may leave the lock closed).
+pub(crate) fn node_prefix(owner: &OwnerId, mode: Mode, delayed: bool) -> String {
+    let delayed = if delayed { "d" } else { "" };
+    format!("{owner}-{}{delayed}{LOCK_SUFFIX}", mode_token(mode))
 }
 
 /// The name of the lock-delay marker of `owner`'s grant in `mode`'s set.
@@ -86,7 +89,16 @@ fn mode_token(mode: Mode) -> String {
     }
 }
 
-fn parse_mode(token: &str) -> Option<Mode> {
+/// A mode token and whether it says "delayed".
+fn parse_mode(token: &str) -> Option<(Mode, bool)> {
+    let (token, delayed) = match token.strip_suffix('d') {
+        Some(token) => (token, true),
+        None => (token, false),
+    };
+    Some((parse_plain_mode(token)?, delayed))
+}
+
+fn parse_plain_mode(token: &str) -> Option<Mode> {
     match token.as_bytes() {
         b"x" => Some(Mode::Exclusive),
         b"s" => Some(Mode::Shared),
@@ -115,6 +127,8 @@ pub(crate) struct Contender {
     pub(crate) owner: Option<OwnerId>,
     /// How it holds; foreign contenders count as exclusive.
     pub(crate) mode: Mode,
+    /// Its grant has a lock-delay marker (ours only).
+    pub(crate) delayed: bool,
 }
 
 impl Contender {
@@ -132,15 +146,16 @@ impl Contender {
             .strip_suffix(LOCK_SUFFIX)
             .and_then(|body| body.rsplit_once('-'))
             .and_then(|(owner, mode)| Some((OwnerId::parse(owner).ok()?, parse_mode(mode)?)));
-        let (owner, mode) = match ours {
-            Some((owner, mode)) => (Some(owner), mode),
-            None => (None, Mode::Exclusive),
+        let (owner, mode, delayed) = match ours {
+            Some((owner, (mode, delayed))) => (Some(owner), mode, delayed),
+            None => (None, Mode::Exclusive, false),
         };
         Some(Contender {
             node: node.to_owned(),
             seq,
             owner,
             mode,
+            delayed,
         })
     }
 
@@ -217,6 +232,22 @@ pub(crate) fn in_the_way<'q>(
     }
 }
 
+/// Whether the deletion of the one node the contender at `me` watches makes it a holder,
+/// with nothing to check: a writer second in line, or a reader behind exactly one writer,
+/// whose blocker has no lock-delay marker (its going cannot close the lock). Nodes created
+/// later come after `me`, so nothing else can get in the way.
+pub(crate) fn sole_blocker(queue: &[Contender], me: usize) -> bool {
+    let blockers: Vec<&Contender> = match queue[me].mode {
+        Mode::Exclusive => queue[..me].iter().collect(),
+        Mode::Shared => queue[..me]
+            .iter()
+            .filter(|c| c.mode == Mode::Exclusive)
+            .collect(),
+        Mode::Permit { .. } => return false,
+    };
+    matches!(blockers[..], [only] if !only.delayed)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -224,7 +255,7 @@ mod tests {
     fn name(owner: &str, mode: Mode, seq: i64) -> String {
         format!(
             "{}{seq:010}",
-            node_prefix(&OwnerId::parse(owner).unwrap(), mode)
+            node_prefix(&OwnerId::parse(owner).unwrap(), mode, false)
         )
     }
 
@@ -261,6 +292,12 @@ mod tests {
                 .seq,
             1 << 40
         );
+        let delayed = format!(
+            "{}0000000005",
+            node_prefix(&OwnerId::parse("o").unwrap(), Mode::Shared, true)
+        );
+        let parsed = Contender::parse(&delayed).unwrap();
+        assert_eq!((parsed.mode, parsed.delayed), (Mode::Shared, true));
         // Not contenders: no sequence number.
         assert!(Contender::parse("config").is_none());
         assert!(Contender::parse("o-x-lock-123").is_none());
@@ -328,6 +365,21 @@ mod tests {
             [permits[0].seq, permits[1].seq]
         );
         assert_eq!(seqs(in_the_way(&permits, &holds, 3)), [permits[2].seq]);
+        // Woken by the one node in its way, with nothing else to check.
+        assert!(sole_blocker(&q(&[x, x]), 1));
+        assert!(!sole_blocker(&q(&[x, x, x]), 2), "two ahead");
+        assert!(
+            sole_blocker(&q(&[s, x, s, s]), 3),
+            "one writer ahead of a reader"
+        );
+        assert!(
+            !sole_blocker(&q(&[x, s, x, s]), 3),
+            "two writers ahead of a reader"
+        );
+        let mut delayed = q(&[x, x]);
+        delayed[0].delayed = true;
+        assert!(!sole_blocker(&delayed, 1), "its going may close the lock");
+        assert!(!sole_blocker(&permits, 2));
         // A foreign child in a permit set takes one permit.
         let foreign = queue(&[
             "_c_u-lock-0000000001".into(),

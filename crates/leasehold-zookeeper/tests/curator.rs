@@ -39,7 +39,9 @@ async fn queued(raw: &zk::Client, dir: &str, n: usize) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leasehold_and_curator_share_one_queue_in_both_directions() {
     let zookeeper = ZooKeeper::start().await.unwrap();
-    let raw = zk::Client::connect(&zookeeper.connect_string()).await.unwrap();
+    let raw = zk::Client::connect(&zookeeper.connect_string())
+        .await
+        .unwrap();
     let mut curator = Curator::start(&zookeeper.connect_string(), Duration::from_secs(10))
         .await
         .unwrap();
@@ -48,7 +50,12 @@ async fn leasehold_and_curator_share_one_queue_in_both_directions() {
 
     // leasehold holds: Curator is refused, then queues; a leasehold waiter queues behind it.
     let first = a.mutex("interop").unwrap().lock().await.unwrap();
-    assert!(!curator.try_lock(path, Duration::from_millis(300)).await.unwrap());
+    assert!(
+        !curator
+            .try_lock(path, Duration::from_millis(300))
+            .await
+            .unwrap()
+    );
     queued(&raw, path, 1).await;
     let curator_waits = tokio::spawn(async move {
         curator.lock(path).await.unwrap();
@@ -63,8 +70,18 @@ async fn leasehold_and_curator_share_one_queue_in_both_directions() {
     let first_token = first.token();
     first.release().await.unwrap();
     let mut curator = curator_waits.await.unwrap();
-    assert!(!b_waits.is_finished(), "b got the lock while Curator held it");
-    assert!(a.mutex("interop").unwrap().try_lock().await.unwrap().is_none());
+    assert!(
+        !b_waits.is_finished(),
+        "b got the lock while Curator held it"
+    );
+    assert!(
+        a.mutex("interop")
+            .unwrap()
+            .try_lock()
+            .await
+            .unwrap()
+            .is_none()
+    );
     let state = a.inspect("interop").await.unwrap();
     assert_eq!(state.holders.len(), 1);
     assert!(
@@ -80,7 +97,12 @@ async fn leasehold_and_curator_share_one_queue_in_both_directions() {
     assert!(second.token() > first_token);
 
     // b holds: Curator waits for it, and gets it on b's release.
-    assert!(!curator.try_lock(path, Duration::from_millis(300)).await.unwrap());
+    assert!(
+        !curator
+            .try_lock(path, Duration::from_millis(300))
+            .await
+            .unwrap()
+    );
     let curator_waits = tokio::spawn(async move {
         curator.lock(path).await.unwrap();
         curator
@@ -89,7 +111,21 @@ async fn leasehold_and_curator_share_one_queue_in_both_directions() {
     assert!(!curator_waits.is_finished());
     second.release().await.unwrap();
     let mut curator = curator_waits.await.unwrap();
-    assert!(a.mutex("interop").unwrap().try_lock().await.unwrap().is_none());
+    assert!(
+        a.mutex("interop")
+            .unwrap()
+            .try_lock()
+            .await
+            .unwrap()
+            .is_none()
+    );
     curator.unlock(path).await.unwrap();
-    assert!(a.mutex("interop").unwrap().try_lock().await.unwrap().is_some());
+    assert!(
+        a.mutex("interop")
+            .unwrap()
+            .try_lock()
+            .await
+            .unwrap()
+            .is_some()
+    );
 }

@@ -3,15 +3,18 @@
 //! installed), on one ZooKeeper server, in one run.
 //!
 //! Every side measures itself the same way, in its own process: `clients` workers (tasks
-//! or threads) share one ZooKeeper session and run acquire + release cycles for
-//! `duration`, timing each acquire; in the contended scenario all work on one name, and a
-//! worker that got the lock after the previous holder started its release records the
-//! hand-off (release started → next holds). The sides take turns, round after round (the
-//! first side of each round rotates), and each figure is the median over rounds.
+//! or threads) share one ZooKeeper session and run acquire + release cycles for one slice
+//! (`--duration`), timing each acquire; in the contended scenarios all work on one name,
+//! and a worker that got the lock after the previous holder started its release records
+//! the hand-off (release started → next holds). Each round runs every scenario on every
+//! side, the sides taking turns (who goes first rotates), so that a slow phase of the
+//! server or of the machine falls on all of them alike; rates are medians over rounds, and
+//! the ratios are medians of leasehold's rate over the other side's in the same round. A
+//! first round warms up (the JVM compiles, parent nodes exist) and is not counted.
 //!
 //! ```sh
-//! cargo run --release -p leasehold-bench --bin zookeeper-compare             # starts its own ZooKeeper
-//! cargo run --release -p leasehold-bench --bin zookeeper-compare -- --url zk://127.0.0.1:2181 --duration 5s --rounds 5 --json
+//! cargo run --release -p leasehold-bench --bin zookeeper-compare -- --duration 500ms --rounds 20
+//! cargo run --release -p leasehold-bench --bin zookeeper-compare -- --url zk://127.0.0.1:2181 --json
 //! ```
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark: failures should be loud
@@ -27,7 +30,10 @@ use serde_json::json as j;
 mod common;
 use common::Args;
 
-const ROUNDS: usize = 3;
+const ROUNDS: usize = 10;
+/// How long each grant is held in the hand-off scenario: long enough for the waiter to be
+/// asleep on its watch when the holder releases.
+const PAIR_HOLD: Duration = Duration::from_millis(2);
 const KAZOO: &str = include_str!("kazoo_bench.py");
 
 /// What one side measured in one scenario.
@@ -100,17 +106,29 @@ enum Scenario {
     Solo,
     Many,
     Contended,
+    /// Two clients on one name, each holding for [`PAIR_HOLD`]: every release hands the
+    /// lock to a waiter asleep on its watch.
+    Pair,
 }
 
 impl Scenario {
-    const ALL: [Scenario; 3] = [Scenario::Solo, Scenario::Many, Scenario::Contended];
+    const ALL: [Scenario; 4] = [
+        Scenario::Solo,
+        Scenario::Many,
+        Scenario::Contended,
+        Scenario::Pair,
+    ];
 
     fn clients(self, n: usize) -> usize {
-        if self == Scenario::Solo { 1 } else { n }
+        match self {
+            Scenario::Solo => 1,
+            Scenario::Pair => 2,
+            Scenario::Many | Scenario::Contended => n,
+        }
     }
 
     fn contended(self) -> bool {
-        self == Scenario::Contended
+        matches!(self, Scenario::Contended | Scenario::Pair)
     }
 
     fn label(self, n: usize) -> String {
@@ -118,6 +136,16 @@ impl Scenario {
             Scenario::Solo => "uncontended, 1 client".into(),
             Scenario::Many => format!("uncontended, {n} clients on {n} names"),
             Scenario::Contended => format!("contended, {n} clients on 1 name"),
+            Scenario::Pair => "hand-off, 2 clients holding 2 ms".into(),
+        }
+    }
+
+    /// How long each grant is held before its release.
+    fn hold(self) -> Duration {
+        if self == Scenario::Pair {
+            PAIR_HOLD
+        } else {
+            Duration::ZERO
         }
     }
 
@@ -126,6 +154,7 @@ impl Scenario {
             Scenario::Solo => "solo",
             Scenario::Many => "many",
             Scenario::Contended => "one",
+            Scenario::Pair => "pair",
         }
     }
 }
@@ -137,6 +166,7 @@ async fn leasehold_side(
     clients: usize,
     duration: Duration,
     contended: bool,
+    hold: Duration,
 ) -> Measure {
     let base = Instant::now();
     let nanos = move || u64::try_from(base.elapsed().as_nanos()).unwrap();
@@ -163,6 +193,9 @@ async fn leasehold_side(
                     measure.handoff.push(Duration::from_nanos(got - released));
                 }
                 measure.cycles += 1;
+                if !hold.is_zero() {
+                    tokio::time::sleep(hold).await;
+                }
                 last_release.store(nanos(), Ordering::SeqCst);
                 guard.release().await.unwrap();
             }
@@ -185,30 +218,44 @@ async fn leasehold_side(
     total
 }
 
-/// kazoo: a Python process with `clients` threads on one `KazooClient`.
-async fn kazoo_side(
-    hosts: &str,
-    path: &str,
-    clients: usize,
-    duration: Duration,
-    contended: bool,
-) -> Measure {
-    let out = tokio::process::Command::new("python3")
-        .args(["-c", KAZOO, hosts, path])
-        .arg(clients.to_string())
-        .arg(duration.as_millis().to_string())
-        .arg(if contended { "1" } else { "0" })
-        .output()
-        .await
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "kazoo: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout).unwrap();
-    let line = text.lines().find(|l| l.starts_with("bench ")).unwrap();
-    Measure::parse(line, duration)
+/// kazoo: a Python process with `clients` threads on one `KazooClient`, driven over
+/// stdin/stdout like the Curator driver.
+struct Kazoo {
+    _child: tokio::process::Child,
+    stdin: tokio::process::ChildStdin,
+    stdout: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+}
+
+impl Kazoo {
+    async fn start(hosts: &str) -> Kazoo {
+        use tokio::io::AsyncBufReadExt;
+        let mut child = tokio::process::Command::new("python3")
+            .args(["-c", KAZOO, hosts])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let mut stdout = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        assert_eq!(stdout.next_line().await.unwrap().as_deref(), Some("ready"));
+        Kazoo {
+            _child: child,
+            stdin,
+            stdout,
+        }
+    }
+
+    async fn command(&mut self, line: &str) -> String {
+        use tokio::io::AsyncWriteExt;
+        self.stdin
+            .write_all(format!("{line}\n").as_bytes())
+            .await
+            .unwrap();
+        let answer = self.stdout.next_line().await.unwrap().unwrap();
+        assert!(answer.starts_with("bench "), "kazoo: {answer}");
+        answer
+    }
 }
 
 fn has_kazoo() -> bool {
@@ -216,6 +263,52 @@ fn has_kazoo() -> bool {
         .args(["-c", "import kazoo"])
         .output()
         .is_ok_and(|o| o.status.success())
+}
+
+/// One side's figures in one scenario, over every round.
+#[derive(Debug, Default)]
+struct Totals {
+    rates: Vec<f64>,
+    per_client: Vec<u64>,
+    acquire: Vec<Duration>,
+    handoff: Vec<Duration>,
+}
+
+impl Totals {
+    fn add(&mut self, m: Measure) {
+        self.rates.push(m.rate());
+        if self.per_client.len() < m.per_client.len() {
+            self.per_client.resize(m.per_client.len(), 0);
+        }
+        for (total, n) in self.per_client.iter_mut().zip(&m.per_client) {
+            *total += n;
+        }
+        self.acquire.extend(m.acquire);
+        self.handoff.extend(m.handoff);
+    }
+
+    fn finish(&mut self) {
+        self.acquire.sort();
+        self.handoff.sort();
+    }
+
+    /// The busiest worker's cycles over the idlest's, over every round.
+    fn spread(&self) -> f64 {
+        Measure {
+            per_client: self.per_client.clone(),
+            ..Measure::default()
+        }
+        .spread()
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -258,105 +351,119 @@ async fn main() {
     } else {
         None
     };
-    // Warm-up, not measured: the JVM compiles, connections and parent nodes exist.
-    let warm = Duration::from_secs(1);
-    for side in &sides {
-        match *side {
-            "leasehold" => {
-                leasehold_side(&ours, "warm", clients, warm, true).await;
-            }
-            "curator" => {
-                let curator = curator.as_mut().unwrap();
-                for contended in ["0", "1"] {
-                    curator
-                        .command(&format!("bench /leasehold/warm {clients} 1000 {contended}"))
-                        .await
-                        .unwrap();
-                }
-            }
-            _ => {
-                kazoo_side(&hosts, "/leasehold/warm-kazoo", 1, warm, false).await;
-            }
-        }
-    }
+    let mut kazoo = if sides.contains(&"kazoo") {
+        Some(Kazoo::start(&hosts).await)
+    } else {
+        None
+    };
 
     let rounds = args.rounds.unwrap_or(ROUNDS);
-    // results[side][scenario] = one Measure per round
-    let mut results: Vec<Vec<Vec<Measure>>> = vec![vec![Vec::new(); 3]; sides.len()];
-    for round in 0..rounds {
-        for turn in 0..sides.len() {
-            let s = (turn + round) % sides.len();
-            for (k, scenario) in Scenario::ALL.into_iter().enumerate() {
+    // totals[side][scenario]; round 0 warms up (the JVM compiles, parents exist) and is
+    // not counted.
+    let mut totals: Vec<Vec<Totals>> = (0..sides.len())
+        .map(|_| Scenario::ALL.iter().map(|_| Totals::default()).collect())
+        .collect();
+    for round in 0..=rounds {
+        for (k, scenario) in Scenario::ALL.into_iter().enumerate() {
+            for turn in 0..sides.len() {
+                let s = (turn + round) % sides.len();
                 let n = scenario.clients(clients);
                 let name = format!("{}-{}-r{round}", sides[s], scenario.slug());
                 let path = format!("/leasehold/{name}");
+                let command = format!(
+                    "bench {path} {n} {} {} {}",
+                    duration.as_millis(),
+                    u8::from(scenario.contended()),
+                    scenario.hold().as_micros()
+                );
                 let measure = match sides[s] {
                     "leasehold" => {
-                        leasehold_side(&ours, &name, n, duration, scenario.contended()).await
+                        leasehold_side(
+                            &ours,
+                            &name,
+                            n,
+                            duration,
+                            scenario.contended(),
+                            scenario.hold(),
+                        )
+                        .await
                     }
                     "curator" => {
-                        let line = curator
-                            .as_mut()
-                            .unwrap()
-                            .command(&format!(
-                                "bench {path} {n} {} {}",
-                                duration.as_millis(),
-                                u8::from(scenario.contended())
-                            ))
-                            .await
-                            .unwrap();
+                        let line = curator.as_mut().unwrap().command(&command).await.unwrap();
                         Measure::parse(&line, duration)
                     }
-                    _ => kazoo_side(&hosts, &path, n, duration, scenario.contended()).await,
+                    _ => Measure::parse(&kazoo.as_mut().unwrap().command(&command).await, duration),
                 };
-                eprintln!(
-                    "round {round}: {} {}: {:.0}/s",
-                    sides[s],
-                    scenario.label(n),
-                    measure.rate()
-                );
-                results[s][k].push(measure);
+                if round > 0 {
+                    totals[s][k].add(measure);
+                }
             }
+        }
+        if round > 0 {
+            eprintln!("round {round} of {rounds} done");
         }
     }
 
-    let median = |mut v: Vec<f64>| -> f64 {
-        v.sort_by(f64::total_cmp);
-        match v.len() {
-            0 => f64::NAN,
-            n if n % 2 == 1 => v[n / 2],
-            n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    for side in &mut totals {
+        for t in side.iter_mut() {
+            t.finish();
         }
-    };
+    }
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let index = |side: &str| sides.iter().position(|s| *s == side);
+    let paired = |a: usize, b: usize, k: usize| {
+        median(
+            totals[a][k]
+                .rates
+                .iter()
+                .zip(&totals[b][k].rates)
+                .map(|(x, y)| x / y)
+                .collect(),
+        )
+    };
     let mut rows = Vec::new();
     for (s, side) in sides.iter().enumerate() {
         for (k, scenario) in Scenario::ALL.into_iter().enumerate() {
-            let runs = &results[s][k];
-            let pick = |f: &dyn Fn(&Measure) -> f64| median(runs.iter().map(f).collect());
+            let t = &totals[s][k];
+            let contended = scenario.contended();
+            let vs = |other: &str| match (index("leasehold"), index(other)) {
+                (Some(ours), Some(theirs)) if *side == "leasehold" => j!(paired(ours, theirs, k)),
+                _ => j!(null),
+            };
             rows.push(j!({
                 "side": side,
                 "scenario": scenario.label(scenario.clients(clients)),
-                "cycles_per_s": pick(&|m| m.rate()),
-                "acquire_p50_ms": pick(&|m| ms(quantile(&m.acquire, 0.5))),
-                "acquire_p99_ms": pick(&|m| ms(quantile(&m.acquire, 0.99))),
-                "handoff_p50_ms": if scenario.contended() { j!(pick(&|m| ms(quantile(&m.handoff, 0.5)))) } else { j!(null) },
-                "handoff_p99_ms": if scenario.contended() { j!(pick(&|m| ms(quantile(&m.handoff, 0.99)))) } else { j!(null) },
-                "fairness_spread": if scenario.contended() { j!(pick(&|m| m.spread())) } else { j!(null) },
-                "rates_by_round": runs.iter().map(Measure::rate).collect::<Vec<_>>(),
+                "cycles_per_s": median(t.rates.clone()),
+                "acquire_p50_ms": ms(quantile(&t.acquire, 0.5)),
+                "acquire_p99_ms": ms(quantile(&t.acquire, 0.99)),
+                "handoff_p50_ms": if contended { j!(ms(quantile(&t.handoff, 0.5))) } else { j!(null) },
+                "handoff_p99_ms": if contended { j!(ms(quantile(&t.handoff, 0.99))) } else { j!(null) },
+                "fairness_spread": if contended { j!(t.spread()) } else { j!(null) },
+                "vs_curator": vs("curator"),
+                "vs_kazoo": vs("kazoo"),
+                "rates_by_round": t.rates,
             }));
         }
     }
     if args.json {
         println!(
             "{}",
-            j!({ "rounds": rounds, "duration_s": duration.as_secs_f64(), "rows": rows })
+            j!({ "rounds": rounds, "slice_s": duration.as_secs_f64(), "clients": clients, "rows": rows })
         );
         return;
     }
     println!(
-        "{:<10} {:<40} {:>10} {:>9} {:>9} {:>9} {:>9} {:>7}",
-        "side", "scenario", "cycles/s", "acq p50", "acq p99", "hand p50", "hand p99", "spread"
+        "{:<10} {:<34} {:>9} {:>8} {:>8} {:>8} {:>8} {:>6} {:>7} {:>7}",
+        "side",
+        "scenario",
+        "cycles/s",
+        "acq p50",
+        "acq p99",
+        "hnd p50",
+        "hnd p99",
+        "spread",
+        "/Curator",
+        "/kazoo"
     );
     let num = |v: &serde_json::Value, digits: usize| {
         v.as_f64()
@@ -364,7 +471,7 @@ async fn main() {
     };
     for row in &rows {
         println!(
-            "{:<10} {:<40} {:>10} {:>9} {:>9} {:>9} {:>9} {:>7}",
+            "{:<10} {:<34} {:>9} {:>8} {:>8} {:>8} {:>8} {:>6} {:>7} {:>7}",
             row["side"].as_str().unwrap_or_default(),
             row["scenario"].as_str().unwrap_or_default(),
             num(&row["cycles_per_s"], 0),
@@ -373,26 +480,14 @@ async fn main() {
             num(&row["handoff_p50_ms"], 3),
             num(&row["handoff_p99_ms"], 3),
             num(&row["fairness_spread"], 2),
+            num(&row["vs_curator"], 2),
+            num(&row["vs_kazoo"], 2),
         );
     }
-    let rate = |side: &str, k: usize| {
-        sides
-            .iter()
-            .position(|s| *s == side)
-            .map(|s| median(results[s][k].iter().map(Measure::rate).collect()))
-    };
-    if let (Some(ours1), Some(theirs1), Some(ours16), Some(theirs16)) = (
-        rate("leasehold", 0),
-        rate("curator", 0),
-        rate("leasehold", 1),
-        rate("curator", 1),
-    ) {
-        println!();
-        println!(
-            "leasehold / Curator, uncontended: {:.2}x at 1 client, {:.2}x at {clients}",
-            ours1 / theirs1,
-            ours16 / theirs16
-        );
-    }
-    println!("(medians over {rounds} rounds of {duration:?} each; ms)");
+    println!(
+        "(cycles/s: median over {rounds} rounds of {duration:?} per side and scenario, sides \
+         taking turns; /Curator, /kazoo: median of leasehold's rate over theirs in the same \
+         round; latencies in ms over every round; spread: busiest worker over idlest, over \
+         every round)"
+    );
 }

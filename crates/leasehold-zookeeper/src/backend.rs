@@ -331,16 +331,14 @@ impl ZooKeeperBackend {
             .map_err(|e| map(e, &format!("creating {dir}")))
     }
 
-    /// Creates my node in `dir` and lists `dir` and the lock-delay markers, back to back.
-    /// Returns the create's answer and the two listings (each `None` if the directory does
-    /// not exist).
+    /// Creates my node in `dir` and lists `dir`, back to back; returns the create's answer,
+    /// my node's name and the listing.
     async fn create_and_list(
         &self,
         client: &zk::Client,
         req: &Request,
         dir: &str,
-        delay_dir: &str,
-    ) -> Result<(zk::Stat, String, Vec<String>, Vec<String>)> {
+    ) -> Result<(zk::Stat, String, Vec<String>)> {
         let prefix = layout::node_prefix(&req.owner, req.mode, req.lock_delay.is_some());
         let path = format!("{dir}/{prefix}");
         let data = req.value.as_deref().unwrap_or_default();
@@ -348,13 +346,11 @@ impl ZooKeeperBackend {
         for _ in 0..CREATE_ATTEMPTS {
             let created = client.create(&path, data, &options);
             let listed = client.list_children(dir);
-            let markers = client.list_children(delay_dir);
-            let (created, listed, markers) = tokio::join!(created, listed, markers);
+            let (created, listed) = tokio::join!(created, listed);
             match created {
                 Ok((stat, seq)) => {
                     let listed = listed.map_err(|e| map(e, &format!("listing {dir}")))?;
-                    let markers = or_empty(markers, delay_dir)?;
-                    return Ok((stat, format!("{prefix}{seq}"), listed, markers));
+                    return Ok((stat, format!("{prefix}{seq}"), listed));
                 }
                 Err(zk::Error::NoNode) => self.make_dir(client, dir).await?,
                 Err(e) => return Err(map(e, &format!("creating a node in {dir}"))),
@@ -366,16 +362,9 @@ impl ZooKeeperBackend {
         ))
     }
 
-    /// Lists `dir` and the lock-delay markers, back to back.
-    async fn list(
-        &self,
-        client: &zk::Client,
-        dir: &str,
-        delay_dir: &str,
-    ) -> Result<(Vec<String>, Vec<String>)> {
-        let (listed, markers) =
-            tokio::join!(client.list_children(dir), client.list_children(delay_dir));
-        Ok((or_empty(listed, dir)?, or_empty(markers, delay_dir)?))
+    /// Lists `dir` (empty if it does not exist).
+    async fn list(&self, client: &zk::Client, dir: &str) -> Result<Vec<String>> {
+        or_empty(client.list_children(dir).await, dir)
     }
 
     /// Deletes every node of `dir` named after `prefix` except `keep`; returns how many.
@@ -527,12 +516,8 @@ impl ZooKeeperBackend {
         if let Some(delay) = req.lock_delay
             && placed.marker.is_none()
         {
-            let marker = format!(
-                "{}/{}",
-                self.inner.layout.delay_dir(&req.name),
-                layout::marker_name(&req.owner, req.mode)
-            );
-            self.put_marker(session, delay, &marker, &req.name).await?;
+            let marker = format!("{}/{}", placed.dir, layout::marker_name(&req.owner));
+            self.put_marker(session, delay, &marker).await?;
             self.update(&req.owner, |p| p.marker = Some(marker));
         }
         // A permit granted after waiting touches its node: the waiter behind it watches
@@ -557,30 +542,15 @@ impl ZooKeeperBackend {
         )))
     }
 
-    /// Creates a lock-delay marker owned by the session of `delay`.
-    async fn put_marker(
-        &self,
-        session: &Session,
-        delay: Duration,
-        marker: &str,
-        name: &LockName,
-    ) -> Result<()> {
+    /// Creates a lock-delay marker owned by the session of `delay`, beside the granted
+    /// node (which keeps the directory from vanishing).
+    async fn put_marker(&self, session: &Session, delay: Duration, marker: &str) -> Result<()> {
         let client = session.delay_client(delay).await?;
         let options = self.create_options(zk::CreateMode::Ephemeral);
-        for _ in 0..CREATE_ATTEMPTS {
-            match client.create(marker, &[], &options).await {
-                Ok(_) | Err(zk::Error::NodeExists) => return Ok(()),
-                Err(zk::Error::NoNode) => {
-                    self.make_dir(&client, &self.inner.layout.delay_dir(name))
-                        .await?;
-                }
-                Err(e) => return Err(map(e, "creating a lock-delay marker")),
-            }
+        match client.create(marker, &[], &options).await {
+            Ok(_) | Err(zk::Error::NodeExists) => Ok(()),
+            Err(e) => Err(map(e, "creating a lock-delay marker")),
         }
-        Err(Error::backend(
-            "zookeeper: the lock-delay directory keeps vanishing",
-            true,
-        ))
     }
 }
 
@@ -606,27 +576,15 @@ fn default_limit(mode: Mode) -> Option<NonZeroU32> {
     }
 }
 
-/// The lock-delay markers of `mode`'s set whose owner has no node in `queue`: a holder
-/// that vanished without releasing.
-fn orphan_markers(
-    markers: &[String],
-    queue: &[Contender],
-    mode: Mode,
-    delay_dir: &str,
-) -> Vec<String> {
-    let set = if mode.is_permit() {
-        "-permits"
-    } else {
-        "-lock"
-    };
-    markers
+/// The paths of the lock-delay markers among `children` of `dir` whose owner has no node in
+/// `queue`: a holder that vanished without releasing.
+fn orphan_markers(children: &[String], queue: &[Contender], dir: &str) -> Vec<String> {
+    children
         .iter()
-        .filter_map(|m| {
-            let owner = m.strip_suffix(set)?;
-            let present = queue
-                .iter()
-                .any(|c| c.owner.as_ref().is_some_and(|o| o.as_str() == owner));
-            (!present).then(|| format!("{delay_dir}/{m}"))
+        .filter_map(|child| {
+            let owner = layout::marker_owner(child)?;
+            let present = queue.iter().any(|c| c.owner.as_ref() == Some(&owner));
+            (!present).then(|| format!("{dir}/{child}"))
         })
         .collect()
 }
@@ -650,7 +608,6 @@ impl Backend for ZooKeeperBackend {
         let client = &session.client;
         let layout = &self.inner.layout;
         let dir = layout.dir(&req.name, req.mode);
-        let delay_dir = layout.delay_dir(&req.name);
         let prefix = layout::node_prefix(&req.owner, req.mode, req.lock_delay.is_some());
 
         let mut placed = self.owners().get(&req.owner).cloned();
@@ -678,11 +635,8 @@ impl Backend for ZooKeeperBackend {
                 .await?
                 .or(placed);
         }
-        let (node, children, markers) = match placed.and_then(|p| p.node) {
-            Some(node) => {
-                let (children, markers) = self.list(client, &dir, &delay_dir).await?;
-                (node, children, markers)
-            }
+        let (node, children) = match placed.and_then(|p| p.node) {
+            Some(node) => (node, self.list(client, &dir).await?),
             None => {
                 // Recorded before the create goes out: if this future is dropped or the
                 // answer is lost, the release still finds the node by its name.
@@ -700,15 +654,14 @@ impl Backend for ZooKeeperBackend {
                         woken: false,
                     },
                 );
-                let (stat, node, children, markers) =
-                    self.create_and_list(client, req, &dir, &delay_dir).await?;
+                let (stat, node, children) = self.create_and_list(client, req, &dir).await?;
                 self.update(&req.owner, |p| {
                     p.node = Some(node.clone());
                     p.czxid = stat.czxid;
                     p.version = stat.version;
                     p.unsure = false;
                 });
-                (node, children, markers)
+                (node, children)
             }
         };
 
@@ -730,7 +683,7 @@ impl Backend for ZooKeeperBackend {
             )));
         };
         let holds = layout::holding(&queue, default_limit(req.mode));
-        let orphans = orphan_markers(&markers, &queue, req.mode, &delay_dir);
+        let orphans = orphan_markers(&children, &queue, &dir);
         if holds[me] && orphans.is_empty() {
             let placed = self
                 .owners()

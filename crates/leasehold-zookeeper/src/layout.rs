@@ -8,10 +8,9 @@
 //!     <owner>-x-lock-0000000042    an exclusive contender (mutex, writer, candidate)
 //!     <owner>-s-lock-0000000043    a shared contender (reader)
 //!     _c_<uuid>-lock-0000000044    Apache Curator's InterProcessMutex: exclusive
+//!     <owner>-m-lock-9999999999    a lock-delay marker (ephemeral, of another session)
 //! /leasehold/<name>#permits        the permit set (semaphore)
 //!     <owner>-p<limit>-lock-0000000007
-//! /leasehold/<name>#delay          lock-delay markers
-//!     <owner>-lock / <owner>-permits
 //! ```
 //!
 //! Contenders are EPHEMERAL_SEQUENTIAL children, ordered by the sequence number ZooKeeper
@@ -20,7 +19,9 @@
 //! on the order, and on who holds. The owner id in the name is Curator's "protection
 //! mode": after a create whose reply was lost, listing the directory finds the node.
 //! Lock names cannot contain `/` or `#` (the core's name rules), so a name never reaches
-//! into another lock's directory.
+//! into another lock's directory. A lock-delay marker lives beside the contenders (so that
+//! one listing shows both), named to sort after every contender for any recipe that takes
+//! it for one.
 
 use std::num::NonZeroU32;
 
@@ -57,11 +58,6 @@ impl Layout {
             Mode::Exclusive | Mode::Shared => format!("{}/{name}", self.root),
         }
     }
-
-    /// The directory of `name`'s lock-delay markers.
-    pub(crate) fn delay_dir(&self, name: &LockName) -> String {
-        format!("{}/{name}#delay", self.root)
-    }
 }
 
 /// The name (without the sequence number) of `owner`'s node in `mode`; `delayed` when the
@@ -72,13 +68,23 @@ pub(crate) fn node_prefix(owner: &OwnerId, mode: Mode, delayed: bool) -> String 
     format!("{owner}-{}{delayed}{LOCK_SUFFIX}", mode_token(mode))
 }
 
-/// The name of the lock-delay marker of `owner`'s grant in `mode`'s set.
-pub(crate) fn marker_name(owner: &OwnerId, mode: Mode) -> String {
-    format!("{owner}-{}", set_token(mode))
+/// The "sequence number" of every lock-delay marker: higher than any ZooKeeper gives, and
+/// after every real one when compared as text (Curator's way), so that a marker is always
+/// last in its directory's queue for any recipe that counts it as a contender.
+const MARKER_SEQ: &str = "9999999999";
+
+/// The name of the lock-delay marker of `owner`'s grant, in its set's directory.
+pub(crate) fn marker_name(owner: &OwnerId) -> String {
+    format!("{owner}-m{LOCK_SUFFIX}{MARKER_SEQ}")
 }
 
-fn set_token(mode: Mode) -> &'static str {
-    if mode.is_permit() { "permits" } else { "lock" }
+/// The owner of a lock-delay marker, if `child` is one.
+pub(crate) fn marker_owner(child: &str) -> Option<OwnerId> {
+    let owner = child
+        .strip_suffix(MARKER_SEQ)?
+        .strip_suffix(LOCK_SUFFIX)?
+        .strip_suffix("-m")?;
+    OwnerId::parse(owner).ok()
 }
 
 fn mode_token(mode: Mode) -> String {
@@ -172,10 +178,12 @@ impl Contender {
     }
 }
 
-/// The contenders of a directory, in queue order (by sequence number).
+/// The contenders of a directory (its lock-delay markers left out), in queue order (by
+/// sequence number).
 pub(crate) fn queue(children: &[String]) -> Vec<Contender> {
     let mut queue: Vec<Contender> = children
         .iter()
+        .filter(|c| marker_owner(c).is_none())
         .filter_map(|c| Contender::parse(c))
         .collect();
     queue.sort_by_key(|c| c.seq);
@@ -298,6 +306,13 @@ mod tests {
         );
         let parsed = Contender::parse(&delayed).unwrap();
         assert_eq!((parsed.mode, parsed.delayed), (Mode::Shared, true));
+        // Lock-delay markers are not contenders, and sort last for Curator too.
+        let marker = marker_name(&OwnerId::parse("1a2b-00ff").unwrap());
+        assert_eq!(marker_owner(&marker).unwrap().as_str(), "1a2b-00ff");
+        assert!(queue(&[marker.clone()]).is_empty());
+        let after = |n: &str| n.rsplit_once("lock-").unwrap().1.to_owned();
+        assert!(after(&marker) > after(&format!("x-lock-{:019}", i64::MAX)));
+        assert!(marker_owner("o-x-lock-0000000001").is_none());
         // Not contenders: no sequence number.
         assert!(Contender::parse("config").is_none());
         assert!(Contender::parse("o-x-lock-123").is_none());

@@ -6,7 +6,7 @@
 //   lock <path>                 -> "locked <path>"          (InterProcessMutex.acquire)
 //   trylock <path> <millis>     -> "locked <path>" | "busy"
 //   unlock <path>               -> "unlocked <path>"
-//   bench <path> <clients> <millis> <contended 0|1>
+//   bench <path> <clients> <millis> <contended 0|1> [<hold micros>]
 //                               -> "bench <cycles> <per-client counts,...> <acquire ns,...> <hand-off ns,...>"
 //   quit
 //
@@ -74,7 +74,8 @@ public class CuratorDriver {
                     }
                     case "bench":
                         out.println(bench(client, w[1], Integer.parseInt(w[2]),
-                            Long.parseLong(w[3]), w[4].equals("1")));
+                            Long.parseLong(w[3]), w[4].equals("1"),
+                            w.length > 5 ? Long.parseLong(w[5]) : 0));
                         break;
                     case "quit":
                         client.close();
@@ -89,9 +90,12 @@ public class CuratorDriver {
         client.close();
     }
 
-    /** Acquire+release cycles for `millis` by `clients` threads, on one path if contended. */
+    /**
+     * Acquire+release cycles for `millis` by `clients` threads, on one path if contended,
+     * each lock held for `holdMicros`.
+     */
     static String bench(CuratorFramework client, String path, int clients, long millis,
-                        boolean contended) throws Exception {
+                        boolean contended, long holdMicros) throws Exception {
         AtomicLongArray counts = new AtomicLongArray(clients);
         List<List<Long>> acquires = new ArrayList<>();
         List<List<Long>> handoffs = new ArrayList<>();
@@ -120,6 +124,9 @@ public class CuratorDriver {
                             hand.add(got - released);
                         }
                         counts.incrementAndGet(id);
+                        if (holdMicros > 0) {
+                            java.util.concurrent.locks.LockSupport.parkNanos(holdMicros * 1000);
+                        }
                         lastRelease.set(System.nanoTime());
                         m.release();
                     }

@@ -309,7 +309,7 @@ mod tests {
         // Lock-delay markers are not contenders, and sort last for Curator too.
         let marker = marker_name(&OwnerId::parse("1a2b-00ff").unwrap());
         assert_eq!(marker_owner(&marker).unwrap().as_str(), "1a2b-00ff");
-        assert!(queue(&[marker.clone()]).is_empty());
+        assert!(queue(std::slice::from_ref(&marker)).is_empty());
         let after = |n: &str| n.rsplit_once("lock-").unwrap().1.to_owned();
         assert!(after(&marker) > after(&format!("x-lock-{:019}", i64::MAX)));
         assert!(marker_owner("o-x-lock-0000000001").is_none());

@@ -65,7 +65,9 @@ async fn through_proxy(zookeeper: &ZooKeeper, params: &str) -> (ZooKeeperBackend
 async fn a_lost_create_reply_is_adopted_and_a_given_up_one_deleted() {
     let zookeeper = ZooKeeper::start().await.unwrap();
     let raw = raw(&zookeeper).await;
-    let (cut, proxy) = through_proxy(&zookeeper, "session_timeout=4s").await;
+    // A long session: the client must not give up the connection on its own while the
+    // replies are held (it does after 2/5 of the timeout without a byte from the server).
+    let (cut, proxy) = through_proxy(&zookeeper, "session_timeout=10s").await;
     let a = client_on(cut);
     let dir = "/leasehold/lost-reply";
     // The directory exists: the first create's answer is the one lost, not its NONODE.

@@ -182,6 +182,12 @@ mod tests {
                 .contains("this host")
         );
         assert!(invalid("file:relative/dir").await.contains("absolute"));
+        #[cfg(feature = "zookeeper")]
+        {
+            let reason = invalid("zk://u:hunter2@h:1?nosuch=1").await;
+            assert!(reason.contains("unknown parameter"), "{reason}");
+            assert!(!reason.contains("hunter2"), "{reason}");
+        }
     }
 
     #[tokio::test]

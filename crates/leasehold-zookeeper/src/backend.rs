@@ -654,7 +654,18 @@ impl Backend for ZooKeeperBackend {
                         woken: false,
                     },
                 );
-                let (stat, node, children) = self.create_and_list(client, req, &dir).await?;
+                let created = self.create_and_list(client, req, &dir).await;
+                let (stat, node, children) = match created {
+                    Ok(created) => created,
+                    Err(error) => {
+                        // Refused (an ACL, a bad path): nothing was created, so there is
+                        // nothing for a release to look for.
+                        if !error.is_unknown_outcome() {
+                            self.forget(&req.owner);
+                        }
+                        return Err(error);
+                    }
+                };
                 self.update(&req.owner, |p| {
                     p.node = Some(node.clone());
                     p.czxid = stat.czxid;

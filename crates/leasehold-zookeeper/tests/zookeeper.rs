@@ -549,3 +549,34 @@ async fn a_wiped_epoch_is_detected_and_refused() {
         other => panic!("granted on a wiped ensemble: {other:?}"),
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_create_costs_nothing_else() {
+    let zookeeper = ZooKeeper::start().await.unwrap();
+    let admin = zk::Client::connector()
+        .with_auth("digest", b"admin:pw")
+        .connect(&zookeeper.connect_string())
+        .await
+        .unwrap();
+    let open = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+    let _ = admin.create("/leasehold", &[], &open).await;
+    let private = zk::CreateMode::Persistent.with_acls(zk::Acls::creator_all());
+    admin
+        .create("/leasehold/private", &[], &private)
+        .await
+        .unwrap();
+    let a = client_on(backend(&zookeeper.url()).await);
+    let held = a.mutex("public").unwrap().lock().await.unwrap();
+    // A create the ACL refuses was not applied: there is nothing to release, and the
+    // session (with the other lock on it) is not given up for it.
+    match a.mutex("private").unwrap().try_lock().await {
+        Err(error @ Error::Backend { .. }) => assert!(!error.is_retryable(), "{error}"),
+        other => panic!("got {other:?}"),
+    }
+    a.settle().await;
+    assert!(
+        held.is_held(),
+        "the session was given up for a refused create"
+    );
+    held.release().await.unwrap();
+}

@@ -7,7 +7,7 @@ use leasehold_core::{Error, FencingToken, Result, StaleToken};
 use redis::aio::ConnectionLike;
 use redis::{FromRedisValue, Script, ToRedisArgs, Value};
 
-use crate::map_error;
+use crate::error::map_error;
 
 /// A fence kept in one Redis key: every operation through it states its fencing token, and
 /// one whose token is lower than the highest accepted so far is refused, atomically with the

@@ -2,8 +2,8 @@
 //! owners at the head of the queue, or `*` for everyone); the connection's RESP3 push
 //! messages land here and wake exactly those waiters of this process.
 //!
-//! A lock is known here by the base its keys share (`<prefix>:{<name>}:`), its channel
-//! being that base and `wake`.
+//! A lock is known here by its wake-up channel, `<prefix>:{<name>}:wake`, the name the
+//! scripts are passed to publish on.
 //!
 //! A waiter reads its versions *before* its acquire is sent, so a message that arrives
 //! between the script and the wait is never missed. A name is subscribed the first time
@@ -18,7 +18,7 @@ use redis::aio::{AsyncPushSender, SendError};
 use redis::{PushInfo, PushKind, Value};
 use tokio::sync::watch;
 
-/// Per-lock wake-up state of this process, by the lock's key base.
+/// Per-lock wake-up state of this process, by the lock's channel.
 #[derive(Debug, Default)]
 pub(crate) struct Wakeups {
     locks: Mutex<HashMap<String, Channel>>,
@@ -57,9 +57,9 @@ pub(crate) struct Seen {
 
 impl Seen {
     /// What a busy request hands to [`Wakeups::wait`].
-    pub(crate) fn ticket(self, lock: &str, owner: Option<&str>) -> Ticket {
+    pub(crate) fn ticket(self, channel: &str, owner: Option<&str>) -> Ticket {
         Ticket {
-            lock: lock.to_owned(),
+            channel: channel.to_owned(),
             owner: owner.map(str::to_owned),
             everyone: self.everyone,
             mine: self.mine,
@@ -72,8 +72,8 @@ impl Seen {
 /// What a waiter knew before its request: pass it back to [`Wakeups::wait`].
 #[derive(Debug, Clone)]
 pub(crate) struct Ticket {
-    /// The lock's key base.
-    pub(crate) lock: String,
+    /// The lock's channel.
+    pub(crate) channel: String,
     owner: Option<String>,
     everyone: u64,
     mine: u64,
@@ -91,9 +91,9 @@ impl Wakeups {
     /// sent. Messages arrive only on a subscribed channel: there the owner gets an entry now,
     /// so that a message naming it after the request cannot be missed. An unsubscribed
     /// channel costs nothing here; the first wait subscribes and has the request retried.
-    pub(crate) fn seen(&self, lock: &str, owner: Option<&str>) -> Seen {
+    pub(crate) fn seen(&self, channel: &str, owner: Option<&str>) -> Seen {
         let mut locks = self.locks();
-        let Some(entry) = locks.get_mut(lock) else {
+        let Some(entry) = locks.get_mut(channel) else {
             return Seen::default();
         };
         let waited = owner.is_some_and(|owner| entry.owners.contains_key(owner));
@@ -116,15 +116,15 @@ impl Wakeups {
     }
 
     /// The waiter `owner` is done (granted or gone).
-    pub(crate) fn forget(&self, lock: &str, owner: &str) {
-        if let Some(entry) = self.locks().get_mut(lock) {
+    pub(crate) fn forget(&self, channel: &str, owner: &str) {
+        if let Some(entry) = self.locks().get_mut(channel) {
             entry.owners.remove(owner);
         }
     }
 
-    pub(crate) fn mark_subscribed(&self, lock: &str) {
+    pub(crate) fn mark_subscribed(&self, channel: &str) {
         self.locks()
-            .entry(lock.to_owned())
+            .entry(channel.to_owned())
             .or_insert_with(Channel::new)
             .subscribed = true;
     }
@@ -135,7 +135,7 @@ impl Wakeups {
         let (mut everyone, mut mine) = {
             let mut locks = self.locks();
             let entry = locks
-                .entry(ticket.lock.clone())
+                .entry(ticket.channel.clone())
                 .or_insert_with(Channel::new);
             let mine = ticket.owner.as_ref().map(|owner| {
                 entry
@@ -170,11 +170,8 @@ impl Wakeups {
     }
 
     fn deliver(&self, channel: &str, payload: &str) {
-        let Some(lock) = channel.strip_suffix(crate::WAKE) else {
-            return;
-        };
         let locks = self.locks();
-        let Some(entry) = locks.get(lock) else {
+        let Some(entry) = locks.get(channel) else {
             return;
         };
         if payload == "*" {

@@ -343,9 +343,11 @@ pub struct Capabilities {
     pub permits: bool,
     /// `lock_delay` is honoured.
     pub lock_delay: bool,
-    /// Grants are bound to one session of the client ([`Expiry::Session`]), not renewed
-    /// one by one: a hold cap cannot stop one grant's renewal.
-    pub sessions: bool,
+    /// `Some(ttl)` when grants are bound to one session of the client
+    /// ([`Expiry::Session`]) rather than renewed one by one: the session, kept alive for
+    /// all of them, lasts `ttl` without a keep-alive, and that is every grant's lease
+    /// length whatever a lock's options ask (a hold cap cannot stop one grant's renewal).
+    pub session_ttl: Option<Duration>,
 }
 
 impl Capabilities {
@@ -361,8 +363,14 @@ impl Capabilities {
             shared: false,
             permits: false,
             lock_delay: false,
-            sessions: false,
+            session_ttl: None,
         }
+    }
+
+    /// Whether grants are bound to a session of the client (see
+    /// [`session_ttl`](Capabilities::session_ttl)).
+    pub fn has_sessions(&self) -> bool {
+        self.session_ttl.is_some()
     }
 }
 
@@ -388,6 +396,17 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
 
     /// Holders, waiters and a wait hint for `name`.
     async fn inspect(&self, name: &LockName) -> Result<LockState>;
+
+    /// Called when the release of `req`'s grant or queue entry could not be confirmed
+    /// (the engine retried it and the server never answered, or refused). A backend whose
+    /// grants live by a session must make sure this one does not stay alive under it, for
+    /// instance by ending the session (its other grants are lost with it) or by moving the
+    /// grant to a lease that expires. The default does nothing: on a backend whose grants
+    /// expire, the engine keeps retrying the release until the grant's lease has ended.
+    async fn abandon(&self, req: &Request) -> Result<()> {
+        let _ = req;
+        Ok(())
+    }
 }
 
 #[async_trait]
@@ -409,5 +428,8 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
     }
     async fn inspect(&self, name: &LockName) -> Result<LockState> {
         (**self).inspect(name).await
+    }
+    async fn abandon(&self, req: &Request) -> Result<()> {
+        (**self).abandon(req).await
     }
 }

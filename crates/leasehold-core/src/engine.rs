@@ -200,13 +200,33 @@ fn check_supported(client: &Client, spec: &Spec) -> Result<bool> {
     if options.max_hold().is_some() && !caps.expiring_leases {
         return unsupported("a maximum hold time (its grants do not expire)");
     }
-    if options.max_hold().is_some() && caps.sessions {
+    if options.max_hold().is_some() && caps.has_sessions() {
         return unsupported("a maximum hold time (grants live as long as the client's session)");
+    }
+    if let (Some(session), Some(asked)) = (caps.session_ttl, options.chosen_ttl())
+        && round_up(asked, caps.ttl_granularity) != session
+    {
+        return Err(Error::invalid(
+            "ttl",
+            format!(
+                "the {} backend's grants live by its session, whose ttl is {session:?}: a \
+                 lock cannot have a ttl of {asked:?}; set the session's ttl instead, or leave \
+                 the lock's unset",
+                caps.backend
+            ),
+        ));
     }
     match options.fair() {
         Some(true) if !caps.fair => unsupported("fair (FIFO) queueing"),
         fair => Ok(fair.unwrap_or(caps.fair)),
     }
+}
+
+/// `d` rounded up to a multiple of `granularity`.
+fn round_up(d: Duration, granularity: Duration) -> Duration {
+    let step = granularity.as_nanos().max(1);
+    let steps = d.as_nanos().div_ceil(step);
+    Duration::from_nanos(u64::try_from(steps * step).unwrap_or(u64::MAX))
 }
 
 /// Consecutive failures of one acquisition: how long to pause before the next try, and

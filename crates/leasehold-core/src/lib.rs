@@ -45,7 +45,7 @@ pub use client::{Client, ClientBuilder};
 pub use error::{Error, LossReason, Result};
 pub use fencing::{Fence, FencingToken, StaleToken};
 pub use name::{LockName, OwnerId, check_key_prefix};
-pub use options::{LockOptions, LockOptionsBuilder, MAX_DURATION, parse_duration};
+pub use options::{DEFAULT_TTL, LockOptions, LockOptionsBuilder, MAX_DURATION, parse_duration};
 pub use redact::redact_url;
 pub use sync::{
     Election, Guard, Leader, Leadership, Mutex, MutexGuard, Observer, Owner, Permit, ReadGuard,

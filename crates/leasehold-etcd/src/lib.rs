@@ -803,7 +803,11 @@ impl Backend for EtcdBackend {
         caps.push_wakeups = true;
         caps.shared = true;
         caps.permits = true;
-        caps.sessions = true;
+        // etcd grants whole seconds, rounded up (it may grant more: its minimum ttl).
+        let asked = self.inner.options.session_ttl;
+        caps.session_ttl = Some(Duration::from_secs(
+            asked.as_secs() + u64::from(asked.subsec_nanos() > 0),
+        ));
         // Markers bound to a lease that outlives the session's by the delay.
         caps.lock_delay = true;
         caps

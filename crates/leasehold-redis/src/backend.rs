@@ -1,7 +1,7 @@
 //! [`RedisBackend`]: the [`Backend`] of one Redis server.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -38,6 +38,28 @@ struct Inner {
     /// Per name: the highest token this client saw, and whose it was.
     floors: Mutex<HashMap<LockName, (u64, OwnerId)>>,
     warnings: Vec<String>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Ends the sweep of unused wake-up channels.
+        self.wakeups.close();
+    }
+}
+
+/// Drops and unsubscribes wake-up channels nobody has used for a while, as long as the
+/// backend lives (see `wakeups.rs`). Holds the backend only while it sweeps.
+async fn sweep_unused_channels(inner: Weak<Inner>, wakeups: Arc<Wakeups>) {
+    while let Some(due) = wakeups.next_sweep().await {
+        tokio::time::sleep_until(due).await;
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        let mut conn = inner.conn.clone();
+        let limit = inner.options.connect_limit();
+        drop(inner);
+        wakeups.sweep(&mut conn, limit).await;
+    }
 }
 
 /// How a Redlock node's acquire differs from a single server's.
@@ -84,21 +106,28 @@ impl RedisBackend {
         let wakeups = Arc::new(Wakeups::default());
         let (conn, warnings) =
             connection::connect(url, &options, Router(wakeups.clone()), lazy).await?;
-        Ok(Self {
-            inner: Arc::new(Inner {
-                conn,
-                options,
-                wakeups,
-                floors: Mutex::new(HashMap::new()),
-                warnings,
-            }),
-        })
+        let inner = Arc::new(Inner {
+            conn,
+            options,
+            wakeups: wakeups.clone(),
+            floors: Mutex::new(HashMap::new()),
+            warnings,
+        });
+        tokio::spawn(sweep_unused_channels(Arc::downgrade(&inner), wakeups));
+        Ok(Self { inner })
     }
 
     /// Configuration problems found on connecting (an eviction policy that can delete lock
     /// keys).
     pub fn warnings(&self) -> &[String] {
         &self.inner.warnings
+    }
+
+    /// How many lock names this client keeps wake-up state (and a subscription) for: those
+    /// with a waiter or an observer in this process, and for about a second those whose
+    /// last one left. For monitoring: it does not grow with the names ever locked.
+    pub fn wakeup_channels(&self) -> usize {
+        self.inner.wakeups.channels()
     }
 
     /// The server's run id (for Redlock's check that its nodes are distinct).
@@ -326,17 +355,14 @@ impl Backend for RedisBackend {
         let Some(ticket) = hint.get::<Ticket>() else {
             return Ok(());
         };
-        if !ticket.subscribed {
+        if !ticket.subscribed() {
             // Subscribe, then let the caller try again with the subscription in place.
             let mut conn = self.inner.conn.clone();
-            conn.subscribe(&ticket.channel)
-                .await
-                .map_err(|e| Error::Unavailable {
-                    message: format!("redis: subscribing to wake-ups failed: {e}"),
-                    source: Some(Arc::new(e)),
-                })?;
-            self.inner.wakeups.mark_subscribed(&ticket.channel);
-            return Ok(());
+            return self
+                .inner
+                .wakeups
+                .subscribe(&mut conn, &ticket.channel)
+                .await;
         }
         self.inner.wakeups.wait(ticket, max).await;
         Ok(())

@@ -78,7 +78,12 @@ impl Node {
     /// Whether waiting on this node's busy answer first needs a subscription (the first
     /// [`wait`](Node::wait) makes it and returns).
     pub(crate) fn must_subscribe(hint: &WaitHint) -> bool {
-        hint.get::<Ticket>().is_some_and(|t| !t.subscribed)
+        hint.get::<Ticket>().is_some_and(|t| !t.subscribed())
+    }
+
+    /// How many lock names this node's connection keeps wake-up state for.
+    pub(crate) fn wakeup_channels(&self) -> usize {
+        self.redis.wakeup_channels()
     }
 
     /// Returns when this node published a wake-up for the hint's waiter, or after `max`.

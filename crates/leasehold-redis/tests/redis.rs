@@ -518,3 +518,100 @@ async fn the_fast_path_comes_back_after_contention() {
     }
     assert_eq!(server.scripts_run().await.unwrap() - before, 6);
 }
+
+/// How many lock channels the server has subscribers for.
+async fn lock_channels(server: &Redis) -> usize {
+    match server
+        .command(&["PUBSUB", "CHANNELS", "leasehold:*"])
+        .await
+        .unwrap()
+    {
+        Resp::Array(Some(channels)) => channels.len(),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Wake-up state is kept per lock name only while something needs it: after observers of
+/// 100,000 distinct names and waiters on 1,000 more are done, the server has no
+/// subscription of ours left, and the client no wake-up state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_name_wakeup_state_returns_to_its_baseline() {
+    const OBSERVED: usize = 100_000;
+    const WAITED: usize = 1_000;
+    let server = Redis::start().await.unwrap();
+    let observer = RedisBackend::connect(&server.url()).await.unwrap();
+    let waiter = RedisBackend::connect(&server.url()).await.unwrap();
+    assert_eq!(lock_channels(&server).await, 0);
+    // Observers (an election's observe: inspect, then wait): each name gets a subscription.
+    futures_util::stream::iter(0..OBSERVED)
+        .for_each_concurrent(256, |i| {
+            let observer = observer.clone();
+            async move {
+                let name = LockName::new(&format!("order-{i}")).unwrap();
+                let state = observer.inspect(&name).await.unwrap();
+                observer
+                    .wait(&name, &state.hint, Duration::from_secs(1))
+                    .await
+                    .unwrap();
+            }
+        })
+        .await;
+    assert!(lock_channels(&server).await > 0, "no subscription was made");
+    // Waiters woken by a release, through the whole engine.
+    let holder = client(&server, Duration::from_secs(30)).await;
+    futures_util::stream::iter(0..WAITED)
+        .for_each_concurrent(64, |i| {
+            let (holder, waiter) = (&holder, &waiter);
+            async move {
+                let name = format!("job-{i}");
+                let held = holder.mutex(&name).unwrap().lock().await.unwrap();
+                let faults = Faulty::wrap(Arc::new(waiter.clone()));
+                let mutex = Client::builder(faults.clone())
+                    .options(options(Duration::from_secs(30)))
+                    .build()
+                    .mutex(&name)
+                    .unwrap();
+                let waiting = tokio::spawn(async move { mutex.lock().await.unwrap() });
+                // Subscribed (the first wait) and asleep (the second): woken by the push.
+                faults.until_calls(Op::Wait, 2).await;
+                held.release().await.unwrap();
+                waiting.await.unwrap().release().await.unwrap();
+            }
+        })
+        .await;
+    // Freed in the background once nothing needs them: wait for the server to say so.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let left = lock_channels(&server).await;
+        if left == 0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{left} lock channels are still subscribed"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(observer.wakeup_channels() + waiter.wakeup_channels(), 0);
+    // Uncontended locks make no wake-up state and no (un)subscription at all.
+    let subscriptions = || async {
+        let info = server.command(&["INFO", "commandstats"]).await.unwrap();
+        let info = info.text().unwrap();
+        ["cmdstat_subscribe:", "cmdstat_unsubscribe:"].map(|stat| {
+            info.lines()
+                .find(|l| l.starts_with(stat))
+                .map(str::to_owned)
+        })
+    };
+    let before = subscriptions().await;
+    for i in 0..100 {
+        let guard = holder
+            .mutex(&format!("free-{i}"))
+            .unwrap()
+            .lock()
+            .await
+            .unwrap();
+        guard.release().await.unwrap();
+    }
+    assert_eq!(subscriptions().await, before);
+}

@@ -5,7 +5,10 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use leasehold_core::{Client, Error, Fence, LockOptions};
+use futures_util::StreamExt;
+use leasehold_core::backend::Backend;
+use leasehold_core::faulty::{Faulty, Op};
+use leasehold_core::{Client, Error, Fence, LockName, LockOptions};
 use leasehold_redis::{RedlockBackend, RedlockOptions};
 use leasehold_testkit::probe::Resp;
 use leasehold_testkit::{Direction, FaultProxy, Redis, redis_servers};
@@ -450,4 +453,87 @@ async fn tokens_increase_over_a_thousand_contended_grants_with_nodes_restarting(
             &held[i.saturating_sub(2)..(i + 3).min(held.len())]
         );
     }
+}
+
+/// How many lock channels a node has subscribers for.
+async fn lock_channels(server: &Redis) -> usize {
+    match server
+        .command(&["PUBSUB", "CHANNELS", "leasehold:*"])
+        .await
+        .unwrap()
+    {
+        Resp::Array(Some(channels)) => channels.len(),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// As for a single server: after observers of 100,000 distinct names and waiters on 300
+/// more are done, no node has a subscription of ours left, and the client no wake-up
+/// state (it kept one per name and node before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_name_wakeup_state_returns_to_its_baseline_on_every_node() {
+    const OBSERVED: usize = 100_000;
+    const WAITED: usize = 300;
+    let servers = redis_servers(3).await.unwrap();
+    let backend = RedlockBackend::connect_nodes(&urls(&servers), no_quarantine())
+        .await
+        .unwrap();
+    futures_util::stream::iter(0..OBSERVED)
+        .for_each_concurrent(256, |i| {
+            let backend = backend.clone();
+            async move {
+                let name = LockName::new(&format!("order-{i}")).unwrap();
+                let state = backend.inspect(&name).await.unwrap();
+                backend
+                    .wait(&name, &state.hint, Duration::from_secs(1))
+                    .await
+                    .unwrap();
+            }
+        })
+        .await;
+    for server in &servers {
+        assert!(lock_channels(server).await > 0, "no subscription was made");
+    }
+    let holder = client(&urls(&servers), no_quarantine(), Duration::from_secs(30)).await;
+    futures_util::stream::iter(0..WAITED)
+        .for_each_concurrent(32, |i| {
+            let (holder, backend) = (&holder, &backend);
+            async move {
+                let name = format!("job-{i}");
+                let held = holder.mutex(&name).unwrap().lock().await.unwrap();
+                let faults = Faulty::wrap(Arc::new(backend.clone()));
+                let mutex = Client::builder(faults.clone())
+                    .options(
+                        LockOptions::builder()
+                            .ttl(Duration::from_secs(30))
+                            .request_timeout(Duration::from_secs(2))
+                            .build()
+                            .unwrap(),
+                    )
+                    .build()
+                    .mutex(&name)
+                    .unwrap();
+                let waiting = tokio::spawn(async move { mutex.lock().await.unwrap() });
+                // Subscribed (the first wait) and asleep (the second): woken by the push.
+                faults.until_calls(Op::Wait, 2).await;
+                held.release().await.unwrap();
+                waiting.await.unwrap().release().await.unwrap();
+            }
+        })
+        .await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    for server in &servers {
+        loop {
+            let left = lock_channels(server).await;
+            if left == 0 {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{left} lock channels are still subscribed on a node"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    assert_eq!(backend.wakeup_channels(), 0);
 }

@@ -117,6 +117,12 @@ impl RedlockBackend {
         &self.inner.warnings
     }
 
+    /// How many lock names this client keeps wake-up state (and a subscription) for, summed
+    /// over the nodes: see [`RedisBackend::wakeup_channels`](crate::RedisBackend::wakeup_channels).
+    pub fn wakeup_channels(&self) -> usize {
+        self.inner.nodes.iter().map(Node::wakeup_channels).sum()
+    }
+
     /// The number of nodes that must agree.
     pub fn quorum(&self) -> usize {
         self.inner.quorum

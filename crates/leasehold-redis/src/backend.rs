@@ -97,24 +97,27 @@ impl RedisBackend {
     ///
     /// As for [`connect`](RedisBackend::connect).
     pub async fn connect_with(url: &str, options: RedisOptions) -> Result<Self> {
-        Self::open(url, options, false).await
+        Ok(Self::open(url, options, false).await?.0)
     }
 
-    /// Connects to `url`; with `lazy`, without reaching the server now (it is tried on the
-    /// first request).
-    pub(crate) async fn open(url: &str, options: RedisOptions, lazy: bool) -> Result<Self> {
+    /// Connects to `url` (within the options' connect timeout); with `run_id`, also reads
+    /// the server's run id.
+    pub(crate) async fn open(
+        url: &str,
+        options: RedisOptions,
+        run_id: bool,
+    ) -> Result<(Self, Option<String>)> {
         let wakeups = Arc::new(Wakeups::default());
-        let (conn, warnings) =
-            connection::connect(url, &options, Router(wakeups.clone()), lazy).await?;
+        let connected = connection::connect(url, &options, Router(wakeups.clone()), run_id).await?;
         let inner = Arc::new(Inner {
-            conn,
+            conn: connected.conn,
             options,
             wakeups: wakeups.clone(),
             floors: Mutex::new(HashMap::new()),
-            warnings,
+            warnings: connected.warnings,
         });
         tokio::spawn(sweep_unused_channels(Arc::downgrade(&inner), wakeups));
-        Ok(Self { inner })
+        Ok((Self { inner }, connected.run_id))
     }
 
     /// Configuration problems found on connecting (an eviction policy that can delete lock
@@ -128,11 +131,6 @@ impl RedisBackend {
     /// last one left. For monitoring: it does not grow with the names ever locked.
     pub fn wakeup_channels(&self) -> usize {
         self.inner.wakeups.channels()
-    }
-
-    /// The server's run id (for Redlock's check that its nodes are distinct).
-    pub(crate) async fn run_id(&self) -> Result<String> {
-        connection::run_id(&mut self.inner.conn.clone()).await
     }
 
     fn keys(&self, name: &LockName) -> Keys {

@@ -15,15 +15,24 @@ use crate::reply;
 use crate::script::CALLS;
 use crate::wakeups::Router;
 
-/// Connects to `url`, loads every script and reads the eviction policy; the connection and
-/// the configuration problems found (see [`RedisBackend::warnings`](crate::RedisBackend::warnings)).
-/// With `lazy`, nothing is sent now: the connection is made by the first request.
+/// A connection made and checked.
+#[derive(Debug)]
+pub(crate) struct Connected {
+    pub(crate) conn: ConnectionManager,
+    /// Configuration problems found (see [`RedisBackend::warnings`](crate::RedisBackend::warnings)).
+    pub(crate) warnings: Vec<String>,
+    /// The server's run id, if asked for.
+    pub(crate) run_id: Option<String>,
+}
+
+/// Connects to `url`, loads every script, reads the eviction policy and, with `run_id`,
+/// the server's run id — all within the options' connect timeout, or fails.
 pub(crate) async fn connect(
     url: &str,
     options: &RedisOptions,
     push: Router,
-    lazy: bool,
-) -> Result<(ConnectionManager, Vec<String>)> {
+    run_id: bool,
+) -> Result<Connected> {
     let shown = redact_url(url);
     let client = client(url, options)?;
     let config = ConnectionManagerConfig::new()
@@ -34,29 +43,45 @@ pub(crate) async fn connect(
         .set_number_of_retries(2)
         // Every request is bounded by the engine's request timeout instead.
         .set_response_timeout(None);
-    let unavailable = |e: RedisError| Error::Unavailable {
-        message: format!("cannot connect to redis at {shown}: {e}"),
-        source: Some(Arc::new(e)),
+    let limit = options.connect_limit();
+    let connecting = async {
+        let mut conn = client
+            .get_connection_manager_with_config(config)
+            .await
+            .map_err(|e| Error::Unavailable {
+                message: format!("cannot connect to redis at {shown}: {e}"),
+                source: Some(Arc::new(e)),
+            })?;
+        // One round trip: the requests share the connection. The scripts are loaded up
+        // front, so that even the first grant is one round trip (after a server restart
+        // EVALSHA falls back to loading them again).
+        let (mut config_conn, mut info_conn) = (conn.clone(), conn.clone());
+        let (loaded, warning, id) = tokio::join!(
+            load_scripts(&mut conn),
+            eviction_warning(&mut config_conn),
+            async {
+                match run_id {
+                    true => Some(server_run_id(&mut info_conn).await),
+                    false => None,
+                }
+            }
+        );
+        loaded?;
+        Ok(Connected {
+            conn,
+            warnings: warning.into_iter().collect(),
+            run_id: id.transpose()?,
+        })
     };
-    if lazy {
-        let conn = ConnectionManager::new_lazy_with_config(client, config).map_err(unavailable)?;
-        return Ok((conn, Vec::new()));
-    }
-    let mut conn = tokio::time::timeout(
-        options.connect_limit(),
-        client.get_connection_manager_with_config(config),
-    )
-    .await
-    .map_err(|_| Error::unavailable(format!("connecting to {shown} timed out")))?
-    .map_err(unavailable)?;
-    // Loaded up front, so that even the first grant is one round trip. After a server
-    // restart EVALSHA falls back to loading them again.
-    load_scripts(&mut conn).await?;
-    let warnings: Vec<String> = eviction_warning(&mut conn).await.into_iter().collect();
-    for warning in &warnings {
+    let connected = tokio::time::timeout(limit, connecting)
+        .await
+        .map_err(|_| {
+            Error::unavailable(format!("connecting to {shown} timed out after {limit:?}"))
+        })??;
+    for warning in &connected.warnings {
         tracing::warn!(url = %shown, "{warning}");
     }
-    Ok((conn, warnings))
+    Ok(connected)
 }
 
 /// The redis-rs client for `url`: RESP3 (push messages), TLS with the options' files.
@@ -122,7 +147,7 @@ async fn eviction_warning(conn: &mut ConnectionManager) -> Option<String> {
 }
 
 /// The server's run id (`INFO server`): tells two addresses of one server apart.
-pub(crate) async fn run_id(conn: &mut ConnectionManager) -> Result<String> {
+async fn server_run_id(conn: &mut ConnectionManager) -> Result<String> {
     let info: String = redis::cmd("INFO")
         .arg("server")
         .query_async(conn)

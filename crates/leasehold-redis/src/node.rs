@@ -15,19 +15,21 @@ use crate::wakeups::Ticket;
 #[derive(Debug, Clone)]
 pub(crate) struct Node {
     redis: RedisBackend,
+    run_id: String,
 }
 
 impl Node {
-    /// Connects to the node at `url`; with `lazy`, without reaching it now.
-    pub(crate) async fn open(url: &str, options: &RedisOptions, lazy: bool) -> Result<Node> {
-        Ok(Node {
-            redis: RedisBackend::open(url, options.clone(), lazy).await?,
-        })
+    /// Connects to the node at `url` and reads its run id, within the options' connect
+    /// timeout.
+    pub(crate) async fn connect(url: &str, options: &RedisOptions) -> Result<Node> {
+        let (redis, run_id) = RedisBackend::open(url, options.clone(), true).await?;
+        let run_id = run_id.ok_or_else(|| crate::error::unexpected("INFO server", "no run id"))?;
+        Ok(Node { redis, run_id })
     }
 
     /// The server's run id: two nodes with one run id are one server.
-    pub(crate) async fn run_id(&self) -> Result<String> {
-        self.redis.run_id().await
+    pub(crate) fn run_id(&self) -> &str {
+        &self.run_id
     }
 
     /// The lease a node grants for `ttl`: whole milliseconds, rounded up.

@@ -615,3 +615,27 @@ async fn per_name_wakeup_state_returns_to_its_baseline() {
     }
     assert_eq!(subscriptions().await, before);
 }
+
+/// Connecting — the connection, loading the scripts, reading the configuration — is done
+/// within the connect timeout or fails: a server that answers each request after a second
+/// is refused by a 1.5 s connect timeout, since connecting takes at least two round trips
+/// (the handshake alone fits in the timeout).
+#[tokio::test]
+async fn connecting_is_bounded_by_the_connect_timeout() {
+    let server = Redis::start().await.unwrap();
+    let proxy = FaultProxy::start(server.addr()).await.unwrap();
+    proxy.set_delay(Direction::ToClient, Duration::from_secs(1));
+    let options = RedisOptions::default().connect_timeout(Duration::from_millis(1500));
+    let url = format!("redis://127.0.0.1:{}", proxy.port());
+    let started = std::time::Instant::now();
+    match RedisBackend::connect_with(&url, options).await {
+        Err(Error::Unavailable { message, .. }) => {
+            assert!(message.contains("timed out"), "{message}");
+        }
+        other => panic!(
+            "{:?} after {:?}: connecting took longer than its timeout",
+            other.map(|_| "connected"),
+            started.elapsed()
+        ),
+    }
+}

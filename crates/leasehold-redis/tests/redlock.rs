@@ -537,3 +537,54 @@ async fn per_name_wakeup_state_returns_to_its_baseline_on_every_node() {
     }
     assert_eq!(backend.wakeup_channels(), 0);
 }
+
+/// One stalled node (SIGSTOP) does not hold up connecting while a majority answers; it is
+/// connected in the background once it answers again. (Its connect timeout is a minute:
+/// connecting that waited for it would not end within the test's bound.)
+#[tokio::test]
+async fn a_paused_node_does_not_hold_up_connecting() {
+    let servers = redis_servers(3).await.unwrap();
+    servers[2].pause();
+    let options = no_quarantine()
+        .redis(leasehold_redis::RedisOptions::default().connect_timeout(Duration::from_secs(60)));
+    let backend = tokio::time::timeout(
+        Duration::from_secs(20),
+        RedlockBackend::connect_nodes(&urls(&servers), options),
+    )
+    .await
+    .expect("connecting waited for the paused node")
+    .unwrap();
+    let c = Client::builder(backend)
+        .options(
+            LockOptions::builder()
+                .ttl(Duration::from_secs(5))
+                .request_timeout(Duration::from_secs(2))
+                .build()
+                .unwrap(),
+        )
+        .build();
+    let guard = c
+        .mutex("job")
+        .unwrap()
+        .try_lock()
+        .await
+        .unwrap()
+        .expect("2 of 3");
+    guard.release().await.unwrap();
+    servers[2].resume();
+    // The paused node is reached in the background: grants come to include it.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let guard = c.mutex("job").unwrap().lock().await.unwrap();
+        let included = holds(&servers[2], "job").await;
+        guard.release().await.unwrap();
+        if included {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the resumed node was never used"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -1,22 +1,76 @@
 //! Connecting to the nodes: refusing configurations that break the quorum (one server
-//! counted twice), and reaching a majority.
+//! counted twice), and reaching a majority without waiting for the rest.
+//!
+//! Every node is connected by a task of its own that keeps trying (with backoff) until it
+//! succeeds or the backend is dropped; each attempt is bounded by the connect timeout. A
+//! node is used only once connected and its run id checked against the others'. Connecting
+//! returns when a majority is connected (and the others had `node_timeout` more to
+//! join), so one stalled node does not hold it up.
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::Duration;
 
-use futures_util::future::join_all;
 use leasehold_core::{Error, Result, redact_url};
+use tokio::sync::mpsc;
 
 use super::options::RedlockOptions;
 use super::quorum::quorum;
 use crate::node::Node;
 
-/// The nodes at `urls` once a majority is reached, and the warnings to show (nodes not
-/// reached yet are reached lazily later).
+/// The first pause between connection attempts of a node, doubled up to [`MAX_PAUSE`].
+const FIRST_PAUSE: Duration = Duration::from_millis(100);
+const MAX_PAUSE: Duration = Duration::from_secs(5);
+
+/// The nodes of one Redlock backend, each usable once connected and checked.
+#[derive(Debug)]
+pub(super) struct Nodes {
+    urls: Vec<String>,
+    slots: Vec<OnceLock<Node>>,
+    /// Serialises the run-id check of nodes connecting at the same time.
+    checking: Mutex<()>,
+}
+
+impl Nodes {
+    /// How many nodes there are (connected or not).
+    pub(super) fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Node `i`, if it is connected.
+    pub(super) fn get(&self, i: usize) -> Option<&Node> {
+        self.slots.get(i)?.get()
+    }
+
+    /// The connected nodes.
+    pub(super) fn connected(&self) -> impl Iterator<Item = &Node> {
+        self.slots.iter().filter_map(OnceLock::get)
+    }
+
+    /// Makes `node` usable as node `i`, unless it is a server that another node is already.
+    fn accept(&self, i: usize, node: Node) -> Result<()> {
+        let _checking = self.checking.lock().unwrap_or_else(|e| e.into_inner());
+        for (j, other) in self.slots.iter().enumerate() {
+            if let Some(other) = other.get()
+                && other.run_id() == node.run_id()
+            {
+                return Err(same_server(&self.urls[j], &self.urls[i]));
+            }
+        }
+        let _ = self.slots[i].set(node);
+        Ok(())
+    }
+}
+
+/// What became of a node's connection attempt.
+type Report = (usize, Result<()>);
+
+/// The nodes at `urls` once a majority is connected, and the warnings to show.
 pub(super) async fn connect(
     urls: &[String],
     options: &RedlockOptions,
-) -> Result<(Vec<Node>, Vec<String>)> {
+) -> Result<(Arc<Nodes>, Vec<String>)> {
     if urls.is_empty() {
         return Err(Error::invalid(
             "redlock nodes",
@@ -24,52 +78,125 @@ pub(super) async fn connect(
         ));
     }
     refuse_same_address(urls).await?;
-    let quorum = quorum(urls.len());
+    let n = urls.len();
+    let quorum = quorum(n);
     let mut warnings = Vec::new();
-    if urls.len() % 2 == 0 {
+    if n % 2 == 0 {
         warnings.push(format!(
-            "{} nodes: an even number tolerates no more failures than {} nodes and needs a \
+            "{n} nodes: an even number tolerates no more failures than {} nodes and needs a \
              larger majority ({quorum}); use an odd number",
-            urls.len(),
-            urls.len() - 1
+            n - 1
         ));
     }
-    // Connect to all at once; nodes that are down now are reached lazily later.
-    let eager = join_all(
-        urls.iter()
-            .map(|url| Node::open(url, &options.redis, false)),
-    )
-    .await;
-    let mut nodes = Vec::with_capacity(urls.len());
-    let mut reached = Vec::new();
-    for (url, node) in urls.iter().zip(eager) {
-        match node {
-            Ok(node) => {
-                reached.push((url, node.clone()));
-                nodes.push(node);
-            }
+    let nodes = Arc::new(Nodes {
+        urls: urls.to_vec(),
+        slots: (0..n).map(|_| OnceLock::new()).collect(),
+        checking: Mutex::new(()),
+    });
+    let (report, mut reports) = mpsc::unbounded_channel::<Report>();
+    for (i, url) in urls.iter().enumerate() {
+        tokio::spawn(keep_connecting(
+            Arc::downgrade(&nodes),
+            i,
+            url.clone(),
+            options.clone(),
+            report.clone(),
+        ));
+    }
+    drop(report);
+    // Per node: None while its first attempt runs, then whether it is connected.
+    let mut outcome: Vec<Option<bool>> = vec![None; n];
+    let mut errors: Vec<Option<Error>> = vec![None; n];
+    let connected = |outcome: &[Option<bool>]| outcome.iter().filter(|o| **o == Some(true)).count();
+    let failed = |outcome: &[Option<bool>]| outcome.iter().filter(|o| **o == Some(false)).count();
+    let mut handle = |(i, result): Report, outcome: &mut Vec<Option<bool>>| -> Result<()> {
+        match result {
+            Ok(()) => outcome[i] = Some(true),
+            // One server twice: refused.
+            Err(error @ Error::InvalidArgument { .. }) => return Err(error),
             Err(error) => {
-                warnings.push(format!("{} is not reachable yet: {error}", redact_url(url)));
-                nodes.push(Node::open(url, &options.redis, true).await?);
+                if outcome[i].is_none() {
+                    outcome[i] = Some(false);
+                }
+                errors[i] = Some(error);
             }
         }
+        Ok(())
+    };
+    while connected(&outcome) < quorum {
+        if n - failed(&outcome) < quorum {
+            return Err(Error::unavailable(format!(
+                "only {} of {n} redis nodes are reachable; a majority ({quorum}) is needed",
+                connected(&outcome)
+            )));
+        }
+        let Some(next) = reports.recv().await else {
+            break;
+        };
+        handle(next, &mut outcome)?;
     }
-    if reached.len() < quorum {
-        return Err(Error::unavailable(format!(
-            "only {} of {} redis nodes are reachable; a majority ({quorum}) is needed",
-            reached.len(),
-            urls.len()
-        )));
+    // The others get a moment more, so that a healthy deployment is checked whole here.
+    let grace = tokio::time::sleep(options.node_timeout);
+    tokio::pin!(grace);
+    while connected(&outcome) < n {
+        tokio::select! {
+            next = reports.recv() => match next {
+                Some(next) => handle(next, &mut outcome)?,
+                None => break,
+            },
+            () = &mut grace => break,
+        }
     }
-    // The same server behind two addresses (an alias, NAT) would count twice.
-    let mut seen: HashMap<String, &String> = HashMap::new();
-    for (url, node) in &reached {
-        let id = node.run_id().await?;
-        if let Some(first) = seen.insert(id, url) {
-            return Err(same_server(first, url));
+    for (i, connected) in outcome.iter().enumerate() {
+        if *connected != Some(true) {
+            let why = match &errors[i] {
+                Some(error) => format!(": {error}"),
+                None => String::new(),
+            };
+            warnings.push(format!(
+                "{} is not connected yet; it is tried again in the background{why}",
+                redact_url(&urls[i])
+            ));
         }
     }
     Ok((nodes, warnings))
+}
+
+/// Connects node `i` at `url`, again and again until that succeeds or the nodes are gone,
+/// reporting each outcome.
+async fn keep_connecting(
+    nodes: Weak<Nodes>,
+    i: usize,
+    url: String,
+    options: RedlockOptions,
+    report: mpsc::UnboundedSender<Report>,
+) {
+    let mut pause = FIRST_PAUSE;
+    loop {
+        let attempt = Node::connect(&url, &options.redis).await;
+        let Some(nodes) = nodes.upgrade() else {
+            return;
+        };
+        match attempt.and_then(|node| nodes.accept(i, node)) {
+            Ok(()) => {
+                let _ = report.send((i, Ok(())));
+                return;
+            }
+            Err(error @ Error::InvalidArgument { .. }) => {
+                // Never used: it would count one server twice.
+                tracing::error!("redlock: {error}; this node is left out");
+                let _ = report.send((i, Err(error)));
+                return;
+            }
+            Err(error) => {
+                tracing::debug!(url = %redact_url(&url), %error, "redlock: connecting to a node failed; trying again");
+                let _ = report.send((i, Err(error)));
+            }
+        }
+        drop(nodes);
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(MAX_PAUSE);
+    }
 }
 
 fn same_server(first: &str, second: &str) -> Error {

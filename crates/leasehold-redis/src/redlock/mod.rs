@@ -52,7 +52,7 @@ pub struct RedlockBackend {
 
 #[derive(Debug)]
 struct Inner {
-    nodes: Vec<Node>,
+    nodes: Arc<connect::Nodes>,
     quorum: usize,
     options: RedlockOptions,
     warnings: Vec<String>,
@@ -72,6 +72,12 @@ impl RedlockBackend {
     ///
     /// Parameters: `prefix`, `connect_timeout`, `node_timeout` (default `50ms`), `fencing`
     /// (`true`/`false`), `quarantine` (a duration), `tls`, `tls_ca`, `tls_cert`, `tls_key`.
+    ///
+    /// Returns once a majority of the nodes is connected (each attempt bounded by the
+    /// connect timeout) and the others had `node_timeout` more; nodes not connected by then
+    /// are tried again in the background, with backoff, and used once connected. A node is
+    /// used only after its run id is checked against the others': one found to be another
+    /// node's server is refused here, or left out (and logged) if found later.
     ///
     /// # Cancel safety
     ///
@@ -103,7 +109,7 @@ impl RedlockBackend {
         }
         Ok(Self {
             inner: Arc::new(Inner {
-                quorum: quorum(nodes.len()),
+                quorum: quorum(urls.len()),
                 nodes,
                 options,
                 warnings,
@@ -111,8 +117,8 @@ impl RedlockBackend {
         })
     }
 
-    /// Configuration problems found on connecting (an even number of nodes, unreachable
-    /// nodes).
+    /// Configuration problems found on connecting (an even number of nodes, nodes not
+    /// connected yet).
     pub fn warnings(&self) -> &[String] {
         &self.inner.warnings
     }
@@ -120,12 +126,35 @@ impl RedlockBackend {
     /// How many lock names this client keeps wake-up state (and a subscription) for, summed
     /// over the nodes: see [`RedisBackend::wakeup_channels`](crate::RedisBackend::wakeup_channels).
     pub fn wakeup_channels(&self) -> usize {
-        self.inner.nodes.iter().map(Node::wakeup_channels).sum()
+        self.inner
+            .nodes
+            .connected()
+            .map(Node::wakeup_channels)
+            .sum()
     }
 
     /// The number of nodes that must agree.
     pub fn quorum(&self) -> usize {
         self.inner.quorum
+    }
+
+    /// Runs `call` on node `i`, bounded by the node timeout; an error if it is not
+    /// connected (yet).
+    async fn on<'a, T, F, Fut>(&'a self, i: usize, call: F) -> Result<T>
+    where
+        F: FnOnce(&'a Node) -> Fut,
+        Fut: Future<Output = Result<T>>,
+    {
+        let Some(node) = self.inner.nodes.get(i) else {
+            return Err(Error::unavailable(format!(
+                "redis node {} is not connected yet",
+                i + 1
+            )));
+        };
+        let limit = self.inner.options.node_timeout;
+        tokio::time::timeout(limit, call(node))
+            .await
+            .unwrap_or(Err(Error::Timeout(limit)))
     }
 
     /// Runs `call` on every node at once, each bounded by the node timeout.
@@ -134,16 +163,7 @@ impl RedlockBackend {
         F: Fn(&'a Node) -> Fut,
         Fut: Future<Output = Result<T>>,
     {
-        let limit = self.inner.options.node_timeout;
-        join_all(self.inner.nodes.iter().map(|node| {
-            let request = call(node);
-            async move {
-                tokio::time::timeout(limit, request)
-                    .await
-                    .unwrap_or(Err(Error::Timeout(limit)))
-            }
-        }))
-        .await
+        join_all((0..self.inner.nodes.len()).map(|i| self.on(i, &call))).await
     }
 
     /// Runs `call` on every node at once (each bounded by the node timeout) and returns as
@@ -158,21 +178,9 @@ impl RedlockBackend {
         F: Fn(&'a Node) -> Fut,
         Fut: Future<Output = Result<T>>,
     {
-        let limit = self.inner.options.node_timeout;
-        let mut pending: FuturesUnordered<_> = self
-            .inner
-            .nodes
-            .iter()
-            .enumerate()
-            .map(|(i, node)| {
-                let request = call(node);
-                async move {
-                    let answer = tokio::time::timeout(limit, request)
-                        .await
-                        .unwrap_or(Err(Error::Timeout(limit)));
-                    (i, answer)
-                }
-            })
+        let call = &call;
+        let mut pending: FuturesUnordered<_> = (0..self.inner.nodes.len())
+            .map(|i| async move { (i, self.on(i, call).await) })
             .collect();
         let mut answers = Vec::with_capacity(self.inner.nodes.len());
         while let Some(answer) = pending.next().await {
@@ -261,18 +269,17 @@ impl Backend for RedlockBackend {
         let mut to_release = Vec::new();
         let mut answered = 0;
         for (i, answer) in answers {
-            let node = &self.inner.nodes[i];
             match answer {
                 Ok(Acquire::Granted(grant)) => {
                     answered += 1;
                     tokens.push(grant.token);
-                    to_release.push(node);
+                    to_release.push(i);
                 }
                 Ok(Acquire::Busy(hint)) => {
                     answered += 1;
                     hints[i] = hint;
                 }
-                Err(_) => to_release.push(node),
+                Err(_) => to_release.push(i),
             }
         }
         if tokens.len() >= self.inner.quorum
@@ -307,11 +314,11 @@ impl Backend for RedlockBackend {
         if answered < self.inner.quorum || tokens.len() >= self.inner.quorum {
             self.release_everywhere(&node_req).await;
         } else {
-            let limit = self.inner.options.node_timeout;
+            let node_req = &node_req;
             join_all(
                 to_release
                     .into_iter()
-                    .map(|node| tokio::time::timeout(limit, node.release(&node_req))),
+                    .map(|i| self.on(i, move |node| node.release(node_req))),
             )
             .await;
         }
@@ -372,24 +379,28 @@ impl Backend for RedlockBackend {
             return Ok(());
         };
         let nodes = &self.inner.nodes;
-        // First make sure every node will push a wake-up (a node's first wait subscribes).
-        let unsubscribed: Vec<_> = nodes
-            .iter()
-            .zip(&hint.nodes)
+        let with_hints = || {
+            hint.nodes
+                .iter()
+                .enumerate()
+                .filter_map(|(i, h)| Some((nodes.get(i)?, h)))
+        };
+        // First make sure every node will push a wake-up (a node's first wait subscribes
+        // and returns; a stalled node is not waited for longer than the node timeout).
+        let unsubscribed: Vec<_> = with_hints()
             .filter(|(_, h)| Node::must_subscribe(h))
             .collect();
         if !unsubscribed.is_empty() {
+            let limit = self.inner.options.node_timeout;
             join_all(
                 unsubscribed
                     .into_iter()
-                    .map(|(node, h)| node.wait(name, h, max)),
+                    .map(|(node, h)| tokio::time::timeout(limit, node.wait(name, h, max))),
             )
             .await;
             return Ok(());
         }
-        let waits: Vec<_> = nodes
-            .iter()
-            .zip(&hint.nodes)
+        let waits: Vec<_> = with_hints()
             .filter(|(_, h)| Node::can_wait(h))
             .map(|(node, h)| Box::pin(node.wait(name, h, max)))
             .collect();

@@ -1,6 +1,5 @@
 //! [`RedisBackend`]: the [`Backend`] of one Redis server.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -15,14 +14,11 @@ use redis::aio::ConnectionManager;
 
 use crate::connection;
 use crate::error::map_error;
+use crate::floors::{Floor, Floors};
 use crate::options::{RedisOptions, ReplicaAck, parse_url};
 use crate::reply::{self, Acquired};
 use crate::script::{CALLS, Call, Keys, Values, millis_up};
 use crate::wakeups::{Router, Seen, Ticket, Wakeups};
-
-/// Most names whose highest seen token this client remembers; past it the memory starts
-/// over (protection against a regressing counter then restarts from the next grant).
-const MAX_FLOORS: usize = 100_000;
 
 /// A Redis server holding locks. Clones share one multiplexed connection.
 #[derive(Debug, Clone)]
@@ -35,8 +31,8 @@ struct Inner {
     conn: ConnectionManager,
     options: RedisOptions,
     wakeups: Arc<Wakeups>,
-    /// Per name: the highest token this client saw, and whose it was.
-    floors: Mutex<HashMap<LockName, (u64, OwnerId)>>,
+    /// Per name: the highest token this client saw granted, and to whom.
+    floors: Mutex<Floors>,
     warnings: Vec<String>,
 }
 
@@ -113,7 +109,7 @@ impl RedisBackend {
             conn: connected.conn,
             options,
             wakeups: wakeups.clone(),
-            floors: Mutex::new(HashMap::new()),
+            floors: Mutex::new(Floors::default()),
             warnings: connected.warnings,
         });
         tokio::spawn(sweep_unused_channels(Arc::downgrade(&inner), wakeups));
@@ -185,22 +181,22 @@ impl RedisBackend {
         reply::yes_or_no(answer, call.name)
     }
 
-    /// Remembers `token` as the highest seen for the name, or returns the higher token
-    /// seen before (the server handed out one that is not new: it lost data).
-    fn check_floor(&self, req: &Request, token: u64) -> Option<u64> {
-        let mut floors = self.inner.floors.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((floor, owner)) = floors.get_mut(&req.name) {
-            if token < *floor || (token == *floor && *owner != req.owner) {
-                return Some(*floor);
+    fn floors(&self) -> std::sync::MutexGuard<'_, Floors> {
+        self.inner.floors.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// One acquire, and the floor it must not break: the highest token seen granted before
+    /// its request was sent (see `floors.rs`).
+    async fn acquire_checked(&self, req: &Request, keys: &Keys) -> Result<(Acquire, Option<u64>)> {
+        let seen = self.floors().get(&req.name);
+        let answer = self.acquire_once(req, keys, NodeAcquire::default()).await?;
+        let broken = match &answer {
+            Acquire::Granted(grant) => {
+                Floor::broken_by(seen.as_ref(), grant.token.get(), &req.owner)
             }
-            (*floor, *owner) = (token, req.owner.clone());
-            return None;
-        }
-        if floors.len() >= MAX_FLOORS {
-            floors.clear();
-        }
-        floors.insert(req.name.clone(), (token, req.owner.clone()));
-        None
+            Acquire::Busy(_) => None,
+        };
+        Ok((answer, broken))
     }
 
     /// One acquire round trip (two when the fast path does not apply).
@@ -294,20 +290,16 @@ impl Backend for RedisBackend {
 
     async fn acquire(&self, req: &Request) -> Result<Acquire> {
         let keys = self.keys(&req.name);
-        let single = NodeAcquire::default();
-        let mut answer = self.acquire_once(req, &keys, single).await?;
-        if let Acquire::Granted(grant) = &answer
-            && let Some(floor) = self.check_floor(req, grant.token.get())
-        {
+        let (mut answer, broken) = self.acquire_checked(req, &keys).await?;
+        if let (Acquire::Granted(grant), Some(floor)) = (&answer, broken) {
             tracing::warn!(lock = %req.name, token = grant.token.get(), seen = floor,
                 "redis handed out a fencing token not above one already seen (it lost data: \
                  failover or restart); raising its counter and granting again");
             self.release_script(req, &keys).await?;
             self.raise(req, floor).await?;
-            answer = self.acquire_once(req, &keys, single).await?;
-            if let Acquire::Granted(grant) = &answer
-                && self.check_floor(req, grant.token.get()).is_some()
-            {
+            let broken;
+            (answer, broken) = self.acquire_checked(req, &keys).await?;
+            if broken.is_some() {
                 self.release_script(req, &keys).await?;
                 return Err(Error::backend(
                     format!(
@@ -318,10 +310,12 @@ impl Backend for RedisBackend {
                 ));
             }
         }
-        if matches!(answer, Acquire::Granted(_))
-            && let Some(ack) = self.inner.options.replica_ack()
-        {
-            self.wait_for_replicas(req, ack).await?;
+        if let Acquire::Granted(grant) = &answer {
+            self.floors()
+                .record(&req.name, grant.token.get(), &req.owner);
+            if let Some(ack) = self.inner.options.replica_ack() {
+                self.wait_for_replicas(req, ack).await?;
+            }
         }
         Ok(answer)
     }

@@ -28,6 +28,7 @@
 //! `connection.rs` (connecting, loading the scripts), `script.rs` (the keys and arguments
 //! of every script call, named once; the Lua is in `lua/`), `reply.rs` (decoding replies),
 //! `error.rs` (Redis errors as leasehold errors), `wakeups.rs` (push wake-ups),
+//! `floors.rs` (the highest token seen per name, against servers that lost data),
 //! `backend.rs` (the [`Backend`](leasehold_core::Backend) of one server), `node.rs` (one
 //! server as a Redlock node), `redlock/` (Redlock), `fence.rs` (the resource side of
 //! fencing).
@@ -36,6 +37,7 @@ mod backend;
 mod connection;
 mod error;
 pub mod fence;
+mod floors;
 mod node;
 mod options;
 pub mod redlock;

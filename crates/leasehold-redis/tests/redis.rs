@@ -639,3 +639,45 @@ async fn connecting_is_bounded_by_the_connect_timeout() {
         ),
     }
 }
+
+/// Concurrent shared and permit grants of one client, on a multi-thread runtime, finish in
+/// any order: none of them is taken for a token regression (given back and granted again,
+/// or refused). Every try gets its grant in exactly one script call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_grants_are_not_taken_for_lost_data() {
+    const TRIES: usize = 2_000;
+    let server = Redis::start().await.unwrap();
+    let c = client(&server, Duration::from_secs(30)).await;
+    for (name, shared) in [("readers", true), ("permits", false)] {
+        let before = server.scripts_run().await.unwrap();
+        let tries = (0..TRIES).map(|_| {
+            let c = c.clone();
+            tokio::spawn(async move {
+                if shared {
+                    let guard = c.rwlock(name).unwrap().try_read().await;
+                    guard.map(|g| g.map(|g| Box::new(g) as Box<dyn std::any::Any + Send>))
+                } else {
+                    let permits = c.semaphore(name, 1_000_000).unwrap();
+                    let permit = permits.try_acquire().await;
+                    permit.map(|p| p.map(|p| Box::new(p) as Box<dyn std::any::Any + Send>))
+                }
+            })
+        });
+        let guards: Vec<_> = futures_util::future::join_all(tries)
+            .await
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+        if let Some(refused) = guards.iter().find(|g| !matches!(g, Ok(Some(_)))) {
+            let refused = refused.as_ref().map(|_| "None");
+            panic!("{name}: free, yet {refused:?}");
+        }
+        let scripts = server.scripts_run().await.unwrap() - before;
+        assert_eq!(
+            scripts, TRIES as u64,
+            "{name}: grants were given back and made again"
+        );
+        drop(guards);
+        c.settle().await;
+    }
+}

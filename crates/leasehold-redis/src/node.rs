@@ -39,6 +39,11 @@ impl Node {
 
     /// Grants `req` here or answers busy; a node that started less than `quarantine` ago
     /// refuses (zero: no quarantine).
+    ///
+    /// Every grant comes with a token drawn from the node's counter now, also when
+    /// `req.owner` holds here already (a retry adopting what an earlier attempt left): the
+    /// token stored by that attempt may lie below grants made since, which Redlock's
+    /// majority rule (the next grant's majority meets this one's) cannot see.
     pub(crate) async fn acquire(&self, req: &Request, quarantine: Duration) -> Result<Acquire> {
         let node = NodeAcquire {
             quarantine_ms: if quarantine.is_zero() {
@@ -46,7 +51,7 @@ impl Node {
             } else {
                 millis_up(quarantine)
             },
-            fresh_token: false,
+            fresh_token: true,
         };
         self.redis.acquire_node(req, node).await
     }

@@ -9,7 +9,9 @@
 //!   token of its majority and, unless a majority already answered with that token, writes
 //!   it back to a majority (a second round) before the guard is returned. Any later
 //!   grant's majority meets that one in at least one node, so its token is higher. That
-//!   holds as long as nodes do not lose data.
+//!   holds as long as nodes do not lose data. A node answers every grant with a token
+//!   drawn now, also a retry that finds the owner holding there already (the token stored
+//!   by the earlier attempt may lie below grants made since).
 //! - A node that restarted refuses grants for a quarantine (by default the request's ttl),
 //!   so that the locks it may have forgotten expire everywhere first.
 //! - Configurations that break the quorum are refused: no nodes, or one server twice

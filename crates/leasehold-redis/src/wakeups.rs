@@ -341,6 +341,9 @@ impl Wakeups {
         let names: Vec<Arc<str>> = {
             let mut state = self.state();
             let state = &mut *state;
+            // Names asked for by subscribers that were cancelled before their SUBSCRIBE
+            // (one still waiting finds its name gone and asks again).
+            state.pending.clear();
             let mut names = std::mem::take(&mut state.strays);
             names.retain(|name| !state.channels.contains_key(name));
             state.channels.retain(|name, entry| {

@@ -681,3 +681,41 @@ async fn concurrent_grants_are_not_taken_for_lost_data() {
         c.settle().await;
     }
 }
+
+/// A Redis fence is one key holding the highest token it accepted: it does not grow with
+/// the writes that go through it.
+#[tokio::test]
+async fn a_fence_is_one_key_whatever_the_number_of_writes() {
+    use leasehold_core::FencingToken;
+    use leasehold_redis::fence::RedisFence;
+
+    let server = Redis::start().await.unwrap();
+    let mut conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let fence = RedisFence::new("{stock}:fence");
+    for token in 1..=2_000u64 {
+        let written = fence
+            .incr_by(&mut conn, FencingToken::new(token), "{stock}:count", 1)
+            .await
+            .unwrap();
+        assert_eq!(written, Ok(i64::try_from(token).unwrap()));
+        // A stale holder's write is refused and leaves nothing either.
+        let stale = fence
+            .incr_by(&mut conn, FencingToken::new(token - 1), "{stock}:count", 1)
+            .await
+            .unwrap();
+        assert!(token == 1 || stale.is_err());
+    }
+    assert_eq!(
+        server.command(&["DBSIZE"]).await.unwrap(),
+        Resp::Integer(2),
+        "the fence and the count"
+    );
+    assert_eq!(
+        server.command(&["GET", "{stock}:fence"]).await.unwrap(),
+        Resp::Bulk(Some(b"2000".to_vec()))
+    );
+}

@@ -15,7 +15,9 @@
 //!   writer), permits (semaphores; each permit its own lease), lock-delay.
 //! - **Fencing tokens** per name, seeded from the server's clock (microseconds) when the
 //!   counter is created, so an empty restart never makes them go backwards; this client also
-//!   refuses to use a token lower than one it has already seen, and repairs the counter.
+//!   refuses a token not above one it saw granted before asking, and repairs the counter.
+//! - **Bounded per-name state**: wake-up state and subscriptions live only while a waiter or
+//!   observer needs them; every request, connecting included, has a deadline.
 //! - **Replica safety**: optionally `WAIT` for replicas to acknowledge each grant; a
 //!   warning when `maxmemory-policy` can evict lock keys.
 //! - **Cluster-ready keys**: all keys of one lock share the hash tag `{name}`.

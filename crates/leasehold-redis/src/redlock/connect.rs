@@ -183,7 +183,8 @@ async fn keep_connecting(
                 return;
             }
             Err(error @ Error::InvalidArgument { .. }) => {
-                // Never used: it would count one server twice.
+                // Unusable as configured (another node's server, a bad URL): trying again
+                // would not change that.
                 tracing::error!("redlock: {error}; this node is left out");
                 let _ = report.send((i, Err(error)));
                 return;

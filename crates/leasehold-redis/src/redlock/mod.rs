@@ -16,6 +16,8 @@
 //!   so that the locks it may have forgotten expire everywhere first.
 //! - Configurations that break the quorum are refused: no nodes, or one server twice
 //!   (by address, or by run id behind different addresses). An even N is warned about.
+//! - Connecting returns once a majority of nodes is connected; the others are connected in
+//!   the background and used once their run id is checked.
 //!
 //! See `docs/backends/redlock.md` for what this can and cannot promise.
 //!
@@ -388,16 +390,15 @@ impl Backend for RedlockBackend {
                 .filter_map(|(i, h)| Some((nodes.get(i)?, h)))
         };
         // First make sure every node will push a wake-up (a node's first wait subscribes
-        // and returns; a stalled node is not waited for longer than the node timeout).
+        // and returns).
         let unsubscribed: Vec<_> = with_hints()
             .filter(|(_, h)| Node::must_subscribe(h))
             .collect();
         if !unsubscribed.is_empty() {
-            let limit = self.inner.options.node_timeout;
             join_all(
                 unsubscribed
                     .into_iter()
-                    .map(|(node, h)| tokio::time::timeout(limit, node.wait(name, h, max))),
+                    .map(|(node, h)| node.wait(name, h, max)),
             )
             .await;
             return Ok(());

@@ -85,6 +85,7 @@ impl fmt::Display for Mode {
 
 /// One acquisition's request, passed unchanged to acquire, renew and release.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct Request {
     /// The lock.
     pub name: LockName,
@@ -104,6 +105,23 @@ pub struct Request {
     pub value: Option<Arc<[u8]>>,
 }
 
+impl Request {
+    /// A request of `owner` for `name` in `mode` with a lease of `ttl`: not fair, not
+    /// waiting, no lock-delay, no value (set those fields as needed).
+    pub fn new(name: LockName, owner: OwnerId, mode: Mode, ttl: Duration) -> Self {
+        Self {
+            name,
+            owner,
+            mode,
+            ttl,
+            fair: false,
+            waiting: false,
+            lock_delay: None,
+            value: None,
+        }
+    }
+}
+
 /// The answer to [`Backend::acquire`].
 #[derive(Debug)]
 pub enum Acquire {
@@ -116,11 +134,19 @@ pub enum Acquire {
 
 /// A successful grant.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Grant {
     /// The grant's fencing token.
     pub token: FencingToken,
     /// How long the server keeps it without renewal.
     pub expiry: Expiry,
+}
+
+impl Grant {
+    /// A grant with `token`, kept as `expiry` says.
+    pub fn new(token: FencingToken, expiry: Expiry) -> Self {
+        Self { token, expiry }
+    }
 }
 
 /// How long a server keeps a grant (or a renewal) without hearing from its owner.
@@ -152,15 +178,30 @@ pub enum Liveness {
     Ended,
 }
 
+/// What a [`SessionKeeper`] publishes: the session's liveness, and whether its link is down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Published {
+    liveness: Liveness,
+    suspended: bool,
+}
+
 /// The engine's view of a backend session: it changes when the backend keeps the session
-/// alive or loses it. Session deadlines are on the system clock.
+/// alive, suspends it or loses it. Session deadlines are on the system clock.
 #[derive(Debug, Clone)]
-pub struct SessionLiveness(watch::Receiver<Liveness>);
+pub struct SessionLiveness(watch::Receiver<Published>);
 
 impl SessionLiveness {
     /// The session's liveness now.
     pub fn current(&self) -> Liveness {
-        *self.0.borrow()
+        self.0.borrow().liveness
+    }
+
+    /// Whether the session is suspended (in jeopardy): its link to the server is down, so
+    /// its grants still count only until the deadline, unless a keep-alive gets through
+    /// before it. Always `false` once the session ended.
+    pub fn is_suspended(&self) -> bool {
+        let published = *self.0.borrow();
+        published.suspended && matches!(published.liveness, Liveness::Alive { .. })
     }
 
     /// Completes when the liveness changes (or at once if the keeper is gone, which ends
@@ -180,41 +221,80 @@ impl PartialEq for SessionLiveness {
 
 impl Eq for SessionLiveness {}
 
-/// The backend's side of a session: it reports each keep-alive, or the end.
+/// The backend's side of a session: it reports each keep-alive, a suspension, or the end.
 #[derive(Debug)]
-pub struct SessionKeeper(watch::Sender<Liveness>);
+pub struct SessionKeeper(watch::Sender<Published>);
 
 impl SessionKeeper {
     /// A session alive until `until`.
     pub fn new(until: Instant) -> Self {
-        Self(watch::Sender::new(Liveness::Alive { until }))
+        Self(watch::Sender::new(Published {
+            liveness: Liveness::Alive { until },
+            suspended: false,
+        }))
     }
 
-    /// Moves the session's deadline (a keep-alive was acknowledged). Never revives an
-    /// ended session, and never moves the deadline back.
+    /// Moves the session's deadline (a keep-alive was acknowledged) and ends a suspension
+    /// (the link works). Never revives an ended session, and never moves the deadline back.
     pub fn alive_until(&self, until: Instant) {
-        self.0.send_if_modified(|liveness| match liveness {
-            Liveness::Alive { until: current } if until > *current => {
-                *current = until;
-                true
-            }
-            _ => false,
+        self.0
+            .send_if_modified(|published| match &mut published.liveness {
+                Liveness::Alive { until: current } => {
+                    let later = until > *current;
+                    if later {
+                        *current = until;
+                    }
+                    let resumed = std::mem::replace(&mut published.suspended, false);
+                    later || resumed
+                }
+                Liveness::Ended => false,
+            });
+    }
+
+    /// Suspends the session: its link to the server is down (a disconnect, an overdue
+    /// keep-alive). The deadline stays; grants are lost at it unless
+    /// [`alive_until`](SessionKeeper::alive_until) reports a keep-alive first, and the loss
+    /// reason is then [`LossReason::Disconnected`].
+    pub fn suspend(&self) {
+        self.0.send_if_modified(|published| {
+            let alive = matches!(published.liveness, Liveness::Alive { .. });
+            let changed = alive && !published.suspended;
+            published.suspended |= alive;
+            changed
         });
     }
 
     /// Ends the session: every grant bound to it is lost.
     pub fn end(&self) {
-        self.0.send_replace(Liveness::Ended);
+        self.0.send_replace(Published {
+            liveness: Liveness::Ended,
+            suspended: false,
+        });
     }
 
     /// The liveness now.
     pub fn current(&self) -> Liveness {
-        *self.0.borrow()
+        self.0.borrow().liveness
+    }
+
+    /// Whether the session is suspended (see [`SessionLiveness::is_suspended`]).
+    pub fn is_suspended(&self) -> bool {
+        self.liveness().is_suspended()
     }
 
     /// A view for grants bound to this session.
     pub fn liveness(&self) -> SessionLiveness {
         SessionLiveness(self.0.subscribe())
+    }
+}
+
+impl LockState {
+    /// No holders and no waiters, with `hint` for waiting on the next change.
+    pub fn new(hint: WaitHint) -> Self {
+        Self {
+            hint,
+            ..Self::default()
+        }
     }
 }
 
@@ -270,6 +350,7 @@ impl fmt::Debug for WaitHint {
 
 /// A holder, as reported by [`Backend::inspect`].
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Holder {
     /// Who holds.
     pub owner: OwnerId,
@@ -283,8 +364,35 @@ pub struct Holder {
     pub value: Option<Arc<[u8]>>,
 }
 
+impl Holder {
+    /// A holder `owner` in `mode` with `token`; no expiry known, no value (set those
+    /// fields as needed).
+    pub fn new(owner: OwnerId, mode: Mode, token: FencingToken) -> Self {
+        Self {
+            owner,
+            mode,
+            token,
+            remaining: None,
+            value: None,
+        }
+    }
+
+    /// This holder with `remaining` time left on its lease.
+    pub fn with_remaining(mut self, remaining: Option<Duration>) -> Self {
+        self.remaining = remaining;
+        self
+    }
+
+    /// This holder with `value` stored with its grant.
+    pub fn with_value(mut self, value: Option<Arc<[u8]>>) -> Self {
+        self.value = value;
+        self
+    }
+}
+
 /// A queued waiter, as reported by [`Backend::inspect`].
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Waiter {
     /// Who waits.
     pub owner: OwnerId,
@@ -292,9 +400,17 @@ pub struct Waiter {
     pub mode: Mode,
 }
 
+impl Waiter {
+    /// A waiter `owner` in `mode`.
+    pub fn new(owner: OwnerId, mode: Mode) -> Self {
+        Self { owner, mode }
+    }
+}
+
 /// What the server knows about one name: holders of both sets, queued waiters in queue
 /// order, and a hint for waiting on the next change.
 #[derive(Debug, Clone, Default)]
+#[non_exhaustive]
 pub struct LockState {
     /// Current holders (lock set first, then permits).
     pub holders: Vec<Holder>,

@@ -235,10 +235,10 @@ impl RedisBackend {
                 if seen.registered {
                     self.inner.wakeups.forget(channel, owner);
                 }
-                Ok(Acquire::Granted(Grant {
-                    token: FencingToken::new(token),
-                    expiry: Expiry::After(Duration::from_millis(millis_up(req.ttl))),
-                }))
+                Ok(Acquire::Granted(Grant::new(
+                    FencingToken::new(token),
+                    Expiry::After(Duration::from_millis(millis_up(req.ttl))),
+                )))
             }
             Acquired::Busy(_) if !req.waiting => Ok(Acquire::Busy(WaitHint::none())),
             Acquired::Busy(retry) => {
@@ -364,16 +364,12 @@ impl Backend for RedisBackend {
         let keys = self.keys(name);
         let channel = keys.channel();
         let mut ticket = self.inner.wakeups.seen(channel, None).ticket(channel, None);
-        let probe = Request {
-            name: name.clone(),
-            owner: OwnerId::parse("inspect").unwrap_or_else(|_| OwnerId::generate()),
-            mode: Mode::Exclusive,
-            ttl: Duration::from_millis(1),
-            fair: false,
-            waiting: false,
-            lock_delay: None,
-            value: None,
-        };
+        let probe = Request::new(
+            name.clone(),
+            OwnerId::parse("inspect").unwrap_or_else(|_| OwnerId::generate()),
+            Mode::Exclusive,
+            Duration::from_millis(1),
+        );
         let reply: redis::Value = self.run(&CALLS.inspect, &keys, &Values::of(&probe)).await?;
         let (mut state, retry) = reply::inspected(&reply)?;
         ticket.retry = retry;

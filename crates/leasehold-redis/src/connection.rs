@@ -5,7 +5,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use leasehold_core::{Error, Result, redact_url};
+use leasehold_core::support::redact_url;
+use leasehold_core::{Error, Result};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{IntoConnectionInfo, ProtocolVersion, RedisError};
 
@@ -69,7 +70,7 @@ pub(crate) async fn connect(
         loaded?;
         Ok(Connected {
             conn,
-            warnings: warning.into_iter().collect(),
+            warnings: warning?.into_iter().collect(),
             run_id: id.transpose()?,
         })
     };
@@ -136,14 +137,24 @@ async fn load_scripts(conn: &mut ConnectionManager) -> Result<()> {
 }
 
 /// Describes a configuration in which the server may evict lock keys.
-async fn eviction_warning(conn: &mut ConnectionManager) -> Option<String> {
+async fn eviction_warning(conn: &mut ConnectionManager) -> Result<Option<String>> {
     let config: std::result::Result<HashMap<String, String>, RedisError> = redis::cmd("CONFIG")
         .arg("GET")
         .arg("maxmemory*")
         .query_async(conn)
         .await;
-    // CONFIG may be disabled or not permitted; nothing to say then.
-    reply::eviction_warning(&config.ok()?)
+    match config {
+        Ok(config) => Ok(reply::eviction_warning(&config)),
+        // CONFIG may be renamed away or not permitted: then there is nothing to say.
+        Err(e)
+            if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError)
+                || e.code()
+                    .is_some_and(|code| code == "NOPERM" || code == "ERR") =>
+        {
+            Ok(None)
+        }
+        Err(e) => Err(map_error(e, "(CONFIG GET)")),
+    }
 }
 
 /// The server's run id (`INFO server`): tells two addresses of one server apart.

@@ -2,7 +2,8 @@
 
 use std::time::Duration;
 
-use leasehold_core::{Error, Result, TlsFiles, parse_duration, redact_url};
+use leasehold_core::support::{TlsFiles, redact_url};
+use leasehold_core::{Error, Result, parse_duration};
 
 /// Defines a backend's URL parameters: one enum, its names, and the list of them that
 /// messages show, from one table.
@@ -37,7 +38,7 @@ macro_rules! url_params {
                     "url",
                     format!(
                         "{}: unknown parameter {name:?}; known: {}",
-                        leasehold_core::redact_url(url),
+                        leasehold_core::support::redact_url(url),
                         known.join(", ")
                     ),
                 )
@@ -71,6 +72,7 @@ url_params! {
 
 /// Waiting for replicas to acknowledge each grant (`WAIT`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ReplicaAck {
     /// How many replicas must acknowledge.
     pub replicas: u32,
@@ -79,6 +81,18 @@ pub struct ReplicaAck {
     /// `true`: a grant not acknowledged in time is released and the acquire fails with a
     /// retryable error. `false`: it is kept and a warning is logged.
     pub required: bool,
+}
+
+impl ReplicaAck {
+    /// `replicas` must acknowledge each grant within `timeout`; `required` says whether a
+    /// grant that is not acknowledged in time is given back (see the fields).
+    pub fn new(replicas: u32, timeout: Duration, required: bool) -> Self {
+        Self {
+            replicas,
+            timeout,
+            required,
+        }
+    }
 }
 
 /// Options of the Redis backend (also settable as URL query parameters).
@@ -110,7 +124,7 @@ impl RedisOptions {
     ///
     /// [`Error::InvalidArgument`] for other prefixes.
     pub fn prefix(mut self, prefix: &str) -> Result<Self> {
-        leasehold_core::check_key_prefix(prefix)?;
+        leasehold_core::support::check_key_prefix(prefix)?;
         self.prefix = prefix.into();
         Ok(self)
     }
@@ -201,11 +215,7 @@ pub(crate) fn parse_url(url: &str) -> Result<(String, RedisOptions)> {
     }
     let (base, query) = url.split_once('?').unwrap_or((url, ""));
     let mut options = RedisOptions::default();
-    let mut ack = ReplicaAck {
-        replicas: 0,
-        timeout: Duration::from_millis(100),
-        required: true,
-    };
+    let mut ack = ReplicaAck::new(0, Duration::from_millis(100), true);
     for param in query.split('&').filter(|p| !p.is_empty()) {
         let (key, value) = param.split_once('=').unwrap_or((param, ""));
         let Some(param) = Param::parse(key) else {
@@ -248,11 +258,7 @@ mod tests {
         assert_eq!(options.prefix, "app");
         assert_eq!(
             options.replicas,
-            Some(ReplicaAck {
-                replicas: 1,
-                timeout: Duration::from_millis(50),
-                required: true
-            })
+            Some(ReplicaAck::new(1, Duration::from_millis(50), true))
         );
         for bad in [
             "redis://h:1?nosuch=1",

@@ -99,13 +99,15 @@ pub(crate) fn inspected(reply: &Value) -> Result<(LockState, Option<Duration>)> 
         let left = int(ttl, WHAT)?;
         earliest = Some(left);
         let value = text(xinfo, WHAT)?;
-        state.holders.push(Holder {
-            owner: OwnerId::parse(owner)?,
-            mode: Mode::Exclusive,
-            token: token(number, WHAT)?,
-            remaining: remaining(left),
-            value: (!value.is_empty()).then(|| Arc::from(value.as_bytes())),
-        });
+        state.holders.push(
+            Holder::new(
+                OwnerId::parse(owner)?,
+                Mode::Exclusive,
+                token(number, WHAT)?,
+            )
+            .with_remaining(remaining(left))
+            .with_value((!value.is_empty()).then(|| Arc::from(value.as_bytes()))),
+        );
     }
     let mut add = |members: &Value, mode: Mode| -> Result<usize> {
         let Value::Array(flat) = members else {
@@ -121,13 +123,11 @@ pub(crate) fn inspected(reply: &Value) -> Result<(LockState, Option<Duration>)> 
             let (token, value) = holder_info(&text(info, WHAT)?)?;
             let left = int(left, WHAT)?;
             earliest = Some(earliest.map_or(left, |e| e.min(left)));
-            state.holders.push(Holder {
-                owner: OwnerId::parse(&text(owner, WHAT)?)?,
-                mode,
-                token,
-                remaining: remaining(left),
-                value,
-            });
+            state.holders.push(
+                Holder::new(OwnerId::parse(&text(owner, WHAT)?)?, mode, token)
+                    .with_remaining(remaining(left))
+                    .with_value(value),
+            );
         }
         Ok(flat.len() / 3)
     };
@@ -156,10 +156,9 @@ pub(crate) fn inspected(reply: &Value) -> Result<(LockState, Option<Duration>)> 
             },
             _ => return Err(unexpected(WHAT, &member)),
         };
-        state.waiters.push(Waiter {
-            owner: OwnerId::parse(&member[1..])?,
-            mode,
-        });
+        state
+            .waiters
+            .push(Waiter::new(OwnerId::parse(&member[1..])?, mode));
     }
     let retry = earliest
         .and_then(|ms| u64::try_from(ms).ok())

@@ -568,7 +568,7 @@ impl<'a> Values<'a> {
 
 /// Whole milliseconds, rounded up (Redis expiries are in ms; never grant less than asked).
 pub(crate) fn millis_up(d: std::time::Duration) -> u64 {
-    let ms = d.as_millis() + u128::from(d.subsec_nanos() % 1_000_000 != 0);
+    let ms = d.as_millis() + u128::from(!d.subsec_nanos().is_multiple_of(1_000_000));
     u64::try_from(ms).unwrap_or(u64::MAX).max(1)
 }
 
@@ -582,16 +582,14 @@ mod tests {
     use super::*;
 
     fn request() -> Request {
-        Request {
-            name: LockName::new("orders:42").unwrap(),
-            owner: OwnerId::parse("o1").unwrap(),
-            mode: Mode::Exclusive,
-            ttl: Duration::from_micros(1_500_500),
-            fair: true,
-            waiting: false,
-            lock_delay: None,
-            value: None,
-        }
+        let mut req = Request::new(
+            LockName::new("orders:42").unwrap(),
+            OwnerId::parse("o1").unwrap(),
+            Mode::Exclusive,
+            Duration::from_micros(1_500_500),
+        );
+        req.fair = true;
+        req
     }
 
     /// The command's arguments after EVALSHA and the hash: key count, keys, arguments.
@@ -645,14 +643,12 @@ mod tests {
     #[test]
     fn every_call_names_each_key_and_argument_where_the_command_puts_it() {
         let plain = request();
-        let full = Request {
-            mode: Mode::Permit {
-                limit: std::num::NonZeroU32::new(3).unwrap(),
-            },
-            lock_delay: Some(Duration::from_millis(40)),
-            value: Some(b"v".as_slice().into()),
-            ..request()
+        let mut full = request();
+        full.mode = Mode::Permit {
+            limit: std::num::NonZeroU32::new(3).unwrap(),
         };
+        full.lock_delay = Some(Duration::from_millis(40));
+        full.value = Some(b"v".as_slice().into());
         for req in [&plain, &full] {
             let values = Values {
                 floor: 7,
@@ -729,10 +725,8 @@ mod tests {
             sent(&CALLS.acquire_fast, &quarantined).1,
             ["o1", "1501", "250"]
         );
-        let delayed = Request {
-            lock_delay: Some(Duration::from_millis(40)),
-            ..request()
-        };
+        let mut delayed = request();
+        delayed.lock_delay = Some(Duration::from_millis(40));
         assert_eq!(sent(CALLS.release_of(&delayed), &values).0.len(), 4);
         assert_eq!(sent(CALLS.renew_of(&delayed), &values).0.len(), 5);
     }

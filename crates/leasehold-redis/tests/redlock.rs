@@ -591,16 +591,12 @@ async fn a_paused_node_does_not_hold_up_connecting() {
 
 /// An exclusive request on `name` by a new owner.
 fn exclusive(name: &str, ttl: Duration) -> Request {
-    Request {
-        name: LockName::new(name).unwrap(),
-        owner: OwnerId::generate(),
-        mode: Mode::Exclusive,
+    Request::new(
+        LockName::new(name).unwrap(),
+        OwnerId::generate(),
+        Mode::Exclusive,
         ttl,
-        fair: false,
-        waiting: false,
-        lock_delay: None,
-        value: None,
-    }
+    )
 }
 
 /// The value of `name`'s lock key on a node, if any.

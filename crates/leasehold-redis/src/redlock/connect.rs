@@ -12,7 +12,8 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
-use leasehold_core::{Error, Result, redact_url};
+use leasehold_core::support::redact_url;
+use leasehold_core::{Error, Result};
 use tokio::sync::mpsc;
 
 use super::options::RedlockOptions;
@@ -81,7 +82,7 @@ pub(super) async fn connect(
     let n = urls.len();
     let quorum = quorum(n);
     let mut warnings = Vec::new();
-    if n % 2 == 0 {
+    if n.is_multiple_of(2) {
         warnings.push(format!(
             "{n} nodes: an even number tolerates no more failures than {} nodes and needs a \
              larger majority ({quorum}); use an odd number",

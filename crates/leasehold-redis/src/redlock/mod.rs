@@ -223,10 +223,9 @@ impl RedlockBackend {
 
     fn node_request(req: &Request) -> Request {
         // No FIFO across independent queues: each node would order waiters its own way.
-        Request {
-            fair: false,
-            ..req.clone()
-        }
+        let mut req = req.clone();
+        req.fair = false;
+        req
     }
 }
 
@@ -307,10 +306,7 @@ impl Backend for RedlockBackend {
             if written >= quorum
                 && let Some(left) = validity(Node::lease(req.ttl), started.elapsed())
             {
-                return Ok(Acquire::Granted(Grant {
-                    token,
-                    expiry: Expiry::After(left),
-                }));
+                return Ok(Acquire::Granted(Grant::new(token, Expiry::After(left))));
             }
         }
         // Not granted: give back every part, also where the answer was lost. Without enough
@@ -446,14 +442,11 @@ impl Backend for RedlockBackend {
             }
         }
         let quorum = self.inner.quorum;
-        let mut state = LockState {
-            waiters,
-            hint: WaitHint::new(Hint {
-                nodes: hints,
-                jitter: Duration::ZERO,
-            }),
-            ..LockState::default()
-        };
+        let mut state = LockState::new(WaitHint::new(Hint {
+            nodes: hints,
+            jitter: Duration::ZERO,
+        }));
+        state.waiters = waiters;
         for (_, mut copies) in holders {
             if copies.len() < quorum {
                 continue;
@@ -466,12 +459,10 @@ impl Backend for RedlockBackend {
             let mut tokens: Vec<FencingToken> = copies.iter().map(|h| h.token).collect();
             tokens.sort_by_key(|t| std::cmp::Reverse(*t));
             let token = tokens[quorum - 1];
-            let first = copies.swap_remove(0);
-            state.holders.push(Holder {
-                remaining,
-                token,
-                ..first
-            });
+            let mut first = copies.swap_remove(0);
+            first.remaining = remaining;
+            first.token = token;
+            state.holders.push(first);
         }
         state.holders.sort_by_key(|h| h.token);
         Ok(state)

@@ -2,7 +2,8 @@
 
 use std::time::Duration;
 
-use leasehold_core::{Error, Result, parse_duration, redact_url};
+use leasehold_core::support::redact_url;
+use leasehold_core::{Error, Result, parse_duration};
 
 use crate::options::{RedisOptions, url_params};
 

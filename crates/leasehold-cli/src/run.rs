@@ -268,7 +268,13 @@ fn millis(duration: Duration) -> String {
 
 async fn acquire(client: &Client, spec: &RunSpec) -> leasehold::Result<Option<Guard>> {
     let name = spec.name.as_str();
-    let options = spec.options.clone();
+    let options = if client.capabilities().has_sessions() {
+        // The session's ttl is the lock's: `leasehold run` set it from --ttl when connecting
+        // (see `session`).
+        spec.options.to_builder().default_ttl().build()?
+    } else {
+        spec.options.clone()
+    };
     match (spec.hold, spec.wait) {
         (Hold::Exclusive, WaitFor::Forever) => client
             .mutex(name)?

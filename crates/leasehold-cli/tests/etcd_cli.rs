@@ -40,7 +40,7 @@ async fn granted_ttls(etcd: &Etcd) -> Vec<i64> {
     let leases = etcdctl(etcd, &["lease", "list"]).await;
     let mut ttls = Vec::new();
     for lease in leases["leases"].as_array().cloned().unwrap_or_default() {
-        let id = lease["ID"].as_i64().unwrap();
+        let id = lease["id"].as_i64().unwrap();
         let alive = etcdctl(etcd, &["lease", "timetolive", &format!("{id:x}")]).await;
         ttls.push(alive["granted-ttl"].as_i64().unwrap());
     }
@@ -83,7 +83,15 @@ async fn ttl_sets_the_session_ttl_so_a_dead_holder_blocks_for_it_not_for_10_s() 
     ))
     .spawn()
     .unwrap();
-    let first_token: u64 = read(&ready).await.trim().parse().unwrap();
+    let first_token: u64 = tokio::select! {
+        written = read(&ready) => written.trim().parse().unwrap(),
+        _ = first.wait() => {
+            let mut stderr = String::new();
+            let mut pipe = first.stderr.take().unwrap();
+            tokio::io::AsyncReadExt::read_to_string(&mut pipe, &mut stderr).await.unwrap();
+            panic!("the first run ended before running its command: {stderr}");
+        }
+    };
 
     // The one session lease, as etcd granted it: --ttl's 2 s, not the default 10 s.
     assert_eq!(granted_ttls(&etcd).await, vec![2]);

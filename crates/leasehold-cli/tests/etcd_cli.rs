@@ -89,6 +89,8 @@ async fn ttl_sets_the_session_ttl_so_a_dead_holder_blocks_for_it_not_for_10_s() 
             let mut stderr = String::new();
             let mut pipe = first.stderr.take().unwrap();
             tokio::io::AsyncReadExt::read_to_string(&mut pipe, &mut stderr).await.unwrap();
+            // Let the reader of the FIFO go, so that the runtime can shut down.
+            std::fs::write(&ready, "").unwrap();
             panic!("the first run ended before running its command: {stderr}");
         }
     };

@@ -857,19 +857,23 @@ impl Backend for FileBackend {
             state.waiting.remove(&req.owner).unwrap_or_default()
         };
         files.name = Some(req.name.clone());
+        // An owner goes into `STATE` before its record is written: `inspect` deletes a
+        // record of this process whose owner is not in there.
         if !self.try_lock(req, &mut files)? {
             if req.waiting {
-                if !files.recorded {
-                    self.write_record(req, None)?;
-                    files.recorded = true;
-                }
+                let unrecorded = !files.recorded;
+                files.recorded = true;
                 self.state().waiting.insert(req.owner.clone(), files);
+                if unrecorded && let Err(error) = self.write_record(req, None) {
+                    let waiting = self.state().waiting.remove(&req.owner);
+                    drop(waiting);
+                    return Err(error);
+                }
             }
             return Ok(Acquire::Busy(WaitHint::new(version)));
         }
         // The kernel lock is ours; on any error below, dropping `files` gives it back.
         let token = self.next_token(&req.name).await?;
-        self.write_record(req, Some(token))?;
         self.state().held.insert(
             req.owner.clone(),
             Held {
@@ -878,6 +882,11 @@ impl Backend for FileBackend {
                 files,
             },
         );
+        if let Err(error) = self.write_record(req, Some(token)) {
+            let held = self.state().held.remove(&req.owner);
+            drop(held);
+            return Err(error);
+        }
         Ok(Acquire::Granted(Grant::new(token, Expiry::Never)))
     }
 

@@ -33,7 +33,7 @@ const SESSION_SCHEMES: &[SessionScheme] = &[
         granularity: Duration::from_secs(1),
     },
     SessionScheme {
-        schemes: &["zk", "zks"],
+        schemes: &["zk", "zookeeper"],
         param: "session_timeout",
         granularity: Duration::from_millis(1),
     },

@@ -230,7 +230,7 @@ pub(crate) fn in_the_way<'q>(
     holds: &[bool],
     me: usize,
 ) -> Vec<(&'q Contender, bool)> {
-    let ahead = queue[..me].iter().zip(holds.iter().copied());
+    let ahead = queue[..me].iter().zip(holds[..me].iter().copied());
     match queue[me].mode {
         Mode::Exclusive => ahead.rev().take(1).collect(),
         Mode::Shared => ahead

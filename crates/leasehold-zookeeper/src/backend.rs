@@ -75,11 +75,25 @@ struct Placed {
     unsure: bool,
     /// It was answered busy at least once.
     waited: bool,
-    /// Its lock-delay marker's path, once created.
-    marker: Option<String>,
+    /// Its lock-delay marker, recorded before its create goes out: from then on it may
+    /// exist until a release deletes it.
+    marker: Option<Marker>,
     /// The one node in its way was deleted, and nothing else can be (see
     /// `layout::sole_blocker`): it holds, without listing the directory again.
     woken: bool,
+}
+
+/// A grant's lock-delay marker.
+#[derive(Debug, Clone)]
+struct Marker {
+    /// Its path.
+    path: String,
+    /// The lock-delay whose session owns it.
+    delay: Duration,
+    /// That session's id.
+    session: i64,
+    /// Its create was answered (or found it there).
+    created: bool,
 }
 
 impl Placed {
@@ -99,9 +113,28 @@ struct Hint {
     /// `layout::sole_blocker`): its deletion grants it.
     sole: Option<OwnerId>,
     /// Nodes whose deletion (or change) may matter.
-    nodes: Vec<String>,
+    nodes: Vec<Watched>,
     /// A directory whose children may matter (an observer of a lock without holders).
     children: Option<String>,
+}
+
+/// A node a waiter watches.
+#[derive(Debug)]
+struct Watched {
+    path: String,
+    /// The node was a permit waiter of ours when the directory was listed, so its data
+    /// version was 0 then: it is touched (its version moves) once it is granted, which
+    /// may happen before the watch is set.
+    untouched: bool,
+}
+
+impl Watched {
+    fn deletion(path: String) -> Self {
+        Self {
+            path,
+            untouched: false,
+        }
+    }
 }
 
 /// How many times a create is retried when its directory vanishes between the mkdir and
@@ -211,29 +244,23 @@ impl ZooKeeperBackend {
         let Some(session) = self.slot().take() else {
             return Ok(());
         };
-        let markers: Vec<String> = {
-            let mut owners = self.owners();
-            let markers = owners
-                .values()
-                .filter(|p| p.session == session.id)
-                .filter_map(|p| p.marker.clone())
-                .collect();
-            owners.retain(|_, p| p.session != session.id);
-            markers
-        };
+        let markers = self.forget_session(session.id);
         // A close is a release: the lock-delay markers go too.
-        let deletes: Vec<_> = markers
-            .iter()
-            .map(|m| session.client.delete(m, None))
-            .collect();
-        for deleted in join_all(deletes).await {
-            if let Err(e) = deleted
-                && e != zk::Error::NoNode
-            {
-                tracing::warn!(error = %e, "zookeeper: a lock-delay marker could not be deleted at close; it goes with its session");
-            }
-        }
+        delete_markers(&session, markers).await;
         session.close().await
+    }
+
+    /// Forgets every acquisition placed under the session `id`; returns their lock-delay
+    /// markers.
+    fn forget_session(&self, id: i64) -> Vec<Marker> {
+        let mut owners = self.owners();
+        let markers = owners
+            .values()
+            .filter(|p| p.session == id)
+            .filter_map(|p| p.marker.clone())
+            .collect();
+        owners.retain(|_, p| p.session != id);
+        markers
     }
 
     fn slot(&self) -> std::sync::MutexGuard<'_, Option<Arc<Session>>> {
@@ -331,14 +358,15 @@ impl ZooKeeperBackend {
             .map_err(|e| map(e, &format!("creating {dir}")))
     }
 
-    /// Creates my node in `dir` and lists `dir`, back to back; returns the create's answer,
-    /// my node's name and the listing.
+    /// Creates my node in `dir` and lists `dir`, back to back; records the node as the
+    /// owner's as soon as the create is answered (even if the listing is refused), and
+    /// returns its name and the listing.
     async fn create_and_list(
         &self,
         client: &zk::Client,
         req: &Request,
         dir: &str,
-    ) -> Result<(zk::Stat, String, Vec<String>)> {
+    ) -> Result<(String, Vec<String>)> {
         let prefix = layout::node_prefix(&req.owner, req.mode, req.lock_delay.is_some());
         let path = format!("{dir}/{prefix}");
         let data = req.value.as_deref().unwrap_or_default();
@@ -349,8 +377,15 @@ impl ZooKeeperBackend {
             let (created, listed) = tokio::join!(created, listed);
             match created {
                 Ok((stat, seq)) => {
+                    let node = format!("{prefix}{seq}");
+                    self.update(&req.owner, |p| {
+                        p.node = Some(node.clone());
+                        p.czxid = stat.czxid;
+                        p.version = stat.version;
+                        p.unsure = false;
+                    });
                     let listed = listed.map_err(|e| map(e, &format!("listing {dir}")))?;
-                    return Ok((stat, format!("{prefix}{seq}"), listed));
+                    return Ok((node, listed));
                 }
                 Err(zk::Error::NoNode) => self.make_dir(client, dir).await?,
                 Err(e) => return Err(map(e, &format!("creating a node in {dir}"))),
@@ -365,6 +400,16 @@ impl ZooKeeperBackend {
     /// Lists `dir` (empty if it does not exist).
     async fn list(&self, client: &zk::Client, dir: &str) -> Result<Vec<String>> {
         or_empty(client.list_children(dir).await, dir)
+    }
+
+    /// Lists `dir` as the leader has it: after a `sync`, which a follower answers once it
+    /// has applied everything the leader committed before (a session's requests are
+    /// answered in order, so the listing waits for it). For searching for the node of a
+    /// create whose answer was lost, which another server may not have applied yet.
+    async fn list_synced(&self, client: &zk::Client, dir: &str) -> Result<Vec<String>> {
+        let (synced, listed) = tokio::join!(client.sync(dir), client.list_children(dir));
+        synced.map_err(|e| map(e, &format!("syncing {dir}")))?;
+        or_empty(listed, dir)
     }
 
     /// Deletes every node of `dir` named after `prefix` except `keep`; returns how many.
@@ -402,40 +447,61 @@ impl ZooKeeperBackend {
 
     /// Deletes the owner's node (and its lock-delay marker) by path and version; whether
     /// a node was there. An owner whose create went unanswered has the directory swept for
-    /// nodes named after it.
+    /// nodes named after it. `session` is the current session.
     async fn delete_node(
         &self,
-        client: &zk::Client,
+        session: &Session,
         owner: &OwnerId,
         placed: &Placed,
     ) -> Result<bool> {
+        let client = &session.client;
         let Some(path) = placed.path() else {
             if !placed.unsure {
                 return Ok(false);
             }
-            let children = or_empty(client.list_children(&placed.dir).await, &placed.dir)?;
+            let children = self.list_synced(client, &placed.dir).await?;
             let mode_prefix = format!("{owner}-");
             return Ok(self
                 .sweep(client, &placed.dir, &children, &mode_prefix, None)
                 .await?
                 > 0);
         };
+        // The marker is deleted on the session that creates it, so that the delete is
+        // ordered after a create still on its way. Only the placed session's lock-delay
+        // sessions can be open: an ended session's were left to expire with its markers.
+        let mut marker = placed.marker.as_ref().and_then(|marker| {
+            let delay_client = (session.id == placed.session)
+                .then(|| session.open_delay_client(marker.delay, marker.session))
+                .flatten()?;
+            Some((marker, delay_client))
+        });
         let mut version = placed.version;
         for _ in 0..3 {
-            let answer = match &placed.marker {
-                Some(marker) => {
-                    let mut multi = client.new_multi_writer();
+            let answer = match &marker {
+                Some((gone, delay_client)) => {
+                    let mut multi = delay_client.new_multi_writer();
                     multi
                         .add_delete(&path, Some(version))
-                        .and_then(|()| multi.add_delete(marker, None))
+                        .and_then(|()| multi.add_delete(&gone.path, None))
                         .map_err(|e| map(e, "releasing"))?;
                     match multi.commit().await {
-                        Ok(_) => Ok(()),
-                        // The marker went with its session: delete the node alone.
+                        Ok(_) => {
+                            session.marker_deleted(gone.delay, gone.session);
+                            Ok(())
+                        }
+                        // One of the two is not there (the node or the marker went with its
+                        // session, or the marker's create never landed): each on its own.
                         Err(zk::MultiWriteError::OperationFailed {
-                            index: 1,
                             source: zk::Error::NoNode,
-                        }) => client.delete(&path, Some(version)).await,
+                            ..
+                        }) => match delay_client.delete(&gone.path, None).await {
+                            Ok(()) | Err(zk::Error::NoNode) => {
+                                session.marker_deleted(gone.delay, gone.session);
+                                marker = None;
+                                client.delete(&path, Some(version)).await
+                            }
+                            Err(e) => Err(e),
+                        },
                         Err(e) => Err(zk::Error::from(e)),
                     }
                 }
@@ -470,7 +536,7 @@ impl ZooKeeperBackend {
         dir: &str,
         prefix: &str,
     ) -> Result<Option<Placed>> {
-        let children = or_empty(client.list_children(dir).await, dir)?;
+        let children = self.list_synced(client, dir).await?;
         let Some(found) = layout::queue(&children)
             .into_iter()
             .find(|c| c.node.starts_with(prefix))
@@ -514,11 +580,9 @@ impl ZooKeeperBackend {
         behind: &[bool],
     ) -> Result<Acquire> {
         if let Some(delay) = req.lock_delay
-            && placed.marker.is_none()
+            && !placed.marker.as_ref().is_some_and(|m| m.created)
         {
-            let marker = format!("{}/{}", placed.dir, layout::marker_name(&req.owner));
-            self.put_marker(session, delay, &marker).await?;
-            self.update(&req.owner, |p| p.marker = Some(marker));
+            self.put_marker(session, req, placed, delay).await?;
         }
         // A permit granted after waiting touches its node: the waiter behind it watches
         // it, and is now the first to wait, so it must watch the holders instead.
@@ -542,16 +606,62 @@ impl ZooKeeperBackend {
         )))
     }
 
-    /// Creates a lock-delay marker owned by the session of `delay`, beside the granted
-    /// node (which keeps the directory from vanishing).
-    async fn put_marker(&self, session: &Session, delay: Duration, marker: &str) -> Result<()> {
-        let client = session.delay_client(delay).await?;
+    /// Creates the lock-delay marker of `placed`'s grant, owned by the session of `delay`,
+    /// beside the granted node (which keeps the directory from vanishing). The marker is
+    /// recorded before its create goes out: a release deletes it whatever became of the
+    /// create (dropped, unanswered).
+    async fn put_marker(
+        &self,
+        session: &Session,
+        req: &Request,
+        placed: &Placed,
+        delay: Duration,
+    ) -> Result<()> {
+        // A marker recorded under a lock-delay session that expired since went with it:
+        // this one is counted under the new session.
+        let counted = placed.marker.as_ref().map(|m| m.session);
+        let client = session.delay_client(delay, counted).await?;
+        let path = format!("{}/{}", placed.dir, layout::marker_name(&req.owner));
+        self.update(&req.owner, |p| {
+            p.marker = Some(Marker {
+                path: path.clone(),
+                delay,
+                session: client.session_id().0,
+                created: false,
+            });
+        });
         let options = self.create_options(zk::CreateMode::Ephemeral);
-        match client.create(marker, &[], &options).await {
-            Ok(_) | Err(zk::Error::NodeExists) => Ok(()),
+        match client.create(&path, &[], &options).await {
+            Ok(_) | Err(zk::Error::NodeExists) => {
+                self.update(&req.owner, |p| {
+                    if let Some(marker) = &mut p.marker {
+                        marker.created = true;
+                    }
+                });
+                Ok(())
+            }
             Err(e) => Err(map(e, "creating a lock-delay marker")),
         }
     }
+}
+
+/// Deletes lock-delay markers on the lock-delay sessions that created them (best effort:
+/// one that stays goes when its session expires).
+async fn delete_markers(session: &Session, markers: Vec<Marker>) {
+    let deletes = markers.into_iter().filter_map(|marker| {
+        let client = session.open_delay_client(marker.delay, marker.session)?;
+        Some(async move {
+            match client.delete(&marker.path, None).await {
+                Ok(()) | Err(zk::Error::NoNode) => {
+                    session.marker_deleted(marker.delay, marker.session);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "zookeeper: a lock-delay marker could not be deleted; it goes with its session");
+                }
+            }
+        })
+    });
+    join_all(deletes).await;
 }
 
 /// A listing, with a missing directory read as empty.
@@ -615,7 +725,7 @@ impl Backend for ZooKeeperBackend {
             // Placed under a session that has ended: the node goes with it (at once if the
             // server still has it); wait again in this session.
             self.forget(&req.owner);
-            if let Err(error) = self.delete_node(client, &req.owner, &old).await {
+            if let Err(error) = self.delete_node(&session, &req.owner, &old).await {
                 tracing::debug!(%error, "zookeeper: could not delete a node of an ended session");
             }
         }
@@ -654,25 +764,22 @@ impl Backend for ZooKeeperBackend {
                         woken: false,
                     },
                 );
-                let created = self.create_and_list(client, req, &dir).await;
-                let (stat, node, children) = match created {
+                match self.create_and_list(client, req, &dir).await {
                     Ok(created) => created,
                     Err(error) => {
-                        // Refused (an ACL, a bad path): nothing was created, so there is
-                        // nothing for a release to look for.
-                        if !error.is_unknown_outcome() {
+                        // The create refused (an ACL, a bad path): nothing was created, so
+                        // there is nothing for a release to look for. A created node (the
+                        // listing failed) or an unanswered create stays for the release.
+                        let created = self
+                            .owners()
+                            .get(&req.owner)
+                            .is_some_and(|p| p.node.is_some());
+                        if !created && !error.is_unknown_outcome() {
                             self.forget(&req.owner);
                         }
                         return Err(error);
                     }
-                };
-                self.update(&req.owner, |p| {
-                    p.node = Some(node.clone());
-                    p.czxid = stat.czxid;
-                    p.version = stat.version;
-                    p.unsure = false;
-                });
-                (node, children)
+                }
             }
         };
 
@@ -707,7 +814,7 @@ impl Backend for ZooKeeperBackend {
             // A try that did not get it: take the node out of the queue again.
             let placed = self.owners().get(&req.owner).cloned();
             if let Some(placed) = placed {
-                self.delete_node(client, &req.owner, &placed).await?;
+                self.delete_node(&session, &req.owner, &placed).await?;
             }
             self.forget(&req.owner);
             return Ok(Acquire::Busy(WaitHint::none()));
@@ -715,13 +822,16 @@ impl Backend for ZooKeeperBackend {
         self.update(&req.owner, |p| p.waited = true);
         let sole =
             (orphans.is_empty() && layout::sole_blocker(&queue, me)).then(|| req.owner.clone());
-        let nodes: Vec<String> = if holds[me] {
+        let nodes: Vec<Watched> = if holds[me] {
             // First in line, but a vanished holder's lock-delay is not over.
-            orphans
+            orphans.into_iter().map(Watched::deletion).collect()
         } else {
             layout::in_the_way(&queue, &holds, me)
                 .into_iter()
-                .map(|c| format!("{dir}/{}", c.node))
+                .map(|(c, holds)| Watched {
+                    path: format!("{dir}/{}", c.node),
+                    untouched: c.mode.is_permit() && c.owner.is_some() && !holds,
+                })
                 .collect()
         };
         let children = nodes.is_empty().then_some(dir);
@@ -762,9 +872,7 @@ impl Backend for ZooKeeperBackend {
         };
         // Any session may delete a node; the path names only this owner's.
         let session = self.session().await?;
-        let deleted = self
-            .delete_node(&session.client, &req.owner, &placed)
-            .await?;
+        let deleted = self.delete_node(&session, &req.owner, &placed).await?;
         self.forget(&req.owner);
         Ok(if deleted {
             Release::Released
@@ -788,11 +896,14 @@ impl Backend for ZooKeeperBackend {
         let nodes: Vec<_> = hint
             .nodes
             .iter()
-            .map(|path| client.check_and_watch_stat(path))
+            .map(|node| client.check_and_watch_stat(&node.path))
             .collect();
         let mut watchers = Vec::with_capacity(nodes.len() + 1);
-        for answer in join_all(nodes).await {
+        for (answer, node) in join_all(nodes).await.into_iter().zip(&hint.nodes) {
             match answer {
+                // Touched since the listing (granted before the watch was set): the change
+                // this waiter waits for happened already.
+                Ok((Some(stat), _)) if node.untouched && stat.version != 0 => return Ok(()),
                 // Gone already: no need to wait.
                 Ok((None, _)) => {
                     if let Some(owner) = &hint.sole {
@@ -906,7 +1017,7 @@ impl Backend for ZooKeeperBackend {
         state.hint = WaitHint::new(Hint {
             session: session.id,
             sole: None,
-            nodes: watched,
+            nodes: watched.into_iter().map(Watched::deletion).collect(),
             children,
         });
         Ok(state)
@@ -928,8 +1039,14 @@ impl Backend for ZooKeeperBackend {
             };
             drop(session);
             if let Some(taken) = taken {
-                self.owners().retain(|_, p| p.session != taken.id);
+                // A release that could not be confirmed is still a release: no lock-delay
+                // follows it, nor the others closed with it (as for `close`). Markers
+                // that cannot be deleted now go when their sessions expire: no later than
+                // after a crash.
+                let mut markers = self.forget_session(taken.id);
+                markers.extend(placed.marker);
                 tokio::spawn(async move {
+                    delete_markers(&taken, markers).await;
                     if let Err(error) = taken.close().await {
                         tracing::warn!(%error, "zookeeper: closing an abandoned session");
                     }

@@ -193,19 +193,27 @@ pub(crate) fn queue(children: &[String]) -> Vec<Contender> {
 /// Which contenders of a queue hold: exclusive — the first only; shared — those with no
 /// exclusive contender before them; permits — the first `limit` (each counts its own
 /// limit; a foreign contender in a permit set counts `default_limit`).
+///
+/// The holders are always a prefix of the queue: nobody holds while a contender before it
+/// waits (a permit asking for a larger limit does not overtake one asking for a smaller
+/// one). So contenders become holders in queue order, which is the order of their nodes'
+/// czxids, their tokens: within one set, tokens increase in grant order.
 pub(crate) fn holding(queue: &[Contender], default_limit: Option<NonZeroU32>) -> Vec<bool> {
     let mut seen_exclusive = false;
+    let mut all_before_hold = true;
     queue
         .iter()
         .enumerate()
         .map(|(i, c)| {
-            let holds = match (c.mode, default_limit) {
-                (Mode::Permit { limit }, _) => i < limit.get() as usize,
-                (_, Some(limit)) => i < limit.get() as usize,
-                (Mode::Exclusive, None) => i == 0,
-                (Mode::Shared, None) => !seen_exclusive,
-            };
+            let holds = all_before_hold
+                && match (c.mode, default_limit) {
+                    (Mode::Permit { limit }, _) => i < limit.get() as usize,
+                    (_, Some(limit)) => i < limit.get() as usize,
+                    (Mode::Exclusive, None) => i == 0,
+                    (Mode::Shared, None) => !seen_exclusive,
+                };
             seen_exclusive |= c.mode == Mode::Exclusive;
+            all_before_hold &= holds;
             holds
         })
         .collect()
@@ -215,45 +223,44 @@ pub(crate) fn holding(queue: &[Contender], default_limit: Option<NonZeroU32>) ->
 /// watches: a writer — the one just before it; a reader — the nearest writer before it; a
 /// permit — the one just before it while that one waits too (it touches its node when it
 /// is granted, see `Backend::acquire`), or every holder when it is the first to wait.
+///
+/// Each with whether it holds.
 pub(crate) fn in_the_way<'q>(
     queue: &'q [Contender],
     holds: &[bool],
     me: usize,
-) -> Vec<&'q Contender> {
+) -> Vec<(&'q Contender, bool)> {
+    let ahead = queue[..me].iter().zip(holds[..me].iter().copied());
     match queue[me].mode {
-        Mode::Exclusive => me.checked_sub(1).map(|i| &queue[i]).into_iter().collect(),
-        Mode::Shared => queue[..me]
-            .iter()
+        Mode::Exclusive => ahead.rev().take(1).collect(),
+        Mode::Shared => ahead
             .rev()
-            .find(|c| c.mode == Mode::Exclusive)
+            .find(|(c, _)| c.mode == Mode::Exclusive)
             .into_iter()
             .collect(),
         Mode::Permit { .. } => match me.checked_sub(1) {
-            Some(before) if !holds[before] => vec![&queue[before]],
-            _ => queue[..me]
-                .iter()
-                .zip(holds)
-                .filter(|(_, holds)| **holds)
-                .map(|(c, _)| c)
-                .collect(),
+            Some(before) if !holds[before] => vec![(&queue[before], false)],
+            _ => ahead.filter(|(_, holds)| *holds).collect(),
         },
     }
 }
 
 /// Whether the deletion of the one node the contender at `me` watches makes it a holder,
 /// with nothing to check: a writer second in line, or a reader behind exactly one writer,
-/// whose blocker has no lock-delay marker (its going cannot close the lock). Nodes created
-/// later come after `me`, so nothing else can get in the way.
+/// when no node ahead of it has a lock-delay marker (the going of such a node, the blocker
+/// or a reader holding beside it, may close the lock). Nodes created later come after
+/// `me`, so nothing else can get in the way.
 pub(crate) fn sole_blocker(queue: &[Contender], me: usize) -> bool {
-    let blockers: Vec<&Contender> = match queue[me].mode {
-        Mode::Exclusive => queue[..me].iter().collect(),
-        Mode::Shared => queue[..me]
-            .iter()
-            .filter(|c| c.mode == Mode::Exclusive)
-            .collect(),
+    let ahead = &queue[..me];
+    if ahead.iter().any(|c| c.delayed) {
+        return false;
+    }
+    let blockers = match queue[me].mode {
+        Mode::Exclusive => ahead.len(),
+        Mode::Shared => ahead.iter().filter(|c| c.mode == Mode::Exclusive).count(),
         Mode::Permit { .. } => return false,
     };
-    matches!(blockers[..], [only] if !only.delayed)
+    blockers == 1
 }
 
 #[cfg(test)]
@@ -357,7 +364,7 @@ mod tests {
         let watched = |me| -> Vec<i64> {
             in_the_way(&lock, &holds, me)
                 .iter()
-                .map(|c| c.seq)
+                .map(|(c, _)| c.seq)
                 .collect()
         };
         // The writer waits for the reader just before it; the late reader for the writer;
@@ -374,7 +381,7 @@ mod tests {
         let holds = holding(&permits, None);
         assert_eq!(holds, [true, true, false, false]);
         // The first waiter watches every holder; the next one the waiter before it.
-        let seqs = |v: Vec<&Contender>| v.iter().map(|c| c.seq).collect::<Vec<_>>();
+        let seqs = |v: Vec<(&Contender, bool)>| v.iter().map(|(c, _)| c.seq).collect::<Vec<_>>();
         assert_eq!(
             seqs(in_the_way(&permits, &holds, 2)),
             [permits[0].seq, permits[1].seq]
@@ -394,6 +401,12 @@ mod tests {
         let mut delayed = q(&[x, x]);
         delayed[0].delayed = true;
         assert!(!sole_blocker(&delayed, 1), "its going may close the lock");
+        let mut delayed = q(&[s, x, s]);
+        delayed[0].delayed = true;
+        assert!(
+            !sole_blocker(&delayed, 2),
+            "a reader ahead may vanish and close the lock"
+        );
         assert!(!sole_blocker(&permits, 2));
         // A foreign child in a permit set takes one permit.
         let foreign = queue(&[
@@ -402,5 +415,13 @@ mod tests {
             name("o2", p, 3),
         ]);
         assert_eq!(holding(&foreign, NonZeroU32::new(2)), [true, true, false]);
+        // A permit never overtakes a waiting one, whatever the limits: holders are a prefix.
+        let limit = |n| Mode::Permit {
+            limit: NonZeroU32::new(n).unwrap(),
+        };
+        let mixed = q(&[limit(2), limit(2), limit(1), limit(4)]);
+        assert_eq!(holding(&mixed, None), [true, true, false, false]);
+        let mixed = q(&[limit(1), limit(4)]);
+        assert_eq!(holding(&mixed, None), [true, true]);
     }
 }

@@ -1,12 +1,16 @@
 //! The session: one ZooKeeper session per backend, serving every lock, permit and
 //! candidacy of that backend, and the task that tells its guards how far it can be trusted.
 //!
-//! - **Alive**: a probe (an `exists` of the chroot) goes out every tenth of the negotiated
-//!   session timeout (it also keeps the session alive: the client library pings only an
-//!   idle connection). Each acknowledged probe moves the session's local deadline to the
-//!   time the probe was *sent*, plus the negotiated timeout, minus a drift allowance. The
-//!   server expires a session no earlier than its timeout after it last heard from the
-//!   client, and it heard the probe after it was sent: the guards give up first.
+//! - **Alive**: a probe goes out every tenth of the negotiated session timeout (it also
+//!   keeps the session alive: the client library pings only an idle connection). The probe
+//!   is a `sync`, which a follower forwards to the leader, and answers only once the
+//!   leader has answered it: only the leader expires sessions, and a follower cut off from
+//!   it would go on answering local reads (an `exists`) for up to `syncLimit × tickTime`
+//!   after the leader could have expired the session. Each acknowledged probe moves the
+//!   session's local deadline to the time the leader is known to have heard from the
+//!   session (see [`Heard`]), plus the negotiated timeout, minus a drift allowance. The
+//!   leader expires a session no earlier than its timeout after it last heard from it: the
+//!   guards give up first.
 //! - **Suspended** (jeopardy): the connection is lost, or a probe goes unanswered for a
 //!   tenth of the timeout. The deadline stays where the last acknowledged probe put it.
 //! - **Resumed**: a probe is acknowledged again before the deadline (the client library
@@ -16,17 +20,16 @@
 //!   signalled, so the session is closed rather than believed again, and its nodes go.
 //!   A new session is opened for later acquisitions.
 //!
-//! A session also owns the *lock-delay sessions*: one more session per lock-delay, whose
-//! ephemeral markers outlive the main session's nodes by the delay (see [`DelaySession`]).
+//! A session also owns the *lock-delay sessions*: one more session per band of lock-delays
+//! in use, whose ephemeral markers outlive the main session's nodes by the delay (see
+//! [`DelaySession`]).
 
-use std::collections::HashMap;
-use std::sync::Arc;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use leasehold_core::backend::{Liveness, SessionKeeper, SessionLiveness};
-#[cfg(test)]
-use leasehold_core::clock::Instant;
-use leasehold_core::clock::{Clock, SystemClock};
+use leasehold_core::clock::{Clock, Instant, SystemClock};
 use leasehold_core::{Error, OwnerId, Result};
 use tokio::sync::Mutex as AsyncMutex;
 use tokio::task::JoinHandle;
@@ -44,6 +47,72 @@ fn validity(timeout: Duration) -> Duration {
 /// session counts as suspended.
 fn cadence(timeout: Duration) -> Duration {
     (timeout / 10).max(Duration::from_millis(10))
+}
+
+/// How far behind the probes the leader's knowledge of the session may be, in an ensemble.
+///
+/// A follower passes on the sessions it heard from to the leader when it answers the
+/// leader's ping, which comes every half tick (`tickTime / 2`); the answer to a `sync`
+/// proves that the follower could reach the leader, not that a ping went through since the
+/// probe touched the session. The negotiated timeout is at least two ticks (the server's
+/// default `minSessionTimeout`), so half a tick is at most a quarter of it; a twentieth
+/// more covers the ping's way from the leader and the probe's way to the follower. A
+/// standalone server hears the probe directly: no lag.
+fn leader_lag(timeout: Duration, ensemble: bool) -> Duration {
+    if ensemble {
+        timeout * 3 / 10
+    } else {
+        Duration::ZERO
+    }
+}
+
+/// What the acknowledged probes prove about when the leader last heard from the session.
+///
+/// Without lag (a standalone server) a probe proves its own send time. In an ensemble, a
+/// probe sent at `s` was passed on to the leader by the time a probe sent at `s + lag` or
+/// later is acknowledged: that one was forwarded to the leader after at least one of the
+/// leader's pings came through the same follower (pings come every `lag` at the most), and
+/// the follower answers a ping with every session it heard from before. A reconnection to
+/// another server revalidates the session with the leader, which counts as hearing from
+/// it, after every probe acknowledged before.
+#[derive(Debug)]
+struct Heard {
+    lag: Duration,
+    /// The leader heard from the session at or after this instant.
+    proven: Instant,
+    /// Send times of acknowledged probes not proven yet, oldest first.
+    pending: VecDeque<Instant>,
+}
+
+impl Heard {
+    /// `opened`: before the session was created (by the leader, which then counts on it
+    /// for a whole timeout).
+    fn new(opened: Instant, lag: Duration) -> Self {
+        Self {
+            lag,
+            proven: opened,
+            pending: VecDeque::new(),
+        }
+    }
+
+    /// Records that a probe sent at `sent` was acknowledged; returns the instant the leader
+    /// is known to have heard from the session at or after.
+    fn acknowledged(&mut self, sent: Instant) -> Instant {
+        if self.lag.is_zero() {
+            self.proven = self.proven.max(sent);
+            return self.proven;
+        }
+        if let Some(horizon) = sent.checked_sub(self.lag) {
+            while let Some(&oldest) = self.pending.front()
+                && oldest <= horizon
+            {
+                self.proven = self.proven.max(oldest);
+                self.pending.pop_front();
+            }
+        }
+        self.pending.push_back(sent);
+        self.proven
+    }
 }
 
 /// The data of the epoch node starts with this, then a random id.
@@ -69,8 +138,8 @@ pub(crate) struct Session {
     pub(crate) timeout: Duration,
     keeper: Arc<SessionKeeper>,
     task: JoinHandle<()>,
-    /// Lock-delay sessions, by delay.
-    delays: std::sync::Mutex<HashMap<Duration, DelaySession>>,
+    /// Lock-delay sessions, by band (see [`delay_band`]).
+    delays: Delays,
     /// Held while a lock-delay session is being opened.
     delay_opening: AsyncMutex<()>,
     target: Arc<Target>,
@@ -138,14 +207,30 @@ impl Session {
         root: &str,
         on_end: impl FnOnce(i64) + Send + 'static,
     ) -> Result<(Session, String)> {
+        // The leader creates the session after this instant, and counts on it for a
+        // whole timeout from then.
+        let opened = SystemClock.now();
         let client = connect(&target, &options, options.session_timeout, false).await?;
         let timeout = client.session_timeout();
-        let sent = SystemClock.now();
-        let epoch = ensure_epoch(&client, root, options.digest.is_some()).await?;
-        let keeper = Arc::new(SessionKeeper::new(sent.saturating_add(validity(timeout))));
-        let task = tokio::spawn(follow(client.clone(), timeout, keeper.clone(), on_end));
+        let (config, epoch) = tokio::join!(
+            client.get_config(),
+            ensure_epoch(&client, root, options.digest.is_some())
+        );
+        let epoch = epoch?;
+        // Members are listed in an ensemble's configuration, not in a standalone server's;
+        // anything else counts as an ensemble (the safe side).
+        let ensemble = !config.is_ok_and(|(data, _)| data.is_empty());
+        let heard = Heard::new(opened, leader_lag(timeout, ensemble));
+        let keeper = Arc::new(SessionKeeper::new(opened.saturating_add(validity(timeout))));
+        let task = tokio::spawn(follow(
+            client.clone(),
+            timeout,
+            keeper.clone(),
+            heard,
+            on_end,
+        ));
         let id = client.session_id().0;
-        tracing::debug!(session = %format_args!("{id:x}"), ?timeout, "zookeeper session opened");
+        tracing::debug!(session = %format_args!("{id:x}"), ?timeout, ensemble, "zookeeper session opened");
         Ok((
             Session {
                 client,
@@ -153,7 +238,7 @@ impl Session {
                 timeout,
                 keeper,
                 task,
-                delays: std::sync::Mutex::new(HashMap::new()),
+                delays: Arc::new(std::sync::Mutex::new(HashMap::new())),
                 delay_opening: AsyncMutex::new(()),
                 target,
                 options,
@@ -196,25 +281,73 @@ impl Session {
         self.delay_sessions().clear();
     }
 
-    /// The client of the lock-delay session for `delay` (see [`DelaySession`]).
-    pub(crate) async fn delay_client(&self, delay: Duration) -> Result<zk::Client> {
+    /// The client of the lock-delay session for `delay` (see [`DelaySession`]), opened now
+    /// if there is none, for creating a marker under it: the marker is counted (until
+    /// [`marker_deleted`](Session::marker_deleted)) unless it was already, under the
+    /// session `counted`.
+    pub(crate) async fn delay_client(
+        &self,
+        delay: Duration,
+        counted: Option<i64>,
+    ) -> Result<zk::Client> {
+        let band = delay_band(delay);
         let _opening = self.delay_opening.lock().await;
-        if let Some(open) = self.delay_sessions().get(&delay)
-            && !open.client.state().is_terminated()
         {
-            return Ok(open.client.clone());
+            let mut delays = self.delay_sessions();
+            if let Some(open) = delays.get_mut(&band)
+                && !open.client.state().is_terminated()
+            {
+                if counted != Some(open.client.session_id().0) {
+                    open.markers += 1;
+                }
+                return Ok(open.client.clone());
+            }
+            // Expired: its markers went with it.
+            delays.remove(&band);
         }
         if !self.is_alive() {
             return Err(Error::Lost(leasehold_core::LossReason::SessionEnded));
         }
-        let opened = DelaySession::open(&self.target, &self.options, self.timeout, delay).await?;
+        let mut opened = DelaySession::open(
+            &self.target,
+            &self.options,
+            self.timeout,
+            band,
+            Arc::downgrade(&self.delays),
+        )
+        .await?;
+        opened.markers = 1;
         let client = opened.client.clone();
-        self.delay_sessions().insert(delay, opened);
+        self.delay_sessions().insert(band, opened);
         Ok(client)
     }
 
+    /// The client of the lock-delay session `id` (for `delay`) if it is still open (else
+    /// its markers are gone, or go when it expires).
+    pub(crate) fn open_delay_client(&self, delay: Duration, id: i64) -> Option<zk::Client> {
+        self.delay_sessions()
+            .get(&delay_band(delay))
+            .filter(|open| open.client.session_id().0 == id)
+            .map(|open| open.client.clone())
+    }
+
+    /// A marker created under the lock-delay session `id` (for `delay`) is known to be
+    /// gone.
+    pub(crate) fn marker_deleted(&self, delay: Duration, id: i64) {
+        if let Some(open) = self
+            .delay_sessions()
+            .get_mut(&delay_band(delay))
+            .filter(|open| open.client.session_id().0 == id)
+        {
+            open.markers = open.markers.saturating_sub(1);
+            if open.markers == 0 {
+                open.unused_since = SystemClock.now();
+            }
+        }
+    }
+
     fn delay_sessions(&self) -> std::sync::MutexGuard<'_, HashMap<Duration, DelaySession>> {
-        self.delays.lock().unwrap_or_else(|e| e.into_inner())
+        lock_delays(&self.delays)
     }
 
     /// Ends the session and closes it: its nodes are deleted at once. The lock-delay
@@ -245,16 +378,47 @@ impl Drop for Session {
     }
 }
 
-/// A lock-delay session: the owner of the lock-delay markers of one delay. Its timeout is
-/// the main session's plus the delay, plus its probe cadence (a twentieth of it): it is
-/// probed that often while the main session lives, so when both go silent (the process
-/// died, the link broke) its markers outlive the main session's nodes by the delay, less
-/// at most one server tick (ZooKeeper rounds expiries up to its tick). It is detached:
-/// dropping it leaves it to expire rather than closing it.
+/// The lock-delay sessions of a main session, by band.
+type Delays = Arc<std::sync::Mutex<HashMap<Duration, DelaySession>>>;
+
+fn lock_delays(
+    delays: &std::sync::Mutex<HashMap<Duration, DelaySession>>,
+) -> std::sync::MutexGuard<'_, HashMap<Duration, DelaySession>> {
+    delays.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The lock-delay a marker keeps for `delay`: rounded up to whole milliseconds and then to
+/// one of four steps per doubling (4, 5, 6 or 7 × a power of two milliseconds: at most a
+/// quarter longer), so that the delays in use share a few lock-delay sessions.
+pub(crate) fn delay_band(delay: Duration) -> Duration {
+    let mut ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+    if !delay.subsec_nanos().is_multiple_of(1_000_000) {
+        ms = ms.saturating_add(1);
+    }
+    if ms <= 8 {
+        return Duration::from_millis(ms);
+    }
+    // Keep the three highest bits, rounding up.
+    let step = 1_u64 << (u64::BITS - ms.leading_zeros() - 3);
+    Duration::from_millis(ms.div_ceil(step).saturating_mul(step))
+}
+
+/// A lock-delay session: the owner of the lock-delay markers of one band of delays (see
+/// [`delay_band`]). Its timeout is the main session's plus the delay, plus its probe
+/// cadence (a twentieth of it): it is probed that often while the main session lives, so
+/// when both go silent (the process died, the link broke) its markers outlive the main
+/// session's nodes by the delay, less at most one server tick (ZooKeeper rounds expiries
+/// up to its tick). It is detached: dropping it leaves it to expire rather than closing
+/// it. Once none of this client's markers is under it for a main session timeout, it is
+/// dropped (it holds nothing: its expiry changes nothing).
 #[derive(Debug)]
 struct DelaySession {
     client: zk::Client,
     task: JoinHandle<()>,
+    /// This client's markers that may exist under it.
+    markers: usize,
+    /// When the last of them was deleted.
+    unused_since: Instant,
 }
 
 impl DelaySession {
@@ -263,6 +427,7 @@ impl DelaySession {
         options: &ZooKeeperOptions,
         main: Duration,
         delay: Duration,
+        delays: Weak<std::sync::Mutex<HashMap<Duration, DelaySession>>>,
     ) -> Result<DelaySession> {
         // ZooKeeper counts whole milliseconds: rounded up.
         let total = u64::try_from((main + delay).as_millis()).unwrap_or(u64::MAX / 20);
@@ -281,6 +446,7 @@ impl DelaySession {
         }
         let probed = client.clone();
         let every = granted / 20;
+        let id = client.session_id();
         let task = tokio::spawn(async move {
             loop {
                 let next = SystemClock.now().saturating_add(every);
@@ -290,9 +456,30 @@ impl DelaySession {
                     return;
                 }
                 SystemClock.sleep_until(next).await;
+                let Some(delays) = delays.upgrade() else {
+                    return;
+                };
+                let mut delays = lock_delays(&delays);
+                if let Some(open) = delays.get(&delay)
+                    && open.client.session_id() == id
+                    && open.markers == 0
+                    && SystemClock
+                        .now()
+                        .saturating_duration_since(open.unused_since)
+                        >= main
+                {
+                    tracing::debug!(?delay, "zookeeper: dropping an unused lock-delay session");
+                    delays.remove(&delay);
+                    return;
+                }
             }
         });
-        Ok(DelaySession { client, task })
+        Ok(DelaySession {
+            client,
+            task,
+            markers: 0,
+            unused_since: SystemClock.now(),
+        })
     }
 }
 
@@ -340,10 +527,11 @@ async fn follow(
     client: zk::Client,
     timeout: Duration,
     keeper: Arc<SessionKeeper>,
+    mut heard: Heard,
     on_end: impl FnOnce(i64) + Send + 'static,
 ) {
     let id = client.session_id().0;
-    let ended = watch(&client, timeout, &keeper).await;
+    let ended = watch(&client, timeout, &keeper, &mut heard).await;
     tracing::warn!(session = %format_args!("{id:x}"), "zookeeper session ended: {}", ended.why());
     if let Ended::Gone(_) = ended {
         keeper.end();
@@ -371,7 +559,12 @@ impl Ended {
 }
 
 /// Probes the session, suspends and resumes it, until it ends.
-async fn watch(client: &zk::Client, timeout: Duration, keeper: &SessionKeeper) -> Ended {
+async fn watch(
+    client: &zk::Client,
+    timeout: Duration,
+    keeper: &SessionKeeper,
+    heard: &mut Heard,
+) -> Ended {
     let every = cadence(timeout);
     let mut state = client.state_watcher();
     let missed = || Ended::Deadline("no probe was acknowledged before the deadline");
@@ -383,8 +576,9 @@ async fn watch(client: &zk::Client, timeout: Duration, keeper: &SessionKeeper) -
         if sent >= until {
             return missed();
         }
-        // The request is queued now; while disconnected it goes out on reconnection.
-        let mut probe = std::pin::pin!(client.check_stat("/"));
+        // The request is queued now; while disconnected it goes out on reconnection. A
+        // follower answers it once the leader did.
+        let mut probe = std::pin::pin!(client.sync("/"));
         let mut overdue = std::pin::pin!(SystemClock.sleep_until(sent.saturating_add(every)));
         let mut deadline = std::pin::pin!(SystemClock.sleep_until(until));
         let mut late = false;
@@ -399,7 +593,8 @@ async fn watch(client: &zk::Client, timeout: Duration, keeper: &SessionKeeper) -
                                     "a probe was acknowledged after the deadline",
                                 );
                             }
-                            keeper.alive_until(sent.saturating_add(validity(timeout)));
+                            let proven = heard.acknowledged(sent);
+                            keeper.alive_until(proven.saturating_add(validity(timeout)));
                         }
                         Err(error) if ends_session(&error) => {
                             return Ended::Gone(error.to_string());
@@ -424,27 +619,82 @@ async fn watch(client: &zk::Client, timeout: Duration, keeper: &SessionKeeper) -
     }
 }
 
-/// The deadline of a session whose probe was sent at `sent`, for tests of the arithmetic.
-#[cfg(test)]
-pub(crate) fn deadline_after(sent: Instant, timeout: Duration) -> Instant {
-    sent.saturating_add(validity(timeout))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn at(ms: u64) -> Instant {
+        Instant::from_origin(Duration::from_millis(ms))
+    }
+
     #[test]
     fn a_session_counts_on_its_timeout_minus_the_drift_from_the_send_time() {
-        let sent = Instant::from_origin(Duration::from_secs(100));
         assert_eq!(
-            deadline_after(sent, Duration::from_secs(10)),
-            Instant::from_origin(Duration::from_millis(109_898))
+            at(100_000).saturating_add(validity(Duration::from_secs(10))),
+            at(109_898)
         );
         assert_eq!(cadence(Duration::from_secs(10)), Duration::from_secs(1));
         assert_eq!(
             cadence(Duration::from_millis(50)),
             Duration::from_millis(10)
         );
+    }
+
+    #[test]
+    fn a_standalone_server_proves_each_probe_at_once() {
+        let timeout = Duration::from_secs(10);
+        let mut heard = Heard::new(at(1_000), leader_lag(timeout, false));
+        assert_eq!(heard.acknowledged(at(2_000)), at(2_000));
+        assert_eq!(heard.acknowledged(at(3_000)), at(3_000));
+    }
+
+    #[test]
+    fn in_an_ensemble_a_probe_counts_once_a_later_one_proves_it_reached_the_leader() {
+        let timeout = Duration::from_secs(10);
+        // A quarter of the timeout (half a tick at most) and a twentieth.
+        assert_eq!(leader_lag(timeout, true), Duration::from_secs(3));
+        let mut heard = Heard::new(at(1_000), leader_lag(timeout, true));
+        // Probes every second: each one proves the one sent three seconds before it.
+        for sent in (2_000..=4_000).step_by(1_000) {
+            assert_eq!(heard.acknowledged(at(sent)), at(1_000), "{sent}");
+        }
+        assert_eq!(heard.acknowledged(at(5_000)), at(2_000));
+        assert_eq!(heard.acknowledged(at(6_000)), at(3_000));
+        // After a gap, the newest old enough is proven, and nothing later.
+        assert_eq!(heard.acknowledged(at(9_500)), at(6_000));
+        assert_eq!(heard.acknowledged(at(9_600)), at(6_000));
+        assert_eq!(heard.acknowledged(at(12_500)), at(9_500));
+        // A deadline is never set from a probe the leader may not have seen yet.
+        let deadline = heard
+            .acknowledged(at(13_000))
+            .saturating_add(validity(timeout));
+        assert!(deadline <= at(13_000 - 3_000).saturating_add(timeout));
+    }
+
+    #[test]
+    fn lock_delays_share_a_few_bands() {
+        let band = |ms: u64| delay_band(Duration::from_millis(ms)).as_millis();
+        assert_eq!(band(0), 0);
+        assert_eq!(band(7), 7);
+        assert_eq!(band(9), 10);
+        assert_eq!(band(1_000), 1_024);
+        assert_eq!(band(1_009), 1_024);
+        assert_eq!(band(1_025), 1_280);
+        assert_eq!(band(1_280), 1_280);
+        assert_eq!(band(30_000), 32_768);
+        assert_eq!(
+            delay_band(Duration::from_micros(1_500)),
+            Duration::from_millis(2)
+        );
+        for ms in 1..20_000 {
+            let banded = band(ms);
+            assert!(
+                banded >= u128::from(ms) && banded * 4 <= u128::from(ms) * 5 + 4,
+                "{ms}"
+            );
+        }
+        // Four bands per doubling.
+        let bands: std::collections::BTreeSet<_> = (1_025..=2_048).map(band).collect();
+        assert_eq!(bands.len(), 4);
     }
 }

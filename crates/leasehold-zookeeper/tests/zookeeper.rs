@@ -1,6 +1,7 @@
 //! ZooKeeper-specific behaviour against real servers: lost create replies, jeopardy versus
-//! loss, a leader outage in an ensemble, FIFO hand-offs that wake one waiter each, close,
-//! a killed client, credentials and chroots, a wiped epoch.
+//! loss, a leader outage in an ensemble, a follower that lost its leader, FIFO hand-offs
+//! that wake one waiter each, token order within each set, close, a killed client,
+//! lock-delay markers and sessions, credentials and chroots, a wiped epoch.
 
 #![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
@@ -579,4 +580,365 @@ async fn a_refused_create_costs_nothing_else() {
         "the session was given up for a refused create"
     );
     held.release().await.unwrap();
+}
+
+/// Finds the leader of an ensemble and one follower.
+async fn leader_and_follower(ensemble: &mut ZooKeeper) -> (usize, usize) {
+    let (mut leader, mut follower) = (None, None);
+    for (i, server) in ensemble.servers().iter().enumerate() {
+        match server.mode().await.as_deref() {
+            Some("leader") => leader = Some(i),
+            Some("follower") => follower = Some(i),
+            _ => {}
+        }
+    }
+    (leader.expect("a leader"), follower.expect("a follower"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_that_lost_its_leader_does_not_keep_the_guard_alive() {
+    let mut ensemble = ZooKeeper::ensemble(3).await.unwrap();
+    let (leader, follower) = leader_and_follower(&mut ensemble).await;
+    let timeout = Duration::from_secs(4);
+    // Only the follower: the client cannot move to another server.
+    let url = format!("zk://{}?session_timeout=4s", ensemble.addrs()[follower]);
+    let zk_backend = backend(&url).await;
+    assert_eq!(zk_backend.session_timeout(), timeout);
+    let a = client_on(zk_backend);
+    let guard = a.mutex("cut-off").unwrap().lock().await.unwrap();
+
+    // From now on the leader hears nothing from the session: had it only been cut off from
+    // the follower, it would expire the session a timeout later at the latest, and give
+    // the lock to another client. The follower keeps answering local reads until it gives
+    // up on the leader (syncLimit × tickTime = 2 s here).
+    let paused = Instant::now();
+    ensemble.servers()[leader].process().pause();
+    while paused.elapsed() < Duration::from_millis(1500) && guard.is_held() {
+        let before = Instant::now();
+        let until = before + guard.remaining();
+        assert!(
+            until <= paused + timeout,
+            "the guard counts on the session until {:?} after the leader stopped",
+            until - paused
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        guard.is_suspended() || !guard.is_held(),
+        "not suspended although nothing reaches the leader"
+    );
+    ensemble.servers()[leader].process().resume();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_delayed_grant_leaves_no_marker_behind() {
+    let zookeeper = ZooKeeper::start().await.unwrap();
+    let raw = raw(&zookeeper).await;
+    let (cut, proxy) = through_proxy(&zookeeper, "session_timeout=10s").await;
+    let delayed = LockOptions::builder()
+        .request_timeout(Duration::from_secs(10))
+        .lock_delay(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let a = Client::builder(cut).options(delayed).build();
+    let dir = "/leasehold/marker";
+    // Opens the lock-delay session.
+    let mutex = a.mutex("marker").unwrap();
+    mutex.lock().await.unwrap().release().await.unwrap();
+    assert!(children(&raw, dir).await.is_empty());
+
+    // Every answer is late: the marker is on the server well before its create's answer
+    // comes back, and the acquisition is dropped in between.
+    proxy.set_delay(Direction::ToClient, Duration::from_secs(2));
+    let locking = tokio::spawn(async move { mutex.lock().await });
+    until("the marker created", Duration::from_secs(20), async || {
+        children(&raw, dir)
+            .await
+            .iter()
+            .any(|c| c.contains("-m-lock-"))
+    })
+    .await;
+    locking.abort();
+    assert!(locking.await.unwrap_err().is_cancelled());
+    proxy.heal();
+    a.settle().await;
+    let left = children(&raw, dir).await;
+    assert!(left.is_empty(), "left behind: {left:?}");
+    let b = client_on(backend(&zookeeper.url()).await);
+    assert!(
+        b.mutex("marker")
+            .unwrap()
+            .try_lock()
+            .await
+            .unwrap()
+            .is_some()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_listing_after_a_create_leaves_no_node_behind() {
+    let zookeeper = ZooKeeper::start().await.unwrap();
+    let raw = raw(&zookeeper).await;
+    let open = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+    let _ = raw.create("/leasehold", &[], &open).await;
+    // Anyone may create and delete children; nobody may list them.
+    let acl = [zk::Acl::new(
+        zk::Permission::CREATE
+            | zk::Permission::DELETE
+            | zk::Permission::WRITE
+            | zk::Permission::ADMIN,
+        zk::AuthId::anyone(),
+    )];
+    raw.create(
+        "/leasehold/nolist",
+        &[],
+        &zk::CreateMode::Persistent.with_acls(zk::Acls::new(&acl)),
+    )
+    .await
+    .unwrap();
+    let a = client_on(backend(&zookeeper.url()).await);
+    match a.mutex("nolist").unwrap().try_lock().await {
+        Err(error @ Error::Backend { .. }) => assert!(!error.is_retryable(), "{error}"),
+        other => panic!("got {other:?}"),
+    }
+    a.settle().await;
+    raw.set_acl("/leasehold/nolist", &zk::Acls::anyone_all(), None)
+        .await
+        .unwrap();
+    let left = children(&raw, "/leasehold/nolist").await;
+    assert!(left.is_empty(), "left under a live session: {left:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_increase_in_grant_order_within_each_set() {
+    let zookeeper = ZooKeeper::start().await.unwrap();
+    let url = format!("{}?session_timeout=30s", zookeeper.url());
+    let raw = raw(&zookeeper).await;
+
+    // The lock set: writers and readers waiting in turn, each granted by the release of
+    // the one before it.
+    let holder = client_on(backend(&url).await);
+    let first = holder.rwlock("order").unwrap().write().await.unwrap();
+    let order = Arc::new(std::sync::Mutex::new(vec![first.token()]));
+    let mut tasks = Vec::new();
+    for writer in [false, true, false, true, false] {
+        let faults = Faulty::new(backend(&url).await);
+        let client = Client::builder(faults.clone()).options(options()).build();
+        let order = order.clone();
+        tasks.push(tokio::spawn(async move {
+            let rwlock = client.rwlock("order").unwrap();
+            if writer {
+                let guard = rwlock.write().await.unwrap();
+                order.lock().unwrap().push(guard.token());
+                guard.release().await.unwrap();
+            } else {
+                let guard = rwlock.read().await.unwrap();
+                order.lock().unwrap().push(guard.token());
+                guard.release().await.unwrap();
+            }
+        }));
+        faults.until_calls(Op::Wait, 1).await;
+    }
+    first.release().await.unwrap();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let tokens = order.lock().unwrap().clone();
+    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
+
+    // The permit set, with requests of different limits: a grant made possible by later
+    // releases never gets a lower token than one made before them.
+    let phase = Arc::new(AtomicU64::new(0));
+    let granted = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let a = client_on(backend(&url).await);
+    let held = [
+        a.semaphore("order", 2).unwrap().acquire().await.unwrap(),
+        a.semaphore("order", 2).unwrap().acquire().await.unwrap(),
+    ];
+    for permit in &held {
+        granted.lock().unwrap().push((0, permit.token()));
+    }
+    let dir = "/leasehold/order#permits";
+    let mut tasks = Vec::new();
+    for (limit, queued) in [(1, 3), (4, 4)] {
+        let client = client_on(backend(&url).await);
+        let (phase, granted) = (phase.clone(), granted.clone());
+        tasks.push(tokio::spawn(async move {
+            let permit = client
+                .semaphore("order", limit)
+                .unwrap()
+                .acquire()
+                .await
+                .unwrap();
+            granted
+                .lock()
+                .unwrap()
+                .push((phase.load(Ordering::SeqCst), permit.token()));
+            permit
+        }));
+        until("queued", Duration::from_secs(10), async || {
+            children(&raw, dir).await.len() == queued
+        })
+        .await;
+    }
+    // The limit-1 request can only hold once both holders are gone.
+    phase.store(1, Ordering::SeqCst);
+    for permit in held {
+        permit.release().await.unwrap();
+    }
+    for task in tasks {
+        task.await.unwrap().release().await.unwrap();
+    }
+    let granted = granted.lock().unwrap().clone();
+    for (i, (phase, token)) in granted.iter().enumerate() {
+        for (earlier, before) in &granted[..i] {
+            if earlier < phase {
+                assert!(before < token, "{granted:?}");
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_waiter_wakes_when_the_waiter_before_it_was_granted_first() {
+    let zookeeper = ZooKeeper::start().await.unwrap();
+    let raw = raw(&zookeeper).await;
+    // A missed wake-up shows as a wait until the end of the engine's wait slice (a third
+    // of the lock's ttl: 10 s).
+    let url = zookeeper.url();
+    let h = client_on(backend(&url).await);
+    let g0 = h.semaphore("perm", 2).unwrap().acquire().await.unwrap();
+    let g1 = h.semaphore("perm", 2).unwrap().acquire().await.unwrap();
+
+    let f1 = Faulty::new(backend(&url).await);
+    let w1 = client_on_faulty(&f1);
+    let s1 = w1.semaphore("perm", 2).unwrap();
+    let t1 = tokio::spawn(async move { s1.acquire().await });
+    f1.until_calls(Op::Wait, 1).await;
+
+    // The second waiter lists the directory, but its watch is not set yet...
+    let f2 = Faulty::new(backend(&url).await);
+    f2.hold_requests(Op::Wait);
+    let w2 = client_on_faulty(&f2);
+    let s2 = w2.semaphore("perm", 2).unwrap();
+    let t2 = tokio::spawn(async move { s2.acquire().await });
+    f2.until_calls(Op::Wait, 1).await;
+    assert_eq!(children(&raw, "/leasehold/perm#permits").await.len(), 4);
+
+    // ... when the first waiter is granted (and touches its node).
+    g0.release().await.unwrap();
+    let gw1 = t1.await.unwrap().unwrap();
+    f2.resume(Op::Wait);
+    let released = Instant::now();
+    g1.release().await.unwrap();
+    let gw2 = t2.await.unwrap().unwrap();
+    let late = released.elapsed();
+    assert!(
+        late < Duration::from_secs(5),
+        "granted {late:?} after the release"
+    );
+    gw1.release().await.unwrap();
+    gw2.release().await.unwrap();
+}
+
+fn client_on_faulty(faults: &Faulty) -> Client {
+    Client::builder(faults.clone()).options(options()).build()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_woken_by_its_one_writer_honours_a_vanished_readers_lock_delay() {
+    let zookeeper = ZooKeeper::start().await.unwrap();
+    let raw = raw(&zookeeper).await;
+    let dir = "/leasehold/vanished";
+    let (cut, proxy) = through_proxy(&zookeeper, "session_timeout=2s").await;
+    let delayed = LockOptions::builder()
+        .request_timeout(Duration::from_secs(2))
+        .lock_delay(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let r0 = Client::builder(cut).options(delayed).build();
+    let reading = r0.rwlock("vanished").unwrap().read().await.unwrap();
+
+    let faults = Faulty::new(backend(&zookeeper.url()).await);
+    let w1 = client_on_faulty(&faults);
+    let writing = tokio::spawn(async move { w1.rwlock("vanished").unwrap().write().await });
+    faults.until_calls(Op::Wait, 1).await;
+    let faults = Faulty::new(backend(&zookeeper.url()).await);
+    let r3 = client_on_faulty(&faults);
+    let waiting = tokio::spawn(async move { r3.rwlock("vanished").unwrap().read().await });
+    faults.until_calls(Op::Wait, 1).await;
+
+    // The first reader vanishes: its session expires, its lock-delay marker stays.
+    proxy.cut(Direction::Both);
+    until(
+        "the reader's node gone",
+        Duration::from_secs(20),
+        async || {
+            !children(&raw, dir)
+                .await
+                .iter()
+                .any(|c| c.contains("-sd-lock-"))
+        },
+    )
+    .await;
+    assert!(
+        children(&raw, dir)
+            .await
+            .iter()
+            .any(|c| c.contains("-m-lock-"))
+    );
+    // The writer between them gives up: the reader is woken by its going.
+    writing.abort();
+    let _ = writing.await;
+    let guard = waiting.await.unwrap().unwrap();
+    let left = children(&raw, dir).await;
+    assert!(
+        !left.iter().any(|c| c.contains("-m-lock-")),
+        "granted during a vanished holder's lock-delay: {left:?}"
+    );
+    guard.release().await.unwrap();
+    drop(reading);
+}
+
+/// The number of client connections the server has open.
+async fn connections(zookeeper: &ZooKeeper) -> usize {
+    let word = leasehold_testkit::probe::zookeeper_word(zookeeper.addrs()[0], "mntr")
+        .await
+        .unwrap();
+    word.lines()
+        .find_map(|l| l.strip_prefix("zk_num_alive_connections"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_delays_share_a_few_sessions_dropped_when_unused() {
+    let zookeeper = ZooKeeper::start().await.unwrap();
+    let a = client_on(backend(&format!("{}?session_timeout=2s", zookeeper.url())).await);
+    let before = connections(&zookeeper).await;
+    let mut held = Vec::new();
+    for i in 0..10 {
+        let delayed = LockOptions::builder()
+            .lock_delay(Duration::from_millis(1000 + i))
+            .build()
+            .unwrap();
+        let mutex = a
+            .mutex(&format!("delays:{i}"))
+            .unwrap()
+            .with_options(delayed);
+        held.push(mutex.lock().await.unwrap());
+    }
+    let opened = connections(&zookeeper).await - before;
+    assert!(opened <= 1, "{opened} lock-delay sessions");
+    for guard in held {
+        guard.release().await.unwrap();
+    }
+    until(
+        "the lock-delay session dropped",
+        Duration::from_secs(20),
+        async || connections(&zookeeper).await == before,
+    )
+    .await;
 }

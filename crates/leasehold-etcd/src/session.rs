@@ -17,7 +17,7 @@ use leasehold_core::{Error, Result};
 use tokio::sync::Mutex as AsyncMutex;
 use tokio::task::JoinHandle;
 
-use crate::map_error;
+use crate::error::map_error;
 
 /// The drift allowance subtracted from every lease ttl: 1 % + 2 ms, as for the engine.
 fn validity(ttl: Duration) -> Duration {

@@ -1,31 +1,31 @@
-//! The [`Backend`] implementation: acquire, renew, release, wait and inspect as etcd
-//! requests, and what their answers mean.
+//! The [`Backend`] implementation: acquire, renew, release, wait, inspect and abandon as
+//! etcd requests, and what their answers mean.
 
 use std::collections::HashMap;
+use std::num::NonZeroU32;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use etcd_client::{GetOptions, TxnOpResponse, WatchFilterType, WatchOptions};
+use etcd_client::{GetOptions, GetResponse, TxnOpResponse, WatchFilterType, WatchOptions};
 use leasehold_core::backend::{
     Acquire, Backend, Capabilities, Expiry, Grant, Holder, LockState, Mode, Release, Renewal,
     Request, TokenDurability, WaitHint, Waiter,
 };
-use leasehold_core::{Error, FencingToken, LockName, LossReason, OwnerId, Result};
+use leasehold_core::{Error, LockName, LossReason, OwnerId, Result};
 
 use crate::connection::EtcdBackend;
 use crate::error::map_error;
 use crate::keys::Placed;
-use crate::reply::{
-    Entry, decode, encode, header_revision, holding, holding_owned, in_the_way, queue_of,
-};
-use crate::requests::{self, AcquireShape};
+use crate::reply::{Entry, decode, encode, holding, in_the_way, queue_of, ranges, token};
+use crate::requests::{self, AcquireShape, Fence};
 use crate::session::Session;
 
 /// What a busy request hands to `wait`: what to watch, and what it looked like when read.
 #[derive(Debug)]
 struct Hint {
-    key: Vec<u8>,
-    /// Watch every key under `key`.
+    /// The key to watch, or (with `prefix`) the prefixes.
+    keys: Vec<Vec<u8>>,
+    /// Watch every key under each of `keys`.
     prefix: bool,
     /// Only deletions matter (a queued entry: nothing put later gets ahead of it).
     deletes_only: bool,
@@ -35,17 +35,52 @@ struct Hint {
     from: i64,
 }
 
+impl Hint {
+    /// Deletions of the one key `key`, created at `created`.
+    fn deletion_of(key: Vec<u8>, created: i64, from: i64) -> Self {
+        Self {
+            keys: vec![key],
+            prefix: false,
+            deletes_only: true,
+            created: Some(created),
+            from,
+        }
+    }
+
+    /// Deletions of any key under `dir`.
+    fn deletions_under(dir: &str, from: i64) -> Self {
+        Self {
+            keys: vec![dir.as_bytes().to_vec()],
+            prefix: true,
+            deletes_only: true,
+            created: None,
+            from,
+        }
+    }
+}
+
+/// What one acquire request came to.
+enum Step {
+    Done(Acquire),
+    /// Nothing was written: the session's fence moved or its lease is gone; ask again.
+    Again,
+}
+
+/// How often an acquire is sent again because the session's fence moved meanwhile (only
+/// an acquisition that gave up after an unanswered put moves it).
+const ATTEMPTS: usize = 4;
+
 impl EtcdBackend {
     /// Whether what `hint` watches may have changed since it was read, now that a watch
     /// created at revision `now` is in place: a single key is looked up (gone or created
     /// again); a range counts as changed if anything was written since the read.
     async fn moved(&self, hint: &Hint, now: i64) -> Result<bool> {
-        let Some(created) = hint.created else {
+        let (Some(created), Some(key)) = (hint.created, hint.keys.first()) else {
             return Ok(now >= hint.from);
         };
         let now = self
             .kv()
-            .get(hint.key.clone(), Some(GetOptions::new().with_keys_only()))
+            .get(key.clone(), Some(GetOptions::new().with_keys_only()))
             .await
             .map_err(|e| map_error(e, "watching"))?;
         Ok(now
@@ -55,35 +90,206 @@ impl EtcdBackend {
     }
 
     fn forget(&self, owner: &OwnerId) {
-        self.keys().forget(owner, false);
+        self.keys().forget(owner);
     }
 
-    /// Deletes the owner's key (with its lock-delay marker, if `marker`) and forgets it;
-    /// `None` if the owner has no key, else whether a key was deleted. See
-    /// [`Keys::start_delete`](crate::keys::Keys::start_delete) for why no compare is
-    /// needed.
-    async fn delete(&self, owner: &OwnerId, marker: bool, doing: &str) -> Result<Option<bool>> {
-        let Some((placed, first)) = self.keys().start_delete(owner) else {
+    /// Whether the fence `read` shows is the one `session` put under: if it moved, notes
+    /// where it is; if it is gone, the session's lease is gone on the server and the
+    /// session ends here too.
+    fn fence_held(&self, session: &Session, read: &GetResponse) -> bool {
+        match read.kvs().first() {
+            Some(kv) if kv.mod_revision() == session.fence() => true,
+            Some(kv) => {
+                session.saw_fence(kv.mod_revision());
+                false
+            }
+            None => {
+                tracing::warn!(lease = session.id, "etcd: the session's lease is gone");
+                session.end();
+                false
+            }
+        }
+    }
+
+    /// One acquire request (see [`requests::acquire`] for its shapes and answers).
+    async fn acquire_once(&self, req: &Request) -> Result<Step> {
+        let session = self.session().await?;
+        let set = self.set(&req.name, req.mode);
+        let placed = self.keys().place(&req.owner, &set, session.id);
+        if placed.lease != session.id {
+            self.forget(&req.owner);
+            if placed.revision.is_some() {
+                // Queued under a session that has ended: the key went with it.
+                return Err(Error::Lost(LossReason::SessionEnded));
+            }
+            // Never seen under the session that ended; a put of it still in flight can
+            // land only while that lease lives, which nobody keeps alive any more.
+            return Ok(Step::Again);
+        }
+        let shape = if placed.revision.is_some() {
+            AcquireShape::Woken
+        } else if !req.waiting && req.mode == Mode::Exclusive {
+            AcquireShape::Try
+        } else {
+            AcquireShape::Join
+        };
+        let value = encode(req.mode, &req.owner, req.value.as_deref());
+        let fence = Fence {
+            key: &session.anchor,
+            revision: session.fence(),
+        };
+        let txn = requests::acquire(shape, &placed, &value, fence);
+        let puts = shape != AcquireShape::Woken;
+        if puts {
+            self.keys().put_sent(&req.owner);
+        }
+        let answer = self
+            .kv()
+            .txn(txn)
+            .await
+            .map_err(|e| map_error(e, "acquiring"))?;
+        let Some(revision) = answer.header().map(|h| h.revision()).filter(|r| *r > 0) else {
+            // The put stays unanswered: a retry adopts it, a give-up removes it by value.
+            return Err(Error::backend(
+                "etcd: an acquire was answered without its revision",
+                true,
+            ));
+        };
+        if puts {
+            self.keys().put_answered(&req.owner);
+        }
+        let responses = answer.op_responses();
+        match (shape, answer.succeeded()) {
+            (AcquireShape::Woken, false) => {
+                // The key is gone: its lease expired (or someone deleted it) while we
+                // waited.
+                self.forget(&req.owner);
+                Err(Error::Lost(LossReason::SessionEnded))
+            }
+            // The queue was empty and the transaction's one write put the key: it holds,
+            // and was created at the transaction's revision.
+            (_, true) if puts => self.granted(&session, &placed, req, revision).await,
+            (_, true) => {
+                let [contenders, markers] = reads(&responses)?;
+                self.settle(&session, &placed, req, contenders, markers, revision)
+                    .await
+            }
+            (AcquireShape::Try, false) => {
+                let [contenders, markers, fence] = reads(&responses)?;
+                if !self.fence_held(&session, fence) {
+                    self.keys().forget_if_unseen(&req.owner);
+                    return Ok(Step::Again);
+                }
+                self.settle(&session, &placed, req, contenders, markers, revision)
+                    .await
+            }
+            (_, false) => {
+                let Some(TxnOpResponse::Txn(joined)) = responses.first() else {
+                    return Err(Error::backend(
+                        "etcd: a queueing transaction was answered without its nested one",
+                        false,
+                    ));
+                };
+                let responses = joined.op_responses();
+                if joined.succeeded() {
+                    let [contenders, markers] = reads(&responses)?;
+                    return self
+                        .settle(&session, &placed, req, contenders, markers, revision)
+                        .await;
+                }
+                let [fence] = reads(&responses)?;
+                self.fence_held(&session, fence);
+                self.keys().forget_if_unseen(&req.owner);
+                Ok(Step::Again)
+            }
+        }
+    }
+
+    /// What the queue read `contenders` (with `markers`) means for `placed`, read at
+    /// `revision`: a grant, a place to wait from, or busy.
+    async fn settle(
+        &self,
+        session: &Session,
+        placed: &Placed,
+        req: &Request,
+        contenders: &GetResponse,
+        markers: &GetResponse,
+        revision: i64,
+    ) -> Result<Step> {
+        let dir = &placed.set.dir;
+        let (queue, closed_by) = queue_of(dir, contenders, markers);
+        let from = revision + 1;
+        let Some(me) = queue
+            .iter()
+            .position(|e| !e.foreign && e.owner == req.owner)
+        else {
+            // A try that found the queue occupied: nothing was written.
+            self.keys().forget_if_unseen(&req.owner);
+            return Ok(Step::Done(Acquire::Busy(WaitHint::new(
+                Hint::deletions_under(dir, from),
+            ))));
+        };
+        let mine = &queue[me];
+        // From now on a release removes it, whatever happens here.
+        self.keys().record(&req.owner, mine.revision);
+        if mine.lease != session.id || mine.key != placed.key().as_bytes() {
+            return Err(Error::backend(
+                format!(
+                    "etcd: the key of {} is not where this session put it",
+                    req.name
+                ),
+                false,
+            ));
+        }
+        let granted = holding(&queue)[me];
+        if granted && closed_by.is_none() {
+            return self.granted(session, placed, req, mine.revision).await;
+        }
+        if !req.waiting {
+            // Not granted and not waiting: take the key out of the queue again.
+            self.remove(req, "withdrawing").await?;
+            return Ok(Step::Done(Acquire::Busy(WaitHint::none())));
+        }
+        let hint = match (in_the_way(&queue, me), closed_by) {
+            // First in line, but a vanished holder's lock-delay is not over.
+            (_, Some((marker, created))) if granted => Hint::deletion_of(marker, created, from),
+            (Some(before), _) => Hint::deletion_of(before.key.clone(), before.revision, from),
+            (None, _) => Hint::deletions_under(dir, from),
+        };
+        Ok(Step::Done(Acquire::Busy(WaitHint::new(hint))))
+    }
+
+    /// Removes the owner's key (with its lock-delay marker, if the request has a
+    /// lock-delay) if it is still the one this acquisition wrote, and forgets it; `None` if
+    /// the owner has no key, else whether a key was removed. An acquisition with a put
+    /// that was never answered also moves its session's fence in the same transaction (see
+    /// [`Layout::anchor`](crate::keys::Layout::anchor)).
+    async fn remove(&self, req: &Request, doing: &str) -> Result<Option<bool>> {
+        let Some(placed) = self.keys().by_owner.get(&req.owner).cloned() else {
             return Ok(None);
         };
-        let deleted = if marker {
-            // A release is not a vanishing: the lock opens at once.
-            let answer = self
-                .kv()
-                .txn(requests::delete_with_marker(&placed))
-                .await
-                .map_err(|e| map_error(e, doing))?;
-            matches!(answer.op_responses().first(), Some(TxnOpResponse::Delete(d)) if d.deleted() > 0)
-        } else {
-            let answer = self
-                .kv()
-                .delete(placed.key(), None)
-                .await
-                .map_err(|e| map_error(e, doing))?;
-            answer.deleted() > 0
-        };
-        self.keys().finish_delete(owner, first);
-        Ok(Some(deleted))
+        let bump = placed.unanswered_puts > 0;
+        if placed.revision.is_none() && !bump {
+            // No put of it was ever applied.
+            self.forget(&req.owner);
+            return Ok(Some(false));
+        }
+        let anchor = bump.then(|| self.inner.layout.anchor(placed.lease));
+        let value = encode(req.mode, &req.owner, req.value.as_deref());
+        let txn = requests::remove(&placed, &value, req.lock_delay.is_some(), anchor.as_deref());
+        let answer = self.kv().txn(txn).await.map_err(|e| map_error(e, doing))?;
+        if bump
+            && let Some(revision) = answer.header().map(|h| h.revision())
+            && let Some(session) = self.current_session().await
+            && session.id == placed.lease
+        {
+            // The fence moved at this transaction's revision (or is gone with the lease).
+            session.saw_fence(revision);
+        }
+        let removed = answer.succeeded()
+            && matches!(answer.op_responses().first(), Some(TxnOpResponse::Delete(d)) if d.deleted() > 0);
+        self.forget(&req.owner);
+        Ok(Some(removed))
     }
 
     /// The grant of `placed`, whose key holds at create revision `revision`: recorded, with
@@ -94,16 +300,17 @@ impl EtcdBackend {
         placed: &Placed,
         req: &Request,
         revision: i64,
-    ) -> Result<Acquire> {
+    ) -> Result<Step> {
         self.keys().record(&req.owner, revision);
+        let token = token(revision)?;
         if let Some(delay) = req.lock_delay {
             self.put_marker(session, placed, &req.owner, revision, delay)
                 .await?;
         }
-        Ok(Acquire::Granted(Grant {
-            token: FencingToken::new(u64::try_from(revision).unwrap_or(0)),
+        Ok(Step::Done(Acquire::Granted(Grant {
+            token,
             expiry: Expiry::Session(session.liveness()),
-        }))
+        })))
     }
 
     /// Puts the lock-delay marker of a grant, if its key is still the one granted; the
@@ -135,6 +342,39 @@ impl EtcdBackend {
             Err(Error::Lost(LossReason::SessionEnded))
         }
     }
+
+    /// The time left on `lease` as etcd says: `None` for a key without a lease.
+    async fn time_left(&self, lease: i64) -> Result<Option<Duration>> {
+        if lease == 0 {
+            return Ok(None);
+        }
+        let answer = self
+            .client()
+            .lease_time_to_live(lease, None)
+            .await
+            .map_err(|e| map_error(e, "inspecting a lease"))?;
+        // A lease that expired since the read has -1 left.
+        Ok(Some(Duration::from_secs(
+            u64::try_from(answer.ttl()).unwrap_or(0),
+        )))
+    }
+}
+
+/// The `N` range reads of `responses`, in order.
+///
+/// # Errors
+///
+/// [`Error::Backend`] if the answer does not hold them.
+fn reads<const N: usize>(responses: &[TxnOpResponse]) -> Result<[&GetResponse; N]> {
+    ranges(responses).try_into().map_err(|found: Vec<_>| {
+        Error::backend(
+            format!(
+                "etcd: a transaction was answered with {} reads, not {N}",
+                found.len()
+            ),
+            false,
+        )
+    })
 }
 
 #[async_trait]
@@ -147,119 +387,24 @@ impl Backend for EtcdBackend {
         caps.push_wakeups = true;
         caps.shared = true;
         caps.permits = true;
-        // etcd grants whole seconds, rounded up (it may grant more: its minimum ttl).
-        let asked = self.inner.options.session_ttl;
-        caps.session_ttl = Some(Duration::from_secs(
-            asked.as_secs() + u64::from(asked.subsec_nanos() > 0),
-        ));
+        // What etcd grants: whole seconds, rounded up (a session that etcd would grant a
+        // longer ttl is refused, see `Session::start`).
+        caps.session_ttl = Some(self.inner.options.granted_ttl());
         // Markers bound to a lease that outlives the session's by the delay.
         caps.lock_delay = true;
         caps
     }
 
     async fn acquire(&self, req: &Request) -> Result<Acquire> {
-        let session = self.session().await?;
-        let dir = self.dir(&req.name, req.mode);
-        let placed = self.keys().place(&req.owner, &dir, session.id);
-        if placed.lease != session.id {
-            // Queued under a session that has ended: the key went with it.
-            self.forget(&req.owner);
-            return Err(Error::Lost(LossReason::SessionEnded));
-        }
-        let key = placed.key();
-        let queued = placed.revision.is_some();
-        let shape = if queued {
-            AcquireShape::Woken
-        } else if !req.waiting && req.mode == Mode::Exclusive {
-            AcquireShape::Try
-        } else {
-            AcquireShape::Join
-        };
-        let value = encode(req.mode, &req.owner, req.value.as_deref());
-        let txn = requests::acquire(shape, &key, &dir, &value, session.id);
-        let answer = self
-            .kv()
-            .txn(txn)
-            .await
-            .map_err(|e| map_error(e, "acquiring"))?;
-        let revision = answer.header().map_or(0, |h| h.revision());
-        if queued && !answer.succeeded() {
-            // The key is gone: its lease expired (or someone deleted it) while we waited.
-            self.forget(&req.owner);
-            return Err(Error::Lost(LossReason::SessionEnded));
-        }
-        if !queued && answer.succeeded() {
-            // The queue was empty and the transaction's one write put the key: it holds, and
-            // was created at the transaction's revision.
-            if revision <= 0 {
-                // Retryable: the retry reads the queue and adopts the key put here.
-                return Err(Error::backend(
-                    "etcd: a granting transaction was answered without its revision",
-                    true,
-                ));
+        for _ in 0..ATTEMPTS {
+            if let Step::Done(answer) = self.acquire_once(req).await? {
+                return Ok(answer);
             }
-            return self.granted(&session, &placed, req, revision).await;
         }
-        let responses = answer.op_responses();
-        let (queue, closed_by) = queue_of(&responses);
-        let from = header_revision(&responses, revision) + 1;
-        let Some(me) = queue.iter().position(|e| e.owner == req.owner) else {
-            // A try that found the queue occupied: nothing was written.
-            self.forget(&req.owner);
-            return Ok(Acquire::Busy(WaitHint::new(Hint {
-                key: dir.into_bytes(),
-                prefix: true,
-                deletes_only: true,
-                created: None,
-                from,
-            })));
-        };
-        let mine = &queue[me];
-        if mine.lease != session.id || mine.key != key.as_bytes() {
-            return Err(Error::backend(
-                format!(
-                    "etcd: the key of {} is not where this session put it",
-                    req.name
-                ),
-                false,
-            ));
-        }
-        let granted = holding(&queue)[me];
-        if granted && closed_by.is_none() {
-            return self.granted(&session, &placed, req, mine.revision).await;
-        }
-        if !req.waiting {
-            // Not granted and not waiting: take the key out of the queue again.
-            self.keys().record(&req.owner, mine.revision);
-            self.delete(&req.owner, false, "withdrawing").await?;
-            return Ok(Acquire::Busy(WaitHint::none()));
-        }
-        self.keys().record(&req.owner, mine.revision);
-        let hint = match (in_the_way(&queue, me), closed_by) {
-            // First in line, but a vanished holder's lock-delay is not over.
-            (_, Some((marker, created))) if granted => Hint {
-                key: marker,
-                prefix: false,
-                deletes_only: true,
-                created: Some(created),
-                from,
-            },
-            (Some(before), _) => Hint {
-                key: before.key.clone(),
-                prefix: false,
-                deletes_only: true,
-                created: Some(before.revision),
-                from,
-            },
-            (None, _) => Hint {
-                key: dir.into_bytes(),
-                prefix: true,
-                deletes_only: true,
-                created: None,
-                from,
-            },
-        };
-        Ok(Acquire::Busy(WaitHint::new(hint)))
+        Err(Error::backend(
+            "etcd: the session's fence kept moving while acquiring",
+            true,
+        ))
     }
 
     async fn renew(&self, req: &Request) -> Result<Renewal> {
@@ -286,10 +431,8 @@ impl Backend for EtcdBackend {
     }
 
     async fn release(&self, req: &Request) -> Result<Release> {
-        let deleted = self
-            .delete(&req.owner, req.lock_delay.is_some(), "releasing")
-            .await?;
-        Ok(if deleted == Some(true) {
+        let removed = self.remove(req, "releasing").await?;
+        Ok(if removed == Some(true) {
             Release::Released
         } else {
             Release::NotHeld
@@ -298,6 +441,9 @@ impl Backend for EtcdBackend {
 
     async fn wait(&self, _name: &LockName, hint: &WaitHint, max: Duration) -> Result<()> {
         let Some(hint) = hint.get::<Hint>() else {
+            return Ok(());
+        };
+        let Some((first, more)) = hint.keys.split_first() else {
             return Ok(());
         };
         // The watch starts at the current revision, not at `hint.from`: etcd serves a watch
@@ -315,9 +461,15 @@ impl Backend for EtcdBackend {
         let watched = async {
             let mut stream = self
                 .client()
-                .watch(hint.key.clone(), Some(options))
+                .watch(first.clone(), Some(options.clone()))
                 .await
                 .map_err(|e| map_error(e, "watching"))?;
+            for key in more {
+                stream
+                    .watch(key.clone(), Some(options.clone()))
+                    .await
+                    .map_err(|e| map_error(e, "watching"))?;
+            }
             loop {
                 match stream
                     .message()
@@ -345,24 +497,30 @@ impl Backend for EtcdBackend {
     }
 
     async fn inspect(&self, name: &LockName) -> Result<LockState> {
-        let sets = [
-            self.dir(name, Mode::Exclusive),
-            self.dir(
+        let dirs = [
+            self.set(name, Mode::Exclusive).dir,
+            self.set(
                 name,
                 Mode::Permit {
-                    limit: std::num::NonZeroU32::MIN,
+                    limit: NonZeroU32::MIN,
                 },
-            ),
+            )
+            .dir,
         ];
         let answer = self
             .kv()
-            .txn(requests::read_all(&sets))
+            .txn(requests::read_all(&dirs))
             .await
             .map_err(|e| map_error(e, "inspecting"))?;
         let revision = answer.header().map_or(0, |h| h.revision());
         let mut state = LockState {
             hint: WaitHint::new(Hint {
-                key: format!("{}/{name}/", self.inner.options.prefix).into_bytes(),
+                keys: self
+                    .inner
+                    .layout
+                    .all_of(name)
+                    .map(String::into_bytes)
+                    .into(),
                 prefix: true,
                 deletes_only: false,
                 created: None,
@@ -370,40 +528,58 @@ impl Backend for EtcdBackend {
             }),
             ..LockState::default()
         };
-        let mut ttls: HashMap<i64, Option<Duration>> = HashMap::new();
-        for response in answer.op_responses() {
-            let TxnOpResponse::Get(get) = response else {
-                continue;
-            };
-            let queue: Vec<Entry> = get.kvs().iter().filter_map(decode).collect();
-            for (entry, holds) in queue.into_iter().zip(holding_owned(get.kvs())) {
-                if holds {
-                    if let std::collections::hash_map::Entry::Vacant(slot) = ttls.entry(entry.lease)
-                    {
-                        let left = self
-                            .client()
-                            .lease_time_to_live(entry.lease, None)
-                            .await
-                            .ok()
-                            .and_then(|t| u64::try_from(t.ttl()).ok())
-                            .map(Duration::from_secs);
-                        slot.insert(left);
-                    }
-                    state.holders.push(Holder {
-                        owner: entry.owner,
-                        mode: entry.mode,
-                        token: FencingToken::new(u64::try_from(entry.revision).unwrap_or(0)),
-                        remaining: ttls.get(&entry.lease).copied().flatten(),
-                        value: entry.value,
-                    });
-                } else {
+        let responses = answer.op_responses();
+        let sets: [&GetResponse; 2] = reads(&responses)?;
+        let mut left: HashMap<i64, Option<Duration>> = HashMap::new();
+        for (dir, read) in dirs.iter().zip(sets) {
+            let queue: Vec<Entry> = read.kvs().iter().map(|kv| decode(dir, kv)).collect();
+            for (entry, holds) in queue.iter().zip(holding(&queue)) {
+                if !holds {
                     state.waiters.push(Waiter {
-                        owner: entry.owner,
+                        owner: entry.owner.clone(),
                         mode: entry.mode,
                     });
+                    continue;
                 }
+                let remaining = match left.get(&entry.lease) {
+                    Some(remaining) => *remaining,
+                    None => {
+                        let remaining = self.time_left(entry.lease).await?;
+                        left.insert(entry.lease, remaining);
+                        remaining
+                    }
+                };
+                state.holders.push(Holder {
+                    owner: entry.owner.clone(),
+                    mode: entry.mode,
+                    token: token(entry.revision)?,
+                    remaining,
+                    value: entry.value.clone(),
+                });
             }
         }
         Ok(state)
+    }
+
+    /// Ends the session that holds the owner's key, if an answer showed that key or a put
+    /// of it may still land: every guard of the session is lost with it (signalled as
+    /// [`LossReason::SessionEnded`]), its lease is revoked (or, if etcd cannot be reached,
+    /// no longer kept alive, so it runs out within one session ttl), and later grants get
+    /// a new session. A key whose release could not be confirmed is bound to the session's
+    /// lease, so nothing else ends it.
+    async fn abandon(&self, req: &Request) -> Result<()> {
+        let Some(placed) = self.keys().forget(&req.owner) else {
+            return Ok(());
+        };
+        if placed.revision.is_none() && placed.unanswered_puts == 0 {
+            // Nothing of it was ever written.
+            return Ok(());
+        }
+        tracing::warn!(
+            lock = %req.name,
+            lease = placed.lease,
+            "etcd: a release could not be confirmed; ending the session that holds it"
+        );
+        self.end_session(placed.lease).await
     }
 }

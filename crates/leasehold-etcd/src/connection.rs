@@ -10,7 +10,7 @@ use leasehold_core::{Error, Guard, LockName, Result};
 use tokio::sync::Mutex as AsyncMutex;
 
 use crate::error::map_error;
-use crate::keys::{self, Keys, Placed};
+use crate::keys::{Keys, Layout, Placed, Set};
 use crate::options::{EtcdOptions, parse_url};
 use crate::session::Session;
 use crate::transport;
@@ -28,6 +28,7 @@ pub struct EtcdBackend {
 pub(crate) struct Inner {
     pub(crate) client: Client,
     pub(crate) options: EtcdOptions,
+    pub(crate) layout: Layout,
     session: AsyncMutex<Option<Arc<Session>>>,
     keys: Mutex<Keys>,
 }
@@ -69,6 +70,7 @@ impl EtcdBackend {
     ///
     /// As for [`connect`](EtcdBackend::connect).
     pub async fn connect_with(endpoints: &[String], options: EtcdOptions) -> Result<Self> {
+        options.check()?;
         let mut connect = ConnectOptions::new();
         if let Some((user, password)) = &options.user {
             connect = connect.with_user(user, password);
@@ -94,6 +96,7 @@ impl EtcdBackend {
         Ok(Self {
             inner: Arc::new(Inner {
                 client,
+                layout: Layout::new(&options.prefix),
                 options,
                 session: AsyncMutex::new(None),
                 keys: Mutex::new(Keys::default()),
@@ -110,8 +113,9 @@ impl EtcdBackend {
         self.inner.client.kv_client()
     }
 
-    pub(crate) fn dir(&self, name: &LockName, mode: Mode) -> String {
-        keys::dir(&self.inner.options.prefix, name, mode)
+    /// The directories of `name`'s set for `mode`.
+    pub(crate) fn set(&self, name: &LockName, mode: Mode) -> Set {
+        self.inner.layout.set(name, mode)
     }
 
     /// The live session, started now if there is none or the last one ended.
@@ -122,8 +126,15 @@ impl EtcdBackend {
         {
             return Ok(session.clone());
         }
-        let session =
-            Arc::new(Session::start(&self.inner.client, self.inner.options.session_ttl).await?);
+        let options = &self.inner.options;
+        let session = Session::start(
+            &self.inner.client,
+            options.session_ttl,
+            options.drift_margin,
+            &self.inner.layout,
+        )
+        .await?;
+        let session = Arc::new(session);
         *current = Some(session.clone());
         Ok(session)
     }
@@ -152,8 +163,43 @@ impl EtcdBackend {
         }
     }
 
-    /// The ttl etcd granted the current session (whole seconds, at least the configured
-    /// one), if a session has started.
+    /// Ends the session with lease `lease` if it is the current one (its guards are lost)
+    /// and revokes it.
+    ///
+    /// # Errors
+    ///
+    /// If the revocation does not reach etcd: the lease is no longer kept alive, and
+    /// expires within one session ttl.
+    pub(crate) async fn end_session(&self, lease: i64) -> Result<()> {
+        let session = {
+            let mut current = self.inner.session.lock().await;
+            if current.as_ref().is_some_and(|s| s.id == lease) {
+                current.take()
+            } else {
+                None
+            }
+        };
+        match session {
+            Some(session) => {
+                let revoked = tokio::time::timeout(
+                    self.inner.options.connect_timeout,
+                    session.close(&self.inner.client),
+                )
+                .await;
+                match revoked {
+                    Ok(revoked) => revoked,
+                    Err(_) => Err(Error::unavailable(
+                        "etcd: revoking an abandoned session timed out; its lease runs out \
+                         within one session ttl",
+                    )),
+                }
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// The ttl of the current session (the configured one rounded up to whole seconds,
+    /// as etcd granted it), if a session has started.
     pub async fn session_ttl(&self) -> Option<Duration> {
         self.current_session().await.map(|s| s.ttl)
     }
@@ -175,7 +221,7 @@ impl EtcdBackend {
             .keys()
             .by_owner
             .get(guard.owner())
-            .map_or_else(|| self.dir(guard.name(), guard.mode()), Placed::key);
+            .map_or_else(|| self.set(guard.name(), guard.mode()).dir, Placed::key);
         let revision = i64::try_from(guard.token().get()).unwrap_or(i64::MAX);
         Compare::create_revision(key, CompareOp::Equal, revision)
     }

@@ -1,4 +1,19 @@
 //! The key layout, and the keys this client has placed.
+//!
+//! With no prefix, the keys of lock name `N` are (with a prefix `P`, each starts with
+//! `P/`):
+//!
+//! | key | what |
+//! |---|---|
+//! | `N/<lease>.<slot>` | an exclusive or shared contender: etcd's own lock recipe (`concurrency.Mutex`, `etcdctl lock N`, the Lock RPC) puts its contenders in the same directory, so both exclude each other |
+//! | `N#delay/<lease>.<slot>` | the lock-delay marker of the contender of the same name |
+//! | `N#permits/<lease>.<slot>` | a semaphore permit holder or waiter |
+//! | `N#permits#delay/<lease>.<slot>` | a permit's lock-delay marker |
+//! | `#sessions/<lease>` | a session's fence (see [`Layout::anchor`]) |
+//!
+//! `<lease>` is the session's lease id in hex, `<slot>` a number the session reuses once
+//! the key is gone. Names cannot contain `#` or `/`, so no name's keys fall into another
+//! name's directories, and no contender directory holds a marker, a permit or a fence.
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -12,13 +27,72 @@ use leasehold_core::{LockName, OwnerId};
 /// releasing, and closes the queue until it expires.
 pub(crate) const MARKER: &[u8] = b"d ";
 
-/// The queue directory of `name`'s set for `mode`: `<prefix>/<name>/<set>/`.
-pub(crate) fn dir(prefix: &str, name: &LockName, mode: Mode) -> String {
-    let set = if mode.is_permit() { "permit" } else { "lock" };
-    format!("{prefix}/{name}/{set}/")
+/// Where keys live: the prefix as given (none, or `P`, which puts every key under `P/`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Layout {
+    root: String,
 }
 
-/// The keys this backend has placed or is placing, by owner.
+impl Layout {
+    pub(crate) fn new(prefix: &str) -> Self {
+        let root = if prefix.is_empty() {
+            String::new()
+        } else {
+            format!("{prefix}/")
+        };
+        Self { root }
+    }
+
+    /// The directories of `name`'s set for `mode`.
+    pub(crate) fn set(&self, name: &LockName, mode: Mode) -> Set {
+        let root = &self.root;
+        if mode.is_permit() {
+            Set {
+                dir: format!("{root}{name}#permits/"),
+                markers: format!("{root}{name}#permits#delay/"),
+            }
+        } else {
+            Set {
+                dir: format!("{root}{name}/"),
+                markers: format!("{root}{name}#delay/"),
+            }
+        }
+    }
+
+    /// The prefixes under which every key of `name` lives: its contender directory and
+    /// `<name>#` (permits and markers).
+    pub(crate) fn all_of(&self, name: &LockName) -> [String; 2] {
+        let root = &self.root;
+        [format!("{root}{name}/"), format!("{root}{name}#")]
+    }
+
+    /// The fence key of the session with lease `lease`.
+    ///
+    /// # The fence
+    ///
+    /// Every put of a contender key compares the fence key's mod revision with the one the
+    /// session last saw. An acquisition that sent a put whose answer never came bumps the
+    /// fence (a put that changes nothing else) in the same transaction that removes its
+    /// key, so that put — held up in a paused member, say — can no longer land after its
+    /// acquisition gave up: it would leave a holder or waiter nobody deletes for the
+    /// session's life. The fence key is bound to the session lease and goes with it.
+    pub(crate) fn anchor(&self, lease: i64) -> String {
+        format!("{}#sessions/{lease:x}", self.root)
+    }
+}
+
+/// The two directories of one set of a name: contenders (holders and waiters) and their
+/// lock-delay markers.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct Set {
+    pub(crate) dir: String,
+    pub(crate) markers: String,
+}
+
+/// The keys this backend has placed or is placing, by owner: what a release needs to
+/// remove exactly its own key. An entry lives from the acquisition's first request to the
+/// answer of its release (or the end of its session, for an abandoned one), so the table
+/// holds the client's current acquisitions and nothing else.
 #[derive(Debug, Default)]
 pub(crate) struct Keys {
     pub(crate) by_owner: HashMap<OwnerId, Placed>,
@@ -29,72 +103,78 @@ pub(crate) struct Keys {
 /// One owner's key.
 #[derive(Debug, Clone)]
 pub(crate) struct Placed {
-    pub(crate) dir: String,
+    pub(crate) set: Set,
     pub(crate) slot: u32,
     pub(crate) lease: i64,
     /// Its create revision, once an answer showed it (unknown after a lost reply).
     pub(crate) revision: Option<i64>,
-    /// A delete was sent for it (it may still be in flight).
-    deleting: bool,
+    /// Puts of this key sent and not (yet) answered: while any is, one may still land, and
+    /// removing the key must bump the session's fence (see [`Layout::anchor`]).
+    pub(crate) unanswered_puts: u32,
 }
 
 impl Placed {
+    fn name(&self) -> String {
+        format!("{:x}.{}", self.lease, self.slot)
+    }
+
     pub(crate) fn key(&self) -> String {
-        format!("{}{:x}.{}", self.dir, self.lease, self.slot)
+        format!("{}{}", self.set.dir, self.name())
     }
 
     /// The lock-delay marker of this key (see [`MARKER`]).
     pub(crate) fn marker(&self) -> String {
-        format!("{}.d", self.key())
+        format!("{}{}", self.set.markers, self.name())
     }
 }
 
+/// Whether `key` in `dir` is named as this backend names its keys (`<lease>.<slot>`).
+pub(crate) fn is_ours(dir: &str, key: &[u8]) -> bool {
+    let Some(name) = key.strip_prefix(dir.as_bytes()) else {
+        return false;
+    };
+    let Some(dot) = name.iter().position(|b| *b == b'.') else {
+        return false;
+    };
+    let (lease, slot) = (&name[..dot], &name[dot + 1..]);
+    !lease.is_empty()
+        && !slot.is_empty()
+        && lease.iter().all(u8::is_ascii_hexdigit)
+        && slot.iter().all(u8::is_ascii_digit)
+}
+
 impl Keys {
-    /// The owner's key, placing it in the lowest free slot of `dir` if it has none.
-    pub(crate) fn place(&mut self, owner: &OwnerId, dir: &str, lease: i64) -> Placed {
+    /// The owner's key, placing it in the lowest free slot of `set` if it has none.
+    pub(crate) fn place(&mut self, owner: &OwnerId, set: &Set, lease: i64) -> Placed {
         if let Some(placed) = self.by_owner.get(owner) {
             return placed.clone();
         }
-        let taken = self.taken.entry((lease, dir.to_owned())).or_default();
+        let taken = self.taken.entry((lease, set.dir.clone())).or_default();
         let slot = (0..).find(|n| !taken.contains(n)).unwrap_or(u32::MAX);
         taken.insert(slot);
         let placed = Placed {
-            dir: dir.to_owned(),
+            set: set.clone(),
             slot,
             lease,
             revision: None,
-            deleting: false,
+            unanswered_puts: 0,
         };
         self.by_owner.insert(owner.clone(), placed.clone());
         placed
     }
 
-    /// Marks the owner's key as being deleted; returns it, and whether this is the first
-    /// delete sent for it.
-    ///
-    /// Why deletes of our keys carry no compare: etcd 3.4 runs every transaction — even one
-    /// of a single delete — through a slower path than a plain delete (measured with 16
-    /// clients: about 50 µs more of the member's CPU per lock cycle, 10–15 % of the
-    /// throughput). What the compare of a create revision would guarantee — a delete never
-    /// removes a newer key — the slot rule guarantees instead (see
-    /// [`finish_delete`](Keys::finish_delete)).
-    pub(crate) fn start_delete(&mut self, owner: &OwnerId) -> Option<(Placed, bool)> {
-        let placed = self.by_owner.get_mut(owner)?;
-        let first = !placed.deleting;
-        placed.deleting = true;
-        Some((placed.clone(), first))
+    /// A put of the owner's key is being sent.
+    pub(crate) fn put_sent(&mut self, owner: &OwnerId) {
+        if let Some(placed) = self.by_owner.get_mut(owner) {
+            placed.unanswered_puts += 1;
+        }
     }
 
-    /// The delete of the owner's key was answered: forgets the key. Its slot is free for a
-    /// new key only if this delete was the one sent for it (no other may still be in
-    /// flight) and the key's creation was answered (no put may still land there).
-    pub(crate) fn finish_delete(&mut self, owner: &OwnerId, first: bool) {
-        let retire = !first
-            || self
-                .by_owner
-                .get(owner)
-                .is_none_or(|placed| placed.revision.is_none());
-        self.forget(owner, retire);
+    /// A put of the owner's key was answered (applied or refused: it cannot land later).
+    pub(crate) fn put_answered(&mut self, owner: &OwnerId) {
+        if let Some(placed) = self.by_owner.get_mut(owner) {
+            placed.unanswered_puts = placed.unanswered_puts.saturating_sub(1);
+        }
     }
 
     pub(crate) fn record(&mut self, owner: &OwnerId, revision: i64) {
@@ -103,20 +183,40 @@ impl Keys {
         }
     }
 
-    /// Forgets the owner's key; its slot is free again unless `retire` (a put of unknown
-    /// outcome may still land there).
-    pub(crate) fn forget(&mut self, owner: &OwnerId, retire: bool) -> Option<Placed> {
+    /// Forgets the owner's key; its slot is free again. That is safe whatever is still in
+    /// flight: a late delete compares the key's create revision (a new key in the slot has
+    /// another), and a late put the session's fence (bumped when it was given up).
+    pub(crate) fn forget(&mut self, owner: &OwnerId) -> Option<Placed> {
         let placed = self.by_owner.remove(owner)?;
-        if !retire {
-            let at = (placed.lease, placed.dir.clone());
-            if let Some(taken) = self.taken.get_mut(&at) {
-                taken.remove(&placed.slot);
-                if taken.is_empty() {
-                    self.taken.remove(&at);
-                }
+        let at = (placed.lease, placed.set.dir.clone());
+        if let Some(taken) = self.taken.get_mut(&at) {
+            taken.remove(&placed.slot);
+            if taken.is_empty() {
+                self.taken.remove(&at);
             }
         }
         Some(placed)
+    }
+
+    /// Forgets the owner's key if nothing of it can be on the server: no answer showed it
+    /// and no put of it is unanswered.
+    pub(crate) fn forget_if_unseen(&mut self, owner: &OwnerId) {
+        if self
+            .by_owner
+            .get(owner)
+            .is_some_and(|p| p.revision.is_none() && p.unanswered_puts == 0)
+        {
+            self.forget(owner);
+        }
+    }
+
+    /// How many keys and slots are remembered (for tests of the bound).
+    #[cfg(test)]
+    fn size(&self) -> (usize, usize) {
+        (
+            self.by_owner.len(),
+            self.taken.values().map(BTreeSet::len).sum(),
+        )
     }
 }
 
@@ -124,47 +224,77 @@ impl Keys {
 mod tests {
     use super::*;
 
-    #[test]
-    fn slots_are_reused_unless_retired() {
-        let mut keys = Keys::default();
-        let [a, b, c, d] = ["a", "b", "c", "d"].map(|o| OwnerId::parse(o).unwrap());
-        assert_eq!(keys.place(&a, "p/n/lock/", 7).key(), "p/n/lock/7.0");
-        assert_eq!(keys.place(&b, "p/n/lock/", 7).slot, 1);
-        // Placing again is idempotent; other sessions and directories count apart.
-        assert_eq!(keys.place(&a, "p/n/lock/", 7).slot, 0);
-        assert_eq!(keys.place(&c, "p/n/lock/", 8).slot, 0);
-        keys.forget(&a, false);
-        assert_eq!(keys.place(&d, "p/n/lock/", 7).slot, 0);
-        keys.forget(&b, true);
-        keys.forget(&d, false);
-        assert_eq!(keys.place(&a, "p/n/lock/", 7).slot, 0);
-        assert_eq!(keys.place(&d, "p/n/lock/", 7).slot, 2);
+    fn set(dir: &str) -> Set {
+        Set {
+            dir: dir.into(),
+            markers: format!("{dir}#delay/"),
+        }
     }
 
     #[test]
-    fn a_slot_is_reused_only_after_the_one_delete_of_its_key_was_answered() {
+    fn names_map_to_etcds_lock_directories() {
+        let name = LockName::new("job").unwrap();
+        let plain = Layout::new("");
+        assert_eq!(plain.set(&name, Mode::Exclusive).dir, "job/");
+        assert_eq!(plain.set(&name, Mode::Shared).markers, "job#delay/");
+        let limit = std::num::NonZeroU32::MIN;
+        assert_eq!(plain.set(&name, Mode::Permit { limit }).dir, "job#permits/");
+        assert_eq!(plain.anchor(0x2a), "#sessions/2a");
+        let prefixed = Layout::new("/locks");
+        assert_eq!(prefixed.set(&name, Mode::Exclusive).dir, "/locks/job/");
+        assert_eq!(prefixed.all_of(&name), ["/locks/job/", "/locks/job#"]);
+        // Only keys named <hex>.<digits> are this backend's; etcd's Mutex names its key
+        // after the lease alone.
+        assert!(is_ours("job/", b"job/694d7a8e5c0d4b04.3"));
+        for foreign in [
+            &b"job/694d7a8e5c0d4b04"[..],
+            b"job/x.1",
+            b"job/.1",
+            b"other/1.2",
+        ] {
+            assert!(!is_ours("job/", foreign), "{foreign:?}");
+        }
+    }
+
+    #[test]
+    fn slots_are_reused_once_their_key_is_forgotten() {
         let mut keys = Keys::default();
         let [a, b, c, d] = ["a", "b", "c", "d"].map(|o| OwnerId::parse(o).unwrap());
-        let dir = "p/n/lock/";
-        assert_eq!(keys.place(&a, dir, 7).slot, 0);
-        keys.record(&a, 10);
-        let (_, first) = keys.start_delete(&a).unwrap();
-        assert!(first);
-        keys.finish_delete(&a, first);
-        assert!(keys.start_delete(&a).is_none(), "forgotten");
-        // Answered at the first try: the slot is free again.
-        assert_eq!(keys.place(&b, dir, 7).slot, 0);
-        keys.record(&b, 11);
-        // b's first delete went unanswered (failed, timed out, dropped): a second one is
-        // sent and answered, but the first may still land later — slot 0 is retired.
-        assert!(keys.start_delete(&b).unwrap().1);
-        let (_, first) = keys.start_delete(&b).unwrap();
-        assert!(!first);
-        keys.finish_delete(&b, first);
-        assert_eq!(keys.place(&c, dir, 7).slot, 1);
-        // A key whose creation went unanswered: a put may still land in its slot.
-        let (_, first) = keys.start_delete(&c).unwrap();
-        keys.finish_delete(&c, first);
-        assert_eq!(keys.place(&d, dir, 7).slot, 2);
+        let lock = set("p/n/");
+        assert_eq!(keys.place(&a, &lock, 7).key(), "p/n/7.0");
+        assert_eq!(keys.place(&a, &lock, 7).marker(), "p/n/#delay/7.0");
+        assert_eq!(keys.place(&b, &lock, 7).slot, 1);
+        // Placing again is idempotent; other sessions and directories count apart.
+        assert_eq!(keys.place(&a, &lock, 7).slot, 0);
+        assert_eq!(keys.place(&c, &lock, 8).slot, 0);
+        assert_eq!(keys.place(&d, &set("p/m/"), 7).slot, 0);
+        keys.forget(&a);
+        assert_eq!(keys.place(&a, &lock, 7).slot, 0);
+        for owner in [&a, &b, &c, &d] {
+            keys.forget(owner);
+        }
+        assert_eq!(keys.size(), (0, 0));
+    }
+
+    #[test]
+    fn unanswered_requests_leave_nothing_behind_once_released() {
+        let mut keys = Keys::default();
+        let lock = set("p/n/");
+        for i in 0..10_000i64 {
+            let owner = OwnerId::parse(&format!("o{i}")).unwrap();
+            let placed = keys.place(&owner, &lock, 7);
+            assert_eq!(placed.slot, 0, "a slot is never retired");
+            keys.put_sent(&owner);
+            if i % 2 == 0 {
+                keys.put_answered(&owner);
+                keys.record(&owner, i);
+            }
+            keys.put_sent(&owner);
+            keys.put_answered(&owner);
+            let unanswered = keys.by_owner[&owner].unanswered_puts;
+            assert_eq!(unanswered, u32::from(i % 2 == 1));
+            keys.forget(&owner);
+        }
+        assert_eq!(keys.size(), (0, 0));
     }
 }

@@ -9,6 +9,7 @@ use leasehold_core::{Error, Result, TlsFiles, parse_duration, redact_url};
 pub struct EtcdOptions {
     pub(crate) prefix: String,
     pub(crate) session_ttl: Duration,
+    pub(crate) drift_margin: Duration,
     pub(crate) connect_timeout: Duration,
     pub(crate) user: Option<(String, String)>,
     pub(crate) tls: TlsFiles,
@@ -20,6 +21,7 @@ impl std::fmt::Debug for EtcdOptions {
         f.debug_struct("EtcdOptions")
             .field("prefix", &self.prefix)
             .field("session_ttl", &self.session_ttl)
+            .field("drift_margin", &self.drift_margin)
             .field("connect_timeout", &self.connect_timeout)
             .field("user", &self.user.as_ref().map(|(user, _)| user))
             .field("tls", &self.tls)
@@ -28,12 +30,13 @@ impl std::fmt::Debug for EtcdOptions {
 }
 
 impl Default for EtcdOptions {
-    /// Prefix `leasehold`, a 10 s session, 5 s to connect, the system's CA certificates
-    /// for TLS.
+    /// No prefix (lock `N` is etcd's lock `N`), a 10 s session with a drift allowance of
+    /// 1 % + 2 ms, 5 s to connect, the system's CA certificates for TLS.
     fn default() -> Self {
         Self {
-            prefix: "leasehold".into(),
+            prefix: String::new(),
             session_ttl: Duration::from_secs(10),
+            drift_margin: Duration::from_millis(2),
             connect_timeout: Duration::from_secs(5),
             user: None,
             tls: TlsFiles::default(),
@@ -42,22 +45,45 @@ impl Default for EtcdOptions {
 }
 
 impl EtcdOptions {
-    /// The key prefix: keys are `<prefix>/<name>/<set>/<lease>.<slot>`. 1–64 of
-    /// `A-Z a-z 0-9 _ - . :` (no `/`, so that names cannot reach into other prefixes).
+    /// The key prefix: the keys of lock `N` live under `<prefix>/N/` (and `<prefix>/N#…`),
+    /// so leasehold's lock `N` is etcd's lock `<prefix>/N` (`etcdctl lock <prefix>/N`, a Go
+    /// `concurrency.NewMutex(session, "<prefix>/N")`). Without a prefix (the default) it is
+    /// etcd's lock `N`. One or more segments of 1–64 of `A-Z a-z 0-9 _ - . :`, separated by
+    /// `/`, with an optional leading `/` (as in `/locks`): at most 200 bytes.
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] for other prefixes.
+    /// [`Error::InvalidArgument`] for other prefixes (an empty one, an empty segment, a
+    /// trailing `/`).
     pub fn prefix(mut self, prefix: &str) -> Result<Self> {
-        leasehold_core::check_key_prefix(prefix)?;
+        let segments = prefix.strip_prefix('/').unwrap_or(prefix);
+        if prefix.len() > 200 {
+            return Err(Error::invalid(
+                "key prefix",
+                format!("{} bytes; the limit is 200", prefix.len()),
+            ));
+        }
+        for segment in segments.split('/') {
+            leasehold_core::check_key_prefix(segment).map_err(|_| {
+                Error::invalid(
+                    "key prefix",
+                    format!(
+                        "{prefix:?}: every segment between '/' is 1-64 of A-Z a-z 0-9 _ - . : \
+                         (leave the prefix out for none)"
+                    ),
+                )
+            })?;
+        }
         self.prefix = prefix.into();
         Ok(self)
     }
 
     /// The session lease's ttl: how long after the client stops keeping it alive (it
     /// crashed, it is partitioned) its locks are freed, and how soon a guard learns that
-    /// the session is gone. etcd leases are whole seconds: a fraction is rounded up, and
-    /// etcd may grant more than asked (its minimum); the granted ttl is used.
+    /// the session is gone. It is every grant's lease: a lock cannot ask for another ttl.
+    /// etcd leases are whole seconds: a fraction is rounded up. A cluster whose minimum
+    /// lease ttl is longer refuses to start the session (the first acquisition fails with
+    /// [`Error::InvalidArgument`]) rather than silently holding locks longer.
     ///
     /// # Errors
     ///
@@ -71,6 +97,38 @@ impl EtcdOptions {
         }
         self.session_ttl = ttl;
         Ok(self)
+    }
+
+    /// The fixed part of the session's drift allowance: a guard counts on its session until
+    /// the last acknowledged keep-alive's send time + ttl − (1 % of the ttl + this margin),
+    /// and is lost then, before etcd can expire the lease (which it does no earlier than
+    /// the ttl after receiving that keep-alive). The default, 2 ms, suits a client whose
+    /// clock runs true; give more for a client that may be descheduled for a while right
+    /// when its loss is due. At most half the session ttl (checked on connecting).
+    pub fn drift_margin(mut self, margin: Duration) -> Self {
+        self.drift_margin = margin;
+        self
+    }
+
+    /// The session ttl rounded up to whole seconds, as etcd grants it.
+    pub(crate) fn granted_ttl(&self) -> Duration {
+        let asked = self.session_ttl;
+        Duration::from_secs(asked.as_secs() + u64::from(asked.subsec_nanos() > 0))
+    }
+
+    /// Checks what the options say together.
+    pub(crate) fn check(&self) -> Result<()> {
+        let ttl = self.granted_ttl();
+        if crate::session::validity(ttl, self.drift_margin) < ttl / 2 {
+            return Err(Error::invalid(
+                "drift margin",
+                format!(
+                    "{:?} leaves less than half of the {ttl:?} session ttl",
+                    self.drift_margin
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// How long connecting may take.
@@ -100,6 +158,7 @@ impl EtcdOptions {
 enum Param {
     Prefix,
     SessionTtl,
+    DriftMargin,
     ConnectTimeout,
     TlsCa,
     TlsCert,
@@ -107,9 +166,10 @@ enum Param {
 }
 
 impl Param {
-    const ALL: [Param; 6] = [
+    const ALL: [Param; 7] = [
         Param::Prefix,
         Param::SessionTtl,
+        Param::DriftMargin,
         Param::ConnectTimeout,
         Param::TlsCa,
         Param::TlsCert,
@@ -121,6 +181,7 @@ impl Param {
         match self {
             Param::Prefix => "prefix",
             Param::SessionTtl => "session_ttl",
+            Param::DriftMargin => "drift_margin",
             Param::ConnectTimeout => "connect_timeout",
             Param::TlsCa => "tls_ca",
             Param::TlsCert => "tls_cert",
@@ -142,6 +203,7 @@ impl Param {
         Ok(match self {
             Param::Prefix => options.prefix(value)?,
             Param::SessionTtl => options.session_ttl(parse_duration(value)?)?,
+            Param::DriftMargin => options.drift_margin(parse_duration(value)?),
             Param::ConnectTimeout => options.connect_timeout(parse_duration(value)?),
             Param::TlsCa | Param::TlsCert | Param::TlsKey => {
                 let mut options = options;
@@ -200,6 +262,7 @@ pub(crate) fn parse_url(url: &str) -> Result<(Vec<String>, EtcdOptions)> {
         options = param.apply(options, value)?;
     }
     options.tls.check(scheme == "https", "etcds")?;
+    options.check()?;
     Ok((endpoints, options))
 }
 
@@ -209,17 +272,34 @@ mod tests {
 
     #[test]
     fn urls_give_endpoints_and_options() {
-        let (endpoints, options) =
-            parse_url("etcd://u:pw@h1:2379,h2:2379?prefix=app&session_ttl=1500ms").unwrap();
+        let (endpoints, options) = parse_url(
+            "etcd://u:pw@h1:2379,h2:2379?prefix=app&session_ttl=1500ms&drift_margin=0.5s",
+        )
+        .unwrap();
         assert_eq!(endpoints, ["http://h1:2379", "http://h2:2379"]);
         assert_eq!(options.prefix, "app");
         assert_eq!(options.session_ttl, Duration::from_millis(1500));
+        assert_eq!(options.granted_ttl(), Duration::from_secs(2));
+        assert_eq!(options.drift_margin, Duration::from_millis(500));
+        assert_eq!(
+            parse_url("etcd://h:1").unwrap().1.prefix,
+            "",
+            "no prefix by default"
+        );
+        for prefix in ["/locks", "team.a/locks:v2", "a"] {
+            let url = format!("etcd://h:1?prefix={prefix}");
+            assert_eq!(parse_url(&url).unwrap().1.prefix, prefix);
+        }
         assert_eq!(options.user, Some(("u".into(), "pw".into())));
         for bad in [
             "etcd://",
             "etcd://h:1?nosuch=1",
             "etcd://h:1?session_ttl=500ms",
-            "etcd://h:1?prefix=a/b",
+            "etcd://h:1?prefix=",
+            "etcd://h:1?prefix=a/",
+            "etcd://h:1?prefix=a//b",
+            "etcd://h:1?prefix=a#b",
+            "etcd://h:1?session_ttl=2s&drift_margin=1s",
             "etcd://h:1/path",
             "http://h:1",
         ] {

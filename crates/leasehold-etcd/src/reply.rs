@@ -1,17 +1,25 @@
 //! What keys say: the value a key is written with, and the queue a read returns.
+//!
+//! A key in a contender directory whose name or value is not this backend's (etcd's own
+//! lock recipe writes an empty value under `<name>/<lease>`) is a foreign contender: an
+//! exclusive holder or waiter like any other, ordered by its create revision — never an
+//! error, never skipped.
 
 use std::sync::Arc;
 
-use etcd_client::{KeyValue, TxnOpResponse};
-use leasehold_core::OwnerId;
+use etcd_client::{GetResponse, KeyValue, TxnOpResponse};
 use leasehold_core::backend::Mode;
+use leasehold_core::{Error, FencingToken, OwnerId, Result};
 
-use crate::keys::MARKER;
+use crate::keys::{MARKER, is_ours};
 
 /// One holder or waiter, from a queue read.
 #[derive(Debug)]
 pub(crate) struct Entry {
+    /// Who: ours, or a label for a foreign contender (see [`foreign_owner`]).
     pub(crate) owner: OwnerId,
+    /// Written by another library (etcd's lock recipe); it counts as exclusive.
+    pub(crate) foreign: bool,
     pub(crate) mode: Mode,
     pub(crate) value: Option<Arc<[u8]>>,
     pub(crate) revision: i64,
@@ -34,16 +42,58 @@ pub(crate) fn encode(mode: Mode, owner: &OwnerId, value: Option<&[u8]>) -> Vec<u
     out
 }
 
-pub(crate) fn decode(kv: &KeyValue) -> Option<Entry> {
-    let (mode, owner, value) = decode_value(kv.value())?;
-    Some(Entry {
+/// The entry of a key read from the contender directory `dir`.
+pub(crate) fn decode(dir: &str, kv: &KeyValue) -> Entry {
+    entry(dir, kv.key(), kv.value(), kv.lease(), kv.create_revision())
+}
+
+/// The entry of the key `key` in `dir` with `value`, bound to `lease`, created at
+/// `revision`.
+fn entry(dir: &str, key: &[u8], value: &[u8], lease: i64, revision: i64) -> Entry {
+    let ours = is_ours(dir, key).then(|| decode_value(value)).flatten();
+    let (mode, owner, value, foreign) = match ours {
+        Some((mode, owner, value)) => (mode, owner, value, false),
+        None => (Mode::Exclusive, foreign_owner(lease, revision), None, true),
+    };
+    Entry {
         owner,
+        foreign,
         mode,
         value,
-        revision: kv.create_revision(),
-        lease: kv.lease(),
-        key: kv.key().to_vec(),
-    })
+        revision,
+        lease,
+        key: key.to_vec(),
+    }
+}
+
+/// The owner shown for a foreign contender: `foreign:<lease>` (the lease id in hex, as
+/// etcd's lock recipe names its key), or `foreign:r<create revision>` for a key without a
+/// lease. Owner ids this backend writes never look like that.
+fn foreign_owner(lease: i64, revision: i64) -> OwnerId {
+    let label = if lease != 0 {
+        format!("foreign:{lease:x}")
+    } else {
+        format!("foreign:r{revision}")
+    };
+    OwnerId::parse(&label).unwrap_or_else(|_| unreachable!("hex digits and a colon"))
+}
+
+/// A grant's fencing token: its key's create revision.
+///
+/// # Errors
+///
+/// [`Error::Backend`] for a revision that is not positive: the reply did not decode.
+pub(crate) fn token(revision: i64) -> Result<FencingToken> {
+    u64::try_from(revision)
+        .ok()
+        .filter(|r| *r > 0)
+        .map(FencingToken::new)
+        .ok_or_else(|| {
+            Error::backend(
+                format!("etcd: a key with create revision {revision}"),
+                false,
+            )
+        })
 }
 
 /// What a key's value says: its mode, its owner, the value stored with it.
@@ -89,12 +139,6 @@ pub(crate) fn holding(queue: &[Entry]) -> Vec<bool> {
         .collect()
 }
 
-/// [`holding`] of a raw key list.
-pub(crate) fn holding_owned(kvs: &[KeyValue]) -> Vec<bool> {
-    let queue: Vec<Entry> = kvs.iter().filter_map(decode).collect();
-    holding(&queue)
-}
-
 /// The key whose change may let the entry at `me` hold: the one just before it (for a
 /// reader, the nearest writer before it); permits watch the whole queue.
 pub(crate) fn in_the_way(queue: &[Entry], me: usize) -> Option<&Entry> {
@@ -105,48 +149,52 @@ pub(crate) fn in_the_way(queue: &[Entry], me: usize) -> Option<&Entry> {
     }
 }
 
-/// The queue of a directory read (the last read of `responses`), oldest first, and the
-/// oldest lock-delay marker that keeps it closed (one whose owner has no key in the queue).
-pub(crate) fn queue_of(responses: &[TxnOpResponse]) -> (Vec<Entry>, Option<(Vec<u8>, i64)>) {
-    let kvs = responses
-        .iter()
-        .rev()
-        .find_map(|r| match r {
-            TxnOpResponse::Get(get) => Some(get.kvs()),
-            _ => None,
-        })
-        .unwrap_or_default();
-    let queue: Vec<Entry> = kvs.iter().filter_map(decode).collect();
-    let closed_by = kvs
+/// The queue in the contender read `contenders` of `dir`, oldest first, and the oldest
+/// lock-delay marker in `markers` that keeps it closed: one whose owner has no key in the
+/// queue (anything in the marker directory that is not a marker of a queued owner counts).
+pub(crate) fn queue_of(
+    dir: &str,
+    contenders: &GetResponse,
+    markers: &GetResponse,
+) -> (Vec<Entry>, Option<(Vec<u8>, i64)>) {
+    let queue: Vec<Entry> = contenders.kvs().iter().map(|kv| decode(dir, kv)).collect();
+    let closed_by = markers
+        .kvs()
         .iter()
         .find(|kv| {
-            kv.value()
+            let owner = kv
+                .value()
                 .strip_prefix(MARKER)
-                .and_then(|owner| std::str::from_utf8(owner).ok())
-                .is_some_and(|owner| !queue.iter().any(|e| e.owner.as_str() == owner.trim_end()))
+                .and_then(|owner| std::str::from_utf8(owner).ok());
+            owner.is_none_or(|owner| {
+                !queue
+                    .iter()
+                    .any(|e| !e.foreign && e.owner.as_str() == owner.trim_end())
+            })
         })
         .map(|kv| (kv.key().to_vec(), kv.create_revision()));
     (queue, closed_by)
 }
 
-/// The revision a read of `responses` was served at, or `fallback`.
-pub(crate) fn header_revision(responses: &[TxnOpResponse], fallback: i64) -> i64 {
+/// The range reads among `responses`, in order.
+pub(crate) fn ranges(responses: &[TxnOpResponse]) -> Vec<&GetResponse> {
     responses
         .iter()
-        .find_map(|r| match r {
-            TxnOpResponse::Get(get) => get.header().map(|h| h.revision()),
+        .filter_map(|r| match r {
+            TxnOpResponse::Get(get) => Some(get),
             _ => None,
         })
-        .unwrap_or(fallback)
+        .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn entry(mode: Mode, n: i64) -> Entry {
+    fn queued(mode: Mode, n: i64) -> Entry {
         Entry {
             owner: OwnerId::parse(&format!("o{n}")).unwrap(),
+            foreign: false,
             mode,
             value: None,
             revision: n,
@@ -159,7 +207,7 @@ mod tests {
     fn who_holds_a_queue() {
         let x = Mode::Exclusive;
         let s = Mode::Shared;
-        let q = [entry(s, 1), entry(s, 2), entry(x, 3), entry(s, 4)];
+        let q = [queued(s, 1), queued(s, 2), queued(x, 3), queued(s, 4)];
         assert_eq!(holding(&q), [true, true, false, false]);
         // The writer waits for the reader before it; the late reader for the writer.
         assert_eq!(in_the_way(&q, 2).unwrap().key, b"k2");
@@ -169,7 +217,7 @@ mod tests {
             limit: std::num::NonZeroU32::new(2).unwrap(),
         };
         assert_eq!(
-            holding(&[entry(p, 1), entry(p, 2), entry(p, 3)]),
+            holding(&[queued(p, 1), queued(p, 2), queued(p, 3)]),
             [true, true, false]
         );
     }
@@ -188,5 +236,43 @@ mod tests {
         }
         assert!(decode_value(b"q o1\n").is_none());
         assert!(decode_value(b"x o1").is_none());
+    }
+
+    #[test]
+    fn keys_that_are_not_ours_are_foreign_exclusive_contenders() {
+        let owner = OwnerId::parse("o1").unwrap();
+        let ours = encode(Mode::Shared, &owner, None);
+        let mine = entry("job/", b"job/2a.0", &ours, 0x2a, 7);
+        assert!(!mine.foreign);
+        assert_eq!((mine.mode, mine.owner.as_str()), (Mode::Shared, "o1"));
+        // etcd's Mutex: the key is <name>/<lease>, the value empty.
+        let mutex = entry(
+            "job/",
+            b"job/694d7a8e5c0d4b04",
+            b"",
+            0x694d_7a8e_5c0d_4b04,
+            8,
+        );
+        assert!(mutex.foreign);
+        assert_eq!(mutex.mode, Mode::Exclusive);
+        assert_eq!(mutex.owner.as_str(), "foreign:694d7a8e5c0d4b04");
+        // Our value under a name that is not ours, or our name with a value that is not.
+        assert!(entry("job/", b"job/x", &ours, 0, 9).foreign);
+        assert_eq!(
+            entry("job/", b"job/x", &ours, 0, 9).owner.as_str(),
+            "foreign:r9"
+        );
+        assert!(entry("job/", b"job/2a.1", b"garbage", 0x2a, 10).foreign);
+        let q = [mine, mutex];
+        assert_eq!(holding(&q), [true, false]);
+        assert_eq!(in_the_way(&q, 1).unwrap().key, b"job/2a.0");
+    }
+
+    #[test]
+    fn tokens_are_positive_revisions() {
+        assert_eq!(token(7).unwrap(), FencingToken::new(7));
+        for bad in [0, -1] {
+            assert!(matches!(token(bad), Err(Error::Backend { .. })));
+        }
     }
 }

@@ -307,10 +307,10 @@ impl EtcdBackend {
             self.put_marker(session, placed, &req.owner, revision, delay)
                 .await?;
         }
-        Ok(Step::Done(Acquire::Granted(Grant {
+        Ok(Step::Done(Acquire::Granted(Grant::new(
             token,
-            expiry: Expiry::Session(session.liveness()),
-        })))
+            Expiry::Session(session.liveness()),
+        ))))
     }
 
     /// Puts the lock-delay marker of a grant, if its key is still the one granted; the
@@ -353,10 +353,15 @@ impl EtcdBackend {
             .lease_time_to_live(lease, None)
             .await
             .map_err(|e| map_error(e, "inspecting a lease"))?;
-        // A lease that expired since the read has -1 left.
-        Ok(Some(Duration::from_secs(
-            u64::try_from(answer.ttl()).unwrap_or(0),
-        )))
+        match u64::try_from(answer.ttl()) {
+            Ok(left) => Ok(Some(Duration::from_secs(left))),
+            // A lease that expired since the read: etcd answers -1.
+            Err(_) if answer.ttl() == -1 => Ok(Some(Duration::ZERO)),
+            Err(_) => Err(Error::backend(
+                format!("etcd: lease {lease:x} has {} s left", answer.ttl()),
+                false,
+            )),
+        }
     }
 }
 
@@ -513,21 +518,18 @@ impl Backend for EtcdBackend {
             .await
             .map_err(|e| map_error(e, "inspecting"))?;
         let revision = answer.header().map_or(0, |h| h.revision());
-        let mut state = LockState {
-            hint: WaitHint::new(Hint {
-                keys: self
-                    .inner
-                    .layout
-                    .all_of(name)
-                    .map(String::into_bytes)
-                    .into(),
-                prefix: true,
-                deletes_only: false,
-                created: None,
-                from: revision + 1,
-            }),
-            ..LockState::default()
-        };
+        let mut state = LockState::new(WaitHint::new(Hint {
+            keys: self
+                .inner
+                .layout
+                .all_of(name)
+                .map(String::into_bytes)
+                .into(),
+            prefix: true,
+            deletes_only: false,
+            created: None,
+            from: revision + 1,
+        }));
         let responses = answer.op_responses();
         let sets: [&GetResponse; 2] = reads(&responses)?;
         let mut left: HashMap<i64, Option<Duration>> = HashMap::new();
@@ -535,10 +537,9 @@ impl Backend for EtcdBackend {
             let queue: Vec<Entry> = read.kvs().iter().map(|kv| decode(dir, kv)).collect();
             for (entry, holds) in queue.iter().zip(holding(&queue)) {
                 if !holds {
-                    state.waiters.push(Waiter {
-                        owner: entry.owner.clone(),
-                        mode: entry.mode,
-                    });
+                    state
+                        .waiters
+                        .push(Waiter::new(entry.owner.clone(), entry.mode));
                     continue;
                 }
                 let remaining = match left.get(&entry.lease) {
@@ -549,13 +550,11 @@ impl Backend for EtcdBackend {
                         remaining
                     }
                 };
-                state.holders.push(Holder {
-                    owner: entry.owner.clone(),
-                    mode: entry.mode,
-                    token: token(entry.revision)?,
-                    remaining,
-                    value: entry.value.clone(),
-                });
+                state.holders.push(
+                    Holder::new(entry.owner.clone(), entry.mode, token(entry.revision)?)
+                        .with_remaining(remaining)
+                        .with_value(entry.value.clone()),
+                );
             }
         }
         Ok(state)

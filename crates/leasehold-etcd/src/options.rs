@@ -2,7 +2,8 @@
 
 use std::time::Duration;
 
-use leasehold_core::{Error, Result, TlsFiles, parse_duration, redact_url};
+use leasehold_core::support::{TlsFiles, check_key_prefix, redact_url};
+use leasehold_core::{Error, Result, parse_duration};
 
 /// Options of the etcd backend (also settable as URL query parameters).
 #[derive(Clone, PartialEq, Eq)]
@@ -64,7 +65,7 @@ impl EtcdOptions {
             ));
         }
         for segment in segments.split('/') {
-            leasehold_core::check_key_prefix(segment).map_err(|_| {
+            check_key_prefix(segment).map_err(|_| {
                 Error::invalid(
                     "key prefix",
                     format!(

@@ -18,7 +18,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use hyper_util::rt::TokioIo;
-use leasehold_core::{Error, Result, TlsFiles};
+use leasehold_core::support::TlsFiles;
+use leasehold_core::{Error, Result};
 use rustls::RootCertStore;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
@@ -284,9 +285,10 @@ mod tests {
                 "{bad:?}"
             );
         }
-        let ca = |pem: &str| TlsFiles {
-            ca: Some(pem.as_bytes().to_vec()),
-            client: None,
+        let ca = |pem: &str| {
+            let mut files = TlsFiles::default();
+            files.ca = Some(pem.as_bytes().to_vec());
+            files
         };
         for pem in ["not a certificate", ""] {
             match channel(&["https://h:1"], &ca(pem)) {

@@ -38,10 +38,10 @@ impl Deployment for EtcdDeployment {
         let proxy = FaultProxy::start(member).await.unwrap();
         let url = format!("etcd://{}?{SESSION}&{MARGIN}", proxy.addr());
         let backend = EtcdBackend::connect(&url).await.unwrap();
-        Some(Cuttable {
-            backend: Arc::new(backend),
-            switch: Arc::new(ProxySwitch(Arc::new(proxy))),
-        })
+        Some(Cuttable::new(
+            Arc::new(backend),
+            Arc::new(ProxySwitch::new(Arc::new(proxy))),
+        ))
     }
 }
 

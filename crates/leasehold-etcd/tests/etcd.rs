@@ -404,16 +404,15 @@ async fn a_busy_name_reuses_its_keys_instead_of_piling_up_deleted_ones() {
 
 /// A request of the exclusive lock `name` by `owner`, as the engine makes it.
 fn request(name: &str, owner: &leasehold_core::OwnerId) -> Request {
-    Request {
-        name: LockName::new(name).unwrap(),
-        owner: owner.clone(),
-        mode: Mode::Exclusive,
-        ttl: Duration::from_secs(2),
-        fair: true,
-        waiting: true,
-        lock_delay: None,
-        value: None,
-    }
+    let mut request = Request::new(
+        LockName::new(name).unwrap(),
+        owner.clone(),
+        Mode::Exclusive,
+        Duration::from_secs(2),
+    );
+    request.fair = true;
+    request.waiting = true;
+    request
 }
 
 #[tokio::test]

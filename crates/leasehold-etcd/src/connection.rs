@@ -200,12 +200,28 @@ impl EtcdBackend {
 
     /// The ttl of the current session (the configured one rounded up to whole seconds,
     /// as etcd granted it), if a session has started.
+    ///
+    /// # Cancel safety
+    ///
+    /// Sends nothing to etcd.
+    ///
+    /// # Errors
+    ///
+    /// None: it reads what the session was granted.
     pub async fn session_ttl(&self) -> Option<Duration> {
         self.current_session().await.map(|s| s.ttl)
     }
 
     /// Stops keeping this client's session alive without revoking it: its locks stay held
     /// until the lease runs out (and its guards are lost then).
+    ///
+    /// # Cancel safety
+    ///
+    /// Sends nothing to etcd; dropped before it ran, the session is kept alive as before.
+    ///
+    /// # Errors
+    ///
+    /// None.
     pub async fn orphan(&self) {
         if let Some(session) = self.inner.session.lock().await.take() {
             session.orphan().await;

@@ -1,40 +1,51 @@
-//! leasehold's etcd backend: every grant committed by a Raft majority.
+//! leasehold's etcd backend: every grant committed by a Raft majority, and the same lock as
+//! etcd's own on the same name.
 //!
 //! - **One session per backend**: one lease, kept alive by a keep-alive stream, shared by
 //!   every lock, permit and candidacy; guards follow the session and are lost when it ends
-//!   (see `session.rs`). [`EtcdBackend::close`] revokes it,
-//!   [`EtcdBackend::orphan`] stops renewing it.
-//! - **Grant in one transaction**: into an empty queue, my key
-//!   (`<prefix>/<name>/<set>/<lease>.<slot>`) is put bound to the session lease, with the
-//!   owner in its value, and holds at the transaction's revision. Otherwise the same
-//!   transaction puts it and reads the queue (the keys of the set, oldest first); if the
-//!   put of an unanswered attempt already landed, the put again keeps the key's create
-//!   revision, its place in the queue. A session reuses the slot numbers it freed: every new
-//!   key would leave a deleted one behind that each queue read steps over until etcd
-//!   compacts its history. The holder is the key with the lowest create revision (for
-//!   shared keys: no exclusive key before it; for permits: fewer than N keys before it).
-//!   The fencing token is the create revision of the holder's key, increasing cluster-wide.
+//!   (`session.rs`). [`EtcdBackend::close`] revokes it, [`EtcdBackend::orphan`] stops
+//!   renewing it.
+//! - **Keys where etcd's lock recipe puts them** (`keys.rs`): the exclusive and shared
+//!   contenders of lock `N` are `N/<lease>.<slot>` (under `<prefix>/` with a prefix), the
+//!   directory etcd's `concurrency.Mutex` — `etcdctl lock N`, the Lock RPC — uses. Both
+//!   order contenders by create revision and the oldest holds, so each excludes the other;
+//!   a key there that is not ours is an exclusive contender (`reply.rs`). Permits and
+//!   lock-delay markers live beside it, under `N#permits/` and `N#delay/`, which no Mutex
+//!   reads.
+//! - **Grant in one transaction** (`requests.rs`): into an empty queue, my key is put bound
+//!   to the session lease, with the owner in its value, and holds at the transaction's
+//!   revision. Otherwise a nested transaction puts it and reads the queue; if the put of an
+//!   unanswered attempt already landed, the put again keeps the key's create revision, its
+//!   place in the queue. The fencing token is the holder key's create revision.
+//! - **No put outlives its acquisition**: every put compares the mod revision of the
+//!   session's fence key (`#sessions/<lease>`). An acquisition that sent a put whose
+//!   answer never came moves the fence in the transaction that removes its key, so that
+//!   put — held up in a paused member, say — can no longer land and leave a key nobody
+//!   owns.
+//! - **Every removal is compared on the server**: a release or a withdrawal deletes my key
+//!   only if its create revision is the one an answer showed (or, when no answer showed it,
+//!   its value, which names the acquisition). A late or retried delete never removes a
+//!   newer key, so a session reuses the slot numbers it freed at once: a new key per
+//!   acquisition would leave a deleted one behind that every queue read steps over until
+//!   etcd compacts its history.
 //! - **Waiting**: watch only the deletion of the key that stands in my way (the one just
-//!   before mine; for a reader the nearest writer before it), from the current revision — a
-//!   watch from an older revision goes through etcd's catch-up loop and is delivered up to
-//!   100 ms late — then look that key up once, for what happened before the watch was in
-//!   place. After waking, the transaction confirms my key still exists under my live
-//!   session before anything is granted; a waiter whose session ended while it waited is
-//!   refused (never granted on a dead lease).
-//! - **Release** deletes my key, and no newer one: a key is this session's and this slot's,
-//!   only this process writes it, and a slot goes to a new acquisition only after the one
-//!   delete sent for its previous key was answered; a slot whose delete failed, timed out or
-//!   had to be sent again is retired for the rest of the session. A late or retried delete
-//!   can never reach a newer key, so the delete needs no compare — which matters on etcd
-//!   3.4, where any transaction costs the member more than a plain delete.
+//!   before mine, etcd's or ours; for a reader the nearest writer before it), from the
+//!   current revision — a watch from an older revision goes through etcd's catch-up loop
+//!   and is delivered up to 100 ms late — then look that key up once, for what happened
+//!   before the watch was in place. After waking, the transaction confirms my key still
+//!   exists before anything is granted: a waiter whose session ended is refused.
+//! - **A release that cannot be confirmed ends the session**
+//!   ([`Backend::abandon`](leasehold_core::Backend::abandon)): its key is bound to the
+//!   session's lease, so the session is revoked (or no longer kept alive) and later grants
+//!   get a new one; its other guards are lost with it, and say so.
 //! - **Lock-delay**: a grant with a lock-delay also puts a marker bound to a lease that
 //!   outlives the session's by the delay; a marker whose holder's key is gone closes the
 //!   queue until it expires; release deletes it with the key.
 //!
-//! URL: `etcd://[user:password@]host:port[,host:port...][?prefix=P&session_ttl=D&connect_timeout=D]`;
+//! URL: `etcd://[user:password@]host:port[,host:port...][?prefix=P&session_ttl=D&drift_margin=D&connect_timeout=D]`;
 //! `etcds://…[&tls_ca=PATH&tls_cert=PATH&tls_key=PATH]` for TLS (each member's
 //! certificate checked against its own host name; without `tls_ca`, the system's CA
-//! certificates). See `docs/backends/etcd.md`.
+//! certificates). See [`EtcdOptions`] and `docs/backends/etcd.md`.
 
 mod backend;
 mod connection;

@@ -150,6 +150,14 @@ async fn main() {
         .split(',')
         .map(str::to_owned)
         .collect();
+    // leasehold's clients hold locks with the benchmark's 30 s ttl, which on etcd is the
+    // session's (a lock cannot ask for another).
+    let ours_url = if url.contains("session_ttl=") {
+        url.clone()
+    } else {
+        let joint = if url.contains('?') { '&' } else { '?' };
+        format!("{url}{joint}session_ttl=30s")
+    };
     let spec = BenchSpec {
         duration: args.duration,
         clients: args.clients,
@@ -168,7 +176,7 @@ async fn main() {
         .unwrap();
     let mut ours = Vec::new();
     for i in 0..args.clients.max(2) {
-        let client = leasehold::connect(&url).await.expect("connect");
+        let client = leasehold::connect(&ours_url).await.expect("connect");
         let mutex = client
             .mutex(&format!("interleaved-{i}"))
             .unwrap()
@@ -182,7 +190,7 @@ async fn main() {
     for round in 0..args.rounds.unwrap_or(ROUNDS) {
         rounds.next();
         if args.runs("leasehold") {
-            let rows = leasehold_cli::bench::leasehold(&spec, || leasehold::connect(&url))
+            let rows = leasehold_cli::bench::leasehold(&spec, || leasehold::connect(&ours_url))
                 .await
                 .expect("leasehold benchmark");
             rounds.keep(rows);
@@ -256,7 +264,7 @@ async fn main() {
 
     // Round trips of an uncontended cycle, counted by the member around plain cycles.
     let member: SocketAddr = endpoints[0].parse().expect("an ip:port endpoint");
-    let client = leasehold::connect(&url).await.expect("connect");
+    let client = leasehold::connect(&ours_url).await.expect("connect");
     let mutex = client.mutex("round-trips").expect("name");
     let cycle = async || mutex.lock().await.unwrap().release().await.unwrap();
     cycle().await;

@@ -8,32 +8,41 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
-use etcd_client::Client;
+use etcd_client::{Client, PutOptions};
 use leasehold_core::backend::{Liveness, SessionKeeper, SessionLiveness};
 use leasehold_core::clock::{Clock, Instant, SystemClock};
 use leasehold_core::{Error, Result};
 use tokio::sync::Mutex as AsyncMutex;
 use tokio::task::JoinHandle;
 
-use crate::map_error;
+use crate::error::map_error;
+use crate::keys::Layout;
 
-/// The drift allowance subtracted from every lease ttl: 1 % + 2 ms, as for the engine.
-fn validity(ttl: Duration) -> Duration {
-    ttl.saturating_sub(ttl / 100 + Duration::from_millis(2))
+/// How long after sending an acknowledged keep-alive a lease of `ttl` is counted on: the
+/// ttl minus the drift allowance, 1 % of it + `margin`.
+pub(crate) fn validity(ttl: Duration, margin: Duration) -> Duration {
+    ttl.saturating_sub(ttl / 100 + margin)
 }
 
-/// One etcd lease and the task keeping it alive.
+/// One etcd lease and the task keeping it alive, with the session's fence.
 #[derive(Debug)]
 pub(crate) struct Session {
     pub(crate) id: i64,
-    /// The ttl etcd granted (whole seconds, at least what was asked).
+    /// The ttl etcd granted: whole seconds, what was asked.
     pub(crate) ttl: Duration,
+    /// The fixed part of the drift allowance.
+    margin: Duration,
     keeper: Arc<SessionKeeper>,
     task: JoinHandle<()>,
     /// Lock-delay leases, by delay in whole seconds (see [`Session::delay_lease`]).
     delays: AsyncMutex<HashMap<u64, Lease>>,
+    /// The fence key (see [`Layout::anchor`](crate::keys::Layout::anchor)).
+    pub(crate) anchor: String,
+    /// The fence key's mod revision as last seen: every put of a contender key compares it.
+    fence: AtomicI64,
 }
 
 /// A lease kept alive by a task of its own.
@@ -44,12 +53,17 @@ struct Lease {
     task: JoinHandle<()>,
 }
 
+/// `ttl` in whole seconds, rounded up.
+fn whole_seconds(ttl: Duration) -> i64 {
+    i64::try_from(ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0))
+        .unwrap_or(i64::MAX)
+        .max(1)
+}
+
 /// Grants a lease of at least `ttl` (rounded up to whole seconds); returns its id and the
 /// ttl etcd granted, with the time the request was sent.
 async fn grant(client: &Client, ttl: Duration, what: &str) -> Result<(i64, Duration, Instant)> {
-    let asked = i64::try_from(ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0))
-        .unwrap_or(i64::MAX)
-        .max(1);
+    let asked = whole_seconds(ttl);
     let sent = SystemClock.now();
     let granted = client
         .clone()
@@ -62,36 +76,104 @@ async fn grant(client: &Client, ttl: Duration, what: &str) -> Result<(i64, Durat
             true,
         ));
     }
-    if granted.ttl() > asked {
-        tracing::warn!(
-            asked,
-            granted = granted.ttl(),
-            "etcd granted a longer {what} than asked (its minimum ttl)"
-        );
-    }
-    let ttl = Duration::from_secs(u64::try_from(granted.ttl()).unwrap_or(0));
+    let ttl = u64::try_from(granted.ttl())
+        .ok()
+        .filter(|t| *t > 0)
+        .map(Duration::from_secs)
+        .ok_or_else(|| {
+            Error::backend(
+                format!("etcd granted the {what} a ttl of {} s", granted.ttl()),
+                false,
+            )
+        })?;
     Ok((granted.id(), ttl, sent))
 }
 
 impl Session {
-    /// Grants a lease of at least `ttl` and starts keeping it alive.
-    pub(crate) async fn start(client: &Client, ttl: Duration) -> Result<Session> {
-        let (id, ttl, sent) = grant(client, ttl, "session lease").await?;
-        let keeper = Arc::new(SessionKeeper::new(sent.saturating_add(validity(ttl))));
+    /// Grants a lease of `ttl` (rounded up to whole seconds), puts the session's fence
+    /// (where `layout` says) bound to it, and starts keeping it alive; the session is counted on until
+    /// the last acknowledged keep-alive's send time + ttl − (1 % + `margin`).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] if etcd grants a longer ttl than asked (its minimum ttl
+    /// is longer): the lease is revoked again, since locks would be held longer than the
+    /// options say. Errors of the requests otherwise.
+    pub(crate) async fn start(
+        client: &Client,
+        ttl: Duration,
+        margin: Duration,
+        layout: &Layout,
+    ) -> Result<Session> {
+        let (id, granted, sent) = grant(client, ttl, "session lease").await?;
+        let anchor = layout.anchor(id);
+        let revoke = async || {
+            let _ = client.clone().lease_revoke(id).await;
+        };
+        let asked = Duration::from_secs(whole_seconds(ttl).unsigned_abs());
+        if granted != asked {
+            revoke().await;
+            return Err(Error::invalid(
+                "session ttl",
+                format!(
+                    "etcd grants leases of at least {granted:?} (its minimum ttl follows its \
+                     election timeout): a session ttl of {asked:?} cannot be honoured"
+                ),
+            ));
+        }
+        let put = client
+            .clone()
+            .put(
+                anchor.as_str(),
+                "leasehold session",
+                Some(PutOptions::new().with_lease(id)),
+            )
+            .await;
+        let fence = match put {
+            Ok(put) => put.header().map(|h| h.revision()).filter(|r| *r > 0),
+            Err(e) => {
+                revoke().await;
+                return Err(map_error(e, "starting a session"));
+            }
+        };
+        let Some(fence) = fence else {
+            revoke().await;
+            return Err(Error::backend(
+                "etcd: a put was answered without its revision",
+                true,
+            ));
+        };
+        let keeper = Arc::new(SessionKeeper::new(
+            sent.saturating_add(validity(granted, margin)),
+        ));
         let task = tokio::spawn(keep_alive(
             client.clone(),
             id,
-            cadence(ttl),
+            cadence(granted),
+            margin,
             keeper.clone(),
             None,
         ));
         Ok(Session {
             id,
-            ttl,
+            ttl: granted,
+            margin,
             keeper,
             task,
             delays: AsyncMutex::new(HashMap::new()),
+            anchor,
+            fence: AtomicI64::new(fence),
         })
+    }
+
+    /// The fence's mod revision as last seen.
+    pub(crate) fn fence(&self) -> i64 {
+        self.fence.load(Ordering::SeqCst)
+    }
+
+    /// The fence was seen at mod revision `revision` (it only moves forward).
+    pub(crate) fn saw_fence(&self, revision: i64) {
+        self.fence.fetch_max(revision, Ordering::SeqCst);
     }
 
     /// The lease for lock-delay markers of `delay`: its ttl is the session's plus a
@@ -115,11 +197,14 @@ impl Session {
         let every = cadence(self.ttl);
         let total = self.ttl + every + Duration::from_secs(secs);
         let (id, ttl, sent) = grant(client, total, "lock-delay lease").await?;
-        let keeper = Arc::new(SessionKeeper::new(sent.saturating_add(validity(ttl))));
+        let keeper = Arc::new(SessionKeeper::new(
+            sent.saturating_add(validity(ttl, self.margin)),
+        ));
         let task = tokio::spawn(keep_alive(
             client.clone(),
             id,
             every,
+            self.margin,
             keeper.clone(),
             Some(self.keeper.clone()),
         ));
@@ -142,11 +227,22 @@ impl Session {
         self.keeper.liveness()
     }
 
+    /// Ends the session here: its guards are lost, and its lease is no longer kept alive
+    /// (etcd expires it within one ttl unless [`revoke`](Session::revoke)d first).
+    pub(crate) fn end(&self) {
+        self.task.abort();
+        self.keeper.end();
+    }
+
     /// Ends the session and revokes its leases: every key bound to them is deleted at once
     /// (a close is a release of everything: no lock-delay follows it).
     pub(crate) async fn close(&self, client: &Client) -> Result<()> {
-        self.task.abort();
-        self.keeper.end();
+        self.end();
+        self.revoke(client).await
+    }
+
+    /// Revokes the session's leases (see [`close`](Session::close)).
+    async fn revoke(&self, client: &Client) -> Result<()> {
         let delays: Vec<i64> = self.delays.lock().await.values().map(|l| l.id).collect();
         // Every lease is tried: a delay lease left behind would close its locks after all.
         let mut first_error = None;
@@ -193,6 +289,7 @@ async fn keep_alive(
     client: Client,
     id: i64,
     every: Duration,
+    margin: Duration,
     keeper: Arc<SessionKeeper>,
     parent: Option<Arc<SessionKeeper>>,
 ) {
@@ -238,7 +335,7 @@ async fn keep_alive(
             match tokio::time::timeout(left.min(every), stream.message()).await {
                 Ok(Ok(Some(answer))) if answer.ttl() > 0 => {
                     let granted = Duration::from_secs(u64::try_from(answer.ttl()).unwrap_or(0));
-                    keeper.alive_until(sent.saturating_add(validity(granted)));
+                    keeper.alive_until(sent.saturating_add(validity(granted, margin)));
                 }
                 Ok(Ok(Some(_))) => return end("the lease expired or is unknown to etcd"),
                 // A lost stream or a late answer: open a new stream (maybe to another
@@ -257,12 +354,6 @@ impl std::fmt::Display for Session {
     }
 }
 
-/// The deadline of a session that starts now, for tests of the arithmetic.
-#[cfg(test)]
-pub(crate) fn deadline_after(sent: Instant, ttl: Duration) -> Instant {
-    sent.saturating_add(validity(ttl))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -270,9 +361,16 @@ mod tests {
     #[test]
     fn a_session_counts_on_its_ttl_minus_the_drift_from_the_send_time() {
         let sent = Instant::from_origin(Duration::from_secs(100));
+        let deadline = |ttl, margin| sent.saturating_add(validity(ttl, margin));
         assert_eq!(
-            deadline_after(sent, Duration::from_secs(10)),
+            deadline(Duration::from_secs(10), Duration::from_millis(2)),
             Instant::from_origin(Duration::from_millis(109_898))
         );
+        assert_eq!(
+            deadline(Duration::from_secs(2), Duration::from_millis(600)),
+            Instant::from_origin(Duration::from_millis(101_380))
+        );
+        assert_eq!(whole_seconds(Duration::from_millis(1500)), 2);
+        assert_eq!(whole_seconds(Duration::from_secs(3)), 3);
     }
 }

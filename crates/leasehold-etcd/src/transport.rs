@@ -18,7 +18,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use hyper_util::rt::TokioIo;
-use leasehold_core::{Error, Result, TlsFiles};
+use leasehold_core::support::TlsFiles;
+use leasehold_core::{Error, Result};
 use rustls::RootCertStore;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
@@ -251,5 +252,56 @@ impl AsyncWrite for Stream {
             Stream::Plain(s) => Pin::new(s).poll_shutdown(cx),
             Stream::Tls(s) => Pin::new(s).poll_shutdown(cx),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn endpoints_and_tls_files_are_checked_before_connecting() {
+        let channel = |endpoints: &[&str], tls: &TlsFiles| {
+            let endpoints: Vec<String> = endpoints.iter().map(|e| (*e).to_owned()).collect();
+            channel(
+                &endpoints,
+                tls,
+                Duration::from_secs(1),
+                crate::connection::KEEP_ALIVE,
+            )
+        };
+        let none = TlsFiles::default();
+        assert!(channel(&["http://h:1", "http://h:2"], &none).is_ok());
+        assert!(channel(&["https://h:1", "https://[::1]:2"], &none).is_ok());
+        for bad in [
+            &["http://h:1", "https://h:2"][..],
+            &["http://h"],
+            &["https://h:port"],
+            &["ftp://h:1"],
+            &[],
+        ] {
+            assert!(
+                matches!(channel(bad, &none), Err(Error::InvalidArgument { .. })),
+                "{bad:?}"
+            );
+        }
+        let ca = |pem: &str| {
+            let mut files = TlsFiles::default();
+            files.ca = Some(pem.as_bytes().to_vec());
+            files
+        };
+        for pem in ["not a certificate", ""] {
+            match channel(&["https://h:1"], &ca(pem)) {
+                Err(Error::InvalidArgument { what, .. }) => assert_eq!(what, "tls_ca"),
+                other => panic!("{pem:?}: {other:?}"),
+            }
+        }
+        assert!(
+            matches!(
+                channel(&["http://h:1"], &ca("x")),
+                Err(Error::InvalidArgument { .. })
+            ),
+            "TLS files for plain endpoints"
+        );
     }
 }

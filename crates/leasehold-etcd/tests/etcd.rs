@@ -6,14 +6,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use etcd_client::{Client as Etcd3, Txn, TxnOp};
-use leasehold_core::backend::Backend;
+use leasehold_core::backend::{Backend, Mode, Request};
 use leasehold_core::{Client, Error, Guard, LockName, LockOptions, LossReason};
 use leasehold_etcd::{EtcdBackend, EtcdOptions};
 use leasehold_testkit::{Direction, Etcd, FaultProxy};
 
+/// Lock options with 2 s request timeouts; the lease is the session's.
 fn options() -> LockOptions {
     LockOptions::builder()
-        .ttl(Duration::from_secs(3))
         .request_timeout(Duration::from_secs(2))
         .build()
         .unwrap()
@@ -68,46 +68,6 @@ async fn until(observer: &Client, name: &str, check: impl Fn(&leasehold_core::Lo
             .await
             .unwrap();
     }
-}
-
-#[tokio::test]
-async fn a_cut_session_loses_its_guards_before_etcd_frees_the_lock() {
-    let mut etcd = Etcd::start().await.unwrap();
-    let proxy = FaultProxy::start(etcd.members()[0].addr()).await.unwrap();
-    let cut_off = client(
-        &[format!("127.0.0.1:{}", proxy.port())],
-        Duration::from_secs(2),
-    )
-    .await;
-    let other = client(&etcd.endpoints(), Duration::from_secs(2)).await;
-    let guard = cut_off.mutex("job").unwrap().lock().await.unwrap();
-    // The other client queues first, so it holds the moment etcd frees the lock.
-    let waiter = other.mutex("job").unwrap();
-    let next = tokio::spawn(async move {
-        let next = waiter
-            .lock_timeout(Duration::from_secs(15))
-            .await
-            .unwrap()
-            .expect("free once etcd expired the lease");
-        (next, std::time::Instant::now())
-    });
-    until(&other, "job", |state| !state.waiters.is_empty()).await;
-    proxy.cut(Direction::Both);
-    let reason = tokio::time::timeout(Duration::from_secs(10), guard.lost())
-        .await
-        .expect("no loss signal while the session was cut off");
-    let lost_at = std::time::Instant::now();
-    assert!(
-        matches!(reason, LossReason::Expired | LossReason::SessionEnded),
-        "{reason:?}"
-    );
-    let (next, granted_at) = next.await.unwrap();
-    assert!(
-        lost_at <= granted_at,
-        "the next holder was granted before the loss signal"
-    );
-    assert!(next.token() > guard.token());
-    proxy.heal();
 }
 
 #[tokio::test]
@@ -299,32 +259,106 @@ async fn the_owner_predicate_guards_writes_in_the_callers_own_transactions() {
     assert_eq!(balance.kvs()[0].value(), b"100");
 }
 
+/// The keys under `prefix`, as etcd has them.
+async fn keys_under(kv: &mut Etcd3, prefix: &str) -> Vec<String> {
+    let found = kv
+        .get(prefix, Some(etcd_client::GetOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    found
+        .kvs()
+        .iter()
+        .map(|k| k.key_str().unwrap().to_owned())
+        .collect()
+}
+
 #[tokio::test]
-async fn session_ttls_are_rounded_up_to_whole_seconds_and_reported() {
+async fn the_session_ttl_is_what_etcd_grants_and_what_inspect_shows() {
     let etcd = Etcd::start().await.unwrap();
     let locks = backend(&etcd.endpoints(), Duration::from_millis(1500)).await;
+    assert_eq!(
+        locks.capabilities().session_ttl,
+        Some(Duration::from_secs(2)),
+        "rounded up to whole seconds before any session exists"
+    );
     let c = Client::new(locks.clone());
     let guard = c.mutex("job").unwrap().lock().await.unwrap();
     assert_eq!(locks.session_ttl().await, Some(Duration::from_secs(2)));
     assert!(guard.remaining() <= Duration::from_secs(2));
+    // inspect shows the time left on the session's lease.
+    let state = c.inspect("job").await.unwrap();
+    let left = state.holders[0].remaining.expect("a lease");
+    assert!(
+        left > Duration::ZERO && left <= Duration::from_secs(2),
+        "{left:?}"
+    );
+    // A lock cannot ask for another ttl than its session's.
+    let other_ttl = LockOptions::builder()
+        .ttl(Duration::from_secs(3))
+        .build()
+        .unwrap();
+    assert!(matches!(
+        c.mutex("job2")
+            .unwrap()
+            .with_options(other_ttl)
+            .try_lock()
+            .await,
+        Err(Error::InvalidArgument { what: "ttl", .. })
+    ));
     assert!(matches!(
         EtcdOptions::default().session_ttl(Duration::from_millis(500)),
         Err(Error::InvalidArgument { .. })
     ));
+    guard.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_session_ttl_below_etcds_minimum_is_refused_not_lengthened() {
+    // Election timeout 3 s: etcd's minimum lease ttl is 1.5 election timeouts, 5 s.
+    let etcd = Etcd::start_with_election_timeout(Duration::from_secs(3))
+        .await
+        .unwrap();
+    let locks = backend(&etcd.endpoints(), Duration::from_secs(2)).await;
+    let c = Client::new(locks.clone());
+    let refused = c.mutex("job").unwrap().try_lock().await.unwrap_err();
+    assert!(
+        matches!(
+            refused,
+            Error::InvalidArgument {
+                what: "session ttl",
+                ..
+            }
+        ),
+        "{refused:?}"
+    );
+    assert_eq!(locks.session_ttl().await, None, "no session was started");
+    let mut kv = raw(&etcd).await;
+    let leases = kv.leases().await.unwrap();
+    assert!(leases.leases().is_empty(), "the lease granted was revoked");
+    // What etcd does grant works.
+    let locks = backend(&etcd.endpoints(), Duration::from_secs(5)).await;
+    let c = Client::new(locks);
+    assert!(c.mutex("job").unwrap().try_lock().await.unwrap().is_some());
 }
 
 #[tokio::test]
 async fn closing_the_session_frees_every_lock_at_once() {
     let etcd = Etcd::start().await.unwrap();
     let locks = backend(&etcd.endpoints(), Duration::from_secs(30)).await;
-    let c = Client::new(locks.clone());
+    // A close is not a vanishing: a lock with a lock-delay opens at once too.
+    let with_delay = options()
+        .to_builder()
+        .lock_delay(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let c = Client::builder(locks.clone()).options(with_delay).build();
     let other = client(&etcd.endpoints(), Duration::from_secs(30)).await;
     let a = c.mutex("a").unwrap().lock().await.unwrap();
     let b = c.semaphore("b", 1).unwrap().acquire().await.unwrap();
     locks.close().await.unwrap();
     assert_eq!(a.lost().await, LossReason::SessionEnded);
     assert_eq!(b.lost().await, LossReason::SessionEnded);
-    // No waiting for the 30 s lease: revoked.
+    // No waiting for the 30 s lease, nor the lock-delay: revoked.
     assert!(
         other
             .mutex("a")
@@ -354,95 +388,232 @@ async fn a_busy_name_reuses_its_keys_instead_of_piling_up_deleted_ones() {
     let c = client(&etcd.endpoints(), Duration::from_secs(5)).await;
     let mut kv = raw(&etcd).await;
     let mut keys = std::collections::BTreeSet::new();
-    let held_keys = async |kv: &mut Etcd3| -> Vec<String> {
-        let found = kv
-            .get(
-                "leasehold/",
-                Some(etcd_client::GetOptions::new().with_prefix()),
-            )
-            .await
-            .unwrap();
-        found
-            .kvs()
-            .iter()
-            .map(|k| k.key_str().unwrap().to_owned())
-            .collect()
-    };
     let semaphore = c.semaphore("pool", 2).unwrap();
     for _ in 0..10 {
         let a = semaphore.acquire().await.unwrap();
         let b = semaphore.acquire().await.unwrap();
-        let now = held_keys(&mut kv).await;
+        let now = keys_under(&mut kv, "pool#permits/").await;
         assert_eq!(now.len(), 2, "{now:?}");
         keys.extend(now);
         a.release().await.unwrap();
         b.release().await.unwrap();
     }
-    assert!(held_keys(&mut kv).await.is_empty());
+    assert!(keys_under(&mut kv, "pool").await.is_empty());
     assert_eq!(keys.len(), 2, "keys used: {keys:?}");
 }
 
+/// A request of the exclusive lock `name` by `owner`, as the engine makes it.
+fn request(name: &str, owner: &leasehold_core::OwnerId) -> Request {
+    let mut request = Request::new(
+        LockName::new(name).unwrap(),
+        owner.clone(),
+        Mode::Exclusive,
+        Duration::from_secs(2),
+    );
+    request.fair = true;
+    request.waiting = true;
+    request
+}
+
 #[tokio::test]
-async fn lock_delay_keeps_a_vanished_holders_lock_closed_but_not_a_released_one() {
+async fn abandoning_an_unreleased_grant_ends_its_session() {
     let etcd = Etcd::start().await.unwrap();
-    let delay = Duration::from_secs(2);
-    let with_delay = options().to_builder().lock_delay(delay).build().unwrap();
-    let locks = backend(&etcd.endpoints(), Duration::from_secs(1)).await;
-    let a = Client::builder(locks.clone()).options(with_delay).build();
-    // B asks for no lock-delay of its own: it must respect A's all the same.
-    let b = client(&etcd.endpoints(), Duration::from_secs(2)).await;
-    let try_b = || async { b.mutex("job").unwrap().try_lock().await.unwrap() };
-
-    // A release opens the lock at once, and so does closing the session.
-    a.mutex("job")
-        .unwrap()
-        .lock()
-        .await
-        .unwrap()
-        .release()
+    let locks = backend(&etcd.endpoints(), Duration::from_secs(30)).await;
+    let a = Client::builder(locks.clone()).options(options()).build();
+    let other = client(&etcd.endpoints(), Duration::from_secs(30)).await;
+    let stuck = a.mutex("stuck").unwrap().lock().await.unwrap();
+    let beside = a.mutex("beside").unwrap().lock().await.unwrap();
+    // The engine could not confirm the release of `stuck`: its key must not live on for
+    // the session's 30 s (or the process's life).
+    locks
+        .abandon(&request("stuck", stuck.owner()))
         .await
         .unwrap();
-    try_b()
-        .await
-        .expect("open after a release")
-        .release()
-        .await
-        .unwrap();
-    let closed = a.mutex("job").unwrap().lock().await.unwrap();
-    locks.close().await.unwrap();
-    assert!(!closed.is_held());
-    try_b()
-        .await
-        .expect("open after a close")
-        .release()
-        .await
-        .unwrap();
-
-    // A holder that vanishes (its session is no longer kept alive) keeps it closed.
-    let vanished = a.mutex("job").unwrap().lock().await.unwrap();
-    locks.orphan().await;
-    tokio::time::timeout(Duration::from_secs(10), vanished.lost())
-        .await
-        .expect("the orphaned session outlived its ttl");
-    let lost_at = std::time::Instant::now();
-    until(&b, "job", |s| s.holders.is_empty()).await;
+    // Every guard of the session is lost, and says so; the locks are free at once.
+    for guard in [&stuck, &beside] {
+        let lost = tokio::time::timeout(Duration::from_secs(10), guard.lost()).await;
+        assert_eq!(lost, Ok(LossReason::SessionEnded), "the session lives on");
+    }
+    for name in ["stuck", "beside"] {
+        assert!(
+            other
+                .mutex(name)
+                .unwrap()
+                .try_lock()
+                .await
+                .unwrap()
+                .is_some(),
+            "{name} outlived the abandoned session"
+        );
+    }
+    // Later grants get a new session.
     assert!(
-        try_b().await.is_none(),
-        "granted as soon as the vanished holder's key expired"
+        a.mutex("later")
+            .unwrap()
+            .try_lock()
+            .await
+            .unwrap()
+            .is_some()
     );
-    let next = job_within(
-        &b,
-        Duration::from_secs(20),
-        "open once the lock-delay is over",
-    )
-    .await;
-    // etcd expired A's lease no earlier than A's own deadline; the delay runs from there.
+    // An owner with nothing on the server ends nothing.
+    let unknown = leasehold_core::OwnerId::generate();
+    locks.abandon(&request("later", &unknown)).await.unwrap();
+    assert!(locks.session_ttl().await.is_some());
+}
+
+#[tokio::test]
+async fn an_abandoned_session_that_cannot_be_revoked_runs_out() {
+    let etcd = Etcd::start().await.unwrap();
+    let proxy = FaultProxy::start(etcd.endpoints()[0].parse().unwrap())
+        .await
+        .unwrap();
+    let url = format!("etcd://{}?session_ttl=2s&connect_timeout=1s", proxy.addr());
+    let locks = EtcdBackend::connect(&url).await.unwrap();
+    let a = Client::builder(locks.clone()).options(options()).build();
+    let other = client(&etcd.endpoints(), Duration::from_secs(2)).await;
+    let stuck = a.mutex("stuck").unwrap().lock().await.unwrap();
+    proxy.cut(Direction::Both);
+    let abandoned = locks.abandon(&request("stuck", stuck.owner())).await;
     assert!(
-        lost_at.elapsed() >= delay,
-        "granted {:?} after the vanished holder's deadline; the delay is {delay:?}",
-        lost_at.elapsed()
+        matches!(abandoned, Err(ref e) if e.is_unknown_outcome()),
+        "{abandoned:?}"
     );
-    assert!(next.token() > vanished.token());
-    next.release().await.unwrap();
-    assert!(try_b().await.is_some(), "closed again after a release");
+    let lost = tokio::time::timeout(Duration::from_secs(10), stuck.lost()).await;
+    assert_eq!(lost, Ok(LossReason::SessionEnded), "the session lives on");
+    // Nobody keeps the lease alive: etcd expires it, and the lock is free.
+    let next = job_within_named(&other, "stuck", Duration::from_secs(20)).await;
+    assert!(next.token() > stuck.token());
+    proxy.heal();
+}
+
+async fn job_within_named(client: &Client, name: &str, within: Duration) -> Guard {
+    client
+        .mutex(name)
+        .unwrap()
+        .lock_timeout(within)
+        .await
+        .unwrap()
+        .unwrap_or_else(|| panic!("{name} was not granted within {within:?}"))
+}
+
+/// How late the member sees what comes through the slow path: far longer than the client
+/// takes to leave that path (its pings go unanswered for 2 s) and finish its request
+/// through the other one.
+const LATE: Duration = Duration::from_secs(10);
+
+/// A client of `etcd` with two ways to its one member: the first through `slow` (a proxy
+/// that can delay what reaches the member, as a paused member would see it late), the
+/// second direct. It uses the first until that connection fails.
+async fn two_paths(etcd: &Etcd, slow: &FaultProxy) -> (EtcdBackend, Client) {
+    let endpoints = [slow.addr().to_string(), etcd.endpoints()[0].clone()];
+    let locks = backend(&endpoints, Duration::from_secs(20)).await;
+    let options = LockOptions::builder()
+        .request_timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let client = Client::builder(locks.clone()).options(options).build();
+    (locks, client)
+}
+
+/// Waits until everything the slow path held has reached the member, and the member
+/// closed that connection after it: the late requests have been served.
+async fn until_delivered(slow: &FaultProxy) {
+    let give_up = std::time::Instant::now() + LATE * 6;
+    while slow.connections() > 0 {
+        assert!(
+            std::time::Instant::now() < give_up,
+            "the slow path never delivered"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_put_that_lands_after_its_acquisition_gave_up_leaves_nothing() {
+    let etcd = Etcd::start().await.unwrap();
+    let slow = FaultProxy::start(etcd.endpoints()[0].parse().unwrap())
+        .await
+        .unwrap();
+    let (_, a) = two_paths(&etcd, &slow).await;
+    let holder = client(&etcd.endpoints(), Duration::from_secs(20)).await;
+    let held = holder.mutex("late").unwrap().lock().await.unwrap();
+    // A's session starts through the slow path, before it is slow.
+    let warm = a.mutex("warm").unwrap().lock().await.unwrap();
+    warm.release().await.unwrap();
+    slow.set_delay(Direction::ToServer, LATE);
+    let slowed_at = std::time::Instant::now();
+    let mutex = a.mutex("late").unwrap();
+    let waiter = tokio::spawn(async move { mutex.lock().await });
+    // A's first request sits in the slow path; once A left that path, a retry queued it.
+    until(&holder, "late", |s| s.waiters.len() == 1).await;
+    // A gives up (its acquisition is cancelled): the waiter is removed, answered.
+    waiter.abort();
+    assert!(waiter.await.unwrap_err().is_cancelled());
+    a.settle().await;
+    assert!(holder.inspect("late").await.unwrap().waiters.is_empty());
+    assert!(
+        slowed_at.elapsed() < LATE,
+        "the test came too late: the give-up must be answered before the late put lands"
+    );
+    // Then the first put reaches the member.
+    until_delivered(&slow).await;
+    let mut kv = raw(&etcd).await;
+    let left = keys_under(&mut kv, "late/").await;
+    let state = holder.inspect("late").await.unwrap();
+    assert!(
+        state.waiters.is_empty(),
+        "the late put left a waiter nobody deletes: {:?} ({left:?})",
+        state.waiters
+    );
+    held.release().await.unwrap();
+    assert!(
+        holder
+            .mutex("late")
+            .unwrap()
+            .try_lock()
+            .await
+            .unwrap()
+            .is_some(),
+        "the lock stays closed by a key nobody owns"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_delete_removes_nothing_of_the_next_key_in_its_slot() {
+    let etcd = Etcd::start().await.unwrap();
+    let slow = FaultProxy::start(etcd.endpoints()[0].parse().unwrap())
+        .await
+        .unwrap();
+    let (_, a) = two_paths(&etcd, &slow).await;
+    let mut kv = raw(&etcd).await;
+    let first = a.mutex("slot").unwrap().lock().await.unwrap();
+    let first_key = keys_under(&mut kv, "slot/").await;
+    assert_eq!(first_key.len(), 1, "{first_key:?}");
+    slow.set_delay(Direction::ToServer, LATE);
+    let slowed_at = std::time::Instant::now();
+    // The delete sits in the slow path; the release is retried through the other one and
+    // answered there.
+    first.release().await.unwrap();
+    // The next acquisition of the session takes the same slot: a session does not retire
+    // the slots of unanswered deletes (they would pile up for the session's life).
+    let second = a.mutex("slot").unwrap().lock().await.unwrap();
+    assert_eq!(
+        keys_under(&mut kv, "slot/").await,
+        first_key,
+        "the slot was not reused"
+    );
+    assert!(
+        slowed_at.elapsed() < LATE,
+        "the test came too late: the slot must be reused before the late delete lands"
+    );
+    // The first delete reaches the member: it compares the key's create revision, and the
+    // key in the slot now is another.
+    until_delivered(&slow).await;
+    assert_eq!(keys_under(&mut kv, "slot/").await, first_key);
+    assert_eq!(
+        a.inspect("slot").await.unwrap().holders[0].owner,
+        *second.owner()
+    );
+    assert!(second.is_held());
+    second.release().await.unwrap();
 }

@@ -3,12 +3,16 @@
 use std::io;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use tempfile::TempDir;
 
 use super::{ClientAuth, READY_LIMIT, loopback, os, with_retries, write_test_certificates};
 use crate::probe::http_get;
 use crate::process::{ServerProcess, find_program, free_port, wait_ready};
+
+/// The election timeout of test members (their heartbeat is a tenth of it).
+const ELECTION_TIMEOUT: Duration = Duration::from_millis(200);
 
 /// An etcd cluster of one or more members on loopback, with short heartbeat and election
 /// timeouts. Health and metrics are served on a plain-HTTP port of their own, so that a
@@ -45,7 +49,18 @@ impl Etcd {
     ///
     /// If etcd is not installed or the cluster does not become healthy.
     pub async fn cluster(n: usize) -> io::Result<Etcd> {
-        Self::launch(n, None).await
+        Self::launch(n, None, ELECTION_TIMEOUT).await
+    }
+
+    /// A single member whose election timeout is `election` (its heartbeat a tenth of
+    /// it). etcd's minimum lease ttl is 1.5 election timeouts, rounded up to whole
+    /// seconds: a long election timeout makes a member that grants more than short ttls.
+    ///
+    /// # Errors
+    ///
+    /// If etcd is not installed or the member does not become healthy.
+    pub async fn start_with_election_timeout(election: Duration) -> io::Result<Etcd> {
+        Self::launch(1, None, election).await
     }
 
     /// A single member that serves its clients over TLS only, with a certificate of a test
@@ -55,10 +70,10 @@ impl Etcd {
     ///
     /// If etcd or openssl is not installed or the member does not become healthy.
     pub async fn tls(clients: ClientAuth) -> io::Result<Etcd> {
-        Self::launch(1, Some(clients)).await
+        Self::launch(1, Some(clients), ELECTION_TIMEOUT).await
     }
 
-    async fn launch(n: usize, tls: Option<ClientAuth>) -> io::Result<Etcd> {
+    async fn launch(n: usize, tls: Option<ClientAuth>, election: Duration) -> io::Result<Etcd> {
         let program = find_program("etcd", &[])?;
         with_retries(async || {
             let dir = tempfile::tempdir()?;
@@ -101,8 +116,8 @@ impl Etcd {
                     format!("--initial-cluster={initial_cluster}"),
                     "--initial-cluster-state=new".into(),
                     "--initial-cluster-token=leasehold-test".into(),
-                    "--heartbeat-interval=20".into(),
-                    "--election-timeout=200".into(),
+                    format!("--heartbeat-interval={}", (election / 10).as_millis()),
+                    format!("--election-timeout={}", election.as_millis()),
                     "--logger=zap".into(),
                     "--log-level=warn".into(),
                 ];

@@ -1,0 +1,584 @@
+//! The [`Backend`] implementation: acquire, renew, release, wait, inspect and abandon as
+//! etcd requests, and what their answers mean.
+
+use std::collections::HashMap;
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use etcd_client::{GetOptions, GetResponse, TxnOpResponse, WatchFilterType, WatchOptions};
+use leasehold_core::backend::{
+    Acquire, Backend, Capabilities, Expiry, Grant, Holder, LockState, Mode, Release, Renewal,
+    Request, TokenDurability, WaitHint, Waiter,
+};
+use leasehold_core::{Error, LockName, LossReason, OwnerId, Result};
+
+use crate::connection::EtcdBackend;
+use crate::error::map_error;
+use crate::keys::Placed;
+use crate::reply::{Entry, decode, encode, holding, in_the_way, queue_of, ranges, token};
+use crate::requests::{self, AcquireShape, Fence};
+use crate::session::Session;
+
+/// What a busy request hands to `wait`: what to watch, and what it looked like when read.
+#[derive(Debug)]
+struct Hint {
+    /// The key to watch, or (with `prefix`) the prefixes.
+    keys: Vec<Vec<u8>>,
+    /// Watch every key under each of `keys`.
+    prefix: bool,
+    /// Only deletions matter (a queued entry: nothing put later gets ahead of it).
+    deletes_only: bool,
+    /// The watched key's create revision, for a single key.
+    created: Option<i64>,
+    /// The revision after the read: a change at or after it may matter.
+    from: i64,
+}
+
+impl Hint {
+    /// Deletions of the one key `key`, created at `created`.
+    fn deletion_of(key: Vec<u8>, created: i64, from: i64) -> Self {
+        Self {
+            keys: vec![key],
+            prefix: false,
+            deletes_only: true,
+            created: Some(created),
+            from,
+        }
+    }
+
+    /// Deletions of any key under `dir`.
+    fn deletions_under(dir: &str, from: i64) -> Self {
+        Self {
+            keys: vec![dir.as_bytes().to_vec()],
+            prefix: true,
+            deletes_only: true,
+            created: None,
+            from,
+        }
+    }
+}
+
+/// What one acquire request came to.
+enum Step {
+    Done(Acquire),
+    /// Nothing was written: the session's fence moved or its lease is gone; ask again.
+    Again,
+}
+
+/// How often an acquire is sent again because the session's fence moved meanwhile (only
+/// an acquisition that gave up after an unanswered put moves it).
+const ATTEMPTS: usize = 4;
+
+impl EtcdBackend {
+    /// Whether what `hint` watches may have changed since it was read, now that a watch
+    /// created at revision `now` is in place: a single key is looked up (gone or created
+    /// again); a range counts as changed if anything was written since the read.
+    async fn moved(&self, hint: &Hint, now: i64) -> Result<bool> {
+        let (Some(created), Some(key)) = (hint.created, hint.keys.first()) else {
+            return Ok(now >= hint.from);
+        };
+        let now = self
+            .kv()
+            .get(key.clone(), Some(GetOptions::new().with_keys_only()))
+            .await
+            .map_err(|e| map_error(e, "watching"))?;
+        Ok(now
+            .kvs()
+            .first()
+            .is_none_or(|kv| kv.create_revision() != created))
+    }
+
+    fn forget(&self, owner: &OwnerId) {
+        self.keys().forget(owner);
+    }
+
+    /// Whether the fence `read` shows is the one `session` put under: if it moved, notes
+    /// where it is; if it is gone, the session's lease is gone on the server and the
+    /// session ends here too.
+    fn fence_held(&self, session: &Session, read: &GetResponse) -> bool {
+        match read.kvs().first() {
+            Some(kv) if kv.mod_revision() == session.fence() => true,
+            Some(kv) => {
+                session.saw_fence(kv.mod_revision());
+                false
+            }
+            None => {
+                tracing::warn!(lease = session.id, "etcd: the session's lease is gone");
+                session.end();
+                false
+            }
+        }
+    }
+
+    /// One acquire request (see [`requests::acquire`] for its shapes and answers).
+    async fn acquire_once(&self, req: &Request) -> Result<Step> {
+        let session = self.session().await?;
+        let set = self.set(&req.name, req.mode);
+        let placed = self.keys().place(&req.owner, &set, session.id);
+        if placed.lease != session.id {
+            self.forget(&req.owner);
+            if placed.revision.is_some() {
+                // Queued under a session that has ended: the key went with it.
+                return Err(Error::Lost(LossReason::SessionEnded));
+            }
+            // Never seen under the session that ended; a put of it still in flight can
+            // land only while that lease lives, which nobody keeps alive any more.
+            return Ok(Step::Again);
+        }
+        let shape = if placed.revision.is_some() {
+            AcquireShape::Woken
+        } else if !req.waiting && req.mode == Mode::Exclusive {
+            AcquireShape::Try
+        } else {
+            AcquireShape::Join
+        };
+        let value = encode(req.mode, &req.owner, req.value.as_deref());
+        let fence = Fence {
+            key: &session.anchor,
+            revision: session.fence(),
+        };
+        let txn = requests::acquire(shape, &placed, &value, fence);
+        let puts = shape != AcquireShape::Woken;
+        if puts {
+            self.keys().put_sent(&req.owner);
+        }
+        let answer = self
+            .kv()
+            .txn(txn)
+            .await
+            .map_err(|e| map_error(e, "acquiring"))?;
+        let Some(revision) = answer.header().map(|h| h.revision()).filter(|r| *r > 0) else {
+            // The put stays unanswered: a retry adopts it, a give-up removes it by value.
+            return Err(Error::backend(
+                "etcd: an acquire was answered without its revision",
+                true,
+            ));
+        };
+        if puts {
+            self.keys().put_answered(&req.owner);
+        }
+        let responses = answer.op_responses();
+        match (shape, answer.succeeded()) {
+            (AcquireShape::Woken, false) => {
+                // The key is gone: its lease expired (or someone deleted it) while we
+                // waited.
+                self.forget(&req.owner);
+                Err(Error::Lost(LossReason::SessionEnded))
+            }
+            // The queue was empty and the transaction's one write put the key: it holds,
+            // and was created at the transaction's revision.
+            (_, true) if puts => self.granted(&session, &placed, req, revision).await,
+            (_, true) => {
+                let [contenders, markers] = reads(&responses)?;
+                self.settle(&session, &placed, req, contenders, markers, revision)
+                    .await
+            }
+            (AcquireShape::Try, false) => {
+                let [contenders, markers, fence] = reads(&responses)?;
+                if !self.fence_held(&session, fence) {
+                    self.keys().forget_if_unseen(&req.owner);
+                    return Ok(Step::Again);
+                }
+                self.settle(&session, &placed, req, contenders, markers, revision)
+                    .await
+            }
+            (_, false) => {
+                let Some(TxnOpResponse::Txn(joined)) = responses.first() else {
+                    return Err(Error::backend(
+                        "etcd: a queueing transaction was answered without its nested one",
+                        false,
+                    ));
+                };
+                let responses = joined.op_responses();
+                if joined.succeeded() {
+                    let [contenders, markers] = reads(&responses)?;
+                    return self
+                        .settle(&session, &placed, req, contenders, markers, revision)
+                        .await;
+                }
+                let [fence] = reads(&responses)?;
+                self.fence_held(&session, fence);
+                self.keys().forget_if_unseen(&req.owner);
+                Ok(Step::Again)
+            }
+        }
+    }
+
+    /// What the queue read `contenders` (with `markers`) means for `placed`, read at
+    /// `revision`: a grant, a place to wait from, or busy.
+    async fn settle(
+        &self,
+        session: &Session,
+        placed: &Placed,
+        req: &Request,
+        contenders: &GetResponse,
+        markers: &GetResponse,
+        revision: i64,
+    ) -> Result<Step> {
+        let dir = &placed.set.dir;
+        let (queue, closed_by) = queue_of(dir, contenders, markers);
+        let from = revision + 1;
+        let Some(me) = queue
+            .iter()
+            .position(|e| !e.foreign && e.owner == req.owner)
+        else {
+            // A try that found the queue occupied: nothing was written.
+            self.keys().forget_if_unseen(&req.owner);
+            return Ok(Step::Done(Acquire::Busy(WaitHint::new(
+                Hint::deletions_under(dir, from),
+            ))));
+        };
+        let mine = &queue[me];
+        // From now on a release removes it, whatever happens here.
+        self.keys().record(&req.owner, mine.revision);
+        if mine.lease != session.id || mine.key != placed.key().as_bytes() {
+            return Err(Error::backend(
+                format!(
+                    "etcd: the key of {} is not where this session put it",
+                    req.name
+                ),
+                false,
+            ));
+        }
+        let granted = holding(&queue)[me];
+        if granted && closed_by.is_none() {
+            return self.granted(session, placed, req, mine.revision).await;
+        }
+        if !req.waiting {
+            // Not granted and not waiting: take the key out of the queue again.
+            self.remove(req, "withdrawing").await?;
+            return Ok(Step::Done(Acquire::Busy(WaitHint::none())));
+        }
+        let hint = match (in_the_way(&queue, me), closed_by) {
+            // First in line, but a vanished holder's lock-delay is not over.
+            (_, Some((marker, created))) if granted => Hint::deletion_of(marker, created, from),
+            (Some(before), _) => Hint::deletion_of(before.key.clone(), before.revision, from),
+            (None, _) => Hint::deletions_under(dir, from),
+        };
+        Ok(Step::Done(Acquire::Busy(WaitHint::new(hint))))
+    }
+
+    /// Removes the owner's key (with its lock-delay marker, if the request has a
+    /// lock-delay) if it is still the one this acquisition wrote, and forgets it; `None` if
+    /// the owner has no key, else whether a key was removed. An acquisition with a put
+    /// that was never answered also moves its session's fence in the same transaction (see
+    /// [`Layout::anchor`](crate::keys::Layout::anchor)).
+    async fn remove(&self, req: &Request, doing: &str) -> Result<Option<bool>> {
+        let Some(placed) = self.keys().by_owner.get(&req.owner).cloned() else {
+            return Ok(None);
+        };
+        let bump = placed.unanswered_puts > 0;
+        if placed.revision.is_none() && !bump {
+            // No put of it was ever applied.
+            self.forget(&req.owner);
+            return Ok(Some(false));
+        }
+        let anchor = bump.then(|| self.inner.layout.anchor(placed.lease));
+        let value = encode(req.mode, &req.owner, req.value.as_deref());
+        let txn = requests::remove(&placed, &value, req.lock_delay.is_some(), anchor.as_deref());
+        let answer = self.kv().txn(txn).await.map_err(|e| map_error(e, doing))?;
+        if bump
+            && let Some(revision) = answer.header().map(|h| h.revision())
+            && let Some(session) = self.current_session().await
+            && session.id == placed.lease
+        {
+            // The fence moved at this transaction's revision (or is gone with the lease).
+            session.saw_fence(revision);
+        }
+        let removed = answer.succeeded()
+            && matches!(answer.op_responses().first(), Some(TxnOpResponse::Delete(d)) if d.deleted() > 0);
+        self.forget(&req.owner);
+        Ok(Some(removed))
+    }
+
+    /// The grant of `placed`, whose key holds at create revision `revision`: recorded, with
+    /// its lock-delay marker put first if the request has a lock-delay.
+    async fn granted(
+        &self,
+        session: &Session,
+        placed: &Placed,
+        req: &Request,
+        revision: i64,
+    ) -> Result<Step> {
+        self.keys().record(&req.owner, revision);
+        let token = token(revision)?;
+        if let Some(delay) = req.lock_delay {
+            self.put_marker(session, placed, &req.owner, revision, delay)
+                .await?;
+        }
+        Ok(Step::Done(Acquire::Granted(Grant::new(
+            token,
+            Expiry::Session(session.liveness()),
+        ))))
+    }
+
+    /// Puts the lock-delay marker of a grant, if its key is still the one granted; the
+    /// grant is reported only after this, so no holder ever works without its marker.
+    async fn put_marker(
+        &self,
+        session: &Session,
+        placed: &Placed,
+        owner: &OwnerId,
+        revision: i64,
+        delay: Duration,
+    ) -> Result<()> {
+        let lease = session.delay_lease(&self.inner.client, delay).await?;
+        let answer = self
+            .kv()
+            .txn(requests::put_marker(
+                placed,
+                owner.as_str(),
+                revision,
+                lease,
+            ))
+            .await
+            .map_err(|e| map_error(e, "marking a grant for lock-delay"))?;
+        if answer.succeeded() {
+            Ok(())
+        } else {
+            // The key is gone: the session's lease ran out since the grant.
+            self.forget(owner);
+            Err(Error::Lost(LossReason::SessionEnded))
+        }
+    }
+
+    /// The time left on `lease` as etcd says: `None` for a key without a lease.
+    async fn time_left(&self, lease: i64) -> Result<Option<Duration>> {
+        if lease == 0 {
+            return Ok(None);
+        }
+        let answer = self
+            .client()
+            .lease_time_to_live(lease, None)
+            .await
+            .map_err(|e| map_error(e, "inspecting a lease"))?;
+        match u64::try_from(answer.ttl()) {
+            Ok(left) => Ok(Some(Duration::from_secs(left))),
+            // A lease that expired since the read: etcd answers -1.
+            Err(_) if answer.ttl() == -1 => Ok(Some(Duration::ZERO)),
+            Err(_) => Err(Error::backend(
+                format!("etcd: lease {lease:x} has {} s left", answer.ttl()),
+                false,
+            )),
+        }
+    }
+}
+
+/// The `N` range reads of `responses`, in order.
+///
+/// # Errors
+///
+/// [`Error::Backend`] if the answer does not hold them.
+fn reads<const N: usize>(responses: &[TxnOpResponse]) -> Result<[&GetResponse; N]> {
+    ranges(responses).try_into().map_err(|found: Vec<_>| {
+        Error::backend(
+            format!(
+                "etcd: a transaction was answered with {} reads, not {N}",
+                found.len()
+            ),
+            false,
+        )
+    })
+}
+
+#[async_trait]
+impl Backend for EtcdBackend {
+    fn capabilities(&self) -> Capabilities {
+        let mut caps = Capabilities::new("etcd", TokenDurability::Consensus);
+        caps.expiring_leases = true;
+        caps.ttl_granularity = Duration::from_secs(1);
+        caps.fair = true;
+        caps.push_wakeups = true;
+        caps.shared = true;
+        caps.permits = true;
+        // What etcd grants: whole seconds, rounded up (a session that etcd would grant a
+        // longer ttl is refused, see `Session::start`).
+        caps.session_ttl = Some(self.inner.options.granted_ttl());
+        // Markers bound to a lease that outlives the session's by the delay.
+        caps.lock_delay = true;
+        caps
+    }
+
+    async fn acquire(&self, req: &Request) -> Result<Acquire> {
+        for _ in 0..ATTEMPTS {
+            if let Step::Done(answer) = self.acquire_once(req).await? {
+                return Ok(answer);
+            }
+        }
+        Err(Error::backend(
+            "etcd: the session's fence kept moving while acquiring",
+            true,
+        ))
+    }
+
+    async fn renew(&self, req: &Request) -> Result<Renewal> {
+        // Grants live by the session; this only says whether the key is still ours.
+        let Some(placed) = self.keys().by_owner.get(&req.owner).cloned() else {
+            return Ok(Renewal::Lost(LossReason::NotOwner));
+        };
+        let found = self
+            .kv()
+            .get(placed.key(), None)
+            .await
+            .map_err(|e| map_error(e, "checking a key"))?;
+        let session = self.current_session().await;
+        match (found.kvs().first(), session) {
+            (Some(kv), Some(session))
+                if kv.lease() == session.id
+                    && session.is_alive()
+                    && placed.revision == Some(kv.create_revision()) =>
+            {
+                Ok(Renewal::Renewed(Expiry::Session(session.liveness())))
+            }
+            _ => Ok(Renewal::Lost(LossReason::NotOwner)),
+        }
+    }
+
+    async fn release(&self, req: &Request) -> Result<Release> {
+        let removed = self.remove(req, "releasing").await?;
+        Ok(if removed == Some(true) {
+            Release::Released
+        } else {
+            Release::NotHeld
+        })
+    }
+
+    async fn wait(&self, _name: &LockName, hint: &WaitHint, max: Duration) -> Result<()> {
+        let Some(hint) = hint.get::<Hint>() else {
+            return Ok(());
+        };
+        let Some((first, more)) = hint.keys.split_first() else {
+            return Ok(());
+        };
+        // The watch starts at the current revision, not at `hint.from`: etcd serves a watch
+        // that starts in the past from a catch-up loop that runs every 100 ms, one that
+        // starts now at once. What changed before the watch was in place is looked up once
+        // it is: etcd fixes a new watch's start revision before it registers it, and a
+        // write in between also leaves it to the catch-up loop.
+        let mut options = WatchOptions::new();
+        if hint.prefix {
+            options = options.with_prefix();
+        }
+        if hint.deletes_only {
+            options = options.with_filters([WatchFilterType::NoPut]);
+        }
+        let watched = async {
+            let mut stream = self
+                .client()
+                .watch(first.clone(), Some(options.clone()))
+                .await
+                .map_err(|e| map_error(e, "watching"))?;
+            for key in more {
+                stream
+                    .watch(key.clone(), Some(options.clone()))
+                    .await
+                    .map_err(|e| map_error(e, "watching"))?;
+            }
+            loop {
+                match stream
+                    .message()
+                    .await
+                    .map_err(|e| map_error(e, "watching"))?
+                {
+                    Some(answer) if answer.created() => {
+                        let now = answer.header().map_or(i64::MAX, |h| h.revision());
+                        if self.moved(hint, now).await? {
+                            return Ok(());
+                        }
+                    }
+                    Some(answer) if !answer.events().is_empty() || answer.canceled() => {
+                        return Ok(());
+                    }
+                    Some(_) => {}
+                    None => return Ok(()),
+                }
+            }
+        };
+        match tokio::time::timeout(max, watched).await {
+            Ok(result) => result,
+            Err(_) => Ok(()),
+        }
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<LockState> {
+        let dirs = [
+            self.set(name, Mode::Exclusive).dir,
+            self.set(
+                name,
+                Mode::Permit {
+                    limit: NonZeroU32::MIN,
+                },
+            )
+            .dir,
+        ];
+        let answer = self
+            .kv()
+            .txn(requests::read_all(&dirs))
+            .await
+            .map_err(|e| map_error(e, "inspecting"))?;
+        let revision = answer.header().map_or(0, |h| h.revision());
+        let mut state = LockState::new(WaitHint::new(Hint {
+            keys: self
+                .inner
+                .layout
+                .all_of(name)
+                .map(String::into_bytes)
+                .into(),
+            prefix: true,
+            deletes_only: false,
+            created: None,
+            from: revision + 1,
+        }));
+        let responses = answer.op_responses();
+        let sets: [&GetResponse; 2] = reads(&responses)?;
+        let mut left: HashMap<i64, Option<Duration>> = HashMap::new();
+        for (dir, read) in dirs.iter().zip(sets) {
+            let queue: Vec<Entry> = read.kvs().iter().map(|kv| decode(dir, kv)).collect();
+            for (entry, holds) in queue.iter().zip(holding(&queue)) {
+                if !holds {
+                    state
+                        .waiters
+                        .push(Waiter::new(entry.owner.clone(), entry.mode));
+                    continue;
+                }
+                let remaining = match left.get(&entry.lease) {
+                    Some(remaining) => *remaining,
+                    None => {
+                        let remaining = self.time_left(entry.lease).await?;
+                        left.insert(entry.lease, remaining);
+                        remaining
+                    }
+                };
+                state.holders.push(
+                    Holder::new(entry.owner.clone(), entry.mode, token(entry.revision)?)
+                        .with_remaining(remaining)
+                        .with_value(entry.value.clone()),
+                );
+            }
+        }
+        Ok(state)
+    }
+
+    /// Ends the session that holds the owner's key, if an answer showed that key or a put
+    /// of it may still land: every guard of the session is lost with it (signalled as
+    /// [`LossReason::SessionEnded`]), its lease is revoked (or, if etcd cannot be reached,
+    /// no longer kept alive, so it runs out within one session ttl), and later grants get
+    /// a new session. A key whose release could not be confirmed is bound to the session's
+    /// lease, so nothing else ends it.
+    async fn abandon(&self, req: &Request) -> Result<()> {
+        let Some(placed) = self.keys().forget(&req.owner) else {
+            return Ok(());
+        };
+        if placed.revision.is_none() && placed.unanswered_puts == 0 {
+            // Nothing of it was ever written.
+            return Ok(());
+        }
+        tracing::warn!(
+            lock = %req.name,
+            lease = placed.lease,
+            "etcd: a release could not be confirmed; ending the session that holds it"
+        );
+        self.end_session(placed.lease).await
+    }
+}

@@ -1,0 +1,248 @@
+//! The backend value: one connection to the cluster, the session it owns, and the keys it
+//! has placed. Its [`Backend`](leasehold_core::Backend) methods are in `backend.rs`.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use etcd_client::{Client, Compare, CompareOp, ConnectOptions, KvClient};
+use leasehold_core::backend::Mode;
+use leasehold_core::{Error, Guard, LockName, Result};
+use tokio::sync::Mutex as AsyncMutex;
+
+use crate::error::map_error;
+use crate::keys::{Keys, Layout, Placed, Set};
+use crate::options::{EtcdOptions, parse_url};
+use crate::session::Session;
+use crate::transport;
+
+/// How often an idle connection is pinged, and how long a ping may go unanswered before
+/// the connection is given up for the next member.
+pub(crate) const KEEP_ALIVE: Duration = Duration::from_secs(2);
+
+/// A client's connection to an etcd cluster. Clones share the connection and the session.
+#[derive(Debug, Clone)]
+pub struct EtcdBackend {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) client: Client,
+    pub(crate) options: EtcdOptions,
+    pub(crate) layout: Layout,
+    session: AsyncMutex<Option<Arc<Session>>>,
+    keys: Mutex<Keys>,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdBackend")
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EtcdBackend {
+    /// Connects to the cluster at `url` (see the crate docs).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future abandons the connection attempt; no session exists yet.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for a malformed URL (credentials redacted) or TLS files
+    /// that cannot be read or hold no usable certificate or key; [`Error::Unavailable`] if
+    /// no endpoint answers.
+    pub async fn connect(url: &str) -> Result<Self> {
+        let (endpoints, options) = parse_url(url)?;
+        Self::connect_with(&endpoints, options).await
+    }
+
+    /// Connects to `endpoints` (`http://host:port` each, or `https://host:port` each for
+    /// TLS): one connection, to the first member, moving on to the next whenever it must
+    /// connect again (the member went away or left a keep-alive ping unanswered for 2 s).
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`connect`](EtcdBackend::connect).
+    ///
+    /// # Errors
+    ///
+    /// As for [`connect`](EtcdBackend::connect).
+    pub async fn connect_with(endpoints: &[String], options: EtcdOptions) -> Result<Self> {
+        options.check()?;
+        let mut connect = ConnectOptions::new();
+        if let Some((user, password)) = &options.user {
+            connect = connect.with_user(user, password);
+        }
+        let channel =
+            transport::channel(endpoints, &options.tls, options.connect_timeout, KEEP_ALIVE)?;
+        // The channel connects on first use: a status request makes the first use here, so
+        // that an unreachable cluster or a refused certificate is reported by `connect`.
+        let client = tokio::time::timeout(options.connect_timeout, async {
+            let mut client =
+                Client::from_channel(etcd_client::Channel::Tonic(channel), Some(connect)).await?;
+            client.status().await?;
+            Ok(client)
+        })
+        .await
+        .map_err(|_| {
+            Error::unavailable(format!(
+                "connecting to etcd at {} timed out",
+                endpoints.join(",")
+            ))
+        })?
+        .map_err(|e| map_error(e, "connecting"))?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                client,
+                layout: Layout::new(&options.prefix),
+                options,
+                session: AsyncMutex::new(None),
+                keys: Mutex::new(Keys::default()),
+            }),
+        })
+    }
+
+    pub(crate) fn client(&self) -> Client {
+        self.inner.client.clone()
+    }
+
+    /// The key-value service alone: cheaper to clone per request than the whole client.
+    pub(crate) fn kv(&self) -> KvClient {
+        self.inner.client.kv_client()
+    }
+
+    /// The directories of `name`'s set for `mode`.
+    pub(crate) fn set(&self, name: &LockName, mode: Mode) -> Set {
+        self.inner.layout.set(name, mode)
+    }
+
+    /// The live session, started now if there is none or the last one ended.
+    pub(crate) async fn session(&self) -> Result<Arc<Session>> {
+        let mut current = self.inner.session.lock().await;
+        if let Some(session) = current.as_ref()
+            && session.is_alive()
+        {
+            return Ok(session.clone());
+        }
+        let options = &self.inner.options;
+        let session = Session::start(
+            &self.inner.client,
+            options.session_ttl,
+            options.drift_margin,
+            &self.inner.layout,
+        )
+        .await?;
+        let session = Arc::new(session);
+        *current = Some(session.clone());
+        Ok(session)
+    }
+
+    /// The session in use, if any (without starting one).
+    pub(crate) async fn current_session(&self) -> Option<Arc<Session>> {
+        self.inner.session.lock().await.clone()
+    }
+
+    /// Ends this client's session and revokes its lease: every lock it holds is freed at
+    /// once, and its guards are lost. A later acquisition starts a new session.
+    ///
+    /// # Cancel safety
+    ///
+    /// The session ends locally at once; if the future is dropped the revocation may not
+    /// reach etcd, and the lease then runs out.
+    ///
+    /// # Errors
+    ///
+    /// If etcd cannot be reached (the lease then runs out by itself).
+    pub async fn close(&self) -> Result<()> {
+        let session = self.inner.session.lock().await.take();
+        match session {
+            Some(session) => session.close(&self.inner.client).await,
+            None => Ok(()),
+        }
+    }
+
+    /// Ends the session with lease `lease` if it is the current one (its guards are lost)
+    /// and revokes it.
+    ///
+    /// # Errors
+    ///
+    /// If the revocation does not reach etcd: the lease is no longer kept alive, and
+    /// expires within one session ttl.
+    pub(crate) async fn end_session(&self, lease: i64) -> Result<()> {
+        let session = {
+            let mut current = self.inner.session.lock().await;
+            if current.as_ref().is_some_and(|s| s.id == lease) {
+                current.take()
+            } else {
+                None
+            }
+        };
+        match session {
+            Some(session) => {
+                let revoked = tokio::time::timeout(
+                    self.inner.options.connect_timeout,
+                    session.close(&self.inner.client),
+                )
+                .await;
+                match revoked {
+                    Ok(revoked) => revoked,
+                    Err(_) => Err(Error::unavailable(
+                        "etcd: revoking an abandoned session timed out; its lease runs out \
+                         within one session ttl",
+                    )),
+                }
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// The ttl of the current session (the configured one rounded up to whole seconds,
+    /// as etcd granted it), if a session has started.
+    ///
+    /// # Cancel safety
+    ///
+    /// Sends nothing to etcd.
+    ///
+    /// # Errors
+    ///
+    /// None: it reads what the session was granted.
+    pub async fn session_ttl(&self) -> Option<Duration> {
+        self.current_session().await.map(|s| s.ttl)
+    }
+
+    /// Stops keeping this client's session alive without revoking it: its locks stay held
+    /// until the lease runs out (and its guards are lost then).
+    ///
+    /// # Cancel safety
+    ///
+    /// Sends nothing to etcd; dropped before it ran, the session is kept alive as before.
+    ///
+    /// # Errors
+    ///
+    /// None.
+    pub async fn orphan(&self) {
+        if let Some(session) = self.inner.session.lock().await.take() {
+            session.orphan().await;
+        }
+    }
+
+    /// A comparison that holds while `guard`'s lock is still held: its key exists with the
+    /// revision the grant created. Put it in your own etcd transaction so that a write
+    /// happens only while the lock is held.
+    pub fn still_owner(&self, guard: &Guard) -> Compare {
+        // A released guard compares its queue directory, a key that never exists.
+        let key = self
+            .keys()
+            .by_owner
+            .get(guard.owner())
+            .map_or_else(|| self.set(guard.name(), guard.mode()).dir, Placed::key);
+        let revision = i64::try_from(guard.token().get()).unwrap_or(i64::MAX);
+        Compare::create_revision(key, CompareOp::Equal, revision)
+    }
+
+    pub(crate) fn keys(&self) -> std::sync::MutexGuard<'_, Keys> {
+        self.inner.keys.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}

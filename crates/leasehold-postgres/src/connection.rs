@@ -82,6 +82,11 @@ impl Connector {
         self.prepare = false;
     }
 
+    /// The TLS set-up (for cancel requests).
+    pub(crate) fn tls(&self) -> Tls {
+        self.tls.clone()
+    }
+
     /// Where it connects, for messages (no credentials).
     pub(crate) fn shown(&self) -> &str {
         &self.shown
@@ -166,6 +171,12 @@ impl Conn {
     /// Whether the connection has ended.
     pub(crate) fn is_closed(&self) -> bool {
         self.client.is_closed() || *self.closed.borrow()
+    }
+
+    /// Completes when the connection has ended.
+    pub(crate) async fn closed(&self) {
+        let mut closed = self.closed.clone();
+        let _ = closed.wait_for(|c| *c).await;
     }
 
     /// Runs `stmt` with `params`; its rows.

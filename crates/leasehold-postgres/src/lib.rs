@@ -28,6 +28,7 @@
 //! `target_session_attrs=any|read-write`, `sslmode=disable|prefer|require|verify-ca|verify-full`,
 //! `tls_ca`, `tls_cert`, `tls_key`. See `docs/backends/postgres.md`.
 
+mod advisory;
 mod connection;
 mod error;
 pub mod fence;
@@ -53,6 +54,7 @@ use leasehold_core::backend::{
 };
 use leasehold_core::{Error, LockName, Result};
 
+use crate::advisory::Advisory;
 use crate::connection::{Connector, Pool, transaction_pooled};
 use crate::lease::Lease;
 use crate::wakeups::{Wakeups, spawn_listener};
@@ -75,6 +77,7 @@ struct Inner {
 #[derive(Debug)]
 enum Kind {
     Lease(Lease),
+    Advisory(Advisory),
 }
 
 impl PostgresBackend {
@@ -152,17 +155,33 @@ impl PostgresBackend {
         if listener.is_some() {
             wait_listening(&wakeups, options.connect_timeout, connector.shown()).await?;
         }
-        let mut initial = vec![first];
-        initial.extend(second.filter(|_| options.pool_size > 1));
-        let pool = Pool::new(connector, options.pool_size, initial);
         let mut capabilities = Capabilities::new("postgres", TokenDurability::Durable);
         capabilities.expiring_leases = true;
         capabilities.fair = true;
         capabilities.shared = true;
         capabilities.push_wakeups = !pooled;
-        capabilities.permits = true;
-        capabilities.lock_delay = true;
-        let kind = Kind::Lease(Lease::new(pool, wakeups, listener));
+        let kind = match (options.mode, listener) {
+            (LockMode::Advisory, Some(listener)) => {
+                capabilities.session_ttl = Some(options.session_ttl);
+                // Inspect shares the first connection; every lock has a connection of its own.
+                let shared = Pool::new(connector.clone(), 1, vec![first]);
+                Kind::Advisory(Advisory::new(
+                    connector,
+                    shared,
+                    wakeups,
+                    listener,
+                    options.session_ttl,
+                ))
+            }
+            (_, listener) => {
+                capabilities.permits = true;
+                capabilities.lock_delay = true;
+                let mut initial = vec![first];
+                initial.extend(second.filter(|_| options.pool_size > 1));
+                let pool = Pool::new(connector, options.pool_size, initial);
+                Kind::Lease(Lease::new(pool, wakeups, listener))
+            }
+        };
         Ok(Self {
             inner: Arc::new(Inner {
                 options,
@@ -210,30 +229,43 @@ impl Backend for PostgresBackend {
     async fn acquire(&self, req: &Request) -> Result<Acquire> {
         match &self.inner.kind {
             Kind::Lease(lease) => lease.acquire(req).await,
+            Kind::Advisory(advisory) => advisory.acquire(req).await,
         }
     }
 
     async fn renew(&self, req: &Request) -> Result<Renewal> {
         match &self.inner.kind {
             Kind::Lease(lease) => lease.renew(req).await,
+            Kind::Advisory(advisory) => advisory.renew(req).await,
         }
     }
 
     async fn release(&self, req: &Request) -> Result<Release> {
         match &self.inner.kind {
             Kind::Lease(lease) => lease.release(req).await,
+            Kind::Advisory(advisory) => advisory.release(req).await,
         }
     }
 
     async fn wait(&self, _name: &LockName, hint: &WaitHint, max: Duration) -> Result<()> {
         match &self.inner.kind {
             Kind::Lease(lease) => lease.wait(hint, max).await,
+            Kind::Advisory(advisory) => advisory.wait(hint, max).await,
         }
     }
 
     async fn inspect(&self, name: &LockName) -> Result<LockState> {
         match &self.inner.kind {
             Kind::Lease(lease) => lease.inspect(name).await,
+            Kind::Advisory(advisory) => advisory.inspect(name).await,
+        }
+    }
+
+    async fn abandon(&self, req: &Request) -> Result<()> {
+        match &self.inner.kind {
+            // A lease runs out by itself; the engine retries its release until then.
+            Kind::Lease(_) => Ok(()),
+            Kind::Advisory(advisory) => advisory.abandon(req).await,
         }
     }
 }

@@ -108,6 +108,33 @@ pub(crate) fn lease_state(rows: &[Row]) -> Result<(Vec<Holder>, Vec<Waiter>)> {
     Ok((holders, waiters))
 }
 
+/// Holders and waiters of an advisory-mode inspect, holders first. Waiters that are not
+/// leasehold's (a session taking the same key by hand) are left out.
+pub(crate) fn advisory_state(rows: &[Row]) -> Result<(Vec<Holder>, Vec<Waiter>)> {
+    let doing = "inspect";
+    let mut holders = Vec::new();
+    let mut waiters = Vec::new();
+    for row in rows {
+        let granted: bool = column(row, 0, doing)?;
+        let who: Option<&str> = column(row, 1, doing)?;
+        let mode = mode(column(row, 2, doing)?, None, doing)?;
+        if granted {
+            let who = who.ok_or_else(|| undecodable(doing, "a holder without an owner"))?;
+            let value: Option<Vec<u8>> = column(row, 5, doing)?;
+            holders.push(Holder {
+                owner: owner(who, doing)?,
+                mode,
+                token: token(column(row, 3, doing)?, doing)?,
+                remaining: Some(millis(column(row, 4, doing)?, doing)?),
+                value: value.map(Arc::from),
+            });
+        } else if let Some(Ok(who)) = who.map(OwnerId::parse) {
+            waiters.push(Waiter { owner: who, mode });
+        }
+    }
+    Ok((holders, waiters))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

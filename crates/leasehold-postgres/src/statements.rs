@@ -27,13 +27,15 @@ pub(crate) enum Stmt {
     AdvisoryRelease,
     /// Advisory mode: holders and waiters of a name.
     AdvisoryInspect,
+    /// Advisory mode: whether a server process waits in an advisory lock's queue.
+    AdvisoryQueued,
     /// The server process of this connection, and whether the session can write.
     Ping,
 }
 
 impl Stmt {
     /// Every statement a connection prepares.
-    pub(crate) const ALL: [Stmt; 9] = [
+    pub(crate) const ALL: [Stmt; 10] = [
         Stmt::Acquire,
         Stmt::Renew,
         Stmt::Release,
@@ -42,6 +44,7 @@ impl Stmt {
         Stmt::AdvisoryHeld,
         Stmt::AdvisoryRelease,
         Stmt::AdvisoryInspect,
+        Stmt::AdvisoryQueued,
         Stmt::Ping,
     ];
 
@@ -94,6 +97,10 @@ impl Stmt {
                    AND (NOT l.granted OR a.token IS NOT NULL) \
                  ORDER BY l.granted DESC, a.token, l.waitstart"
             }
+            Stmt::AdvisoryQueued => {
+                "SELECT EXISTS (SELECT 1 FROM pg_locks l \
+                 WHERE l.pid = $1 AND l.locktype = 'advisory' AND NOT l.granted)"
+            }
             Stmt::Ping => "SELECT pg_backend_pid(), NOT pg_is_in_recovery()",
         }
     }
@@ -129,6 +136,7 @@ impl Stmt {
                 Type::BYTEA,
             ],
             Stmt::AdvisoryRelease => &[Type::TEXT, Type::BOOL],
+            Stmt::AdvisoryQueued => &[Type::INT4],
             Stmt::Ping => &[],
         }
     }

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use leasehold_core::backend::Backend;
 use leasehold_postgres::PostgresBackend;
-use leasehold_testkit::{Deployment, Postgres};
+use leasehold_testkit::conformance::{Cuttable, ProxySwitch};
+use leasehold_testkit::{Deployment, FaultProxy, Postgres};
 
 /// Lease mode: the default cut (renewals held) applies.
 struct LeaseDeployment {
@@ -21,11 +22,53 @@ impl Deployment for LeaseDeployment {
     }
 }
 
+/// Advisory mode with 2 s sessions; a client's liveness is cut by holding its connections'
+/// traffic in a fault proxy.
+struct AdvisoryDeployment {
+    server: Postgres,
+}
+
+impl AdvisoryDeployment {
+    fn url(&self, port: u16) -> String {
+        format!("postgres://postgres@127.0.0.1:{port}/postgres?mode=advisory&session_ttl=2s")
+    }
+}
+
+#[async_trait]
+impl Deployment for AdvisoryDeployment {
+    async fn connect(&self) -> Arc<dyn Backend> {
+        let url = self.url(self.server.port());
+        Arc::new(PostgresBackend::connect(&url).await.unwrap())
+    }
+
+    async fn connect_cuttable(&self) -> Option<Cuttable> {
+        let target = format!("127.0.0.1:{}", self.server.port()).parse().unwrap();
+        let proxy = Arc::new(FaultProxy::start(target).await.unwrap());
+        let backend = PostgresBackend::connect(&self.url(proxy.port()))
+            .await
+            .unwrap();
+        Some(Cuttable {
+            backend: Arc::new(backend),
+            switch: Arc::new(ProxySwitch(proxy)),
+        })
+    }
+}
+
 mod lease {
     use super::*;
 
     leasehold_testkit::conformance_suite!(async {
         LeaseDeployment {
+            server: Postgres::start().await.expect("postgres"),
+        }
+    });
+}
+
+mod advisory {
+    use super::*;
+
+    leasehold_testkit::conformance_suite!(async {
+        AdvisoryDeployment {
             server: Postgres::start().await.expect("postgres"),
         }
     });

@@ -29,7 +29,7 @@ pub(crate) struct Connector {
     tls: Tls,
     timeout: Duration,
     /// Each statement's SQL, by [`Stmt::index`].
-    sql: Vec<String>,
+    sql: Arc<[String]>,
     /// Prepare statements once per connection (not through a transaction pool).
     prepare: bool,
     shown: String,
@@ -111,7 +111,7 @@ impl Connector {
     /// A new connection, driven by a task of its own, with its statements ready.
     pub(crate) async fn connect(&self) -> Result<Conn> {
         let (client, driver) = self.open().await?;
-        let mut conn = Conn::start(client, driver);
+        let mut conn = Conn::start(client, driver, self);
         conn.prepare(self).await?;
         Ok(conn)
     }
@@ -129,7 +129,7 @@ pub(crate) struct Conn {
 impl Conn {
     /// A connection whose driver now runs in a task of its own, with no statement prepared
     /// (each is then sent with its text).
-    pub(crate) fn start(client: Client, driver: Driver) -> Self {
+    pub(crate) fn start(client: Client, driver: Driver, connector: &Connector) -> Self {
         let (closed_tx, closed) = watch::channel(false);
         tokio::spawn(async move {
             if let Err(error) = driver.await {
@@ -140,14 +140,13 @@ impl Conn {
         Self {
             client,
             prepared: None,
-            sql: Arc::from(Vec::new()),
+            sql: connector.sql.clone(),
             closed,
         }
     }
 
     /// Prepares every statement, unless `connector` says not to.
     pub(crate) async fn prepare(&mut self, connector: &Connector) -> Result<()> {
-        self.sql = connector.sql.clone().into();
         if !connector.prepare {
             return Ok(());
         }

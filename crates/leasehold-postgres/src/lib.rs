@@ -111,7 +111,7 @@ impl PostgresBackend {
     pub async fn connect_with(options: PostgresOptions) -> Result<Self> {
         let mut connector = Connector::new(&options)?;
         let (client, driver) = connector.open().await?;
-        let mut first = connection::Conn::start(client, driver);
+        let mut first = connection::Conn::start(client, driver, &connector);
         schema::migrate(first.client(), &options.schema).await?;
         // A second connection: the pool's next place, or only for finding out about pooling.
         let mut second = None;
@@ -120,7 +120,7 @@ impl PostgresBackend {
             Pooling::Transaction => true,
             Pooling::Auto => {
                 let (client, driver) = connector.open().await?;
-                let other = connection::Conn::start(client, driver);
+                let other = connection::Conn::start(client, driver, &connector);
                 let pooled = transaction_pooled(first.client(), other.client()).await?;
                 second = Some(other);
                 pooled
@@ -137,11 +137,10 @@ impl PostgresBackend {
         }
         if pooled {
             connector.without_prepared_statements();
-        } else {
-            first.prepare(&connector).await?;
-            if let Some(second) = &mut second {
-                second.prepare(&connector).await?;
-            }
+        }
+        first.prepare(&connector).await?;
+        if let Some(second) = &mut second {
+            second.prepare(&connector).await?;
         }
         let connector = Arc::new(connector);
         let wakeups = Wakeups::new();

@@ -85,6 +85,7 @@ impl fmt::Display for Mode {
 
 /// One acquisition's request, passed unchanged to acquire, renew and release.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct Request {
     /// The lock.
     pub name: LockName,
@@ -104,6 +105,23 @@ pub struct Request {
     pub value: Option<Arc<[u8]>>,
 }
 
+impl Request {
+    /// A request of `owner` for `name` in `mode` with a lease of `ttl`: not fair, not
+    /// waiting, no lock-delay, no value (set those fields as needed).
+    pub fn new(name: LockName, owner: OwnerId, mode: Mode, ttl: Duration) -> Self {
+        Self {
+            name,
+            owner,
+            mode,
+            ttl,
+            fair: false,
+            waiting: false,
+            lock_delay: None,
+            value: None,
+        }
+    }
+}
+
 /// The answer to [`Backend::acquire`].
 #[derive(Debug)]
 pub enum Acquire {
@@ -116,11 +134,19 @@ pub enum Acquire {
 
 /// A successful grant.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Grant {
     /// The grant's fencing token.
     pub token: FencingToken,
     /// How long the server keeps it without renewal.
     pub expiry: Expiry,
+}
+
+impl Grant {
+    /// A grant with `token`, kept as `expiry` says.
+    pub fn new(token: FencingToken, expiry: Expiry) -> Self {
+        Self { token, expiry }
+    }
 }
 
 /// How long a server keeps a grant (or a renewal) without hearing from its owner.
@@ -218,6 +244,16 @@ impl SessionKeeper {
     }
 }
 
+impl LockState {
+    /// No holders and no waiters, with `hint` for waiting on the next change.
+    pub fn new(hint: WaitHint) -> Self {
+        Self {
+            hint,
+            ..Self::default()
+        }
+    }
+}
+
 /// The answer to [`Backend::renew`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Renewal {
@@ -270,6 +306,7 @@ impl fmt::Debug for WaitHint {
 
 /// A holder, as reported by [`Backend::inspect`].
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Holder {
     /// Who holds.
     pub owner: OwnerId,
@@ -283,8 +320,35 @@ pub struct Holder {
     pub value: Option<Arc<[u8]>>,
 }
 
+impl Holder {
+    /// A holder `owner` in `mode` with `token`; no expiry known, no value (set those
+    /// fields as needed).
+    pub fn new(owner: OwnerId, mode: Mode, token: FencingToken) -> Self {
+        Self {
+            owner,
+            mode,
+            token,
+            remaining: None,
+            value: None,
+        }
+    }
+
+    /// This holder with `remaining` time left on its lease.
+    pub fn with_remaining(mut self, remaining: Option<Duration>) -> Self {
+        self.remaining = remaining;
+        self
+    }
+
+    /// This holder with `value` stored with its grant.
+    pub fn with_value(mut self, value: Option<Arc<[u8]>>) -> Self {
+        self.value = value;
+        self
+    }
+}
+
 /// A queued waiter, as reported by [`Backend::inspect`].
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Waiter {
     /// Who waits.
     pub owner: OwnerId,
@@ -292,9 +356,17 @@ pub struct Waiter {
     pub mode: Mode,
 }
 
+impl Waiter {
+    /// A waiter `owner` in `mode`.
+    pub fn new(owner: OwnerId, mode: Mode) -> Self {
+        Self { owner, mode }
+    }
+}
+
 /// What the server knows about one name: holders of both sets, queued waiters in queue
 /// order, and a hint for waiting on the next change.
 #[derive(Debug, Clone, Default)]
+#[non_exhaustive]
 pub struct LockState {
     /// Current holders (lock set first, then permits).
     pub holders: Vec<Holder>,

@@ -10,7 +10,7 @@
 //! ```
 //!
 //! - Every case runs on every backend. A case skips only what the backend's
-//!   [`Capabilities`](leasehold_core::Capabilities) say it does not do (shared mode,
+//!   [`Capabilities`] say it does not do (shared mode,
 //!   permits, fairness, lock-delay, expiring grants), with a message naming the case.
 //!   Any other skip — a deployment that cannot cut a client's liveness although the
 //!   backend's grants expire — fails the test when the environment variable
@@ -58,19 +58,27 @@ pub trait Deployment: Send + Sync {
             return None;
         }
         let faulty = Faulty::wrap(backend);
-        Some(Cuttable {
-            backend: Arc::new(faulty.clone()),
-            switch: Arc::new(RenewalSwitch(faulty)),
-        })
+        Some(Cuttable::new(
+            Arc::new(faulty.clone()),
+            Arc::new(RenewalSwitch::new(faulty)),
+        ))
     }
 }
 
 /// A connection and the switch that cuts its liveness.
+#[non_exhaustive]
 pub struct Cuttable {
     /// The connection.
     pub backend: Arc<dyn Backend>,
     /// Cuts and restores the connection's liveness.
     pub switch: Arc<dyn LivenessSwitch>,
+}
+
+impl Cuttable {
+    /// `backend`, whose liveness `switch` cuts.
+    pub fn new(backend: Arc<dyn Backend>, switch: Arc<dyn LivenessSwitch>) -> Self {
+        Self { backend, switch }
+    }
 }
 
 impl std::fmt::Debug for Cuttable {
@@ -95,7 +103,15 @@ pub trait LivenessSwitch: Send + Sync {
 /// The liveness switch of a backend that renews each grant: renewals are held before they
 /// reach the server.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct RenewalSwitch(pub Faulty);
+
+impl RenewalSwitch {
+    /// Holds the renewals that pass through `faulty`.
+    pub fn new(faulty: Faulty) -> Self {
+        Self(faulty)
+    }
+}
 
 #[async_trait]
 impl LivenessSwitch for RenewalSwitch {
@@ -110,7 +126,15 @@ impl LivenessSwitch for RenewalSwitch {
 /// The liveness switch of a connection through a [`FaultProxy`]: a cut is a partition
 /// (both directions held, on open and new connections alike), a restore heals it.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct ProxySwitch(pub Arc<FaultProxy>);
+
+impl ProxySwitch {
+    /// Cuts the connections through `proxy`.
+    pub fn new(proxy: Arc<FaultProxy>) -> Self {
+        Self(proxy)
+    }
+}
 
 #[async_trait]
 impl LivenessSwitch for ProxySwitch {
@@ -169,6 +193,7 @@ cases!($
     try_lock_is_none_while_held,
     a_wait_timeout_gives_none_and_leaves_nothing,
     a_cancelled_waiter_leaves_nothing_behind,
+    a_cancelled_try_lock_leaves_nothing_behind,
     a_cancelled_release_still_frees_the_lock,
     an_unconfirmed_release_does_not_outlive_its_lease,
     a_stale_release_deletes_nothing,
@@ -299,15 +324,29 @@ fn effective_ttl(caps: &Capabilities, ttl: Duration) -> Duration {
 }
 
 fn request(name: &str, owner: &leasehold_core::OwnerId, mode: Mode) -> Request {
-    Request {
-        name: LockName::new(name).expect("valid name"),
-        owner: owner.clone(),
+    Request::new(
+        LockName::new(name).expect("valid name"),
+        owner.clone(),
         mode,
-        ttl: Duration::from_secs(5),
-        fair: false,
-        waiting: false,
-        lock_delay: None,
-        value: None,
+        Duration::from_secs(5),
+    )
+}
+
+/// `try_lock` of a mutex `name` by `client`, which must not fail.
+async fn try_lock(client: &Client, name: &str) -> Option<leasehold_core::Guard> {
+    client.mutex(name).unwrap().try_lock().await.unwrap()
+}
+
+/// Waits (on the backend's wake-ups) until the server shows a holder of `name`.
+async fn until_held(client: &Client, name: &str) {
+    loop {
+        let state = client.inspect(name).await.unwrap();
+        if !state.holders.is_empty() {
+            return;
+        }
+        let name = LockName::new(name).unwrap();
+        let max = Duration::from_secs(1);
+        client.backend().wait(&name, &state.hint, max).await.unwrap();
     }
 }
 
@@ -362,31 +401,10 @@ async fn try_lock_is_none_while_held(case: &Case<'_>) {
     let a = case.client().await;
     let b = case.client().await;
     let guard = a.mutex(case.name).unwrap().lock().await.unwrap();
-    assert!(
-        b.mutex(case.name)
-            .unwrap()
-            .try_lock()
-            .await
-            .unwrap()
-            .is_none()
-    );
-    assert!(
-        a.mutex(case.name)
-            .unwrap()
-            .try_lock()
-            .await
-            .unwrap()
-            .is_none()
-    );
+    assert!(try_lock(&b, case.name).await.is_none());
+    assert!(try_lock(&a, case.name).await.is_none());
     guard.release().await.unwrap();
-    assert!(
-        b.mutex(case.name)
-            .unwrap()
-            .try_lock()
-            .await
-            .unwrap()
-            .is_some()
-    );
+    assert!(try_lock(&b, case.name).await.is_some());
 }
 
 /// A wait that runs out is `Ok(None)`, leaves no queue entry, and the holder keeps its lock.
@@ -408,14 +426,7 @@ async fn a_wait_timeout_gives_none_and_leaves_nothing(case: &Case<'_>) {
         vec![guard.owner().to_string()]
     );
     guard.release().await.unwrap();
-    assert!(
-        b.mutex(case.name)
-            .unwrap()
-            .try_lock()
-            .await
-            .unwrap()
-            .is_some()
-    );
+    assert!(try_lock(&b, case.name).await.is_some());
 }
 
 /// Cancelling a waiting `lock()` removes its queue entry: nobody is left waiting, and the
@@ -438,14 +449,26 @@ async fn a_cancelled_waiter_leaves_nothing_behind(case: &Case<'_>) {
     let state = c.inspect(case.name).await.unwrap();
     assert!(state.waiters.is_empty(), "left behind: {:?}", state.waiters);
     guard.release().await.unwrap();
-    assert!(
-        c.mutex(case.name)
-            .unwrap()
-            .try_lock()
-            .await
-            .unwrap()
-            .is_some()
-    );
+    assert!(try_lock(&c, case.name).await.is_some());
+}
+
+/// A `try_lock` dropped while its request was on the server (the grant applied, the reply
+/// not yet read) leaves no grant behind: it is released by owner in the background.
+async fn a_cancelled_try_lock_leaves_nothing_behind(case: &Case<'_>) {
+    let (a, faults) = case.faulty_client(options(Duration::from_secs(30))).await;
+    let b = case.client().await;
+    faults.hold_replies(Op::Acquire);
+    let mutex = a.mutex(case.name).unwrap();
+    let attempt = tokio::spawn(async move { mutex.try_lock().await });
+    // The request is applied on the server; its reply is held.
+    until_held(&b, case.name).await;
+    attempt.abort();
+    assert!(attempt.await.unwrap_err().is_cancelled());
+    faults.resume(Op::Acquire);
+    a.settle().await;
+    let state = b.inspect(case.name).await.unwrap();
+    assert!(state.holders.is_empty(), "left behind: {:?}", state.holders);
+    assert!(try_lock(&b, case.name).await.is_some());
 }
 
 /// A release whose future is dropped before the server answered (a `select!`, a timeout,
@@ -464,14 +487,7 @@ async fn a_cancelled_release_still_frees_the_lock(case: &Case<'_>) {
     a.settle().await;
     let state = b.inspect(case.name).await.unwrap();
     assert!(state.holders.is_empty(), "left behind: {:?}", state.holders);
-    assert!(
-        b.mutex(case.name)
-            .unwrap()
-            .try_lock()
-            .await
-            .unwrap()
-            .is_some()
-    );
+    assert!(try_lock(&b, case.name).await.is_some());
 }
 
 /// A release the server never receives is retried in the background until the grant's
@@ -493,13 +509,7 @@ async fn an_unconfirmed_release_does_not_outlive_its_lease(case: &Case<'_>) {
     );
     a.settle().await;
     assert!(
-        probe
-            .mutex(case.name)
-            .unwrap()
-            .try_lock()
-            .await
-            .unwrap()
-            .is_some(),
+        try_lock(&probe, case.name).await.is_some(),
         "the unreleased grant outlived the background release"
     );
     faults.resume(Op::Release);
@@ -520,14 +530,7 @@ async fn a_stale_release_deletes_nothing(case: &Case<'_>) {
         holders(&a, case.name).await,
         vec![second.owner().to_string()]
     );
-    assert!(
-        a.mutex(case.name)
-            .unwrap()
-            .try_lock()
-            .await
-            .unwrap()
-            .is_none()
-    );
+    assert!(try_lock(&a, case.name).await.is_none());
     second.release().await.unwrap();
 }
 
@@ -556,15 +559,7 @@ async fn a_stale_guard_cannot_release_the_next_holders_lock(case: &Case<'_>) {
     assert!(next.token() > stale.token());
     assert!(matches!(stale.release().await, Err(Error::Lost(_))));
     assert_eq!(holders(&b, case.name).await, vec![next.owner().to_string()]);
-    assert!(
-        probe
-            .mutex(case.name)
-            .unwrap()
-            .try_lock()
-            .await
-            .unwrap()
-            .is_none()
-    );
+    assert!(try_lock(&probe, case.name).await.is_none());
     switch.restore().await;
     // The stale guard's release, retried once its client is back, still changes nothing.
     a.settle().await;
@@ -591,13 +586,7 @@ async fn loss_is_signalled_before_the_server_expires_the_lock(case: &Case<'_>) {
     guard.lost().await;
     assert!(!guard.is_held());
     assert!(
-        probe
-            .mutex(case.name)
-            .unwrap()
-            .try_lock()
-            .await
-            .unwrap()
-            .is_none(),
+        try_lock(&probe, case.name).await.is_none(),
         "the server had already given up the lock when the holder noticed"
     );
     let next = probe
@@ -634,14 +623,7 @@ async fn a_dropped_guard_frees_the_lock(case: &Case<'_>) {
     let guard = a.mutex(case.name).unwrap().lock().await.unwrap();
     drop(guard);
     a.settle().await;
-    assert!(
-        b.mutex(case.name)
-            .unwrap()
-            .try_lock()
-            .await
-            .unwrap()
-            .is_some()
-    );
+    assert!(try_lock(&b, case.name).await.is_some());
 }
 
 /// Grants that follow each other get strictly increasing tokens, across clients and modes.
@@ -767,14 +749,7 @@ async fn read_write_semantics_and_no_writer_starvation(case: &Case<'_>) {
             .unwrap()
             .is_none()
     );
-    assert!(
-        b.mutex(case.name)
-            .unwrap()
-            .try_lock()
-            .await
-            .unwrap()
-            .is_none()
-    );
+    assert!(try_lock(&b, case.name).await.is_none());
 
     let lock = w.rwlock(case.name).unwrap();
     let writer = tokio::spawn(async move { lock.write().await });
@@ -863,23 +838,9 @@ async fn reentrant_holds_are_counted(case: &Case<'_>) {
     assert_eq!(inner.token(), outer.token());
     assert_eq!(outer.hold_count(), 2);
     inner.release().await.unwrap();
-    assert!(
-        b.mutex(case.name)
-            .unwrap()
-            .try_lock()
-            .await
-            .unwrap()
-            .is_none()
-    );
+    assert!(try_lock(&b, case.name).await.is_none());
     outer.release().await.unwrap();
-    assert!(
-        b.mutex(case.name)
-            .unwrap()
-            .try_lock()
-            .await
-            .unwrap()
-            .is_some()
-    );
+    assert!(try_lock(&b, case.name).await.is_some());
 }
 
 /// inspect shows the holder with its token and mode, and a fair backend's waiters.
@@ -940,7 +901,7 @@ async fn lock_delay_keeps_an_expired_lock_closed(case: &Case<'_>) {
     // first attempt of an uncontended acquire, which may take a backend's fast path) is
     // refused, up to half-way through the delay.
     while lost_at.elapsed() < delay / 2 {
-        let attempt = probe.mutex(case.name).unwrap().try_lock().await.unwrap();
+        let attempt = try_lock(&probe, case.name).await;
         assert!(
             attempt.is_none(),
             "a fresh try got in {:?} after the crashed holder's loss; the delay is {delay:?}",
@@ -967,15 +928,7 @@ async fn lock_delay_keeps_an_expired_lock_closed(case: &Case<'_>) {
     let c = case.client_with(with_delay).await;
     let released = c.mutex(case.name).unwrap().lock().await.unwrap();
     released.release().await.unwrap();
-    assert!(
-        probe
-            .mutex(case.name)
-            .unwrap()
-            .try_lock()
-            .await
-            .unwrap()
-            .is_some()
-    );
+    assert!(try_lock(&probe, case.name).await.is_some());
 }
 
 /// Every kind of grant — plain, with a lock-delay, with a stored value (a leader), shared,
@@ -1053,7 +1006,7 @@ async fn renewals_keep_every_kind_of_grant(case: &Case<'_>) {
                 .await
                 .unwrap(),
             // A leader holds the exclusive side of its name.
-            _ => probe.mutex(&name).unwrap().try_lock().await.unwrap(),
+            _ => try_lock(probe, &name).await,
         };
         assert!(other.is_none(), "{kind}: let another in while held");
         match held {
@@ -1084,8 +1037,8 @@ async fn names_are_independent(case: &Case<'_>) {
     let a = case.client().await;
     let (x, y) = (format!("{}:x", case.name), format!("{}:y", case.name));
     let held = a.mutex(&x).unwrap().lock().await.unwrap();
-    assert!(a.mutex(&y).unwrap().try_lock().await.unwrap().is_some());
-    assert!(a.mutex(&x).unwrap().try_lock().await.unwrap().is_none());
+    assert!(try_lock(&a, &y).await.is_some());
+    assert!(try_lock(&a, &x).await.is_none());
     held.release().await.unwrap();
 }
 

@@ -131,10 +131,7 @@ impl Slot {
             keeper.clone(),
             ttl,
         )));
-        Grant {
-            token,
-            expiry: Expiry::Session(keeper.liveness()),
-        }
+        Grant::new(token, Expiry::Session(keeper.liveness()))
     }
 }
 
@@ -273,10 +270,10 @@ impl Advisory {
         let slot = match existing {
             Some(slot) => match slot.state() {
                 State::Held(token, keeper) => {
-                    return Ok(Acquire::Granted(Grant {
+                    return Ok(Acquire::Granted(Grant::new(
                         token,
-                        expiry: Expiry::Session(keeper.liveness()),
-                    }));
+                        Expiry::Session(keeper.liveness()),
+                    )));
                 }
                 State::Waiting => {
                     return Ok(Acquire::Busy(WaitHint::new(Hint::Queued(
@@ -418,10 +415,7 @@ impl Advisory {
             match state.borrow_and_update().clone() {
                 State::Waiting => {}
                 State::Held(token, keeper) => {
-                    return Ok(Some(Grant {
-                        token,
-                        expiry: Expiry::Session(keeper.liveness()),
-                    }));
+                    return Ok(Some(Grant::new(token, Expiry::Session(keeper.liveness()))));
                 }
                 State::Failed(error) => return Err(error),
                 State::Unknown => return Err(undecodable("acquire", "a wait of unknown state")),
@@ -525,11 +519,10 @@ impl Advisory {
             .query(Stmt::AdvisoryInspect, &[&name.as_str()], "inspect")
             .await?;
         let (holders, waiters) = reply::advisory_state(&rows)?;
-        Ok(LockState {
-            holders,
-            waiters,
-            hint: WaitHint::new(Hint::Observer(ticket)),
-        })
+        let mut state = LockState::new(WaitHint::new(Hint::Observer(ticket)));
+        state.holders = holders;
+        state.waiters = waiters;
+        Ok(state)
     }
 }
 

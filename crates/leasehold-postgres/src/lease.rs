@@ -94,10 +94,10 @@ impl Lease {
             )
             .await?;
         match reply::acquired(&row)? {
-            Acquired::Granted(token) => Ok(Acquire::Granted(Grant {
+            Acquired::Granted(token) => Ok(Acquire::Granted(Grant::new(
                 token,
-                expiry: Expiry::After(Duration::from_millis(ttl.unsigned_abs())),
-            })),
+                Expiry::After(Duration::from_millis(ttl.unsigned_abs())),
+            ))),
             Acquired::Busy { retry, waited } => Ok(Acquire::Busy(match ticket {
                 Some(ticket) => WaitHint::new(Hint {
                     ticket,
@@ -158,15 +158,14 @@ impl Lease {
             .await?;
         let (holders, waiters) = reply::lease_state(&rows)?;
         let retry = holders.iter().filter_map(|h| h.remaining).min();
-        Ok(LockState {
-            holders,
-            waiters,
-            hint: WaitHint::new(Hint {
-                ticket,
-                retry: retry.map(|r| r + Duration::from_millis(1)),
-                poll: OBSERVER_POLL,
-            }),
-        })
+        let mut state = LockState::new(WaitHint::new(Hint {
+            ticket,
+            retry: retry.map(|r| r + Duration::from_millis(1)),
+            poll: OBSERVER_POLL,
+        }));
+        state.holders = holders;
+        state.waiters = waiters;
+        Ok(state)
     }
 }
 

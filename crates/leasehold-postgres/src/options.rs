@@ -7,7 +7,8 @@
 use std::fmt;
 use std::time::Duration;
 
-use leasehold_core::{Error, Result, TlsFiles, parse_duration, redact_url};
+use leasehold_core::support::{TlsFiles, redact_url};
+use leasehold_core::{Error, Result, parse_duration};
 
 /// How locks are held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -94,15 +94,14 @@ pub(crate) fn lease_state(rows: &[Row]) -> Result<(Vec<Holder>, Vec<Waiter>)> {
         let mode = mode(column(row, 2, doing)?, column(row, 3, doing)?, doing)?;
         if is_holder {
             let value: Option<Vec<u8>> = column(row, 6, doing)?;
-            holders.push(Holder {
-                owner: who,
-                mode,
-                token: token(column(row, 4, doing)?, doing)?,
-                remaining: Some(millis(column(row, 5, doing)?, doing)?),
-                value: value.map(Arc::from),
-            });
+            let granted = token(column(row, 4, doing)?, doing)?;
+            holders.push(
+                Holder::new(who, mode, granted)
+                    .with_remaining(Some(millis(column(row, 5, doing)?, doing)?))
+                    .with_value(value.map(Arc::from)),
+            );
         } else {
-            waiters.push(Waiter { owner: who, mode });
+            waiters.push(Waiter::new(who, mode));
         }
     }
     Ok((holders, waiters))
@@ -121,15 +120,17 @@ pub(crate) fn advisory_state(rows: &[Row]) -> Result<(Vec<Holder>, Vec<Waiter>)>
         if granted {
             let who = who.ok_or_else(|| undecodable(doing, "a holder without an owner"))?;
             let value: Option<Vec<u8>> = column(row, 5, doing)?;
-            holders.push(Holder {
-                owner: owner(who, doing)?,
-                mode,
-                token: token(column(row, 3, doing)?, doing)?,
-                remaining: Some(millis(column(row, 4, doing)?, doing)?),
-                value: value.map(Arc::from),
-            });
+            holders.push(
+                Holder::new(
+                    owner(who, doing)?,
+                    mode,
+                    token(column(row, 3, doing)?, doing)?,
+                )
+                .with_remaining(Some(millis(column(row, 4, doing)?, doing)?))
+                .with_value(value.map(Arc::from)),
+            );
         } else if let Some(Ok(who)) = who.map(OwnerId::parse) {
-            waiters.push(Waiter { owner: who, mode });
+            waiters.push(Waiter::new(who, mode));
         }
     }
     Ok((holders, waiters))

@@ -11,7 +11,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use leasehold_core::{Error, Result, TlsFiles};
+use leasehold_core::support::TlsFiles;
+use leasehold_core::{Error, Result};
 use rustls::DigitallySignedStruct;
 use rustls::RootCertStore;
 use rustls::client::WebPkiServerVerifier;

@@ -47,10 +47,10 @@ impl Deployment for AdvisoryDeployment {
         let backend = PostgresBackend::connect(&self.url(proxy.port()))
             .await
             .unwrap();
-        Some(Cuttable {
-            backend: Arc::new(backend),
-            switch: Arc::new(ProxySwitch(proxy)),
-        })
+        Some(Cuttable::new(
+            Arc::new(backend),
+            Arc::new(ProxySwitch::new(proxy)),
+        ))
     }
 }
 

@@ -4,6 +4,7 @@ use std::ffi::OsString;
 use std::io;
 use std::path::{Path, PathBuf};
 
+use rustix::process::{Pid, Signal, kill_process};
 use tempfile::TempDir;
 
 use super::{READY_LIMIT, os, with_retries, write_test_certificates};
@@ -214,13 +215,30 @@ impl Postgres {
         self.dir.path().join("ca.crt")
     }
 
-    /// Kills the server (as `pg_ctl stop -m immediate` would) and starts it again with its
-    /// data.
+    /// Stops the server as `pg_ctl stop -m immediate` does (every process at once, no
+    /// checkpoint) and starts it again with its data, which it recovers from its log.
     ///
     /// # Errors
     ///
     /// If it does not accept connections again.
     pub async fn restart(&mut self) -> io::Result<()> {
+        // SIGQUIT is `pg_ctl stop -m immediate`: the postmaster kills its children (each in
+        // a process group of its own) and exits without a checkpoint; the next start runs
+        // crash recovery. SIGKILL if it does not go.
+        let pid = self
+            .process
+            .pid()
+            .and_then(|pid| Pid::from_raw(i32::try_from(pid).ok()?));
+        if let Some(pid) = pid {
+            let _ = kill_process(pid, Signal::QUIT);
+            let started = std::time::Instant::now();
+            while !self.process.exited() {
+                if started.elapsed() > READY_LIMIT {
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+        }
         self.process.restart()?;
         self.wait_ready().await
     }

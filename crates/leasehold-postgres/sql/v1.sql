@@ -345,20 +345,19 @@ LANGUAGE sql STABLE AS $$
       AND @schema@.advisory_holds(pg_backend_pid(), @schema@.advisory_key(p_name))
 $$;
 
--- Gives up this session's hold of the name; whether it held it. The session is a plain one
--- again (no idle timeout), ready for the next lock.
+-- Gives up this session's hold of the name; whether it held it (a live session keeps its
+-- advisory locks until it unlocks them, so only a release of something never granted, or
+-- sent twice, answers false, with a warning). The session is a plain one again (no idle
+-- timeout), ready for the next lock.
 CREATE FUNCTION @schema@.advisory_release(p_name text, p_shared boolean) RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
     v_key bigint := @schema@.advisory_key(p_name);
-    v_held boolean := false;
+    v_held boolean;
     v_value bytea;
 BEGIN
-    -- Unlocking a lock not held warns (a notice) and answers false: only take what is held.
-    IF @schema@.advisory_holds(pg_backend_pid(), v_key) THEN
-        v_held := CASE WHEN p_shared THEN pg_advisory_unlock_shared(v_key)
-                       ELSE pg_advisory_unlock(v_key) END;
-    END IF;
+    v_held := CASE WHEN p_shared THEN pg_advisory_unlock_shared(v_key)
+                   ELSE pg_advisory_unlock(v_key) END;
     DELETE FROM @schema@.advisory a WHERE a.pid = pg_backend_pid() RETURNING a.value INTO v_value;
     PERFORM set_config('idle_session_timeout', '0', false);
     PERFORM set_config('application_name', 'leasehold', false);

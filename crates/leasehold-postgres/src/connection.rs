@@ -284,7 +284,28 @@ impl Pool {
     ///
     /// [`Error::Unavailable`] if the server cannot be reached.
     pub(crate) async fn get(&self) -> Result<Arc<Conn>> {
-        let slot = &self.slots[self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len()];
+        let place = self.next.fetch_add(1, Ordering::Relaxed);
+        self.at(place).await
+    }
+
+    /// The connection for `key` (an owner id): every request of one owner goes on the same
+    /// connection, where the server runs them in the order they were sent, so that a late
+    /// acquire (sent before a release whose answer came first on another connection)
+    /// cannot be run after the release and leave a grant nobody owns.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unavailable`] if the server cannot be reached.
+    pub(crate) async fn get_for(&self, key: &str) -> Result<Arc<Conn>> {
+        use std::hash::{BuildHasher, RandomState};
+        static HASHER: std::sync::LazyLock<RandomState> =
+            std::sync::LazyLock::new(RandomState::new);
+        let place = HASHER.hash_one(key) as usize;
+        self.at(place).await
+    }
+
+    async fn at(&self, place: usize) -> Result<Arc<Conn>> {
+        let slot = &self.slots[place % self.slots.len()];
         if let Some(conn) = slot.current() {
             return Ok(conn);
         }

@@ -312,6 +312,10 @@ BEGIN
     -- Shown in pg_stat_activity: who waits, for inspect.
     PERFORM set_config('application_name', 'leasehold ' || p_owner, false);
     PERFORM set_config('idle_session_timeout', p_ttl_ms || 'ms', false);
+    -- A waiter whose client went away leaves the queue within a third of the ttl, rather
+    -- than being granted the lock first.
+    PERFORM set_config('client_connection_check_interval',
+                       greatest(p_ttl_ms / 3, 1) || 'ms', false);
     IF p_wait THEN
         IF p_shared THEN
             PERFORM pg_advisory_lock_shared(v_key);
@@ -360,6 +364,7 @@ BEGIN
                    ELSE pg_advisory_unlock(v_key) END;
     DELETE FROM @schema@.advisory a WHERE a.pid = pg_backend_pid() RETURNING a.value INTO v_value;
     PERFORM set_config('idle_session_timeout', '0', false);
+    PERFORM set_config('client_connection_check_interval', '0', false);
     PERFORM set_config('application_name', 'leasehold', false);
     IF v_value IS NOT NULL THEN PERFORM pg_notify('@channel@', p_name || ' *'); END IF;
     RETURN v_held;

@@ -124,6 +124,15 @@ pub(crate) struct Conn {
     prepared: Option<Vec<Statement>>,
     sql: Arc<[String]>,
     closed: watch::Receiver<bool>,
+    /// The task driving the connection: aborted on drop, which closes the socket even while
+    /// a statement is still running (tokio-postgres would otherwise wait for its answer).
+    driver: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        self.driver.abort();
+    }
 }
 
 impl Conn {
@@ -131,7 +140,7 @@ impl Conn {
     /// (each is then sent with its text).
     pub(crate) fn start(client: Client, driver: Driver, connector: &Connector) -> Self {
         let (closed_tx, closed) = watch::channel(false);
-        tokio::spawn(async move {
+        let driver = tokio::spawn(async move {
             if let Err(error) = driver.await {
                 tracing::debug!(%error, "postgres connection ended");
             }
@@ -142,6 +151,7 @@ impl Conn {
             prepared: None,
             sql: connector.sql.clone(),
             closed,
+            driver,
         }
     }
 

@@ -281,3 +281,42 @@ async fn an_acquisition_that_gave_up_leaves_nothing_behind() {
         "the unknown grant was left behind"
     );
 }
+
+/// Advisory mode: a waiter whose client vanished (its connections closed while it waited in
+/// the server's queue) leaves the queue, instead of being granted the lock first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vanished_advisory_waiter_leaves_the_queue() {
+    use leasehold_core::backend::{Acquire, Backend, Mode, Request};
+    let server = Postgres::start().await.unwrap();
+    let params = "mode=advisory&session_ttl=3s";
+    let a = client(server.port(), params, LockOptions::default()).await;
+    let guard = a.mutex("job").unwrap().lock().await.unwrap();
+    let vanishing = PostgresBackend::connect(&url(server.port(), params))
+        .await
+        .unwrap();
+    let mut req = Request::new(
+        leasehold_core::LockName::new("job").unwrap(),
+        leasehold_core::OwnerId::generate(),
+        Mode::Exclusive,
+        Duration::from_secs(3),
+    );
+    req.waiting = true;
+    req.fair = true;
+    assert!(matches!(
+        vanishing.acquire(&req).await.unwrap(),
+        Acquire::Busy(_)
+    ));
+    assert_eq!(a.inspect("job").await.unwrap().waiters.len(), 1);
+    // The process dies: its connections close, nothing is released.
+    drop(vanishing);
+    let left = tokio::time::timeout(Duration::from_secs(20), async {
+        while !a.inspect("job").await.unwrap().waiters.is_empty() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(left.is_ok(), "the vanished waiter stayed in the queue");
+    guard.release().await.unwrap();
+    let b = client(server.port(), params, LockOptions::default()).await;
+    assert!(b.mutex("job").unwrap().try_lock().await.unwrap().is_some());
+}

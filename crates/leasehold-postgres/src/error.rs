@@ -16,7 +16,7 @@ use tokio_postgres::error::SqlState;
 /// Maps `error` from `doing` (e.g. "acquire") into a leasehold error.
 pub(crate) fn map(error: tokio_postgres::Error, doing: &str) -> Error {
     let Some(db) = error.as_db_error() else {
-        let message = format!("postgres: {doing}: {error}");
+        let message = format!("postgres: {doing}: {}", with_causes(&error));
         return if error.is_closed() || io_source(&error) {
             Error::Unavailable {
                 message,
@@ -88,6 +88,21 @@ pub(crate) fn classify(code: &SqlState) -> Class {
     } else {
         Class::Permanent
     }
+}
+
+/// The error and its causes, `a: b: c` (tokio-postgres's own message leaves out why a
+/// handshake or a connection failed).
+fn with_causes(error: &tokio_postgres::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text = format!("{text}: {cause_text}");
+        }
+        source = cause.source();
+    }
+    text
 }
 
 /// Whether an I/O error is somewhere in the chain (a broken or refused connection).

@@ -45,17 +45,19 @@ CREATE TABLE @schema@.waiters (
     PRIMARY KEY (name, owner)
 );
 
--- Locks the name's row, making it if needed.
-CREATE FUNCTION @schema@.lock_name(p_name text) RETURNS void
+-- Locks the name's row, making it if needed; whether it was made now (then the name has no
+-- grant, no waiter and no lock-delay: they exist only under a name's row).
+CREATE FUNCTION @schema@.lock_name(p_name text) RETURNS boolean
 LANGUAGE plpgsql AS $$
 BEGIN
     LOOP
-        PERFORM 1 FROM @schema@.names n WHERE n.name = p_name FOR UPDATE;
-        IF FOUND THEN RETURN; END IF;
-        -- Inserted: the new row is ours until commit. Not inserted: someone else made it
-        -- meanwhile (or made and dropped it): look again.
+        -- Inserted: the new row is ours until commit. A conflict with a row being inserted
+        -- waits for that transaction.
         INSERT INTO @schema@.names (name) VALUES (p_name) ON CONFLICT DO NOTHING;
-        IF FOUND THEN RETURN; END IF;
+        IF FOUND THEN RETURN true; END IF;
+        PERFORM 1 FROM @schema@.names n WHERE n.name = p_name FOR UPDATE;
+        IF FOUND THEN RETURN false; END IF;
+        -- Dropped between the two: look again.
     END LOOP;
 END $$;
 
@@ -142,7 +144,16 @@ DECLARE
     v_ok boolean;
     v_next timestamptz;
 BEGIN
-    PERFORM @schema@.lock_name(p_name);
+    IF @schema@.lock_name(p_name) THEN
+        -- A name nobody holds, waits for or delays: the fast path.
+        o_token := nextval('@schema@.tokens');
+        INSERT INTO @schema@.grants (name, owner, mode, permit_limit, token, expires, lock_delay, value)
+        VALUES (p_name, p_owner, p_mode, p_limit, o_token, clock_timestamp() + v_ttl,
+                CASE WHEN p_delay_ms > 0 THEN p_delay_ms * interval '1 millisecond' END,
+                p_value);
+        IF p_value IS NOT NULL THEN PERFORM pg_notify('@channel@', p_name || ' *'); END IF;
+        RETURN;
+    END IF;
     -- Read after the name's row is ours: a wait for it does not age the lease.
     v_now := clock_timestamp();
     PERFORM @schema@.prune(p_name, v_now);
@@ -226,11 +237,12 @@ CREATE FUNCTION @schema@.release(p_name text, p_owner text) RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
     v_now timestamptz;
+    v_name @schema@.names;
     v_grant @schema@.grants;
     v_waiter @schema@.waiters;
     v_found boolean;
 BEGIN
-    PERFORM 1 FROM @schema@.names n WHERE n.name = p_name FOR UPDATE;
+    SELECT * INTO v_name FROM @schema@.names n WHERE n.name = p_name FOR UPDATE;
     IF NOT FOUND THEN RETURN false; END IF;
     v_now := clock_timestamp();
     DELETE FROM @schema@.grants g WHERE g.name = p_name AND g.owner = p_owner
@@ -244,19 +256,30 @@ BEGIN
                     ELSE greatest(n.lock_closed_until, v_grant.expires + v_grant.lock_delay) END,
                 permit_closed_until = CASE WHEN v_grant.mode <> 'p' THEN n.permit_closed_until
                     ELSE greatest(n.permit_closed_until, v_grant.expires + v_grant.lock_delay) END
-            WHERE n.name = p_name;
+            WHERE n.name = p_name
+            RETURNING * INTO v_name;
         END IF;
     ELSE
         DELETE FROM @schema@.waiters w WHERE w.name = p_name AND w.owner = p_owner
         RETURNING * INTO v_waiter;
         v_found := FOUND;
     END IF;
+    IF NOT EXISTS (SELECT 1 FROM @schema@.grants g WHERE g.name = p_name)
+       AND NOT EXISTS (SELECT 1 FROM @schema@.waiters w WHERE w.name = p_name) THEN
+        -- Nothing left under the name: its row goes too, unless a lock-delay runs.
+        IF coalesce(v_name.lock_closed_until, '-infinity') <= v_now
+           AND coalesce(v_name.permit_closed_until, '-infinity') <= v_now THEN
+            DELETE FROM @schema@.names n WHERE n.name = p_name;
+        END IF;
+        IF v_grant.value IS NOT NULL THEN PERFORM pg_notify('@channel@', p_name || ' *'); END IF;
+        RETURN v_found;
+    END IF;
     PERFORM @schema@.prune(p_name, v_now);
     IF v_found THEN
         PERFORM @schema@.wake(p_name, coalesce(v_grant.mode, v_waiter.mode) = 'p');
         IF v_grant.value IS NOT NULL THEN PERFORM pg_notify('@channel@', p_name || ' *'); END IF;
     END IF;
-    -- Nothing left under the name: its row goes too.
+    -- What was left may have expired.
     DELETE FROM @schema@.names n
     WHERE n.name = p_name
       AND NOT EXISTS (SELECT 1 FROM @schema@.grants g WHERE g.name = p_name)

@@ -366,3 +366,53 @@ pub(crate) async fn transaction_pooled(a: &Client, b: &Client) -> Result<bool> {
     ended?;
     Ok(first == other || first != again)
 }
+
+/// Whether a session keeps its state between its transactions and is told of
+/// notifications: a connection of its own listens on a channel made for this test, and
+/// `notifier` notifies it. A transaction pool (PgBouncer's `pool_mode = transaction`) has
+/// given the listening session back to the pool by then, and the message never reaches
+/// the listening client; directly, or through a session pool, it arrives within
+/// milliseconds. `false` after `limit` without it.
+pub(crate) async fn notifications_arrive(
+    connector: &Connector,
+    notifier: &Client,
+    limit: Duration,
+) -> Result<bool> {
+    use futures_util::StreamExt;
+    let doing = "finding out whether notifications arrive";
+    let channel = format!("leasehold.probe.{}", leasehold_core::OwnerId::generate());
+    let (listener, mut driver) = connector.open().await?;
+    let mut messages = futures_util::stream::poll_fn(move |cx| driver.poll_message(cx)).boxed();
+    let statement = format!("LISTEN \"{channel}\"");
+    let listen = listener.batch_execute(&statement);
+    tokio::pin!(listen);
+    // The channel's name is hex digits, dashes and dots: safe to write into the statement
+    // (sent as a simple query, which a transaction pool serves like any other).
+    let notify = format!("SELECT pg_notify('{channel}', '')");
+    let arrived = async {
+        let mut listened = false;
+        loop {
+            tokio::select! {
+                done = &mut listen, if !listened => {
+                    done.map_err(|e| map(e, doing))?;
+                    listened = true;
+                    notifier
+                        .simple_query(&notify)
+                        .await
+                        .map_err(|e| map(e, doing))?;
+                }
+                message = messages.next() => match message {
+                    Some(Ok(tokio_postgres::AsyncMessage::Notification(note)))
+                        if note.channel() == channel => return Ok(true),
+                    Some(Ok(_)) => {}
+                    Some(Err(e)) => return Err(map(e, doing)),
+                    None => return Ok(false),
+                },
+            }
+        }
+    };
+    match tokio::time::timeout(limit, arrived).await {
+        Ok(answer) => answer,
+        Err(_) => Ok(false),
+    }
+}

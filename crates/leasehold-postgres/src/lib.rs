@@ -55,9 +55,13 @@ use leasehold_core::backend::{
 use leasehold_core::{Error, LockName, Result};
 
 use crate::advisory::Advisory;
-use crate::connection::{Connector, Pool, transaction_pooled};
+use crate::connection::{Connector, Pool, notifications_arrive, transaction_pooled};
 use crate::lease::Lease;
 use crate::wakeups::{Wakeups, spawn_listener};
+
+/// How long a notification may take to arrive when finding out whether a transaction pool
+/// is in between (see [`connection::notifications_arrive`]).
+const PROBE_LIMIT: Duration = Duration::from_secs(2);
 
 /// A client's connection to a PostgreSQL server holding locks. Clones share everything.
 #[derive(Debug, Clone)]
@@ -121,7 +125,10 @@ impl PostgresBackend {
             Pooling::Auto => {
                 let (client, driver) = connector.open().await?;
                 let other = connection::Conn::start(client, driver, &connector);
-                let pooled = transaction_pooled(first.client(), other.client()).await?;
+                // The first test is quick and says "pooled" for certain when it sees it; a
+                // busy pool can hide it, so "not pooled" is confirmed by the second.
+                let pooled = transaction_pooled(first.client(), other.client()).await?
+                    || !notifications_arrive(&connector, first.client(), PROBE_LIMIT).await?;
                 second = Some(other);
                 pooled
             }

@@ -78,9 +78,10 @@ impl Raw {
     }
 }
 
-/// One floor cycle on `name`: the grant statement until it grants (a waiting, fair request,
-/// as leasehold's lock sends it), then the release statement.
-fn floor_cycle(raw: Raw, name: String) -> impl FnMut() -> Cycle + Send + 'static {
+/// One floor cycle on `name`: the grant statement until it grants, then the release
+/// statement. Uncontended (`waiting`), it is the request leasehold's lock sends (fair,
+/// waiting); contended, a try that leaves no queue entry, sent again at once.
+fn floor_cycle(raw: Raw, name: String, waiting: bool) -> impl FnMut() -> Cycle + Send + 'static {
     let mut n = 0u64;
     move || {
         let raw = raw.clone();
@@ -101,7 +102,7 @@ fn floor_cycle(raw: Raw, name: String) -> impl FnMut() -> Cycle + Send + 'static
                             &None::<i32>,
                             &TTL_MS,
                             &true,
-                            &true,
+                            &waiting,
                             &0_i64,
                             &None::<Vec<u8>>,
                         ],
@@ -244,13 +245,13 @@ async fn main() {
         }
         if args.runs("floor") {
             let mut rows = uncontended("statement floor", "floor", n, spec.duration, |i, name| {
-                floor_cycle(raw[i].clone(), name)
+                floor_cycle(raw[i].clone(), name, true)
             })
             .await;
             rows.push(Row {
                 name: format!("statement floor, {n} clients on 1 name (spinning)"),
                 stats: cycles(n, spec.duration, |i| {
-                    floor_cycle(raw[i].clone(), "floor-shared".into())
+                    floor_cycle(raw[i].clone(), "floor-shared".into(), false)
                 })
                 .await,
                 handoff: false,
@@ -294,7 +295,7 @@ async fn main() {
                 let (ours_stats, floor_stats) = interleaved(clients, spec.duration, |i| {
                     (
                         leasehold_cycle(ours[i].clone()),
-                        floor_cycle(raw[i].clone(), format!("floor-interleaved-{i}")),
+                        floor_cycle(raw[i].clone(), format!("floor-interleaved-{i}"), true),
                     )
                 })
                 .await;

@@ -7,6 +7,9 @@
 //!   sends (`leasehold.acquire(…)`, `leasehold.release(…)`), prepared and sent raw with
 //!   tokio-postgres on a connection per client — what a cycle costs without leasehold's
 //!   client around it;
+//! - the **advisory statement floor**: advisory mode's grant and release statements
+//!   (`leasehold.advisory_acquire(…)`, `leasehold.advisory_release(…)`) sent raw on the
+//!   client's own session;
 //! - **bare advisory locks**: `pg_try_advisory_lock` / `pg_advisory_unlock` sent raw (no
 //!   token, no waiting, no liveness).
 //!
@@ -18,7 +21,7 @@
 //! ```sh
 //! cargo run --release -p leasehold-bench --bin postgres-compare            # starts its own PostgreSQL
 //! cargo run --release -p leasehold-bench --bin postgres-compare -- --url postgres://me@127.0.0.1/db --duration 5s --json
-//! cargo run --release -p leasehold-bench --bin postgres-compare -- --only floor   # or leasehold, advisory, bare-advisory
+//! cargo run --release -p leasehold-bench --bin postgres-compare -- --only floor   # or leasehold, advisory, advisory-floor, bare-advisory
 //! ```
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark: failures should be loud
@@ -43,6 +46,8 @@ struct Raw {
     release: Statement,
     try_advisory: Statement,
     advisory_unlock: Statement,
+    advisory_acquire: Statement,
+    advisory_release: Statement,
 }
 
 impl Raw {
@@ -68,12 +73,22 @@ impl Raw {
             .prepare("SELECT pg_advisory_unlock($1)")
             .await
             .unwrap();
+        let advisory_acquire = client
+            .prepare("SELECT leasehold.advisory_acquire($1, $2, false, false, $3, NULL)")
+            .await
+            .unwrap();
+        let advisory_release = client
+            .prepare("SELECT leasehold.advisory_release($1, false)")
+            .await
+            .unwrap();
         Raw {
             client: std::sync::Arc::new(client),
             acquire,
             release,
             try_advisory,
             advisory_unlock,
+            advisory_acquire,
+            advisory_release,
         }
     }
 }
@@ -140,6 +155,35 @@ fn bare_advisory_cycle(raw: Raw, key: i64) -> impl FnMut() -> Cycle + Send + 'st
             let took = started.elapsed();
             raw.client
                 .query_one(&raw.advisory_unlock, &[&key])
+                .await
+                .unwrap();
+            took
+        })
+    }
+}
+
+/// One advisory floor cycle on `name`: advisory mode's grant statement until it grants,
+/// then its release statement, on the client's session.
+fn advisory_floor_cycle(raw: Raw, name: String) -> impl FnMut() -> Cycle + Send + 'static {
+    let mut n = 0u64;
+    move || {
+        let raw = raw.clone();
+        let name = name.clone();
+        n += 1;
+        let owner = format!("advisory-floor-{}-{n}", std::process::id());
+        Box::pin(async move {
+            let started = Instant::now();
+            while raw
+                .client
+                .query_one(&raw.advisory_acquire, &[&name, &owner, &TTL_MS])
+                .await
+                .unwrap()
+                .get::<_, Option<i64>>(0)
+                .is_none()
+            {}
+            let took = started.elapsed();
+            raw.client
+                .query_one(&raw.advisory_release, &[&name])
                 .await
                 .unwrap();
             took
@@ -271,6 +315,17 @@ async fn main() {
                     .collect(),
             );
         }
+        if args.runs("advisory-floor") {
+            let rows = uncontended(
+                "advisory statement floor",
+                "advisory-floor",
+                n,
+                spec.duration,
+                |i, name| advisory_floor_cycle(raw[i].clone(), name),
+            )
+            .await;
+            rounds.keep(rows);
+        }
         if args.runs("bare-advisory") {
             let mut rows = uncontended(
                 "bare pg_try_advisory_lock",
@@ -353,6 +408,8 @@ async fn main() {
             "leasehold_vs_floor_1_client": rounds.ratios(&format!("leasehold interleaved, {one}"), &format!("statement floor interleaved, {one}")),
             "leasehold_vs_floor_n_clients": rounds.ratios(&format!("leasehold interleaved, {many}"), &format!("statement floor interleaved, {many}")),
         },
+        "advisory_vs_floor_1_client": ratio(&format!("leasehold advisory uncontended, {one}"), &format!("advisory statement floor, {one}")),
+        "advisory_vs_floor_n_clients": ratio(&format!("leasehold advisory uncontended, {many}"), &format!("advisory statement floor, {many}")),
         "advisory_vs_bare_advisory_1_client": ratio(&format!("leasehold advisory uncontended, {one}"), &format!("bare pg_try_advisory_lock, {one}")),
         "advisory_vs_bare_advisory_n_clients": ratio(&format!("leasehold advisory uncontended, {many}"), &format!("bare pg_try_advisory_lock, {many}")),
         "leasehold_handoff_p50_ms": p("leasehold hand-off (release -> next holds)", 0.5),
@@ -391,6 +448,11 @@ async fn main() {
         "interleaved, each round's ratio (smallest first): [{}] (1 client), [{}] ({n} clients)",
         spread("leasehold_vs_floor_1_client"),
         spread("leasehold_vs_floor_n_clients"),
+    );
+    println!(
+        "leasehold advisory / advisory statement floor: {:.2} (1 client), {:.2} ({n} clients)",
+        f("advisory_vs_floor_1_client"),
+        f("advisory_vs_floor_n_clients"),
     );
     println!(
         "leasehold advisory / bare pg_try_advisory_lock: {:.2} (1 client), {:.2} ({n} clients)",

@@ -332,14 +332,10 @@ DECLARE
     v_key bigint := @schema@.advisory_key(p_name);
     v_token bigint;
 BEGIN
-    -- Shown in pg_stat_activity: who waits, for inspect.
-    PERFORM set_config('application_name', 'leasehold ' || p_owner, false);
     PERFORM set_config('idle_session_timeout', p_ttl_ms || 'ms', false);
-    -- A waiter whose client went away leaves the queue within a third of the ttl, rather
-    -- than being granted the lock first.
-    PERFORM set_config('client_connection_check_interval',
-                       greatest(p_ttl_ms / 3, 1) || 'ms', false);
     IF p_wait THEN
+        -- Shown in pg_stat_activity: who waits, for inspect.
+        PERFORM set_config('application_name', 'leasehold ' || p_owner, false);
         IF p_shared THEN
             PERFORM pg_advisory_lock_shared(v_key);
         ELSE
@@ -386,9 +382,10 @@ BEGIN
     v_held := CASE WHEN p_shared THEN pg_advisory_unlock_shared(v_key)
                    ELSE pg_advisory_unlock(v_key) END;
     DELETE FROM @schema@.advisory a WHERE a.pid = pg_backend_pid() RETURNING a.value INTO v_value;
-    PERFORM set_config('idle_session_timeout', '0', false);
-    PERFORM set_config('client_connection_check_interval', '0', false);
-    PERFORM set_config('application_name', 'leasehold', false);
+    RESET idle_session_timeout;
+    IF current_setting('application_name') LIKE 'leasehold %' THEN
+        RESET application_name;
+    END IF;
     IF v_value IS NOT NULL THEN PERFORM pg_notify('@channel@', p_name || ' *'); END IF;
     RETURN v_held;
 END $$;

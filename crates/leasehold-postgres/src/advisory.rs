@@ -232,6 +232,16 @@ impl Advisory {
             }
         }
         let conn = Arc::new(self.connector.connect().await?);
+        // A waiter whose client went away leaves the server's queue within a third of the
+        // ttl, rather than being granted the lock first (the setting counts from the start
+        // of each statement, so it is made before any).
+        let check = (millis(self.session_ttl) / 3).max(1);
+        conn.client()
+            .batch_execute(&format!(
+                "SET client_connection_check_interval = '{check}ms'"
+            ))
+            .await
+            .map_err(|e| crate::error::map(e, "setting up a lock's connection"))?;
         let row = conn.query_one(Stmt::Ping, &[], "ping").await?;
         let pid = reply::single(&row, "ping")?;
         Ok(Dedicated { conn, pid })

@@ -269,6 +269,20 @@ impl Advisory {
         }
     }
 
+    /// A slot on a connection of its own for `owner`'s acquisition.
+    async fn new_slot(&self, owner: &OwnerId, shared: bool) -> Result<Arc<Slot>> {
+        let dedicated = self.checkout().await?;
+        let slot = Arc::new(Slot {
+            conn: dedicated.conn,
+            pid: dedicated.pid,
+            shared,
+            state: watch::Sender::new(State::Unknown),
+            task: Mutex::new(None),
+        });
+        self.owners().insert(owner.clone(), slot.clone());
+        Ok(slot)
+    }
+
     pub(crate) async fn acquire(&self, req: &Request) -> Result<Acquire> {
         let shared = match req.mode {
             Mode::Exclusive => false,
@@ -298,6 +312,11 @@ impl Advisory {
                     self.forget(&req.owner, &slot);
                     return Err(error);
                 }
+                State::Unknown if slot.conn.is_closed() => {
+                    // The session ended, and whatever it held with it: start afresh.
+                    self.forget(&req.owner, &slot);
+                    self.new_slot(&req.owner, shared).await?
+                }
                 State::Unknown => {
                     // An earlier try's answer was lost: the session knows.
                     let sent = SystemClock.now();
@@ -312,18 +331,7 @@ impl Advisory {
                     slot
                 }
             },
-            None => {
-                let dedicated = self.checkout().await?;
-                let slot = Arc::new(Slot {
-                    conn: dedicated.conn,
-                    pid: dedicated.pid,
-                    shared,
-                    state: watch::Sender::new(State::Unknown),
-                    task: Mutex::new(None),
-                });
-                self.owners().insert(req.owner.clone(), slot.clone());
-                slot
-            }
+            None => self.new_slot(&req.owner, shared).await?,
         };
         let ttl = millis(self.session_ttl);
         let value = req.value.as_deref();

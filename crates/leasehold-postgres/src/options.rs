@@ -180,6 +180,9 @@ impl fmt::Debug for PostgresOptions {
 /// The default schema of the lock tables and functions.
 pub const DEFAULT_SCHEMA: &str = "leasehold";
 
+/// The longest schema name: its wake-up channel `<schema>.wake` must fit in an identifier.
+const MAX_SCHEMA_LEN: usize = 58;
+
 impl PostgresOptions {
     /// Options for `user` on `host:port`, database `dbname`, with the defaults: schema
     /// `leasehold`, lease mode, pooling found out on connect, 2 pooled connections, a 10 s
@@ -226,7 +229,7 @@ impl PostgresOptions {
         self
     }
 
-    /// The schema holding the lock tables and functions: 1–63 of `a-z 0-9 _`, not starting
+    /// The schema holding the lock tables and functions: 1–58 of `a-z 0-9 _`, not starting
     /// with a digit. Locks of different schemas are independent.
     ///
     /// # Errors
@@ -234,6 +237,15 @@ impl PostgresOptions {
     /// [`Error::InvalidArgument`] for other names.
     pub fn schema(mut self, schema: &str) -> Result<Self> {
         check_identifier("schema", schema)?;
+        if schema.len() > MAX_SCHEMA_LEN {
+            return Err(Error::invalid(
+                "schema",
+                format!(
+                    "{schema:?} is longer than {MAX_SCHEMA_LEN} bytes (its wake-up channel, \
+                     <schema>.wake, must fit PostgreSQL's 63)"
+                ),
+            ));
+        }
         self.schema = schema.to_owned();
         Ok(self)
     }
@@ -415,18 +427,30 @@ fn parse_url(url: &str) -> Result<PostgresOptions> {
         if host.is_empty() {
             continue;
         }
-        let (name, port) = match host.rsplit_once(':') {
-            Some((name, port)) if !name.ends_with(']') || host.starts_with('[') => {
-                let port = port
-                    .parse::<u16>()
-                    .ok()
-                    .filter(|p| *p != 0)
-                    .ok_or_else(|| invalid(format!("{port:?} is not a port")))?;
-                (name, port)
-            }
-            _ => (host, 5432),
+        let port_of = |port: &str| {
+            port.parse::<u16>()
+                .ok()
+                .filter(|p| *p != 0)
+                .ok_or_else(|| invalid(format!("{port:?} is not a port")))
         };
-        let name = name.trim_start_matches('[').trim_end_matches(']');
+        let (name, port) = match host.strip_prefix('[') {
+            // An IPv6 address: [addr] or [addr]:port.
+            Some(rest) => {
+                let (addr, after) = rest
+                    .split_once(']')
+                    .ok_or_else(|| invalid(format!("{host:?} has no closing ]")))?;
+                let port = match after.strip_prefix(':') {
+                    Some(port) => port_of(port)?,
+                    None if after.is_empty() => 5432,
+                    None => return Err(invalid(format!("{host:?} is not [address]:port"))),
+                };
+                (addr, port)
+            }
+            None => match host.rsplit_once(':') {
+                Some((name, port)) => (name, port_of(port)?),
+                None => (host, 5432),
+            },
+        };
         if name.is_empty() {
             return Err(invalid(format!("{host:?} has no host name")));
         }
@@ -563,6 +587,15 @@ mod tests {
     }
 
     #[test]
+    fn ipv6_hosts_take_brackets() {
+        let o = PostgresOptions::from_url("postgres://u@[::1],[fe80::2]:6000/db").unwrap();
+        assert_eq!(
+            o.hosts,
+            vec![("::1".to_owned(), 5432), ("fe80::2".to_owned(), 6000)]
+        );
+    }
+
+    #[test]
     fn defaults_follow_libpq() {
         let o = PostgresOptions::from_url("postgres://me@localhost").unwrap();
         assert_eq!(o.hosts, vec![("localhost".to_owned(), 5432)]);
@@ -595,5 +628,8 @@ mod tests {
         assert!(reason("postgres://u@h/db?sslmode=require&tls_ca=/x").contains("cannot be read"));
         assert!(reason("postgres://u@h/db?target_session_attrs=primary").contains("read-write"));
         assert!(reason("postgres://u@h/d%zz").contains("hex"));
+        assert!(reason(&format!("postgres://u@h/db?schema={}", "s".repeat(59))).contains("58"));
+        assert!(reason("postgres://u@[::1/db").contains("closing ]"));
+        assert!(reason("postgres://u@[::1]x/db").contains("[address]:port"));
     }
 }

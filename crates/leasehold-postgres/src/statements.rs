@@ -29,7 +29,7 @@ pub(crate) enum Stmt {
     AdvisoryInspect,
     /// Advisory mode: whether a server process waits in an advisory lock's queue.
     AdvisoryQueued,
-    /// The server process of this connection, and whether the session can write.
+    /// The server process of this connection.
     Ping,
 }
 
@@ -101,7 +101,7 @@ impl Stmt {
                 "SELECT EXISTS (SELECT 1 FROM pg_locks l \
                  WHERE l.pid = $1 AND l.locktype = 'advisory' AND NOT l.granted)"
             }
-            Stmt::Ping => "SELECT pg_backend_pid(), NOT pg_is_in_recovery()",
+            Stmt::Ping => "SELECT pg_backend_pid()",
         }
     }
 

@@ -289,6 +289,43 @@ BEGIN
     RETURN v_found;
 END $$;
 
+-- Drops what vanished holders and waiters left under names nobody has touched since: the
+-- rows of names whose grants and queue entries have all expired (and whose lock-delay has
+-- ended), and advisory rows of sessions that are gone. Names another transaction holds are
+-- skipped. How many names it dropped.
+CREATE FUNCTION @schema@.sweep(p_limit integer) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now timestamptz := clock_timestamp();
+    v_name text;
+    v_swept integer := 0;
+BEGIN
+    FOR v_name IN
+        SELECT n.name FROM @schema@.names n
+        WHERE NOT EXISTS (SELECT 1 FROM @schema@.grants g
+                          WHERE g.name = n.name AND g.expires > v_now)
+          AND NOT EXISTS (SELECT 1 FROM @schema@.waiters w
+                          WHERE w.name = n.name AND w.expires > v_now)
+          AND coalesce(n.lock_closed_until, '-infinity') <= v_now
+          AND coalesce(n.permit_closed_until, '-infinity') <= v_now
+        LIMIT p_limit
+        FOR UPDATE SKIP LOCKED
+    LOOP
+        -- An expired grant with a lock-delay closes the name now: kept for a later sweep.
+        PERFORM @schema@.prune(v_name, v_now);
+        DELETE FROM @schema@.names n
+        WHERE n.name = v_name
+          AND NOT EXISTS (SELECT 1 FROM @schema@.grants g WHERE g.name = v_name)
+          AND NOT EXISTS (SELECT 1 FROM @schema@.waiters w WHERE w.name = v_name)
+          AND coalesce(n.lock_closed_until, '-infinity') <= v_now
+          AND coalesce(n.permit_closed_until, '-infinity') <= v_now;
+        IF FOUND THEN v_swept := v_swept + 1; END IF;
+    END LOOP;
+    DELETE FROM @schema@.advisory a
+    WHERE NOT EXISTS (SELECT 1 FROM pg_stat_activity s WHERE s.pid = a.pid);
+    RETURN v_swept;
+END $$;
+
 -- Advisory mode ------------------------------------------------------------------------
 
 -- The key of a name's advisory lock: names of other schemas are other locks. Two names may

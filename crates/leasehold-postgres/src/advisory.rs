@@ -269,6 +269,11 @@ impl Advisory {
         }
     }
 
+    /// The connection shared by inspects (and sweeps).
+    pub(crate) fn pool(&self) -> &Pool {
+        &self.shared
+    }
+
     /// A slot on a connection of its own for `owner`'s acquisition.
     async fn new_slot(&self, owner: &OwnerId, shared: bool) -> Result<Arc<Slot>> {
         let dedicated = self.checkout().await?;

@@ -65,6 +65,11 @@ impl Lease {
         }
     }
 
+    /// The pooled connections.
+    pub(crate) fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
     pub(crate) async fn acquire(&self, req: &Request) -> Result<Acquire> {
         // Registered before the request is sent: a wake-up right after the answer counts.
         let ticket = req.waiting.then(|| {

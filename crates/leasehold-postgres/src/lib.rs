@@ -57,11 +57,18 @@ use leasehold_core::{Error, LockName, Result};
 use crate::advisory::Advisory;
 use crate::connection::{Connector, Pool, notifications_arrive, transaction_pooled};
 use crate::lease::Lease;
+use crate::statements::Stmt;
 use crate::wakeups::{Wakeups, spawn_listener};
 
 /// How long a notification may take to arrive when finding out whether a transaction pool
 /// is in between (see [`connection::notifications_arrive`]).
 const PROBE_LIMIT: Duration = Duration::from_secs(2);
+
+/// How often a backend drops what vanished holders left behind (see
+/// [`PostgresBackend::sweep`]).
+const SWEEP_EVERY: Duration = Duration::from_secs(60);
+/// The most names one sweep drops.
+const SWEEP_LIMIT: i32 = 1000;
 
 /// A client's connection to a PostgreSQL server holding locks. Clones share everything.
 #[derive(Debug, Clone)]
@@ -76,6 +83,24 @@ struct Inner {
     /// A transaction-pooling proxy is in between.
     pooled: bool,
     kind: Kind,
+    sweeper: std::sync::OnceLock<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Some(sweeper) = self.sweeper.get() {
+            sweeper.abort();
+        }
+    }
+}
+
+impl Kind {
+    fn pool(&self) -> &Pool {
+        match self {
+            Kind::Lease(lease) => lease.pool(),
+            Kind::Advisory(advisory) => advisory.pool(),
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -188,14 +213,50 @@ impl PostgresBackend {
                 Kind::Lease(Lease::new(pool, wakeups, listener))
             }
         };
-        Ok(Self {
+        let backend = Self {
             inner: Arc::new(Inner {
                 options,
                 capabilities,
                 pooled,
                 kind,
+                sweeper: std::sync::OnceLock::new(),
             }),
-        })
+        };
+        let weak = Arc::downgrade(&backend.inner);
+        let _ = backend.inner.sweeper.set(tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(SWEEP_EVERY).await;
+                let Some(inner) = weak.upgrade() else {
+                    return;
+                };
+                if let Err(error) = (PostgresBackend { inner }).sweep().await {
+                    tracing::debug!(%error, "sweeping the lock tables failed");
+                }
+            }
+        }));
+        Ok(backend)
+    }
+
+    /// Drops what vanished holders left behind: the rows of names whose grants and queue
+    /// entries have all expired (and whose lock-delay has ended) and nobody has touched
+    /// since, and advisory-mode rows of sessions that are gone. Every backend does this
+    /// once a minute on its own, up to 1 000 names at a time; names another transaction
+    /// holds are left for the next sweep. Returns how many names were dropped.
+    ///
+    /// # Cancel safety
+    ///
+    /// One statement: dropped before it completed, the server finishes or rolls it back.
+    ///
+    /// # Errors
+    ///
+    /// Backend errors.
+    pub async fn sweep(&self) -> Result<u64> {
+        let conn = self.inner.kind.pool().get().await?;
+        let row = conn
+            .query_one(Stmt::Sweep, &[&SWEEP_LIMIT], "sweep")
+            .await?;
+        let swept: i32 = reply::single(&row, "sweep")?;
+        u64::try_from(swept).map_err(|_| error::undecodable("sweep", swept))
     }
 
     /// The options in use.

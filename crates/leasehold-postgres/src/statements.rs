@@ -19,6 +19,8 @@ pub(crate) enum Stmt {
     Release,
     /// Lease mode: holders and waiters of a name.
     Inspect,
+    /// Both modes: drop what vanished holders left behind.
+    Sweep,
     /// Advisory mode: take the name's lock on this session, with a token.
     AdvisoryAcquire,
     /// Advisory mode: this session's token for the name, if it holds it.
@@ -35,11 +37,12 @@ pub(crate) enum Stmt {
 
 impl Stmt {
     /// Every statement a connection prepares.
-    pub(crate) const ALL: [Stmt; 10] = [
+    pub(crate) const ALL: [Stmt; 11] = [
         Stmt::Acquire,
         Stmt::Renew,
         Stmt::Release,
         Stmt::Inspect,
+        Stmt::Sweep,
         Stmt::AdvisoryAcquire,
         Stmt::AdvisoryHeld,
         Stmt::AdvisoryRelease,
@@ -76,6 +79,7 @@ impl Stmt {
                  FROM @schema@.waiters w WHERE w.name = $1 AND w.expires > clock_timestamp() \
                  ORDER BY holder DESC, permit, unfair, ord"
             }
+            Stmt::Sweep => "SELECT @schema@.sweep($1)",
             Stmt::AdvisoryAcquire => "SELECT @schema@.advisory_acquire($1, $2, $3, $4, $5, $6)",
             Stmt::AdvisoryHeld => "SELECT @schema@.advisory_held($1)",
             Stmt::AdvisoryRelease => "SELECT @schema@.advisory_release($1, $2)",
@@ -136,7 +140,7 @@ impl Stmt {
                 Type::BYTEA,
             ],
             Stmt::AdvisoryRelease => &[Type::TEXT, Type::BOOL],
-            Stmt::AdvisoryQueued => &[Type::INT4],
+            Stmt::AdvisoryQueued | Stmt::Sweep => &[Type::INT4],
             Stmt::Ping => &[],
         }
     }

@@ -320,3 +320,71 @@ async fn a_vanished_advisory_waiter_leaves_the_queue() {
     let b = client(server.port(), params, LockOptions::default()).await;
     assert!(b.mutex("job").unwrap().try_lock().await.unwrap().is_some());
 }
+
+/// What holders and waiters that vanished left (rows nobody will release or touch again)
+/// is swept once it has expired; a lock-delay keeps its name until the delay is over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_vanished_holders_left_is_swept() {
+    use leasehold_core::backend::{Acquire, Backend, Mode, Request};
+    let server = Postgres::start().await.unwrap();
+    let (db, connection) = tokio_postgres::connect(&server.url(), NoTls).await.unwrap();
+    tokio::spawn(connection);
+    let vanishing = PostgresBackend::connect(&server.url()).await.unwrap();
+    let request = |name: &str, waiting: bool, delay: Option<Duration>| {
+        let mut req = Request::new(
+            leasehold_core::LockName::new(name).unwrap(),
+            leasehold_core::OwnerId::generate(),
+            Mode::Exclusive,
+            Duration::from_millis(200),
+        );
+        req.fair = true;
+        req.waiting = waiting;
+        req.lock_delay = delay;
+        req
+    };
+    // A holder and a waiter that will never come back, and a holder with a lock-delay.
+    let held = vanishing
+        .acquire(&request("job", false, None))
+        .await
+        .unwrap();
+    assert!(matches!(held, Acquire::Granted(_)));
+    let queued = vanishing
+        .acquire(&request("job", true, None))
+        .await
+        .unwrap();
+    assert!(matches!(queued, Acquire::Busy(_)));
+    let delayed = vanishing
+        .acquire(&request("delayed", false, Some(Duration::from_millis(500))))
+        .await
+        .unwrap();
+    assert!(matches!(delayed, Acquire::Granted(_)));
+    drop(vanishing);
+    let sweeper = PostgresBackend::connect(&server.url()).await.unwrap();
+    let count = async |sql: &str| -> i64 { db.query_one(sql, &[]).await.unwrap().get(0) };
+    while count(
+        "SELECT count(*) FROM (SELECT expires FROM leasehold.grants UNION ALL \
+         SELECT expires FROM leasehold.waiters) e WHERE expires > clock_timestamp()",
+    )
+    .await
+        > 0
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        sweeper.sweep().await.unwrap(),
+        1,
+        "only the name without a delay"
+    );
+    assert_eq!(count("SELECT count(*) FROM leasehold.grants").await, 0);
+    assert_eq!(count("SELECT count(*) FROM leasehold.waiters").await, 0);
+    assert_eq!(count("SELECT count(*) FROM leasehold.names").await, 1);
+    // Closed for its delay; swept after it.
+    while count("SELECT count(*) FROM leasehold.names WHERE lock_closed_until > clock_timestamp()")
+        .await
+        > 0
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(sweeper.sweep().await.unwrap(), 1);
+    assert_eq!(count("SELECT count(*) FROM leasehold.names").await, 0);
+}

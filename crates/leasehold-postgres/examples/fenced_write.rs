@@ -46,7 +46,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // the lock (the grant's row is locked for share).
     let tx = db.transaction().await?;
     let changed = tx
-        .execute(&deposit, &[&fence.name(), &fence.token()])
+        .execute(&deposit, &[&fence.name(), &fence.token(), &fence.owner()])
         .await?;
     tx.commit().await?;
     println!(
@@ -59,7 +59,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     guard.release().await?;
     let tx = db.transaction().await?;
     let changed = tx
-        .execute(&deposit, &[&fence.name(), &fence.token()])
+        .execute(&deposit, &[&fence.name(), &fence.token(), &fence.owner()])
         .await?;
     tx.commit().await?;
     println!("after the release: {changed} rows changed");

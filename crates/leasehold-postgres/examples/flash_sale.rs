@@ -206,7 +206,7 @@ pub async fn fenced(url: &str) -> Outcome {
                             "SELECT left_ FROM stock WHERE item = 'fenced' AND {}",
                             fence.condition(1)
                         ),
-                        &[&fence.name(), &fence.token()],
+                        &[&fence.name(), &fence.token(), &fence.owner()],
                     )
                     .await
                     .unwrap();
@@ -227,10 +227,10 @@ pub async fn fenced(url: &str) -> Outcome {
                 let wrote = tx
                     .execute(
                         &format!(
-                            "UPDATE stock SET left_ = $3 WHERE item = 'fenced' AND {}",
+                            "UPDATE stock SET left_ = $4 WHERE item = 'fenced' AND {}",
                             fence.condition(1)
                         ),
-                        &[&fence.name(), &fence.token(), &(left - 1)],
+                        &[&fence.name(), &fence.token(), &fence.owner(), &(left - 1)],
                     )
                     .await
                     .unwrap();

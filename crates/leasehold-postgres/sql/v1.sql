@@ -429,19 +429,22 @@ END $$;
 
 -- Fenced writes ------------------------------------------------------------------------
 
--- Whether the grant of the name with this token is current: a lease that has not run out,
--- or an advisory lock whose session still holds it. It then locks the grant's row until
--- the caller's transaction ends, so that no later grant of the name (which removes the row)
--- completes before that transaction has committed or rolled back.
-CREATE FUNCTION @schema@.holds(p_name text, p_token bigint) RETURNS boolean
+-- Whether the owner's grant of the name with this token is current: a lease that has not
+-- run out, or an advisory lock whose session still holds it. It then locks the grant's row
+-- until the caller's transaction ends, so that no later grant of the name (which removes
+-- the row) completes before that transaction has committed or rolled back. The owner id
+-- (unique per acquisition) is checked with the token: a token is unique too, unless an
+-- asynchronous failover made the sequence hand it out again.
+CREATE FUNCTION @schema@.holds(p_name text, p_token bigint, p_owner text) RETURNS boolean
 LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
     PERFORM 1 FROM @schema@.grants g
-    WHERE g.name = p_name AND g.token = p_token AND g.expires > clock_timestamp()
+    WHERE g.name = p_name AND g.owner = p_owner AND g.token = p_token
+      AND g.expires > clock_timestamp()
     FOR KEY SHARE;
     IF FOUND THEN RETURN true; END IF;
     PERFORM 1 FROM @schema@.advisory a
-    WHERE a.name = p_name AND a.token = p_token
+    WHERE a.name = p_name AND a.owner = p_owner AND a.token = p_token
       AND @schema@.advisory_holds(a.pid, @schema@.advisory_key(p_name))
     FOR KEY SHARE;
     RETURN FOUND;

@@ -20,7 +20,7 @@
 //!             "UPDATE stock SET left = left - 1 WHERE item = $1 AND left > 0 AND {}",
 //!             fence.condition(2)
 //!         ),
-//!         &[&"tea", &fence.name(), &fence.token()],
+//!         &[&"tea", &fence.name(), &fence.token(), &fence.owner()],
 //!     )
 //!     .await?;
 //! tx.commit().await?; // changed == 0: sold out, or the lock was no longer ours
@@ -39,6 +39,7 @@ pub struct StillOwner {
     schema: String,
     name: String,
     token: i64,
+    owner: String,
 }
 
 /// The condition that `guard` still holds its lock, for locks in the default schema
@@ -46,8 +47,8 @@ pub struct StillOwner {
 /// [`PostgresBackend::still_owner`](crate::PostgresBackend::still_owner) for another.
 ///
 /// Put [`condition`](StillOwner::condition) in the `WHERE` of a statement of the caller's
-/// transaction, with [`name`](StillOwner::name) and [`token`](StillOwner::token) as its
-/// parameters: the statement changes rows only while the grant is current (its lease has
+/// transaction, with [`name`](StillOwner::name), [`token`](StillOwner::token) and
+/// [`owner`](StillOwner::owner) as its parameters: the statement changes rows only while the grant is current (its lease has
 /// not run out on the server, or its advisory lock is still held), and the transaction then
 /// keeps the next grant of the lock waiting until it ends.
 pub fn still_owner(guard: &Guard) -> StillOwner {
@@ -66,6 +67,7 @@ impl StillOwner {
             schema: schema.to_owned(),
             name: guard.name().as_str().to_owned(),
             token: token_param(guard.token()),
+            owner: guard.owner().as_str().to_owned(),
         }
     }
 
@@ -81,10 +83,16 @@ impl StillOwner {
         Ok(self)
     }
 
-    /// The condition, `<schema>.holds($first, $first+1)`: pass [`name`](Self::name) as
-    /// parameter `first` and [`token`](Self::token) as the next.
+    /// The condition, `<schema>.holds($first, $first+1, $first+2)`: pass
+    /// [`name`](Self::name) as parameter `first`, then [`token`](Self::token) and
+    /// [`owner`](Self::owner).
     pub fn condition(&self, first: usize) -> String {
-        format!("{}.holds(${first}, ${})", self.schema, first + 1)
+        format!(
+            "{}.holds(${first}, ${}, ${})",
+            self.schema,
+            first + 1,
+            first + 2
+        )
     }
 
     /// The lock's name: the condition's first parameter.
@@ -95,6 +103,11 @@ impl StillOwner {
     /// The grant's token: the condition's second parameter.
     pub fn token(&self) -> i64 {
         self.token
+    }
+
+    /// The guard's owner id: the condition's third parameter.
+    pub fn owner(&self) -> &str {
+        &self.owner
     }
 }
 

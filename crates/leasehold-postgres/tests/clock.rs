@@ -98,7 +98,7 @@ async fn a_server_clock_jump_forward_ends_leases_early_and_fencing_catches_it() 
     let fence = still_owner(&holder);
     let write = format!("UPDATE data SET v = v + 1 WHERE {}", fence.condition(1));
     let changed = db
-        .execute(&write, &[&fence.name(), &fence.token()])
+        .execute(&write, &[&fence.name(), &fence.token(), &fence.owner()])
         .await
         .unwrap();
     assert_eq!(changed, 0, "the superseded holder's write got in");

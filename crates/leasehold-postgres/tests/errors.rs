@@ -217,8 +217,9 @@ async fn a_deadlock_is_a_retryable_error() {
     // A fenced transaction holds the grant's row; the grant then runs out on the server.
     let tx = fenced.transaction().await.unwrap();
     let token = leasehold_postgres::fence::token_param(guard.token());
+    let owner = guard.owner().as_str();
     let holds: bool = tx
-        .query_one("SELECT leasehold.holds('job', $1)", &[&token])
+        .query_one("SELECT leasehold.holds('job', $1, $2)", &[&token, &owner])
         .await
         .unwrap()
         .get(0);

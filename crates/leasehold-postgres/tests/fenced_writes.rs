@@ -36,7 +36,7 @@ async fn take_one(db: &impl tokio_postgres::GenericClient, fence: &StillOwner) -
         "UPDATE stock SET left_ = left_ - 1 WHERE item = 'tea' AND left_ > 0 AND {}",
         fence.condition(1)
     );
-    db.execute(&sql, &[&fence.name(), &fence.token()])
+    db.execute(&sql, &[&fence.name(), &fence.token(), &fence.owner()])
         .await
         .unwrap()
 }
@@ -277,4 +277,46 @@ async fn a_token_column_refuses_older_tokens() {
         .await
         .unwrap();
     assert_eq!((row.get::<_, i64>(0), row.get::<_, i64>(1)), (12, 6));
+}
+
+/// After an asynchronous failover the sequence may hand a token out again: the grant that
+/// gets it does not let the earlier holder of the same token write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_handed_out_again_does_not_pass_for_the_other_grant() {
+    let server = Postgres::start().await.unwrap();
+    let db = database(&server.url()).await;
+    stock(&db).await;
+    let faults = Faulty::wrap(Arc::new(
+        PostgresBackend::connect(&server.url()).await.unwrap(),
+    ));
+    let a = Client::builder_from_arc(Arc::new(faults.clone()))
+        .options(short_lease())
+        .build();
+    let b = Client::new(PostgresBackend::connect(&server.url()).await.unwrap());
+    let stale = a.mutex("stock").unwrap().lock().await.unwrap();
+    faults.hold_requests(Op::Renew);
+    stale.lost().await;
+    // The sequence goes back, as on a standby that had not received its last values.
+    db.batch_execute(&format!(
+        "ALTER SEQUENCE leasehold.tokens RESTART WITH {}",
+        stale.token()
+    ))
+    .await
+    .unwrap();
+    let next = b
+        .mutex("stock")
+        .unwrap()
+        .lock_timeout(Duration::from_secs(20))
+        .await
+        .unwrap()
+        .expect("granted once the stale lease ran out");
+    assert_eq!(next.token(), stale.token());
+    assert_eq!(
+        take_one(&db, &still_owner(&stale)).await,
+        0,
+        "a stale write got in"
+    );
+    assert_eq!(take_one(&db, &still_owner(&next)).await, 1);
+    faults.resume(Op::Renew);
+    next.release().await.unwrap();
 }

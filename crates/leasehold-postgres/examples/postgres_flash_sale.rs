@@ -13,8 +13,8 @@
 //!    buyer's write is refused; it tries again, and nothing is oversold.
 //!
 //! ```sh
-//! cargo run -p leasehold-postgres --example flash_sale        # starts its own PostgreSQL
-//! LEASEHOLD_POSTGRES_URL=postgres://me@127.0.0.1/shop cargo run -p leasehold-postgres --example flash_sale
+//! cargo run -p leasehold-postgres --example postgres_flash_sale        # starts its own PostgreSQL
+//! LEASEHOLD_POSTGRES_URL=postgres://me@127.0.0.1/shop cargo run -p leasehold-postgres --example postgres_flash_sale
 //! ```
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // an example: failures should be loud

@@ -3,7 +3,7 @@
 
 #![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
-#[path = "../examples/flash_sale.rs"]
+#[path = "../examples/postgres_flash_sale.rs"]
 #[allow(dead_code, unreachable_pub)]
 mod flash_sale;
 

@@ -7,6 +7,8 @@
 pub mod bench;
 pub mod inspect;
 pub mod run;
+pub mod session;
+pub mod supervise;
 
 /// Exit codes of `leasehold`. Stable; documented in `docs/cli.md`.
 ///

@@ -345,7 +345,7 @@ async fn main() {
             });
             rounds.keep(rows);
         }
-        if args.runs("leasehold") && args.runs("floor") {
+        if args.runs("interleaved") || (args.runs("leasehold") && args.runs("floor")) {
             for clients in [1, n] {
                 let (ours_stats, floor_stats) = interleaved(clients, spec.duration, |i| {
                     (

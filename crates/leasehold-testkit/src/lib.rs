@@ -14,7 +14,8 @@ pub mod servers;
 pub use process::{ServerProcess, free_port};
 pub use proxy::{Direction, FaultProxy};
 pub use servers::{
-    ClientAuth, Curator, Etcd, Postgres, Redis, RedisReplicated, ZooKeeper, redis_servers,
+    ClientAuth, Curator, Etcd, PgBouncer, Postgres, Redis, RedisReplicated, ZooKeeper,
+    redis_servers,
 };
 
 use std::sync::Arc;

@@ -26,6 +26,8 @@ pub use leasehold_core::*;
 pub use leasehold_etcd as etcd;
 #[cfg(feature = "file")]
 pub use leasehold_file as file;
+#[cfg(feature = "postgres")]
+pub use leasehold_postgres as postgres;
 #[cfg(feature = "redis")]
 pub use leasehold_redis as redis;
 #[cfg(feature = "zookeeper")]
@@ -41,6 +43,7 @@ pub use leasehold_zookeeper as zookeeper;
 /// | `redlock://[user:pass@]h1:p1,h2:p2,h3:p3[?node_timeout=…]` | [`redis::RedlockBackend`] — Redlock over independent Redis masters |
 /// | `etcd://[user:pass@]h1:p1[,h2:p2…][?session_ttl=…]`, `etcds://…[?tls_ca=…]` | `etcd::EtcdBackend` — an etcd cluster (feature `etcd`; `etcds`: TLS) |
 /// | `zk://[user:pass@]h1:p1[,h2:p2…][/chroot][?session_timeout=…]` | `zookeeper::ZooKeeperBackend` — a ZooKeeper ensemble (feature `zookeeper`, on by default) |
+/// | `postgres://[user:pass@]host:port[/db][?schema=…&mode=lease\|advisory…]`, `postgresql://…` | `postgres::PostgresBackend` — a PostgreSQL server: a lease table, or advisory locks (feature `postgres`) |
 ///
 /// # Cancel safety
 ///
@@ -105,12 +108,15 @@ pub async fn connect_backend(url: &str) -> Result<Arc<dyn Backend>> {
         "etcd" | "etcds" => Ok(Arc::new(etcd::EtcdBackend::connect(url).await?)),
         #[cfg(feature = "zookeeper")]
         "zk" | "zookeeper" => Ok(Arc::new(zookeeper::ZooKeeperBackend::connect(url).await?)),
+        #[cfg(feature = "postgres")]
+        "postgres" | "postgresql" => Ok(Arc::new(postgres::PostgresBackend::connect(url).await?)),
         other => {
             let feature = match other {
                 "file" => Some("file"),
                 "redis" | "rediss" | "redlock" => Some("redis"),
                 "etcd" | "etcds" => Some("etcd"),
                 "zk" | "zookeeper" => Some("zookeeper"),
+                "postgres" | "postgresql" => Some("postgres"),
                 _ => None,
             };
             Err(invalid(match feature {
@@ -143,6 +149,9 @@ pub fn supported_schemes() -> Vec<&'static str> {
     }
     if cfg!(feature = "zookeeper") {
         schemes.push("zk");
+    }
+    if cfg!(feature = "postgres") {
+        schemes.push("postgres");
     }
     schemes
 }
@@ -188,6 +197,14 @@ mod tests {
             assert!(reason.contains("unknown parameter"), "{reason}");
             assert!(!reason.contains("hunter2"), "{reason}");
         }
+    }
+
+    #[cfg(feature = "postgres")]
+    #[tokio::test]
+    async fn bad_postgres_urls_are_typed_errors_without_credentials() {
+        let reason = invalid("postgresql://app:hunter2@db/orders?nosuch=1").await;
+        assert!(reason.contains("unknown parameter \"nosuch\""), "{reason}");
+        assert!(!reason.contains("hunter2"), "{reason}");
     }
 
     #[tokio::test]

@@ -19,7 +19,7 @@ mod redis;
 mod zookeeper;
 
 pub use etcd::{Etcd, EtcdMember};
-pub use postgres::Postgres;
+pub use postgres::{PgBouncer, PoolMode, Postgres, PostgresBuilder};
 pub use redis::{Redis, RedisBuilder, RedisReplicated, redis_servers};
 pub use zookeeper::{Curator, ZooKeeper, ZooKeeperServer};
 

@@ -1,12 +1,69 @@
-//! PostgreSQL: one server from a template data directory.
+//! PostgreSQL: one server from a template data directory; PgBouncer in front of one.
 
+use std::ffi::OsString;
 use std::io;
 use std::path::{Path, PathBuf};
 
+use rustix::process::{Pid, Signal, kill_process};
 use tempfile::TempDir;
 
-use super::{READY_LIMIT, os, with_retries};
-use crate::process::{ServerProcess, free_port, wait_ready};
+use super::{READY_LIMIT, os, with_retries, write_test_certificates};
+use crate::process::{ServerProcess, find_program, free_port, wait_ready};
+
+/// Builds a [`Postgres`] with extra settings, TLS, or a fake wall clock.
+#[derive(Debug, Default)]
+pub struct PostgresBuilder {
+    config: Vec<(String, String)>,
+    tls: bool,
+    faketime: Option<PathBuf>,
+}
+
+impl PostgresBuilder {
+    /// Adds `-c name=value` to the command line.
+    pub fn config(mut self, name: &str, value: &str) -> Self {
+        self.config.push((name.to_owned(), value.to_owned()));
+        self
+    }
+
+    /// Serves TLS (`ssl=on`) with a certificate of a test CA made for this server (for
+    /// 127.0.0.1 and localhost; see [`Postgres::ca_file`]).
+    pub fn tls(mut self) -> Self {
+        self.tls = true;
+        self
+    }
+
+    /// Runs the server under libfaketime: its wall clock is the real one moved by the
+    /// offset written in `control` (`+0`, `+3600`, `-1h`, ...), read again at least every
+    /// second. Its monotonic clock is left alone.
+    pub fn faketime(mut self, control: &Path) -> Self {
+        self.faketime = Some(control.to_owned());
+        self
+    }
+
+    /// Starts the server and waits until it accepts connections.
+    ///
+    /// # Errors
+    ///
+    /// If PostgreSQL (or libfaketime, when asked for) is not installed, or the server does
+    /// not accept connections.
+    pub async fn start(self) -> io::Result<Postgres> {
+        Postgres::start_with(self).await
+    }
+}
+
+/// The libfaketime library of the Debian package `libfaketime`.
+fn libfaketime() -> io::Result<PathBuf> {
+    std::fs::read_dir("/usr/lib")?
+        .flatten()
+        .map(|dir| dir.path().join("faketime/libfaketime.so.1"))
+        .find(|lib| lib.is_file())
+        .ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                "libfaketime is not installed; ./scripts/test installs it",
+            )
+        })
+}
 
 /// A PostgreSQL server on a free loopback port (`trust` authentication, user `postgres`),
 /// running as the `postgres` user when the tests run as root. `fsync` is off: committed
@@ -16,7 +73,7 @@ pub struct Postgres {
     process: ServerProcess,
     port: u16,
     bin: PathBuf,
-    _dir: TempDir,
+    dir: TempDir,
 }
 
 impl Postgres {
@@ -27,7 +84,25 @@ impl Postgres {
     ///
     /// If PostgreSQL is not installed or does not accept connections.
     pub async fn start() -> io::Result<Postgres> {
+        Self::builder().start().await
+    }
+
+    /// A builder for a server with extra settings, TLS or a fake wall clock.
+    pub fn builder() -> PostgresBuilder {
+        PostgresBuilder::default()
+    }
+
+    async fn start_with(builder: PostgresBuilder) -> io::Result<Postgres> {
         let bin = postgres_bin()?;
+        let env: Vec<(OsString, OsString)> = match &builder.faketime {
+            Some(control) => vec![
+                ("LD_PRELOAD".into(), libfaketime()?.into()),
+                ("FAKETIME_TIMESTAMP_FILE".into(), control.into()),
+                ("FAKETIME_CACHE_DURATION".into(), "1".into()),
+                ("DONT_FAKE_MONOTONIC".into(), "1".into()),
+            ],
+            None => Vec::new(),
+        };
         let user = postgres_user()?;
         let template = tokio::task::spawn_blocking({
             let bin = bin.clone();
@@ -51,7 +126,7 @@ impl Postgres {
                 chown(&data, uid, gid)?;
             }
             let port = free_port();
-            let args = vec![
+            let mut args = vec![
                 "-D".to_owned(),
                 data.display().to_string(),
                 "-p".into(),
@@ -67,11 +142,31 @@ impl Postgres {
                 "-c".into(),
                 "shared_buffers=16MB".into(),
             ];
+            if builder.tls {
+                write_test_certificates(dir.path())?;
+                if let Some((uid, gid)) = user {
+                    for file in ["server.crt", "server.key", "ca.crt"] {
+                        chown(&dir.path().join(file), uid, gid)?;
+                    }
+                }
+                for (name, file) in [
+                    ("ssl_cert_file", "server.crt"),
+                    ("ssl_key_file", "server.key"),
+                ] {
+                    args.push("-c".into());
+                    args.push(format!("{name}={}", dir.path().join(file).display()));
+                }
+                args.extend(["-c".into(), "ssl=on".into()]);
+            }
+            for (name, value) in &builder.config {
+                args.push("-c".into());
+                args.push(format!("{name}={value}"));
+            }
             let process = ServerProcess::start_as(
                 "postgres",
                 &bin.join("postgres"),
                 os(&args),
-                Vec::new(),
+                env.clone(),
                 user,
                 dir.path().join("postgres.log"),
             )?;
@@ -79,7 +174,7 @@ impl Postgres {
                 process,
                 port,
                 bin: bin.clone(),
-                _dir: dir,
+                dir,
             };
             postgres.wait_ready().await?;
             Ok(postgres)
@@ -115,13 +210,35 @@ impl Postgres {
         &mut self.process
     }
 
-    /// Kills the server (as `pg_ctl stop -m immediate` would) and starts it again with its
-    /// data.
+    /// The test CA's certificate of a server started with [`PostgresBuilder::tls`].
+    pub fn ca_file(&self) -> PathBuf {
+        self.dir.path().join("ca.crt")
+    }
+
+    /// Stops the server as `pg_ctl stop -m immediate` does (every process at once, no
+    /// checkpoint) and starts it again with its data, which it recovers from its log.
     ///
     /// # Errors
     ///
     /// If it does not accept connections again.
     pub async fn restart(&mut self) -> io::Result<()> {
+        // SIGQUIT is `pg_ctl stop -m immediate`: the postmaster kills its children (each in
+        // a process group of its own) and exits without a checkpoint; the next start runs
+        // crash recovery. SIGKILL if it does not go.
+        let pid = self
+            .process
+            .pid()
+            .and_then(|pid| Pid::from_raw(i32::try_from(pid).ok()?));
+        if let Some(pid) = pid {
+            let _ = kill_process(pid, Signal::QUIT);
+            let started = std::time::Instant::now();
+            while !self.process.exited() {
+                if started.elapsed() > READY_LIMIT {
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+        }
         self.process.restart()?;
         self.wait_ready().await
     }
@@ -230,4 +347,102 @@ fn postgres_template(bin: &Path, user: Option<(u32, u32)>) -> io::Result<PathBuf
     }
     std::fs::write(root.join("ready"), b"")?;
     Ok(template)
+}
+
+/// PgBouncer's pooling modes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PoolMode {
+    /// A server session per client session.
+    Session,
+    /// A server session per transaction: session state (LISTEN, session advisory locks,
+    /// named prepared statements) does not survive a transaction.
+    Transaction,
+}
+
+/// A PgBouncer in front of a [`Postgres`], on a free loopback port (`trust`
+/// authentication), running as the `postgres` user when the tests run as root.
+#[derive(Debug)]
+pub struct PgBouncer {
+    process: ServerProcess,
+    port: u16,
+    _dir: TempDir,
+}
+
+impl PgBouncer {
+    /// Starts PgBouncer pooling `mode` in front of `postgres`'s database `postgres`.
+    ///
+    /// # Errors
+    ///
+    /// If PgBouncer is not installed or does not accept connections.
+    pub async fn start(postgres: &Postgres, mode: PoolMode) -> io::Result<PgBouncer> {
+        let program = find_program("pgbouncer", &["/usr/sbin"])?;
+        let user = postgres_user()?;
+        let isready = postgres_bin()?.join("pg_isready");
+        with_retries(async || {
+            let dir = tempfile::tempdir()?;
+            let port = free_port();
+            let mode = match mode {
+                PoolMode::Session => "session",
+                PoolMode::Transaction => "transaction",
+            };
+            let users = dir.path().join("users.txt");
+            std::fs::write(&users, "\"postgres\" \"\"\n")?;
+            let ini = dir.path().join("pgbouncer.ini");
+            std::fs::write(
+                &ini,
+                format!(
+                    "[databases]\npostgres = host=127.0.0.1 port={} dbname=postgres\n\
+                     [pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\n\
+                     unix_socket_dir =\nauth_type = trust\nauth_file = {}\n\
+                     pool_mode = {mode}\nmax_client_conn = 500\ndefault_pool_size = 20\n",
+                    postgres.port(),
+                    users.display()
+                ),
+            )?;
+            if let Some((uid, gid)) = user {
+                for path in [dir.path(), &users, &ini] {
+                    chown(path, uid, gid)?;
+                }
+            }
+            let process = ServerProcess::start_as(
+                "pgbouncer",
+                &program,
+                vec![ini.into()],
+                Vec::new(),
+                user,
+                dir.path().join("pgbouncer.log"),
+            )?;
+            let mut bouncer = PgBouncer {
+                process,
+                port,
+                _dir: dir,
+            };
+            let port = port.to_string();
+            wait_ready(&mut bouncer.process, READY_LIMIT, async || {
+                tokio::process::Command::new(&isready)
+                    .args(["-q", "-h", "127.0.0.1", "-U", "postgres", "-p", &port])
+                    .status()
+                    .await
+                    .is_ok_and(|s| s.success())
+            })
+            .await?;
+            Ok(bouncer)
+        })
+        .await
+    }
+
+    /// The port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `postgres://postgres@127.0.0.1:port/postgres`.
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// The process (pause, resume, kill, log).
+    pub fn process(&mut self) -> &mut ServerProcess {
+        &mut self.process
+    }
 }

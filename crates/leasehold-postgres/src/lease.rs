@@ -1,0 +1,196 @@
+//! Lease mode: a row per grant in `<schema>.grants`, its expiry on the server's clock.
+//!
+//! Every request is one statement on one of the pooled connections: acquire and release
+//! call the schema's functions (which lock the name's row first, so that changes of a name
+//! happen one at a time), renewal is one owner-checked `UPDATE`. See `sql/v1.sql`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use leasehold_core::backend::{
+    Acquire, Expiry, Grant, LockState, Mode, Release, Renewal, Request, WaitHint,
+};
+use leasehold_core::{LockName, LossReason, Result};
+use tokio::task::JoinHandle;
+
+use crate::connection::Pool;
+use crate::reply::{self, Acquired};
+use crate::statements::Stmt;
+use crate::wakeups::{Ticket, Wakeups, poll_pause};
+
+/// How often an observer (inspect) polls when no message can come.
+const OBSERVER_POLL: Duration = Duration::from_millis(100);
+
+/// The lease-mode backend.
+#[derive(Debug)]
+pub(crate) struct Lease {
+    pool: Pool,
+    wakeups: Arc<Wakeups>,
+    listener: Option<JoinHandle<()>>,
+}
+
+/// What a busy request or an inspect hands to `wait`.
+#[derive(Debug)]
+struct Hint {
+    ticket: Ticket,
+    /// The state may change without a message after this long.
+    retry: Option<Duration>,
+    /// The pause between polls when no message can come.
+    poll: Duration,
+}
+
+/// A duration in whole milliseconds, rounded up (leases are never shortened).
+pub(crate) fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(i64::MAX)
+}
+
+/// A mode as the schema stores it, with its permit limit.
+fn mode(mode: Mode) -> (i8, Option<i32>) {
+    match mode {
+        Mode::Exclusive => (b'x' as i8, None),
+        Mode::Shared => (b's' as i8, None),
+        Mode::Permit { limit } => (
+            b'p' as i8,
+            Some(i32::try_from(limit.get()).unwrap_or(i32::MAX)),
+        ),
+    }
+}
+
+impl Lease {
+    pub(crate) fn new(pool: Pool, wakeups: Arc<Wakeups>, listener: Option<JoinHandle<()>>) -> Self {
+        Self {
+            pool,
+            wakeups,
+            listener,
+        }
+    }
+
+    /// The pooled connections.
+    pub(crate) fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    pub(crate) async fn acquire(&self, req: &Request) -> Result<Acquire> {
+        // Registered before the request is sent: a wake-up right after the answer counts.
+        let ticket = req.waiting.then(|| {
+            self.wakeups
+                .ticket(req.name.as_str(), Some(req.owner.as_str()))
+        });
+        let conn = self.pool.get_for(req.owner.as_str()).await?;
+        let (code, limit) = mode(req.mode);
+        let ttl = millis(req.ttl);
+        let delay = req.lock_delay.map_or(0, millis);
+        let value = req.value.as_deref();
+        let row = conn
+            .query_one(
+                Stmt::Acquire,
+                &[
+                    &req.name.as_str(),
+                    &req.owner.as_str(),
+                    &code,
+                    &limit,
+                    &ttl,
+                    &req.fair,
+                    &req.waiting,
+                    &delay,
+                    &value,
+                ],
+                "acquire",
+            )
+            .await?;
+        match reply::acquired(&row)? {
+            Acquired::Granted(token) => Ok(Acquire::Granted(Grant::new(
+                token,
+                Expiry::After(Duration::from_millis(ttl.unsigned_abs())),
+            ))),
+            Acquired::Busy { retry, waited } => Ok(Acquire::Busy(match ticket {
+                Some(ticket) => WaitHint::new(Hint {
+                    ticket,
+                    retry,
+                    poll: poll_pause(waited),
+                }),
+                None => WaitHint::none(),
+            })),
+        }
+    }
+
+    pub(crate) async fn renew(&self, req: &Request) -> Result<Renewal> {
+        let conn = self.pool.get_for(req.owner.as_str()).await?;
+        let ttl = millis(req.ttl);
+        let renewed = conn
+            .execute(
+                Stmt::Renew,
+                &[&req.name.as_str(), &req.owner.as_str(), &ttl],
+                "renew",
+            )
+            .await?;
+        Ok(match renewed {
+            0 => Renewal::Lost(LossReason::NotOwner),
+            _ => Renewal::Renewed(Expiry::After(Duration::from_millis(ttl.unsigned_abs()))),
+        })
+    }
+
+    pub(crate) async fn release(&self, req: &Request) -> Result<Release> {
+        let conn = self.pool.get_for(req.owner.as_str()).await?;
+        let row = conn
+            .query_one(
+                Stmt::Release,
+                &[&req.name.as_str(), &req.owner.as_str()],
+                "release",
+            )
+            .await?;
+        Ok(if reply::single::<bool>(&row, "release")? {
+            Release::Released
+        } else {
+            Release::NotHeld
+        })
+    }
+
+    pub(crate) async fn wait(&self, hint: &WaitHint, max: Duration) -> Result<()> {
+        let Some(hint) = hint.get::<Hint>() else {
+            return Ok(());
+        };
+        let limit = hint.retry.map_or(max, |retry| retry.min(max));
+        self.wakeups.wait(&hint.ticket, limit, hint.poll).await;
+        Ok(())
+    }
+
+    pub(crate) async fn inspect(&self, name: &LockName) -> Result<LockState> {
+        let ticket = self.wakeups.ticket(name.as_str(), None);
+        let conn = self.pool.get().await?;
+        let rows = conn
+            .query(Stmt::Inspect, &[&name.as_str()], "inspect")
+            .await?;
+        let (holders, waiters) = reply::lease_state(&rows)?;
+        let retry = holders.iter().filter_map(|h| h.remaining).min();
+        let mut state = LockState::new(WaitHint::new(Hint {
+            ticket,
+            retry: retry.map(|r| r + Duration::from_millis(1)),
+            poll: OBSERVER_POLL,
+        }));
+        state.holders = holders;
+        state.waiters = waiters;
+        Ok(state)
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if let Some(listener) = &self.listener {
+            listener.abort();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn milliseconds_round_up() {
+        assert_eq!(millis(Duration::from_millis(5)), 5);
+        assert_eq!(millis(Duration::from_micros(5_001)), 6);
+        assert_eq!(millis(Duration::from_nanos(1)), 1);
+        assert_eq!(millis(Duration::MAX), i64::MAX);
+    }
+}

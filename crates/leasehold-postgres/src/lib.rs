@@ -1,0 +1,338 @@
+//! leasehold's PostgreSQL backend: locks that live next to the data they protect.
+//!
+//! - **Lease mode** (the default): a row per grant in `<schema>.grants`, with its expiry
+//!   computed on the server's clock (`clock_timestamp()` + ttl) while the client keeps its
+//!   own, earlier, deadline from the moment it sent the request. A grant is one statement
+//!   (one round trip) that locks the name's row, drops expired grants and takes the lock or
+//!   a place in the FIFO queue; its token comes from a sequence drawn while the name's row is
+//!   locked, so tokens of a name increase in grant order and survive restarts. Renewal and
+//!   release are owner-checked single statements. Exclusive, shared, permits, FIFO waiters,
+//!   lock-delay — every primitive of the core engine.
+//! - **Advisory mode** (`mode=advisory`): a session-level `pg_advisory_lock` on a
+//!   connection of its own per held lock; waiting happens in the server's own lock queue
+//!   (FIFO, writers not overtaken by readers). The lock lives as long as its session: the
+//!   client pings it, and the server ends a session silent for the session ttl
+//!   (`idle_session_timeout`), which frees the lock.
+//! - **Wake-ups** by LISTEN/NOTIFY on one connection per backend; the message is sent in the
+//!   releasing statement's transaction and names whom it lets in. Through a
+//!   transaction-pooling proxy (PgBouncer `pool_mode = transaction`), where LISTEN cannot
+//!   work, waiters poll with backoff instead, and advisory mode is refused.
+//! - **Fenced writes in the caller's own transaction**: [`still_owner`] gives the SQL
+//!   condition that is true only while the guard holds its lock and keeps the next grant
+//!   waiting until the caller's transaction ends; [`fence::TokenFence`] refuses writes with
+//!   tokens lower than the highest a row has accepted.
+//!
+//! URL: `postgres://[user[:password]@]host[:port][,host[:port]…][/dbname][?params]` (also
+//! `postgresql://`), with `schema`, `mode=lease|advisory`, `pooling=auto|session|transaction`,
+//! `pool_size`, `session_ttl`, `connect_timeout`, `application_name`,
+//! `target_session_attrs=any|read-write`, `sslmode=disable|prefer|require|verify-ca|verify-full`,
+//! `tls_ca`, `tls_cert`, `tls_key`. See `docs/backends/postgres.md`.
+
+mod advisory;
+mod connection;
+mod error;
+pub mod fence;
+mod lease;
+mod options;
+mod reply;
+mod schema;
+mod statements;
+mod tls;
+mod wakeups;
+
+pub use fence::{StillOwner, TokenFence, still_owner};
+pub use options::{DEFAULT_SCHEMA, LockMode, Pooling, PostgresOptions, SslMode};
+/// The PostgreSQL client crate leasehold uses, for the caller's own fenced transactions.
+pub use tokio_postgres;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use leasehold_core::backend::{
+    Acquire, Backend, Capabilities, LockState, Release, Renewal, Request, TokenDurability, WaitHint,
+};
+use leasehold_core::{Error, LockName, Result};
+
+use crate::advisory::Advisory;
+use crate::connection::{Connector, Pool, notifications_arrive, transaction_pooled};
+use crate::lease::Lease;
+use crate::statements::Stmt;
+use crate::wakeups::{Wakeups, spawn_listener};
+
+/// How long a notification may take to arrive when finding out whether a transaction pool
+/// is in between (see [`connection::notifications_arrive`]).
+const PROBE_LIMIT: Duration = Duration::from_secs(2);
+
+/// How often a backend drops what vanished holders left behind (see
+/// [`PostgresBackend::sweep`]).
+const SWEEP_EVERY: Duration = Duration::from_secs(60);
+/// The most names one sweep drops.
+const SWEEP_LIMIT: i32 = 1000;
+
+/// A client's connection to a PostgreSQL server holding locks. Clones share everything.
+#[derive(Debug, Clone)]
+pub struct PostgresBackend {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    options: PostgresOptions,
+    capabilities: Capabilities,
+    /// A transaction-pooling proxy is in between.
+    pooled: bool,
+    kind: Kind,
+    sweeper: std::sync::OnceLock<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Some(sweeper) = self.sweeper.get() {
+            sweeper.abort();
+        }
+    }
+}
+
+impl Kind {
+    fn pool(&self) -> &Pool {
+        match self {
+            Kind::Lease(lease) => lease.pool(),
+            Kind::Advisory(advisory) => advisory.pool(),
+        }
+    }
+}
+
+#[derive(Debug)]
+enum Kind {
+    Lease(Lease),
+    Advisory(Advisory),
+}
+
+impl PostgresBackend {
+    /// Connects to the server at `url` (see the crate documentation), making the schema's
+    /// tables on first use.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future abandons the connection attempt; no lock is taken by connecting
+    /// (a schema migration in progress is rolled back by the server with its transaction).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for a malformed URL (credentials redacted) or unusable
+    /// TLS files; [`Error::Unavailable`] if the server cannot be reached;
+    /// [`Error::Backend`] if the schema cannot be made (privileges);
+    /// [`Error::Unsupported`] for advisory mode through a transaction-pooling proxy.
+    pub async fn connect(url: &str) -> Result<Self> {
+        Self::connect_with(PostgresOptions::from_url(url)?).await
+    }
+
+    /// Connects with `options`.
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`connect`](PostgresBackend::connect).
+    ///
+    /// # Errors
+    ///
+    /// As for [`connect`](PostgresBackend::connect).
+    pub async fn connect_with(options: PostgresOptions) -> Result<Self> {
+        let mut connector = Connector::new(&options)?;
+        let (client, driver) = connector.open().await?;
+        let mut first = connection::Conn::start(client, driver, &connector);
+        schema::migrate(first.client(), &options.schema).await?;
+        // A second connection: the pool's next place, or only for finding out about pooling.
+        let mut second = None;
+        let pooled = match options.pooling {
+            Pooling::Session => false,
+            Pooling::Transaction => true,
+            Pooling::Auto => {
+                let (client, driver) = connector.open().await?;
+                let other = connection::Conn::start(client, driver, &connector);
+                // The first test is quick and says "pooled" for certain when it sees it; a
+                // busy pool can hide it, so "not pooled" is confirmed by the second.
+                let pooled = transaction_pooled(first.client(), other.client()).await?
+                    || !notifications_arrive(&connector, first.client(), PROBE_LIMIT).await?;
+                second = Some(other);
+                pooled
+            }
+        };
+        if pooled && options.mode == LockMode::Advisory {
+            return Err(Error::Unsupported {
+                backend: "postgres",
+                feature: "advisory locks (mode=advisory) through a transaction-pooling proxy \
+                          such as PgBouncer's pool_mode=transaction, which hands the session \
+                          holding a lock to other clients; use mode=lease, or connect to the \
+                          server or a session pool",
+            });
+        }
+        if pooled {
+            connector.without_prepared_statements();
+        }
+        first.prepare(&connector).await?;
+        if let Some(second) = &mut second {
+            second.prepare(&connector).await?;
+        }
+        let connector = Arc::new(connector);
+        let wakeups = Wakeups::new();
+        let listener = (!pooled).then(|| {
+            spawn_listener(
+                &wakeups,
+                connector.clone(),
+                schema::channel(&options.schema),
+            )
+        });
+        if listener.is_some() {
+            wait_listening(&wakeups, options.connect_timeout, connector.shown()).await?;
+        }
+        let mut capabilities = Capabilities::new("postgres", TokenDurability::Durable);
+        capabilities.expiring_leases = true;
+        capabilities.fair = true;
+        capabilities.shared = true;
+        capabilities.push_wakeups = !pooled;
+        let kind = match (options.mode, listener) {
+            (LockMode::Advisory, Some(listener)) => {
+                capabilities.session_ttl = Some(options.session_ttl);
+                // Inspect shares the first connection; every lock has a connection of its own.
+                let shared = Pool::new(connector.clone(), 1, vec![first]);
+                Kind::Advisory(Advisory::new(
+                    connector,
+                    shared,
+                    wakeups,
+                    listener,
+                    options.session_ttl,
+                ))
+            }
+            (_, listener) => {
+                capabilities.permits = true;
+                capabilities.lock_delay = true;
+                let mut initial = vec![first];
+                initial.extend(second.filter(|_| options.pool_size > 1));
+                let pool = Pool::new(connector, options.pool_size, initial);
+                Kind::Lease(Lease::new(pool, wakeups, listener))
+            }
+        };
+        let backend = Self {
+            inner: Arc::new(Inner {
+                options,
+                capabilities,
+                pooled,
+                kind,
+                sweeper: std::sync::OnceLock::new(),
+            }),
+        };
+        let weak = Arc::downgrade(&backend.inner);
+        let _ = backend.inner.sweeper.set(tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(SWEEP_EVERY).await;
+                let Some(inner) = weak.upgrade() else {
+                    return;
+                };
+                if let Err(error) = (PostgresBackend { inner }).sweep().await {
+                    tracing::debug!(%error, "sweeping the lock tables failed");
+                }
+            }
+        }));
+        Ok(backend)
+    }
+
+    /// Drops what vanished holders left behind: the rows of names whose grants and queue
+    /// entries have all expired (and whose lock-delay has ended) and nobody has touched
+    /// since, and advisory-mode rows of sessions that are gone. Every backend does this
+    /// once a minute on its own, up to 1 000 names at a time; names another transaction
+    /// holds are left for the next sweep. Returns how many names were dropped.
+    ///
+    /// # Cancel safety
+    ///
+    /// One statement: dropped before it completed, the server finishes or rolls it back.
+    ///
+    /// # Errors
+    ///
+    /// Backend errors.
+    pub async fn sweep(&self) -> Result<u64> {
+        let conn = self.inner.kind.pool().get().await?;
+        let row = conn
+            .query_one(Stmt::Sweep, &[&SWEEP_LIMIT], "sweep")
+            .await?;
+        let swept: i32 = reply::single(&row, "sweep")?;
+        u64::try_from(swept).map_err(|_| error::undecodable("sweep", swept))
+    }
+
+    /// The options in use.
+    pub fn options(&self) -> &PostgresOptions {
+        &self.inner.options
+    }
+
+    /// Whether a transaction-pooling proxy was found (or declared) between this client and
+    /// the server: then waiters poll instead of being woken.
+    pub fn transaction_pooled(&self) -> bool {
+        self.inner.pooled
+    }
+
+    /// The condition for the caller's own statements that holds only while `guard` holds
+    /// its lock in this backend's schema (see [`still_owner`]).
+    pub fn still_owner(&self, guard: &leasehold_core::Guard) -> StillOwner {
+        StillOwner::new(&self.inner.options.schema, guard)
+    }
+}
+
+/// Waits until the wake-up connection listens.
+async fn wait_listening(wakeups: &Wakeups, limit: Duration, shown: &str) -> Result<()> {
+    tokio::time::timeout(limit, wakeups.until_listening())
+        .await.map_err(|_| {
+        Error::unavailable(format!(
+            "postgres: the wake-up connection to {shown} did not start listening within {limit:?}"
+        ))
+    })
+}
+
+#[async_trait]
+impl Backend for PostgresBackend {
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities.clone()
+    }
+
+    async fn acquire(&self, req: &Request) -> Result<Acquire> {
+        match &self.inner.kind {
+            Kind::Lease(lease) => lease.acquire(req).await,
+            Kind::Advisory(advisory) => advisory.acquire(req).await,
+        }
+    }
+
+    async fn renew(&self, req: &Request) -> Result<Renewal> {
+        match &self.inner.kind {
+            Kind::Lease(lease) => lease.renew(req).await,
+            Kind::Advisory(advisory) => advisory.renew(req).await,
+        }
+    }
+
+    async fn release(&self, req: &Request) -> Result<Release> {
+        match &self.inner.kind {
+            Kind::Lease(lease) => lease.release(req).await,
+            Kind::Advisory(advisory) => advisory.release(req).await,
+        }
+    }
+
+    async fn wait(&self, _name: &LockName, hint: &WaitHint, max: Duration) -> Result<()> {
+        match &self.inner.kind {
+            Kind::Lease(lease) => lease.wait(hint, max).await,
+            Kind::Advisory(advisory) => advisory.wait(hint, max).await,
+        }
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<LockState> {
+        match &self.inner.kind {
+            Kind::Lease(lease) => lease.inspect(name).await,
+            Kind::Advisory(advisory) => advisory.inspect(name).await,
+        }
+    }
+
+    async fn abandon(&self, req: &Request) -> Result<()> {
+        match &self.inner.kind {
+            // A lease runs out by itself; the engine retries its release until then.
+            Kind::Lease(_) => Ok(()),
+            Kind::Advisory(advisory) => advisory.abandon(req).await,
+        }
+    }
+}

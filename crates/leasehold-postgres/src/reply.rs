@@ -1,0 +1,161 @@
+//! Replies decoded into typed values. A reply of the wrong shape is an error, never a
+//! default.
+
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::Duration;
+
+use leasehold_core::backend::{Holder, Mode, Waiter};
+use leasehold_core::{FencingToken, OwnerId, Result};
+use tokio_postgres::Row;
+use tokio_postgres::types::FromSql;
+
+use crate::error::undecodable;
+
+/// Column `i` of `row` as a `T`.
+fn column<'a, T: FromSql<'a>>(row: &'a Row, i: usize, doing: &str) -> Result<T> {
+    row.try_get(i)
+        .map_err(|e| undecodable(doing, format!("column {i}: {e}")))
+}
+
+/// A token as the server stores it (a positive bigint).
+pub(crate) fn token(value: i64, doing: &str) -> Result<FencingToken> {
+    u64::try_from(value)
+        .ok()
+        .filter(|t| *t > 0)
+        .map(FencingToken::new)
+        .ok_or_else(|| undecodable(doing, format!("token {value}")))
+}
+
+/// A non-negative number of milliseconds.
+fn millis(value: i64, doing: &str) -> Result<Duration> {
+    u64::try_from(value)
+        .map(Duration::from_millis)
+        .map_err(|_| undecodable(doing, format!("{value} ms")))
+}
+
+/// The answer of a lease-mode acquire.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Acquired {
+    Granted(FencingToken),
+    Busy {
+        /// The state may change without a message after this long.
+        retry: Option<Duration>,
+        /// How long this owner has been waiting (waiting requests only).
+        waited: Option<Duration>,
+    },
+}
+
+pub(crate) fn acquired(row: &Row) -> Result<Acquired> {
+    let doing = "acquire";
+    let granted: Option<i64> = column(row, 0, doing)?;
+    if let Some(granted) = granted {
+        return Ok(Acquired::Granted(token(granted, doing)?));
+    }
+    let retry: Option<i64> = column(row, 1, doing)?;
+    let waited: Option<i64> = column(row, 2, doing)?;
+    Ok(Acquired::Busy {
+        retry: retry.map(|ms| millis(ms, doing)).transpose()?,
+        waited: waited.map(|ms| millis(ms, doing)).transpose()?,
+    })
+}
+
+/// The first column of a one-column reply as a `T`.
+pub(crate) fn single<T: for<'a> FromSql<'a>>(row: &Row, doing: &str) -> Result<T> {
+    column(row, 0, doing)
+}
+
+/// A mode as stored (`x`, `s`, `p`, with the permit limit for `p`).
+fn mode(code: &str, limit: Option<i32>, doing: &str) -> Result<Mode> {
+    match code {
+        "x" => Ok(Mode::Exclusive),
+        "s" => Ok(Mode::Shared),
+        "p" => limit
+            .and_then(|l| u32::try_from(l).ok())
+            .and_then(NonZeroU32::new)
+            .map(|limit| Mode::Permit { limit })
+            .ok_or_else(|| undecodable(doing, format!("a permit with limit {limit:?}"))),
+        other => Err(undecodable(doing, format!("mode {other:?}"))),
+    }
+}
+
+fn owner(text: &str, doing: &str) -> Result<OwnerId> {
+    OwnerId::parse(text).map_err(|_| undecodable(doing, format!("owner {text:?}")))
+}
+
+/// Holders and waiters of a lease-mode inspect, holders first.
+pub(crate) fn lease_state(rows: &[Row]) -> Result<(Vec<Holder>, Vec<Waiter>)> {
+    let doing = "inspect";
+    let mut holders = Vec::new();
+    let mut waiters = Vec::new();
+    for row in rows {
+        let is_holder: bool = column(row, 0, doing)?;
+        let who = owner(column(row, 1, doing)?, doing)?;
+        let mode = mode(column(row, 2, doing)?, column(row, 3, doing)?, doing)?;
+        if is_holder {
+            let value: Option<Vec<u8>> = column(row, 6, doing)?;
+            let granted = token(column(row, 4, doing)?, doing)?;
+            holders.push(
+                Holder::new(who, mode, granted)
+                    .with_remaining(Some(millis(column(row, 5, doing)?, doing)?))
+                    .with_value(value.map(Arc::from)),
+            );
+        } else {
+            waiters.push(Waiter::new(who, mode));
+        }
+    }
+    Ok((holders, waiters))
+}
+
+/// Holders and waiters of an advisory-mode inspect, holders first. Waiters that are not
+/// leasehold's (a session taking the same key by hand) are left out.
+pub(crate) fn advisory_state(rows: &[Row]) -> Result<(Vec<Holder>, Vec<Waiter>)> {
+    let doing = "inspect";
+    let mut holders = Vec::new();
+    let mut waiters = Vec::new();
+    for row in rows {
+        let granted: bool = column(row, 0, doing)?;
+        let who: Option<&str> = column(row, 1, doing)?;
+        let mode = mode(column(row, 2, doing)?, None, doing)?;
+        if granted {
+            let who = who.ok_or_else(|| undecodable(doing, "a holder without an owner"))?;
+            let value: Option<Vec<u8>> = column(row, 5, doing)?;
+            holders.push(
+                Holder::new(
+                    owner(who, doing)?,
+                    mode,
+                    token(column(row, 3, doing)?, doing)?,
+                )
+                .with_remaining(Some(millis(column(row, 4, doing)?, doing)?))
+                .with_value(value.map(Arc::from)),
+            );
+        } else if let Some(Ok(who)) = who.map(OwnerId::parse) {
+            waiters.push(Waiter::new(who, mode));
+        }
+    }
+    Ok((holders, waiters))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_and_modes_decode_or_fail() {
+        assert_eq!(token(7, "t").unwrap(), FencingToken::new(7));
+        assert!(token(0, "t").is_err());
+        assert!(token(-3, "t").is_err());
+        assert_eq!(mode("x", None, "m").unwrap(), Mode::Exclusive);
+        assert_eq!(mode("s", None, "m").unwrap(), Mode::Shared);
+        assert_eq!(
+            mode("p", Some(3), "m").unwrap(),
+            Mode::Permit {
+                limit: NonZeroU32::new(3).unwrap()
+            }
+        );
+        assert!(mode("p", None, "m").is_err());
+        assert!(mode("p", Some(0), "m").is_err());
+        assert!(mode("q", None, "m").is_err());
+        assert!(millis(-1, "m").is_err());
+    }
+}

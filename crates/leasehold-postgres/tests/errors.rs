@@ -1,0 +1,299 @@
+//! What PostgreSQL answers when things go wrong comes back as typed leasehold errors, never
+//! a panic, and nothing is lost: 55P03 (lock timeout), 57014 (statement timeout), 25006
+//! (read-only), 57P01 (session terminated mid-statement), 40P01 (deadlock), 40001
+//! (serialization failure).
+
+#![allow(clippy::unwrap_used)] // test code: a failed step fails the test
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use leasehold_core::backend::{Acquire, Backend, Mode, Release, Request};
+use leasehold_core::faulty::{Faulty, Op};
+use leasehold_core::{Client, Error, LockName, LockOptions, LossReason, OwnerId};
+use leasehold_postgres::PostgresBackend;
+use leasehold_postgres::tokio_postgres::{self, NoTls};
+use leasehold_testkit::Postgres;
+
+async fn database(url: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(url, NoTls).await.unwrap();
+    tokio::spawn(connection);
+    client
+}
+
+/// Polls the server until `sql` (one boolean) is true.
+async fn until(db: &tokio_postgres::Client, sql: &str) {
+    let waited = tokio::time::timeout(Duration::from_secs(30), async {
+        while !db.query_one(sql, &[]).await.unwrap().get::<_, bool>(0) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(waited.is_ok(), "never true: {sql}");
+}
+
+async fn backend(server: &Postgres, application: &str) -> PostgresBackend {
+    PostgresBackend::connect(&format!("{}?application_name={application}", server.url()))
+        .await
+        .unwrap()
+}
+
+fn request(name: &str) -> Request {
+    Request::new(
+        LockName::new(name).unwrap(),
+        OwnerId::generate(),
+        Mode::Exclusive,
+        Duration::from_secs(30),
+    )
+}
+
+/// The error of `result`, which must be a retryable backend error naming `sqlstate`.
+fn retryable(result: leasehold_core::Result<Acquire>, sqlstate: &str) {
+    match result {
+        Err(Error::Backend {
+            retryable: true,
+            message,
+            ..
+        }) => assert!(message.contains(sqlstate), "{message}"),
+        other => panic!("expected a retryable {sqlstate}, got {other:?}"),
+    }
+}
+
+async fn waiting_on_a_lock(db: &tokio_postgres::Client, application: &str) {
+    until(
+        db,
+        &format!(
+            "SELECT count(*) = 1 FROM pg_stat_activity \
+             WHERE application_name = '{application}' AND wait_event_type = 'Lock'"
+        ),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_and_statement_timeouts_are_retryable_errors() {
+    let server = Postgres::start().await.unwrap();
+    let db = database(&server.url()).await;
+    let mut blocker = database(&server.url()).await;
+    let first = backend(&server, "first").await;
+    assert!(matches!(
+        first.acquire(&request("job")).await,
+        Ok(Acquire::Granted(_))
+    ));
+    // Another transaction holds the name's row.
+    let tx = blocker.transaction().await.unwrap();
+    tx.execute(
+        "SELECT 1 FROM leasehold.names WHERE name = 'job' FOR UPDATE",
+        &[],
+    )
+    .await
+    .unwrap();
+
+    db.batch_execute("ALTER DATABASE postgres SET lock_timeout = '100ms'")
+        .await
+        .unwrap();
+    let impatient = backend(&server, "impatient").await;
+    retryable(impatient.acquire(&request("job")).await, "55P03");
+
+    db.batch_execute(
+        "ALTER DATABASE postgres RESET lock_timeout; \
+         ALTER DATABASE postgres SET statement_timeout = '100ms'",
+    )
+    .await
+    .unwrap();
+    let hasty = backend(&server, "hasty").await;
+    retryable(hasty.acquire(&request("job")).await, "57014");
+
+    // Nothing broke: once the row is free, the same connections work.
+    tx.rollback().await.unwrap();
+    assert!(matches!(
+        hasty.acquire(&request("other")).await,
+        Ok(Acquire::Granted(_))
+    ));
+    assert!(matches!(
+        impatient.acquire(&request("more")).await,
+        Ok(Acquire::Granted(_))
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_server_is_a_retryable_error_and_its_holders_lose_at_their_deadline() {
+    let server = Postgres::start().await.unwrap();
+    let db = database(&server.url()).await;
+    let holder = Client::builder(backend(&server, "holder").await)
+        .options(
+            LockOptions::builder()
+                .ttl(Duration::from_secs(1))
+                .build()
+                .unwrap(),
+        )
+        .build();
+    let guard = holder.mutex("job").unwrap().lock().await.unwrap();
+    // As after a failover to a standby: every new session is read-only.
+    db.batch_execute("ALTER DATABASE postgres SET default_transaction_read_only = on")
+        .await
+        .unwrap();
+    db.execute(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE application_name = 'holder'",
+        &[],
+    )
+    .await
+    .unwrap();
+    assert_eq!(guard.lost().await, LossReason::Expired);
+    let late = backend(&server, "late").await;
+    retryable(late.acquire(&request("other")).await, "25006");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_terminated_mid_statement_is_an_unknown_outcome_resolved_by_owner() {
+    let server = Postgres::start().await.unwrap();
+    let db = database(&server.url()).await;
+    let mut blocker = database(&server.url()).await;
+    let first = backend(&server, "first").await;
+    let req = request("job");
+    assert!(matches!(first.acquire(&req).await, Ok(Acquire::Granted(_))));
+    assert_eq!(first.release(&req).await.unwrap(), Release::Released);
+    db.batch_execute("INSERT INTO leasehold.names (name) VALUES ('job')")
+        .await
+        .unwrap();
+    let tx = blocker.transaction().await.unwrap();
+    tx.execute(
+        "SELECT 1 FROM leasehold.names WHERE name = 'job' FOR UPDATE",
+        &[],
+    )
+    .await
+    .unwrap();
+    let victim = backend(&server, "victim").await;
+    let terminate = "SELECT count(pg_terminate_backend(pid)) = 1 FROM pg_stat_activity \
+                     WHERE application_name = 'victim' AND wait_event_type = 'Lock'";
+
+    // The backend's own answer: unknown outcome.
+    let acquiring = {
+        let victim = victim.clone();
+        tokio::spawn(async move { victim.acquire(&request("job")).await })
+    };
+    waiting_on_a_lock(&db, "victim").await;
+    until(&db, terminate).await;
+    match acquiring.await.unwrap() {
+        Err(error) => assert!(error.is_unknown_outcome(), "{error:?}"),
+        other => panic!("expected an unknown outcome, got {other:?}"),
+    }
+
+    // Through the engine: resolved by owner, nothing lost, one holder.
+    let client = Client::new(victim);
+    let mutex = client.mutex("job").unwrap();
+    let locking = tokio::spawn(async move { mutex.lock().await });
+    waiting_on_a_lock(&db, "victim").await;
+    until(&db, terminate).await;
+    tx.commit().await.unwrap();
+    let guard = locking.await.unwrap().unwrap();
+    let state = client.inspect("job").await.unwrap();
+    assert_eq!(state.holders.len(), 1);
+    assert_eq!(&state.holders[0].owner, guard.owner());
+    assert_eq!(state.holders[0].token, guard.token());
+    guard.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadlock_is_a_retryable_error() {
+    let server = Postgres::start().await.unwrap();
+    let db = database(&server.url()).await;
+    let mut fenced = database(&server.url()).await;
+    fenced
+        .batch_execute("SET deadlock_timeout = '10s'")
+        .await
+        .unwrap();
+    let faults = Faulty::wrap(Arc::new(backend(&server, "holder").await));
+    let holder = Client::builder_from_arc(Arc::new(faults.clone()))
+        .options(
+            LockOptions::builder()
+                .ttl(Duration::from_secs(1))
+                .build()
+                .unwrap(),
+        )
+        .build();
+    let guard = holder.mutex("job").unwrap().lock().await.unwrap();
+    // A fenced transaction holds the grant's row; the grant then runs out on the server.
+    let tx = fenced.transaction().await.unwrap();
+    let token = leasehold_postgres::fence::token_param(guard.token());
+    let owner = guard.owner().as_str();
+    let holds: bool = tx
+        .query_one("SELECT leasehold.holds('job', $1, $2)", &[&token, &owner])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(holds);
+    faults.hold_requests(Op::Renew);
+    guard.lost().await;
+    until(
+        &db,
+        "SELECT count(*) = 1 FROM leasehold.grants WHERE expires <= clock_timestamp()",
+    )
+    .await;
+    db.batch_execute("ALTER DATABASE postgres SET deadlock_timeout = '100ms'")
+        .await
+        .unwrap();
+    let next = backend(&server, "next").await;
+    // The next grant takes the name's row and waits for the old grant's row...
+    let acquiring = {
+        let next = next.clone();
+        tokio::spawn(async move { next.acquire(&request("job")).await })
+    };
+    waiting_on_a_lock(&db, "next").await;
+    // ...while the fenced transaction asks for the name's row: a cycle, found by the
+    // grant's session (the quicker to look).
+    let cycle = tx.execute(
+        "SELECT 1 FROM leasehold.names WHERE name = 'job' FOR UPDATE",
+        &[],
+    );
+    let (grant, cycle) = tokio::join!(acquiring, cycle);
+    retryable(grant.unwrap(), "40P01");
+    cycle.unwrap();
+    tx.rollback().await.unwrap();
+    // Retried, it goes through.
+    assert!(matches!(
+        next.acquire(&request("job")).await,
+        Ok(Acquire::Granted(_))
+    ));
+    faults.resume(Op::Renew);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_serialization_failure_is_a_retryable_error() {
+    let server = Postgres::start().await.unwrap();
+    let db = database(&server.url()).await;
+    let mut writer = database(&server.url()).await;
+    // Make the schema, then run every new session at repeatable read.
+    drop(backend(&server, "first").await);
+    db.batch_execute(
+        "INSERT INTO leasehold.names (name) VALUES ('job'); \
+         ALTER DATABASE postgres SET default_transaction_isolation = 'repeatable read'",
+    )
+    .await
+    .unwrap();
+    let strict = backend(&server, "strict").await;
+    let tx = writer
+        .build_transaction()
+        .isolation_level(tokio_postgres::IsolationLevel::ReadCommitted)
+        .start()
+        .await
+        .unwrap();
+    tx.execute(
+        "UPDATE leasehold.names SET lock_closed_until = NULL WHERE name = 'job'",
+        &[],
+    )
+    .await
+    .unwrap();
+    let acquiring = {
+        let strict = strict.clone();
+        tokio::spawn(async move { strict.acquire(&request("job")).await })
+    };
+    waiting_on_a_lock(&db, "strict").await;
+    tx.commit().await.unwrap();
+    retryable(acquiring.await.unwrap(), "40001");
+    assert!(matches!(
+        strict.acquire(&request("job")).await,
+        Ok(Acquire::Granted(_))
+    ));
+}

@@ -1,0 +1,322 @@
+//! Fenced writes: the caller's own statement, in its own transaction, changes data only
+//! while the guard holds its lock, and a later grant waits for that transaction; a token
+//! column refuses writes older than the newest the row accepted.
+
+#![allow(clippy::unwrap_used)] // test code: a failed step fails the test
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use leasehold_core::faulty::{Faulty, Op};
+use leasehold_core::{Client, LockOptions};
+use leasehold_postgres::fence::{TokenFence, token_param};
+use leasehold_postgres::tokio_postgres::{self, NoTls};
+use leasehold_postgres::{PostgresBackend, StillOwner, still_owner};
+use leasehold_testkit::conformance::{LivenessSwitch, ProxySwitch};
+use leasehold_testkit::{FaultProxy, Postgres};
+
+async fn database(url: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(url, NoTls).await.unwrap();
+    tokio::spawn(connection);
+    client
+}
+
+async fn stock(db: &tokio_postgres::Client) {
+    db.batch_execute(
+        "CREATE TABLE stock (item text PRIMARY KEY, left_ integer NOT NULL);
+         INSERT INTO stock VALUES ('tea', 10);",
+    )
+    .await
+    .unwrap();
+}
+
+/// Takes one tea if `fence` still holds: the rows changed.
+async fn take_one(db: &impl tokio_postgres::GenericClient, fence: &StillOwner) -> u64 {
+    let sql = format!(
+        "UPDATE stock SET left_ = left_ - 1 WHERE item = 'tea' AND left_ > 0 AND {}",
+        fence.condition(1)
+    );
+    db.execute(&sql, &[&fence.name(), &fence.token(), &fence.owner()])
+        .await
+        .unwrap()
+}
+
+/// Polls the server until `sql` (one boolean) is true: the state a step waits for lives
+/// there.
+async fn until(db: &tokio_postgres::Client, sql: &str) {
+    let waited = tokio::time::timeout(Duration::from_secs(30), async {
+        while !db.query_one(sql, &[]).await.unwrap().get::<_, bool>(0) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(waited.is_ok(), "never true: {sql}");
+}
+
+fn short_lease() -> LockOptions {
+    LockOptions::builder()
+        .ttl(Duration::from_secs(1))
+        .build()
+        .unwrap()
+}
+
+/// A lease-mode holder's write goes in while it holds; after it stalled past its lease
+/// and another took the lock, the same write changes nothing, and the new holder's does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_is_refused_after_the_lease_ran_out_and_the_lock_moved_on() {
+    let server = Postgres::start().await.unwrap();
+    let db = database(&server.url()).await;
+    stock(&db).await;
+    let faults = Faulty::wrap(Arc::new(
+        PostgresBackend::connect(&server.url()).await.unwrap(),
+    ));
+    let a = Client::builder_from_arc(Arc::new(faults.clone()))
+        .options(short_lease())
+        .build();
+    let b = Client::new(PostgresBackend::connect(&server.url()).await.unwrap());
+
+    let stale = a.mutex("stock").unwrap().lock().await.unwrap();
+    assert_eq!(take_one(&db, &still_owner(&stale)).await, 1);
+    // The holder stalls: no renewal reaches the server.
+    faults.hold_requests(Op::Renew);
+    stale.lost().await;
+    let next = b
+        .mutex("stock")
+        .unwrap()
+        .lock_timeout(Duration::from_secs(20))
+        .await
+        .unwrap()
+        .expect("granted once the stale lease ran out");
+    assert!(next.token() > stale.token());
+    assert_eq!(
+        take_one(&db, &still_owner(&stale)).await,
+        0,
+        "a stale write got in"
+    );
+    assert_eq!(take_one(&db, &still_owner(&next)).await, 1);
+    let left: i32 = db
+        .query_one("SELECT left_ FROM stock", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(left, 8);
+    faults.resume(Op::Renew);
+    next.release().await.unwrap();
+}
+
+/// A transaction that checked `still_owner` keeps the next grant waiting until it ends,
+/// even when the lease runs out on the server meanwhile: the write is ordered before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_grant_waits_for_the_fenced_transaction() {
+    let server = Postgres::start().await.unwrap();
+    let mut db = database(&server.url()).await;
+    let observer = database(&server.url()).await;
+    stock(&db).await;
+    let faults = Faulty::wrap(Arc::new(
+        PostgresBackend::connect(&server.url()).await.unwrap(),
+    ));
+    let a = Client::builder_from_arc(Arc::new(faults.clone()))
+        .options(short_lease())
+        .build();
+    let b = Client::new(PostgresBackend::connect(&server.url()).await.unwrap());
+
+    let holder = a.mutex("stock").unwrap().lock().await.unwrap();
+    let tx = db.transaction().await.unwrap();
+    assert_eq!(take_one(&tx, &still_owner(&holder)).await, 1);
+    faults.hold_requests(Op::Renew);
+    holder.lost().await;
+    until(
+        &observer,
+        "SELECT count(*) = 1 FROM leasehold.grants WHERE name = 'stock' \
+         AND expires <= clock_timestamp()",
+    )
+    .await;
+    let mutex = b.mutex("stock").unwrap();
+    let next = tokio::spawn(async move { mutex.lock().await });
+    // The next grant is stuck behind the transaction's hold on the old grant's row.
+    until(
+        &observer,
+        "SELECT count(*) = 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock'",
+    )
+    .await;
+    assert!(
+        !next.is_finished(),
+        "granted while the fenced transaction was open"
+    );
+    tx.commit().await.unwrap();
+    let next = next.await.unwrap().unwrap();
+    assert!(next.token() > holder.token());
+    let left: i32 = db
+        .query_one("SELECT left_ FROM stock", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(left, 9);
+    faults.resume(Op::Renew);
+    next.release().await.unwrap();
+}
+
+/// An advisory-mode backend with 1 s sessions, through `port`.
+async fn advisory(port: u16) -> PostgresBackend {
+    let url = format!("postgres://postgres@127.0.0.1:{port}/postgres?mode=advisory&session_ttl=1s");
+    PostgresBackend::connect(&url).await.unwrap()
+}
+
+/// Advisory mode: a holder cut off from the server loses its session (the server ends it
+/// after the session ttl), the lock moves on, and the holder's write is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_advisory_holder_cut_off_cannot_write_after_the_lock_moved_on() {
+    let server = Postgres::start().await.unwrap();
+    let db = database(&server.url()).await;
+    stock(&db).await;
+    let target = format!("127.0.0.1:{}", server.port()).parse().unwrap();
+    let proxy = Arc::new(FaultProxy::start(target).await.unwrap());
+    let a = Client::new(advisory(proxy.port()).await);
+    let b = Client::new(advisory(server.port()).await);
+
+    let stale = a.mutex("stock").unwrap().lock().await.unwrap();
+    assert_eq!(take_one(&db, &still_owner(&stale)).await, 1);
+    let switch = ProxySwitch::new(proxy);
+    switch.cut().await;
+    stale.lost().await;
+    let next = b
+        .mutex("stock")
+        .unwrap()
+        .lock_timeout(Duration::from_secs(20))
+        .await
+        .unwrap()
+        .expect("granted once the server ended the silent session");
+    assert!(next.token() > stale.token());
+    assert_eq!(
+        take_one(&db, &still_owner(&stale)).await,
+        0,
+        "a stale write got in"
+    );
+    assert_eq!(take_one(&db, &still_owner(&next)).await, 1);
+    switch.restore().await;
+    next.release().await.unwrap();
+}
+
+/// Advisory mode: when the holder's session ends while a fenced transaction is open, the
+/// next grant completes only after that transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_advisory_grant_waits_for_the_fenced_transaction() {
+    let server = Postgres::start().await.unwrap();
+    let mut db = database(&server.url()).await;
+    let observer = database(&server.url()).await;
+    stock(&db).await;
+    let a = Client::new(advisory(server.port()).await);
+    let b = Client::new(advisory(server.port()).await);
+
+    let holder = a.mutex("stock").unwrap().lock().await.unwrap();
+    let tx = db.transaction().await.unwrap();
+    assert_eq!(take_one(&tx, &still_owner(&holder)).await, 1);
+    observer
+        .execute(
+            "SELECT pg_terminate_backend(pid) FROM leasehold.advisory WHERE name = 'stock'",
+            &[],
+        )
+        .await
+        .unwrap();
+    holder.lost().await;
+    let mutex = b.mutex("stock").unwrap();
+    let next = tokio::spawn(async move { mutex.lock().await });
+    until(
+        &observer,
+        "SELECT count(*) = 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock'",
+    )
+    .await;
+    assert!(
+        !next.is_finished(),
+        "granted while the fenced transaction was open"
+    );
+    tx.commit().await.unwrap();
+    let next = next.await.unwrap().unwrap();
+    assert!(next.token() > holder.token());
+    next.release().await.unwrap();
+}
+
+/// A token column on any table: a write with a lower token than the row's is refused; the
+/// same token and newer ones go in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_column_refuses_older_tokens() {
+    let server = Postgres::start().await.unwrap();
+    let db = database(&server.url()).await;
+    db.batch_execute(
+        "CREATE SCHEMA shop; CREATE TABLE shop.accounts (id integer PRIMARY KEY, balance bigint);
+         INSERT INTO shop.accounts VALUES (7, 0);",
+    )
+    .await
+    .unwrap();
+    let fence = TokenFence::default();
+    fence.add_column(&db, "shop.accounts").await.unwrap();
+    fence.add_column(&db, "shop.accounts").await.unwrap();
+    assert!(fence.add_column(&db, "shop.accounts; DROP").await.is_err());
+    let sql = format!(
+        "UPDATE shop.accounts SET balance = $1, {} WHERE id = 7 AND {}",
+        fence.assignment(2),
+        fence.condition(2)
+    );
+    let write = async |balance: i64, token: u64| {
+        db.execute(
+            &sql,
+            &[
+                &balance,
+                &token_param(leasehold_core::FencingToken::new(token)),
+            ],
+        )
+        .await
+        .unwrap()
+    };
+    assert_eq!(write(10, 5).await, 1);
+    assert_eq!(write(11, 5).await, 1, "the same holder writes again");
+    assert_eq!(write(99, 4).await, 0, "an older token got in");
+    assert_eq!(write(12, 6).await, 1);
+    let row = db
+        .query_one("SELECT balance, fence_token FROM shop.accounts", &[])
+        .await
+        .unwrap();
+    assert_eq!((row.get::<_, i64>(0), row.get::<_, i64>(1)), (12, 6));
+}
+
+/// After an asynchronous failover the sequence may hand a token out again: the grant that
+/// gets it does not let the earlier holder of the same token write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_handed_out_again_does_not_pass_for_the_other_grant() {
+    let server = Postgres::start().await.unwrap();
+    let db = database(&server.url()).await;
+    stock(&db).await;
+    let faults = Faulty::wrap(Arc::new(
+        PostgresBackend::connect(&server.url()).await.unwrap(),
+    ));
+    let a = Client::builder_from_arc(Arc::new(faults.clone()))
+        .options(short_lease())
+        .build();
+    let b = Client::new(PostgresBackend::connect(&server.url()).await.unwrap());
+    let stale = a.mutex("stock").unwrap().lock().await.unwrap();
+    faults.hold_requests(Op::Renew);
+    stale.lost().await;
+    // The sequence goes back, as on a standby that had not received its last values.
+    db.batch_execute(&format!(
+        "ALTER SEQUENCE leasehold.tokens RESTART WITH {}",
+        stale.token()
+    ))
+    .await
+    .unwrap();
+    let next = b
+        .mutex("stock")
+        .unwrap()
+        .lock_timeout(Duration::from_secs(20))
+        .await
+        .unwrap()
+        .expect("granted once the stale lease ran out");
+    assert_eq!(next.token(), stale.token());
+    assert_eq!(
+        take_one(&db, &still_owner(&stale)).await,
+        0,
+        "a stale write got in"
+    );
+    assert_eq!(take_one(&db, &still_owner(&next)).await, 1);
+    faults.resume(Op::Renew);
+    next.release().await.unwrap();
+}

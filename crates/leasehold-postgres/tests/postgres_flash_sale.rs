@@ -1,0 +1,32 @@
+//! The flash-sale example's three strategies, checked: the lock without a fence oversells,
+//! the atomic update and the fenced lock never do.
+
+#![allow(clippy::unwrap_used)] // test code: a failed step fails the test
+
+#[path = "../examples/postgres_flash_sale.rs"]
+#[allow(dead_code, unreachable_pub)]
+mod flash_sale;
+
+use leasehold_testkit::Postgres;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_unfenced_lock_oversells() {
+    let server = Postgres::start().await.unwrap();
+    let unfenced = flash_sale::unfenced(&server.url()).await;
+    assert!(
+        unfenced.oversold() > 0,
+        "the unfenced lock did not oversell: {unfenced:?}"
+    );
+
+    let atomic = flash_sale::atomic(&server.url()).await;
+    assert_eq!(atomic.sold, flash_sale::STOCK, "{atomic:?}");
+    assert_eq!(atomic.stock_left, 0);
+
+    let fenced = flash_sale::fenced(&server.url()).await;
+    assert_eq!(fenced.sold, flash_sale::STOCK, "{fenced:?}");
+    assert_eq!(fenced.stock_left, 0);
+    assert!(
+        fenced.refused_writes > 0,
+        "no stale write was refused: {fenced:?}"
+    );
+}

@@ -5,6 +5,20 @@
 //! every process reports to one collector, whose history the checks C1–C10 of
 //! `safety.md` judge. See `docs/guarantees.md` for what it measured on each backend.
 
+#[cfg(feature = "planted-bugs")]
+pub mod bugs;
 pub mod checks;
+pub mod cli;
+pub mod collector;
+pub mod deploy;
 pub mod history;
+pub mod nemesis;
+pub mod recorder;
+pub mod report;
+pub mod resource;
+pub mod runner;
+pub mod scenario;
+pub mod vip;
 pub mod wgl;
+pub mod wire;
+pub mod worker;

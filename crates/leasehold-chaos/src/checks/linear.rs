@@ -38,6 +38,9 @@ pub enum LockOp {
         owner: u32,
         /// The answer.
         answer: Option<bool>,
+        /// The owner was never granted the lock: "released" may mean its place in the
+        /// queue.
+        queued: bool,
     },
 }
 
@@ -117,8 +120,13 @@ impl Model for LeaseMutex {
                 }
                 _ => vec![s.clone()],
             },
-            LockOp::Release { owner, answer } => match (answer, holder) {
+            LockOp::Release {
+                owner,
+                answer,
+                queued,
+            } => match (answer, holder) {
                 (Some(true), Some((o, _, _))) if o == owner => vec![with(None, s.max_token)],
+                (Some(true), _) if queued => vec![s.clone()],
                 (Some(true), _) => vec![],
                 (Some(false), Some((o, _, p))) if o == owner => {
                     if expirable(p) {
@@ -156,6 +164,12 @@ fn promise(expiry: Option<Expiry>, invoked: u64) -> u64 {
 pub(crate) fn lock_calls(history: &History) -> (Vec<(String, LockCall)>, Vec<OwnerName>) {
     let mut owners: HashMap<String, u32> = HashMap::new();
     let mut names: Vec<OwnerName> = Vec::new();
+    let granted: std::collections::HashSet<&str> = history
+        .ops(Kind::Acquire)
+        .into_iter()
+        .filter(|op| op.answered("granted"))
+        .filter_map(|op| op.invoke.owner.as_deref())
+        .collect();
     let mut calls = Vec::new();
     for kind in [Kind::Acquire, Kind::Renew, Kind::Release] {
         for op in history.ops(kind) {
@@ -164,7 +178,7 @@ pub(crate) fn lock_calls(history: &History) -> (Vec<(String, LockCall)>, Vec<Own
             }
             let owner_text = op.owner().unwrap_or("").to_owned();
             let owner = *owners.entry(owner_text.clone()).or_insert_with(|| {
-                names.push((owner_text, op.process().to_owned()));
+                names.push((owner_text.clone(), op.process().to_owned()));
                 (names.len() - 1) as u32
             });
             let known = op.outcome() == Phase::Ok;
@@ -193,6 +207,7 @@ pub(crate) fn lock_calls(history: &History) -> (Vec<(String, LockCall)>, Vec<Own
                 _ => LockOp::Release {
                     owner,
                     answer: known.then(|| op.answer() == Some("released")),
+                    queued: !granted.contains(owner_text.as_str()),
                 },
             };
             calls.push((
@@ -233,7 +248,7 @@ pub(super) fn c7_linearizable(history: &History, _facts: &Facts) -> Finding {
                     None => "renewal (no answer)".into(),
                 },
             ),
-            LockOp::Release { owner, answer } => (
+            LockOp::Release { owner, answer, .. } => (
                 owner,
                 match answer {
                     Some(true) => "release released".into(),
@@ -304,6 +319,7 @@ mod tests {
             op: LockOp::Release {
                 owner,
                 answer: Some(released),
+                queued: false,
             },
         }
     }

@@ -570,6 +570,25 @@ impl<'a> Ctx<'a> {
         self.redis(i, &["PEXPIRE", &key, "1"]).await.map(|_| ())
     }
 
+    /// Holds back replication from the primary (bytes kept in the replication link), or
+    /// drops what was held back (`false`; the link stays closed: the primary is gone).
+    pub fn hold_replication(&mut self, hold: bool) {
+        if let Servers::Replicated(pair) = &self.deployment.servers {
+            if hold {
+                pair.link.cut(Direction::ToClient);
+            } else {
+                // Closed with what it held; left cut, so that nothing held can slip
+                // through while the connections close.
+                pair.link.reset();
+            }
+            self.instant(
+                if hold { "hold-replication" } else { "drop-replication" },
+                "server 1",
+                json!({}),
+            );
+        }
+    }
+
     /// Points the movable address at server `i` (after a failover).
     pub fn switch_vip(&mut self, i: usize) {
         let endpoints = self.deployment.servers.endpoints();

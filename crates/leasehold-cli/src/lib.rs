@@ -2,6 +2,7 @@
 //! backend.
 
 pub mod bench;
+pub mod chaos;
 pub mod inspect;
 pub mod run;
 

@@ -21,7 +21,7 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use leasehold_testkit::{
-    Etcd, FaultProxy, Postgres, Redis, RedisReplicated, ServerProcess, ZooKeeper,
+    Etcd, FaultProxy, Postgres, Redis, ServerProcess, ZooKeeper,
 };
 
 use crate::vip::Vip;
@@ -118,7 +118,7 @@ pub enum Servers {
     /// Independent redis-servers (one, or Redlock's nodes).
     Redis(Vec<Redis>),
     /// A primary (0) and its replica (1).
-    Replicated(Box<RedisReplicated>),
+    Replicated(Box<Replicated>),
     /// An etcd cluster.
     Etcd(Etcd),
     /// A ZooKeeper ensemble.
@@ -226,6 +226,17 @@ impl Servers {
             _ => None,
         }
     }
+}
+
+/// A Redis primary and its asynchronous replica, replicating through a fault proxy.
+#[derive(Debug)]
+pub struct Replicated {
+    /// The primary.
+    pub primary: Redis,
+    /// The replica.
+    pub replica: Redis,
+    /// The replication link (the replica connects to the primary through it).
+    pub link: FaultProxy,
 }
 
 /// A run's backend: its servers (or the user's), and one fault proxy per worker and

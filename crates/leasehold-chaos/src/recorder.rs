@@ -14,6 +14,7 @@ use leasehold::backend::{
     SessionLiveness, WaitHint,
 };
 use leasehold::{LockName, Result};
+use serde_json::json;
 use tokio::task::JoinHandle;
 
 use crate::history::{Event, Expiry, Kind, Phase};
@@ -24,7 +25,8 @@ use crate::wire::Sink;
 pub struct Recorder {
     inner: Arc<dyn Backend>,
     sink: Sink,
-    session: Mutex<Option<JoinHandle<()>>>,
+    /// Sessions seen (their liveness, id, follower).
+    sessions: Mutex<Vec<(SessionLiveness, String, JoinHandle<()>)>>,
 }
 
 impl Recorder {
@@ -33,7 +35,7 @@ impl Recorder {
         Self {
             inner,
             sink,
-            session: Mutex::new(None),
+            sessions: Mutex::new(Vec::new()),
         }
     }
 
@@ -53,23 +55,27 @@ impl Recorder {
         session_until(&self.sink, liveness)
     }
 
-    /// Follows a session's keep-alives (one follower per session).
-    fn follow(&self, liveness: &SessionLiveness) {
-        let mut session = self.session.lock().unwrap_or_else(|e| e.into_inner());
-        if session.as_ref().is_some_and(|t| !t.is_finished()) {
-            return;
+    /// The id of the session `liveness` belongs to (`<pid>.<n>`), following its
+    /// keep-alives from the first grant on (one follower per session).
+    fn follow(&self, liveness: &SessionLiveness) -> String {
+        let mut sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, id, _)) = sessions.iter().find(|(l, _, _)| l == liveness) {
+            return id.clone();
         }
-        let mut liveness = liveness.clone();
+        let id = format!("{}.{}", std::process::id(), sessions.len());
+        let mut follow = liveness.clone();
         let sink = self.sink.clone();
-        *session = Some(tokio::spawn(async move {
+        let session = id.clone();
+        let task = tokio::spawn(async move {
             loop {
-                liveness.changed().await;
-                let now = liveness.current();
+                follow.changed().await;
+                let now = follow.current();
                 let mut event = sink
                     .event(Kind::Session, Phase::Info)
                     .expiry(Expiry::Session {
                         until: session_until(&sink, now),
-                    });
+                    })
+                    .value(json!({"session": session}));
                 if now == Liveness::Ended {
                     event = event.answer("ended");
                     sink.send(event);
@@ -77,7 +83,9 @@ impl Recorder {
                 }
                 sink.send(event);
             }
-        }));
+        });
+        sessions.push((liveness.clone(), id.clone(), task));
+        id
     }
 
     async fn invoke(&self, kind: Kind, req: &Request) -> Completion {
@@ -113,12 +121,8 @@ fn session_until(sink: &Sink, liveness: Liveness) -> u64 {
 
 impl Drop for Recorder {
     fn drop(&mut self) {
-        if let Some(task) = self
-            .session
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-        {
+        let mut sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
+        for (_, _, task) in sessions.drain(..) {
             task.abort();
         }
     }
@@ -176,14 +180,14 @@ impl Backend for Recorder {
         let answer = self.inner.acquire(req).await;
         match &answer {
             Ok(Acquire::Granted(grant)) => {
-                if let BackendExpiry::Session(liveness) = &grant.expiry {
-                    self.follow(liveness);
-                }
-                let event = done
+                let mut event = done
                     .event(Phase::Ok)
                     .answer("granted")
                     .token(grant.token.get())
                     .expiry(self.expiry(&grant.expiry));
+                if let BackendExpiry::Session(liveness) = &grant.expiry {
+                    event = event.value(json!({"session": self.follow(liveness)}));
+                }
                 done.finish(event);
             }
             Ok(Acquire::Busy(_)) => {

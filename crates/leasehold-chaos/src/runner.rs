@@ -428,6 +428,11 @@ async fn drive(
         recovery_slack_us: (ttl.max(Duration::from_millis(1500))).as_micros() as u64,
         workload: spec.workload.as_str().into(),
         mode: spec.mode.as_str().into(),
+        copies: if spec.backend.name == "redlock" {
+            deployment.servers.count().max(1) as u32
+        } else {
+            1
+        },
     };
     collector.record(
         Event::new("runner", Kind::Start, Phase::Info)

@@ -28,6 +28,9 @@ pub struct RunInfo {
     pub workload: String,
     /// `enforce` or `observe`.
     pub mode: String,
+    /// Copies of each lock the backend keeps (Redlock: one per node): a holder's release
+    /// may remove its own stale copies after it was superseded.
+    pub copies: u32,
 }
 
 impl Default for RunInfo {
@@ -41,6 +44,7 @@ impl Default for RunInfo {
             recovery_slack_us: 1_500_000,
             workload: "counter".into(),
             mode: "enforce".into(),
+            copies: 1,
         }
     }
 }
@@ -62,6 +66,8 @@ pub struct Grant {
     pub granted: u64,
     /// Whether it expires without renewal (`After`), never, or with a session.
     pub expiry: Expiry,
+    /// The session it is bound to (session backends).
+    pub session: Option<String>,
     /// Every answer that extended it: (invoked, answered, promised until). A grant or
     /// renewal of lease `d` invoked at `i` was applied at `i` or later, so the server
     /// promised to keep it until at least `i + d`.
@@ -231,6 +237,7 @@ impl Facts {
                         invoked: op.start(),
                         granted: done.t,
                         expiry,
+                        session: session_of(done),
                         extensions: vec![(op.start(), done.t, promise)],
                         cut: u64::MAX,
                         denials: Vec::new(),
@@ -272,14 +279,20 @@ impl Facts {
                 g.cut = g.cut.min(op.start());
             }
         }
-        // Session keep-alives extend every session-bound grant of their process.
+        // Session keep-alives extend every grant bound to their session.
         for event in history.of(Kind::Session) {
             let Some(Expiry::Session { until }) = event.expiry else {
                 continue;
             };
+            // An ended session promises nothing more.
+            if event.answer.as_deref() == Some("ended") {
+                continue;
+            }
+            let session = session_of(event);
             for g in &mut self.grants {
                 if g.process == event.process
-                    && matches!(g.expiry, Expiry::Session { .. })
+                    && g.session.is_some()
+                    && g.session == session
                     && event.t >= g.invoked
                 {
                     g.extensions.push((event.t, event.t, until));
@@ -372,6 +385,16 @@ impl crate::history::Op<'_> {
     fn grant_cut(&self) -> bool {
         self.answered("released") || self.outcome() == Phase::Unknown
     }
+}
+
+/// The session id an event names (`value.session`).
+fn session_of(event: &Event) -> Option<String> {
+    event
+        .value
+        .as_ref()
+        .and_then(|v| v.get("session"))
+        .and_then(|s| s.as_str())
+        .map(str::to_owned)
 }
 
 fn faults(history: &History) -> Vec<Fault> {

@@ -130,6 +130,7 @@ pub(super) fn c8_release_safety(history: &History, facts: &Facts) -> Finding {
     if releases.is_empty() {
         return Finding::not_applicable("no releases");
     }
+    let acquires = history.ops(Kind::Acquire);
     let mut violations = Vec::new();
     let mut foreign_refused = 0;
     for op in &releases {
@@ -165,12 +166,24 @@ pub(super) fn c8_release_safety(history: &History, facts: &Facts) -> Finding {
             .filter(|t| *t < op.start())
             .max()
             .unwrap_or(grant.granted);
-        if let Some(newer) = facts.grants.iter().find(|g| {
+        let newer = facts.grants.iter().find(|g| {
             g.lock == grant.lock
                 && g.owner != grant.owner
                 && g.granted > last_own
                 && g.granted < op.start()
-        }) {
+        });
+        // After being superseded the owner may have queued again (the release then removed
+        // its place in the queue), and on a backend with several copies of each lock the
+        // release may have removed only its own stale copies.
+        let requeued = |after: u64| {
+            acquires
+                .iter()
+                .any(|a| a.owner() == Some(owner) && a.start() > after)
+        };
+        if let Some(newer) = newer
+            && facts.info.copies == 1
+            && !requeued(newer.granted)
+        {
             violations.push(Violation::at(
                 op.start(),
                 &[op.process(), &newer.process],

@@ -38,8 +38,9 @@ pub enum LockOp {
         owner: u32,
         /// The answer.
         answer: Option<bool>,
-        /// The owner was never granted the lock: "released" may mean its place in the
-        /// queue.
+        /// "Released" may mean something other than the grant: its place in the queue
+        /// (the owner waited), or its own stale copies (a backend with several copies
+        /// of each lock).
         queued: bool,
     },
 }
@@ -50,6 +51,11 @@ pub type LockCall = Call<LockOp>;
 /// The fenced lease mutex (see the module documentation).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct LeaseMutex;
+
+// A server that tells the holder it lost its lock before the lease it promised is over
+// has forgotten it early: that alone breaks no mutual exclusion (the holder stops), so it
+// is legal, but the lock stays reserved until the promise ends — a grant to another owner
+// before then is a double grant.
 
 /// The model's state.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -111,12 +117,8 @@ impl Model for LeaseMutex {
                     vec![with(Some((o, t, p.max(promise))), s.max_token)]
                 }
                 (Some(Some(_)), _) => vec![],
-                (Some(None), Some((o, _, p))) if o == owner => {
-                    if expirable(p) {
-                        vec![with(None, s.max_token)]
-                    } else {
-                        vec![]
-                    }
+                (Some(None), Some((o, _, p))) if o == owner && expirable(p) => {
+                    vec![with(None, s.max_token)]
                 }
                 _ => vec![s.clone()],
             },
@@ -128,12 +130,8 @@ impl Model for LeaseMutex {
                 (Some(true), Some((o, _, _))) if o == owner => vec![with(None, s.max_token)],
                 (Some(true), _) if queued => vec![s.clone()],
                 (Some(true), _) => vec![],
-                (Some(false), Some((o, _, p))) if o == owner => {
-                    if expirable(p) {
-                        vec![with(None, s.max_token)]
-                    } else {
-                        vec![]
-                    }
+                (Some(false), Some((o, _, p))) if o == owner && expirable(p) => {
+                    vec![with(None, s.max_token)]
                 }
                 (None, Some((o, _, _))) if o == owner => {
                     vec![s.clone(), with(None, s.max_token)]
@@ -161,13 +159,21 @@ fn promise(expiry: Option<Expiry>, invoked: u64) -> u64 {
 /// The lock history of `history`: backend calls per lock, with owners interned. Busy
 /// answers are left out (legal in every state, and they change nothing), as are calls that
 /// failed without being applied.
-pub(crate) fn lock_calls(history: &History) -> (Vec<(String, LockCall)>, Vec<OwnerName>) {
+pub(crate) fn lock_calls(
+    history: &History,
+    copies: u32,
+) -> (Vec<(String, LockCall)>, Vec<OwnerName>) {
     let mut owners: HashMap<String, u32> = HashMap::new();
     let mut names: Vec<OwnerName> = Vec::new();
-    let granted: std::collections::HashSet<&str> = history
-        .ops(Kind::Acquire)
-        .into_iter()
+    let acquires = history.ops(Kind::Acquire);
+    let granted: std::collections::HashSet<&str> = acquires
+        .iter()
         .filter(|op| op.answered("granted"))
+        .filter_map(|op| op.invoke.owner.as_deref())
+        .collect();
+    let waited: std::collections::HashSet<&str> = acquires
+        .iter()
+        .filter(|op| op.answered("busy") || op.outcome() == Phase::Unknown)
         .filter_map(|op| op.invoke.owner.as_deref())
         .collect();
     let mut calls = Vec::new();
@@ -207,7 +213,8 @@ pub(crate) fn lock_calls(history: &History) -> (Vec<(String, LockCall)>, Vec<Own
                 _ => LockOp::Release {
                     owner,
                     answer: known.then(|| op.answer() == Some("released")),
-                    queued: !granted.contains(owner_text.as_str()),
+                    queued: waited.contains(owner_text.as_str())
+                        || (copies > 1 && granted.contains(owner_text.as_str())),
                 },
             };
             calls.push((
@@ -223,8 +230,8 @@ pub(crate) fn lock_calls(history: &History) -> (Vec<(String, LockCall)>, Vec<Own
     (calls, names)
 }
 
-pub(super) fn c7_linearizable(history: &History, _facts: &Facts) -> Finding {
-    let (calls, owners) = lock_calls(history);
+pub(super) fn c7_linearizable(history: &History, facts: &Facts) -> Finding {
+    let (calls, owners) = lock_calls(history, facts.info.copies);
     if calls.is_empty() {
         return Finding::not_applicable("no backend calls recorded");
     }
@@ -362,6 +369,14 @@ mod tests {
             renew(0, 200, 210, Some(1200)),
             rel(0, 300, 310, true),
         ]));
+        // A server that forgot a grant early, but granted nobody else before the promise
+        // ran out (Redlock's restarted nodes in quarantine).
+        assert!(ok(&[
+            acq(0, 0, Some(10), Some((1, 1000))),
+            renew(0, 300, 310, None),
+            rel(0, 400, 410, false),
+            acq(1, 900, Some(1010), Some((2, 2000))),
+        ]));
         // A grant concurrent with a release may come after it.
         assert!(ok(&[
             acq(0, 0, Some(100), Some((1, 1000))),
@@ -393,10 +408,12 @@ mod tests {
             acq(0, 0, Some(10), Some((1, 1000))),
             rel(1, 20, 30, true),
         ]));
-        // The server forgot a grant before its promise ran out.
+        // The server forgot a grant before its promise ran out, and granted it again
+        // before that promise was over.
         assert!(!ok(&[
             acq(0, 0, Some(10), Some((1, 1000))),
             renew(0, 300, 310, None),
+            acq(1, 400, Some(410), Some((2, 1400))),
         ]));
         // A renewal of a lock that was given to another.
         assert!(!ok(&[

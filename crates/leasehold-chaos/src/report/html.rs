@@ -229,7 +229,8 @@ window.onerror = function (msg) { document.body.dataset.error = String(msg); };
         const r = el("rect", {x: x(hd.from), y: y + 8, width: Math.max(2, x(hd.to) - x(hd.from)), height: 14,
           fill: hd.how === "lost" ? "#999" : "#6a6", rx: 2, "class": "hold"}, g);
         el("title", {}, r, "token " + hd.token + " (" + hd.how + ")");
-        el("text", {x: x(hd.from) + 2, y: y + 19, fill: "#fff"}, g, String(hd.token));
+        const label = String(hd.token).length > 6 ? "…" + String(hd.token).slice(-4) : String(hd.token);
+        el("text", {x: x(hd.from) + 2, y: y + 19, fill: "#fff"}, g, label);
       }
       for (const a of run.accesses.filter((d) => d.lane === name)) {
         const color = a.answer === "accepted" ? "#080" : (a.answer === "refused" ? "#c00" : "#999");

@@ -161,8 +161,19 @@ fn promise(expiry: Option<Expiry>, invoked: u64) -> u64 {
 /// failed without being applied.
 pub(crate) fn lock_calls(
     history: &History,
-    copies: u32,
+    facts: &Facts,
 ) -> (Vec<(String, LockCall)>, Vec<OwnerName>) {
+    let copies = facts.info.copies;
+    // A grant that never expires ends when its holding process is killed.
+    let killed = |process: &str, after: u64| {
+        facts
+            .faults
+            .iter()
+            .filter(|f| f.action == "kill" && f.target == process && f.start > after)
+            .map(|f| f.start)
+            .min()
+            .unwrap_or(u64::MAX)
+    };
     let mut owners: HashMap<String, u32> = HashMap::new();
     let mut names: Vec<OwnerName> = Vec::new();
     let acquires = history.ops(Kind::Acquire);
@@ -194,7 +205,10 @@ pub(crate) fn lock_calls(
                     let answer = known.then(|| match op.answer() {
                         Some("granted") => Some((
                             op.token().unwrap_or(0),
-                            promise(done.and_then(|d| d.expiry), op.start()),
+                            match done.and_then(|d| d.expiry) {
+                                Some(Expiry::Never) | None => killed(op.process(), op.start()),
+                                expiry => promise(expiry, op.start()),
+                            },
                         )),
                         _ => None,
                     });
@@ -231,7 +245,7 @@ pub(crate) fn lock_calls(
 }
 
 pub(super) fn c7_linearizable(history: &History, facts: &Facts) -> Finding {
-    let (calls, owners) = lock_calls(history, facts.info.copies);
+    let (calls, owners) = lock_calls(history, facts);
     if calls.is_empty() {
         return Finding::not_applicable("no backend calls recorded");
     }

@@ -171,7 +171,12 @@ fn usage(message: &str) -> u8 {
 fn list() -> String {
     let mut out = String::from("Backends:\n");
     for b in REGISTRY {
-        out.push_str(&format!("  {:<9} {}://\n", b.name, b.scheme));
+        let note = if deploy::available(b) {
+            ""
+        } else {
+            " (not in this build)"
+        };
+        out.push_str(&format!("  {:<9} {}://{note}\n", b.name, b.scheme));
     }
     out.push_str("\nScenarios (where they run):\n");
     for s in SCENARIOS {
@@ -257,10 +262,21 @@ fn pick<T: Copy>(
 }
 
 fn run(args: RunArgs, launcher: &Launcher) -> u8 {
-    let backends = match pick(&args.backend, REGISTRY, deploy::backend, "backend") {
+    let built: Vec<&'static deploy::BackendSpec> = REGISTRY
+        .iter()
+        .copied()
+        .filter(|b| deploy::available(b))
+        .collect();
+    let backends = match pick(&args.backend, &built, deploy::backend, "backend") {
         Ok(b) => b,
         Err(e) => return usage(&format!("{e}; see `leasehold chaos list`")),
     };
+    if let Some(missing) = backends.iter().find(|b| !deploy::available(b)) {
+        return usage(&format!(
+            "{}:// needs leasehold built with the `{}` feature",
+            missing.scheme, missing.name
+        ));
+    }
     let all: Vec<&'static scenario::Scenario> = SCENARIOS.iter().collect();
     let scenarios = match pick(&args.scenario, &all, scenario::scenario, "scenario") {
         Ok(s) => s,

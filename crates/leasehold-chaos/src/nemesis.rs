@@ -582,7 +582,11 @@ impl<'a> Ctx<'a> {
                 pair.link.reset();
             }
             self.instant(
-                if hold { "hold-replication" } else { "drop-replication" },
+                if hold {
+                    "hold-replication"
+                } else {
+                    "drop-replication"
+                },
                 "server 1",
                 json!({}),
             );

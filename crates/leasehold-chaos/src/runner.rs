@@ -378,7 +378,9 @@ async fn execute(
     recorded: &mut Option<History>,
 ) -> io::Result<()> {
     let ttl = setup.ttl.unwrap_or(spec.backend.ttl);
-    let request_timeout = ttl.max(Duration::from_millis(500));
+    let request_timeout = ttl
+        .mul_f64(setup.request_timeout)
+        .max(Duration::from_millis(500));
     let lock = format!("chaos-{}-{}", spec.scenario.name, spec.seed);
     let mut deployment = Deployment::start(
         spec.backend,

@@ -42,6 +42,8 @@ pub struct Setup {
     pub lock_delay: Option<f64>,
     /// A lease other than the backend's usual one.
     pub ttl: Option<Duration>,
+    /// The engine's request timeout, in leases (default: one lease).
+    pub request_timeout: f64,
     /// It needs control of the servers (so it cannot run against `--url`).
     pub needs_servers: bool,
     /// What the checks must show, where not "hold".
@@ -59,6 +61,7 @@ impl Default for Setup {
             rogue: false,
             lock_delay: None,
             ttl: None,
+            request_timeout: 1.0,
             needs_servers: false,
             expect: Vec::new(),
         }
@@ -154,8 +157,16 @@ pub static SCENARIOS: &[Scenario] = &[
     Scenario {
         id: 2,
         name: "delayed-grant-reply",
-        title: "a waiter's round trip is slowed past the lease while it is granted",
-        plan: |b| network_or_in_process(b, Setup::default()),
+        title: "a waiter's round trip is slowed past the lease (within the request timeout)",
+        plan: |b| {
+            network_or_in_process(
+                b,
+                Setup {
+                    request_timeout: 2.0,
+                    ..Setup::default()
+                },
+            )
+        },
         script: script!(delayed_grant_reply),
     },
     Scenario {

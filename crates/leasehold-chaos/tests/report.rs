@@ -35,7 +35,11 @@ fn chromium(profile: &Path, args: &[&str]) -> std::process::Output {
 fn the_html_timeline_renders_its_lanes_in_headless_chromium() {
     // A run with a violation to mark: Redis restarted empty under a holder.
     let report = common::run(&common::spec("redis", "restart-empty", 1));
-    assert!(report.is_good(), "{}", leasehold_chaos::report::table(&[report]));
+    assert!(
+        report.is_good(),
+        "{}",
+        leasehold_chaos::report::table(&[report])
+    );
     let lanes = report
         .history
         .as_ref()
@@ -63,9 +67,15 @@ fn the_html_timeline_renders_its_lanes_in_headless_chromium() {
         String::from_utf8_lossy(&dom.stderr),
         &dom_text[..dom_text.len().min(2000)]
     );
-    assert!(!dom_text.contains("data-error"), "a script error:\n{dom_text}");
+    assert!(
+        !dom_text.contains("data-error"),
+        "a script error:\n{dom_text}"
+    );
     assert_eq!(dom_text.matches("class=\"lane\"").count(), lanes);
-    assert!(dom_text.contains("class=\"violation\""), "no violation marked");
+    assert!(
+        dom_text.contains("class=\"violation\""),
+        "no violation marked"
+    );
     assert!(dom_text.contains("class=\"fault\""), "no fault shaded");
 
     let profile = tempfile::tempdir().unwrap();
@@ -85,7 +95,11 @@ fn the_html_timeline_renders_its_lanes_in_headless_chromium() {
         )
     });
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
-    assert!(png.len() > 10_000, "a {}-byte screenshot is blank", png.len());
+    assert!(
+        png.len() > 10_000,
+        "a {}-byte screenshot is blank",
+        png.len()
+    );
     if let Ok(keep) = std::env::var("LEASEHOLD_CHAOS_SCREENSHOT") {
         std::fs::copy(&shot, keep).unwrap();
     }

@@ -20,9 +20,7 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::time::Duration;
 
-use leasehold_testkit::{
-    Etcd, FaultProxy, Postgres, Redis, ServerProcess, ZooKeeper,
-};
+use leasehold_testkit::{Etcd, FaultProxy, Postgres, Redis, ServerProcess, ZooKeeper};
 
 use crate::vip::Vip;
 
@@ -40,6 +38,12 @@ pub static REGISTRY: &[&BackendSpec] = &[
 /// Finds a backend by name.
 pub fn backend(name: &str) -> Option<&'static BackendSpec> {
     REGISTRY.iter().copied().find(|b| b.name == name)
+}
+
+/// Whether this build of leasehold can connect to `spec`'s URLs (etcd needs the facade's
+/// `etcd` feature).
+pub fn available(spec: &BackendSpec) -> bool {
+    leasehold::supported_schemes().contains(&spec.scheme)
 }
 
 /// A boxed future (not `Send`: the testkit's server start-ups are not).

@@ -25,9 +25,7 @@ pub static SPEC: BackendSpec = BackendSpec {
     start: |topology| {
         Box::pin(async move {
             Ok(match topology {
-                Topology::Replicated => {
-                    Servers::Replicated(Box::new(replicated().await?))
-                }
+                Topology::Replicated => Servers::Replicated(Box::new(replicated().await?)),
                 Topology::Evicting => Servers::Redis(vec![
                     Redis::builder()
                         .config("maxmemory-policy", "volatile-lru")
@@ -55,11 +53,16 @@ async fn replicated() -> io::Result<Replicated> {
     let started = Instant::now();
     loop {
         let info = replica.command(&["INFO", "replication"]).await?;
-        if info.text().is_some_and(|t| t.contains("master_link_status:up")) {
+        if info
+            .text()
+            .is_some_and(|t| t.contains("master_link_status:up"))
+        {
             break;
         }
         if started.elapsed() > Duration::from_secs(30) {
-            return Err(io::Error::other("the replica did not connect to its primary"));
+            return Err(io::Error::other(
+                "the replica did not connect to its primary",
+            ));
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
     }

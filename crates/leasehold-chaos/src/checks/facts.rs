@@ -204,36 +204,47 @@ impl Facts {
     }
 
     fn collect_grants(&mut self, history: &History) {
-        let mut index: HashMap<(String, String), usize> = HashMap::new();
+        // An owner id may be granted more than once: a grant whose reply came too late is
+        // given back and the acquisition goes on under the same id; a later grant with a
+        // new token is a new grant. A grant with the same token again is an adoption.
+        let mut by_key: HashMap<(String, String), Vec<usize>> = HashMap::new();
         let key = |e: &Event| {
             (
                 e.lock.clone().unwrap_or_default(),
                 e.owner.clone().unwrap_or_default(),
             )
         };
-        for op in history.ops(Kind::Acquire) {
+        let mut acquires = history.ops(Kind::Acquire);
+        acquires.sort_by_key(|op| op.end().unwrap_or(u64::MAX));
+        for op in &acquires {
             let owner = op.invoke.owner.clone().unwrap_or_default();
             self.owner_process
                 .entry(owner)
                 .or_insert_with(|| op.process().to_owned());
+        }
+        for op in acquires {
             if !op.answered("granted") {
                 continue;
             }
             let done = op.done.unwrap_or(op.invoke);
             let expiry = done.expiry.unwrap_or(Expiry::Never);
             let promise = promise_of(Some(expiry), op.start());
+            let token = op.token().unwrap_or(0);
             let k = key(op.invoke);
-            match index.get(&k) {
-                Some(&i) => self.grants[i]
-                    .extensions
-                    .push((op.start(), done.t, promise)),
-                None => {
-                    index.insert(k.clone(), self.grants.len());
+            let grants = by_key.entry(k.clone()).or_default();
+            match grants.last() {
+                Some(&i) if self.grants[i].token == token => {
+                    self.grants[i]
+                        .extensions
+                        .push((op.start(), done.t, promise));
+                }
+                _ => {
+                    grants.push(self.grants.len());
                     self.grants.push(Grant {
                         lock: k.0,
                         owner: k.1,
                         process: op.process().to_owned(),
-                        token: op.token().unwrap_or(0),
+                        token,
                         invoked: op.start(),
                         granted: done.t,
                         expiry,
@@ -245,8 +256,17 @@ impl Facts {
                 }
             }
         }
+        // The grant an owner's call at `t` is about: its latest one answered before.
+        let at = |grants: &[Grant], k: &(String, String), t: u64| {
+            by_key
+                .get(k)?
+                .iter()
+                .copied()
+                .filter(|i| grants[*i].granted <= t)
+                .next_back()
+        };
         for op in history.ops(Kind::Renew) {
-            let Some(&i) = index.get(&key(op.invoke)) else {
+            let Some(i) = at(&self.grants, &key(op.invoke), op.start()) else {
                 continue;
             };
             if op.answered("renewed") {
@@ -262,7 +282,7 @@ impl Facts {
             }
         }
         for op in history.ops(Kind::Release) {
-            let Some(&i) = index.get(&key(op.invoke)) else {
+            let Some(i) = at(&self.grants, &key(op.invoke), op.start()) else {
                 continue;
             };
             // Only the holder's own release gives the grant up; one sent by another
@@ -365,11 +385,19 @@ impl Facts {
         map
     }
 
-    /// The grant of `owner` on `lock`.
-    pub fn grant(&self, lock: &str, owner: &str) -> Option<&Grant> {
+    /// The grant of `owner` on `lock` with `token`.
+    pub fn grant(&self, lock: &str, owner: &str, token: u64) -> Option<&Grant> {
         self.grants
             .iter()
-            .find(|g| g.lock == lock && g.owner == owner)
+            .find(|g| g.lock == lock && g.owner == owner && g.token == token)
+    }
+
+    /// The latest grant of `owner` on `lock` answered before `t`.
+    pub fn grant_at(&self, lock: &str, owner: &str, t: u64) -> Option<&Grant> {
+        self.grants
+            .iter()
+            .filter(|g| g.lock == lock && g.owner == owner && g.granted <= t)
+            .max_by_key(|g| g.granted)
     }
 
     /// Faults that stop or kill `process`.

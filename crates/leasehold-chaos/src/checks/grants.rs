@@ -156,7 +156,7 @@ pub(super) fn c8_release_safety(history: &History, facts: &Facts) -> Finding {
             continue;
         }
         // Never granted: what it released was its place in the queue.
-        let Some(grant) = facts.grant(lock, owner) else {
+        let Some(grant) = facts.grant_at(lock, owner, op.start()) else {
             continue;
         };
         let last_own = grant
@@ -173,12 +173,13 @@ pub(super) fn c8_release_safety(history: &History, facts: &Facts) -> Finding {
                 && g.granted < op.start()
         });
         // After being superseded the owner may have queued again (the release then removed
-        // its place in the queue), and on a backend with several copies of each lock the
+        // its place in the queue), an acquire of it without an answer may have landed late
+        // and granted it again, and on a backend with several copies of each lock the
         // release may have removed only its own stale copies.
         let requeued = |after: u64| {
-            acquires
-                .iter()
-                .any(|a| a.owner() == Some(owner) && a.start() > after)
+            acquires.iter().any(|a| {
+                a.owner() == Some(owner) && (a.start() > after || a.outcome() == Phase::Unknown)
+            })
         };
         if let Some(newer) = newer
             && facts.info.copies == 1
@@ -356,6 +357,25 @@ mod tests {
             "holders": [{"owner": "a", "mode": "exclusive"}, {"owner": "b", "mode": "exclusive"}]
         }));
         assert_eq!(findings(Check::C5, vec![inspect]), 1);
+    }
+
+    #[test]
+    fn a_grant_given_back_and_a_later_one_under_the_same_owner_are_two_grants() {
+        // a is granted token 5 too late and gives it back; b holds; a's acquisition goes
+        // on under the same owner id and is granted token 7 after b released.
+        let mut h: Vec<Event> = grant("w1", 1, "a", 0, 900, 5, 1000).into();
+        h.extend(call(Kind::Release, "w1", 2, "a", 910, 920, "released"));
+        h.extend(grant("w2", 1, "b", 950, 960, 6, 1000));
+        h.extend(call(Kind::Release, "w2", 2, "b", 1500, 1510, "released"));
+        h.extend(grant("w1", 3, "a", 1600, 1610, 7, 1000));
+        h.extend(call(Kind::Release, "w1", 4, "a", 1700, 1710, "released"));
+        for c in [Check::C3, Check::C5, Check::C8] {
+            assert_eq!(findings(c, h.clone()), 0, "{c}");
+        }
+        let facts = Facts::new(&History::from_events(h));
+        assert_eq!(facts.grants.len(), 3);
+        assert_eq!(facts.grants[0].cut, 910);
+        assert_eq!(facts.grants[2].token, 7);
     }
 
     #[test]

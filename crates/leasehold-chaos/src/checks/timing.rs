@@ -61,7 +61,7 @@ pub(super) fn c9_loss_timing(history: &History, facts: &Facts) -> Finding {
     }
     let mut violations = Vec::new();
     for hold in &facts.holds {
-        let Some(grant) = facts.grant(&hold.lock, &hold.owner) else {
+        let Some(grant) = facts.grant(&hold.lock, &hold.owner, hold.token) else {
             continue;
         };
         let expires = !matches!(grant.expiry, Expiry::Never);

@@ -85,6 +85,7 @@ impl fmt::Display for Mode {
 
 /// One acquisition's request, passed unchanged to acquire, renew and release.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct Request {
     /// The lock.
     pub name: LockName,
@@ -104,6 +105,23 @@ pub struct Request {
     pub value: Option<Arc<[u8]>>,
 }
 
+impl Request {
+    /// A request of `owner` for `name` in `mode` with a lease of `ttl`: not fair, not
+    /// waiting, no lock-delay, no value (set those fields as needed).
+    pub fn new(name: LockName, owner: OwnerId, mode: Mode, ttl: Duration) -> Self {
+        Self {
+            name,
+            owner,
+            mode,
+            ttl,
+            fair: false,
+            waiting: false,
+            lock_delay: None,
+            value: None,
+        }
+    }
+}
+
 /// The answer to [`Backend::acquire`].
 #[derive(Debug)]
 pub enum Acquire {
@@ -116,11 +134,19 @@ pub enum Acquire {
 
 /// A successful grant.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Grant {
     /// The grant's fencing token.
     pub token: FencingToken,
     /// How long the server keeps it without renewal.
     pub expiry: Expiry,
+}
+
+impl Grant {
+    /// A grant with `token`, kept as `expiry` says.
+    pub fn new(token: FencingToken, expiry: Expiry) -> Self {
+        Self { token, expiry }
+    }
 }
 
 /// How long a server keeps a grant (or a renewal) without hearing from its owner.
@@ -218,6 +244,16 @@ impl SessionKeeper {
     }
 }
 
+impl LockState {
+    /// No holders and no waiters, with `hint` for waiting on the next change.
+    pub fn new(hint: WaitHint) -> Self {
+        Self {
+            hint,
+            ..Self::default()
+        }
+    }
+}
+
 /// The answer to [`Backend::renew`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Renewal {
@@ -270,6 +306,7 @@ impl fmt::Debug for WaitHint {
 
 /// A holder, as reported by [`Backend::inspect`].
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Holder {
     /// Who holds.
     pub owner: OwnerId,
@@ -283,8 +320,35 @@ pub struct Holder {
     pub value: Option<Arc<[u8]>>,
 }
 
+impl Holder {
+    /// A holder `owner` in `mode` with `token`; no expiry known, no value (set those
+    /// fields as needed).
+    pub fn new(owner: OwnerId, mode: Mode, token: FencingToken) -> Self {
+        Self {
+            owner,
+            mode,
+            token,
+            remaining: None,
+            value: None,
+        }
+    }
+
+    /// This holder with `remaining` time left on its lease.
+    pub fn with_remaining(mut self, remaining: Option<Duration>) -> Self {
+        self.remaining = remaining;
+        self
+    }
+
+    /// This holder with `value` stored with its grant.
+    pub fn with_value(mut self, value: Option<Arc<[u8]>>) -> Self {
+        self.value = value;
+        self
+    }
+}
+
 /// A queued waiter, as reported by [`Backend::inspect`].
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Waiter {
     /// Who waits.
     pub owner: OwnerId,
@@ -292,9 +356,17 @@ pub struct Waiter {
     pub mode: Mode,
 }
 
+impl Waiter {
+    /// A waiter `owner` in `mode`.
+    pub fn new(owner: OwnerId, mode: Mode) -> Self {
+        Self { owner, mode }
+    }
+}
+
 /// What the server knows about one name: holders of both sets, queued waiters in queue
 /// order, and a hint for waiting on the next change.
 #[derive(Debug, Clone, Default)]
+#[non_exhaustive]
 pub struct LockState {
     /// Current holders (lock set first, then permits).
     pub holders: Vec<Holder>,
@@ -343,9 +415,11 @@ pub struct Capabilities {
     pub permits: bool,
     /// `lock_delay` is honoured.
     pub lock_delay: bool,
-    /// Grants are bound to one session of the client ([`Expiry::Session`]), not renewed
-    /// one by one: a hold cap cannot stop one grant's renewal.
-    pub sessions: bool,
+    /// `Some(ttl)` when grants are bound to one session of the client
+    /// ([`Expiry::Session`]) rather than renewed one by one: the session, kept alive for
+    /// all of them, lasts `ttl` without a keep-alive, and that is every grant's lease
+    /// length whatever a lock's options ask (a hold cap cannot stop one grant's renewal).
+    pub session_ttl: Option<Duration>,
 }
 
 impl Capabilities {
@@ -361,8 +435,14 @@ impl Capabilities {
             shared: false,
             permits: false,
             lock_delay: false,
-            sessions: false,
+            session_ttl: None,
         }
+    }
+
+    /// Whether grants are bound to a session of the client (see
+    /// [`session_ttl`](Capabilities::session_ttl)).
+    pub fn has_sessions(&self) -> bool {
+        self.session_ttl.is_some()
     }
 }
 
@@ -388,6 +468,17 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
 
     /// Holders, waiters and a wait hint for `name`.
     async fn inspect(&self, name: &LockName) -> Result<LockState>;
+
+    /// Called when the release of `req`'s grant or queue entry could not be confirmed
+    /// (the engine retried it and the server never answered, or refused). A backend whose
+    /// grants live by a session must make sure this one does not stay alive under it, for
+    /// instance by ending the session (its other grants are lost with it) or by moving the
+    /// grant to a lease that expires. The default does nothing: on a backend whose grants
+    /// expire, the engine keeps retrying the release until the grant's lease has ended.
+    async fn abandon(&self, req: &Request) -> Result<()> {
+        let _ = req;
+        Ok(())
+    }
 }
 
 #[async_trait]
@@ -409,5 +500,8 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
     }
     async fn inspect(&self, name: &LockName) -> Result<LockState> {
         (**self).inspect(name).await
+    }
+    async fn abandon(&self, req: &Request) -> Result<()> {
+        (**self).abandon(req).await
     }
 }

@@ -3,16 +3,13 @@
 //! Lease arithmetic never uses wall-clock time. [`SystemClock`] reads `CLOCK_BOOTTIME` on
 //! Linux and Android, a monotonic clock that keeps counting while the machine is suspended,
 //! so a laptop lid closed for an hour cannot make a holder believe its lease is still fresh.
-//! Elsewhere it falls back to the standard monotonic clock. [`ManualClock`] is moved by hand
+//! Elsewhere it falls back to the standard monotonic clock. `ManualClock` (feature `test-util`) is moved by hand
 //! and makes deadline and watchdog behaviour testable without real waiting.
 
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::time::Duration;
-
-use tokio::sync::watch;
 
 /// A point in time on a [`Clock`]: the time elapsed since that clock's own origin.
 ///
@@ -76,6 +73,10 @@ pub trait Clock: Send + Sync + fmt::Debug + 'static {
 
 /// The real clock: `CLOCK_BOOTTIME` where the OS has it, otherwise `std::time::Instant`.
 #[derive(Debug, Clone, Copy, Default)]
+#[allow(
+    clippy::exhaustive_structs,
+    reason = "a unit struct: nothing to add to it"
+)]
 pub struct SystemClock;
 
 /// Longest single timer sleep of [`SystemClock::sleep_until`]. Tokio's timers run on a clock
@@ -120,72 +121,85 @@ impl Clock for SystemClock {
     }
 }
 
-/// A clock that moves only when told to. Clones share the same time.
-///
-/// Sleepers wake as soon as [`advance`](ManualClock::advance) or
-/// [`set`](ManualClock::set) moves the time to or past their deadline.
-///
-/// ```
-/// use std::time::Duration;
-/// use leasehold_core::clock::{Clock, ManualClock};
-///
-/// let clock = ManualClock::new();
-/// let start = clock.now();
-/// clock.advance(Duration::from_secs(5));
-/// assert_eq!(clock.now().saturating_duration_since(start), Duration::from_secs(5));
-/// ```
-#[derive(Debug, Clone)]
-pub struct ManualClock {
-    now: Arc<watch::Sender<Instant>>,
-}
+#[cfg(any(test, feature = "test-util"))]
+pub use manual::ManualClock;
 
-impl ManualClock {
-    /// A clock standing at an arbitrary origin (one hour past zero, so that instants a little
-    /// before "now" are representable).
-    pub fn new() -> Self {
-        let (tx, _) = watch::channel(Instant(Duration::from_secs(3600)));
-        Self { now: Arc::new(tx) }
+#[cfg(any(test, feature = "test-util"))]
+mod manual {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use tokio::sync::watch;
+
+    use super::{Clock, Instant, Sleep};
+
+    /// A clock that moves only when told to. Clones share the same time (feature `test-util`).
+    ///
+    /// Sleepers wake as soon as [`advance`](ManualClock::advance) or
+    /// [`set`](ManualClock::set) moves the time to or past their deadline.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use leasehold_core::clock::{Clock, ManualClock};
+    ///
+    /// let clock = ManualClock::new();
+    /// let start = clock.now();
+    /// clock.advance(Duration::from_secs(5));
+    /// assert_eq!(clock.now().saturating_duration_since(start), Duration::from_secs(5));
+    /// ```
+    #[derive(Debug, Clone)]
+    pub struct ManualClock {
+        now: Arc<watch::Sender<Instant>>,
     }
 
-    /// Moves the time forward by `by`.
-    pub fn advance(&self, by: Duration) {
-        self.now.send_modify(|now| *now = now.saturating_add(by));
+    impl ManualClock {
+        /// A clock standing at an arbitrary origin (one hour past zero, so that instants a little
+        /// before "now" are representable).
+        pub fn new() -> Self {
+            let (tx, _) = watch::channel(Instant::from_origin(Duration::from_secs(3600)));
+            Self { now: Arc::new(tx) }
+        }
+
+        /// Moves the time forward by `by`.
+        pub fn advance(&self, by: Duration) {
+            self.now.send_modify(|now| *now = now.saturating_add(by));
+        }
+
+        /// Moves the time to `to`; a ManualClock never goes backwards, so an earlier `to` is
+        /// ignored.
+        pub fn set(&self, to: Instant) {
+            self.now.send_if_modified(|now| {
+                if to > *now {
+                    *now = to;
+                    true
+                } else {
+                    false
+                }
+            });
+        }
     }
 
-    /// Moves the time to `to`; a ManualClock never goes backwards, so an earlier `to` is
-    /// ignored.
-    pub fn set(&self, to: Instant) {
-        self.now.send_if_modified(|now| {
-            if to > *now {
-                *now = to;
-                true
-            } else {
-                false
-            }
-        });
-    }
-}
-
-impl Default for ManualClock {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl Clock for ManualClock {
-    fn now(&self) -> Instant {
-        *self.now.borrow()
+    impl Default for ManualClock {
+        fn default() -> Self {
+            Self::new()
+        }
     }
 
-    fn sleep_until(&self, deadline: Instant) -> Sleep {
-        let mut rx = self.now.subscribe();
-        Box::pin(async move {
-            // The sender lives as long as any clone of the clock; if every clone is gone the
-            // time can never reach the deadline, so sleep forever.
-            if rx.wait_for(|now| *now >= deadline).await.is_err() {
-                std::future::pending::<()>().await;
-            }
-        })
+    impl Clock for ManualClock {
+        fn now(&self) -> Instant {
+            *self.now.borrow()
+        }
+
+        fn sleep_until(&self, deadline: Instant) -> Sleep {
+            let mut rx = self.now.subscribe();
+            Box::pin(async move {
+                // The sender lives as long as any clone of the clock; if every clone is gone the
+                // time can never reach the deadline, so sleep forever.
+                if rx.wait_for(|now| *now >= deadline).await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            })
+        }
     }
 }
 

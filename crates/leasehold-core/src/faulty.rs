@@ -221,4 +221,8 @@ impl Backend for Faulty {
     async fn inspect(&self, name: &LockName) -> Result<LockState> {
         self.intercept(Op::Inspect, self.inner.inspect(name)).await
     }
+
+    async fn abandon(&self, req: &Request) -> Result<()> {
+        self.inner.abandon(req).await
+    }
 }

@@ -7,6 +7,7 @@
 //! [`Fence`] is that check for a resource living in the same process (tests, embedded
 //! stores); backends ship checks for their own stores.
 
+use std::collections::VecDeque;
 use std::fmt;
 use std::sync::Mutex;
 
@@ -14,7 +15,7 @@ use std::sync::Mutex;
 /// each other in real time.
 ///
 /// How strong that promise is (does it survive a server restart? a failover?) depends on the
-/// backend; see [`Capabilities::fencing`](crate::backend::Capabilities::fencing).
+/// backend; see [`Capabilities::tokens`](crate::backend::Capabilities::tokens).
 #[derive(Copy, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
 pub struct FencingToken(u64);
 
@@ -44,6 +45,7 @@ impl From<FencingToken> for u64 {
 
 /// The error a [`Fence`] returns for a token older than one it already accepted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 #[error("stale fencing token {presented}: a write with token {highest} was already accepted")]
 pub struct StaleToken {
     /// The token that was refused.
@@ -52,10 +54,20 @@ pub struct StaleToken {
     pub highest: FencingToken,
 }
 
+impl StaleToken {
+    /// `presented` was refused: `highest` was accepted before.
+    pub fn new(presented: FencingToken, highest: FencingToken) -> Self {
+        Self { presented, highest }
+    }
+}
+
 /// An in-process fenced resource: it runs a write only if the write's token is not lower
-/// than the highest token it has accepted, and it keeps the order of accepted tokens.
+/// than the highest token it has accepted, and it keeps the order of the most recently
+/// accepted tokens.
 ///
-/// Equal tokens are accepted: one holder may write many times under one grant.
+/// Equal tokens are accepted: one holder may write many times under one grant. Its memory
+/// is bounded: counts, the highest token, and the last [`Fence::DEFAULT_HISTORY`] accepted
+/// tokens (see [`with_history`](Fence::with_history)).
 ///
 /// ```
 /// use leasehold_core::fencing::{Fence, FencingToken};
@@ -67,32 +79,65 @@ pub struct StaleToken {
 /// assert!(fence.apply(FencingToken::new(6), || counter += 1).is_err());
 /// assert_eq!(counter, 1);
 /// ```
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Fence {
     state: Mutex<FenceState>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct FenceState {
     highest: Option<FencingToken>,
-    accepted: Vec<FencingToken>,
+    /// The most recently accepted tokens, oldest first.
+    recent: VecDeque<FencingToken>,
+    history: usize,
+    accepted: u64,
     rejected: u64,
 }
 
+impl Default for Fence {
+    fn default() -> Self {
+        Self::with_history(Self::DEFAULT_HISTORY)
+    }
+}
+
 impl Fence {
+    /// How many accepted tokens a fence remembers by default.
+    pub const DEFAULT_HISTORY: usize = 1024;
+
     /// An empty fence that accepts any first token.
     pub fn new() -> Self {
         Self::default()
     }
 
+    /// An empty fence that remembers the last `history` accepted tokens.
+    pub fn with_history(history: usize) -> Self {
+        Self {
+            state: Mutex::new(FenceState {
+                highest: None,
+                recent: VecDeque::new(),
+                history,
+                accepted: 0,
+                rejected: 0,
+            }),
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, FenceState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Runs `write` if `token` is not older than the highest accepted token, atomically with
     /// the check, and records the token.
+    ///
+    /// # Errors
+    ///
+    /// [`StaleToken`] if a higher token was accepted before; `write` is not run.
     pub fn apply<T>(
         &self,
         token: FencingToken,
         write: impl FnOnce() -> T,
     ) -> Result<T, StaleToken> {
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut state = self.state();
         if let Some(highest) = state.highest
             && token < highest
         {
@@ -103,30 +148,35 @@ impl Fence {
             });
         }
         state.highest = Some(token);
-        state.accepted.push(token);
+        state.accepted += 1;
+        if state.history > 0 {
+            if state.recent.len() == state.history {
+                state.recent.pop_front();
+            }
+            state.recent.push_back(token);
+        }
         Ok(write())
     }
 
     /// The highest token accepted so far.
     pub fn highest(&self) -> Option<FencingToken> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner()).highest
+        self.state().highest
     }
 
-    /// Every accepted token, in the order the writes were applied.
+    /// The most recently accepted tokens, in the order their writes were applied (at most
+    /// the fence's history length).
     pub fn accepted(&self) -> Vec<FencingToken> {
-        self.state
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .accepted
-            .clone()
+        self.state().recent.iter().copied().collect()
+    }
+
+    /// How many writes were accepted.
+    pub fn accepted_count(&self) -> u64 {
+        self.state().accepted
     }
 
     /// How many writes were refused.
     pub fn rejected(&self) -> u64 {
-        self.state
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .rejected
+        self.state().rejected
     }
 }
 
@@ -147,5 +197,24 @@ mod tests {
         assert_eq!(fence.accepted(), vec![t(3), t(3), t(5)]);
         assert_eq!(fence.rejected(), 1);
         assert_eq!(fence.highest(), Some(t(5)));
+    }
+
+    #[test]
+    fn memory_stays_bounded_however_many_writes() {
+        let fence = Fence::new();
+        for token in 1..=10_000 {
+            fence.apply(FencingToken::new(token), || ()).unwrap();
+        }
+        assert_eq!(fence.accepted_count(), 10_000);
+        let recent = fence.accepted();
+        assert_eq!(recent.len(), Fence::DEFAULT_HISTORY);
+        assert_eq!(recent.first(), Some(&FencingToken::new(10_001 - 1024)));
+        assert_eq!(recent.last(), Some(&FencingToken::new(10_000)));
+        assert_eq!(fence.highest(), Some(FencingToken::new(10_000)));
+
+        let counting_only = Fence::with_history(0);
+        counting_only.apply(FencingToken::new(1), || ()).unwrap();
+        assert!(counting_only.accepted().is_empty());
+        assert_eq!(counting_only.accepted_count(), 1);
     }
 }

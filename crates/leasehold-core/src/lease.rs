@@ -16,13 +16,14 @@ use std::time::Duration;
 use tokio::runtime::Handle;
 use tokio::sync::Notify;
 
-use crate::backend::{Expiry, Liveness, Request, SessionLiveness};
-use crate::client::Client;
+use crate::backend::{Expiry, Liveness, Renewal, Request, SessionLiveness};
 use crate::clock::Instant;
+use crate::context::Context;
 use crate::error::LossReason;
 use crate::fencing::FencingToken;
 use crate::options::LockOptions;
-use crate::watchdog::Slot;
+use crate::release::{MAX_RETRY_PAUSE, PendingRelease};
+use crate::watchdog::{Renewable, Renewing, Slot};
 
 /// Where a lease stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,8 +40,6 @@ pub(crate) enum State {
     Released,
 }
 
-/// The local deadline of a lease of length `granted` whose request was sent at `sent`, or
-/// `None` if the drift allowance leaves nothing of it.
 /// Why a lease that reached its deadline was lost.
 fn at_deadline(capped: bool) -> LossReason {
     if capped {
@@ -63,6 +62,8 @@ fn with_session(state: State, session: Option<&SessionLiveness>) -> State {
     }
 }
 
+/// The local deadline of a lease of length `granted` whose request was sent at `sent`, or
+/// `None` if the drift allowance leaves nothing of it.
 pub(crate) fn local_deadline(
     options: &LockOptions,
     sent: Instant,
@@ -75,7 +76,7 @@ pub(crate) fn local_deadline(
 /// client's renewal schedule holds it weakly.
 #[derive(Debug)]
 pub(crate) struct Lease {
-    pub(crate) client: Client,
+    pub(crate) ctx: Arc<Context>,
     pub(crate) request: Request,
     pub(crate) options: Arc<LockOptions>,
     pub(crate) token: FencingToken,
@@ -94,19 +95,26 @@ pub(crate) struct Lease {
     /// The backend session the grant lives by, if it is bound to one: then the session's
     /// deadline is the lease's.
     session: Option<SessionLiveness>,
+    /// When the last request that could extend the grant on the server was sent, and the
+    /// lease length it was granted: the server keeps the grant no longer than their sum.
+    extended: std::sync::Mutex<(Instant, Duration)>,
 }
 
 impl Lease {
     /// A lease for a grant whose request was sent at `sent`, with one hold; `None` if its
     /// deadline has already passed (the reply came too late to be of use).
     pub(crate) fn new(
-        client: Client,
+        ctx: Arc<Context>,
         request: Request,
         options: Arc<LockOptions>,
         token: FencingToken,
         sent: Instant,
         expiry: Expiry,
     ) -> Option<Arc<Lease>> {
+        let granted = match &expiry {
+            Expiry::After(granted) => *granted,
+            Expiry::Never | Expiry::Session(_) => request.ttl,
+        };
         let (deadline, session) = match expiry {
             Expiry::After(granted) => (Some(local_deadline(&options, sent, granted)?), None),
             Expiry::Never => (None, None),
@@ -122,12 +130,12 @@ impl Lease {
         match initial {
             State::Held {
                 deadline: Some(d), ..
-            } if client.clock().now() >= d => return None,
+            } if ctx.now() >= d => return None,
             State::Held { .. } => {}
             _ => return None,
         }
         Some(Arc::new(Lease {
-            client,
+            ctx,
             request,
             options,
             token,
@@ -141,11 +149,12 @@ impl Lease {
             runtime: Handle::try_current().ok(),
             slot: std::sync::Mutex::new(None),
             session,
+            extended: std::sync::Mutex::new((sent, granted)),
         }))
     }
 
     fn now(&self) -> Instant {
-        self.client.clock().now()
+        self.ctx.now()
     }
 
     /// The state as last set (without the deadline or the session taken into account).
@@ -165,14 +174,27 @@ impl Lease {
 
     /// The state, with a passed deadline read as lost even before a renewal marks it,
     /// and a session's deadline or end taken into account.
+    ///
+    /// A loss found this way is recorded: once a reader saw the lease lost, it stays lost,
+    /// whatever a session's late keep-alive says afterwards.
     pub(crate) fn state(&self) -> State {
-        match with_session(self.recorded(), self.session.as_ref()) {
+        let state = match with_session(self.recorded(), self.session.as_ref()) {
             State::Held {
                 deadline: Some(deadline),
                 capped,
             } if self.now() >= deadline => State::Lost(at_deadline(capped)),
             state => state,
+        };
+        if let State::Lost(reason) = state {
+            self.update(|recorded| match recorded {
+                State::Held { .. } => {
+                    *recorded = State::Lost(reason);
+                    true
+                }
+                _ => false,
+            });
         }
+        state
     }
 
     pub(crate) fn is_held(&self) -> bool {
@@ -271,8 +293,32 @@ impl Lease {
             };
             true
         });
-        self.client.watchdog().forget(self);
+        self.ctx.watchdog.forget(self);
         before
+    }
+
+    /// A release of this grant by owner, armed: dropped unconfirmed, it goes on in the
+    /// background until the server confirms or the grant's lease has surely ended.
+    pub(crate) fn pending_release(&self) -> PendingRelease {
+        let (sent, granted) = *self.extended.lock().unwrap_or_else(|e| e.into_inner());
+        PendingRelease::new(
+            &self.ctx,
+            self.request.clone(),
+            sent,
+            granted,
+            self.runtime.clone(),
+        )
+    }
+
+    /// Starts renewing the lease, if it expires: the first renewal is due
+    /// `renew_every` after its grant was requested.
+    pub(crate) fn start_renewals(self: &Arc<Self>) {
+        if self.session.is_some() || self.deadline().is_none() {
+            return;
+        }
+        let at = self.acquired_at.saturating_add(self.options.renew_every());
+        let lease: Arc<dyn Renewable> = self.clone();
+        self.ctx.watchdog.schedule(&lease, at);
     }
 
     /// Completes once the lease was released or marked lost (a renewal in progress stops).
@@ -288,30 +334,23 @@ impl Lease {
         }
     }
 
-    /// Records the lease's place in the renewal schedule; returns the previous one.
-    pub(crate) fn set_slot(&self, slot: Option<Slot>) -> Option<Slot> {
-        std::mem::replace(
-            &mut *self.slot.lock().unwrap_or_else(|e| e.into_inner()),
-            slot,
-        )
-    }
-
     /// A future that completes when the lease is lost; it never completes if the lease is
     /// released first. Owns what it needs.
     pub(crate) fn lost(self: &Arc<Self>) -> impl Future<Output = LossReason> + Send + 'static {
         let lease = self.clone();
         let mut session = self.session.clone();
-        let clock = self.client.clock().clone();
+        let clock = self.ctx.clock.clone();
         async move {
             loop {
                 // Registered before the state is read: a change after the read wakes us.
                 let mut changed = std::pin::pin!(lease.changed.notified());
                 changed.as_mut().enable();
-                let state = with_session(lease.recorded(), session.as_ref());
-                let (deadline, capped) = match state {
+                // Read afresh on every turn, the deadline included: a renewal may have moved
+                // it while the previous turn slept towards the old one.
+                let deadline = match lease.state() {
                     State::Lost(reason) => return reason,
-                    State::Released => (None, false),
-                    State::Held { deadline, capped } => (deadline, capped),
+                    State::Released => None,
+                    State::Held { deadline, .. } => deadline,
                 };
                 let session_changed = async {
                     match &mut session {
@@ -329,7 +368,7 @@ impl Lease {
                 tokio::select! {
                     () = changed => {}
                     () = session_changed => {}
-                    () = deadline_passed => return at_deadline(capped),
+                    () = deadline_passed => {}
                 }
             }
         }
@@ -356,6 +395,107 @@ impl Lease {
     }
 }
 
+impl Renewable for Lease {
+    fn is_held(&self) -> bool {
+        Lease::is_held(self)
+    }
+
+    fn renew(self: Arc<Self>) -> Renewing {
+        Box::pin(async move { self.renew_once().await })
+    }
+
+    fn set_slot(&self, slot: Option<Slot>) -> Option<Slot> {
+        std::mem::replace(
+            &mut *self.slot.lock().unwrap_or_else(|e| e.into_inner()),
+            slot,
+        )
+    }
+}
+
+impl Lease {
+    /// One renewal, retried until it succeeds or the lease is lost or released. Returns
+    /// when the next renewal is due, if any.
+    ///
+    /// - The renewal is the backend's owner-checked compare-and-extend; "not owner" ends
+    ///   the lease at once.
+    /// - A failed or unanswered renewal is retried until the deadline; at the deadline the
+    ///   lease is lost whether or not a reply ever comes. The new deadline counts from the
+    ///   moment the renewal was sent.
+    /// - Renewal stops at the optional hold cap.
+    async fn renew_once(&self) -> Option<Instant> {
+        let clock = self.ctx.clock.clone();
+        let every = self.options.renew_every();
+        let retry_pause = (every / 4).clamp(Duration::from_millis(1), MAX_RETRY_PAUSE);
+        let cap = self
+            .options
+            .max_hold()
+            .map(|cap| self.acquired_at.saturating_add(cap));
+        if cap.is_some_and(|cap| clock.now() >= cap) {
+            // Stop renewing; the lease runs out at its deadline.
+            self.cap();
+            return None;
+        }
+        loop {
+            let deadline = self.deadline()?;
+            let sent = clock.now();
+            self.note_sent(sent);
+            let renewal = tokio::select! {
+                () = self.ended() => return None,
+                () = clock.sleep_until(deadline) => {
+                    self.mark_lost(LossReason::Expired);
+                    return None;
+                }
+                answer = self.ctx.call(
+                    self.options.request_timeout(),
+                    self.ctx.backend.renew(&self.request),
+                ) => answer,
+            };
+            match renewal {
+                Ok(Renewal::Renewed(expiry)) => {
+                    if let Expiry::After(granted) = expiry {
+                        self.note_granted(granted);
+                    }
+                    if !self.extend(sent, expiry) {
+                        return None;
+                    }
+                    let next = sent.saturating_add(every);
+                    if cap.is_some_and(|cap| next >= cap) {
+                        self.cap();
+                        return None;
+                    }
+                    return Some(next);
+                }
+                Ok(Renewal::Lost(reason)) => {
+                    self.mark_lost(reason);
+                    return None;
+                }
+                Err(error) => {
+                    tracing::debug!(lock = %self.request.name, %error, "renewal failed; retrying");
+                    let retry_at = clock.now().saturating_add(retry_pause);
+                    tokio::select! {
+                        () = self.ended() => return None,
+                        () = clock.sleep_until(deadline) => {
+                            self.mark_lost(LossReason::Expired);
+                            return None;
+                        }
+                        () = clock.sleep_until(retry_at) => {}
+                    }
+                }
+            }
+        }
+    }
+
+    /// A request that may extend the grant is being sent at `sent`.
+    fn note_sent(&self, sent: Instant) {
+        self.extended.lock().unwrap_or_else(|e| e.into_inner()).0 = sent;
+    }
+
+    /// The server granted a lease of `granted`.
+    fn note_granted(&self, granted: Duration) {
+        self.extended.lock().unwrap_or_else(|e| e.into_inner()).1 = granted;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -364,10 +504,15 @@ mod tests {
     use crate::memory::InMemory;
     use crate::name::{LockName, OwnerId};
 
+    fn context(clock: &ManualClock) -> Arc<Context> {
+        Context::new(
+            Arc::new(InMemory::new()),
+            Arc::new(clock.clone()),
+            LockOptions::default(),
+        )
+    }
+
     fn lease_at(clock: &ManualClock, sent: Instant, granted: Duration) -> Option<Arc<Lease>> {
-        let client = Client::builder(InMemory::new())
-            .clock(clock.clone())
-            .build();
         let options = LockOptions::builder()
             .ttl(granted)
             .drift_factor(0.1)
@@ -385,7 +530,7 @@ mod tests {
             value: None,
         };
         Lease::new(
-            client,
+            context(clock),
             request,
             Arc::new(options),
             FencingToken::new(1),
@@ -476,9 +621,6 @@ mod tests {
     }
 
     fn session_lease(clock: &ManualClock, keeper: &SessionKeeper) -> Option<Arc<Lease>> {
-        let client = Client::builder(InMemory::new())
-            .clock(clock.clone())
-            .build();
         let request = Request {
             name: LockName::new("lease").unwrap(),
             owner: OwnerId::generate(),
@@ -490,7 +632,7 @@ mod tests {
             value: None,
         };
         Lease::new(
-            client,
+            context(clock),
             request,
             Arc::new(LockOptions::default()),
             FencingToken::new(1),
@@ -542,5 +684,41 @@ mod tests {
         assert!(futures_util::poll!(&mut lost).is_pending());
         clock.advance(Duration::from_millis(1));
         assert_eq!(lost.await, LossReason::Expired);
+    }
+
+    #[tokio::test]
+    async fn lost_does_not_fire_for_a_lease_renewed_just_before_its_deadline() {
+        // The loss future slept towards the first deadline; a renewal moves the deadline
+        // just before it, and the future is polled again only after the first deadline:
+        // the change and the old deadline are both ready, and only the state may decide.
+        for _ in 0..200 {
+            let clock = ManualClock::new();
+            let lease = lease_at(&clock, clock.now(), 10 * SEC).unwrap();
+            let mut lost = std::pin::pin!(lease.lost());
+            assert!(futures_util::poll!(&mut lost).is_pending());
+            clock.advance(Duration::from_millis(8_800));
+            assert!(lease.extend(clock.now(), Expiry::After(10 * SEC)));
+            // Past the first deadline (8.9 s), long before the new one.
+            clock.advance(Duration::from_millis(200));
+            assert!(lease.is_held());
+            assert!(
+                futures_util::poll!(&mut lost).is_pending(),
+                "the loss signal fired for a lease that is held"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_late_keep_alive_never_revives_a_session_lease_seen_lost() {
+        let clock = ManualClock::new();
+        let keeper = SessionKeeper::new(clock.now().checked_add(5 * SEC).unwrap());
+        let lease = session_lease(&clock, &keeper).unwrap();
+        // The keep-alive sent at 4 s is answered only after the deadline.
+        let sent = clock.now().checked_add(4 * SEC).unwrap();
+        clock.advance(5 * SEC);
+        assert!(!lease.is_held());
+        keeper.alive_until(sent.checked_add(5 * SEC).unwrap());
+        assert!(!lease.is_held(), "a late keep-alive revived a lost lease");
+        assert_eq!(lease.state(), State::Lost(LossReason::Expired));
     }
 }

@@ -7,7 +7,9 @@
 //! - [`backend::Backend`] — the narrow trait a lock server implements.
 //! - [`memory::InMemory`] — the reference backend, in process.
 //! - [`fencing::Fence`] — the resource-side token check, in process.
-//! - [`faulty::Faulty`] — fault injection around any backend.
+//! - [`support`] — helpers for backend implementors (TLS files, key prefixes, redaction).
+//! - `faulty::Faulty` — fault injection around any backend, and `clock::ManualClock` — time
+//!   moved by hand (both with the `test-util` feature).
 //!
 //! Everything is built once, on one engine: waiting, fairness, reentrancy, the watchdog,
 //! loss signals and scoped runs behave the same on every backend.
@@ -27,28 +29,31 @@
 pub mod backend;
 mod client;
 pub mod clock;
+mod context;
 mod engine;
 mod error;
+#[cfg(any(test, feature = "test-util"))]
 pub mod faulty;
 pub mod fencing;
 mod lease;
 pub mod memory;
 mod name;
 mod options;
-mod redact;
+mod release;
+pub mod support;
 pub mod sync;
-mod tls;
 mod watchdog;
 
 pub use backend::{Backend, Capabilities, LockState, Mode};
 pub use client::{Client, ClientBuilder};
 pub use error::{Error, LossReason, Result};
 pub use fencing::{Fence, FencingToken, StaleToken};
-pub use name::{LockName, OwnerId, check_key_prefix};
-pub use options::{LockOptions, LockOptionsBuilder, MAX_DURATION, parse_duration};
-pub use redact::redact_url;
+pub use name::{LockName, OwnerId};
+pub use options::{DEFAULT_TTL, LockOptions, LockOptionsBuilder, MAX_DURATION, parse_duration};
 pub use sync::{
     Election, Guard, Leader, Leadership, Mutex, MutexGuard, Observer, Owner, Permit, ReadGuard,
     RwLock, Semaphore, WriteGuard,
 };
-pub use tls::TlsFiles;
+// Old paths of the implementor helpers, until every backend imports them from `support`.
+#[doc(hidden)]
+pub use support::{TlsFiles, check_key_prefix, redact_url};

@@ -4,7 +4,7 @@
 //! It implements everything — expiring leases on its own [`Clock`], FIFO queues with
 //! expiring entries, shared mode, permits, lock-delay, push wake-ups — exactly as the
 //! contract describes, so doctests and unit tests exercise the real engine against a real
-//! backend. Give it a [`ManualClock`](crate::clock::ManualClock) to move its time by hand.
+//! backend. Give it a `ManualClock` (feature `test-util`) to move its time by hand.
 //!
 //! Tokens live in the process: they start at 1 for every new `InMemory`. The state of a
 //! name (its token counter) is kept for the life of the backend.

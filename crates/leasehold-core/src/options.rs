@@ -29,7 +29,8 @@ pub const MAX_DURATION: Duration = Duration::from_secs(366 * 24 * 3600);
 /// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct LockOptions {
-    ttl: Duration,
+    /// `None`: [`DEFAULT_TTL`], or the session's on a backend whose grants live by one.
+    ttl: Option<Duration>,
     renew_every: Option<Duration>,
     drift_factor: f64,
     drift_margin: Duration,
@@ -39,12 +40,16 @@ pub struct LockOptions {
     request_timeout: Duration,
 }
 
+/// The lease length of locks whose options do not set one (on backends whose grants live
+/// by a session, the session's ttl applies instead).
+pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
+
 impl Default for LockOptions {
     /// A 30 s lease renewed every 10 s, 1 % + 2 ms drift allowance, the backend's natural
     /// fairness, no lock-delay, no hold cap, 5 s request timeout.
     fn default() -> Self {
         Self {
-            ttl: Duration::from_secs(30),
+            ttl: None,
             renew_every: None,
             drift_factor: 0.01,
             drift_margin: Duration::from_millis(2),
@@ -67,16 +72,24 @@ impl LockOptions {
         LockOptionsBuilder(self.clone())
     }
 
-    /// The lease length asked of the server. The server may round it up (e.g. etcd leases
-    /// are whole seconds); deadlines always use the length it actually granted.
+    /// The lease length asked of the server: the one set, or [`DEFAULT_TTL`]. The server
+    /// may round it up (e.g. etcd leases are whole seconds); deadlines always use the
+    /// length it actually granted.
     pub fn ttl(&self) -> Duration {
+        self.ttl.unwrap_or(DEFAULT_TTL)
+    }
+
+    /// The lease length set with [`LockOptionsBuilder::ttl`], if one was. A backend whose
+    /// grants live by a session refuses a lock whose set ttl differs from the session's,
+    /// rather than silently using the session's.
+    pub fn chosen_ttl(&self) -> Option<Duration> {
         self.ttl
     }
 
     /// How often the watchdog renews a lease: the configured interval, or a third of the
     /// lease.
     pub fn renew_every(&self) -> Duration {
-        self.renew_every.unwrap_or(self.ttl / 3)
+        self.renew_every.unwrap_or(self.ttl() / 3)
     }
 
     /// The fraction of a lease subtracted from it to allow for clocks running at different
@@ -122,7 +135,7 @@ impl LockOptions {
     }
 
     fn validate(self) -> Result<Self> {
-        check_range("ttl", self.ttl)?;
+        check_range("ttl", self.ttl())?;
         if !self.drift_factor.is_finite() || !(0.0..0.5).contains(&self.drift_factor) {
             return Err(Error::invalid(
                 "drift factor",
@@ -138,12 +151,14 @@ impl LockOptions {
                 format!("{:?} is longer than {MAX_DURATION:?}", self.drift_margin),
             ));
         }
-        let Some(validity) = self.validity(self.ttl) else {
+        let Some(validity) = self.validity(self.ttl()) else {
             return Err(Error::invalid(
                 "ttl",
                 format!(
                     "a {:?} lease leaves nothing after the drift allowance ({} of the lease + {:?})",
-                    self.ttl, self.drift_factor, self.drift_margin
+                    self.ttl(),
+                    self.drift_factor,
+                    self.drift_margin
                 ),
             ));
         };
@@ -155,7 +170,7 @@ impl LockOptions {
                     format!(
                         "{every:?} is not shorter than the {validity:?} a {:?} lease can be \
                          counted on; renew more often or use a longer ttl",
-                        self.ttl
+                        self.ttl()
                     ),
                 ));
             }
@@ -191,7 +206,14 @@ pub struct LockOptionsBuilder(LockOptions);
 impl LockOptionsBuilder {
     /// See [`LockOptions::ttl`].
     pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.0.ttl = ttl;
+        self.0.ttl = Some(ttl);
+        self
+    }
+
+    /// Leaves the lease length unset: [`DEFAULT_TTL`], or the session's on a backend whose
+    /// grants live by one.
+    pub fn default_ttl(mut self) -> Self {
+        self.0.ttl = None;
         self
     }
 

@@ -1,70 +1,87 @@
 //! Lease renewal: one schedule and one timer per client, for all its leases.
 //!
-//! Input: the leases (deadline, cadence, request). Output: each lease renewed, or marked
-//! lost.
+//! Input: what to renew and when ([`Renewable`]); output: each renewal started when due,
+//! and rescheduled when it says. What a renewal does (the owner-checked request, retries
+//! until the deadline, loss on "not owner") is the lease's business (`lease.rs`).
 //!
-//! - Each expiring lease is renewed every [`renew_every`](crate::LockOptions::renew_every)
-//!   (a third of the lease by default) with the backend's owner-checked renewal.
-//! - A renewal answering "not owner" ends the lease at once.
-//! - Failed or unanswered renewals are retried until the deadline; at the deadline the
-//!   lease is lost, whether or not a reply ever comes (the lease's own loss signal watches
-//!   the deadline too). Each renewal's new deadline counts from the moment it was sent.
 //! - A released lease leaves the schedule; the schedule holds leases weakly, so an
-//!   abandoned guard is not renewed. Renewal stops at the optional hold cap.
-//!
-//! A lease released before its first renewal costs an entry in a sorted map and nothing
-//! else: no task, no timer of its own. Only due renewals run as tasks.
+//!   abandoned guard is not renewed.
+//! - A lease released before its first renewal costs an entry in a sorted map and nothing
+//!   else: no task, no timer of its own. Only due renewals run as tasks.
 
 use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, Weak};
-use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
-use crate::backend::Renewal;
 use crate::clock::{Clock, Instant};
-use crate::error::LossReason;
-use crate::lease::Lease;
-
-/// The longest pause between two attempts of a failing renewal.
-const MAX_RETRY_PAUSE: Duration = Duration::from_secs(1);
 
 /// A place in the schedule: when, and a sequence number to tell equal times apart.
 pub(crate) type Slot = (Instant, u64);
 
+/// One renewal, as [`Renewable::renew`] returns it.
+pub(crate) type Renewing = Pin<Box<dyn Future<Output = Option<Instant>> + Send>>;
+
+/// What the watchdog renews: a lease, seen only through what the schedule needs.
+pub(crate) trait Renewable: Send + Sync + 'static {
+    /// Whether it is still worth renewing.
+    fn is_held(&self) -> bool;
+
+    /// Renews once, retrying until that succeeds or the lease ends; resolves to when the
+    /// next renewal is due, if any.
+    fn renew(self: Arc<Self>) -> Renewing;
+
+    /// Records its place in the schedule; returns the previous one.
+    fn set_slot(&self, slot: Option<Slot>) -> Option<Slot>;
+}
+
 /// The renewal schedule of one client.
-#[derive(Debug, Default)]
 pub(crate) struct Watchdog {
+    clock: Arc<dyn Clock>,
     state: Mutex<Schedule>,
     /// Wakes the timer task; it holds this, and the schedule only weakly.
     changed: Arc<Notify>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Default)]
 struct Schedule {
-    due: BTreeMap<Slot, Weak<Lease>>,
+    due: BTreeMap<Slot, Weak<dyn Renewable>>,
     next_seq: u64,
     /// When the timer task will next look at the schedule (`None`: not before a change).
     wakes_at: Option<Instant>,
     task: Option<JoinHandle<()>>,
 }
 
+impl std::fmt::Debug for Watchdog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let schedule = self.schedule_guard();
+        f.debug_struct("Watchdog")
+            .field("due", &schedule.due.len())
+            .field("wakes_at", &schedule.wakes_at)
+            .finish()
+    }
+}
+
 impl Watchdog {
+    /// An empty schedule on `clock`.
+    pub(crate) fn new(clock: Arc<dyn Clock>) -> Self {
+        Self {
+            clock,
+            state: Mutex::default(),
+            changed: Arc::default(),
+        }
+    }
+
     fn schedule_guard(&self) -> std::sync::MutexGuard<'_, Schedule> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Starts renewing `lease`: its first renewal is due `renew_every` after its grant
-    /// was requested.
-    pub(crate) fn watch(self: &Arc<Self>, lease: &Arc<Lease>) {
-        let at = lease
-            .acquired_at
-            .saturating_add(lease.options.renew_every());
-        self.schedule(lease, at);
-    }
-
-    fn schedule(self: &Arc<Self>, lease: &Arc<Lease>, at: Instant) {
+    /// Renews `lease` at `at`, and then whenever its renewal says, until it is released or
+    /// lost.
+    pub(crate) fn schedule(self: &Arc<Self>, lease: &Arc<dyn Renewable>, at: Instant) {
         if !lease.is_held() {
             return;
         }
@@ -74,13 +91,13 @@ impl Watchdog {
         schedule.due.insert(slot, Arc::downgrade(lease));
         lease.set_slot(Some(slot));
         let task_alive = schedule.task.as_ref().is_some_and(|t| !t.is_finished());
-        if !task_alive {
-            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                let clock = lease.client.clock().clone();
-                schedule.wakes_at = None;
-                schedule.task =
-                    Some(runtime.spawn(run(Arc::downgrade(self), self.changed.clone(), clock)));
-            }
+        if !task_alive && let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            schedule.wakes_at = None;
+            schedule.task = Some(runtime.spawn(run(
+                Arc::downgrade(self),
+                self.changed.clone(),
+                self.clock.clone(),
+            )));
         }
         // Wake the timer only if this renewal is due before it would look anyway.
         if schedule.wakes_at.is_none_or(|wakes| at < wakes) {
@@ -91,14 +108,14 @@ impl Watchdog {
     }
 
     /// Takes `lease` off the schedule (it was released).
-    pub(crate) fn forget(&self, lease: &Lease) {
+    pub(crate) fn forget(&self, lease: &dyn Renewable) {
         if let Some(slot) = lease.set_slot(None) {
             self.schedule_guard().due.remove(&slot);
         }
     }
 
     /// Removes and returns the leases due at `now`, and the next time anything is due.
-    fn take_due(&self, now: Instant) -> (Vec<Arc<Lease>>, Option<Instant>) {
+    fn take_due(&self, now: Instant) -> (Vec<Arc<dyn Renewable>>, Option<Instant>) {
         let mut schedule = self.schedule_guard();
         let later = schedule.due.split_off(&(now, u64::MAX));
         let due = std::mem::replace(&mut schedule.due, later);
@@ -140,7 +157,7 @@ async fn run(watchdog: Weak<Watchdog>, changed: Arc<Notify>, clock: Arc<dyn Cloc
         for lease in due {
             let dog = dog.clone();
             tokio::spawn(async move {
-                if let Some(again) = renew(&lease).await {
+                if let Some(again) = lease.clone().renew().await {
                     dog.schedule(&lease, again);
                 }
             });
@@ -159,76 +176,17 @@ async fn run(watchdog: Weak<Watchdog>, changed: Arc<Notify>, clock: Arc<dyn Cloc
     }
 }
 
-/// One renewal of `lease`, retried until it succeeds, the lease is lost or released.
-/// Returns when the next renewal is due, if any.
-async fn renew(lease: &Lease) -> Option<Instant> {
-    let clock = lease.client.clock().clone();
-    let every = lease.options.renew_every();
-    let retry_pause = (every / 4).clamp(Duration::from_millis(1), MAX_RETRY_PAUSE);
-    let cap = lease
-        .options
-        .max_hold()
-        .map(|cap| lease.acquired_at.saturating_add(cap));
-    if cap.is_some_and(|cap| clock.now() >= cap) {
-        // Stop renewing; the lease runs out at its deadline.
-        lease.cap();
-        return None;
-    }
-    loop {
-        let deadline = lease.deadline()?;
-        let sent = clock.now();
-        let renewal = tokio::select! {
-            () = lease.ended() => return None,
-            () = clock.sleep_until(deadline) => {
-                lease.mark_lost(LossReason::Expired);
-                return None;
-            }
-            answer = lease.client.call(
-                lease.options.request_timeout(),
-                lease.client.backend().renew(&lease.request),
-            ) => answer,
-        };
-        match renewal {
-            Ok(Renewal::Renewed(expiry)) => {
-                if !lease.extend(sent, expiry) {
-                    return None;
-                }
-                let next = sent.saturating_add(every);
-                if cap.is_some_and(|cap| next >= cap) {
-                    lease.cap();
-                    return None;
-                }
-                return Some(next);
-            }
-            Ok(Renewal::Lost(reason)) => {
-                lease.mark_lost(reason);
-                return None;
-            }
-            Err(error) => {
-                tracing::debug!(lock = %lease.request.name, %error, "renewal failed; retrying");
-                let retry_at = clock.now().saturating_add(retry_pause);
-                tokio::select! {
-                    () = lease.ended() => return None,
-                    () = clock.sleep_until(deadline) => {
-                        lease.mark_lost(LossReason::Expired);
-                        return None;
-                    }
-                    () = clock.sleep_until(retry_at) => {}
-                }
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
+
     use crate::clock::ManualClock;
 
     #[test]
     fn an_empty_schedule_keeps_a_planned_wake_up_until_it_has_passed() {
         let clock = ManualClock::new();
-        let dog = Watchdog::default();
+        let dog = Watchdog::new(Arc::new(clock.clone()));
         let planned = clock.now().checked_add(Duration::from_secs(10)).unwrap();
         dog.schedule_guard().wakes_at = Some(planned);
         // The lease the wake-up was planned for was released before the task looked: the

@@ -127,16 +127,12 @@ async fn not_owner_ends_the_guard_at_once() {
     let r = rig();
     let guard = r.lock().await;
     // An operator removes the grant on the server.
-    let request = Request {
-        name: LockName::new("m").unwrap(),
-        owner: guard.owner().clone(),
-        mode: Mode::Exclusive,
-        ttl: 9 * SEC,
-        fair: false,
-        waiting: false,
-        lock_delay: None,
-        value: None,
-    };
+    let request = Request::new(
+        LockName::new("m").unwrap(),
+        guard.owner().clone(),
+        Mode::Exclusive,
+        9 * SEC,
+    );
     r.server.release(&request).await.unwrap();
     r.clock.advance(3 * SEC);
     // Lost at the first renewal, 5.9 s before its deadline.

@@ -739,10 +739,10 @@ impl EtcdBackend {
             self.put_marker(session, placed, &req.owner, revision, delay)
                 .await?;
         }
-        Ok(Acquire::Granted(Grant {
-            token: FencingToken::new(u64::try_from(revision).unwrap_or(0)),
-            expiry: Expiry::Session(session.liveness()),
-        }))
+        Ok(Acquire::Granted(Grant::new(
+            FencingToken::new(u64::try_from(revision).unwrap_or(0)),
+            Expiry::Session(session.liveness()),
+        )))
     }
 
     /// Puts the lock-delay marker of a grant, if its key is still the one granted; the
@@ -803,7 +803,11 @@ impl Backend for EtcdBackend {
         caps.push_wakeups = true;
         caps.shared = true;
         caps.permits = true;
-        caps.sessions = true;
+        // etcd grants whole seconds, rounded up (it may grant more: its minimum ttl).
+        let asked = self.inner.options.session_ttl;
+        caps.session_ttl = Some(Duration::from_secs(
+            asked.as_secs() + u64::from(asked.subsec_nanos() > 0),
+        ));
         // Markers bound to a lease that outlives the session's by the delay.
         caps.lock_delay = true;
         caps
@@ -1044,16 +1048,13 @@ impl Backend for EtcdBackend {
             .await
             .map_err(|e| map_error(e, "inspecting"))?;
         let revision = answer.header().map_or(0, |h| h.revision());
-        let mut state = LockState {
-            hint: WaitHint::new(Hint {
-                key: format!("{}/{name}/", self.inner.options.prefix).into_bytes(),
-                prefix: true,
-                deletes_only: false,
-                created: None,
-                from: revision + 1,
-            }),
-            ..LockState::default()
-        };
+        let mut state = LockState::new(WaitHint::new(Hint {
+            key: format!("{}/{name}/", self.inner.options.prefix).into_bytes(),
+            prefix: true,
+            deletes_only: false,
+            created: None,
+            from: revision + 1,
+        }));
         let mut ttls: HashMap<i64, Option<Duration>> = HashMap::new();
         for response in answer.op_responses() {
             let TxnOpResponse::Get(get) = response else {
@@ -1073,18 +1074,17 @@ impl Backend for EtcdBackend {
                             .map(Duration::from_secs);
                         slot.insert(left);
                     }
-                    state.holders.push(Holder {
-                        owner: entry.owner,
-                        mode: entry.mode,
-                        token: FencingToken::new(u64::try_from(entry.revision).unwrap_or(0)),
-                        remaining: ttls.get(&entry.lease).copied().flatten(),
-                        value: entry.value,
-                    });
+                    state.holders.push(
+                        Holder::new(
+                            entry.owner,
+                            entry.mode,
+                            FencingToken::new(u64::try_from(entry.revision).unwrap_or(0)),
+                        )
+                        .with_remaining(ttls.get(&entry.lease).copied().flatten())
+                        .with_value(entry.value),
+                    );
                 } else {
-                    state.waiters.push(Waiter {
-                        owner: entry.owner,
-                        mode: entry.mode,
-                    });
+                    state.waiters.push(Waiter::new(entry.owner, entry.mode));
                 }
             }
         }
@@ -1163,9 +1163,10 @@ mod tests {
                 "{bad:?}"
             );
         }
-        let ca = |pem: &str| TlsFiles {
-            ca: Some(pem.as_bytes().to_vec()),
-            client: None,
+        let ca = |pem: &str| {
+            let mut files = TlsFiles::default();
+            files.ca = Some(pem.as_bytes().to_vec());
+            files
         };
         for pem in ["not a certificate", ""] {
             match channel(&["https://h:1"], &ca(pem)) {

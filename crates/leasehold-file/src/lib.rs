@@ -396,7 +396,7 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 fn unhex(text: &str) -> Option<Vec<u8>> {
-    if text.len() % 2 != 0 {
+    if !text.len().is_multiple_of(2) {
         return None;
     }
     (0..text.len())
@@ -450,10 +450,7 @@ impl Backend for FileBackend {
         let mut files = {
             let mut state = self.state();
             if let Some(held) = state.held.get(&req.owner) {
-                return Ok(Acquire::Granted(Grant {
-                    token: held.token,
-                    expiry: Expiry::Never,
-                }));
+                return Ok(Acquire::Granted(Grant::new(held.token, Expiry::Never)));
             }
             state.waiting.remove(&req.owner).unwrap_or_default()
         };
@@ -479,10 +476,7 @@ impl Backend for FileBackend {
                 _files: files,
             },
         );
-        Ok(Acquire::Granted(Grant {
-            token,
-            expiry: Expiry::Never,
-        }))
+        Ok(Acquire::Granted(Grant::new(token, Expiry::Never)))
     }
 
     async fn renew(&self, req: &Request) -> Result<Renewal> {
@@ -525,24 +519,20 @@ impl Backend for FileBackend {
 
     async fn inspect(&self, name: &LockName) -> Result<LockState> {
         let version = self.inner.notifier.version(name.as_str());
-        let mut state = LockState {
-            hint: WaitHint::new(version),
-            ..LockState::default()
-        };
+        let mut state = LockState::new(WaitHint::new(version));
         for (owner, record) in self.records(name)? {
             if record.held {
-                state.holders.push(Holder {
-                    owner,
-                    mode: record.mode,
-                    token: record.token.unwrap_or(FencingToken::new(0)),
-                    remaining: None,
-                    value: record.value.map(Into::into),
-                });
+                state.holders.push(
+                    Holder::new(
+                        owner,
+                        record.mode,
+                        record.token.unwrap_or(FencingToken::new(0)),
+                    )
+                    .with_remaining(None)
+                    .with_value(record.value.map(Into::into)),
+                );
             } else {
-                state.waiters.push(Waiter {
-                    owner,
-                    mode: record.mode,
-                });
+                state.waiters.push(Waiter::new(owner, record.mode));
             }
         }
         Ok(state)

@@ -37,6 +37,7 @@ const TTL: Duration = Duration::from_millis(300);
 
 /// What one strategy did.
 #[derive(Debug, Default, Clone, Copy)]
+#[non_exhaustive]
 pub struct Outcome {
     pub sold: u64,
     pub stock_left: i64,

@@ -78,10 +78,10 @@ impl RedisFence {
             return Ok(Ok(value));
         }
         let highest = i64::from_redis_value(value).unwrap_or(i64::MAX);
-        Ok(Err(StaleToken {
-            presented: token,
-            highest: FencingToken::new(u64::try_from(highest).unwrap_or(u64::MAX)),
-        }))
+        Ok(Err(StaleToken::new(
+            token,
+            FencingToken::new(u64::try_from(highest).unwrap_or(u64::MAX)),
+        )))
     }
 
     /// `GET key`, registering `token`: later operations with older tokens are refused.

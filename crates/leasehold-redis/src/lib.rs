@@ -97,6 +97,7 @@ impl Scripts {
 
 /// Waiting for replicas to acknowledge each grant (`WAIT`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ReplicaAck {
     /// How many replicas must acknowledge.
     pub replicas: u32,
@@ -105,6 +106,18 @@ pub struct ReplicaAck {
     /// `true`: a grant not acknowledged in time is released and the acquire fails with a
     /// retryable error. `false`: it is kept and a warning is logged.
     pub required: bool,
+}
+
+impl ReplicaAck {
+    /// `replicas` must acknowledge each grant within `timeout`; `required` says whether a
+    /// grant that is not acknowledged in time is given back (see the fields).
+    pub fn new(replicas: u32, timeout: Duration, required: bool) -> Self {
+        Self {
+            replicas,
+            timeout,
+            required,
+        }
+    }
 }
 
 /// Options of the Redis backend (also settable as URL query parameters).
@@ -336,7 +349,7 @@ fn renew_call(req: &Request) -> Call {
 
 /// Whole milliseconds, rounded up (Redis expiries are in ms; never grant less than asked).
 fn millis_up(d: Duration) -> u64 {
-    let ms = d.as_millis() + u128::from(d.subsec_nanos() % 1_000_000 != 0);
+    let ms = d.as_millis() + u128::from(!d.subsec_nanos().is_multiple_of(1_000_000));
     u64::try_from(ms).unwrap_or(u64::MAX).max(1)
 }
 
@@ -674,10 +687,10 @@ impl RedisBackend {
             if seen.registered {
                 self.inner.wakeups.forget(keys.base(), owner);
             }
-            return Ok(Acquire::Granted(Grant {
-                token: FencingToken::new(answer.unsigned_abs()),
-                expiry: Expiry::After(Duration::from_millis(millis_up(req.ttl))),
-            }));
+            return Ok(Acquire::Granted(Grant::new(
+                FencingToken::new(answer.unsigned_abs()),
+                Expiry::After(Duration::from_millis(millis_up(req.ttl))),
+            )));
         }
         if !req.waiting {
             return Ok(Acquire::Busy(WaitHint::none()));
@@ -804,11 +817,7 @@ fn parse_url(url: &str) -> Result<(String, RedisOptions)> {
     }
     let (base, query) = url.split_once('?').unwrap_or((url, ""));
     let mut options = RedisOptions::default();
-    let mut ack = ReplicaAck {
-        replicas: 0,
-        timeout: Duration::from_millis(100),
-        required: true,
-    };
+    let mut ack = ReplicaAck::new(0, Duration::from_millis(100), true);
     for param in query.split('&').filter(|p| !p.is_empty()) {
         let (key, value) = param.split_once('=').unwrap_or((param, ""));
         match key {
@@ -968,16 +977,12 @@ impl Backend for RedisBackend {
             .wakeups
             .seen(keys.base(), None)
             .ticket(keys.base(), None);
-        let probe = Request {
-            name: name.clone(),
-            owner: OwnerId::parse("inspect").unwrap_or_else(|_| OwnerId::generate()),
-            mode: Mode::Exclusive,
-            ttl: Duration::from_millis(1),
-            fair: false,
-            waiting: false,
-            lock_delay: None,
-            value: None,
-        };
+        let probe = Request::new(
+            name.clone(),
+            OwnerId::parse("inspect").unwrap_or_else(|_| OwnerId::generate()),
+            Mode::Exclusive,
+            Duration::from_millis(1),
+        );
         let reply: Vec<Value> = self
             .run(&self.inner.scripts.inspect, &probe, (&keys, Call::ALL), b"")
             .await?;
@@ -991,13 +996,15 @@ impl Backend for RedisBackend {
             let left = int(ttl);
             earliest = Some(left);
             let value = text(xinfo);
-            state.holders.push(Holder {
-                owner: OwnerId::parse(owner)?,
-                mode: Mode::Exclusive,
-                token: FencingToken::new(token.parse().unwrap_or(0)),
-                remaining: remaining(left),
-                value: (!value.is_empty()).then(|| Arc::from(value.as_bytes())),
-            });
+            state.holders.push(
+                Holder::new(
+                    OwnerId::parse(owner)?,
+                    Mode::Exclusive,
+                    FencingToken::new(token.parse().unwrap_or(0)),
+                )
+                .with_remaining(remaining(left))
+                .with_value((!value.is_empty()).then(|| Arc::from(value.as_bytes()))),
+            );
         }
         let mut add = |members: &Value, mode: Mode| -> Result<()> {
             if let Value::Array(flat) = members {
@@ -1006,13 +1013,11 @@ impl Backend for RedisBackend {
                         let (token, value) = parse_info(&text(info));
                         let left = int(left);
                         earliest = Some(earliest.map_or(left, |e| e.min(left)));
-                        state.holders.push(Holder {
-                            owner: OwnerId::parse(&text(owner))?,
-                            mode,
-                            token,
-                            remaining: remaining(left),
-                            value,
-                        });
+                        state.holders.push(
+                            Holder::new(OwnerId::parse(&text(owner))?, mode, token)
+                                .with_remaining(remaining(left))
+                                .with_value(value),
+                        );
                     }
                 }
             }
@@ -1041,10 +1046,9 @@ impl Backend for RedisBackend {
                         limit: std::num::NonZeroU32::MIN,
                     },
                 };
-                state.waiters.push(Waiter {
-                    owner: OwnerId::parse(owner)?,
-                    mode,
-                });
+                state
+                    .waiters
+                    .push(Waiter::new(OwnerId::parse(owner)?, mode));
             }
         }
         ticket.retry = earliest
@@ -1062,16 +1066,13 @@ mod tests {
     #[test]
     fn keys_share_one_hash_tag() {
         let keys = Keys::new("leasehold", &LockName::new("orders:42").unwrap());
-        let req = Request {
-            name: LockName::new("orders:42").unwrap(),
-            owner: OwnerId::parse("o1").unwrap(),
-            mode: Mode::Exclusive,
-            ttl: Duration::from_micros(1_500_500),
-            fair: true,
-            waiting: false,
-            lock_delay: None,
-            value: None,
-        };
+        let mut req = Request::new(
+            LockName::new("orders:42").unwrap(),
+            OwnerId::parse("o1").unwrap(),
+            Mode::Exclusive,
+            Duration::from_micros(1_500_500),
+        );
+        req.fair = true;
         let script = Script::new("return 1");
         // EVALSHA, the hash, the key count, the keys in order, then the arguments.
         let args = |call: Call, quarantine: Option<u64>| -> Vec<String> {
@@ -1112,10 +1113,8 @@ mod tests {
             [key("lock"), key("queue"), key("qexp"), "o1".to_owned()]
         );
         // With a lock-delay: the delay entries and every argument.
-        let delayed = Request {
-            lock_delay: Some(Duration::from_millis(40)),
-            ..req.clone()
-        };
+        let mut delayed = req.clone();
+        delayed.lock_delay = Some(Duration::from_millis(40));
         assert_eq!(release_call(&delayed), Call::first(4));
         assert_eq!(renew_call(&delayed), Call::first(5));
         assert_eq!(channel_of(keys.base()), "leasehold:{orders:42}:wake");
@@ -1136,11 +1135,7 @@ mod tests {
         assert_eq!(options.prefix, "app");
         assert_eq!(
             options.replicas,
-            Some(ReplicaAck {
-                replicas: 1,
-                timeout: Duration::from_millis(50),
-                required: true
-            })
+            Some(ReplicaAck::new(1, Duration::from_millis(50), true))
         );
         for bad in [
             "redis://h:1?nosuch=1",

@@ -163,7 +163,7 @@ impl RedlockBackend {
         refuse_same_address(urls).await?;
         let quorum = urls.len() / 2 + 1;
         let mut warnings = Vec::new();
-        if urls.len() % 2 == 0 {
+        if urls.len().is_multiple_of(2) {
             warnings.push(format!(
                 "{} nodes: an even number tolerates no more failures than {} nodes and needs a \
                  larger majority ({quorum}); use an odd number",
@@ -320,10 +320,9 @@ impl RedlockBackend {
 
     fn node_request(req: &Request) -> Request {
         // No FIFO across independent queues: each node would order waiters its own way.
-        Request {
-            fair: false,
-            ..req.clone()
-        }
+        let mut req = req.clone();
+        req.fair = false;
+        req
     }
 }
 
@@ -509,10 +508,10 @@ impl Backend for RedlockBackend {
             let ttl = Duration::from_millis(millis_up(req.ttl));
             let elapsed = started.elapsed();
             if written >= quorum && elapsed < ttl {
-                return Ok(Acquire::Granted(Grant {
+                return Ok(Acquire::Granted(Grant::new(
                     token,
-                    expiry: Expiry::After(ttl - elapsed),
-                }));
+                    Expiry::After(ttl - elapsed),
+                )));
             }
         }
         // Not granted: give back every part, also where the answer was lost. Without enough
@@ -650,14 +649,11 @@ impl Backend for RedlockBackend {
             }
         }
         let quorum = self.inner.quorum;
-        let mut state = LockState {
-            waiters,
-            hint: WaitHint::new(Hint {
-                nodes: hints,
-                jitter: Duration::ZERO,
-            }),
-            ..LockState::default()
-        };
+        let mut state = LockState::new(WaitHint::new(Hint {
+            nodes: hints,
+            jitter: Duration::ZERO,
+        }));
+        state.waiters = waiters;
         for (_, mut copies) in holders {
             if copies.len() < quorum {
                 continue;
@@ -670,12 +666,10 @@ impl Backend for RedlockBackend {
             let mut tokens: Vec<FencingToken> = copies.iter().map(|h| h.token).collect();
             tokens.sort_by_key(|t| std::cmp::Reverse(*t));
             let token = tokens[quorum - 1];
-            let first = copies.swap_remove(0);
-            state.holders.push(Holder {
-                remaining,
-                token,
-                ..first
-            });
+            let mut first = copies.swap_remove(0);
+            first.remaining = remaining;
+            first.token = token;
+            state.holders.push(first);
         }
         state.holders.sort_by_key(|h| h.token);
         Ok(state)

@@ -112,11 +112,7 @@ async fn a_client_refuses_a_token_it_has_already_seen_and_repairs_the_counter() 
 #[tokio::test]
 async fn grants_wait_for_a_replica_when_asked() {
     let pair = RedisReplicated::start().await.unwrap();
-    let ack = ReplicaAck {
-        replicas: 1,
-        timeout: Duration::from_millis(200),
-        required: true,
-    };
+    let ack = ReplicaAck::new(1, Duration::from_millis(200), true);
     let required = Client::new(
         RedisBackend::connect_with(
             &pair.primary.url(),
@@ -145,10 +141,7 @@ async fn grants_wait_for_a_replica_when_asked() {
         RedisBackend::connect_with(
             &pair.primary.url(),
             RedisOptions::default()
-                .replicas(ReplicaAck {
-                    required: false,
-                    ..ack
-                })
+                .replicas(ReplicaAck::new(ack.replicas, ack.timeout, false))
                 .unwrap(),
         )
         .await
@@ -392,16 +385,15 @@ async fn every_key_shares_the_names_hash_tag_and_only_the_counter_stays() {
 
 /// A fair exclusive request on "job" by a new owner, with the given ttl and waiting flag.
 fn request(ttl: Duration, waiting: bool) -> Request {
-    Request {
-        name: LockName::new("job").unwrap(),
-        owner: OwnerId::generate(),
-        mode: Mode::Exclusive,
+    let mut request = Request::new(
+        LockName::new("job").unwrap(),
+        OwnerId::generate(),
+        Mode::Exclusive,
         ttl,
-        fair: true,
-        waiting,
-        lock_delay: None,
-        value: None,
-    }
+    );
+    request.fair = true;
+    request.waiting = waiting;
+    request
 }
 
 /// A holder's lease that ends while someone waits behind it: the lock key lives on for the

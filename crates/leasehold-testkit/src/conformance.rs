@@ -1,16 +1,25 @@
 //! The conformance suite: one set of behaviour cases every backend must pass.
 //!
 //! A backend's test file implements [`Deployment`] (how to open another independent
-//! connection to the deployment under test) and expands every case into a named test with
+//! connection to the deployment under test, and how one client loses its liveness) and
+//! expands every case into a test of the case's name with
 //! [`conformance_suite!`](crate::conformance_suite):
 //!
 //! ```ignore
 //! leasehold_testkit::conformance_suite!(async { MyDeployment::start().await });
 //! ```
 //!
-//! Cases read the backend's [`Capabilities`](leasehold_core::Capabilities) and skip, with a
-//! message, what it does not claim (shared mode, permits, expiring leases, fairness,
-//! lock-delay). Every case asserts behaviour that a broken lock fails.
+//! - Every case runs on every backend. A case skips only what the backend's
+//!   [`Capabilities`] say it does not do (shared mode,
+//!   permits, fairness, lock-delay, expiring grants), with a message naming the case.
+//!   Any other skip — a deployment that cannot cut a client's liveness although the
+//!   backend's grants expire — fails the test when the environment variable
+//!   [`ALL_CASES_VAR`] is set (`./scripts/test` sets it).
+//! - Each case locks names of its own: its function name, or names starting with it.
+//! - The cases are listed once, in [`CASES`]; a case function missing from the list is
+//!   dead code, which the lints refuse.
+//!
+//! Every case asserts behaviour that a broken lock fails.
 
 // These are test bodies: a failed step must fail the test, with the panic's location.
 #![allow(clippy::unwrap_used)]
@@ -26,115 +35,318 @@ use leasehold_core::{
     Capabilities, Client, Error, Fence, FencingToken, LockName, LockOptions, Owner,
 };
 
+use crate::proxy::{Direction, FaultProxy};
+
 /// A deployment under test: something that hands out independent connections to one lock
 /// service (a server, a cluster, a directory).
 #[async_trait]
 pub trait Deployment: Send + Sync {
     /// A new connection, as a separate client process would open it.
     async fn connect(&self) -> Arc<dyn Backend>;
+
+    /// A new connection whose liveness a case can cut and restore, the way this backend
+    /// loses a client: `None` when its grants never expire (nothing to cut).
+    ///
+    /// The default serves backends that renew each grant: renewals are held by a
+    /// [`Faulty`] wrapper ([`RenewalSwitch`]). Backends whose grants live by a session
+    /// override it, typically with the connection through a [`FaultProxy`]
+    /// ([`ProxySwitch`]): the session's keep-alive is cut as a partition would cut it.
+    async fn connect_cuttable(&self) -> Option<Cuttable> {
+        let backend = self.connect().await;
+        let caps = backend.capabilities();
+        if !caps.expiring_leases || caps.has_sessions() {
+            return None;
+        }
+        let faulty = Faulty::wrap(backend);
+        Some(Cuttable::new(
+            Arc::new(faulty.clone()),
+            Arc::new(RenewalSwitch::new(faulty)),
+        ))
+    }
 }
 
-/// Expands every conformance case into a `#[tokio::test]` of the same name. `$setup` is an
-/// expression evaluating to a future of a [`Deployment`]; it runs once per test.
-#[macro_export]
-macro_rules! conformance_suite {
-    ($setup:expr) => {
-        $crate::conformance_suite!(@cases $setup;
-            exclusive_under_contention_with_a_fenced_counter,
-            try_lock_is_none_while_held,
-            a_wait_timeout_gives_none_and_leaves_nothing,
-            a_cancelled_waiter_leaves_nothing_behind,
-            a_stale_release_deletes_nothing,
-            a_stale_guard_cannot_release_the_next_holders_lock,
-            loss_is_signalled_before_the_server_expires_the_lock,
-            a_scoped_run_is_cancelled_on_loss,
-            a_dropped_guard_frees_the_lock,
-            tokens_strictly_increase_in_grant_order,
-            waiters_are_served_in_arrival_order,
-            a_semaphore_never_exceeds_its_permits,
-            read_write_semantics_and_no_writer_starvation,
-            one_leader_at_a_time_and_observers_see_changes,
-            reentrant_holds_are_counted,
-            inspect_reports_holders_and_waiters,
-            lock_delay_keeps_an_expired_lock_closed,
-            renewals_keep_every_kind_of_grant,
-            names_are_independent,
-            bad_input_is_rejected_with_typed_errors,
-        );
-    };
-    (@cases $setup:expr; $($case:ident),* $(,)?) => {
-        $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $case() {
-                let deployment = $setup.await;
-                $crate::conformance::$case(&deployment).await;
+/// A connection and the switch that cuts its liveness.
+#[non_exhaustive]
+pub struct Cuttable {
+    /// The connection.
+    pub backend: Arc<dyn Backend>,
+    /// Cuts and restores the connection's liveness.
+    pub switch: Arc<dyn LivenessSwitch>,
+}
+
+impl Cuttable {
+    /// `backend`, whose liveness `switch` cuts.
+    pub fn new(backend: Arc<dyn Backend>, switch: Arc<dyn LivenessSwitch>) -> Self {
+        Self { backend, switch }
+    }
+}
+
+impl std::fmt::Debug for Cuttable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cuttable")
+            .field("backend", &self.backend)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Cuts one client's liveness and gives it back: after [`cut`](LivenessSwitch::cut) its
+/// grants are no longer kept alive, so each is lost at its deadline and the server frees it
+/// at its lease's end; after [`restore`](LivenessSwitch::restore) the client works again.
+#[async_trait]
+pub trait LivenessSwitch: Send + Sync {
+    /// Stops keeping the client's grants alive.
+    async fn cut(&self);
+    /// Lets the client work again.
+    async fn restore(&self);
+}
+
+/// The liveness switch of a backend that renews each grant: renewals are held before they
+/// reach the server.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct RenewalSwitch(pub Faulty);
+
+impl RenewalSwitch {
+    /// Holds the renewals that pass through `faulty`.
+    pub fn new(faulty: Faulty) -> Self {
+        Self(faulty)
+    }
+}
+
+#[async_trait]
+impl LivenessSwitch for RenewalSwitch {
+    async fn cut(&self) {
+        self.0.hold_requests(Op::Renew);
+    }
+    async fn restore(&self) {
+        self.0.resume(Op::Renew);
+    }
+}
+
+/// The liveness switch of a connection through a [`FaultProxy`]: a cut is a partition
+/// (both directions held, on open and new connections alike), a restore heals it.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ProxySwitch(pub Arc<FaultProxy>);
+
+impl ProxySwitch {
+    /// Cuts the connections through `proxy`.
+    pub fn new(proxy: Arc<FaultProxy>) -> Self {
+        Self(proxy)
+    }
+}
+
+#[async_trait]
+impl LivenessSwitch for ProxySwitch {
+    async fn cut(&self) {
+        self.0.cut(Direction::Both);
+    }
+    async fn restore(&self) {
+        self.0.heal();
+    }
+}
+
+/// When set (to anything), a case that cannot be tested on a deployment fails instead of
+/// being skipped. Skips for what a backend does not claim to do stay skips.
+pub const ALL_CASES_VAR: &str = "LEASEHOLD_CONFORMANCE_ALL";
+
+/// The one list of cases. It defines [`CASES`], the dispatcher and the exported
+/// [`conformance_suite!`](crate::conformance_suite) macro from the same names, so a case
+/// cannot be left out of one of them.
+macro_rules! cases {
+    ($d:tt $($case:ident),* $(,)?) => {
+        /// The name of every case, in the order they are listed.
+        pub const CASES: &[&str] = &[$(stringify!($case)),*];
+
+        /// Runs the case called `name` against `deployment`.
+        ///
+        /// # Panics
+        ///
+        /// If the case fails, or no case has that name.
+        pub async fn run(name: &str, deployment: &dyn Deployment) {
+            match name {
+                $(stringify!($case) => $case(&Case { name: stringify!($case), deployment }).await,)*
+                other => panic!("no conformance case is called {other:?}"),
             }
-        )*
+        }
+
+        /// Expands every conformance case into a `#[tokio::test]` of the case's name.
+        /// `$setup` is an expression evaluating to a future of a [`Deployment`]; it runs
+        /// once per test.
+        #[macro_export]
+        macro_rules! conformance_suite {
+            ($d setup:expr) => {
+                $(
+                    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                    async fn $case() {
+                        let deployment = $d setup.await;
+                        $d crate::conformance::run(stringify!($case), &deployment).await;
+                    }
+                )*
+            };
+        }
     };
 }
 
-const NAME: &str = "conformance";
+cases!($
+    exclusive_under_contention_with_a_fenced_counter,
+    try_lock_is_none_while_held,
+    a_wait_timeout_gives_none_and_leaves_nothing,
+    a_cancelled_waiter_leaves_nothing_behind,
+    a_cancelled_try_lock_leaves_nothing_behind,
+    a_cancelled_release_still_frees_the_lock,
+    an_unconfirmed_release_does_not_outlive_its_lease,
+    a_stale_release_deletes_nothing,
+    a_stale_guard_cannot_release_the_next_holders_lock,
+    loss_is_signalled_before_the_server_expires_the_lock,
+    a_scoped_run_is_cancelled_on_loss,
+    a_dropped_guard_frees_the_lock,
+    tokens_strictly_increase_in_grant_order,
+    waiters_are_served_in_arrival_order,
+    a_semaphore_never_exceeds_its_permits,
+    read_write_semantics_and_no_writer_starvation,
+    one_leader_at_a_time_and_observers_see_changes,
+    reentrant_holds_are_counted,
+    inspect_reports_holders_and_waiters,
+    lock_delay_keeps_an_expired_lock_closed,
+    renewals_keep_every_kind_of_grant,
+    names_are_independent,
+    bad_input_is_rejected_with_typed_errors,
+);
 
+/// One case run: its name (also the lock name it uses) and the deployment.
+struct Case<'a> {
+    name: &'static str,
+    deployment: &'a dyn Deployment,
+}
+
+/// Why a case does not run.
+enum Skip {
+    /// The backend does not claim the feature (its capabilities say so).
+    NotClaimed(&'static str),
+    /// The deployment cannot exercise it: a gap in the test set-up.
+    NotTestable(&'static str),
+}
+
+impl Case<'_> {
+    /// Returns `true` after reporting the skip; panics instead for an untestable case when
+    /// every case must run.
+    fn skip(&self, caps: &Capabilities, why: Skip) -> bool {
+        let (why, gap) = match why {
+            Skip::NotClaimed(feature) => (format!("the backend does not claim {feature}"), false),
+            Skip::NotTestable(why) => (why.to_owned(), true),
+        };
+        assert!(
+            !(gap && std::env::var_os(ALL_CASES_VAR).is_some()),
+            "conformance case {} cannot run on the {} backend ({why}), and {ALL_CASES_VAR} \
+             says every case must run",
+            self.name,
+            caps.backend
+        );
+        eprintln!(
+            "conformance case {} skipped on the {} backend: {why}",
+            self.name, caps.backend
+        );
+        true
+    }
+
+    /// A client with 5 s leases.
+    async fn client(&self) -> Client {
+        self.client_with(options(Duration::from_secs(5))).await
+    }
+
+    async fn client_with(&self, options: LockOptions) -> Client {
+        client_on(self.deployment.connect().await, options)
+    }
+
+    /// A client whose requests pass through a fault injector.
+    async fn faulty_client(&self, options: LockOptions) -> (Client, Faulty) {
+        let faults = Faulty::wrap(self.deployment.connect().await);
+        (client_on(Arc::new(faults.clone()), options), faults)
+    }
+
+    /// A client whose liveness can be cut, with a fault injector in front of it (for
+    /// counting calls); `None` after a skip when there is no such client. On a session
+    /// backend the options' ttl is left to the session.
+    async fn cuttable_client(
+        &self,
+        caps: &Capabilities,
+        options: LockOptions,
+    ) -> Option<(Client, Faulty, Arc<dyn LivenessSwitch>)> {
+        if !caps.expiring_leases {
+            self.skip(caps, Skip::NotClaimed("grants that expire"));
+            return None;
+        }
+        let Some(cuttable) = self.deployment.connect_cuttable().await else {
+            self.skip(
+                caps,
+                Skip::NotTestable("the deployment offers no way to cut a client's liveness"),
+            );
+            return None;
+        };
+        let faults = Faulty::wrap(cuttable.backend);
+        let client = client_on(Arc::new(faults.clone()), options);
+        Some((client, faults, cuttable.switch))
+    }
+}
+
+/// A client on `backend`; on a backend whose grants live by a session, the options' lease
+/// length is left to the session (a lock may not ask for another).
+fn client_on(backend: Arc<dyn Backend>, options: LockOptions) -> Client {
+    let options = if backend.capabilities().has_sessions() {
+        options
+            .to_builder()
+            .default_ttl()
+            .build()
+            .expect("valid options")
+    } else {
+        options
+    };
+    Client::builder_from_arc(backend).options(options).build()
+}
+
+/// Options with a lease of `ttl` and 2 s request timeouts.
 fn options(ttl: Duration) -> LockOptions {
+    lease(ttl).build().expect("valid options")
+}
+
+/// A builder with a lease of `ttl` and 2 s request timeouts.
+fn lease(ttl: Duration) -> leasehold_core::LockOptionsBuilder {
     LockOptions::builder()
         .ttl(ttl)
         .request_timeout(Duration::from_secs(2))
-        .build()
-        .expect("valid options")
 }
 
-/// A client with 5 s leases.
-async fn client(d: &dyn Deployment) -> Client {
-    client_with(d, options(Duration::from_secs(5))).await
-}
-
-async fn client_with(d: &dyn Deployment, options: LockOptions) -> Client {
-    Client::builder_from_arc(d.connect().await)
-        .options(options)
-        .build()
-}
-
-/// A client whose requests pass through a fault injector.
-async fn faulty_client(d: &dyn Deployment, options: LockOptions) -> (Client, Faulty) {
-    let faults = Faulty::wrap(d.connect().await);
-    let client = Client::builder(faults.clone()).options(options).build();
-    (client, faults)
-}
-
-/// Whether a case that stops renewals (through [`Faulty`]) can run: the backend's grants
-/// must expire and be renewed one by one, not by a session of the backend's own.
-fn renewals_can_be_cut(case: &str, caps: &Capabilities) -> bool {
-    if !caps.expiring_leases {
-        return !skip(case, caps, "grants do not expire");
-    }
-    if caps.sessions {
-        return !skip(
-            case,
-            caps,
-            "renewal belongs to the backend's session; the backend's own tests cut it",
-        );
-    }
-    true
-}
-
-fn skip(case: &str, caps: &Capabilities, why: &str) -> bool {
-    eprintln!(
-        "conformance case {case} skipped on the {} backend: {why}",
-        caps.backend
-    );
-    true
+/// The lease length that really applies to a grant asked for with `ttl`: the session's on
+/// a session backend, `ttl` rounded up to the backend's granularity elsewhere.
+fn effective_ttl(caps: &Capabilities, ttl: Duration) -> Duration {
+    caps.session_ttl.unwrap_or(ttl.max(caps.ttl_granularity))
 }
 
 fn request(name: &str, owner: &leasehold_core::OwnerId, mode: Mode) -> Request {
-    Request {
-        name: LockName::new(name).expect("valid name"),
-        owner: owner.clone(),
+    Request::new(
+        LockName::new(name).expect("valid name"),
+        owner.clone(),
         mode,
-        ttl: Duration::from_secs(5),
-        fair: false,
-        waiting: false,
-        lock_delay: None,
-        value: None,
+        Duration::from_secs(5),
+    )
+}
+
+/// `try_lock` of a mutex `name` by `client`, which must not fail.
+async fn try_lock(client: &Client, name: &str) -> Option<leasehold_core::Guard> {
+    client.mutex(name).unwrap().try_lock().await.unwrap()
+}
+
+/// Waits (on the backend's wake-ups) until the server shows a holder of `name`.
+async fn until_held(client: &Client, name: &str) {
+    loop {
+        let state = client.inspect(name).await.unwrap();
+        if !state.holders.is_empty() {
+            return;
+        }
+        let name = LockName::new(name).unwrap();
+        let max = Duration::from_secs(1);
+        client.backend().wait(&name, &state.hint, max).await.unwrap();
     }
 }
 
@@ -146,7 +358,7 @@ async fn holders(client: &Client, name: &str) -> Vec<String> {
 /// Many clients increment a counter under the lock, each write through a fence: the count
 /// is exact, nobody is ever inside together, and the tokens the resource accepted strictly
 /// increase.
-pub async fn exclusive_under_contention_with_a_fenced_counter(d: &dyn Deployment) {
+async fn exclusive_under_contention_with_a_fenced_counter(case: &Case<'_>) {
     const CLIENTS: usize = 4;
     const ROUNDS: u64 = 20;
     let fence = Arc::new(Fence::new());
@@ -154,7 +366,7 @@ pub async fn exclusive_under_contention_with_a_fenced_counter(d: &dyn Deployment
     let inside = Arc::new(AtomicBool::new(false));
     let mut tasks = Vec::new();
     for _ in 0..CLIENTS {
-        let mutex = client(d).await.mutex(NAME).expect("name");
+        let mutex = case.client().await.mutex(case.name).expect("name");
         let (fence, counter, inside) = (fence.clone(), counter.clone(), inside.clone());
         tasks.push(tokio::spawn(async move {
             for _ in 0..ROUNDS {
@@ -185,191 +397,246 @@ pub async fn exclusive_under_contention_with_a_fenced_counter(d: &dyn Deployment
 
 /// `try_lock` on a held lock is `Ok(None)`, for another client and for another acquisition
 /// in the same client.
-pub async fn try_lock_is_none_while_held(d: &dyn Deployment) {
-    let a = client(d).await;
-    let b = client(d).await;
-    let guard = a.mutex(NAME).unwrap().lock().await.unwrap();
-    assert!(b.mutex(NAME).unwrap().try_lock().await.unwrap().is_none());
-    assert!(a.mutex(NAME).unwrap().try_lock().await.unwrap().is_none());
+async fn try_lock_is_none_while_held(case: &Case<'_>) {
+    let a = case.client().await;
+    let b = case.client().await;
+    let guard = a.mutex(case.name).unwrap().lock().await.unwrap();
+    assert!(try_lock(&b, case.name).await.is_none());
+    assert!(try_lock(&a, case.name).await.is_none());
     guard.release().await.unwrap();
-    assert!(b.mutex(NAME).unwrap().try_lock().await.unwrap().is_some());
+    assert!(try_lock(&b, case.name).await.is_some());
 }
 
 /// A wait that runs out is `Ok(None)`, leaves no queue entry, and the holder keeps its lock.
-pub async fn a_wait_timeout_gives_none_and_leaves_nothing(d: &dyn Deployment) {
-    let a = client(d).await;
-    let b = client(d).await;
-    let guard = a.mutex(NAME).unwrap().lock().await.unwrap();
+async fn a_wait_timeout_gives_none_and_leaves_nothing(case: &Case<'_>) {
+    let a = case.client().await;
+    let b = case.client().await;
+    let guard = a.mutex(case.name).unwrap().lock().await.unwrap();
     let waited = b
-        .mutex(NAME)
+        .mutex(case.name)
         .unwrap()
         .lock_timeout(Duration::from_millis(300))
         .await
         .unwrap();
     assert!(waited.is_none());
-    let state = b.inspect(NAME).await.unwrap();
+    let state = b.inspect(case.name).await.unwrap();
     assert!(state.waiters.is_empty(), "left behind: {:?}", state.waiters);
-    assert_eq!(holders(&b, NAME).await, vec![guard.owner().to_string()]);
+    assert_eq!(
+        holders(&b, case.name).await,
+        vec![guard.owner().to_string()]
+    );
     guard.release().await.unwrap();
-    assert!(b.mutex(NAME).unwrap().try_lock().await.unwrap().is_some());
+    assert!(try_lock(&b, case.name).await.is_some());
 }
 
 /// Cancelling a waiting `lock()` removes its queue entry: nobody is left waiting, and the
 /// next request after a release is not stuck behind a ghost.
-pub async fn a_cancelled_waiter_leaves_nothing_behind(d: &dyn Deployment) {
-    let a = client(d).await;
-    let (b, faults) = faulty_client(d, options(Duration::from_secs(5))).await;
-    let c = client(d).await;
+async fn a_cancelled_waiter_leaves_nothing_behind(case: &Case<'_>) {
+    let a = case.client().await;
+    let (b, faults) = case.faulty_client(options(Duration::from_secs(5))).await;
+    let c = case.client().await;
     let caps = a.capabilities().clone();
-    let guard = a.mutex(NAME).unwrap().lock().await.unwrap();
-    let mutex = b.mutex(NAME).unwrap();
+    let guard = a.mutex(case.name).unwrap().lock().await.unwrap();
+    let mutex = b.mutex(case.name).unwrap();
     let waiter = tokio::spawn(async move { mutex.lock().await });
     faults.until_calls(Op::Wait, 1).await;
     if caps.fair {
-        assert_eq!(c.inspect(NAME).await.unwrap().waiters.len(), 1);
+        assert_eq!(c.inspect(case.name).await.unwrap().waiters.len(), 1);
     }
     waiter.abort();
     assert!(waiter.await.unwrap_err().is_cancelled());
     b.settle().await;
-    let state = c.inspect(NAME).await.unwrap();
+    let state = c.inspect(case.name).await.unwrap();
     assert!(state.waiters.is_empty(), "left behind: {:?}", state.waiters);
     guard.release().await.unwrap();
-    assert!(c.mutex(NAME).unwrap().try_lock().await.unwrap().is_some());
+    assert!(try_lock(&c, case.name).await.is_some());
+}
+
+/// A `try_lock` dropped while its request was on the server (the grant applied, the reply
+/// not yet read) leaves no grant behind: it is released by owner in the background.
+async fn a_cancelled_try_lock_leaves_nothing_behind(case: &Case<'_>) {
+    let (a, faults) = case.faulty_client(options(Duration::from_secs(30))).await;
+    let b = case.client().await;
+    faults.hold_replies(Op::Acquire);
+    let mutex = a.mutex(case.name).unwrap();
+    let attempt = tokio::spawn(async move { mutex.try_lock().await });
+    // The request is applied on the server; its reply is held.
+    until_held(&b, case.name).await;
+    attempt.abort();
+    assert!(attempt.await.unwrap_err().is_cancelled());
+    faults.resume(Op::Acquire);
+    a.settle().await;
+    let state = b.inspect(case.name).await.unwrap();
+    assert!(state.holders.is_empty(), "left behind: {:?}", state.holders);
+    assert!(try_lock(&b, case.name).await.is_some());
+}
+
+/// A release whose future is dropped before the server answered (a `select!`, a timeout,
+/// an aborted task) still frees the lock: what was not confirmed released is released in
+/// the background, and another client gets the lock long before the lease would run out.
+async fn a_cancelled_release_still_frees_the_lock(case: &Case<'_>) {
+    let (a, faults) = case.faulty_client(options(Duration::from_secs(30))).await;
+    let b = case.client().await;
+    let guard = a.mutex(case.name).unwrap().lock().await.unwrap();
+    faults.hold_requests(Op::Release);
+    let release = tokio::spawn(guard.release());
+    faults.until_calls(Op::Release, 1).await;
+    release.abort();
+    assert!(release.await.unwrap_err().is_cancelled());
+    faults.resume(Op::Release);
+    a.settle().await;
+    let state = b.inspect(case.name).await.unwrap();
+    assert!(state.holders.is_empty(), "left behind: {:?}", state.holders);
+    assert!(try_lock(&b, case.name).await.is_some());
+}
+
+/// A release the server never receives is retried in the background until the grant's
+/// lease has surely ended, and a backend whose grants live by a session does not keep an
+/// unreleased grant alive under it: once the background release gave up, the lock is free.
+async fn an_unconfirmed_release_does_not_outlive_its_lease(case: &Case<'_>) {
+    let probe = case.client().await;
+    let caps = probe.capabilities().clone();
+    if !caps.expiring_leases && case.skip(&caps, Skip::NotClaimed("grants that expire")) {
+        return;
+    }
+    let (a, faults) = case.faulty_client(options(Duration::from_secs(1))).await;
+    let guard = a.mutex(case.name).unwrap().lock().await.unwrap();
+    faults.hold_requests(Op::Release);
+    let released = guard.release().await;
+    assert!(
+        matches!(released, Err(ref e) if e.is_unknown_outcome()),
+        "{released:?}"
+    );
+    a.settle().await;
+    assert!(
+        try_lock(&probe, case.name).await.is_some(),
+        "the unreleased grant outlived the background release"
+    );
+    faults.resume(Op::Release);
 }
 
 /// A release by an owner that no longer holds the lock (a retried or duplicated release)
 /// deletes nothing of the next holder's.
-pub async fn a_stale_release_deletes_nothing(d: &dyn Deployment) {
-    let a = client(d).await;
-    let b = client(d).await;
-    let first = a.mutex(NAME).unwrap().lock().await.unwrap();
+async fn a_stale_release_deletes_nothing(case: &Case<'_>) {
+    let a = case.client().await;
+    let b = case.client().await;
+    let first = a.mutex(case.name).unwrap().lock().await.unwrap();
     let stale_owner = first.owner().clone();
     first.release().await.unwrap();
-    let second = b.mutex(NAME).unwrap().lock().await.unwrap();
-    let stale = request(NAME, &stale_owner, Mode::Exclusive);
+    let second = b.mutex(case.name).unwrap().lock().await.unwrap();
+    let stale = request(case.name, &stale_owner, Mode::Exclusive);
     assert_eq!(a.backend().release(&stale).await.unwrap(), Release::NotHeld);
-    assert_eq!(holders(&a, NAME).await, vec![second.owner().to_string()]);
-    assert!(a.mutex(NAME).unwrap().try_lock().await.unwrap().is_none());
+    assert_eq!(
+        holders(&a, case.name).await,
+        vec![second.owner().to_string()]
+    );
+    assert!(try_lock(&a, case.name).await.is_none());
     second.release().await.unwrap();
 }
 
-/// A holder whose lease ran out (renewals cut off) and whose lock went to another cannot
-/// release the new holder's lock: its release reports the loss and changes nothing.
-pub async fn a_stale_guard_cannot_release_the_next_holders_lock(d: &dyn Deployment) {
-    let probe = client(d).await;
+/// A holder whose liveness was cut and whose lock went to another cannot release the new
+/// holder's lock: its release reports the loss and changes nothing.
+async fn a_stale_guard_cannot_release_the_next_holders_lock(case: &Case<'_>) {
+    let probe = case.client().await;
     let caps = probe.capabilities().clone();
-    if !renewals_can_be_cut("a_stale_guard_cannot_release_the_next_holders_lock", &caps) {
+    let Some((a, _, switch)) = case
+        .cuttable_client(&caps, options(Duration::from_secs(1)))
+        .await
+    else {
         return;
-    }
-    let (a, faults) = faulty_client(d, options(Duration::from_secs(1))).await;
-    let b = client(d).await;
-    faults.hold_requests(Op::Renew);
-    let stale = a.mutex(NAME).unwrap().lock().await.unwrap();
+    };
+    let b = case.client().await;
+    let stale = a.mutex(case.name).unwrap().lock().await.unwrap();
+    switch.cut().await;
     stale.lost().await;
     let next = b
-        .mutex(NAME)
+        .mutex(case.name)
         .unwrap()
-        .lock_timeout(Duration::from_secs(10))
+        .lock_timeout(Duration::from_secs(20))
         .await
         .unwrap()
         .expect("granted after the stale lease expired");
     assert!(next.token() > stale.token());
     assert!(matches!(stale.release().await, Err(Error::Lost(_))));
-    assert_eq!(holders(&b, NAME).await, vec![next.owner().to_string()]);
-    assert!(
-        probe
-            .mutex(NAME)
-            .unwrap()
-            .try_lock()
-            .await
-            .unwrap()
-            .is_none()
-    );
-    faults.resume(Op::Renew);
+    assert_eq!(holders(&b, case.name).await, vec![next.owner().to_string()]);
+    assert!(try_lock(&probe, case.name).await.is_none());
+    switch.restore().await;
+    // The stale guard's release, retried once its client is back, still changes nothing.
+    a.settle().await;
+    assert_eq!(holders(&b, case.name).await, vec![next.owner().to_string()]);
     next.release().await.unwrap();
 }
 
-/// With renewals cut off, the holder's loss signal fires while the server still holds the
+/// With its liveness cut, the holder's loss signal fires while the server still holds the
 /// lock: the holder stops trusting its lock before anyone else can get it.
-pub async fn loss_is_signalled_before_the_server_expires_the_lock(d: &dyn Deployment) {
-    let probe = client(d).await;
+async fn loss_is_signalled_before_the_server_expires_the_lock(case: &Case<'_>) {
+    let probe = case.client().await;
     let caps = probe.capabilities().clone();
-    if !renewals_can_be_cut(
-        "loss_is_signalled_before_the_server_expires_the_lock",
-        &caps,
-    ) {
-        return;
-    }
     // A 2 s lease with a 600 ms margin: the holder gives up at 1.38 s after sending, the
-    // server expires it no earlier than 2 s after.
-    let ttl = Duration::from_secs(2).max(caps.ttl_granularity);
-    let options = LockOptions::builder()
-        .ttl(ttl)
+    // server expires it no earlier than 2 s after. (A session backend's margin is its own.)
+    let options = lease(Duration::from_secs(2).max(caps.ttl_granularity))
         .drift_margin(Duration::from_millis(600))
-        .request_timeout(Duration::from_secs(2))
         .build()
         .unwrap();
-    let (a, faults) = faulty_client(d, options).await;
-    faults.hold_requests(Op::Renew);
-    let guard = a.mutex(NAME).unwrap().lock().await.unwrap();
+    let Some((a, _, switch)) = case.cuttable_client(&caps, options).await else {
+        return;
+    };
+    let guard = a.mutex(case.name).unwrap().lock().await.unwrap();
+    switch.cut().await;
     guard.lost().await;
     assert!(!guard.is_held());
     assert!(
-        probe
-            .mutex(NAME)
-            .unwrap()
-            .try_lock()
-            .await
-            .unwrap()
-            .is_none(),
+        try_lock(&probe, case.name).await.is_none(),
         "the server had already given up the lock when the holder noticed"
     );
     let next = probe
-        .mutex(NAME)
+        .mutex(case.name)
         .unwrap()
-        .lock_timeout(Duration::from_secs(10))
+        .lock_timeout(Duration::from_secs(20))
         .await
         .unwrap();
     assert!(next.is_some(), "the server never expired the lock");
-    faults.resume(Op::Renew);
+    switch.restore().await;
 }
 
 /// Work run under a guard is cancelled when the lease is lost.
-pub async fn a_scoped_run_is_cancelled_on_loss(d: &dyn Deployment) {
-    let probe = client(d).await;
+async fn a_scoped_run_is_cancelled_on_loss(case: &Case<'_>) {
+    let probe = case.client().await;
     let caps = probe.capabilities().clone();
-    if !renewals_can_be_cut("a_scoped_run_is_cancelled_on_loss", &caps) {
+    let Some((a, _, switch)) = case
+        .cuttable_client(&caps, options(Duration::from_secs(1)))
+        .await
+    else {
         return;
-    }
-    let (a, faults) = faulty_client(d, options(Duration::from_secs(1))).await;
-    faults.hold_requests(Op::Renew);
-    let guard = a.mutex(NAME).unwrap().lock().await.unwrap();
+    };
+    let guard = a.mutex(case.name).unwrap().lock().await.unwrap();
+    switch.cut().await;
     let ran = guard.run(std::future::pending::<()>()).await;
     assert!(matches!(ran, Err(Error::Lost(_))), "{ran:?}");
-    faults.resume(Op::Renew);
+    switch.restore().await;
 }
 
 /// Dropping a guard releases the lock (in the background; `settle` waits for it).
-pub async fn a_dropped_guard_frees_the_lock(d: &dyn Deployment) {
-    let a = client(d).await;
-    let b = client(d).await;
-    let guard = a.mutex(NAME).unwrap().lock().await.unwrap();
+async fn a_dropped_guard_frees_the_lock(case: &Case<'_>) {
+    let a = case.client().await;
+    let b = case.client().await;
+    let guard = a.mutex(case.name).unwrap().lock().await.unwrap();
     drop(guard);
     a.settle().await;
-    assert!(b.mutex(NAME).unwrap().try_lock().await.unwrap().is_some());
+    assert!(try_lock(&b, case.name).await.is_some());
 }
 
 /// Grants that follow each other get strictly increasing tokens, across clients and modes.
-pub async fn tokens_strictly_increase_in_grant_order(d: &dyn Deployment) {
-    let clients = [client(d).await, client(d).await];
+async fn tokens_strictly_increase_in_grant_order(case: &Case<'_>) {
+    let clients = [case.client().await, case.client().await];
     let caps = clients[0].capabilities().clone();
     let mut last: Option<FencingToken> = None;
     for round in 0..12 {
         let c = &clients[round % 2];
         let guard = match round % 3 {
-            1 if caps.shared => c.rwlock(NAME).unwrap().read().await.unwrap(),
-            2 if caps.permits => c.semaphore(NAME, 2).unwrap().acquire().await.unwrap(),
-            _ => c.mutex(NAME).unwrap().lock().await.unwrap(),
+            1 if caps.shared => c.rwlock(case.name).unwrap().read().await.unwrap(),
+            2 if caps.permits => c.semaphore(case.name, 2).unwrap().acquire().await.unwrap(),
+            _ => c.mutex(case.name).unwrap().lock().await.unwrap(),
         };
         assert!(
             Some(guard.token()) > last,
@@ -382,27 +649,21 @@ pub async fn tokens_strictly_increase_in_grant_order(d: &dyn Deployment) {
 }
 
 /// On a fair backend, waiters get the lock in the order they started waiting.
-pub async fn waiters_are_served_in_arrival_order(d: &dyn Deployment) {
+async fn waiters_are_served_in_arrival_order(case: &Case<'_>) {
     const WAITERS: usize = 8;
-    let holder = client(d).await;
+    let holder = case.client().await;
     let caps = holder.capabilities().clone();
-    if !caps.fair
-        && skip(
-            "waiters_are_served_in_arrival_order",
-            &caps,
-            "no FIFO queue",
-        )
-    {
+    if !caps.fair && case.skip(&caps, Skip::NotClaimed("a FIFO queue")) {
         return;
     }
-    let guard = holder.mutex(NAME).unwrap().lock().await.unwrap();
+    let guard = holder.mutex(case.name).unwrap().lock().await.unwrap();
     let order = Arc::new(StdMutex::new(Vec::new()));
     let mut tasks = Vec::new();
     for i in 0..WAITERS {
-        let (c, faults) = faulty_client(d, options(Duration::from_secs(5))).await;
-        let order = order.clone();
+        let (c, faults) = case.faulty_client(options(Duration::from_secs(5))).await;
+        let (order, mutex) = (order.clone(), c.mutex(case.name).unwrap());
         tasks.push(tokio::spawn(async move {
-            let guard = c.mutex(NAME).unwrap().lock().await.unwrap();
+            let guard = mutex.lock().await.unwrap();
             order.lock().unwrap().push(i);
             guard.release().await.unwrap();
         }));
@@ -417,18 +678,18 @@ pub async fn waiters_are_served_in_arrival_order(d: &dyn Deployment) {
 }
 
 /// However many compete, never more than N permits are held at once.
-pub async fn a_semaphore_never_exceeds_its_permits(d: &dyn Deployment) {
+async fn a_semaphore_never_exceeds_its_permits(case: &Case<'_>) {
     const PERMITS: u32 = 3;
-    let probe = client(d).await;
+    let probe = case.client().await;
     let caps = probe.capabilities().clone();
-    if !caps.permits && skip("a_semaphore_never_exceeds_its_permits", &caps, "no permits") {
+    if !caps.permits && case.skip(&caps, Skip::NotClaimed("semaphore permits")) {
         return;
     }
     let inside = Arc::new(AtomicUsize::new(0));
     let most = Arc::new(AtomicUsize::new(0));
     let mut tasks = Vec::new();
     for _ in 0..6 {
-        let semaphore = client(d).await.semaphore(NAME, PERMITS).unwrap();
+        let semaphore = case.client().await.semaphore(case.name, PERMITS).unwrap();
         let (inside, most) = (inside.clone(), most.clone());
         tasks.push(tokio::spawn(async move {
             for _ in 0..8 {
@@ -446,7 +707,7 @@ pub async fn a_semaphore_never_exceeds_its_permits(d: &dyn Deployment) {
     }
     assert!(most.load(Ordering::SeqCst) <= PERMITS as usize);
     // With all permits out, one more is refused.
-    let semaphore = probe.semaphore(NAME, PERMITS).unwrap();
+    let semaphore = probe.semaphore(case.name, PERMITS).unwrap();
     let mut held = Vec::new();
     for _ in 0..PERMITS {
         held.push(
@@ -464,36 +725,42 @@ pub async fn a_semaphore_never_exceeds_its_permits(d: &dyn Deployment) {
 
 /// Readers share; a writer excludes readers and writers; a reader arriving while a writer
 /// waits queues behind it.
-pub async fn read_write_semantics_and_no_writer_starvation(d: &dyn Deployment) {
-    let a = client(d).await;
+async fn read_write_semantics_and_no_writer_starvation(case: &Case<'_>) {
+    let a = case.client().await;
     let caps = a.capabilities().clone();
-    if !caps.shared
-        && skip(
-            "read_write_semantics_and_no_writer_starvation",
-            &caps,
-            "no shared mode",
-        )
-    {
+    if !caps.shared && case.skip(&caps, Skip::NotClaimed("shared (read) mode")) {
         return;
     }
-    let b = client(d).await;
-    let (w, faults) = faulty_client(d, options(Duration::from_secs(5))).await;
-    let r1 = a.rwlock(NAME).unwrap().read().await.unwrap();
+    let b = case.client().await;
+    let (w, faults) = case.faulty_client(options(Duration::from_secs(5))).await;
+    let r1 = a.rwlock(case.name).unwrap().read().await.unwrap();
     let r2 = b
-        .rwlock(NAME)
+        .rwlock(case.name)
         .unwrap()
         .try_read()
         .await
         .unwrap()
         .expect("readers share");
-    assert!(b.rwlock(NAME).unwrap().try_write().await.unwrap().is_none());
-    assert!(b.mutex(NAME).unwrap().try_lock().await.unwrap().is_none());
+    assert!(
+        b.rwlock(case.name)
+            .unwrap()
+            .try_write()
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(try_lock(&b, case.name).await.is_none());
 
-    let lock = w.rwlock(NAME).unwrap();
+    let lock = w.rwlock(case.name).unwrap();
     let writer = tokio::spawn(async move { lock.write().await });
     faults.until_calls(Op::Wait, 1).await;
     assert!(
-        b.rwlock(NAME).unwrap().try_read().await.unwrap().is_none(),
+        b.rwlock(case.name)
+            .unwrap()
+            .try_read()
+            .await
+            .unwrap()
+            .is_none(),
         "a new reader overtook a waiting writer"
     );
     let read_token = r2.token();
@@ -501,26 +768,45 @@ pub async fn read_write_semantics_and_no_writer_starvation(d: &dyn Deployment) {
     r2.release().await.unwrap();
     let write = writer.await.unwrap().unwrap();
     assert!(write.token() > read_token);
-    assert!(a.rwlock(NAME).unwrap().try_read().await.unwrap().is_none());
+    assert!(
+        a.rwlock(case.name)
+            .unwrap()
+            .try_read()
+            .await
+            .unwrap()
+            .is_none()
+    );
     write.release().await.unwrap();
-    assert!(a.rwlock(NAME).unwrap().try_read().await.unwrap().is_some());
+    assert!(
+        a.rwlock(case.name)
+            .unwrap()
+            .try_read()
+            .await
+            .unwrap()
+            .is_some()
+    );
 }
 
 /// One leader at a time; observers see each change; terms increase.
-pub async fn one_leader_at_a_time_and_observers_see_changes(d: &dyn Deployment) {
-    let a = client(d).await;
-    let (b, faults) = faulty_client(d, options(Duration::from_secs(5))).await;
-    let observer_client = client(d).await;
-    let election = observer_client.election(NAME).unwrap();
+async fn one_leader_at_a_time_and_observers_see_changes(case: &Case<'_>) {
+    let a = case.client().await;
+    let (b, faults) = case.faulty_client(options(Duration::from_secs(5))).await;
+    let observer_client = case.client().await;
+    let election = observer_client.election(case.name).unwrap();
     let mut observer = election.observe();
     assert!(observer.next().await.unwrap().is_none());
 
-    let first = a.election(NAME).unwrap().campaign("node-a").await.unwrap();
+    let first = a
+        .election(case.name)
+        .unwrap()
+        .campaign("node-a")
+        .await
+        .unwrap();
     let seen = observer.next().await.unwrap().expect("a leader");
     assert_eq!(seen.value, b"node-a");
     assert_eq!(seen.term, first.term());
 
-    let candidate = b.election(NAME).unwrap();
+    let candidate = b.election(case.name).unwrap();
     let second = tokio::spawn(async move { candidate.campaign("node-b").await });
     faults.until_calls(Op::Wait, 1).await;
     let leader = election.leader().await.unwrap().expect("a leader");
@@ -542,27 +828,27 @@ pub async fn one_leader_at_a_time_and_observers_see_changes(d: &dyn Deployment) 
 }
 
 /// An owner re-entering counts holds; the lock is released on the last one.
-pub async fn reentrant_holds_are_counted(d: &dyn Deployment) {
-    let a = client(d).await;
-    let b = client(d).await;
+async fn reentrant_holds_are_counted(case: &Case<'_>) {
+    let a = case.client().await;
+    let b = case.client().await;
     let owner = Owner::new();
-    let mutex = a.mutex(NAME).unwrap().owned_by(&owner);
+    let mutex = a.mutex(case.name).unwrap().owned_by(&owner);
     let outer = mutex.lock().await.unwrap();
     let inner = mutex.try_lock().await.unwrap().expect("re-entered");
     assert_eq!(inner.token(), outer.token());
     assert_eq!(outer.hold_count(), 2);
     inner.release().await.unwrap();
-    assert!(b.mutex(NAME).unwrap().try_lock().await.unwrap().is_none());
+    assert!(try_lock(&b, case.name).await.is_none());
     outer.release().await.unwrap();
-    assert!(b.mutex(NAME).unwrap().try_lock().await.unwrap().is_some());
+    assert!(try_lock(&b, case.name).await.is_some());
 }
 
 /// inspect shows the holder with its token and mode, and a fair backend's waiters.
-pub async fn inspect_reports_holders_and_waiters(d: &dyn Deployment) {
-    let a = client(d).await;
+async fn inspect_reports_holders_and_waiters(case: &Case<'_>) {
+    let a = case.client().await;
     let caps = a.capabilities().clone();
-    let guard = a.mutex(NAME).unwrap().lock().await.unwrap();
-    let state = a.inspect(NAME).await.unwrap();
+    let guard = a.mutex(case.name).unwrap().lock().await.unwrap();
+    let state = a.inspect(case.name).await.unwrap();
     assert_eq!(state.holders.len(), 1);
     let holder = &state.holders[0];
     assert_eq!(&holder.owner, guard.owner());
@@ -572,98 +858,86 @@ pub async fn inspect_reports_holders_and_waiters(d: &dyn Deployment) {
         let left = holder.remaining.expect("an expiring lease");
         assert!(left > Duration::ZERO);
         // A session backend reports its session's time left, not the lock's ttl.
-        if !caps.sessions {
+        if !caps.has_sessions() {
             assert!(left <= Duration::from_secs(5).max(caps.ttl_granularity));
         }
     } else {
         assert_eq!(holder.remaining, None);
     }
-    assert!(a.inspect("other").await.unwrap().holders.is_empty());
+    assert!(
+        a.inspect(&format!("{}:other", case.name))
+            .await
+            .unwrap()
+            .holders
+            .is_empty()
+    );
     guard.release().await.unwrap();
-    assert!(a.inspect(NAME).await.unwrap().holders.is_empty());
+    assert!(a.inspect(case.name).await.unwrap().holders.is_empty());
 }
 
 /// After a holder's lease expires without a release, the lock stays closed for the
 /// lock-delay; a normal release opens it at once.
-pub async fn lock_delay_keeps_an_expired_lock_closed(d: &dyn Deployment) {
-    let probe = client(d).await;
+async fn lock_delay_keeps_an_expired_lock_closed(case: &Case<'_>) {
+    let probe = case.client().await;
     let caps = probe.capabilities().clone();
-    if !caps.lock_delay
-        && skip(
-            "lock_delay_keeps_an_expired_lock_closed",
-            &caps,
-            "no lock-delay",
-        )
-    {
+    if !caps.lock_delay && case.skip(&caps, Skip::NotClaimed("lock-delay")) {
         return;
     }
-    if !renewals_can_be_cut("lock_delay_keeps_an_expired_lock_closed", &caps) {
-        return;
-    }
-    let ttl = Duration::from_secs(1).max(caps.ttl_granularity);
     let delay = Duration::from_secs(1);
-    let with_delay = LockOptions::builder()
-        .ttl(ttl)
+    let with_delay = lease(Duration::from_secs(1).max(caps.ttl_granularity))
         .lock_delay(delay)
-        .request_timeout(Duration::from_secs(2))
         .build()
         .unwrap();
-    let (a, faults) = faulty_client(d, with_delay.clone()).await;
-    faults.hold_requests(Op::Renew);
-    let started = std::time::Instant::now();
-    let crashed = a.mutex(NAME).unwrap().lock().await.unwrap();
+    let Some((a, _, switch)) = case.cuttable_client(&caps, with_delay.clone()).await else {
+        return;
+    };
+    let crashed = a.mutex(case.name).unwrap().lock().await.unwrap();
+    switch.cut().await;
     crashed.lost().await;
+    // The server frees the lock no earlier than the holder's loss signal; the delay runs
+    // from then on.
+    let lost_at = std::time::Instant::now();
     // Closed after the lease too: every fresh try by a client without a lock-delay (the
     // first attempt of an uncontended acquire, which may take a backend's fast path) is
     // refused, up to half-way through the delay.
-    while started.elapsed() < ttl + delay / 2 {
-        let attempt = probe.mutex(NAME).unwrap().try_lock().await.unwrap();
+    while lost_at.elapsed() < delay / 2 {
+        let attempt = try_lock(&probe, case.name).await;
         assert!(
-            attempt.is_none() || started.elapsed() >= ttl + delay,
-            "a fresh try got in {:?} after the crashed holder's grant; ttl + delay is {:?}",
-            started.elapsed(),
-            ttl + delay
+            attempt.is_none(),
+            "a fresh try got in {:?} after the crashed holder's loss; the delay is {delay:?}",
+            lost_at.elapsed(),
         );
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
     let next = probe
-        .mutex(NAME)
+        .mutex(case.name)
         .unwrap()
-        .lock_timeout(Duration::from_secs(10))
+        .lock_timeout(Duration::from_secs(20))
         .await
         .unwrap()
-        .expect("open after ttl + lock-delay");
+        .expect("open after the lease and the lock-delay");
     assert!(
-        started.elapsed() >= ttl + delay,
-        "granted {:?} after the crashed holder's grant; ttl + delay is {:?}",
-        started.elapsed(),
-        ttl + delay
+        lost_at.elapsed() >= delay,
+        "granted {:?} after the crashed holder's loss; the delay is {delay:?}",
+        lost_at.elapsed(),
     );
     drop(crashed);
     next.release().await.unwrap();
+    switch.restore().await;
     // A normal release does not close the lock.
-    let c = client_with(d, with_delay).await;
-    let released = c.mutex(NAME).unwrap().lock().await.unwrap();
+    let c = case.client_with(with_delay).await;
+    let released = c.mutex(case.name).unwrap().lock().await.unwrap();
     released.release().await.unwrap();
-    assert!(
-        probe
-            .mutex(NAME)
-            .unwrap()
-            .try_lock()
-            .await
-            .unwrap()
-            .is_some()
-    );
-    faults.resume(Op::Renew);
+    assert!(try_lock(&probe, case.name).await.is_some());
 }
 
 /// Every kind of grant — plain, with a lock-delay, with a stored value (a leader), shared,
 /// a permit — stays held through several renewals, well past its first lease, with its
 /// token (and value) unchanged on the server and nobody else let in.
-pub async fn renewals_keep_every_kind_of_grant(d: &dyn Deployment) {
-    let probe = client(d).await;
+async fn renewals_keep_every_kind_of_grant(case: &Case<'_>) {
+    let probe = case.client().await;
     let caps = probe.capabilities().clone();
-    if !renewals_can_be_cut("renewals_keep_every_kind_of_grant", &caps) {
+    if !caps.expiring_leases && case.skip(&caps, Skip::NotClaimed("grants that expire")) {
         return;
     }
     let ttl = Duration::from_millis(1200).max(caps.ttl_granularity);
@@ -684,10 +958,10 @@ pub async fn renewals_keep_every_kind_of_grant(d: &dyn Deployment) {
     if caps.permits {
         kinds.push(("permit", plain.clone()));
     }
-    let probe = &probe;
+    let (probe, caps) = (&probe, &caps);
     let cases = kinds.into_iter().map(|(kind, options)| async move {
-        let name = format!("renewed-{kind}");
-        let (a, faults) = faulty_client(d, options).await;
+        let name = format!("{}:{kind}", case.name);
+        let (a, faults) = case.faulty_client(options).await;
         let started = std::time::Instant::now();
         let held = match kind {
             "leader" => Held::Leader(a.election(&name).unwrap().campaign("node-a").await.unwrap()),
@@ -696,13 +970,22 @@ pub async fn renewals_keep_every_kind_of_grant(d: &dyn Deployment) {
             _ => Held::Guard(a.mutex(&name).unwrap().lock().await.unwrap()),
         };
         let guard = held.guard();
-        // Renewals of one lease run one after another: once the fourth has started, three
-        // succeeded, and the first lease ran out long ago.
+        let renewed = async {
+            if caps.has_sessions() {
+                // The session is kept alive for all grants at once: there is no renewal
+                // of this grant to count, so hold it well past one session ttl.
+                tokio::time::sleep(effective_ttl(caps, ttl) * 3 / 2).await;
+            } else {
+                // Renewals of one lease run one after another: once the fourth has started,
+                // three succeeded, and the first lease ran out long ago.
+                faults.until_calls(Op::Renew, 4).await;
+            }
+        };
         tokio::select! {
-            () = faults.until_calls(Op::Renew, 4) => {}
+            () = renewed => {}
             reason = guard.lost() => panic!("{kind}: lost while renewing: {reason:?}"),
         }
-        assert!(started.elapsed() > ttl, "{kind}");
+        assert!(started.elapsed() > effective_ttl(caps, ttl), "{kind}");
         assert!(guard.is_held(), "{kind}");
         let state = probe.inspect(&name).await.unwrap();
         let holder = state
@@ -723,7 +1006,7 @@ pub async fn renewals_keep_every_kind_of_grant(d: &dyn Deployment) {
                 .await
                 .unwrap(),
             // A leader holds the exclusive side of its name.
-            _ => probe.mutex(&name).unwrap().try_lock().await.unwrap(),
+            _ => try_lock(probe, &name).await,
         };
         assert!(other.is_none(), "{kind}: let another in while held");
         match held {
@@ -750,18 +1033,18 @@ impl Held {
 }
 
 /// Locks of different names do not interact.
-pub async fn names_are_independent(d: &dyn Deployment) {
-    let a = client(d).await;
-    let x = a.mutex("x").unwrap().lock().await.unwrap();
-    let y = a.mutex("y").unwrap().try_lock().await.unwrap();
-    assert!(y.is_some());
-    assert!(a.mutex("x").unwrap().try_lock().await.unwrap().is_none());
-    x.release().await.unwrap();
+async fn names_are_independent(case: &Case<'_>) {
+    let a = case.client().await;
+    let (x, y) = (format!("{}:x", case.name), format!("{}:y", case.name));
+    let held = a.mutex(&x).unwrap().lock().await.unwrap();
+    assert!(try_lock(&a, &y).await.is_some());
+    assert!(try_lock(&a, &x).await.is_none());
+    held.release().await.unwrap();
 }
 
 /// Bad names, durations, permits and waits are typed errors, and nothing is sent.
-pub async fn bad_input_is_rejected_with_typed_errors(d: &dyn Deployment) {
-    let (a, faults) = faulty_client(d, options(Duration::from_secs(5))).await;
+async fn bad_input_is_rejected_with_typed_errors(case: &Case<'_>) {
+    let (a, faults) = case.faulty_client(options(Duration::from_secs(5))).await;
     let huge = "n".repeat(1 << 20);
     for name in [
         "",
@@ -788,7 +1071,7 @@ pub async fn bad_input_is_rejected_with_typed_errors(d: &dyn Deployment) {
         );
     }
     assert!(matches!(
-        a.semaphore(NAME, 0),
+        a.semaphore(case.name, 0),
         Err(Error::InvalidArgument {
             what: "permits",
             ..
@@ -808,7 +1091,10 @@ pub async fn bad_input_is_rejected_with_typed_errors(d: &dyn Deployment) {
         assert!(matches!(bad, Err(Error::InvalidArgument { .. })), "{bad:?}");
     }
     assert!(matches!(
-        a.mutex(NAME).unwrap().lock_timeout(Duration::MAX).await,
+        a.mutex(case.name)
+            .unwrap()
+            .lock_timeout(Duration::MAX)
+            .await,
         Err(Error::InvalidArgument { what: "wait", .. })
     ));
     assert!(matches!(

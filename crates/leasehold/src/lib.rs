@@ -33,7 +33,7 @@ pub use leasehold_redis as redis;
 ///
 /// | URL | backend |
 /// |---|---|
-/// | `file:///var/lib/app/locks` | [`file`] — OS file locks in that directory (one host) |
+/// | `file:///var/lib/app/locks` | [`file`](mod@file) — OS file locks in that directory (one host) |
 /// | `memory:` | [`memory::InMemory`] — this process only (tests, examples) |
 /// | `redis://[user:pass@]host:port[/db][?prefix=…&replicas=N…]`, `rediss://…[?tls_ca=…]` | [`redis`] — one Redis server (`rediss`: TLS) |
 /// | `redlock://[user:pass@]h1:p1,h2:p2,h3:p3[?node_timeout=…]` | [`redis::RedlockBackend`] — Redlock over independent Redis masters |
@@ -62,7 +62,8 @@ pub async fn connect(url: &str) -> Result<Client> {
 ///
 /// As for [`connect`].
 pub async fn connect_backend(url: &str) -> Result<Arc<dyn Backend>> {
-    let invalid = |reason: String| Error::invalid("url", format!("{}: {reason}", redact_url(url)));
+    let invalid =
+        |reason: String| Error::invalid("url", format!("{}: {reason}", support::redact_url(url)));
     let scheme = url
         .split_once(':')
         .map(|(scheme, _)| scheme.to_ascii_lowercase())

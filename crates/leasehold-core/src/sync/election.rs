@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use super::Target;
 use crate::backend::{LockState, Mode};
-use crate::client::Client;
+use crate::context::Context;
 use crate::engine::Wait;
 use crate::error::{LossReason, Result};
 use crate::fencing::FencingToken;
@@ -41,6 +41,7 @@ pub struct Election {
 
 /// The current leader, as the server reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Leader {
     /// The leader's owner id.
     pub owner: OwnerId,
@@ -53,9 +54,9 @@ pub struct Leader {
 }
 
 impl Election {
-    pub(crate) fn new(client: Client, name: LockName) -> Self {
+    pub(crate) fn new(ctx: Arc<Context>, name: LockName) -> Self {
         Self {
-            target: Target::new(client, name),
+            target: Target::new(ctx, name),
         }
     }
 
@@ -133,13 +134,12 @@ impl Election {
     }
 
     async fn state(&self) -> Result<LockState> {
-        let client = &self.target.client;
-        client
-            .call(
-                self.target.options.request_timeout(),
-                client.backend().inspect(&self.target.name),
-            )
-            .await
+        let ctx = &self.target.ctx;
+        ctx.call(
+            self.target.options.request_timeout(),
+            ctx.backend.inspect(&self.target.name),
+        )
+        .await
     }
 }
 
@@ -235,13 +235,12 @@ impl Observer {
                 self.last = Some(key);
                 return Ok(leader);
             }
-            let client = &target.client;
-            client
-                .call(
-                    slice.saturating_add(target.options.request_timeout()),
-                    client.backend().wait(&target.name, &state.hint, slice),
-                )
-                .await?;
+            let ctx = &target.ctx;
+            ctx.call(
+                slice.saturating_add(target.options.request_timeout()),
+                ctx.backend.wait(&target.name, &state.hint, slice),
+            )
+            .await?;
         }
     }
 }

@@ -4,7 +4,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::backend::{Mode, Release};
-use crate::engine::{self, release_in_background};
 use crate::error::{Error, LossReason, Result};
 use crate::fencing::FencingToken;
 use crate::lease::{Lease, State};
@@ -121,8 +120,13 @@ impl Guard {
     ///
     /// # Cancel safety
     ///
-    /// The lease is ended before the request is sent; if the future is dropped the release
-    /// may or may not reach the server, and an unreleased lease then expires by its TTL.
+    /// Cancel-safe: the lease ends (renewals stop) before the request is sent, and a
+    /// release that was not confirmed by the server — the future was dropped, or the
+    /// server did not answer — goes on in the background, retried with backoff until the
+    /// server confirms it or the grant's lease has surely ended there; on a backend whose
+    /// grants live by a session, a grant whose release cannot be confirmed is abandoned
+    /// (see [`Backend::abandon`](crate::Backend::abandon)) rather than left alive under
+    /// the session. [`Client::settle`](crate::Client::settle) waits for all of that.
     ///
     /// # Errors
     ///
@@ -131,7 +135,7 @@ impl Guard {
     /// - [`Error::NotHeld`] if the server had no grant for this owner (it lost it without
     ///   the holder noticing).
     /// - Backend errors, once retrying them for about one request timeout has not helped;
-    ///   if the outcome is unknown the release goes on in the background.
+    ///   the release then goes on in the background.
     pub async fn release(mut self) -> Result<()> {
         self.released = true;
         let lease = &self.lease;
@@ -142,19 +146,10 @@ impl Guard {
             };
         }
         let ended = lease.finish();
-        let client = &lease.client;
-        let timeout = lease.options.request_timeout();
-        let answer = engine::release(client, &lease.request, timeout).await;
-        if let Err(error) = &answer
-            && error.is_unknown_outcome()
-        {
-            release_in_background(
-                client,
-                lease.runtime.as_ref(),
-                lease.request.clone(),
-                timeout,
-            );
-        }
+        let answer = lease
+            .pending_release()
+            .run(lease.options.request_timeout())
+            .await;
         match (ended, answer) {
             (State::Lost(reason), _) => Err(Error::Lost(reason)),
             (_, Ok(Release::Released)) => Ok(()),
@@ -169,14 +164,9 @@ impl Drop for Guard {
         if self.released || !self.lease.drop_hold() {
             return;
         }
-        let lease = &self.lease;
-        lease.finish();
-        release_in_background(
-            &lease.client,
-            lease.runtime.as_ref(),
-            lease.request.clone(),
-            lease.options.request_timeout(),
-        );
+        self.lease.finish();
+        // Dropped armed: the release runs in the background.
+        drop(self.lease.pending_release());
     }
 }
 

@@ -31,7 +31,7 @@ pub use rwlock::RwLock;
 pub use semaphore::Semaphore;
 
 use crate::backend::Mode;
-use crate::client::Client;
+use crate::context::Context;
 use crate::engine::{self, Spec, Wait};
 use crate::error::{Error, Result};
 use crate::name::LockName;
@@ -40,17 +40,17 @@ use crate::options::LockOptions;
 /// What every primitive handle holds: where, what, how, and for whom.
 #[derive(Debug, Clone)]
 struct Target {
-    client: Client,
+    ctx: Arc<Context>,
     name: LockName,
     options: Arc<LockOptions>,
     owner: Option<Owner>,
 }
 
 impl Target {
-    fn new(client: Client, name: LockName) -> Self {
+    fn new(ctx: Arc<Context>, name: LockName) -> Self {
         Self {
-            options: client.options().clone(),
-            client,
+            options: ctx.options.clone(),
+            ctx,
             name,
             owner: None,
         }
@@ -62,14 +62,25 @@ impl Target {
         value: Option<Arc<[u8]>>,
         wait: Wait,
     ) -> Result<Option<Guard>> {
+        if let Some(owner) = &self.owner
+            && let Some(guard) = owner.reenter(&self.name, mode)?
+        {
+            return Ok(Some(guard));
+        }
         let spec = Spec {
             name: self.name.clone(),
             mode,
             options: self.options.clone(),
-            owner: self.owner.clone(),
             value,
         };
-        engine::acquire(&self.client, &spec, wait).await
+        let Some(lease) = engine::acquire(&self.ctx, &spec, wait).await? else {
+            return Ok(None);
+        };
+        let guard = Guard::new(lease);
+        if let Some(owner) = &self.owner {
+            owner.register(&guard);
+        }
+        Ok(Some(guard))
     }
 
     async fn acquire_forever(&self, mode: Mode, value: Option<Arc<[u8]>>) -> Result<Guard> {

@@ -1,9 +1,10 @@
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Owner, Target};
 use crate::backend::Mode;
-use crate::client::Client;
+use crate::context::Context;
 use crate::engine::Wait;
 use crate::error::Result;
 use crate::fencing::FencingToken;
@@ -35,9 +36,9 @@ pub struct Mutex {
 }
 
 impl Mutex {
-    pub(crate) fn new(client: Client, name: LockName) -> Self {
+    pub(crate) fn new(ctx: Arc<Context>, name: LockName) -> Self {
         Self {
-            target: Target::new(client, name),
+            target: Target::new(ctx, name),
         }
     }
 
@@ -72,7 +73,7 @@ impl Mutex {
     ///
     /// Dropping the future before it completes leaves nothing held: a queue entry, or a
     /// grant whose reply was still in flight, is released by owner in the background
-    /// ([`Client::settle`] waits for that).
+    /// ([`Client::settle`](crate::Client::settle) waits for that).
     ///
     /// # Errors
     ///

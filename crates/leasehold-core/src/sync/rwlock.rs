@@ -1,8 +1,9 @@
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Owner, Target};
 use crate::backend::Mode;
-use crate::client::Client;
+use crate::context::Context;
 use crate::engine::Wait;
 use crate::error::Result;
 use crate::name::LockName;
@@ -34,9 +35,9 @@ pub struct RwLock {
 }
 
 impl RwLock {
-    pub(crate) fn new(client: Client, name: LockName) -> Self {
+    pub(crate) fn new(ctx: Arc<Context>, name: LockName) -> Self {
         Self {
-            target: Target::new(client, name),
+            target: Target::new(ctx, name),
         }
     }
 

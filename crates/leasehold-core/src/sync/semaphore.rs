@@ -1,9 +1,10 @@
 use std::num::NonZeroU32;
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::Target;
 use crate::backend::Mode;
-use crate::client::Client;
+use crate::context::Context;
 use crate::engine::Wait;
 use crate::error::{Error, Result};
 use crate::name::LockName;
@@ -39,11 +40,11 @@ pub struct Semaphore {
 }
 
 impl Semaphore {
-    pub(crate) fn new(client: Client, name: LockName, permits: u32) -> Result<Self> {
+    pub(crate) fn new(ctx: Arc<Context>, name: LockName, permits: u32) -> Result<Self> {
         let permits = NonZeroU32::new(permits)
             .ok_or_else(|| Error::invalid("permits", "a semaphore needs at least one permit"))?;
         Ok(Self {
-            target: Target::new(client, name),
+            target: Target::new(ctx, name),
             permits,
         })
     }

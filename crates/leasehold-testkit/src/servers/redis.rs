@@ -269,6 +269,7 @@ pub async fn redis_servers(n: usize) -> io::Result<Vec<Redis>> {
 
 /// A primary and a replica, replicating (asynchronously, as Redis does).
 #[derive(Debug)]
+#[non_exhaustive]
 pub struct RedisReplicated {
     /// The primary.
     pub primary: Redis,

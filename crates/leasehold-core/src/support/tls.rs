@@ -6,6 +6,7 @@ use crate::{Error, Result};
 /// certificates to trust instead of the system's, and a client certificate with its key
 /// for servers that ask for one. Its `Debug` never shows the contents.
 #[derive(Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct TlsFiles {
     /// CA certificates to trust instead of the system's.
     pub ca: Option<Vec<u8>>,

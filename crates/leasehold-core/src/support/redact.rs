@@ -5,7 +5,7 @@
 /// parameters. Every error and log message that shows a URL goes through this.
 ///
 /// ```
-/// use leasehold_core::redact_url;
+/// use leasehold_core::support::redact_url;
 ///
 /// assert_eq!(redact_url("redis://app:hunter2@cache:6379/0"), "redis://app:***@cache:6379/0");
 /// assert_eq!(redact_url("redis://:hunter2@cache"), "redis://:***@cache");

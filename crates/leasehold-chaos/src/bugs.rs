@@ -123,13 +123,13 @@ impl Backend for Planted {
                 let sent = std::time::Instant::now();
                 let answer = self.inner.acquire(req).await?;
                 Ok(match answer {
-                    Acquire::Granted(Grant {
-                        token,
-                        expiry: Expiry::After(d),
-                    }) => Acquire::Granted(Grant {
-                        token,
-                        expiry: Expiry::After(d + sent.elapsed()),
-                    }),
+                    Acquire::Granted(grant) => match grant.expiry {
+                        Expiry::After(d) => Acquire::Granted(Grant::new(
+                            grant.token,
+                            Expiry::After(d + sent.elapsed()),
+                        )),
+                        _ => Acquire::Granted(grant),
+                    },
                     other => other,
                 })
             }
@@ -184,6 +184,10 @@ impl Backend for Planted {
 
     async fn inspect(&self, name: &LockName) -> Result<LockState> {
         self.inner.inspect(name).await
+    }
+
+    async fn abandon(&self, req: &Request) -> Result<()> {
+        self.inner.abandon(&self.mapped(req)).await
     }
 }
 

@@ -77,6 +77,15 @@ pub enum Link {
     Heal,
 }
 
+/// The run's parameters a schedule works with.
+#[derive(Debug)]
+pub(crate) struct Schedule {
+    pub(crate) rng: StdRng,
+    pub(crate) ttl: Duration,
+    pub(crate) request_timeout: Duration,
+    pub(crate) lock: String,
+}
+
 /// What a scenario works with.
 pub struct Ctx<'a> {
     /// The scenario's random choices (seeded).
@@ -111,15 +120,18 @@ impl std::fmt::Debug for Ctx<'_> {
 
 impl<'a> Ctx<'a> {
     pub(crate) fn new(
-        rng: StdRng,
-        ttl: Duration,
-        request_timeout: Duration,
+        schedule: Schedule,
         collector: &'a Collector,
         deployment: &'a mut Deployment,
         workers: &'a mut Vec<WorkerProcess>,
         spawner: &'a Spawner,
-        lock: String,
     ) -> Self {
+        let Schedule {
+            rng,
+            ttl,
+            request_timeout,
+            lock,
+        } = schedule;
         Ctx {
             rng,
             ttl,

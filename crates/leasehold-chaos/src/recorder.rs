@@ -244,4 +244,19 @@ impl Backend for Recorder {
     async fn inspect(&self, name: &LockName) -> Result<LockState> {
         self.inner.inspect(name).await
     }
+
+    async fn abandon(&self, req: &Request) -> Result<()> {
+        let done = self.invoke(Kind::Release, req).await;
+        let answer = self.inner.abandon(req).await;
+        match &answer {
+            // Given up: the grant ends at some point (the session ends, or a lease runs
+            // out), not necessarily now — an unknown outcome for the checks.
+            Ok(()) => {
+                let event = done.event(Phase::Unknown).answer("abandoned");
+                done.finish(event);
+            }
+            Err(e) => done.error(e),
+        }
+        answer
+    }
 }

@@ -18,7 +18,7 @@ use crate::checks::{self, Check, Expect, RunInfo, Verdict};
 use crate::collector::Collector;
 use crate::deploy::{BackendSpec, Deployment};
 use crate::history::{Event, History, Kind, Phase};
-use crate::nemesis::{Ctx, Spawner, WorkerProcess};
+use crate::nemesis::{Ctx, Schedule, Spawner, WorkerProcess};
 use crate::resource::{FenceMode, ResourceConfig, Workload};
 use crate::scenario::{Plan, Scenario, Setup};
 use crate::worker::WorkerConfig;
@@ -538,14 +538,16 @@ async fn drive(
     let observer = Observer::start(collector, &deployment.observer_url, lock, ttl).await;
 
     let mut ctx = Ctx::new(
-        StdRng::seed_from_u64(spec.seed),
-        ttl,
-        request_timeout,
+        Schedule {
+            rng: StdRng::seed_from_u64(spec.seed),
+            ttl,
+            request_timeout,
+            lock: lock.to_owned(),
+        },
         collector,
         deployment,
         &mut workers,
         &spawner,
-        lock.to_owned(),
     );
     let script = (spec.scenario.script)(&mut ctx);
     let played = match tokio::time::timeout(Duration::from_secs(120), script).await {

@@ -14,8 +14,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold::backend::{Backend, Mode, Request};
-use leasehold::faulty::{Faulty, Op};
 use leasehold::{Client, Error, LockName, LockOptions, OwnerId};
+use leasehold_core::faulty::{Faulty, Op};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
@@ -116,7 +116,18 @@ pub async fn run(config: WorkerConfig) -> io::Result<()> {
             None => recorded,
         };
         let top = wrap_bug(bug, below_bug);
-        let client = build_client(top, options.clone(), bug);
+        // A session backend's grants live as long as its session: its lease is the
+        // session's, not one of ours.
+        let options = if top.capabilities().has_sessions() {
+            options
+                .to_builder()
+                .default_ttl()
+                .build()
+                .map_err(io::Error::other)?
+        } else {
+            options.clone()
+        };
+        let client = build_client(top, options, bug);
         let worker = Worker {
             name: name.clone(),
             config: config.clone(),
@@ -422,16 +433,12 @@ impl Worker {
         let mut owners = vec![OwnerId::generate()];
         owners.extend(self.last_owner.clone());
         for owner in owners {
-            let request = Request {
-                name: name.clone(),
+            let request = Request::new(
+                name.clone(),
                 owner,
-                mode: Mode::Exclusive,
-                ttl: Duration::from_millis(self.config.ttl_ms),
-                fair: false,
-                waiting: false,
-                lock_delay: None,
-                value: None,
-            };
+                Mode::Exclusive,
+                Duration::from_millis(self.config.ttl_ms),
+            );
             let timeout = Duration::from_millis(self.config.request_timeout_ms);
             let _ = tokio::time::timeout(timeout, self.client.backend().release(&request)).await;
         }

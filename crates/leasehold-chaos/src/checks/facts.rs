@@ -262,8 +262,7 @@ impl Facts {
                 .get(k)?
                 .iter()
                 .copied()
-                .filter(|i| grants[*i].granted <= t)
-                .next_back()
+                .rfind(|i| grants[*i].granted <= t)
         };
         for op in history.ops(Kind::Renew) {
             let Some(i) = at(&self.grants, &key(op.invoke), op.start()) else {

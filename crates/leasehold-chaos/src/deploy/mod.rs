@@ -243,6 +243,9 @@ pub struct Replicated {
     pub link: FaultProxy,
 }
 
+/// Builds a URL from the endpoints a worker goes through.
+type UrlFrom = Box<dyn Fn(&[String]) -> String + Send>;
+
 /// A run's backend: its servers (or the user's), and one fault proxy per worker and
 /// server in front of them.
 #[derive(Debug)]
@@ -277,11 +280,7 @@ impl Deployment {
         external: Option<&str>,
         ttl: Duration,
     ) -> io::Result<Deployment> {
-        let (mut servers, base, build): (
-            Servers,
-            Vec<SocketAddr>,
-            Box<dyn Fn(&[String]) -> String + Send>,
-        ) = match external {
+        let (mut servers, base, build): (Servers, Vec<SocketAddr>, UrlFrom) = match external {
             Some(url) => {
                 let (prefix, hosts, suffix) = split_endpoints(url);
                 let mut addrs = Vec::new();
@@ -303,8 +302,8 @@ impl Deployment {
                 let url = spec.url;
                 let endpoints = servers.endpoints();
                 let dir = servers.dir().map(|d| d.display().to_string());
-                let build: Box<dyn Fn(&[String]) -> String + Send> = match dir {
-                    Some(dir) => Box::new(move |_: &[String]| url(&[dir.clone()], ttl)),
+                let build: UrlFrom = match dir {
+                    Some(dir) => Box::new(move |_: &[String]| url(std::slice::from_ref(&dir), ttl)),
                     None => Box::new(move |eps: &[String]| url(eps, ttl)),
                 };
                 (servers, endpoints, build)

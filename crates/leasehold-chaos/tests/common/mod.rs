@@ -1,7 +1,7 @@
 //! Runs of the checker from its tests: the `leasehold-chaos` program of this build is the
 //! worker and the resource.
 
-#![allow(dead_code, unreachable_pub)]
+#![allow(dead_code, unreachable_pub, clippy::unwrap_used)]
 
 use std::path::PathBuf;
 

@@ -160,7 +160,7 @@ pub static SCENARIOS: &[Scenario] = &[
     Scenario {
         id: 2,
         name: "delayed-grant-reply",
-        title: "a waiter's round trip is slowed past the lease (within the request timeout)",
+        title: "every round trip is slowed past the lease (within the request timeout)",
         plan: |b| {
             network_or_in_process(
                 b,
@@ -499,12 +499,15 @@ async fn pause_holder(ctx: &mut Ctx<'_>) -> io::Result<()> {
 }
 
 async fn delayed_grant_reply(ctx: &mut Ctx<'_>) -> io::Result<()> {
-    let w = waiter(ctx).await?;
+    holder(ctx, 0.0).await?;
+    // Every worker's round trip exceeds the lease (but not the request timeout): every
+    // grant arrives after the lease it announces could have expired.
     let round_trip = ctx.random_ttls(1.1, 1.4);
+    let names = ctx.worker_names();
     let f = ctx.begin(
-        "slow-link",
-        &format!("link {w}"),
-        json!({"round_trip_ms": round_trip.as_millis() as u64}),
+        "slow-links",
+        "links",
+        json!({"round_trip_ms": round_trip.as_millis() as u64, "workers": names}),
     );
     // Network: half each way. In process: the replies carry all of it.
     let delay = if ctx.in_process() {
@@ -512,9 +515,13 @@ async fn delayed_grant_reply(ctx: &mut Ctx<'_>) -> io::Result<()> {
     } else {
         round_trip / 2
     };
-    ctx.link(&w, Link::Delay(delay));
-    ctx.sleep(ctx.ttls(3.0)).await;
-    ctx.link(&w, Link::Heal);
+    for w in &names {
+        ctx.link(w, Link::Delay(delay));
+    }
+    ctx.sleep(ctx.ttls(4.0)).await;
+    for w in &names {
+        ctx.link(w, Link::Heal);
+    }
     ctx.end(f);
     ctx.sleep(ctx.ttls(1.5)).await;
     Ok(())

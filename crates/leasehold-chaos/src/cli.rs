@@ -89,6 +89,9 @@ struct RunArgs {
     /// Runs per backend and scenario, with seeds seed, seed+1, …
     #[arg(long, default_value_t = 1)]
     runs: u64,
+    /// Runs at once (each with servers and processes of its own).
+    #[arg(long, default_value_t = 1)]
+    jobs: usize,
     /// Use these servers instead of starting them (faults that need control of the servers
     /// are skipped; the report says which).
     #[arg(long, env = "LEASEHOLD_URL", hide_env_values = true)]
@@ -316,31 +319,59 @@ fn run(args: RunArgs, launcher: &Launcher) -> u8 {
             }
         }
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("leasehold chaos: cannot start: {e}");
-            return exit::FAILED;
-        }
-    };
-    let mut progress = report::Progress::new(specs.len());
-    let mut reports: Vec<RunReport> = Vec::with_capacity(specs.len());
-    for spec in &specs {
-        let mut r = runtime.block_on(runner::run(spec, launcher));
-        progress.step(&r);
-        // Keep histories in memory only for the runs the HTML report will draw.
-        let drawn = reports
-            .iter()
-            .any(|o| o.backend == r.backend && o.scenario == r.scenario && o.history.is_some());
-        if args.html.is_none() || (r.is_good() && drawn) {
-            r.history = None;
-        }
-        reports.push(r);
+    if args.jobs == 0 {
+        return usage("--jobs must be at least 1");
     }
+    let mut progress = report::Progress::new(specs.len());
+    let mut slots: Vec<Option<RunReport>> = specs.iter().map(|_| None).collect();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<(usize, RunReport)>();
+    let failed_to_start = std::thread::scope(|scope| {
+        let mut handles = Vec::new();
+        for _ in 0..args.jobs.min(specs.len()) {
+            let done_tx = done_tx.clone();
+            let (specs, next) = (&specs, &next);
+            handles.push(scope.spawn(move || -> std::io::Result<()> {
+                let runtime = tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .enable_all()
+                    .build()?;
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    let Some(spec) = specs.get(i) else {
+                        return Ok(());
+                    };
+                    let report = runtime.block_on(runner::run(spec, launcher));
+                    if done_tx.send((i, report)).is_err() {
+                        return Ok(());
+                    }
+                }
+            }));
+        }
+        drop(done_tx);
+        for (i, mut r) in done_rx {
+            progress.step(&r);
+            // Keep histories only for the runs the HTML report draws: every failure, and
+            // the first run of each backend and scenario.
+            let drawn = slots
+                .iter()
+                .flatten()
+                .any(|o| o.backend == r.backend && o.scenario == r.scenario && o.history.is_some());
+            if args.html.is_none() || (r.is_good() && drawn) {
+                r.history = None;
+            }
+            slots[i] = Some(r);
+        }
+        handles
+            .into_iter()
+            .filter_map(|h| h.join().ok())
+            .find_map(Result::err)
+    });
+    if let Some(e) = failed_to_start {
+        eprintln!("leasehold chaos: cannot start: {e}");
+        return exit::FAILED;
+    }
+    let reports: Vec<RunReport> = slots.into_iter().flatten().collect();
     if let Some(path) = &args.html
         && let Err(e) = std::fs::write(path, report::html(&reports))
     {

@@ -585,9 +585,10 @@ async fn restart_empty(ctx: &mut Ctx<'_>) -> io::Result<()> {
 
 async fn replica_failover(ctx: &mut Ctx<'_>) -> io::Result<()> {
     holder(ctx, 0.0).await?;
-    // Replication held back while a new grant is made.
+    // Replication held back. Whatever the replica holds expires within a lease; a grant
+    // made after that exists on the primary only.
     ctx.hold_replication(true);
-    let since = ctx.now();
+    let since = ctx.now() + ctx.ttl.as_micros() as u64;
     ctx.holder_since(since, Duration::ZERO, LIMIT)
         .await
         .ok_or_else(|| none_found("grant after replication stopped"))?;

@@ -280,7 +280,9 @@ impl Facts {
                 self.grants[i].denials.push(t);
             }
         }
-        for op in history.ops(Kind::Release) {
+        let mut releases = history.ops(Kind::Release);
+        releases.sort_by_key(|op| op.start());
+        for op in releases {
             let Some(i) = at(&self.grants, &key(op.invoke), op.start()) else {
                 continue;
             };

@@ -379,6 +379,25 @@ mod tests {
     }
 
     #[test]
+    fn a_grant_forgotten_early_then_given_up_frees_the_lock() {
+        // Redlock after a majority restarted empty: the renewal says lost, the release
+        // removes the last copy; a grant after that is no double grant. Before it, it is.
+        let mut h: Vec<Event> = grant("w1", 1, "a", 0, 10, 5, 2000).into();
+        h.extend(call(Kind::Renew, "w1", 2, "a", 600, 700, "lost"));
+        h.extend(call(Kind::Release, "w1", 3, "a", 800, 900, "released"));
+        let mut after = h.clone();
+        after.extend(grant("w2", 1, "b", 1000, 1100, 6, 2000));
+        assert_eq!(findings(Check::C5, after.clone()), 0);
+        assert_eq!(findings(Check::C7, after), 0);
+        let mut before: Vec<Event> = grant("w1", 1, "a", 0, 10, 5, 2000).into();
+        before.extend(call(Kind::Renew, "w1", 2, "a", 600, 700, "lost"));
+        before.extend(grant("w2", 1, "b", 710, 750, 6, 2000));
+        before.extend(call(Kind::Release, "w1", 3, "a", 800, 900, "released"));
+        assert_eq!(findings(Check::C5, before.clone()), 1);
+        assert_eq!(findings(Check::C7, before), 1);
+    }
+
+    #[test]
     fn c8_fails_a_release_of_another_owner_or_after_being_superseded() {
         let mut good: Vec<Event> = grant("w1", 1, "a", 0, 10, 5, 1000).into();
         good.extend(call(Kind::Release, "w1", 2, "a", 100, 110, "released"));

@@ -55,13 +55,25 @@ pub struct LeaseMutex;
 // A server that tells the holder it lost its lock before the lease it promised is over
 // has forgotten it early: that alone breaks no mutual exclusion (the holder stops), so it
 // is legal, but the lock stays reserved until the promise ends — a grant to another owner
-// before then is a double grant.
+// before then is a double grant — unless the owner gives it up first (a release) — and it
+// is never renewed or adopted again.
+
+/// A holder in the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+struct Holder {
+    owner: u32,
+    /// Unknown after a grant nobody heard of.
+    token: Option<u64>,
+    /// The end of the lease the server promised.
+    promise: u64,
+    /// The server already said the owner no longer holds it (before the promise ended).
+    denied: bool,
+}
 
 /// The model's state.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct MutexState {
-    /// (owner, token — unknown after a grant nobody heard of —, promise).
-    holder: Option<(u32, Option<u64>, u64)>,
+    holder: Option<Holder>,
     /// The highest token granted.
     max_token: u64,
 }
@@ -82,43 +94,56 @@ impl Model for LeaseMutex {
         let latest = c.ret.unwrap_or(u64::MAX);
         let expirable = |promise: u64| promise <= latest;
         let holder = s.holder;
-        let mine = |owner: u32| holder.is_some_and(|h| h.0 == owner);
+        let mine = |owner: u32| holder.is_some_and(|h| h.owner == owner);
         let with = |holder, max_token| MutexState { holder, max_token };
+        let held = |owner, token, promise| Holder {
+            owner,
+            token,
+            promise,
+            denied: false,
+        };
         match c.op {
             LockOp::Acquire { owner, answer } => match answer {
                 Some(None) => vec![s.clone()],
                 Some(Some((token, promise))) => {
                     let mut next = Vec::new();
                     match holder {
-                        Some((o, Some(t), p)) if o == owner && t == token => {
-                            next.push(with(Some((o, Some(t), p.max(promise))), s.max_token));
+                        Some(h) if h.owner == owner && h.token == Some(token) && !h.denied => {
+                            let h = held(owner, h.token, h.promise.max(promise));
+                            next.push(with(Some(h), s.max_token));
                         }
-                        Some((o, None, p)) if o == owner && token > s.max_token => {
-                            next.push(with(Some((o, Some(token), p.max(promise))), token));
+                        Some(h) if h.owner == owner && h.token.is_none() && token > s.max_token => {
+                            let h = held(owner, Some(token), h.promise.max(promise));
+                            next.push(with(Some(h), token));
                         }
                         _ => {}
                     }
-                    let free = holder.is_none_or(|(_, _, p)| expirable(p));
+                    let free = holder.is_none_or(|h| expirable(h.promise));
                     if free && token > s.max_token {
-                        next.push(with(Some((owner, Some(token), promise)), token));
+                        next.push(with(Some(held(owner, Some(token), promise)), token));
                     }
                     next
                 }
                 None => {
                     let mut next = vec![s.clone()];
                     if !mine(owner) {
-                        next.push(with(Some((owner, None, c.call)), s.max_token));
+                        next.push(with(Some(held(owner, None, c.call)), s.max_token));
                     }
                     next
                 }
             },
             LockOp::Renew { owner, answer } => match (answer, holder) {
-                (Some(Some(promise)), Some((o, t, p))) if o == owner => {
-                    vec![with(Some((o, t, p.max(promise))), s.max_token)]
+                (Some(Some(promise)), Some(h)) if h.owner == owner && !h.denied => {
+                    let h = held(owner, h.token, h.promise.max(promise));
+                    vec![with(Some(h), s.max_token)]
                 }
                 (Some(Some(_)), _) => vec![],
-                (Some(None), Some((o, _, p))) if o == owner && expirable(p) => {
-                    vec![with(None, s.max_token)]
+                (Some(None), Some(h)) if h.owner == owner => {
+                    if expirable(h.promise) {
+                        vec![with(None, s.max_token)]
+                    } else {
+                        vec![with(Some(Holder { denied: true, ..h }), s.max_token)]
+                    }
                 }
                 _ => vec![s.clone()],
             },
@@ -127,13 +152,18 @@ impl Model for LeaseMutex {
                 answer,
                 queued,
             } => match (answer, holder) {
-                (Some(true), Some((o, _, _))) if o == owner => vec![with(None, s.max_token)],
+                // Whatever it removed, the owner has given the lock up.
+                (Some(true), Some(h)) if h.owner == owner => vec![with(None, s.max_token)],
                 (Some(true), _) if queued => vec![s.clone()],
                 (Some(true), _) => vec![],
-                (Some(false), Some((o, _, p))) if o == owner && expirable(p) => {
-                    vec![with(None, s.max_token)]
+                (Some(false), Some(h)) if h.owner == owner => {
+                    if expirable(h.promise) {
+                        vec![with(None, s.max_token)]
+                    } else {
+                        vec![with(Some(Holder { denied: true, ..h }), s.max_token)]
+                    }
                 }
-                (None, Some((o, _, _))) if o == owner => {
+                (None, Some(h)) if h.owner == owner => {
                     vec![s.clone(), with(None, s.max_token)]
                 }
                 _ => vec![s.clone()],

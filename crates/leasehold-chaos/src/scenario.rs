@@ -94,6 +94,9 @@ impl Setup {
         // A longer lease: the double grant must happen (and be seen) while the first
         // holder's lease is still promised, however loaded the machine is.
         self.ttl = Some(Duration::from_secs(2));
+        // Long holds: the holder the fault hits is still holding when another is granted
+        // (a release would end the first grant before the second).
+        self.rounds = (8, 12);
         self.expect.extend([
             (Check::C5, Expect::Violate),
             (Check::C7, Expect::Violate),
@@ -192,7 +195,17 @@ pub static SCENARIOS: &[Scenario] = &[
             } else {
                 Topology::Single
             };
-            Plan::Run(Setup::default().servers().topology(topology))
+            let mut setup = Setup::default().servers().topology(topology);
+            if b.name == "etcd" && crate::deploy::etcd::revokes_from_a_stale_leader() {
+                // A known etcd bug (etcd-io/etcd#12528, fixed by #16822): the paused
+                // leader, resumed, revokes leases the new leader kept alive.
+                setup.expect.extend([
+                    (Check::C5, Expect::Either),
+                    (Check::C6, Expect::Either),
+                    (Check::C7, Expect::Either),
+                ]);
+            }
+            Plan::Run(setup)
         },
         script: script!(pause_server),
     },
@@ -237,7 +250,7 @@ pub static SCENARIOS: &[Scenario] = &[
         name: "redlock-clock-jump",
         title: "the holder has a bare majority; one of its nodes jumps its clock (key expired early)",
         plan: |b| match b.name {
-            "redlock" => Plan::Run(Setup::default().servers().double_grant()),
+            "redlock" => Plan::Run(one_waiter(b, Setup::default().servers().double_grant())),
             _ => skip("Redlock only"),
         },
         script: script!(redlock_clock_jump),
@@ -275,7 +288,9 @@ pub static SCENARIOS: &[Scenario] = &[
         name: "server-clock-jump",
         title: "a server's clock jumps forward past the lease (Redis: emulated by expiring the key early)",
         plan: |b| match b.traits.server_clock {
-            ServerClock::ExpireEarly => Plan::Run(Setup::default().servers().double_grant()),
+            ServerClock::ExpireEarly => {
+                Plan::Run(one_waiter(b, Setup::default().servers().double_grant()))
+            }
             ServerClock::Faketime => {
                 skip("libfaketime on this server is not wired into the checker yet")
             }
@@ -406,7 +421,7 @@ pub static SCENARIOS: &[Scenario] = &[
                     .topology(Topology::Evicting)
                     .double_grant(),
             ),
-            "redlock" => Plan::Run(Setup::default().servers().double_grant()),
+            "redlock" => Plan::Run(one_waiter(b, Setup::default().servers().double_grant())),
             _ => skip("Redis only"),
         },
         script: script!(redis_eviction),
@@ -457,6 +472,20 @@ pub fn scenario(name: &str) -> Option<&'static Scenario> {
         .find(|s| s.name == name || s.id.to_string() == name)
 }
 
+/// Redlock with two waiters whose queue places differ per node can leave each with a
+/// minority until the holder's lease ends everywhere: for the double grant to be certain
+/// when a majority forgets the holder, one worker waits.
+fn one_waiter(b: &BackendSpec, setup: Setup) -> Setup {
+    if b.name == "redlock" {
+        Setup {
+            workers: 2,
+            ..setup
+        }
+    } else {
+        setup
+    }
+}
+
 fn network_or_in_process(b: &BackendSpec, setup: Setup) -> Plan {
     if b.traits.network || (!b.traits.processes && b.traits.expiring) {
         Plan::Run(setup)
@@ -480,8 +509,23 @@ async fn holder(ctx: &mut Ctx<'_>, min_ttls: f64) -> io::Result<String> {
         .ok_or_else(|| none_found("holder"))
 }
 
+/// A worker granted from now on (with a whole hold ahead of it).
+async fn fresh_holder(ctx: &mut Ctx<'_>) -> io::Result<String> {
+    let now = ctx.now();
+    ctx.holder_since(now, Duration::ZERO, LIMIT)
+        .await
+        .ok_or_else(|| none_found("new holder"))
+}
+
 async fn waiter(ctx: &mut Ctx<'_>) -> io::Result<String> {
     ctx.waiter(LIMIT).await.ok_or_else(|| none_found("waiter"))
+}
+
+/// Cuts `worker` off, both ways: a server that forgets a grant does not tell its holder,
+/// and a holder that cannot reach the server learns nothing before its own deadline. The
+/// scenario heals it (or the run's clean-up does).
+fn isolate(ctx: &mut Ctx<'_>, worker: &str) {
+    ctx.link(worker, Link::Cut(Direction::Both));
 }
 
 async fn nothing(_: &mut Ctx<'_>) -> io::Result<()> {
@@ -572,14 +616,17 @@ async fn pause_server(ctx: &mut Ctx<'_>) -> io::Result<()> {
 }
 
 async fn restart_empty(ctx: &mut Ctx<'_>) -> io::Result<()> {
-    holder(ctx, 0.1).await?;
+    let w = fresh_holder(ctx).await?;
     let n = ctx.servers();
     let targets = some_servers(ctx, n);
+    isolate(ctx, &w);
     let faults: Vec<_> = targets.iter().map(|i| (*i, ctx.kill_server(*i))).collect();
     for (i, f) in faults {
         ctx.restart_server(i, f).await?;
     }
-    ctx.sleep(ctx.ttls(2.0)).await;
+    ctx.sleep(ctx.ttls(1.5)).await;
+    ctx.link(&w, Link::Heal);
+    ctx.sleep(ctx.ttls(1.0)).await;
     Ok(())
 }
 
@@ -589,15 +636,19 @@ async fn replica_failover(ctx: &mut Ctx<'_>) -> io::Result<()> {
     // made after that exists on the primary only.
     ctx.hold_replication(true);
     let since = ctx.now() + ctx.ttl.as_micros() as u64;
-    ctx.holder_since(since, Duration::ZERO, LIMIT)
+    let a = ctx
+        .holder_since(since, Duration::ZERO, LIMIT)
         .await
         .ok_or_else(|| none_found("grant after replication stopped"))?;
+    isolate(ctx, &a);
     let primary = ctx.kill_server(0);
     ctx.hold_replication(false);
     ctx.redis(1, &["REPLICAOF", "NO", "ONE"]).await?;
     ctx.switch_vip(1);
     ctx.end(primary);
-    ctx.sleep(ctx.ttls(2.0)).await;
+    ctx.sleep(ctx.ttls(1.5)).await;
+    ctx.link(&a, Link::Heal);
+    ctx.sleep(ctx.ttls(0.5)).await;
     Ok(())
 }
 
@@ -611,10 +662,12 @@ async fn redlock_clock_jump(ctx: &mut Ctx<'_>) -> io::Result<()> {
     }
     ctx.sleep(ctx.ttls(0.05)).await;
     let partner = (unreachable + 1 + ctx.rng.random_range(0..2usize)) % 3;
+    let reachable: Vec<usize> = (0..3).filter(|n| *n != unreachable).collect();
+    ctx.link_nodes(&a, &reachable, Link::Cut(Direction::Both));
     ctx.expire_early(partner).await?;
-    ctx.sleep(ctx.ttls(2.0)).await;
-    ctx.link_nodes(&a, &[unreachable], Link::Heal);
-    ctx.sleep(ctx.ttls(0.5)).await;
+    ctx.sleep(ctx.ttls(1.5)).await;
+    ctx.link(&a, Link::Heal);
+    ctx.sleep(ctx.ttls(1.0)).await;
     Ok(())
 }
 
@@ -655,12 +708,15 @@ async fn client_suspend(ctx: &mut Ctx<'_>) -> io::Result<()> {
 }
 
 async fn server_clock_jump(ctx: &mut Ctx<'_>) -> io::Result<()> {
-    holder(ctx, 0.1).await?;
+    let w = fresh_holder(ctx).await?;
     let n = ctx.servers();
+    isolate(ctx, &w);
     for i in some_servers(ctx, n) {
         ctx.expire_early(i).await?;
     }
-    ctx.sleep(ctx.ttls(2.0)).await;
+    ctx.sleep(ctx.ttls(1.5)).await;
+    ctx.link(&w, Link::Heal);
+    ctx.sleep(ctx.ttls(1.0)).await;
     Ok(())
 }
 
@@ -786,16 +842,22 @@ async fn redis_eviction(ctx: &mut Ctx<'_>) -> io::Result<()> {
     ctx.instant("script-flush", "servers", json!({}));
     ctx.sleep(ctx.ttls(0.5)).await;
     if n == 1 {
-        holder(ctx, 0.05).await?;
+        let w = fresh_holder(ctx).await?;
+        isolate(ctx, &w);
         evict(ctx).await?;
         ctx.sleep(ctx.ttls(1.5)).await;
+        ctx.link(&w, Link::Heal);
+        ctx.sleep(ctx.ttls(0.5)).await;
     }
-    holder(ctx, 0.05).await?;
+    let w = fresh_holder(ctx).await?;
+    isolate(ctx, &w);
     for i in some_servers(ctx, n) {
         ctx.instant("flushall", &format!("server {i}"), json!({}));
         ctx.redis(i, &["FLUSHALL"]).await?;
     }
-    ctx.sleep(ctx.ttls(2.0)).await;
+    ctx.sleep(ctx.ttls(1.5)).await;
+    ctx.link(&w, Link::Heal);
+    ctx.sleep(ctx.ttls(1.0)).await;
     Ok(())
 }
 
@@ -929,10 +991,13 @@ mod tests {
                 Plan::Skip(_) => assert!(!expected, "scenario {} skipped", s.name),
             }
         }
+        // etcd never: only a known bug of older etcd servers is tolerated, where it applies.
         let etcd = crate::deploy::backend("etcd").unwrap();
         for s in SCENARIOS {
             if let Plan::Run(setup) = (s.plan)(etcd) {
-                assert_eq!(setup.expect(Check::C5), Expect::Hold, "etcd, {}", s.name);
+                let known = s.id == 4 && crate::deploy::etcd::revokes_from_a_stale_leader();
+                let expected = if known { Expect::Either } else { Expect::Hold };
+                assert_eq!(setup.expect(Check::C5), expected, "etcd, {}", s.name);
             }
         }
     }

@@ -38,3 +38,26 @@ pub static SPEC: BackendSpec = BackendSpec {
         )
     },
 };
+
+/// Whether the installed etcd revokes leases from a leader that was paused (a stale
+/// leader's revocations are forwarded to the new leader: etcd-io/etcd#12528, fixed by
+/// etcd-io/etcd#16822 in 3.4.28 and 3.5.11). Such an etcd can grant a lock twice when its
+/// leader is paused past the session ttl.
+pub fn revokes_from_a_stale_leader() -> bool {
+    static AFFECTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AFFECTED.get_or_init(|| {
+        let Ok(out) = std::process::Command::new("etcd").arg("--version").output() else {
+            return false;
+        };
+        let text = String::from_utf8_lossy(&out.stdout);
+        let Some(version) = text
+            .lines()
+            .find_map(|l| l.strip_prefix("etcd Version: "))
+            .map(str::trim)
+        else {
+            return false;
+        };
+        let parts: Vec<u32> = version.split('.').filter_map(|p| p.parse().ok()).collect();
+        matches!(parts.as_slice(), [3, minor, patch, ..] if (*minor < 4) || (*minor == 4 && *patch < 28) || (*minor == 5 && *patch < 11))
+    })
+}

@@ -88,6 +88,22 @@ pub(super) fn c5_double_grant(history: &History, facts: &Facts) -> Finding {
             }
         }
     }
+    // A holder whose process was killed before the look is a leftover of the dead (a
+    // record not yet cleaned up), not a second grant.
+    let dead = |owner: Option<&str>, t: u64| {
+        facts
+            .grants
+            .iter()
+            .filter(|g| Some(g.owner.as_str()) == owner)
+            .any(|g| {
+                facts.faults.iter().any(|f| {
+                    f.action == "kill"
+                        && f.target == g.process
+                        && g.granted <= f.start
+                        && f.start <= t
+                })
+            })
+    };
     for e in history.of(Kind::Inspect) {
         let exclusive: Vec<&Value> = e
             .value
@@ -97,6 +113,7 @@ pub(super) fn c5_double_grant(history: &History, facts: &Facts) -> Finding {
             .map(|hs| {
                 hs.iter()
                     .filter(|h| h.get("mode").and_then(Value::as_str) == Some("exclusive"))
+                    .filter(|h| !dead(h.get("owner").and_then(Value::as_str), e.t))
                     .collect()
             })
             .unwrap_or_default();

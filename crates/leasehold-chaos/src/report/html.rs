@@ -155,6 +155,7 @@ section.run h2 { font-size: 1.1em; margin: 0 0 .4em; }
 code { background: #f4f4f4; padding: 0 .3em; }
 table.verdicts { border-collapse: collapse; margin: .5em 0; }
 table.verdicts td { padding: 1px 8px; border-bottom: 1px solid #eee; vertical-align: top; }
+table.verdicts td:first-child, table.verdicts td:nth-child(2) { white-space: nowrap; }
 .Pass { color: #080; } .Fail, .Missed { color: #c00; font-weight: bold; }
 .Detected { color: #b60; font-weight: bold; } .Tolerated { color: #b60; } .Skipped { color: #999; }
 svg text { font: 11px system-ui, sans-serif; }

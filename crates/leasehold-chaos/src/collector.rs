@@ -37,6 +37,8 @@ pub struct LiveView {
     pub connected: BTreeMap<String, u32>,
     /// Accesses the resource accepted so far.
     pub accepted: u64,
+    /// When each worker's lease was last renewed (collector time, µs).
+    pub renewed: BTreeMap<String, u64>,
 }
 
 #[derive(Debug)]
@@ -192,6 +194,10 @@ fn update(view: &mut LiveView, e: &Event) -> bool {
                 .get(&process)
                 .is_some_and(|h| e.owner.is_none() || e.owner.as_ref() == Some(&h.owner));
             mine && view.holders.remove(&process).is_some()
+        }
+        (Kind::Renew, Phase::Ok) if e.answer.as_deref() == Some("renewed") => {
+            view.renewed.insert(process, e.t);
+            true
         }
         (Kind::Apply, _) if e.answer.as_deref() == Some("accepted") => {
             view.accepted += 1;

@@ -446,6 +446,18 @@ impl<'a> Ctx<'a> {
         .await
     }
 
+    /// Until `worker`'s lease is renewed after `after` (collector time), at most `limit`.
+    pub async fn until_renewed(&mut self, worker: &str, after: u64, limit: Duration) -> bool {
+        self.until(limit, |v| {
+            v.renewed
+                .get(worker)
+                .is_some_and(|t| *t > after)
+                .then_some(())
+        })
+        .await
+        .is_some()
+    }
+
     /// The collector's clock now.
     pub fn now(&self) -> u64 {
         self.collector.now()

@@ -44,13 +44,30 @@ pub fn run(spec: &RunSpec) -> RunReport {
     runtime.block_on(runner::run(spec, &launcher()))
 }
 
-/// Every scenario once on `backend` (seed 1): each must come out as it expects.
+/// Every scenario once on `backend` (seed 1), two at a time (runs mostly wait): each must
+/// come out as it expects.
 pub fn sample(backend: &str) {
-    let mut reports = Vec::new();
-    for s in SCENARIOS {
-        let report = run(&spec(backend, s.name, 1));
-        reports.push(report);
-    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let mut reports: Vec<RunReport> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..2)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut mine = Vec::new();
+                    while let Some(s) =
+                        SCENARIOS.get(next.fetch_add(1, std::sync::atomic::Ordering::SeqCst))
+                    {
+                        mine.push(run(&spec(backend, s.name, 1)));
+                    }
+                    mine
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().unwrap())
+            .collect()
+    });
+    reports.sort_by_key(|r| r.scenario_id);
     let table = leasehold_chaos::report::table(&reports);
     println!("{table}");
     assert!(

@@ -30,3 +30,33 @@ fn sample_redlock() {
 fn sample_etcd() {
     common::sample("etcd");
 }
+
+/// Against the user's servers (`--url`): what needs no control of the servers runs, through
+/// fault proxies in front of them; the rest is skipped, saying why.
+#[test]
+fn against_a_users_server_only_faults_that_need_no_control_run() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let redis = runtime.block_on(leasehold_testkit::Redis::start()).unwrap();
+    let mut runs = Vec::new();
+    for scenario in ["full-partition", "restart-empty"] {
+        let mut spec = common::spec("redis", scenario, 1);
+        spec.url = Some(redis.url());
+        runs.push(common::run(&spec));
+    }
+    let table = leasehold_chaos::report::table(&runs);
+    assert!(runs[0].is_good(), "{table}");
+    assert!(
+        matches!(
+            runs[0].outcome,
+            leasehold_chaos::runner::Outcome::Ran { .. }
+        ),
+        "{table}"
+    );
+    assert!(runs[0].stats.faults > 0);
+    match &runs[1].outcome {
+        leasehold_chaos::runner::Outcome::Skipped { reason } => {
+            assert!(reason.contains("--url"), "{reason}");
+        }
+        other => panic!("restart-empty against a user's server: {other:?}"),
+    }
+}

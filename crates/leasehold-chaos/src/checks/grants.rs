@@ -189,7 +189,7 @@ pub(super) fn c8_release_safety(history: &History, facts: &Facts) -> Finding {
                 && g.granted > last_own
                 && g.granted < op.start()
         });
-        // After being superseded the owner may have queued again (the release then removed
+        // After its last grant the owner may have queued again (the release then removed
         // its place in the queue), an acquire of it without an answer may have landed late
         // and granted it again, and on a backend with several copies of each lock the
         // release may have removed only its own stale copies.
@@ -200,7 +200,7 @@ pub(super) fn c8_release_safety(history: &History, facts: &Facts) -> Finding {
         };
         if let Some(newer) = newer
             && facts.info.copies == 1
-            && !requeued(newer.granted)
+            && !requeued(last_own)
         {
             violations.push(Violation::at(
                 op.start(),
@@ -412,6 +412,19 @@ mod tests {
         before.extend(call(Kind::Release, "w1", 3, "a", 800, 900, "released"));
         assert_eq!(findings(Check::C5, before.clone()), 1);
         assert_eq!(findings(Check::C7, before), 1);
+    }
+
+    #[test]
+    fn a_release_of_a_place_in_the_queue_after_a_given_back_grant_is_no_violation() {
+        // a's grant came too late and was given back (not held by then); a queued again
+        // under the same owner id; b was granted; a's release removed a's queue entry.
+        let mut h: Vec<Event> = grant("w1", 1, "a", 0, 1500, 5, 1000).into();
+        h.extend(call(Kind::Release, "w1", 2, "a", 1500, 2600, "not_held"));
+        h.extend(call(Kind::Acquire, "w1", 3, "a", 2700, 2710, "busy"));
+        h.extend(grant("w2", 1, "b", 3000, 3010, 6, 1000));
+        h.extend(call(Kind::Release, "w1", 4, "a", 3020, 3030, "released"));
+        assert_eq!(findings(Check::C8, h.clone()), 0);
+        assert_eq!(findings(Check::C7, h), 0);
     }
 
     #[test]

@@ -66,6 +66,10 @@ pub struct Collector {
 impl Collector {
     /// Listens on a loopback port; the run's clock starts now.
     ///
+    /// # Cancel safety
+    ///
+    /// Nothing is left listening if the future is dropped.
+    ///
     /// # Errors
     ///
     /// If it cannot listen.

@@ -152,6 +152,10 @@ impl<'a> Ctx<'a> {
     }
 
     /// Sleeps.
+    ///
+    /// # Cancel safety
+    ///
+    /// Nothing to undo.
     pub async fn sleep(&self, d: Duration) {
         tokio::time::sleep(d).await;
     }
@@ -224,6 +228,10 @@ impl<'a> Ctx<'a> {
     }
 
     /// A worker that has held the lock for at least `min`, waiting up to `limit`.
+    ///
+    /// # Cancel safety
+    ///
+    /// Read-only.
     pub async fn holder(&mut self, min: Duration, limit: Duration) -> Option<String> {
         let collector = self.collector;
         let min = min.as_micros() as u64;
@@ -238,6 +246,10 @@ impl<'a> Ctx<'a> {
     }
 
     /// A worker inside a lock call that does not hold, waiting up to `limit`.
+    ///
+    /// # Cancel safety
+    ///
+    /// Read-only.
     pub async fn waiter(&mut self, limit: Duration) -> Option<String> {
         self.until(limit, |v| {
             v.waiting
@@ -279,6 +291,11 @@ impl<'a> Ctx<'a> {
     }
 
     /// SIGKILL the worker's process.
+    ///
+    /// # Cancel safety
+    ///
+    /// The signal is sent before the first await; dropping the future leaves the process
+    /// unreaped until the run ends.
     pub async fn kill_worker(&mut self, worker: &str) {
         let f = self.begin("kill", worker, json!({}));
         if let Some(i) = self.process_of(worker)
@@ -420,6 +437,10 @@ impl<'a> Ctx<'a> {
     }
 
     /// Until `worker` holds, at most `limit`.
+    ///
+    /// # Cancel safety
+    ///
+    /// Read-only.
     pub async fn until_holds(&mut self, worker: &str, limit: Duration) -> bool {
         self.until(limit, |v| v.holders.contains_key(worker).then_some(()))
             .await
@@ -428,6 +449,10 @@ impl<'a> Ctx<'a> {
 
     /// A worker whose current guard was granted after `after` (collector time), held at
     /// least `min`, waiting up to `limit`.
+    ///
+    /// # Cancel safety
+    ///
+    /// Read-only.
     pub async fn holder_since(
         &mut self,
         after: u64,
@@ -447,6 +472,10 @@ impl<'a> Ctx<'a> {
     }
 
     /// Until `worker`'s lease is renewed after `after` (collector time), at most `limit`.
+    ///
+    /// # Cancel safety
+    ///
+    /// Read-only.
     pub async fn until_renewed(&mut self, worker: &str, after: u64, limit: Duration) -> bool {
         self.until(limit, |v| {
             v.renewed
@@ -465,6 +494,10 @@ impl<'a> Ctx<'a> {
 
     /// For `total`, every `step`, gives each of `workers`' links to `nodes` (all if
     /// empty) a random delay up to `max` each way.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future leaves the last delays in place until the run's clean-up.
     pub async fn jitter(
         &mut self,
         workers: &[String],
@@ -516,6 +549,10 @@ impl<'a> Ctx<'a> {
     }
 
     /// The member that leads (etcd, ZooKeeper), else 0.
+    ///
+    /// # Cancel safety
+    ///
+    /// Read-only.
     pub async fn leader(&mut self) -> usize {
         self.deployment.servers.leader().await
     }
@@ -550,6 +587,10 @@ impl<'a> Ctx<'a> {
 
     /// Starts server `i` again (a redis-server comes back empty), ending `fault`.
     ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future may leave the server starting, and the fault open.
+    ///
     /// # Errors
     ///
     /// If it does not come back.
@@ -560,6 +601,10 @@ impl<'a> Ctx<'a> {
     }
 
     /// Runs a command on redis-server `i` (as an administrator would).
+    ///
+    /// # Cancel safety
+    ///
+    /// A command already sent is applied.
     ///
     /// # Errors
     ///
@@ -580,6 +625,10 @@ impl<'a> Ctx<'a> {
 
     /// Expires the lock's key on redis-server `i` now, as a forward jump of that server's
     /// clock past the lease would (libfaketime hangs redis-server).
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`redis`](Ctx::redis).
     ///
     /// # Errors
     ///

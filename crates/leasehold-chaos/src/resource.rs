@@ -90,6 +90,10 @@ struct State {
 /// Runs the resource: prints `listening <addr>` on stdout, then serves until stdin closes
 /// (the runner dies or ends the run).
 ///
+/// # Cancel safety
+///
+/// Dropping the future stops serving; the state is lost.
+///
 /// # Errors
 ///
 /// If it cannot listen or reach the collector.
@@ -237,7 +241,12 @@ impl ResourceClient {
         }
     }
 
-    /// Sends `req`, waits for its answer.
+    /// Sends `req`, waits for its answer; no answer within the timeout is
+    /// [`Access::Unknown`].
+    ///
+    /// # Cancel safety
+    ///
+    /// A request already sent may be applied; the connection is opened again next time.
     pub async fn call(&self, req: &ResourceRequest) -> Access {
         let mut guard = self.stream.lock().await;
         let attempt = async {

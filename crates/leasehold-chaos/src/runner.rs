@@ -210,7 +210,12 @@ pub fn expectation(setup: &Setup, mode: FenceMode, check: Check) -> Expect {
     }
 }
 
-/// Runs `spec`.
+/// Runs `spec`: failures to start or finish are in the report, not errors.
+///
+/// # Cancel safety
+///
+/// Dropping the future kills the run's processes and servers (they die with their
+/// handles), and the report is lost.
 pub async fn run(spec: &RunSpec, launcher: &Launcher) -> RunReport {
     let started = Instant::now();
     let mut report = RunReport {

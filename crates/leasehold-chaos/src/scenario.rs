@@ -880,7 +880,7 @@ async fn evict(ctx: &mut Ctx<'_>) -> io::Result<()> {
                 .find_map(|l| l.strip_prefix("used_memory:"))
                 .and_then(|v| v.trim().parse().ok())
         })
-        .unwrap_or(2_000_000);
+        .ok_or_else(|| io::Error::other("INFO memory has no used_memory"))?;
     let limit = (used + 256 * 1024).to_string();
     ctx.redis(0, &["CONFIG", "SET", "maxmemory", &limit])
         .await?;

@@ -20,6 +20,10 @@ pub struct Vip {
 impl Vip {
     /// Listens on a loopback port and forwards to `target`.
     ///
+    /// # Cancel safety
+    ///
+    /// Nothing is left listening if the future is dropped.
+    ///
     /// # Errors
     ///
     /// If it cannot listen.

@@ -140,6 +140,10 @@ impl Sink {
     /// Connects to the collector at `addr` as `process`; returns the sink and the commands
     /// that will arrive. Operation ids start at `first_op`.
     ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future closes the connection; the collector forgets the process.
+    ///
     /// # Errors
     ///
     /// If the collector cannot be reached or does not welcome the process.
@@ -244,6 +248,10 @@ impl Sink {
 
     /// Sends an invoke and waits until the collector stamped it: what follows happens
     /// after the stamp. Returns the stamp (0 if the collector is gone).
+    ///
+    /// # Cancel safety
+    ///
+    /// The event is recorded whether or not the future is dropped.
     pub async fn invoke(&self, event: Event) -> u64 {
         let (tx, rx) = oneshot::channel();
         if self.out.send((Self::line(event, true), Some(tx))).is_err() {

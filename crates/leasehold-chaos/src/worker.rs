@@ -75,6 +75,11 @@ pub struct WorkerConfig {
 
 /// Runs the worker(s) of `config` until told to stop.
 ///
+/// # Cancel safety
+///
+/// Dropping the future drops the guards: their locks are released in the background, or
+/// expire.
+///
 /// # Errors
 ///
 /// If the collector cannot be reached, or the configuration is invalid.

@@ -181,6 +181,10 @@ impl Servers {
     /// Kills server `i` if it runs and starts it again (a redis-server without
     /// persistence comes back empty); waits until it serves.
     ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future may leave the server killed or starting.
+    ///
     /// # Errors
     ///
     /// If it does not come back.
@@ -208,6 +212,10 @@ impl Servers {
     }
 
     /// The index of the member that leads (etcd, ZooKeeper); 0 otherwise.
+    ///
+    /// # Cancel safety
+    ///
+    /// Read-only.
     pub async fn leader(&mut self) -> usize {
         match self {
             Servers::Etcd(etcd) => etcd.leader().await.unwrap_or(0),
@@ -269,6 +277,10 @@ pub struct Deployment {
 impl Deployment {
     /// Starts `spec`'s servers for `topology` (or takes the user's `external` URL), and
     /// proxies for `workers` workers.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future stops (kills) what it had started.
     ///
     /// # Errors
     ///

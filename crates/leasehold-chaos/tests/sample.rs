@@ -60,3 +60,42 @@ fn against_a_users_server_only_faults_that_need_no_control_run() {
         other => panic!("restart-empty against a user's server: {other:?}"),
     }
 }
+
+/// In observe mode the resource accepts what fencing would refuse: under a double grant the
+/// stale holder's accesses get through (C1, C2), where in enforce mode they were refused.
+#[test]
+fn observe_mode_shows_what_fencing_prevents() {
+    use leasehold_chaos::checks::Check;
+    use leasehold_chaos::resource::{FenceMode, Workload};
+    let mut seen = Vec::new();
+    for seed in 1..=3 {
+        let mut spec = common::spec("redis", "server-clock-jump", seed);
+        spec.mode = FenceMode::Observe;
+        let observed = common::run(&spec);
+        assert!(
+            observed.is_good(),
+            "{}",
+            leasehold_chaos::report::table(&[observed])
+        );
+        seen.extend(observed.caught());
+        if seen.contains(&Check::C2) {
+            break;
+        }
+    }
+    assert!(seen.contains(&Check::C5), "{seen:?}");
+    assert!(
+        seen.contains(&Check::C2),
+        "no stale access got through: {seen:?}"
+    );
+    // The set workload, fenced, under a paused holder: nothing acknowledged is lost.
+    let mut spec = common::spec("redis", "pause-holder", 1);
+    spec.workload = Workload::Set;
+    let set = common::run(&spec);
+    assert!(set.is_good(), "{}", leasehold_chaos::report::table(&[set]));
+    assert!(
+        set.verdict(Check::C4)
+            .unwrap()
+            .summary
+            .contains("acknowledged appends")
+    );
+}

@@ -178,15 +178,30 @@ pub enum Liveness {
     Ended,
 }
 
+/// What a [`SessionKeeper`] publishes: the session's liveness, and whether its link is down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Published {
+    liveness: Liveness,
+    suspended: bool,
+}
+
 /// The engine's view of a backend session: it changes when the backend keeps the session
-/// alive or loses it. Session deadlines are on the system clock.
+/// alive, suspends it or loses it. Session deadlines are on the system clock.
 #[derive(Debug, Clone)]
-pub struct SessionLiveness(watch::Receiver<Liveness>);
+pub struct SessionLiveness(watch::Receiver<Published>);
 
 impl SessionLiveness {
     /// The session's liveness now.
     pub fn current(&self) -> Liveness {
-        *self.0.borrow()
+        self.0.borrow().liveness
+    }
+
+    /// Whether the session is suspended (in jeopardy): its link to the server is down, so
+    /// its grants still count only until the deadline, unless a keep-alive gets through
+    /// before it. Always `false` once the session ended.
+    pub fn is_suspended(&self) -> bool {
+        let published = *self.0.borrow();
+        published.suspended && matches!(published.liveness, Liveness::Alive { .. })
     }
 
     /// Completes when the liveness changes (or at once if the keeper is gone, which ends
@@ -206,36 +221,65 @@ impl PartialEq for SessionLiveness {
 
 impl Eq for SessionLiveness {}
 
-/// The backend's side of a session: it reports each keep-alive, or the end.
+/// The backend's side of a session: it reports each keep-alive, a suspension, or the end.
 #[derive(Debug)]
-pub struct SessionKeeper(watch::Sender<Liveness>);
+pub struct SessionKeeper(watch::Sender<Published>);
 
 impl SessionKeeper {
     /// A session alive until `until`.
     pub fn new(until: Instant) -> Self {
-        Self(watch::Sender::new(Liveness::Alive { until }))
+        Self(watch::Sender::new(Published {
+            liveness: Liveness::Alive { until },
+            suspended: false,
+        }))
     }
 
-    /// Moves the session's deadline (a keep-alive was acknowledged). Never revives an
-    /// ended session, and never moves the deadline back.
+    /// Moves the session's deadline (a keep-alive was acknowledged) and ends a suspension
+    /// (the link works). Never revives an ended session, and never moves the deadline back.
     pub fn alive_until(&self, until: Instant) {
-        self.0.send_if_modified(|liveness| match liveness {
-            Liveness::Alive { until: current } if until > *current => {
-                *current = until;
-                true
-            }
-            _ => false,
+        self.0
+            .send_if_modified(|published| match &mut published.liveness {
+                Liveness::Alive { until: current } => {
+                    let later = until > *current;
+                    if later {
+                        *current = until;
+                    }
+                    let resumed = std::mem::replace(&mut published.suspended, false);
+                    later || resumed
+                }
+                Liveness::Ended => false,
+            });
+    }
+
+    /// Suspends the session: its link to the server is down (a disconnect, an overdue
+    /// keep-alive). The deadline stays; grants are lost at it unless
+    /// [`alive_until`](SessionKeeper::alive_until) reports a keep-alive first, and the loss
+    /// reason is then [`LossReason::Disconnected`].
+    pub fn suspend(&self) {
+        self.0.send_if_modified(|published| {
+            let alive = matches!(published.liveness, Liveness::Alive { .. });
+            let changed = alive && !published.suspended;
+            published.suspended |= alive;
+            changed
         });
     }
 
     /// Ends the session: every grant bound to it is lost.
     pub fn end(&self) {
-        self.0.send_replace(Liveness::Ended);
+        self.0.send_replace(Published {
+            liveness: Liveness::Ended,
+            suspended: false,
+        });
     }
 
     /// The liveness now.
     pub fn current(&self) -> Liveness {
-        *self.0.borrow()
+        self.0.borrow().liveness
+    }
+
+    /// Whether the session is suspended (see [`SessionLiveness::is_suspended`]).
+    pub fn is_suspended(&self) -> bool {
+        self.liveness().is_suspended()
     }
 
     /// A view for grants bound to this session.

@@ -18,6 +18,10 @@ pub enum LossReason {
     SessionEnded,
     /// The configured maximum hold time ran out, so renewal stopped.
     MaxHoldReached,
+    /// The session's link to the server went down (the guard was suspended) and no
+    /// keep-alive got through before the local deadline (ZooKeeper's jeopardy turned into
+    /// loss).
+    Disconnected,
 }
 
 impl fmt::Display for LossReason {
@@ -27,6 +31,9 @@ impl fmt::Display for LossReason {
             LossReason::NotOwner => "the server no longer records this owner as holder",
             LossReason::SessionEnded => "the session holding the lease ended",
             LossReason::MaxHoldReached => "the maximum hold time was reached",
+            LossReason::Disconnected => {
+                "the session was disconnected and not restored before the lease deadline"
+            }
         })
     }
 }

@@ -40,10 +40,13 @@ pub(crate) enum State {
     Released,
 }
 
-/// Why a lease that reached its deadline was lost.
-fn at_deadline(capped: bool) -> LossReason {
+/// Why a lease that reached its deadline was lost: its hold cap, a suspended session
+/// (its link down), or a deadline that passed without a renewal.
+fn at_deadline(capped: bool, session: Option<&SessionLiveness>) -> LossReason {
     if capped {
         LossReason::MaxHoldReached
+    } else if session.is_some_and(SessionLiveness::is_suspended) {
+        LossReason::Disconnected
     } else {
         LossReason::Expired
     }
@@ -182,7 +185,7 @@ impl Lease {
             State::Held {
                 deadline: Some(deadline),
                 capped,
-            } if self.now() >= deadline => State::Lost(at_deadline(capped)),
+            } if self.now() >= deadline => State::Lost(at_deadline(capped, self.session.as_ref())),
             state => state,
         };
         if let State::Lost(reason) = state {
@@ -199,6 +202,15 @@ impl Lease {
 
     pub(crate) fn is_held(&self) -> bool {
         matches!(self.state(), State::Held { .. })
+    }
+
+    /// Whether the lease is held but its session is suspended (its link to the server is
+    /// down): held until the deadline, lost then unless the session is restored first.
+    pub(crate) fn is_suspended(&self) -> bool {
+        self.session
+            .as_ref()
+            .is_some_and(SessionLiveness::is_suspended)
+            && self.is_held()
     }
 
     /// The local deadline while held.
@@ -241,7 +253,7 @@ impl Lease {
             }
             State::Held { deadline, capped } => {
                 if deadline.is_some_and(|d| now >= d) {
-                    *state = State::Lost(at_deadline(*capped));
+                    *state = State::Lost(at_deadline(*capped, None));
                     return true;
                 }
                 false
@@ -270,7 +282,11 @@ impl Lease {
         let changed = self.update(|state| match *state {
             State::Held { deadline, capped } => {
                 let passed = deadline.is_some_and(|d| now >= d);
-                *state = State::Lost(if passed { at_deadline(capped) } else { reason });
+                *state = State::Lost(if passed {
+                    at_deadline(capped, self.session.as_ref())
+                } else {
+                    reason
+                });
                 true
             }
             _ => false,
@@ -672,6 +688,38 @@ mod tests {
         keeper.alive_until(clock.now().checked_add(60 * SEC).unwrap());
         assert!(!lease.is_held());
         assert!(session_lease(&clock, &keeper).is_none());
+    }
+
+    #[tokio::test]
+    async fn a_suspended_session_is_resumed_by_a_keep_alive_or_lost_as_disconnected() {
+        let clock = ManualClock::new();
+        let keeper = SessionKeeper::new(clock.now().checked_add(5 * SEC).unwrap());
+        let lease = session_lease(&clock, &keeper).unwrap();
+        assert!(!lease.is_suspended());
+        // The link goes down: still held, until the same deadline.
+        keeper.suspend();
+        assert!(lease.is_suspended() && lease.is_held());
+        assert_eq!(lease.remaining(), 5 * SEC);
+        // A keep-alive gets through: resumed, with a later deadline.
+        clock.advance(2 * SEC);
+        keeper.alive_until(clock.now().checked_add(5 * SEC).unwrap());
+        assert!(!lease.is_suspended());
+        assert_eq!(lease.remaining(), 5 * SEC);
+        // Suspended again, and nothing gets through: lost at the deadline, as disconnected.
+        keeper.suspend();
+        let mut lost = std::pin::pin!(lease.lost());
+        assert!(futures_util::poll!(&mut lost).is_pending());
+        clock.advance(5 * SEC);
+        assert_eq!(lost.await, LossReason::Disconnected);
+        assert_eq!(lease.state(), State::Lost(LossReason::Disconnected));
+        assert!(!lease.is_suspended(), "a lost lease is not suspended");
+        // A late keep-alive revives nothing.
+        keeper.alive_until(clock.now().checked_add(5 * SEC).unwrap());
+        assert_eq!(lease.finish(), State::Lost(LossReason::Disconnected));
+        // An ended session is not suspended.
+        keeper.end();
+        keeper.suspend();
+        assert!(!keeper.is_suspended());
     }
 
     #[tokio::test]

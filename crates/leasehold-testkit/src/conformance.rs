@@ -346,7 +346,11 @@ async fn until_held(client: &Client, name: &str) {
         }
         let name = LockName::new(name).unwrap();
         let max = Duration::from_secs(1);
-        client.backend().wait(&name, &state.hint, max).await.unwrap();
+        client
+            .backend()
+            .wait(&name, &state.hint, max)
+            .await
+            .unwrap();
     }
 }
 

@@ -13,7 +13,9 @@ pub mod servers;
 
 pub use process::{ServerProcess, free_port};
 pub use proxy::{Direction, FaultProxy};
-pub use servers::{ClientAuth, Etcd, Postgres, Redis, RedisReplicated, ZooKeeper, redis_servers};
+pub use servers::{
+    ClientAuth, Curator, Etcd, Postgres, Redis, RedisReplicated, ZooKeeper, redis_servers,
+};
 
 use std::sync::Arc;
 

@@ -8,7 +8,7 @@
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold::Result<()> {
 //! # let dir = tempfile::tempdir().unwrap();
 //! # let url = format!("file://{}", dir.path().display());
-//! let client = leasehold::connect(&url).await?; // or "redis://…", "etcd://…"
+//! let client = leasehold::connect(&url).await?; // or "redis://…", "etcd://…", "zk://…"
 //! let guard = client.mutex("nightly-report")?.lock().await?;
 //! // Pass the token with every write; the store refuses tokens older than one it has seen.
 //! println!("holding with token {}", guard.token());
@@ -28,6 +28,8 @@ pub use leasehold_etcd as etcd;
 pub use leasehold_file as file;
 #[cfg(feature = "redis")]
 pub use leasehold_redis as redis;
+#[cfg(feature = "zookeeper")]
+pub use leasehold_zookeeper as zookeeper;
 
 /// Connects to the lock service at `url`, with default options.
 ///
@@ -38,6 +40,7 @@ pub use leasehold_redis as redis;
 /// | `redis://[user:pass@]host:port[/db][?prefix=…&replicas=N…]`, `rediss://…[?tls_ca=…]` | [`redis`] — one Redis server (`rediss`: TLS) |
 /// | `redlock://[user:pass@]h1:p1,h2:p2,h3:p3[?node_timeout=…]` | [`redis::RedlockBackend`] — Redlock over independent Redis masters |
 /// | `etcd://[user:pass@]h1:p1[,h2:p2…][?session_ttl=…]`, `etcds://…[?tls_ca=…]` | `etcd::EtcdBackend` — an etcd cluster (feature `etcd`; `etcds`: TLS) |
+/// | `zk://[user:pass@]h1:p1[,h2:p2…][/chroot][?session_timeout=…]` | `zookeeper::ZooKeeperBackend` — a ZooKeeper ensemble (feature `zookeeper`, on by default) |
 ///
 /// # Cancel safety
 ///
@@ -100,11 +103,14 @@ pub async fn connect_backend(url: &str) -> Result<Arc<dyn Backend>> {
         "redlock" => Ok(Arc::new(redis::RedlockBackend::connect(url).await?)),
         #[cfg(feature = "etcd")]
         "etcd" | "etcds" => Ok(Arc::new(etcd::EtcdBackend::connect(url).await?)),
+        #[cfg(feature = "zookeeper")]
+        "zk" | "zookeeper" => Ok(Arc::new(zookeeper::ZooKeeperBackend::connect(url).await?)),
         other => {
             let feature = match other {
                 "file" => Some("file"),
                 "redis" | "rediss" | "redlock" => Some("redis"),
                 "etcd" | "etcds" => Some("etcd"),
+                "zk" | "zookeeper" => Some("zookeeper"),
                 _ => None,
             };
             Err(invalid(match feature {
@@ -134,6 +140,9 @@ pub fn supported_schemes() -> Vec<&'static str> {
     }
     if cfg!(feature = "etcd") {
         schemes.push("etcd");
+    }
+    if cfg!(feature = "zookeeper") {
+        schemes.push("zk");
     }
     schemes
 }
@@ -173,6 +182,12 @@ mod tests {
                 .contains("this host")
         );
         assert!(invalid("file:relative/dir").await.contains("absolute"));
+        #[cfg(feature = "zookeeper")]
+        {
+            let reason = invalid("zk://u:hunter2@h:1?nosuch=1").await;
+            assert!(reason.contains("unknown parameter"), "{reason}");
+            assert!(!reason.contains("hunter2"), "{reason}");
+        }
     }
 
     #[tokio::test]

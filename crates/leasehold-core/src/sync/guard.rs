@@ -73,6 +73,16 @@ impl Guard {
         self.lease.is_held()
     }
 
+    /// Whether the lock is held but in jeopardy: the backend's session lost its link to the
+    /// server (a ZooKeeper disconnect). The guard stays held until its deadline
+    /// ([`remaining`](Guard::remaining)) and is lost then — with
+    /// [`LossReason::Disconnected`] — unless the link comes back first; work that cannot be
+    /// undone is better not started while suspended. Always `false` on backends without
+    /// sessions, and once lost.
+    pub fn is_suspended(&self) -> bool {
+        self.lease.is_suspended()
+    }
+
     /// Time left until the local deadline (renewals move it). `Duration::MAX` on backends
     /// whose grants do not expire; zero once lost.
     pub fn remaining(&self) -> Duration {

@@ -21,7 +21,7 @@ mod zookeeper;
 pub use etcd::{Etcd, EtcdMember};
 pub use postgres::Postgres;
 pub use redis::{Redis, RedisBuilder, RedisReplicated, redis_servers};
-pub use zookeeper::{ZooKeeper, ZooKeeperServer};
+pub use zookeeper::{Curator, ZooKeeper, ZooKeeperServer};
 
 /// How long a server may take to become ready.
 const READY_LIMIT: Duration = Duration::from_secs(60);

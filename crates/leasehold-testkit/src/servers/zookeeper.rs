@@ -64,7 +64,8 @@ impl ZooKeeper {
                 let mut config = format!(
                     "tickTime=200\ninitLimit=20\nsyncLimit=10\ndataDir={}\nclientPort={client}\n\
                      clientPortAddress=127.0.0.1\nadmin.enableServer=false\n\
-                     4lw.commands.whitelist=srvr,stat,ruok,mntr,cons\nmaxSessionTimeout=60000\n",
+                     4lw.commands.whitelist=srvr,stat,ruok,mntr,cons\nmaxSessionTimeout=60000\n\
+                     maxClientCnxns=0\n",
                     data.display()
                 );
                 if n > 1 {
@@ -135,6 +136,11 @@ impl ZooKeeper {
         format!("zookeeper://{}", self.connect_string())
     }
 
+    /// The client address of each server, in order.
+    pub fn addrs(&self) -> Vec<SocketAddr> {
+        self.servers.iter().map(ZooKeeperServer::addr).collect()
+    }
+
     /// The servers.
     pub fn servers(&mut self) -> &mut [ZooKeeperServer] {
         &mut self.servers
@@ -184,5 +190,178 @@ impl ZooKeeperServer {
     pub async fn restart(&mut self) -> io::Result<()> {
         self.process.restart()?;
         self.wait_ready().await
+    }
+}
+
+/// The jars an Apache Curator client needs (Debian's `libcurator-recipes-java`).
+const CURATOR_CLASSPATH: &[&str] = &[
+    "/usr/share/java/curator-recipes.jar",
+    "/usr/share/java/curator-framework.jar",
+    "/usr/share/java/curator-client.jar",
+    "/usr/share/java/zookeeper.jar",
+    "/usr/share/java/zookeeper-jute.jar",
+    "/usr/share/java/guava.jar",
+    "/usr/share/java/slf4j-api.jar",
+    "/usr/share/java/slf4j-nop.jar",
+];
+
+/// The driver's source: a line protocol over stdin/stdout (see the file).
+const CURATOR_DRIVER: &str = include_str!("CuratorDriver.java");
+
+/// A separate Java process running Apache Curator (5.x, Debian's `libcurator-recipes-java`)
+/// against a ZooKeeper ensemble: Curator's `InterProcessMutex`, driven one command at a
+/// time, and a benchmark loop. The driver is compiled with `javac` on first use (cached
+/// under the temporary directory, by the hash of its source). Killed when dropped.
+#[derive(Debug)]
+pub struct Curator {
+    child: tokio::process::Child,
+    stdin: tokio::process::ChildStdin,
+    stdout: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+}
+
+impl Curator {
+    /// Starts a Curator client connected to `connect` (`host:port,...[/chroot]`) with a
+    /// session of `session_timeout`, once it is connected.
+    ///
+    /// # Errors
+    ///
+    /// If Java, `javac` or Curator is not installed, the driver does not compile, or the
+    /// client does not connect.
+    pub async fn start(connect: &str, session_timeout: std::time::Duration) -> io::Result<Self> {
+        use tokio::io::AsyncBufReadExt;
+        let classes = curator_classes().await?;
+        let java = find_program("java", &[])?;
+        let classpath = format!("{}:{}", classes.display(), CURATOR_CLASSPATH.join(":"));
+        let mut child = tokio::process::Command::new(java)
+            .args([
+                "-Xmx128m",
+                "-XX:+UseSerialGC",
+                "-cp",
+                &classpath,
+                "CuratorDriver",
+            ])
+            .arg(connect)
+            .arg(session_timeout.as_millis().to_string())
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()?;
+        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            return Err(io::Error::other("the Curator driver has no pipes"));
+        };
+        let mut curator = Curator {
+            child,
+            stdin,
+            stdout: tokio::io::BufReader::new(stdout).lines(),
+        };
+        let ready = tokio::time::timeout(READY_LIMIT, curator.stdout.next_line())
+            .await
+            .map_err(|_| io::Error::other("the Curator driver did not connect in time"))??;
+        if ready.as_deref() != Some("ready") {
+            return Err(io::Error::other(format!(
+                "the Curator driver said {ready:?} instead of ready"
+            )));
+        }
+        Ok(curator)
+    }
+
+    /// Sends one command and returns its answer (see `CuratorDriver.java`).
+    ///
+    /// # Errors
+    ///
+    /// If the driver exited, or answered with an error.
+    pub async fn command(&mut self, line: &str) -> io::Result<String> {
+        use tokio::io::AsyncWriteExt;
+        self.stdin.write_all(format!("{line}\n").as_bytes()).await?;
+        self.stdin.flush().await?;
+        let answer = self
+            .stdout
+            .next_line()
+            .await?
+            .ok_or_else(|| io::Error::other("the Curator driver exited"))?;
+        match answer.strip_prefix("error ") {
+            Some(error) => Err(io::Error::other(format!("Curator: {error}"))),
+            None => Ok(answer),
+        }
+    }
+
+    /// Acquires Curator's `InterProcessMutex` on `path`, waiting as long as it takes.
+    ///
+    /// # Errors
+    ///
+    /// As for [`command`](Curator::command).
+    pub async fn lock(&mut self, path: &str) -> io::Result<()> {
+        self.command(&format!("lock {path}")).await.map(drop)
+    }
+
+    /// Tries Curator's `InterProcessMutex` on `path` for up to `wait`: whether it got it.
+    ///
+    /// # Errors
+    ///
+    /// As for [`command`](Curator::command).
+    pub async fn try_lock(&mut self, path: &str, wait: std::time::Duration) -> io::Result<bool> {
+        let answer = self
+            .command(&format!("trylock {path} {}", wait.as_millis()))
+            .await?;
+        Ok(answer.starts_with("locked "))
+    }
+
+    /// Releases the `InterProcessMutex` on `path`.
+    ///
+    /// # Errors
+    ///
+    /// As for [`command`](Curator::command).
+    pub async fn unlock(&mut self, path: &str) -> io::Result<()> {
+        self.command(&format!("unlock {path}")).await.map(drop)
+    }
+
+    /// The driver's process id.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+}
+
+/// The directory of the compiled driver, compiled on first use.
+async fn curator_classes() -> io::Result<std::path::PathBuf> {
+    use std::hash::{Hash, Hasher};
+    for jar in CURATOR_CLASSPATH {
+        if !Path::new(jar).is_file() {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!(
+                    "{jar} is missing: Curator is not installed; ./scripts/test installs \
+                     libcurator-recipes-java"
+                ),
+            ));
+        }
+    }
+    let javac = find_program("javac", &[])?;
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    CURATOR_DRIVER.hash(&mut hasher);
+    let dir = std::env::temp_dir().join(format!("leasehold-curator-{:016x}", hasher.finish()));
+    if dir.join("CuratorDriver.class").is_file() {
+        return Ok(dir);
+    }
+    // Compiled aside and renamed into place: concurrent test processes never see half.
+    let work = tempfile::tempdir()?;
+    let source = work.path().join("CuratorDriver.java");
+    std::fs::write(&source, CURATOR_DRIVER)?;
+    let out = tokio::process::Command::new(javac)
+        .args(["-nowarn", "-cp", &CURATOR_CLASSPATH.join(":"), "-d"])
+        .arg(work.path().join("classes"))
+        .arg(&source)
+        .output()
+        .await?;
+    if !out.status.success() {
+        return Err(io::Error::other(format!(
+            "javac CuratorDriver.java: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )));
+    }
+    match std::fs::rename(work.path().join("classes"), &dir) {
+        Ok(()) => Ok(dir),
+        // Another process got there first.
+        Err(_) if dir.join("CuratorDriver.class").is_file() => Ok(dir),
+        Err(error) => Err(error),
     }
 }

@@ -1,0 +1,406 @@
+//! Where a lock's nodes live and how they are named.
+//!
+//! Under the chroot, with the default prefix `leasehold`:
+//!
+//! ```text
+//! /leasehold                       persistent; its data is the epoch (see `session`)
+//! /leasehold/<name>                the lock set: exclusive and shared contenders
+//!     <owner>-x-lock-0000000042    an exclusive contender (mutex, writer, candidate)
+//!     <owner>-s-lock-0000000043    a shared contender (reader)
+//!     _c_<uuid>-lock-0000000044    Apache Curator's InterProcessMutex: exclusive
+//!     <owner>-m-lock-9999999999    a lock-delay marker (ephemeral, of another session)
+//! /leasehold/<name>#permits        the permit set (semaphore)
+//!     <owner>-p<limit>-lock-0000000007
+//! ```
+//!
+//! Contenders are EPHEMERAL_SEQUENTIAL children, ordered by the sequence number ZooKeeper
+//! appends. Every name ends in `lock-<sequence>`, as Curator's do, because Curator orders
+//! a directory's children by what follows the last `lock-`: so Curator and leasehold agree
+//! on the order, and on who holds. The owner id in the name is Curator's "protection
+//! mode": after a create whose reply was lost, listing the directory finds the node.
+//! Lock names cannot contain `/` or `#` (the core's name rules), so a name never reaches
+//! into another lock's directory. A lock-delay marker lives beside the contenders (so that
+//! one listing shows both), named to sort after every contender for any recipe that takes
+//! it for one.
+
+use std::num::NonZeroU32;
+
+use leasehold_core::backend::Mode;
+use leasehold_core::{LockName, OwnerId};
+
+/// What every contender's name ends with before the sequence number (Curator's
+/// `lockName`).
+const LOCK_SUFFIX: &str = "-lock-";
+
+/// The paths of the nodes of this client's locks.
+#[derive(Debug, Clone)]
+pub(crate) struct Layout {
+    /// `/<prefix>`.
+    root: String,
+}
+
+impl Layout {
+    pub(crate) fn new(prefix: &str) -> Self {
+        Self {
+            root: format!("/{prefix}"),
+        }
+    }
+
+    /// `/<prefix>`: the parent of every lock, and the epoch node.
+    pub(crate) fn root(&self) -> &str {
+        &self.root
+    }
+
+    /// The directory of `name`'s contenders in `mode`'s set.
+    pub(crate) fn dir(&self, name: &LockName, mode: Mode) -> String {
+        match mode {
+            Mode::Permit { .. } => format!("{}/{name}#permits", self.root),
+            Mode::Exclusive | Mode::Shared => format!("{}/{name}", self.root),
+        }
+    }
+}
+
+/// The name (without the sequence number) of `owner`'s node in `mode`; `delayed` when the
+/// grant will have a lock-delay marker (a `d` after the mode: a waiter behind it knows that
+/// its deletion may leave the lock closed).
+pub(crate) fn node_prefix(owner: &OwnerId, mode: Mode, delayed: bool) -> String {
+    let delayed = if delayed { "d" } else { "" };
+    format!("{owner}-{}{delayed}{LOCK_SUFFIX}", mode_token(mode))
+}
+
+/// The "sequence number" of every lock-delay marker: higher than any ZooKeeper gives, and
+/// after every real one when compared as text (Curator's way), so that a marker is always
+/// last in its directory's queue for any recipe that counts it as a contender.
+const MARKER_SEQ: &str = "9999999999";
+
+/// The name of the lock-delay marker of `owner`'s grant, in its set's directory.
+pub(crate) fn marker_name(owner: &OwnerId) -> String {
+    format!("{owner}-m{LOCK_SUFFIX}{MARKER_SEQ}")
+}
+
+/// The owner of a lock-delay marker, if `child` is one.
+pub(crate) fn marker_owner(child: &str) -> Option<OwnerId> {
+    let owner = child
+        .strip_suffix(MARKER_SEQ)?
+        .strip_suffix(LOCK_SUFFIX)?
+        .strip_suffix("-m")?;
+    OwnerId::parse(owner).ok()
+}
+
+fn mode_token(mode: Mode) -> String {
+    match mode {
+        Mode::Exclusive => "x".into(),
+        Mode::Shared => "s".into(),
+        Mode::Permit { limit } => format!("p{limit}"),
+    }
+}
+
+/// A mode token and whether it says "delayed".
+fn parse_mode(token: &str) -> Option<(Mode, bool)> {
+    let (token, delayed) = match token.strip_suffix('d') {
+        Some(token) => (token, true),
+        None => (token, false),
+    };
+    Some((parse_plain_mode(token)?, delayed))
+}
+
+fn parse_plain_mode(token: &str) -> Option<Mode> {
+    match token.as_bytes() {
+        b"x" => Some(Mode::Exclusive),
+        b"s" => Some(Mode::Shared),
+        [b'p', limit @ ..] => {
+            let limit = std::str::from_utf8(limit).ok()?;
+            // No sign, no leading zeros: exactly what `mode_token` writes.
+            if limit.starts_with(['0', '+']) {
+                return None;
+            }
+            Some(Mode::Permit {
+                limit: limit.parse::<NonZeroU32>().ok()?,
+            })
+        }
+        _ => None,
+    }
+}
+
+/// One child of a lock directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Contender {
+    /// Its name in the directory.
+    pub(crate) node: String,
+    /// The sequence number ZooKeeper gave it.
+    pub(crate) seq: i64,
+    /// Whose: `None` for a foreign contender (Curator, another recipe).
+    pub(crate) owner: Option<OwnerId>,
+    /// How it holds; foreign contenders count as exclusive.
+    pub(crate) mode: Mode,
+    /// Its grant has a lock-delay marker (ours only).
+    pub(crate) delayed: bool,
+}
+
+impl Contender {
+    /// Reads a child's name; `None` for a child without a sequence number (not a
+    /// contender of any queue recipe).
+    pub(crate) fn parse(node: &str) -> Option<Contender> {
+        let digits = node.len() - node.trim_end_matches(|c: char| c.is_ascii_digit()).len();
+        // ZooKeeper writes at least ten digits.
+        if digits < 10 {
+            return None;
+        }
+        let (head, seq) = node.split_at(node.len() - digits);
+        let seq: i64 = seq.parse().ok()?;
+        let ours = head
+            .strip_suffix(LOCK_SUFFIX)
+            .and_then(|body| body.rsplit_once('-'))
+            .and_then(|(owner, mode)| Some((OwnerId::parse(owner).ok()?, parse_mode(mode)?)));
+        let (owner, mode, delayed) = match ours {
+            Some((owner, (mode, delayed))) => (Some(owner), mode, delayed),
+            None => (None, Mode::Exclusive, false),
+        };
+        Some(Contender {
+            node: node.to_owned(),
+            seq,
+            owner,
+            mode,
+            delayed,
+        })
+    }
+
+    /// The owner to show for it: ours, or the name without its sequence number for a
+    /// foreign one (Curator's `_c_<uuid>-lock-`).
+    pub(crate) fn shown_owner(&self) -> OwnerId {
+        if let Some(owner) = &self.owner {
+            return owner.clone();
+        }
+        let head = self.node.trim_end_matches(|c: char| c.is_ascii_digit());
+        OwnerId::parse(head)
+            .or_else(|_| OwnerId::parse("foreign"))
+            .expect("\"foreign\" is a valid owner id")
+    }
+}
+
+/// The contenders of a directory (its lock-delay markers left out), in queue order (by
+/// sequence number).
+pub(crate) fn queue(children: &[String]) -> Vec<Contender> {
+    let mut queue: Vec<Contender> = children
+        .iter()
+        .filter(|c| marker_owner(c).is_none())
+        .filter_map(|c| Contender::parse(c))
+        .collect();
+    queue.sort_by_key(|c| c.seq);
+    queue
+}
+
+/// Which contenders of a queue hold: exclusive — the first only; shared — those with no
+/// exclusive contender before them; permits — the first `limit` (each counts its own
+/// limit; a foreign contender in a permit set counts `default_limit`).
+pub(crate) fn holding(queue: &[Contender], default_limit: Option<NonZeroU32>) -> Vec<bool> {
+    let mut seen_exclusive = false;
+    queue
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let holds = match (c.mode, default_limit) {
+                (Mode::Permit { limit }, _) => i < limit.get() as usize,
+                (_, Some(limit)) => i < limit.get() as usize,
+                (Mode::Exclusive, None) => i == 0,
+                (Mode::Shared, None) => !seen_exclusive,
+            };
+            seen_exclusive |= c.mode == Mode::Exclusive;
+            holds
+        })
+        .collect()
+}
+
+/// The contenders whose change may let the one at `me` hold, and so the only ones it
+/// watches: a writer — the one just before it; a reader — the nearest writer before it; a
+/// permit — the one just before it while that one waits too (it touches its node when it
+/// is granted, see `Backend::acquire`), or every holder when it is the first to wait.
+pub(crate) fn in_the_way<'q>(
+    queue: &'q [Contender],
+    holds: &[bool],
+    me: usize,
+) -> Vec<&'q Contender> {
+    match queue[me].mode {
+        Mode::Exclusive => me.checked_sub(1).map(|i| &queue[i]).into_iter().collect(),
+        Mode::Shared => queue[..me]
+            .iter()
+            .rev()
+            .find(|c| c.mode == Mode::Exclusive)
+            .into_iter()
+            .collect(),
+        Mode::Permit { .. } => match me.checked_sub(1) {
+            Some(before) if !holds[before] => vec![&queue[before]],
+            _ => queue[..me]
+                .iter()
+                .zip(holds)
+                .filter(|(_, holds)| **holds)
+                .map(|(c, _)| c)
+                .collect(),
+        },
+    }
+}
+
+/// Whether the deletion of the one node the contender at `me` watches makes it a holder,
+/// with nothing to check: a writer second in line, or a reader behind exactly one writer,
+/// whose blocker has no lock-delay marker (its going cannot close the lock). Nodes created
+/// later come after `me`, so nothing else can get in the way.
+pub(crate) fn sole_blocker(queue: &[Contender], me: usize) -> bool {
+    let blockers: Vec<&Contender> = match queue[me].mode {
+        Mode::Exclusive => queue[..me].iter().collect(),
+        Mode::Shared => queue[..me]
+            .iter()
+            .filter(|c| c.mode == Mode::Exclusive)
+            .collect(),
+        Mode::Permit { .. } => return false,
+    };
+    matches!(blockers[..], [only] if !only.delayed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn name(owner: &str, mode: Mode, seq: i64) -> String {
+        format!(
+            "{}{seq:010}",
+            node_prefix(&OwnerId::parse(owner).unwrap(), mode, false)
+        )
+    }
+
+    #[test]
+    fn names_round_trip_and_foreign_children_are_exclusive() {
+        let limit = NonZeroU32::new(3).unwrap();
+        for mode in [Mode::Exclusive, Mode::Shared, Mode::Permit { limit }] {
+            let node = name("1a2b-00ff", mode, 42);
+            let parsed = Contender::parse(&node).unwrap();
+            assert_eq!(parsed.seq, 42);
+            assert_eq!(parsed.mode, mode);
+            assert_eq!(parsed.owner.unwrap().as_str(), "1a2b-00ff");
+        }
+        // Curator's InterProcessMutex, kazoo's Lock: exclusive, ordered by sequence.
+        let curator =
+            Contender::parse("_c_0f8f5e4a-1b2c-4d5e-8f90-123456789abc-lock-0000000007").unwrap();
+        assert_eq!(
+            (curator.seq, curator.mode, curator.owner),
+            (7, Mode::Exclusive, None)
+        );
+        assert_eq!(
+            Contender::parse("_c_0f8f5e4a-1b2c-4d5e-8f90-123456789abc-lock-0000000007")
+                .unwrap()
+                .shown_owner()
+                .as_str(),
+            "_c_0f8f5e4a-1b2c-4d5e-8f90-123456789abc-lock-"
+        );
+        let kazoo = Contender::parse("4c5d__lock__0000000003").unwrap();
+        assert_eq!((kazoo.seq, kazoo.owner.is_none()), (3, true));
+        // Past i32: ZooKeeper writes 19 digits.
+        assert_eq!(
+            Contender::parse(&format!("o-x-lock-{:019}", 1_i64 << 40))
+                .unwrap()
+                .seq,
+            1 << 40
+        );
+        let delayed = format!(
+            "{}0000000005",
+            node_prefix(&OwnerId::parse("o").unwrap(), Mode::Shared, true)
+        );
+        let parsed = Contender::parse(&delayed).unwrap();
+        assert_eq!((parsed.mode, parsed.delayed), (Mode::Shared, true));
+        // Lock-delay markers are not contenders, and sort last for Curator too.
+        let marker = marker_name(&OwnerId::parse("1a2b-00ff").unwrap());
+        assert_eq!(marker_owner(&marker).unwrap().as_str(), "1a2b-00ff");
+        assert!(queue(std::slice::from_ref(&marker)).is_empty());
+        let after = |n: &str| n.rsplit_once("lock-").unwrap().1.to_owned();
+        assert!(after(&marker) > after(&format!("x-lock-{:019}", i64::MAX)));
+        assert!(marker_owner("o-x-lock-0000000001").is_none());
+        // Not contenders: no sequence number.
+        assert!(Contender::parse("config").is_none());
+        assert!(Contender::parse("o-x-lock-123").is_none());
+        // Not ours: a mode token we never write.
+        for odd in [
+            "o-p0-lock-0000000001",
+            "o-p03-lock-0000000001",
+            "o-q-lock-0000000001",
+        ] {
+            assert!(Contender::parse(odd).unwrap().owner.is_none(), "{odd}");
+        }
+    }
+
+    #[test]
+    fn curator_orders_our_names_by_their_sequence_too() {
+        // Curator sorts by the text after the last "lock-": for our names, the sequence.
+        let ours = name("1a2b-00ff", Mode::Shared, 12);
+        let after = ours.rsplit_once("lock-").unwrap().1;
+        assert_eq!(after, "0000000012");
+    }
+
+    fn q(modes: &[Mode]) -> Vec<Contender> {
+        let children: Vec<String> = modes
+            .iter()
+            .enumerate()
+            .map(|(i, m)| name(&format!("o{i}"), *m, i as i64 + 1))
+            .collect();
+        queue(&children)
+    }
+
+    #[test]
+    fn who_holds_and_what_each_waiter_watches() {
+        let (x, s) = (Mode::Exclusive, Mode::Shared);
+        // Sorted by sequence whatever the listing order.
+        let children = vec![name("b", x, 9), name("a", x, 3), "junk".into()];
+        let sorted = queue(&children);
+        assert_eq!(sorted.iter().map(|c| c.seq).collect::<Vec<_>>(), [3, 9]);
+
+        let lock = q(&[s, s, x, s, x]);
+        let holds = holding(&lock, None);
+        assert_eq!(holds, [true, true, false, false, false]);
+        let watched = |me| -> Vec<i64> {
+            in_the_way(&lock, &holds, me)
+                .iter()
+                .map(|c| c.seq)
+                .collect()
+        };
+        // The writer waits for the reader just before it; the late reader for the writer;
+        // the second writer for the reader just before it.
+        assert_eq!(watched(2), [2]);
+        assert_eq!(watched(3), [3]);
+        assert_eq!(watched(4), [4]);
+        assert!(watched(0).is_empty());
+
+        let p = Mode::Permit {
+            limit: NonZeroU32::new(2).unwrap(),
+        };
+        let permits = q(&[p, p, p, p]);
+        let holds = holding(&permits, None);
+        assert_eq!(holds, [true, true, false, false]);
+        // The first waiter watches every holder; the next one the waiter before it.
+        let seqs = |v: Vec<&Contender>| v.iter().map(|c| c.seq).collect::<Vec<_>>();
+        assert_eq!(
+            seqs(in_the_way(&permits, &holds, 2)),
+            [permits[0].seq, permits[1].seq]
+        );
+        assert_eq!(seqs(in_the_way(&permits, &holds, 3)), [permits[2].seq]);
+        // Woken by the one node in its way, with nothing else to check.
+        assert!(sole_blocker(&q(&[x, x]), 1));
+        assert!(!sole_blocker(&q(&[x, x, x]), 2), "two ahead");
+        assert!(
+            sole_blocker(&q(&[s, x, s, s]), 3),
+            "one writer ahead of a reader"
+        );
+        assert!(
+            !sole_blocker(&q(&[x, s, x, s]), 3),
+            "two writers ahead of a reader"
+        );
+        let mut delayed = q(&[x, x]);
+        delayed[0].delayed = true;
+        assert!(!sole_blocker(&delayed, 1), "its going may close the lock");
+        assert!(!sole_blocker(&permits, 2));
+        // A foreign child in a permit set takes one permit.
+        let foreign = queue(&[
+            "_c_u-lock-0000000001".into(),
+            name("o", p, 2),
+            name("o2", p, 3),
+        ]);
+        assert_eq!(holding(&foreign, NonZeroU32::new(2)), [true, true, false]);
+    }
+}

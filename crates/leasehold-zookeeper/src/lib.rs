@@ -1,0 +1,37 @@
+//! leasehold's ZooKeeper backend: ephemeral sequential nodes on one session.
+//!
+//! - **One session per backend** serves every lock, permit and candidacy (see
+//!   `docs/backends/zookeeper.md`): guards follow it — *suspended* while its link is down,
+//!   lost at the local deadline (the send time of the last acknowledged probe plus the
+//!   negotiated session timeout, minus a drift allowance), before the server can expire it
+//!   and let another client in. [`ZooKeeperBackend::close`] closes it.
+//! - **Grant in one round trip**: the create of my node (EPHEMERAL_SEQUENTIAL,
+//!   `<dir>/<owner>-<mode>-lock-`) and the listing of the directory go out back to back (a
+//!   session's requests are answered in order, so the listing shows my node); the parent
+//!   directories are created only when the create fails for want of them. The lowest
+//!   sequence holds (for readers: no writer before them; for permits: the first N). The
+//!   fencing token is my node's czxid.
+//! - **Waiting** watches only the node in the way (the one just before mine; for a reader
+//!   the nearest writer before it), never the directory, and lists again when it goes.
+//! - **Protection mode**: the owner id in the node's name finds the node of a create whose
+//!   reply was lost; it is adopted (or deleted by the release).
+//! - **Release** deletes my node by its path (which only this acquisition's owner id names)
+//!   and its version.
+//! - **Lock-delay**: a grant with a lock-delay also creates an ephemeral marker owned by a
+//!   second session whose timeout is longer by the delay; a marker whose owner has no node
+//!   left closes the lock until that session expires; release deletes it with the node.
+//! - **Interop**: Apache Curator's InterProcessMutex on the same path takes part in the
+//!   same queue (see the node layout in
+//!   `docs/backends/zookeeper.md`).
+//!
+//! URL: `zk://[user:password@]host:port[,host:port...][/chroot][?session_timeout=D&connect_timeout=D&prefix=P]`.
+//! See `docs/backends/zookeeper.md`.
+
+mod backend;
+mod error;
+mod layout;
+mod options;
+mod session;
+
+pub use backend::ZooKeeperBackend;
+pub use options::ZooKeeperOptions;

@@ -1,0 +1,582 @@
+//! ZooKeeper-specific behaviour against real servers: lost create replies, jeopardy versus
+//! loss, a leader outage in an ensemble, FIFO hand-offs that wake one waiter each, close,
+//! a killed client, credentials and chroots, a wiped epoch.
+
+#![allow(clippy::unwrap_used)] // test code: a failed step fails the test
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use leasehold_core::faulty::{Faulty, Op};
+use leasehold_core::{Client, Error, Fence, LockOptions, LossReason};
+use leasehold_testkit::{Direction, FaultProxy, ZooKeeper};
+use leasehold_zookeeper::ZooKeeperBackend;
+use zookeeper_client as zk;
+
+/// A client on `backend` whose locks take the session's timeout, with 2 s requests.
+fn client_on(backend: ZooKeeperBackend) -> Client {
+    Client::builder(backend).options(options()).build()
+}
+
+fn options() -> LockOptions {
+    LockOptions::builder()
+        .request_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap()
+}
+
+async fn backend(url: &str) -> ZooKeeperBackend {
+    ZooKeeperBackend::connect(url).await.unwrap()
+}
+
+/// A plain ZooKeeper client, for looking at the server's state.
+async fn raw(zookeeper: &ZooKeeper) -> zk::Client {
+    zk::Client::connect(&zookeeper.connect_string())
+        .await
+        .unwrap()
+}
+
+async fn children(raw: &zk::Client, dir: &str) -> Vec<String> {
+    match raw.list_children(dir).await {
+        Ok(children) => children,
+        Err(zk::Error::NoNode) => Vec::new(),
+        Err(e) => panic!("listing {dir}: {e}"),
+    }
+}
+
+/// Waits until `cond` holds (it reads server or guard state), up to `limit`.
+async fn until(what: &str, limit: Duration, mut cond: impl AsyncFnMut() -> bool) {
+    let started = Instant::now();
+    while !cond().await {
+        assert!(started.elapsed() < limit, "{what}: not within {limit:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A backend whose link to the (standalone) server goes through a fault proxy.
+async fn through_proxy(zookeeper: &ZooKeeper, params: &str) -> (ZooKeeperBackend, FaultProxy) {
+    let proxy = FaultProxy::start(zookeeper.addrs()[0]).await.unwrap();
+    let url = format!("zk://127.0.0.1:{}?{params}", proxy.port());
+    (backend(&url).await, proxy)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_create_reply_is_adopted_and_a_given_up_one_deleted() {
+    let zookeeper = ZooKeeper::start().await.unwrap();
+    let raw = raw(&zookeeper).await;
+    // A long session: the client must not give up the connection on its own while the
+    // replies are held (it does after 2/5 of the timeout without a byte from the server).
+    let (cut, proxy) = through_proxy(&zookeeper, "session_timeout=10s").await;
+    let a = client_on(cut);
+    let dir = "/leasehold/lost-reply";
+    // The directory exists: the first create's answer is the one lost, not its NONODE.
+    raw.create(
+        dir,
+        &[],
+        &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all()),
+    )
+    .await
+    .unwrap();
+
+    // The create reaches the server; its reply (and everything after it) never comes back.
+    proxy.cut(Direction::ToClient);
+    let mutex = a.mutex("lost-reply").unwrap();
+    let locking = tokio::spawn(async move { mutex.lock().await });
+    until("the create applied", Duration::from_secs(10), async || {
+        children(&raw, dir).await.len() == 1
+    })
+    .await;
+    let orphan = children(&raw, dir).await.remove(0);
+    proxy.reset();
+    proxy.heal();
+    let guard = locking.await.unwrap().unwrap();
+    // Adopted: the node the lost create made holds, and no second one was made.
+    let (_, stat) = raw.get_data(&format!("{dir}/{orphan}")).await.unwrap();
+    assert_eq!(guard.token().get(), u64::try_from(stat.czxid).unwrap());
+    assert_eq!(children(&raw, dir).await, std::slice::from_ref(&orphan));
+
+    // A try that finds the lock held, whose create reply is lost: its outcome is unknown,
+    // and what it may have left is deleted by its owner id.
+    proxy.cut(Direction::ToClient);
+    let mutex = a.mutex("lost-reply").unwrap();
+    let trying = tokio::spawn(async move { mutex.try_lock().await });
+    until(
+        "the second create applied",
+        Duration::from_secs(10),
+        async || children(&raw, dir).await.len() == 2,
+    )
+    .await;
+    proxy.reset();
+    proxy.heal();
+    match trying.await.unwrap() {
+        Err(error) => assert!(error.is_unknown_outcome(), "{error}"),
+        Ok(got) => assert!(got.is_none()),
+    }
+    a.settle().await;
+    assert_eq!(children(&raw, dir).await, [orphan], "a stray node was left");
+    guard.release().await.unwrap();
+    assert!(children(&raw, dir).await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_cut_suspends_the_guard_and_resumes_it() {
+    let zookeeper = ZooKeeper::start().await.unwrap();
+    let timeout = Duration::from_secs(4);
+    let (cut, proxy) = through_proxy(&zookeeper, "session_timeout=4s").await;
+    let a = client_on(cut);
+    let b = client_on(backend(&zookeeper.url()).await);
+    let raw = raw(&zookeeper).await;
+    let guard = a.mutex("short-cut").unwrap().lock().await.unwrap();
+    let mutex = b.mutex("short-cut").unwrap();
+    let waiting = tokio::spawn(async move { mutex.lock().await });
+    until("b queued", Duration::from_secs(10), async || {
+        children(&raw, "/leasehold/short-cut").await.len() == 2
+    })
+    .await;
+    assert!(!guard.is_suspended());
+
+    proxy.cut(Direction::Both);
+    let cut_at = Instant::now();
+    until("suspended", timeout * 3 / 10, async || guard.is_suspended()).await;
+    assert!(guard.is_held(), "held while suspended");
+    // The link stays down for 0.3 of the session timeout.
+    tokio::time::sleep((timeout * 3 / 10).saturating_sub(cut_at.elapsed())).await;
+    proxy.heal();
+    until("resumed", timeout, async || !guard.is_suspended()).await;
+    assert!(guard.is_held());
+    assert!(!waiting.is_finished(), "granted to b while a held it");
+    let state = b.inspect("short-cut").await.unwrap();
+    assert_eq!(state.holders.len(), 1);
+    assert_eq!(&state.holders[0].owner, guard.owner());
+
+    let token = guard.token();
+    guard.release().await.unwrap();
+    let next = waiting.await.unwrap().unwrap();
+    assert!(next.token() > token);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_cut_loses_the_guard_at_its_deadline_before_anyone_else_gets_it() {
+    let zookeeper = ZooKeeper::start().await.unwrap();
+    let (cut, proxy) = through_proxy(&zookeeper, "session_timeout=2s").await;
+    let a = client_on(cut);
+    let b = client_on(backend(&zookeeper.url()).await);
+    let raw = raw(&zookeeper).await;
+    let guard = a.mutex("long-cut").unwrap().lock().await.unwrap();
+    let mutex = b.mutex("long-cut").unwrap();
+    let waiting = tokio::spawn(async move {
+        let guard = mutex.lock().await;
+        (Instant::now(), guard)
+    });
+    until("b queued", Duration::from_secs(10), async || {
+        children(&raw, "/leasehold/long-cut").await.len() == 2
+    })
+    .await;
+
+    let held_token = guard.token();
+    proxy.cut(Direction::Both);
+    let lost = guard.lost();
+    let reason = lost.await;
+    let lost_at = Instant::now();
+    assert_eq!(reason, LossReason::Disconnected);
+    assert!(!guard.is_held());
+    let (granted_at, next) = waiting.await.unwrap();
+    let next = next.unwrap();
+    assert!(
+        lost_at <= granted_at,
+        "b got the lock {:?} before a's guard was lost",
+        lost_at - granted_at
+    );
+    assert!(next.token() > held_token);
+    // A late reply revives nothing: the link heals, the guard stays lost.
+    proxy.heal();
+    assert!(matches!(
+        guard.release().await,
+        Err(Error::Lost(LossReason::Disconnected))
+    ));
+    next.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_outage_never_lets_two_in_and_locking_resumes_after_the_election() {
+    let mut ensemble = ZooKeeper::ensemble(3).await.unwrap();
+    let url = format!("{}?session_timeout=6s", ensemble.url());
+    let inside = Arc::new(AtomicBool::new(false));
+    let granted = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let fence = Arc::new(Fence::new());
+    let mut workers = Vec::new();
+    for _ in 0..3 {
+        let client = client_on(backend(&url).await);
+        let (inside, granted, stop, fence) =
+            (inside.clone(), granted.clone(), stop.clone(), fence.clone());
+        workers.push(tokio::spawn(async move {
+            while !stop.load(Ordering::SeqCst) {
+                let mutex = client.mutex("outage").unwrap();
+                let guard = match mutex.lock_timeout(Duration::from_secs(5)).await {
+                    Ok(Some(guard)) => guard,
+                    // The ensemble is electing: try again.
+                    Ok(None) | Err(_) => continue,
+                };
+                assert!(!inside.swap(true, Ordering::SeqCst), "two holders at once");
+                let write = fence.apply(guard.token(), || {});
+                tokio::task::yield_now().await;
+                inside.store(false, Ordering::SeqCst);
+                if guard.is_held() {
+                    write.expect("a current holder's write was fenced out");
+                }
+                granted.fetch_add(1, Ordering::SeqCst);
+                let _ = guard.release().await;
+            }
+        }));
+    }
+    let progress = |n: u64| {
+        let granted = granted.clone();
+        async move {
+            let from = granted.load(Ordering::SeqCst);
+            until("progress", Duration::from_secs(60), async || {
+                granted.load(Ordering::SeqCst) >= from + n
+            })
+            .await;
+        }
+    };
+    progress(10).await;
+    let mut leader = None;
+    for (i, server) in ensemble.servers().iter().enumerate() {
+        if server.mode().await.as_deref() == Some("leader") {
+            leader = Some(i);
+        }
+    }
+    let leader = leader.expect("a leader");
+    ensemble.servers()[leader].process().pause();
+    let others: Vec<_> = (0..3).filter(|i| *i != leader).collect();
+    let addrs = ensemble.addrs();
+    until("a new leader", Duration::from_secs(60), async || {
+        for i in &others {
+            let word = leasehold_testkit::probe::zookeeper_word(addrs[*i], "srvr").await;
+            if word.is_ok_and(|w| w.contains("Mode: leader")) {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    ensemble.servers()[leader].process().kill();
+    progress(10).await;
+    stop.store(true, Ordering::SeqCst);
+    for worker in workers {
+        worker.await.unwrap();
+    }
+    let accepted = fence.accepted();
+    assert!(accepted.windows(2).all(|w| w[0] < w[1]), "{accepted:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_waiters_are_served_in_order_and_each_release_wakes_one() {
+    const WAITERS: usize = 100;
+    let zookeeper = ZooKeeper::start().await.unwrap();
+    let url = format!("{}?session_timeout=30s", zookeeper.url());
+    let holder = client_on(backend(&url).await);
+    let first = holder.mutex("hundred").unwrap().lock().await.unwrap();
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut backends = Vec::new();
+    let mut tasks = Vec::new();
+    for i in 0..WAITERS {
+        let zookeeper = backend(&url).await;
+        backends.push(zookeeper.clone());
+        let faults = Faulty::new(zookeeper);
+        let client = Client::builder(faults.clone()).options(options()).build();
+        let order = order.clone();
+        tasks.push(tokio::spawn(async move {
+            let guard = client.mutex("hundred").unwrap().lock().await.unwrap();
+            order.lock().unwrap().push(i);
+            guard.release().await.unwrap();
+        }));
+        // Queued before the next one arrives.
+        faults.until_calls(Op::Wait, 1).await;
+    }
+    first.release().await.unwrap();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), (0..WAITERS).collect::<Vec<_>>());
+    // Every release woke exactly the next waiter, and nobody else.
+    let events: Vec<u64> = backends
+        .iter()
+        .map(ZooKeeperBackend::watch_events)
+        .collect();
+    assert!(events.iter().all(|e| *e == 1), "{events:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_deletes_the_sessions_nodes_at_once() {
+    let zookeeper = ZooKeeper::start().await.unwrap();
+    let raw = raw(&zookeeper).await;
+    let zk_backend = backend(&zookeeper.url()).await;
+    let a = client_on(zk_backend.clone());
+    let delayed = LockOptions::builder()
+        .lock_delay(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let held = [
+        a.mutex("close:x").unwrap().lock().await.unwrap(),
+        a.rwlock("close:r").unwrap().read().await.unwrap(),
+        a.semaphore("close:p", 2).unwrap().acquire().await.unwrap(),
+        a.mutex("close:d")
+            .unwrap()
+            .with_options(delayed)
+            .lock()
+            .await
+            .unwrap(),
+    ];
+    // The holder's node and its lock-delay marker.
+    assert_eq!(children(&raw, "/leasehold/close:d").await.len(), 2);
+    zk_backend.close().await.unwrap();
+    for dir in [
+        "close:x",
+        "close:r",
+        "close:p#permits",
+        "close:d",
+        "close:d#delay",
+    ] {
+        let left = children(&raw, &format!("/leasehold/{dir}")).await;
+        assert!(left.is_empty(), "{dir}: {left:?}");
+    }
+    for guard in &held {
+        assert_eq!(guard.lost().await, LossReason::SessionEnded);
+    }
+    // A close is a release: no lock-delay follows it.
+    let b = client_on(backend(&zookeeper.url()).await);
+    assert!(
+        b.mutex("close:d")
+            .unwrap()
+            .try_lock()
+            .await
+            .unwrap()
+            .is_some()
+    );
+    // The backend opens a new session for later locks.
+    assert!(
+        a.mutex("close:x")
+            .unwrap()
+            .try_lock()
+            .await
+            .unwrap()
+            .is_some()
+    );
+}
+
+/// The environment variable that makes [`a_holder_process`] hold a lock: `url|name|delay ms`.
+const HOLDER: &str = "LEASEHOLD_ZK_TEST_HOLDER";
+
+/// Not a test of its own: the process that the killed-client tests start and SIGKILL.
+#[tokio::test]
+#[ignore = "run by a_killed_client_frees_its_lock_within_a_session_timeout"]
+async fn a_holder_process() {
+    let Ok(spec) = std::env::var(HOLDER) else {
+        return;
+    };
+    let [url, name, delay]: [&str; 3] = spec.split('|').collect::<Vec<_>>().try_into().unwrap();
+    let client = client_on(backend(url).await);
+    let mut mutex = client.mutex(name).unwrap();
+    let delay: u64 = delay.parse().unwrap();
+    if delay > 0 {
+        let options = LockOptions::builder()
+            .lock_delay(Duration::from_millis(delay))
+            .build()
+            .unwrap();
+        mutex = mutex.with_options(options);
+    }
+    let guard = mutex.lock().await.unwrap();
+    println!("held {}", guard.token());
+    std::future::pending::<()>().await;
+}
+
+/// Starts a process holding `name`, kills it with SIGKILL once it holds, and returns how
+/// long after the kill another client got the lock.
+async fn freed_after_kill(
+    zookeeper: &ZooKeeper,
+    url: &str,
+    name: &str,
+    delay: Duration,
+) -> Duration {
+    use tokio::io::AsyncBufReadExt;
+    let mut child = tokio::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "a_holder_process", "--ignored", "--nocapture"])
+        .env(HOLDER, format!("{url}|{name}|{}", delay.as_millis()))
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    loop {
+        let line = lines.next_line().await.unwrap().expect("the holder exited");
+        if line.starts_with("held ") {
+            break;
+        }
+    }
+    let other = client_on(backend(&zookeeper.url()).await);
+    assert!(
+        other
+            .mutex(name)
+            .unwrap()
+            .try_lock()
+            .await
+            .unwrap()
+            .is_none()
+    );
+    child.start_kill().unwrap();
+    let killed = Instant::now();
+    child.wait().await.unwrap();
+    let guard = other
+        .mutex(name)
+        .unwrap()
+        .lock_timeout(Duration::from_secs(60))
+        .await
+        .unwrap()
+        .expect("the lock was freed");
+    let freed = killed.elapsed();
+    guard.release().await.unwrap();
+    freed
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_client_frees_its_lock_within_a_session_timeout() {
+    let zookeeper = ZooKeeper::start().await.unwrap();
+    let timeout = Duration::from_secs(2);
+    let url = format!("{}?session_timeout=2s", zookeeper.url());
+    // ZooKeeper expires a session between its timeout and one tick (200 ms here) later.
+    let slack = Duration::from_millis(800);
+    let freed = freed_after_kill(&zookeeper, &url, "killed", Duration::ZERO).await;
+    assert!(freed <= timeout + slack, "freed {freed:?} after the kill");
+    // With a lock-delay, the lock stays closed for the delay after the session is gone.
+    let delay = Duration::from_secs(1);
+    let freed = freed_after_kill(&zookeeper, &url, "killed:delay", delay).await;
+    assert!(
+        freed >= delay,
+        "freed {freed:?} after the kill, lock-delay {delay:?}"
+    );
+    assert!(
+        freed <= (timeout + delay).mul_f64(1.06) + slack,
+        "freed {freed:?} after the kill"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn digest_credentials_protect_the_nodes_and_a_chroot_is_created() {
+    let zookeeper = ZooKeeper::start().await.unwrap();
+    let servers = zookeeper.connect_string();
+    let alice = client_on(backend(&format!("zk://alice:s3cret@{servers}/apps/one")).await);
+    let guard = alice.mutex("guarded").unwrap().lock().await.unwrap();
+    let raw = zk::Client::connector()
+        .with_auth("digest", b"alice:s3cret")
+        .connect(&servers)
+        .await
+        .unwrap();
+    assert_eq!(children(&raw, "/apps/one/leasehold/guarded").await.len(), 1);
+    // Another identity may not even read alice's prefix: refused at connect.
+    match ZooKeeperBackend::connect(&format!("zk://mallory:x@{servers}/apps/one")).await {
+        Err(error @ Error::Backend { .. }) => {
+            assert!(!error.is_retryable());
+            assert!(error.to_string().contains("not authorized"), "{error}");
+        }
+        other => panic!("mallory got {other:?}"),
+    }
+    // Alice elsewhere is alice.
+    let again = client_on(backend(&format!("zk://alice:s3cret@{servers}/apps/one")).await);
+    assert!(
+        again
+            .mutex("guarded")
+            .unwrap()
+            .try_lock()
+            .await
+            .unwrap()
+            .is_none()
+    );
+    guard.release().await.unwrap();
+    assert!(
+        again
+            .mutex("guarded")
+            .unwrap()
+            .try_lock()
+            .await
+            .unwrap()
+            .is_some()
+    );
+    // A bad URL never shows the password.
+    let bad = ZooKeeperBackend::connect(&format!("zk://alice:s3cret@{servers}?nosuch=1"))
+        .await
+        .unwrap_err();
+    assert!(!bad.to_string().contains("s3cret"), "{bad}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wiped_epoch_is_detected_and_refused() {
+    let zookeeper = ZooKeeper::start().await.unwrap();
+    let zk_backend = backend(&zookeeper.url()).await;
+    let a = client_on(zk_backend.clone());
+    a.mutex("epoch")
+        .unwrap()
+        .lock()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    // What a wiped data directory looks like to a client: the epoch node is gone (and
+    // made again by someone else), and its session with it.
+    zk_backend.close().await.unwrap();
+    let raw = raw(&zookeeper).await;
+    for child in children(&raw, "/leasehold").await {
+        let _ = raw.delete(&format!("/leasehold/{child}"), None).await;
+    }
+    raw.delete("/leasehold", None).await.unwrap();
+    let other = client_on(backend(&zookeeper.url()).await);
+    other
+        .mutex("epoch")
+        .unwrap()
+        .lock()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    match a.mutex("epoch").unwrap().try_lock().await {
+        Err(error @ Error::Backend { .. }) => {
+            assert!(error.to_string().contains("lost its data"), "{error}");
+        }
+        other => panic!("granted on a wiped ensemble: {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_create_costs_nothing_else() {
+    let zookeeper = ZooKeeper::start().await.unwrap();
+    let admin = zk::Client::connector()
+        .with_auth("digest", b"admin:pw")
+        .connect(&zookeeper.connect_string())
+        .await
+        .unwrap();
+    let open = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+    let _ = admin.create("/leasehold", &[], &open).await;
+    let private = zk::CreateMode::Persistent.with_acls(zk::Acls::creator_all());
+    admin
+        .create("/leasehold/private", &[], &private)
+        .await
+        .unwrap();
+    let a = client_on(backend(&zookeeper.url()).await);
+    let held = a.mutex("public").unwrap().lock().await.unwrap();
+    // A create the ACL refuses was not applied: there is nothing to release, and the
+    // session (with the other lock on it) is not given up for it.
+    match a.mutex("private").unwrap().try_lock().await {
+        Err(error @ Error::Backend { .. }) => assert!(!error.is_retryable(), "{error}"),
+        other => panic!("got {other:?}"),
+    }
+    a.settle().await;
+    assert!(
+        held.is_held(),
+        "the session was given up for a refused create"
+    );
+    held.release().await.unwrap();
+}

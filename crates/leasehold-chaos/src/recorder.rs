@@ -148,11 +148,19 @@ impl Completion {
     }
 
     fn error(self, error: &leasehold::Error) {
-        let phase = if error.is_unknown_outcome() {
-            Phase::Unknown
-        } else {
-            Phase::Fail
-        };
+        // Only an error that says the request was refused before anything happened is a
+        // failure. Anything else may have been applied — a timeout, a lost connection, and
+        // also a backend error that is really one of those (a backend that reports "no
+        // response" as an error answer would otherwise make the checks believe a release
+        // that happened did not).
+        let refused = matches!(
+            error,
+            leasehold::Error::InvalidArgument { .. }
+                | leasehold::Error::Unsupported { .. }
+                | leasehold::Error::NotHeld
+                | leasehold::Error::Lost(_)
+        );
+        let phase = if refused { Phase::Fail } else { Phase::Unknown };
         let event = self.event(phase).error(error.to_string());
         self.finish(event);
     }

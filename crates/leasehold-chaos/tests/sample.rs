@@ -31,6 +31,11 @@ fn sample_etcd() {
     common::sample("etcd");
 }
 
+#[test]
+fn sample_zookeeper() {
+    common::sample("zookeeper");
+}
+
 /// Against the user's servers (`--url`): what needs no control of the servers runs, through
 /// fault proxies in front of them; the rest is skipped, saying why.
 #[test]

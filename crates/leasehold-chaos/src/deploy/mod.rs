@@ -24,15 +24,15 @@ use leasehold_testkit::{Etcd, FaultProxy, Postgres, Redis, ServerProcess, ZooKee
 
 use crate::vip::Vip;
 
-/// The backends `leasehold chaos` knows. ZooKeeper (`zookeeper::SPEC`) and PostgreSQL
-/// (`postgres::SPEC`) are ready to be listed once the facade connects to `zk://` and
-/// `postgres://` URLs.
+/// The backends `leasehold chaos` knows. PostgreSQL (`postgres::SPEC`) is ready to be
+/// listed once the facade connects to `postgres://` URLs.
 pub static REGISTRY: &[&BackendSpec] = &[
     &memory::SPEC,
     &file::SPEC,
     &redis::SPEC,
     &redlock::SPEC,
     &etcd::SPEC,
+    &zookeeper::SPEC,
 ];
 
 /// Finds a backend by name.

@@ -1,7 +1,4 @@
 //! ZooKeeper: one server, or an ensemble of three; the session timeout is the run's ttl.
-//!
-//! Ready for the registry once the facade connects to `zk://` URLs (add `&zookeeper::SPEC`
-//! to [`REGISTRY`](super::REGISTRY)).
 
 use std::time::Duration;
 
@@ -22,8 +19,8 @@ pub static SPEC: BackendSpec = BackendSpec {
         server_clock: ServerClock::Faketime,
         restart_loses_locks: false,
     },
-    // ZooKeeper's minimum session timeout is twice its tick (2 s by default).
-    ttl: Duration::from_millis(4000),
+    // Within the test servers' bounds (2 to 20 ticks of 200 ms).
+    ttl: Duration::from_millis(1000),
     start: |topology| {
         Box::pin(async move {
             Ok(Servers::ZooKeeper(match topology {

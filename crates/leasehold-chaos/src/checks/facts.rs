@@ -291,11 +291,13 @@ impl Facts {
             if self.grants[i].process != op.process() {
                 continue;
             }
-            if op.answered("not_held") {
+            // With several copies of a lock (Redlock), "not held" is what the nodes that
+            // answered said; the others may have released.
+            if op.answered("not_held") && self.info.copies == 1 {
                 if let Some(t) = op.end() {
                     self.grants[i].denials.push(t);
                 }
-            } else if op.grant_cut() {
+            } else if op.grant_cut() || op.answered("not_held") {
                 let g = &mut self.grants[i];
                 g.cut = g.cut.min(op.start());
             }

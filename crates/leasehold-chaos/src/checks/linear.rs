@@ -252,7 +252,11 @@ pub(crate) fn lock_calls(
                 },
                 _ => LockOp::Release {
                     owner,
-                    answer: known.then(|| op.answer() == Some("released")),
+                    // With several copies of a lock (Redlock), "not held" is what the nodes
+                    // that answered said; the others may have released.
+                    answer: known
+                        .then(|| op.answer() == Some("released"))
+                        .filter(|released| *released || copies == 1),
                     queued: waited.contains(owner_text.as_str())
                         || (copies > 1 && granted.contains(owner_text.as_str())),
                 },

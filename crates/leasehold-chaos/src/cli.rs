@@ -293,8 +293,19 @@ fn run(args: RunArgs, launcher: &Launcher) -> u8 {
     {
         return usage(&format!("--history {}: {e}", dir.display()));
     }
-    if args.url.is_some() && backends.len() != 1 {
-        return usage("--url needs --backend naming that URL's backend");
+    if let Some(url) = &args.url {
+        let scheme = url.split(':').next().unwrap_or("").to_ascii_lowercase();
+        let fits = |b: &deploy::BackendSpec| {
+            scheme == b.scheme
+                || scheme == format!("{}s", b.scheme)
+                || (b.name == "zookeeper" && scheme == "zookeeper")
+        };
+        if backends.len() != 1 || !fits(backends[0]) {
+            return usage(&format!(
+                "--url needs --backend naming that URL's backend ({})",
+                leasehold::support::redact_url(url)
+            ));
+        }
     }
     let mut specs = Vec::new();
     for backend in &backends {

@@ -307,7 +307,7 @@ fn replay_command(spec: &RunSpec) -> String {
         cmd.push_str(" --workload set");
     }
     if let Some(url) = &spec.url {
-        cmd.push_str(&format!(" --url {}", leasehold::redact_url(url)));
+        cmd.push_str(&format!(" --url {}", leasehold::support::redact_url(url)));
     }
     cmd
 }

@@ -42,6 +42,21 @@ enum Command {
     Bench(BenchArgs),
     /// Run fault scenarios against a backend and check what every process saw.
     Chaos(leasehold_cli::chaos::ChaosArgs),
+    /// Internal: the supervisor `run` starts between itself and the command.
+    #[command(name = "__supervise", hide = true)]
+    Supervise(SuperviseArgs),
+}
+
+#[derive(Debug, Args)]
+struct SuperviseArgs {
+    #[arg(long)]
+    channel: i32,
+    #[arg(long, value_parser = duration)]
+    grace: Duration,
+    #[arg(long, value_parser = duration)]
+    orphan_grace: Duration,
+    #[arg(last = true, required = true)]
+    command: Vec<OsString>,
 }
 
 #[derive(Debug, Args)]
@@ -74,9 +89,10 @@ struct Connection {
 struct RunArgs {
     #[command(flatten)]
     connection: Connection,
-    /// Lease length; renewed every third of it while the command runs.
-    #[arg(long, default_value = "30s", value_parser = duration)]
-    ttl: Duration,
+    /// Lease length (default 30s); renewed every third of it while the command runs. On
+    /// etcd it is the session's ttl (the URL's session_ttl, which must agree if given).
+    #[arg(long, value_parser = duration)]
+    ttl: Option<Duration>,
     /// Wait at most this long for the lock (default: as long as it takes).
     #[arg(long, value_parser = duration, conflicts_with = "no_wait")]
     wait: Option<Duration>,
@@ -154,6 +170,15 @@ fn main() -> ExitCode {
             Command::Inspect(args) => inspect(args).await,
             Command::Bench(args) => bench(args).await,
             Command::Chaos(_) => exit::USAGE,
+            Command::Supervise(args) => {
+                leasehold_cli::supervise::supervise(leasehold_cli::supervise::Supervision {
+                    channel: args.channel,
+                    grace: args.grace,
+                    orphan_grace: args.orphan_grace,
+                    command: args.command,
+                })
+                .await
+            }
         }
     });
     ExitCode::from(code)
@@ -169,7 +194,21 @@ async fn connect(connection: &Connection) -> Result<Client, Error> {
 }
 
 async fn run(args: RunArgs) -> u8 {
-    let options = match LockOptions::builder().ttl(args.ttl).build() {
+    // On a session backend the session's ttl is the lock's.
+    let url = args
+        .connection
+        .url
+        .clone()
+        .filter(|u| !u.is_empty())
+        .unwrap_or_else(leasehold::default_url);
+    let (url, ttl) = match leasehold_cli::session::apply_ttl(&url, args.ttl) {
+        Ok(applied) => applied,
+        Err(error) => {
+            eprintln!("leasehold: {error}");
+            return exit::USAGE;
+        }
+    };
+    let options = match LockOptions::builder().ttl(ttl).build() {
         Ok(options) => options,
         Err(error) => {
             eprintln!("leasehold: {error}");
@@ -191,6 +230,13 @@ async fn run(args: RunArgs) -> u8 {
         options,
         grace: args.grace,
         command: args.command,
+        supervisor: match std::env::current_exe() {
+            Ok(path) => path,
+            Err(error) => {
+                eprintln!("leasehold: cannot find its own binary: {error}");
+                return exit::BACKEND;
+            }
+        },
     };
     // Listen before connecting, so that a signal at any point is handled.
     let interrupted = match interrupts() {
@@ -202,7 +248,7 @@ async fn run(args: RunArgs) -> u8 {
     };
     let mut interrupted = std::pin::pin!(interrupted);
     let client = tokio::select! {
-        client = connect(&args.connection) => match client {
+        client = leasehold::connect(&url) => match client {
             Ok(client) => client,
             Err(error) => {
                 eprintln!("leasehold: {error}");

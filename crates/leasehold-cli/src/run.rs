@@ -2,12 +2,17 @@
 
 use std::ffi::OsString;
 use std::future::Future;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::process::ExitStatusExt;
+use std::path::PathBuf;
 use std::pin::Pin;
 use std::process::ExitStatus;
 use std::time::Duration;
 
 use leasehold::{Client, Error, Guard, LockOptions, LossReason};
 use rustix::process::{Pid, Signal, kill_process_group};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
 use tokio::process::{Child, Command};
 
 use crate::exit;
@@ -49,6 +54,9 @@ pub struct RunSpec {
     pub grace: Duration,
     /// The command and its arguments.
     pub command: Vec<OsString>,
+    /// The `leasehold` binary, started as the command's supervisor (see
+    /// [`supervise`](crate::supervise)).
+    pub supervisor: PathBuf,
 }
 
 /// Acquires as `spec` says, runs the command while the lock is held, and returns the exit
@@ -88,68 +96,185 @@ pub async fn run(
         }
     };
 
-    let mut command = Command::new(program);
-    command
-        .args(&spec.command[1..])
-        .env("LEASEHOLD_LOCK", &spec.name)
-        .env("LEASEHOLD_TOKEN", guard.token().to_string())
-        .env("LEASEHOLD_OWNER", guard.owner().as_str())
-        .process_group(0);
-    let mut child = match command.spawn() {
-        Ok(child) => child,
-        Err(error) => {
+    // On the file backend the command holds the lock itself, through a descriptor it
+    // inherits: the lock is then freed exactly when the command's group is gone.
+    let inherited = if client.capabilities().backend == "file" {
+        leasehold::file::held_descriptor(guard.owner())
+    } else {
+        None
+    };
+    let started = match inherited.transpose() {
+        Ok(inherited) => Supervisor::start(spec, &guard, inherited.as_ref()).await,
+        Err(error) => Err(Started::Failed(error)),
+    };
+    let mut supervisor = match started {
+        Ok(supervisor) => supervisor,
+        // The supervisor could not start the command; it said why.
+        Err(Started::Exited(code)) => {
+            release(guard).await;
+            return code;
+        }
+        Err(Started::Failed(error)) => {
             eprintln!(
                 "leasehold: cannot run {}: {error}",
                 program.to_string_lossy()
             );
             release(guard).await;
-            return if error.kind() == std::io::ErrorKind::NotFound {
-                exit::NOT_FOUND
-            } else {
-                exit::CANNOT_EXECUTE
-            };
+            return exit::BACKEND;
         }
     };
-    let Some(group) = child.id().and_then(|id| Pid::from_raw(id as i32)) else {
-        eprintln!("leasehold: the command exited before it could be watched");
-        release(guard).await;
-        return exit::CANNOT_EXECUTE;
-    };
 
-    tokio::select! {
+    let code = tokio::select! {
         biased;
         reason = guard.lost() => {
             eprintln!(
                 "leasehold: lost the lock on {} ({reason}); stopping the command",
                 spec.name
             );
-            stop(group, &mut child, Signal::TERM, spec.grace).await;
-            release(guard).await;
+            supervisor.stop(Signal::TERM, spec.grace).await;
             exit::LOST
         }
         signal = &mut interrupted => {
             let forwarded = Signal::from_named_raw(signal).unwrap_or(Signal::TERM);
-            stop(group, &mut child, forwarded, spec.grace).await;
-            release(guard).await;
+            supervisor.stop(forwarded, spec.grace).await;
             exit::signal(signal)
         }
-        status = child.wait() => {
-            let code = match status {
-                Ok(status) => code_of(status),
-                Err(error) => {
-                    eprintln!("leasehold: waiting for the command failed: {error}");
-                    exit::BACKEND
+        code = supervisor.wait() => code,
+    };
+    release(guard).await;
+    code
+}
+
+/// Why the supervisor is not running the command.
+enum Started {
+    /// It exited at once with this code (the command could not be started; it said why).
+    Exited(u8),
+    /// It could not be started.
+    Failed(std::io::Error),
+}
+
+impl From<std::io::Error> for Started {
+    fn from(error: std::io::Error) -> Self {
+        Started::Failed(error)
+    }
+}
+
+impl From<rustix::io::Errno> for Started {
+    fn from(error: rustix::io::Errno) -> Self {
+        Started::Failed(error.into())
+    }
+}
+
+/// `leasehold run`'s side of the supervisor (see [`supervise`](crate::supervise)).
+struct Supervisor {
+    process: Child,
+    channel: UnixStream,
+    /// The command's process group.
+    group: Pid,
+}
+
+impl Supervisor {
+    /// Starts the supervisor, which starts the command (`Err(Exited)`: it could not).
+    async fn start(
+        spec: &RunSpec,
+        guard: &Guard,
+        inherited: Option<&OwnedFd>,
+    ) -> Result<Self, Started> {
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
+        // Without close-on-exec, so that the supervisor (and the command) inherit them; no
+        // other process is started meanwhile.
+        let theirs = {
+            let inheritable = rustix::io::dup(&theirs)?;
+            // Ours closed, so that the supervisor's exit is seen as the end of the socket.
+            drop(theirs);
+            inheritable
+        };
+        let lock = inherited.map(rustix::io::dup).transpose()?;
+        let orphan_grace = if lock.is_some() {
+            spec.grace
+        } else {
+            Duration::ZERO
+        };
+        let mut command = Command::new(&spec.supervisor);
+        command
+            .arg("__supervise")
+            .arg("--channel")
+            .arg(theirs.as_raw_fd().to_string())
+            .arg("--grace")
+            .arg(millis(spec.grace))
+            .arg("--orphan-grace")
+            .arg(millis(orphan_grace))
+            .arg("--")
+            .args(&spec.command)
+            .env("LEASEHOLD_LOCK", &spec.name)
+            .env("LEASEHOLD_TOKEN", guard.token().to_string())
+            .env("LEASEHOLD_OWNER", guard.owner().as_str());
+        let mut process = command.spawn()?;
+        drop((theirs, lock));
+        ours.set_nonblocking(true)?;
+        let mut channel = UnixStream::from_std(ours)?;
+        let mut pid = [0u8; 4];
+        if channel.read_exact(&mut pid).await.is_err() {
+            let status = process.wait().await?;
+            return Err(Started::Exited(code_of(status)));
+        }
+        let group = Pid::from_raw(i32::from_le_bytes(pid))
+            .ok_or_else(|| std::io::Error::other("the supervisor sent no command pid"))?;
+        Ok(Self {
+            process,
+            channel,
+            group,
+        })
+    }
+
+    /// Waits for the command's group to end; the command's exit code.
+    async fn wait(&mut self) -> u8 {
+        match self.process.wait().await {
+            Ok(status) => {
+                if status.signal().is_some() {
+                    // The supervisor itself was killed: stop the group here.
+                    eprintln!(
+                        "leasehold: the command's supervisor was killed; killing the command"
+                    );
+                    let _ = kill_process_group(self.group, Signal::KILL);
                 }
-            };
-            release(guard).await;
-            code
+                code_of(status)
+            }
+            Err(error) => {
+                eprintln!("leasehold: waiting for the command failed: {error}");
+                let _ = kill_process_group(self.group, Signal::KILL);
+                exit::BACKEND
+            }
+        }
+    }
+
+    /// Has the supervisor stop the command's group: `signal`, then SIGKILL after `grace`.
+    async fn stop(&mut self, signal: Signal, grace: Duration) {
+        let order = u8::try_from(signal.as_raw()).unwrap_or(Signal::TERM.as_raw() as u8);
+        let _ = self.channel.write_all(&[order]).await;
+        // The supervisor keeps the grace period; this is only in case it cannot.
+        let margin = grace + Duration::from_secs(5);
+        if tokio::time::timeout(margin, self.wait()).await.is_err() {
+            eprintln!("leasehold: the command did not stop within {grace:?}; killing it");
+            let _ = kill_process_group(self.group, Signal::KILL);
+            let _ = self.process.kill().await;
         }
     }
 }
 
+fn millis(duration: Duration) -> String {
+    format!("{}ms", duration.as_millis())
+}
+
 async fn acquire(client: &Client, spec: &RunSpec) -> leasehold::Result<Option<Guard>> {
     let name = spec.name.as_str();
-    let options = spec.options.clone();
+    let options = if client.capabilities().has_sessions() {
+        // The session's ttl is the lock's: `leasehold run` set it from --ttl when connecting
+        // (see `session`).
+        spec.options.to_builder().default_ttl().build()?
+    } else {
+        spec.options.clone()
+    };
     match (spec.hold, spec.wait) {
         (Hold::Exclusive, WaitFor::Forever) => client
             .mutex(name)?
@@ -207,20 +332,7 @@ async fn release(guard: Guard) {
     }
 }
 
-/// Sends `signal` to the whole process group, waits up to `grace` for the command to exit,
-/// then kills whatever is left of the group.
-async fn stop(group: Pid, child: &mut Child, signal: Signal, grace: Duration) {
-    let _ = kill_process_group(group, signal);
-    if tokio::time::timeout(grace, child.wait()).await.is_err() {
-        eprintln!("leasehold: the command did not stop within {grace:?}; killing it");
-    }
-    // Also reaches members of the group that outlived the command itself.
-    let _ = kill_process_group(group, Signal::KILL);
-    let _ = child.wait().await;
-}
-
 fn code_of(status: ExitStatus) -> u8 {
-    use std::os::unix::process::ExitStatusExt;
     match (status.code(), status.signal()) {
         (Some(code), _) => code as u8,
         (None, Some(signal)) => exit::signal(signal),

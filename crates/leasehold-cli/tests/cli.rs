@@ -7,7 +7,7 @@ use std::process::{Output, Stdio};
 use std::time::Duration;
 
 use leasehold::Backend;
-use rustix::process::{Pid, Signal, kill_process, test_kill_process};
+use rustix::process::{Pid, Signal, kill_process, kill_process_group, test_kill_process};
 use tokio::process::Command;
 
 mod common;
@@ -185,8 +185,34 @@ async fn inspect_shows_the_holder_as_json_and_as_a_table() {
     holder.wait().await.unwrap();
 }
 
+/// The processes of process group `group` that are still running (zombies, which nobody
+/// may reap in a container whose init does not, are not running).
+fn running_in_group(group: Pid) -> Vec<i32> {
+    let mut running = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // pid (comm) state ppid pgrp …; comm may hold anything, so split after its `)`.
+        let Some((_, fields)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let fields: Vec<&str> = fields.split_whitespace().collect();
+        if fields.len() > 2
+            && fields[2] == group.as_raw_nonzero().to_string()
+            && !matches!(fields[0], "Z" | "X")
+        {
+            running.push(pid);
+        }
+    }
+    running
+}
+
 #[tokio::test]
-async fn a_holder_killed_with_sigkill_frees_the_lock_at_once() {
+async fn a_holder_killed_with_sigkill_frees_the_lock_once_its_command_is_gone() {
     let d = Dir::new();
     let fifo = d.fifo("ready");
     let script = format!("echo $$ > {}; exec sleep 1000", fifo.display());
@@ -197,12 +223,82 @@ async fn a_holder_killed_with_sigkill_frees_the_lock_at_once() {
     let command = read_pid(&fifo).await;
     holder.start_kill().unwrap();
     holder.wait().await.unwrap();
-    // The kernel dropped the dead holder's file lock: the next one gets it without waiting.
-    let out = d.output(&["run", "--no-wait", "job", "--", "true"]).await;
+    // The next run gets the lock (waiting for it while the orphaned command is stopped)…
+    let out = d.output(&["run", "job", "--", "true"]).await;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    // The orphaned command did not inherit the lock (descriptors are close-on-exec).
-    assert!(test_kill_process(command).is_ok());
-    kill_process(command, Signal::KILL).unwrap();
+    // …and the command did not outlive its lock.
+    assert_eq!(running_in_group(command), Vec::<i32>::new());
+}
+
+#[tokio::test]
+async fn sigkill_of_leasehold_stops_the_commands_whole_group() {
+    let d = Dir::new();
+    for url in [d.url(), "memory:".to_owned()] {
+        let fifo = d.fifo(&format!("ready-{}", url.len()));
+        // The command leads its group and leaves a child in it.
+        let script = format!("sleep 1000 & echo $$ > {}; wait", fifo.display());
+        let mut holder = Command::new(BIN)
+            .args(["run", "--url", &url, "--grace", "600s", "job"])
+            .args(["--", "sh", "-c", &script])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let group = read_pid(&fifo).await;
+        assert_eq!(running_in_group(group).len(), 2, "{url}");
+        let mut stdout = holder.stdout.take().unwrap();
+        holder.start_kill().unwrap();
+        holder.wait().await.unwrap();
+        // Every process of the group shares this stdout: it ends when the last is gone.
+        let mut rest = Vec::new();
+        tokio::time::timeout(
+            Duration::from_secs(60),
+            tokio::io::AsyncReadExt::read_to_end(&mut stdout, &mut rest),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{url}: the command's group outlived leasehold"))
+        .unwrap();
+        assert_eq!(running_in_group(group), Vec::<i32>::new(), "{url}");
+    }
+}
+
+#[tokio::test]
+async fn on_the_file_backend_no_second_run_starts_while_a_process_of_the_first_lives() {
+    let d = Dir::new();
+    let fifo = d.fifo("ready");
+    // The command and its child ignore SIGTERM: after leasehold is killed they live on for
+    // the grace period, holding the lock.
+    let script = format!(
+        "trap '' TERM; sleep 1000 & echo $$ > {}; wait",
+        fifo.display()
+    );
+    let mut first = d
+        .leasehold(&["run", "--grace", "600s", "job", "--", "sh", "-c", &script])
+        .spawn()
+        .unwrap();
+    let group = read_pid(&fifo).await;
+    first.start_kill().unwrap();
+    first.wait().await.unwrap();
+    let out = d.output(&["run", "--no-wait", "job", "--", "true"]).await;
+    assert_eq!(
+        out.status.code(),
+        Some(75),
+        "a second run started beside the first one's command: {}",
+        text(&out.stderr)
+    );
+    // It was refused while the first command still ran.
+    assert!(!running_in_group(group).is_empty());
+    // Once the whole group is gone, the lock is free.
+    let second = d
+        .leasehold(&["run", "job", "--", "echo", "second"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    kill_process_group(group, Signal::KILL).unwrap();
+    let out = second.wait_with_output().await.unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "second\n");
 }
 
 #[tokio::test]

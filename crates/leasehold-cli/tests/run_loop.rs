@@ -27,6 +27,7 @@ fn spec(command: &[&str]) -> RunSpec {
             .unwrap(),
         grace: Duration::from_millis(300),
         command: command.iter().map(OsString::from).collect(),
+        supervisor: env!("CARGO_BIN_EXE_leasehold").into(),
     }
 }
 

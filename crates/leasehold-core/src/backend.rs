@@ -16,8 +16,13 @@
 //! - the *permit* set, used by [`Mode::Permit`] requests: at most `limit` holders (a
 //!   counting semaphore whose permits are individual leases).
 //!
-//! One fencing counter per name serves both sets: every grant of a name gets a token greater
-//! than every earlier grant of that name.
+//! Tokens strictly increase *within each set* of a name: every grant of the lock set gets a
+//! token greater than every earlier grant of the lock set, and likewise for the permit set.
+//! A backend whose tokens come from one counter per name (memory, Redis, the file backend)
+//! also orders them across the two sets; a backend whose token is the creation order of a
+//! queue entry (etcd's create revision, ZooKeeper's czxid) does not: a permit that waited
+//! may carry a token lower than a mutex grant of the same name that came and went while it
+//! waited. Protect one resource with one set.
 //!
 //! # The contract
 //!

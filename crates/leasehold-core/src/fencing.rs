@@ -11,8 +11,9 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::sync::Mutex;
 
-/// A number attached to a grant, strictly increasing per lock name for grants that follow
-/// each other in real time.
+/// A number attached to a grant, strictly increasing per lock name (and set: a mutex, a
+/// read-write lock and an election share one, a semaphore has its own; see
+/// [`backend`](crate::backend)) for grants that follow each other in real time.
 ///
 /// How strong that promise is (does it survive a server restart? a failover?) depends on the
 /// backend; see [`Capabilities::tokens`](crate::backend::Capabilities::tokens).

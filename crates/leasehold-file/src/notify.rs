@@ -1,33 +1,48 @@
 //! Push wake-ups for waiters: one inotify watch on the lock directory.
 //!
 //! A holder's lock file descriptor is opened for writing, so closing it — on release, or by
-//! the kernel when the holder dies — raises `IN_CLOSE_WRITE` for that file. Holder records
-//! being written or deleted raise events too, which is what election observers need. Each
-//! event bumps a version counter of the lock name it belongs to; a waiter reads the counter
-//! *before* it tries the lock and sleeps until the counter moves, so a release between the
-//! try and the sleep is never missed.
+//! the kernel when the holder dies — raises `IN_CLOSE_WRITE` for that file; a release that
+//! deletes the lock file raises `IN_DELETE`, and a released permit touches the semaphore
+//! file (`IN_ATTRIB`). Holder records being written or deleted raise events too, which is
+//! what election observers need. Each event bumps a version counter of the lock name it
+//! belongs to; a waiter reads the counter *before* it tries the lock and sleeps until the
+//! counter moves, so a release between the try and the sleep is never missed.
+//!
+//! A name has a counter only while a [`Version`] of it exists (a waiter's or an inspector's
+//! wait hint): events for other names are dropped, and a process that locks millions of
+//! distinct names keeps counters only for those it is waiting on.
 //!
 //! Waiters keep their own descriptors open between tries, so a failed try of a waiter raises
 //! nothing and waking does not cascade.
 
-use std::collections::HashMap;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
 
+use crate::registry::{Entry, Registry};
+
+type Names = Registry<watch::Sender<u64>>;
+
 /// Per-name version counters, bumped by file events in the lock directory.
 #[derive(Debug)]
 pub(crate) struct Notifier {
-    names: Arc<Mutex<HashMap<String, watch::Sender<u64>>>>,
+    names: Names,
     #[cfg(target_os = "linux")]
     reader: linux::Reader,
 }
 
+/// A name's version as seen before a try; keeps the name's counter alive while it exists.
+#[derive(Debug)]
+pub(crate) struct Version {
+    counter: Arc<Entry<watch::Sender<u64>>>,
+    seen: u64,
+}
+
 impl Notifier {
     pub(crate) fn new(dir: &Path) -> std::io::Result<Self> {
-        let names = Arc::new(Mutex::new(HashMap::new()));
+        let names = Registry::new();
         Ok(Self {
             #[cfg(target_os = "linux")]
             reader: linux::Reader::new(dir, names.clone())?,
@@ -35,23 +50,26 @@ impl Notifier {
         })
     }
 
-    fn sender(&self, name: &str) -> watch::Sender<u64> {
-        let mut names = self.names.lock().unwrap_or_else(|e| e.into_inner());
-        names
-            .entry(name.to_owned())
-            .or_insert_with(|| watch::Sender::new(0))
-            .clone()
+    /// How many names have a counter now.
+    #[cfg(test)]
+    pub(crate) fn tracked_names(&self) -> usize {
+        self.names.len()
     }
 
-    /// The current version of `name`, watched from now on. Read it before trying the lock.
-    pub(crate) fn version(&self, name: &str) -> u64 {
+    /// The current version of `name`, watched for as long as the result lives. Read it
+    /// before trying the lock.
+    pub(crate) fn version(&self, name: &str) -> Version {
         #[cfg(target_os = "linux")]
         self.reader.ensure_running();
-        *self.sender(name).borrow()
+        let counter = self
+            .names
+            .get_or_insert_with(name, || watch::Sender::new(0));
+        let seen = *counter.borrow();
+        Version { counter, seen }
     }
 
-    /// Returns when the version of `name` differs from `seen`, or after `max`.
-    pub(crate) async fn wait(&self, name: &str, seen: Option<u64>, max: Duration) {
+    /// Returns when the version differs from `seen` (`None`: at once), or after `max`.
+    pub(crate) async fn wait(&self, seen: Option<&Version>, max: Duration) {
         #[cfg(target_os = "linux")]
         let max = if self.reader.ensure_running() {
             max
@@ -61,8 +79,11 @@ impl Notifier {
         };
         #[cfg(not(target_os = "linux"))]
         let max = max.min(Duration::from_millis(50));
-        let mut rx = self.sender(name).subscribe();
-        if seen != Some(*rx.borrow_and_update()) {
+        let Some(seen) = seen else {
+            return;
+        };
+        let mut rx = seen.counter.subscribe();
+        if seen.seen != *rx.borrow_and_update() {
             return;
         }
         let _ = tokio::time::timeout(max, rx.changed()).await;
@@ -71,7 +92,6 @@ impl Notifier {
 
 #[cfg(target_os = "linux")]
 mod linux {
-    use std::collections::HashMap;
     use std::mem::MaybeUninit;
     use std::os::fd::{AsRawFd, OwnedFd, RawFd};
     use std::path::Path;
@@ -80,10 +100,9 @@ mod linux {
     use rustix::fs::inotify;
     use rustix::io::Errno;
     use tokio::io::unix::AsyncFd;
-    use tokio::sync::watch;
     use tokio::task::JoinHandle;
 
-    type Names = Arc<Mutex<HashMap<String, watch::Sender<u64>>>>;
+    use super::Names;
 
     /// The inotify descriptor and the task reading it (started inside a runtime, and
     /// restarted if that runtime went away).
@@ -111,6 +130,7 @@ mod linux {
                     &fd,
                     dir,
                     inotify::WatchFlags::CLOSE_WRITE
+                        | inotify::WatchFlags::ATTRIB
                         | inotify::WatchFlags::DELETE
                         | inotify::WatchFlags::MOVED_TO,
                 )?;
@@ -150,7 +170,7 @@ mod linux {
             let Ok(async_fd) = (unsafe { AsyncFd::register(Fd(fd.clone())) }) else {
                 return false;
             };
-            let names = Arc::downgrade(&self.names);
+            let names = self.names.clone();
             *task = Some(runtime.spawn(async move {
                 let mut buf = [MaybeUninit::<u8>::uninit(); 4096];
                 loop {
@@ -163,8 +183,9 @@ mod linux {
                         match reader.next() {
                             Ok(event) => {
                                 if let Some(file) = event.file_name().and_then(|f| f.to_str().ok())
-                                    && let Some((name, kind)) = file.split_once('#')
-                                    && kind != "token"
+                                    && let Some((name, _)) = file.split_once('#')
+                                    && !name.is_empty()
+                                    && touched.last().map(String::as_str) != Some(name)
                                 {
                                     touched.push(name.to_owned());
                                 }
@@ -179,14 +200,9 @@ mod linux {
                             }
                         }
                     }
-                    let Some(names) = names.upgrade() else {
-                        return;
-                    };
-                    let names = names.lock().unwrap_or_else(|e| e.into_inner());
-                    for name in touched {
-                        if let Some(version) = names.get(&name) {
-                            version.send_modify(|v| *v += 1);
-                        }
+                    // Names nobody waits on have no counter: their events are dropped.
+                    for counter in names.live(&touched) {
+                        counter.send_modify(|v| *v += 1);
                     }
                 }
             }));

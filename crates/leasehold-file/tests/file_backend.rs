@@ -30,14 +30,40 @@ async fn tokens_continue_from_disk_in_a_new_backend() {
 #[tokio::test]
 async fn a_corrupt_counter_is_an_error_not_a_guess() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("job#token"), b"garbage").unwrap();
     let c = client(dir.path());
+    c.mutex("job")
+        .unwrap()
+        .lock()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let counters = dir.path().join("#tokens");
+    let good = std::fs::read(&counters).unwrap();
+    std::fs::write(&counters, &good[..good.len() - 3]).unwrap();
     let err = c.mutex("job").unwrap().try_lock().await.unwrap_err();
     assert!(matches!(err, Error::Backend { .. }), "{err}");
     assert!(err.to_string().contains("refusing to guess"), "{err}");
     // And the lock was not left taken by the failed attempt.
-    std::fs::remove_file(dir.path().join("job#token")).unwrap();
+    std::fs::write(&counters, &good).unwrap();
     assert!(c.mutex("job").unwrap().try_lock().await.unwrap().is_some());
+}
+
+#[tokio::test]
+async fn tokens_continue_above_the_per_name_counters_of_earlier_versions() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("job#token"), 41u64.to_le_bytes()).unwrap();
+    std::fs::write(dir.path().join("other#token"), 7u64.to_le_bytes()).unwrap();
+    let c = client(dir.path());
+    let g = c.mutex("job").unwrap().lock().await.unwrap();
+    assert!(g.token().get() > 41, "{}", g.token());
+    g.release().await.unwrap();
+    assert!(!dir.path().join("job#token").exists());
+    std::fs::write(dir.path().join("bad#token"), b"garbage").unwrap();
+    std::fs::remove_file(dir.path().join("#tokens")).unwrap();
+    let err = c.mutex("bad").unwrap().try_lock().await.unwrap_err();
+    assert!(err.to_string().contains("refusing to guess"), "{err}");
 }
 
 #[tokio::test]

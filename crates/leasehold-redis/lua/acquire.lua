@@ -1,54 +1,12 @@
 -- acquire: grant the lock to OWNER, or answer busy. One integer (cheaper than a table):
---   > 0   granted, this is the token (the same token again if OWNER already holds it);
---   0     a fast-path call (2 keys) could not take the fast path: call again with all keys;
+--   > 0   granted, this is the token (the same token again if OWNER already holds it,
+--         unless FLAGS ask for a fresh one);
+--   0     (the fast path only, acquire_fast.lua) the name is not simply free;
 --   -1    busy, nothing will change without a wake-up message;
 --   < -1  busy, the state may change on its own in -(answer + 2) ms (an expiry, or the end
 --         of a Redlock node's quarantine).
-
--- The fast-path call has keys and arguments of its own: LOCK, TOKEN; owner, ttl ms (and a
--- Redlock quarantine). The client makes it only for an exclusive request without a value
--- or lock-delay that has not been waiting.
-local fast = #KEYS == 2
-
--- The next fencing token from the counter at `key`. A missing counter (a new name, or a
--- server that lost its data) starts from the server's clock in microseconds, so tokens
--- never go backwards after an empty restart as long as the server's clock does not.
-local function next_token(key)
-  local t = redis.call('INCR', key)
-  if t == 1 then
-    local now = redis.call('TIME')
-    t = tonumber(now[1]) * 1000000 + tonumber(now[2])
-    redis.call('SET', key, string.format('%d', t))
-  end
-  return t
-end
-
--- Redlock (the quarantine in ms, the last argument): a node that restarted less than the
--- quarantine ago refuses grants, so that every lock it may have forgotten (an empty
--- restart, or a snapshot older than the last grants) has expired on the other nodes first.
-local quarantine = ARGV[7]
-if fast then quarantine = ARGV[3] end
-if quarantine and quarantine ~= '0' then
-  local info = redis.call('INFO', 'server')
-  local up = tonumber(string.match(info, 'uptime_in_seconds:(%d+)') or '0') * 1000
-  quarantine = tonumber(quarantine)
-  if up < quarantine then return -(quarantine - up + 2) end
-end
--- (A Redlock node takes the fast path below as well: the quarantine came first.)
-
--- The fast path, before any other helper is defined: one INCR, one SET NX of
--- "<owner> <token>" with PX. The lock key is absent only if nobody holds, reads, waits for
--- or delays the name (see head.lua). If it is there, the token was not handed out: take it
--- back.
-if fast then
-  local token = next_token(KEYS[2])
-  if redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. string.format('%d', token), 'NX', 'PX', ARGV[2]) then
-    return token
-  end
-  redis.call('DECR', KEYS[2])
-  return 0
-end
-
+-- @token
+-- @quarantine
 -- @prologue
 -- @head
 -- @common
@@ -61,8 +19,17 @@ local foreign = check_foreign(value)
 if foreign then return foreign end
 local holder, held_token = live_holder(value, now)
 
--- Already ours (a retry after a lost reply): renew and answer with the same token.
+-- Already ours (a retry after a lost reply): renew and answer with the same token. A
+-- Redlock node answers with a fresh token instead (FRESH_TOKEN): the stored one dates from
+-- the earlier attempt, and other grants may have raised the counter since; Redlock's
+-- majority arithmetic needs every answer to stand above the counter as it is now.
 if MODE == 'x' and holder == OWNER then
+  if FRESH_TOKEN then
+    held_token = next_token(TOKEN)
+    local _, _, ends = parse_lock(value)
+    value = lock_value(OWNER, held_token, ends)
+    redis.call('SET', LOCK, value, 'KEEPTTL')
+  end
   extend_holder(value, now, ttl)
   redis.call('PEXPIRE', XINFO, ttl)
   if LOCK_DELAY > 0 then hold(DELAY, now + ttl + LOCK_DELAY, OWNER) end
@@ -75,6 +42,10 @@ if MODE ~= 'x' and redis.call('ZSCORE', zset, OWNER) then
   extend_set(zset, info)
   if LOCK_DELAY > 0 then hold(delay, now + ttl + LOCK_DELAY, OWNER) end
   local token = token_of(redis.call('HGET', info, OWNER))
+  if token ~= 0 and FRESH_TOKEN then
+    token = next_token(TOKEN)
+    redis.call('HSET', info, OWNER, info_of(token))
+  end
   if token == 0 then
     return redis.error_reply('LEASEHOLD_FOREIGN ' .. info .. ' has no token for ' .. OWNER .. '; it was not written by leasehold')
   end

@@ -1,5 +1,4 @@
--- leasehold: helpers of the slower paths.
-local CHANNEL = string.sub(LOCK, 1, -5) .. 'wake'
+-- leasehold: helpers of the slower paths. Wake-ups are published on CHANNEL.
 
 local function now_ms()
   local t = redis.call('TIME')

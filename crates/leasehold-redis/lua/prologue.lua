@@ -1,6 +1,5 @@
--- leasehold: the helper every script needs, included at its `-- @prologue` marker, after
--- its fast path: the fast paths use KEYS and ARGV directly. The names of head.lua and the
--- helpers of common.lua follow.
+-- leasehold: the helper every slower path needs, included at a body's `-- @prologue`
+-- marker, after its fast path. The values of head.lua and the helpers of common.lua follow.
 
 -- Lua numbers are doubles; tostring would write large ones with an exponent.
 local function int(n)

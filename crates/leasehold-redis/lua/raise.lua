@@ -1,11 +1,11 @@
 -- @prologue
 -- @head
 -- @common
--- raise: make sure the fencing counter is at least ARGV[6], and record ARGV[6] as OWNER's
+-- raise: make sure the fencing counter is at least FLOOR, and record FLOOR as OWNER's
 -- token if OWNER holds the lock here. Used after a client saw the server hand out a token
 -- lower than one it had already seen (the server lost data), and by Redlock to write the
 -- token of a grant back to the nodes.
-local floor = tonumber(ARGV[6])
+local floor = tonumber(FLOOR)
 local current = tonumber(redis.call('GET', TOKEN) or '0')
 if current < floor then
   redis.call('SET', TOKEN, int(floor))

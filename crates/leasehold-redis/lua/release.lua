@@ -2,17 +2,17 @@
 -- waiters that may now be granted. Returns 1 if something was removed, else 0.
 
 -- An exclusive holder whose lease is the key's (nobody waits; see head.lua): compare the
--- owner without building a string, then DEL the lock, its stored value (the 5th key when
--- passed) and its lock-delay entry (the 4th). Such a release passes the owner alone unless
--- it has a lock-delay or a value (no flags: 'x').
+-- owner without building a string, then DEL the lock, its stored value (XINFO, when the
+-- call passes it) and its lock-delay entry (DELAY, likewise). An exclusive release passes
+-- no FLAGS (they default to 'x').
 -- A value of OWNER's that carries a lease end goes on to the slower path below, as `mine`.
 local mine = false
-if not ARGV[2] or string.byte(ARGV[2]) == 120 then -- 'x'
-  local value = redis.call('GET', KEYS[1])
-  if value and string.find(value, ARGV[1], 1, true) == 1 and string.byte(value, #ARGV[1] + 1) == 32 then
-    if string.byte(value, #ARGV[1] + 2) ~= 119 then -- not "<owner> w<until> <token>"
-      if KEYS[5] then redis.call('DEL', KEYS[1], KEYS[5]) else redis.call('DEL', KEYS[1]) end
-      if KEYS[4] then redis.call('ZREM', KEYS[4], ARGV[1]) end
+if string.byte(FLAGS) == 120 then -- 'x'
+  local value = redis.call('GET', LOCK)
+  if value and string.find(value, OWNER, 1, true) == 1 and string.byte(value, #OWNER + 1) == 32 then
+    if string.byte(value, #OWNER + 2) ~= 119 then -- not "<owner> w<until> <token>"
+      if XINFO then redis.call('DEL', LOCK, XINFO) else redis.call('DEL', LOCK) end
+      if DELAY then redis.call('ZREM', DELAY, OWNER) end
       return 1
     end
     mine = value

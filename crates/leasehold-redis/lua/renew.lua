@@ -2,16 +2,16 @@
 -- Returns 1 if extended, 0 if OWNER no longer holds it.
 
 -- An exclusive holder without a lock-delay whose lease is the key's (see head.lua):
--- compare the owner (as release.lua does), then PEXPIRE the lock (and its stored value, the
--- 5th key when passed).
-if string.byte(ARGV[2]) == 120 and (ARGV[5] or '0') == '0' then
-  local value = redis.call('GET', KEYS[1])
-  if not value or string.find(value, ARGV[1], 1, true) ~= 1 or string.byte(value, #ARGV[1] + 1) ~= 32 then
+-- compare the owner (as release.lua does), then PEXPIRE the lock (and its stored value,
+-- XINFO, when the call passes it).
+if string.byte(FLAGS) == 120 and LOCK_DELAY == '0' then
+  local value = redis.call('GET', LOCK)
+  if not value or string.find(value, OWNER, 1, true) ~= 1 or string.byte(value, #OWNER + 1) ~= 32 then
     return 0
   end
-  if string.byte(value, #ARGV[1] + 2) ~= 119 then -- not "<owner> w<until> <token>"
-    redis.call('PEXPIRE', KEYS[1], ARGV[3])
-    if KEYS[5] then redis.call('PEXPIRE', KEYS[5], ARGV[3]) end
+  if string.byte(value, #OWNER + 2) ~= 119 then -- not "<owner> w<until> <token>"
+    redis.call('PEXPIRE', LOCK, TTL)
+    if XINFO then redis.call('PEXPIRE', XINFO, TTL) end
     return 1
   end
 end

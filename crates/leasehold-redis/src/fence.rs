@@ -7,7 +7,7 @@ use leasehold_core::{Error, FencingToken, Result, StaleToken};
 use redis::aio::ConnectionLike;
 use redis::{FromRedisValue, Script, ToRedisArgs, Value};
 
-use crate::map_error;
+use crate::error::map_error;
 
 /// A fence kept in one Redis key: every operation through it states its fencing token, and
 /// one whose token is lower than the highest accepted so far is refused, atomically with the
@@ -72,16 +72,19 @@ impl RedisFence {
             .invoke_async(conn)
             .await
             .map_err(|e| map_error(e, &self.key))?;
-        if applied == 1 {
-            let value = T::from_redis_value(value)
-                .map_err(|e| Error::backend(format!("redis fence on {key}: {e}"), false))?;
-            return Ok(Ok(value));
+        match applied {
+            1 => {
+                let value = T::from_redis_value(value)
+                    .map_err(|e| Error::backend(format!("redis fence on {key}: {e}"), false))?;
+                Ok(Ok(value))
+            }
+            0 => {
+                let highest = u64::from_redis_value(value.clone())
+                    .map_err(|_| crate::error::unexpected("a fence's highest token", &value))?;
+                Ok(Err(StaleToken::new(token, FencingToken::new(highest))))
+            }
+            other => Err(crate::error::unexpected("a fenced write", other)),
         }
-        let highest = i64::from_redis_value(value).unwrap_or(i64::MAX);
-        Ok(Err(StaleToken::new(
-            token,
-            FencingToken::new(u64::try_from(highest).unwrap_or(u64::MAX)),
-        )))
     }
 
     /// `GET key`, registering `token`: later operations with older tokens are refused.

@@ -510,3 +510,204 @@ async fn the_fast_path_comes_back_after_contention() {
     }
     assert_eq!(server.scripts_run().await.unwrap() - before, 6);
 }
+
+/// How many lock channels the server has subscribers for.
+async fn lock_channels(server: &Redis) -> usize {
+    match server
+        .command(&["PUBSUB", "CHANNELS", "leasehold:*"])
+        .await
+        .unwrap()
+    {
+        Resp::Array(Some(channels)) => channels.len(),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Wake-up state is kept per lock name only while something needs it: after observers of
+/// 100,000 distinct names and waiters on 1,000 more are done, the server has no
+/// subscription of ours left, and the client no wake-up state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_name_wakeup_state_returns_to_its_baseline() {
+    const OBSERVED: usize = 100_000;
+    const WAITED: usize = 1_000;
+    let server = Redis::start().await.unwrap();
+    let observer = RedisBackend::connect(&server.url()).await.unwrap();
+    let waiter = RedisBackend::connect(&server.url()).await.unwrap();
+    assert_eq!(lock_channels(&server).await, 0);
+    // Observers (an election's observe: inspect, then wait): each name gets a subscription.
+    futures_util::stream::iter(0..OBSERVED)
+        .for_each_concurrent(256, |i| {
+            let observer = observer.clone();
+            async move {
+                let name = LockName::new(&format!("order-{i}")).unwrap();
+                let state = observer.inspect(&name).await.unwrap();
+                observer
+                    .wait(&name, &state.hint, Duration::from_secs(1))
+                    .await
+                    .unwrap();
+            }
+        })
+        .await;
+    assert!(lock_channels(&server).await > 0, "no subscription was made");
+    // Waiters woken by a release, through the whole engine.
+    let holder = client(&server, Duration::from_secs(30)).await;
+    futures_util::stream::iter(0..WAITED)
+        .for_each_concurrent(64, |i| {
+            let (holder, waiter) = (&holder, &waiter);
+            async move {
+                let name = format!("job-{i}");
+                let held = holder.mutex(&name).unwrap().lock().await.unwrap();
+                let faults = Faulty::wrap(Arc::new(waiter.clone()));
+                let mutex = Client::builder(faults.clone())
+                    .options(options(Duration::from_secs(30)))
+                    .build()
+                    .mutex(&name)
+                    .unwrap();
+                let waiting = tokio::spawn(async move { mutex.lock().await.unwrap() });
+                // Subscribed (the first wait) and asleep (the second): woken by the push.
+                faults.until_calls(Op::Wait, 2).await;
+                held.release().await.unwrap();
+                waiting.await.unwrap().release().await.unwrap();
+            }
+        })
+        .await;
+    // Freed in the background once nothing needs them: wait for the server to say so.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let left = lock_channels(&server).await;
+        if left == 0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{left} lock channels are still subscribed"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(observer.wakeup_channels() + waiter.wakeup_channels(), 0);
+    // Uncontended locks make no wake-up state and no (un)subscription at all.
+    let subscriptions = || async {
+        let info = server.command(&["INFO", "commandstats"]).await.unwrap();
+        let info = info.text().unwrap();
+        ["cmdstat_subscribe:", "cmdstat_unsubscribe:"].map(|stat| {
+            info.lines()
+                .find(|l| l.starts_with(stat))
+                .map(str::to_owned)
+        })
+    };
+    let before = subscriptions().await;
+    for i in 0..100 {
+        let guard = holder
+            .mutex(&format!("free-{i}"))
+            .unwrap()
+            .lock()
+            .await
+            .unwrap();
+        guard.release().await.unwrap();
+    }
+    assert_eq!(subscriptions().await, before);
+}
+
+/// Connecting — the connection, loading the scripts, reading the configuration — is done
+/// within the connect timeout or fails: a server that answers each request after a second
+/// is refused by a 1.5 s connect timeout, since connecting takes at least two round trips
+/// (the handshake alone fits in the timeout).
+#[tokio::test]
+async fn connecting_is_bounded_by_the_connect_timeout() {
+    let server = Redis::start().await.unwrap();
+    let proxy = FaultProxy::start(server.addr()).await.unwrap();
+    proxy.set_delay(Direction::ToClient, Duration::from_secs(1));
+    let options = RedisOptions::default().connect_timeout(Duration::from_millis(1500));
+    let url = format!("redis://127.0.0.1:{}", proxy.port());
+    let started = std::time::Instant::now();
+    match RedisBackend::connect_with(&url, options).await {
+        Err(Error::Unavailable { message, .. }) => {
+            assert!(message.contains("timed out"), "{message}");
+        }
+        other => panic!(
+            "{:?} after {:?}: connecting took longer than its timeout",
+            other.map(|_| "connected"),
+            started.elapsed()
+        ),
+    }
+}
+
+/// Concurrent shared and permit grants of one client, on a multi-thread runtime, finish in
+/// any order: none of them is taken for a token regression (given back and granted again,
+/// or refused). Every try gets its grant in exactly one script call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_grants_are_not_taken_for_lost_data() {
+    const TRIES: usize = 2_000;
+    let server = Redis::start().await.unwrap();
+    let c = client(&server, Duration::from_secs(30)).await;
+    for (name, shared) in [("readers", true), ("permits", false)] {
+        let before = server.scripts_run().await.unwrap();
+        let tries = (0..TRIES).map(|_| {
+            let c = c.clone();
+            tokio::spawn(async move {
+                if shared {
+                    let guard = c.rwlock(name).unwrap().try_read().await;
+                    guard.map(|g| g.map(|g| Box::new(g) as Box<dyn std::any::Any + Send>))
+                } else {
+                    let permits = c.semaphore(name, 1_000_000).unwrap();
+                    let permit = permits.try_acquire().await;
+                    permit.map(|p| p.map(|p| Box::new(p) as Box<dyn std::any::Any + Send>))
+                }
+            })
+        });
+        let guards: Vec<_> = futures_util::future::join_all(tries)
+            .await
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+        if let Some(refused) = guards.iter().find(|g| !matches!(g, Ok(Some(_)))) {
+            let refused = refused.as_ref().map(|_| "None");
+            panic!("{name}: free, yet {refused:?}");
+        }
+        let scripts = server.scripts_run().await.unwrap() - before;
+        assert_eq!(
+            scripts, TRIES as u64,
+            "{name}: grants were given back and made again"
+        );
+        drop(guards);
+        c.settle().await;
+    }
+}
+
+/// A Redis fence is one key holding the highest token it accepted: it does not grow with
+/// the writes that go through it.
+#[tokio::test]
+async fn a_fence_is_one_key_whatever_the_number_of_writes() {
+    use leasehold_core::FencingToken;
+    use leasehold_redis::fence::RedisFence;
+
+    let server = Redis::start().await.unwrap();
+    let mut conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let fence = RedisFence::new("{stock}:fence");
+    for token in 1..=2_000u64 {
+        let written = fence
+            .incr_by(&mut conn, FencingToken::new(token), "{stock}:count", 1)
+            .await
+            .unwrap();
+        assert_eq!(written, Ok(i64::try_from(token).unwrap()));
+        // A stale holder's write is refused and leaves nothing either.
+        let stale = fence
+            .incr_by(&mut conn, FencingToken::new(token - 1), "{stock}:count", 1)
+            .await
+            .unwrap();
+        assert!(token == 1 || stale.is_err());
+    }
+    assert_eq!(
+        server.command(&["DBSIZE"]).await.unwrap(),
+        Resp::Integer(2),
+        "the fence and the count"
+    );
+    assert_eq!(
+        server.command(&["GET", "{stock}:fence"]).await.unwrap(),
+        Resp::Bulk(Some(b"2000".to_vec()))
+    );
+}

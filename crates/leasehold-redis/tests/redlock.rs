@@ -5,7 +5,10 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use leasehold_core::{Client, Error, Fence, LockOptions};
+use futures_util::StreamExt;
+use leasehold_core::backend::{Acquire, Backend, Mode, Release, Request};
+use leasehold_core::faulty::{Faulty, Op};
+use leasehold_core::{Client, Error, Fence, LockName, LockOptions, OwnerId};
 use leasehold_redis::{RedlockBackend, RedlockOptions};
 use leasehold_testkit::probe::Resp;
 use leasehold_testkit::{Direction, FaultProxy, Redis, redis_servers};
@@ -450,4 +453,288 @@ async fn tokens_increase_over_a_thousand_contended_grants_with_nodes_restarting(
             &held[i.saturating_sub(2)..(i + 3).min(held.len())]
         );
     }
+}
+
+/// How many lock channels a node has subscribers for.
+async fn lock_channels(server: &Redis) -> usize {
+    match server
+        .command(&["PUBSUB", "CHANNELS", "leasehold:*"])
+        .await
+        .unwrap()
+    {
+        Resp::Array(Some(channels)) => channels.len(),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// As for a single server: after observers of 100,000 distinct names and waiters on 300
+/// more are done, no node has a subscription of ours left, and the client no wake-up
+/// state (it kept one per name and node before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_name_wakeup_state_returns_to_its_baseline_on_every_node() {
+    const OBSERVED: usize = 100_000;
+    const WAITED: usize = 300;
+    let servers = redis_servers(3).await.unwrap();
+    let backend = RedlockBackend::connect_nodes(&urls(&servers), no_quarantine())
+        .await
+        .unwrap();
+    futures_util::stream::iter(0..OBSERVED)
+        .for_each_concurrent(256, |i| {
+            let backend = backend.clone();
+            async move {
+                let name = LockName::new(&format!("order-{i}")).unwrap();
+                let state = backend.inspect(&name).await.unwrap();
+                backend
+                    .wait(&name, &state.hint, Duration::from_secs(1))
+                    .await
+                    .unwrap();
+            }
+        })
+        .await;
+    for server in &servers {
+        assert!(lock_channels(server).await > 0, "no subscription was made");
+    }
+    let holder = client(&urls(&servers), no_quarantine(), Duration::from_secs(30)).await;
+    futures_util::stream::iter(0..WAITED)
+        .for_each_concurrent(32, |i| {
+            let (holder, backend) = (&holder, &backend);
+            async move {
+                let name = format!("job-{i}");
+                let held = holder.mutex(&name).unwrap().lock().await.unwrap();
+                let faults = Faulty::wrap(Arc::new(backend.clone()));
+                let mutex = Client::builder(faults.clone())
+                    .options(
+                        LockOptions::builder()
+                            .ttl(Duration::from_secs(30))
+                            .request_timeout(Duration::from_secs(2))
+                            .build()
+                            .unwrap(),
+                    )
+                    .build()
+                    .mutex(&name)
+                    .unwrap();
+                let waiting = tokio::spawn(async move { mutex.lock().await.unwrap() });
+                // Subscribed (the first wait) and asleep (the second): woken by the push.
+                faults.until_calls(Op::Wait, 2).await;
+                held.release().await.unwrap();
+                waiting.await.unwrap().release().await.unwrap();
+            }
+        })
+        .await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    for server in &servers {
+        loop {
+            let left = lock_channels(server).await;
+            if left == 0 {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{left} lock channels are still subscribed on a node"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    assert_eq!(backend.wakeup_channels(), 0);
+}
+
+/// One stalled node (SIGSTOP) does not hold up connecting while a majority answers; it is
+/// connected in the background once it answers again. (Its connect timeout is a minute:
+/// connecting that waited for it would not end within the test's bound.)
+#[tokio::test]
+async fn a_paused_node_does_not_hold_up_connecting() {
+    let servers = redis_servers(3).await.unwrap();
+    servers[2].pause();
+    let options = no_quarantine()
+        .redis(leasehold_redis::RedisOptions::default().connect_timeout(Duration::from_secs(60)));
+    let backend = tokio::time::timeout(
+        Duration::from_secs(20),
+        RedlockBackend::connect_nodes(&urls(&servers), options),
+    )
+    .await
+    .expect("connecting waited for the paused node")
+    .unwrap();
+    let c = Client::builder(backend)
+        .options(
+            LockOptions::builder()
+                .ttl(Duration::from_secs(5))
+                .request_timeout(Duration::from_secs(2))
+                .build()
+                .unwrap(),
+        )
+        .build();
+    let guard = c
+        .mutex("job")
+        .unwrap()
+        .try_lock()
+        .await
+        .unwrap()
+        .expect("2 of 3");
+    guard.release().await.unwrap();
+    servers[2].resume();
+    // The paused node is reached in the background: grants come to include it.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let guard = c.mutex("job").unwrap().lock().await.unwrap();
+        let included = holds(&servers[2], "job").await;
+        guard.release().await.unwrap();
+        if included {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the resumed node was never used"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// An exclusive request on `name` by a new owner.
+fn exclusive(name: &str, ttl: Duration) -> Request {
+    Request::new(
+        LockName::new(name).unwrap(),
+        OwnerId::generate(),
+        Mode::Exclusive,
+        ttl,
+    )
+}
+
+/// The value of `name`'s lock key on a node, if any.
+async fn lock_value(server: &Redis, name: &str) -> Option<String> {
+    match server
+        .command(&["GET", &format!("leasehold:{{{name}}}:lock")])
+        .await
+        .unwrap()
+    {
+        Resp::Bulk(value) => value.map(|v| String::from_utf8(v).unwrap()),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Closes every connection through `link`, dropping the bytes it held, then heals it (new
+/// connections are refused meanwhile: the client reconnects at once).
+async fn reset_and_heal(link: &FaultProxy) {
+    link.refuse_new(true);
+    link.reset();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while link.connections() > 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "connections stay open"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    link.heal();
+}
+
+/// Polls a node until `done` holds for the lock key of "job" (server-side state).
+async fn until_lock(server: &Redis, done: impl Fn(Option<&str>) -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !done(lock_value(server, "job").await.as_deref()) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the lock key never changed"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// A retry that adopts a grant an earlier attempt left on a node gets a token above every
+/// grant made meanwhile. Two link faults: O's first attempt reaches node A but its answer
+/// is lost; P then wins B and C with token 51, but its write-back to B is lost, so B's
+/// counter stays low. O's retry wins A (where its old grant holds token 6) and B (12):
+/// answering with the stored 6 made O's token 12, below P's 51, though O was granted
+/// after P.
+#[tokio::test]
+async fn a_retry_that_adopts_an_earlier_grant_gets_a_token_above_grants_made_since() {
+    let servers = redis_servers(3).await.unwrap();
+    for (server, at) in servers.iter().zip(["5", "10", "50"]) {
+        server
+            .command(&["SET", "leasehold:{job}:token", at])
+            .await
+            .unwrap();
+    }
+    let mut o_links = Vec::new();
+    let mut p_links = Vec::new();
+    for server in &servers {
+        o_links.push(FaultProxy::start(server.addr()).await.unwrap());
+        p_links.push(FaultProxy::start(server.addr()).await.unwrap());
+    }
+    let via = |links: &[FaultProxy]| -> Vec<String> {
+        links
+            .iter()
+            .map(|l| format!("redis://127.0.0.1:{}", l.port()))
+            .collect()
+    };
+    let o = RedlockBackend::connect_nodes(
+        &via(&o_links),
+        no_quarantine()
+            .node_timeout(Duration::from_secs(1))
+            .unwrap(),
+    )
+    .await
+    .unwrap();
+    let p = RedlockBackend::connect_nodes(
+        &via(&p_links),
+        no_quarantine()
+            .node_timeout(Duration::from_secs(3))
+            .unwrap(),
+    )
+    .await
+    .unwrap();
+    let (a, b, c) = (&servers[0], &servers[1], &servers[2]);
+
+    // O's first attempt: granted on A, the answer lost; B and C never see it.
+    let o_req = exclusive("job", Duration::from_secs(30));
+    o_links[0].cut(Direction::ToClient);
+    o_links[1].cut(Direction::Both);
+    o_links[2].cut(Direction::Both);
+    let first = tokio::spawn({
+        let (o, o_req) = (o.clone(), o_req.clone());
+        async move { o.acquire(&o_req).await }
+    });
+    let owner = format!("{} ", o_req.owner);
+    until_lock(a, |v| v.is_some_and(|v| v.starts_with(&owner))).await;
+    // Its clean-up release does not get through either; the link then drops what it held.
+    o_links[0].cut(Direction::ToServer);
+    assert!(first.await.unwrap().is_err(), "no node answered O");
+    for link in &o_links {
+        reset_and_heal(link).await;
+    }
+    assert_eq!(lock_value(a, "job").await, Some(format!("{owner}6")));
+
+    // P wins B (11) and C (51): token 51. Its write-back reaches A and C, not B.
+    let p_req = exclusive("job", Duration::from_secs(3));
+    p_links[1].set_delay(Direction::ToClient, Duration::from_millis(1500));
+    let granted = tokio::spawn({
+        let (p, p_req) = (p.clone(), p_req.clone());
+        async move { p.acquire(&p_req).await }
+    });
+    let p_owner = format!("{} ", p_req.owner);
+    until_lock(b, |v| v.is_some_and(|v| v.starts_with(&p_owner))).await;
+    p_links[1].cut(Direction::ToServer);
+    let Acquire::Granted(p_grant) = granted.await.unwrap().unwrap() else {
+        panic!("P was not granted by B and C");
+    };
+    assert_eq!(p_grant.token.get(), 51);
+    assert!(matches!(
+        p.release(&p_req).await.unwrap(),
+        Release::Released
+    ));
+    reset_and_heal(&p_links[1]).await;
+    // P's grant on B runs out (its release was lost with the link).
+    until_lock(b, |v| v.is_none()).await;
+    assert!(lock_value(c, "job").await.is_none());
+
+    // O tries again with the same owner; A and B answer first.
+    o_links[2].set_delay(Direction::ToClient, Duration::from_millis(500));
+    let Acquire::Granted(o_grant) = o.acquire(&o_req).await.unwrap() else {
+        panic!("O was not granted by A and B");
+    };
+    assert!(
+        o_grant.token > p_grant.token,
+        "O was granted after P with token {} below P's {}",
+        o_grant.token,
+        p_grant.token
+    );
 }

@@ -9,16 +9,28 @@
 //!   token of its majority and, unless a majority already answered with that token, writes
 //!   it back to a majority (a second round) before the guard is returned. Any later
 //!   grant's majority meets that one in at least one node, so its token is higher. That
-//!   holds as long as nodes do not lose data.
+//!   holds as long as nodes do not lose data. A node answers every grant with a token
+//!   drawn now, also a retry that finds the owner holding there already (the token stored
+//!   by the earlier attempt may lie below grants made since).
 //! - A node that restarted refuses grants for a quarantine (by default the request's ttl),
 //!   so that the locks it may have forgotten expire everywhere first.
 //! - Configurations that break the quorum are refused: no nodes, or one server twice
 //!   (by address, or by run id behind different addresses). An even N is warned about.
+//! - Connecting returns once a majority of nodes is connected; the others are connected in
+//!   the background and used once their run id is checked.
 //!
 //! See `docs/backends/redlock.md` for what this can and cannot promise.
+//!
+//! The folder: `options.rs` (options and URL parameters), `connect.rs` (refused
+//! configurations, reaching the nodes), `quorum.rs` (the majority arithmetic), this file
+//! (the [`Backend`]). Each node is a `Node` (`../node.rs`): the few requests Redlock
+//! makes of a Redis server.
 
-use std::collections::{HashMap, HashSet};
-use std::net::SocketAddr;
+mod connect;
+mod options;
+mod quorum;
+
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -30,76 +42,11 @@ use leasehold_core::backend::{
     Acquire, Backend, Capabilities, Expiry, Grant, Holder, LockState, Release, Renewal, Request,
     TokenDurability, WaitHint, Waiter,
 };
-use leasehold_core::{
-    Error, FencingToken, LockName, LossReason, OwnerId, Result, parse_duration, redact_url,
-};
+use leasehold_core::{Error, FencingToken, LockName, LossReason, OwnerId, Result};
 
-use crate::{RedisBackend, RedisOptions, millis_up};
-
-/// Options of a [`RedlockBackend`] (also settable as URL query parameters).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RedlockOptions {
-    redis: RedisOptions,
-    node_timeout: Duration,
-    fencing: bool,
-    quarantine: Option<Duration>,
-}
-
-impl Default for RedlockOptions {
-    /// 50 ms per node, fencing write-back on, quarantine = each request's ttl, key prefix
-    /// `leasehold`.
-    fn default() -> Self {
-        Self {
-            redis: RedisOptions::default(),
-            node_timeout: Duration::from_millis(50),
-            fencing: true,
-            quarantine: None,
-        }
-    }
-}
-
-impl RedlockOptions {
-    /// Key prefix and connect timeout, as for a single server.
-    pub fn redis(mut self, redis: RedisOptions) -> Self {
-        self.redis = redis;
-        self
-    }
-
-    /// How long one node may take to answer; keep it small next to the lease.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidArgument`] for zero or more than 10 s.
-    pub fn node_timeout(mut self, timeout: Duration) -> Result<Self> {
-        if timeout.is_zero() || timeout > Duration::from_secs(10) {
-            return Err(Error::invalid(
-                "node timeout",
-                format!("{timeout:?} is not between 1 ms and 10 s"),
-            ));
-        }
-        self.node_timeout = timeout;
-        Ok(self)
-    }
-
-    /// `true` (the default): unless a majority already stands at the grant's token, write
-    /// it back to a majority before the grant is used, so tokens strictly increase.
-    /// `false`: never a second round, but tokens taken from different majorities may go
-    /// backwards; do not fence with them.
-    pub fn fencing(mut self, fencing: bool) -> Self {
-        self.fencing = fencing;
-        self
-    }
-
-    /// How long a node refuses grants after it (re)started: it may have lost locks (an
-    /// empty restart, or a snapshot older than the last grants). Must be at least the
-    /// longest lease any client uses on these nodes; by default each request's own ttl.
-    /// Zero turns the check off (then restart nodes only after the longest lease, or run
-    /// them with `appendfsync always`).
-    pub fn quarantine(mut self, quarantine: Duration) -> Self {
-        self.quarantine = Some(quarantine);
-        self
-    }
-}
+use crate::node::Node;
+pub use options::RedlockOptions;
+use quorum::{out_of_reach, quorum, validity};
 
 /// Locks held by a majority of independent Redis masters.
 #[derive(Debug, Clone)]
@@ -109,7 +56,7 @@ pub struct RedlockBackend {
 
 #[derive(Debug)]
 struct Inner {
-    nodes: Vec<RedisBackend>,
+    nodes: Arc<connect::Nodes>,
     quorum: usize,
     options: RedlockOptions,
     warnings: Vec<String>,
@@ -128,7 +75,13 @@ impl RedlockBackend {
     /// Connects to `redlock://[user:password@]host:port,host:port,...[/db][?params]`.
     ///
     /// Parameters: `prefix`, `connect_timeout`, `node_timeout` (default `50ms`), `fencing`
-    /// (`true`/`false`), `quarantine` (a duration).
+    /// (`true`/`false`), `quarantine` (a duration), `tls`, `tls_ca`, `tls_cert`, `tls_key`.
+    ///
+    /// Returns once a majority of the nodes is connected (each attempt bounded by the
+    /// connect timeout) and the others had `node_timeout` more; nodes not connected by then
+    /// are tried again in the background, with backoff, and used once connected. A node is
+    /// used only after its run id is checked against the others': one found to be another
+    /// node's server is refused here, or left out (and logged) if found later.
     ///
     /// # Cancel safety
     ///
@@ -140,7 +93,7 @@ impl RedlockBackend {
     /// (credentials redacted); [`Error::Unavailable`] if fewer than a majority of the nodes
     /// can be reached.
     pub async fn connect(url: &str) -> Result<Self> {
-        let (nodes, options) = parse_url(url)?;
+        let (nodes, options) = options::parse_url(url)?;
         Self::connect_nodes(&nodes, options).await
     }
 
@@ -154,82 +107,34 @@ impl RedlockBackend {
     ///
     /// As for [`connect`](RedlockBackend::connect).
     pub async fn connect_nodes(urls: &[String], options: RedlockOptions) -> Result<Self> {
-        if urls.is_empty() {
-            return Err(Error::invalid(
-                "redlock nodes",
-                "at least one node is needed",
-            ));
-        }
-        refuse_same_address(urls).await?;
-        let quorum = urls.len() / 2 + 1;
-        let mut warnings = Vec::new();
-        if urls.len().is_multiple_of(2) {
-            warnings.push(format!(
-                "{} nodes: an even number tolerates no more failures than {} nodes and needs a \
-                 larger majority ({quorum}); use an odd number",
-                urls.len(),
-                urls.len() - 1
-            ));
-        }
-        // Connect to all at once; nodes that are down now are reached lazily later.
-        let eager = join_all(
-            urls.iter()
-                .map(|url| RedisBackend::open(url, options.redis.clone(), false)),
-        )
-        .await;
-        let mut nodes = Vec::with_capacity(urls.len());
-        let mut reached = Vec::new();
-        for (url, node) in urls.iter().zip(eager) {
-            match node {
-                Ok(node) => {
-                    reached.push((url, node.clone()));
-                    nodes.push(node);
-                }
-                Err(error) => {
-                    warnings.push(format!("{} is not reachable yet: {error}", redact_url(url)));
-                    nodes.push(RedisBackend::open(url, options.redis.clone(), true).await?);
-                }
-            }
-        }
-        if reached.len() < quorum {
-            return Err(Error::unavailable(format!(
-                "only {} of {} redis nodes are reachable; a majority ({quorum}) is needed",
-                reached.len(),
-                urls.len()
-            )));
-        }
-        // The same server behind two addresses (an alias, NAT) would count twice.
-        let mut seen: HashMap<String, &String> = HashMap::new();
-        for (url, node) in &reached {
-            let id = node.run_id().await?;
-            if let Some(first) = seen.insert(id, url) {
-                return Err(Error::invalid(
-                    "redlock nodes",
-                    format!(
-                        "{} and {} are the same redis server; every node must be independent",
-                        redact_url(first),
-                        redact_url(url)
-                    ),
-                ));
-            }
-        }
+        let (nodes, warnings) = connect::connect(urls, &options).await?;
         for warning in &warnings {
             tracing::warn!("redlock: {warning}");
         }
         Ok(Self {
             inner: Arc::new(Inner {
+                quorum: quorum(urls.len()),
                 nodes,
-                quorum,
                 options,
                 warnings,
             }),
         })
     }
 
-    /// Configuration problems found on connecting (an even number of nodes, unreachable
-    /// nodes).
+    /// Configuration problems found on connecting (an even number of nodes, nodes not
+    /// connected yet).
     pub fn warnings(&self) -> &[String] {
         &self.inner.warnings
+    }
+
+    /// How many lock names this client keeps wake-up state (and a subscription) for, summed
+    /// over the nodes: see [`RedisBackend::wakeup_channels`](crate::RedisBackend::wakeup_channels).
+    pub fn wakeup_channels(&self) -> usize {
+        self.inner
+            .nodes
+            .connected()
+            .map(Node::wakeup_channels)
+            .sum()
     }
 
     /// The number of nodes that must agree.
@@ -237,22 +142,32 @@ impl RedlockBackend {
         self.inner.quorum
     }
 
+    /// Runs `call` on node `i`, bounded by the node timeout; an error if it is not
+    /// connected (yet).
+    async fn on<'a, T, F, Fut>(&'a self, i: usize, call: F) -> Result<T>
+    where
+        F: FnOnce(&'a Node) -> Fut,
+        Fut: Future<Output = Result<T>>,
+    {
+        let Some(node) = self.inner.nodes.get(i) else {
+            return Err(Error::unavailable(format!(
+                "redis node {} is not connected yet",
+                i + 1
+            )));
+        };
+        let limit = self.inner.options.node_timeout;
+        tokio::time::timeout(limit, call(node))
+            .await
+            .unwrap_or(Err(Error::Timeout(limit)))
+    }
+
     /// Runs `call` on every node at once, each bounded by the node timeout.
     async fn each<'a, T, F, Fut>(&'a self, call: F) -> Vec<Result<T>>
     where
-        F: Fn(&'a RedisBackend) -> Fut,
+        F: Fn(&'a Node) -> Fut,
         Fut: Future<Output = Result<T>>,
     {
-        let limit = self.inner.options.node_timeout;
-        join_all(self.inner.nodes.iter().map(|node| {
-            let request = call(node);
-            async move {
-                tokio::time::timeout(limit, request)
-                    .await
-                    .unwrap_or(Err(Error::Timeout(limit)))
-            }
-        }))
-        .await
+        join_all((0..self.inner.nodes.len()).map(|i| self.on(i, &call))).await
     }
 
     /// Runs `call` on every node at once (each bounded by the node timeout) and returns as
@@ -264,24 +179,12 @@ impl RedlockBackend {
         enough: impl Fn(&[(usize, Result<T>)]) -> bool,
     ) -> Vec<(usize, Result<T>)>
     where
-        F: Fn(&'a RedisBackend) -> Fut,
+        F: Fn(&'a Node) -> Fut,
         Fut: Future<Output = Result<T>>,
     {
-        let limit = self.inner.options.node_timeout;
-        let mut pending: FuturesUnordered<_> = self
-            .inner
-            .nodes
-            .iter()
-            .enumerate()
-            .map(|(i, node)| {
-                let request = call(node);
-                async move {
-                    let answer = tokio::time::timeout(limit, request)
-                        .await
-                        .unwrap_or(Err(Error::Timeout(limit)));
-                    (i, answer)
-                }
-            })
+        let call = &call;
+        let mut pending: FuturesUnordered<_> = (0..self.inner.nodes.len())
+            .map(|i| async move { (i, self.on(i, call).await) })
             .collect();
         let mut answers = Vec::with_capacity(self.inner.nodes.len());
         while let Some(answer) = pending.next().await {
@@ -326,106 +229,6 @@ impl RedlockBackend {
     }
 }
 
-/// Refuses two URLs that resolve to a common address.
-async fn refuse_same_address(urls: &[String]) -> Result<()> {
-    let mut owners: HashMap<SocketAddr, &String> = HashMap::new();
-    for url in urls {
-        let authority = url
-            .split_once("://")
-            .map_or(url.as_str(), |(_, rest)| rest)
-            .split(['/', '?'])
-            .next()
-            .unwrap_or_default();
-        let hostport = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
-        let Ok(addrs) = tokio::net::lookup_host(hostport).await else {
-            continue; // unresolvable now: the connection attempt will say so
-        };
-        let addrs: HashSet<SocketAddr> = addrs.collect();
-        for addr in addrs {
-            if let Some(first) = owners.insert(addr, url)
-                && first != url
-            {
-                return Err(Error::invalid(
-                    "redlock nodes",
-                    format!(
-                        "{} and {} both reach {addr}; every node must be independent",
-                        redact_url(first),
-                        redact_url(url)
-                    ),
-                ));
-            }
-        }
-    }
-    let unique: HashSet<&String> = urls.iter().collect();
-    if unique.len() != urls.len() {
-        return Err(Error::invalid(
-            "redlock nodes",
-            "a node is listed twice; every node must be independent",
-        ));
-    }
-    Ok(())
-}
-
-/// Splits `redlock://[auth@]h1:p1,h2:p2[/db][?params]` into node URLs and options.
-fn parse_url(url: &str) -> Result<(Vec<String>, RedlockOptions)> {
-    let shown = redact_url(url);
-    let invalid = |reason: String| Error::invalid("url", format!("{shown}: {reason}"));
-    let Some(rest) = url.strip_prefix("redlock://") else {
-        return Err(invalid("expected redlock://host:port,host:port,...".into()));
-    };
-    let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
-    let (authority, path) = match rest.find('/') {
-        Some(i) => rest.split_at(i),
-        None => (rest, ""),
-    };
-    let (auth, hosts) = match authority.rsplit_once('@') {
-        Some((auth, hosts)) => (format!("{auth}@"), hosts),
-        None => (String::new(), authority),
-    };
-    let mut options = RedlockOptions::default();
-    let mut scheme = "redis";
-    for param in query.split('&').filter(|p| !p.is_empty()) {
-        let (key, value) = param.split_once('=').unwrap_or((param, ""));
-        match key {
-            "tls" => {
-                let on: bool = value
-                    .parse()
-                    .map_err(|_| invalid(format!("tls={value:?} is not true or false")))?;
-                scheme = if on { "rediss" } else { "redis" };
-            }
-            tls if options.redis.tls.read_param(tls, value)? => {}
-            "prefix" => options.redis = options.redis.prefix(value)?,
-            "connect_timeout" => {
-                options.redis = options.redis.connect_timeout(parse_duration(value)?);
-            }
-            "node_timeout" => options = options.node_timeout(parse_duration(value)?)?,
-            "quarantine" => options = options.quarantine(parse_duration(value)?),
-            "fencing" => {
-                options.fencing = value
-                    .parse()
-                    .map_err(|_| invalid(format!("fencing={value:?} is not true or false")))?;
-            }
-            other => {
-                return Err(invalid(format!(
-                    "unknown parameter {other:?}; known: prefix, connect_timeout, node_timeout, \
-                     quarantine, fencing, tls, tls_ca, tls_cert, tls_key"
-                )));
-            }
-        }
-    }
-    let nodes: Vec<String> = hosts
-        .split(',')
-        .filter(|h| !h.trim().is_empty())
-        .map(|h| format!("{scheme}://{auth}{}{path}", h.trim()))
-        .collect();
-    if nodes.is_empty() {
-        return Err(invalid(
-            "no nodes; list them as host:port,host:port,...".into(),
-        ));
-    }
-    Ok((nodes, options))
-}
-
 #[async_trait]
 impl Backend for RedlockBackend {
     fn capabilities(&self) -> Capabilities {
@@ -445,18 +248,14 @@ impl Backend for RedlockBackend {
 
     async fn acquire(&self, req: &Request) -> Result<Acquire> {
         let node_req = Self::node_request(req);
-        let quarantine = match self.inner.options.quarantine {
-            Some(q) if q.is_zero() => 0,
-            Some(q) => millis_up(q),
-            None => millis_up(req.ttl),
-        };
+        let quarantine = self.inner.options.quarantine.unwrap_or(req.ttl);
         let quorum = self.inner.quorum;
         let started = std::time::Instant::now();
         // Done as soon as a majority granted: a node that grants later grants to the same
         // owner, and renewal and release reach every node.
         let answers = self
             .until(
-                |node| node.acquire_node(&node_req, quarantine),
+                |node| node.acquire(&node_req, quarantine),
                 |answers| {
                     answers
                         .iter()
@@ -473,18 +272,17 @@ impl Backend for RedlockBackend {
         let mut to_release = Vec::new();
         let mut answered = 0;
         for (i, answer) in answers {
-            let node = &self.inner.nodes[i];
             match answer {
                 Ok(Acquire::Granted(grant)) => {
                     answered += 1;
                     tokens.push(grant.token);
-                    to_release.push(node);
+                    to_release.push(i);
                 }
                 Ok(Acquire::Busy(hint)) => {
                     answered += 1;
                     hints[i] = hint;
                 }
-                Err(_) => to_release.push(node),
+                Err(_) => to_release.push(i),
             }
         }
         if tokens.len() >= self.inner.quorum
@@ -497,7 +295,7 @@ impl Backend for RedlockBackend {
             let written = if self.inner.options.fencing && at_max < quorum {
                 let raised = self
                     .until(
-                        |node| node.raise_node(&node_req, token.get()),
+                        |node| node.raise(&node_req, token.get()),
                         |answers| answers.iter().filter(|(_, a)| a.is_ok()).count() >= quorum,
                     )
                     .await;
@@ -505,13 +303,10 @@ impl Backend for RedlockBackend {
             } else {
                 self.inner.nodes.len()
             };
-            let ttl = Duration::from_millis(millis_up(req.ttl));
-            let elapsed = started.elapsed();
-            if written >= quorum && elapsed < ttl {
-                return Ok(Acquire::Granted(Grant::new(
-                    token,
-                    Expiry::After(ttl - elapsed),
-                )));
+            if written >= quorum
+                && let Some(left) = validity(Node::lease(req.ttl), started.elapsed())
+            {
+                return Ok(Acquire::Granted(Grant::new(token, Expiry::After(left))));
             }
         }
         // Not granted: give back every part, also where the answer was lost. Without enough
@@ -519,11 +314,11 @@ impl Backend for RedlockBackend {
         if answered < self.inner.quorum || tokens.len() >= self.inner.quorum {
             self.release_everywhere(&node_req).await;
         } else {
-            let limit = self.inner.options.node_timeout;
+            let node_req = &node_req;
             join_all(
                 to_release
                     .into_iter()
-                    .map(|node| tokio::time::timeout(limit, node.release(&node_req))),
+                    .map(|i| self.on(i, move |node| node.release(node_req))),
             )
             .await;
         }
@@ -549,13 +344,11 @@ impl Backend for RedlockBackend {
             .iter()
             .filter(|a| matches!(a, Ok(Renewal::Lost(_))))
             .count();
-        let ttl = Duration::from_millis(millis_up(req.ttl));
         if renewed >= self.inner.quorum {
-            return Ok(Renewal::Renewed(Expiry::After(
-                ttl.saturating_sub(started.elapsed()),
-            )));
+            let left = validity(Node::lease(req.ttl), started.elapsed());
+            return Ok(Renewal::Renewed(Expiry::After(left.unwrap_or_default())));
         }
-        if gone > self.inner.nodes.len() - self.inner.quorum {
+        if out_of_reach(self.inner.nodes.len(), gone) {
             // Too few nodes still hold it for a majority ever to renew again.
             return Ok(Renewal::Lost(LossReason::NotOwner));
         }
@@ -586,14 +379,16 @@ impl Backend for RedlockBackend {
             return Ok(());
         };
         let nodes = &self.inner.nodes;
-        // First make sure every node will push a wake-up (a node's first wait subscribes).
-        let unsubscribed: Vec<_> = nodes
-            .iter()
-            .zip(&hint.nodes)
-            .filter(|(_, h)| {
-                h.get::<crate::wakeups::Ticket>()
-                    .is_some_and(|t| !t.subscribed)
-            })
+        let with_hints = || {
+            hint.nodes
+                .iter()
+                .enumerate()
+                .filter_map(|(i, h)| Some((nodes.get(i)?, h)))
+        };
+        // First make sure every node will push a wake-up (a node's first wait subscribes
+        // and returns).
+        let unsubscribed: Vec<_> = with_hints()
+            .filter(|(_, h)| Node::must_subscribe(h))
             .collect();
         if !unsubscribed.is_empty() {
             join_all(
@@ -604,10 +399,8 @@ impl Backend for RedlockBackend {
             .await;
             return Ok(());
         }
-        let waits: Vec<_> = nodes
-            .iter()
-            .zip(&hint.nodes)
-            .filter(|(_, h)| h.get::<crate::wakeups::Ticket>().is_some())
+        let waits: Vec<_> = with_hints()
+            .filter(|(_, h)| Node::can_wait(h))
             .map(|(node, h)| Box::pin(node.wait(name, h, max)))
             .collect();
         if waits.is_empty() {
@@ -673,63 +466,5 @@ impl Backend for RedlockBackend {
         }
         state.holders.sort_by_key(|h| h.token);
         Ok(state)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn urls_become_node_urls_with_shared_credentials() {
-        let (nodes, options) =
-            parse_url("redlock://u:pw@h1:1,h2:2,h3:3/2?node_timeout=20ms&fencing=false").unwrap();
-        assert_eq!(
-            nodes,
-            [
-                "redis://u:pw@h1:1/2",
-                "redis://u:pw@h2:2/2",
-                "redis://u:pw@h3:3/2"
-            ]
-        );
-        assert_eq!(options.node_timeout, Duration::from_millis(20));
-        assert!(!options.fencing);
-        for bad in [
-            "redlock://",
-            "redlock://h:1?nosuch=1",
-            "redlock://h:1?node_timeout=0ms",
-            "redlock://h:1?fencing=maybe",
-            "redis://h:1",
-        ] {
-            assert!(
-                matches!(parse_url(bad), Err(Error::InvalidArgument { .. })),
-                "{bad}"
-            );
-        }
-        let err = parse_url("redlock://u:hunter2@h:1?nosuch=1").unwrap_err();
-        assert!(!err.to_string().contains("hunter2"));
-    }
-
-    #[tokio::test]
-    async fn the_same_address_twice_is_refused() {
-        for urls in [
-            vec![
-                "redis://127.0.0.1:7001".to_owned(),
-                "redis://127.0.0.1:7001".to_owned(),
-            ],
-            vec![
-                "redis://localhost:7001".to_owned(),
-                "redis://127.0.0.1:7001".to_owned(),
-            ],
-        ] {
-            let err = refuse_same_address(&urls).await.unwrap_err();
-            assert!(matches!(err, Error::InvalidArgument { .. }), "{err}");
-        }
-        refuse_same_address(&[
-            "redis://127.0.0.1:7001".to_owned(),
-            "redis://127.0.0.1:7002".to_owned(),
-        ])
-        .await
-        .unwrap();
     }
 }

@@ -1,0 +1,379 @@
+//! [`RedisBackend`]: the [`Backend`] of one Redis server.
+
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use leasehold_core::backend::{
+    Acquire, Backend, Capabilities, Expiry, Grant, LockState, Mode, Release, Renewal, Request,
+    TokenDurability, WaitHint,
+};
+use leasehold_core::{Error, FencingToken, LockName, LossReason, OwnerId, Result};
+use redis::FromRedisValue;
+use redis::aio::ConnectionManager;
+
+use crate::connection;
+use crate::error::map_error;
+use crate::floors::{Floor, Floors};
+use crate::options::{RedisOptions, ReplicaAck, parse_url};
+use crate::reply::{self, Acquired};
+use crate::script::{CALLS, Call, Keys, Values, millis_up};
+use crate::wakeups::{Router, Seen, Ticket, Wakeups};
+
+/// A Redis server holding locks. Clones share one multiplexed connection.
+#[derive(Debug, Clone)]
+pub struct RedisBackend {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    conn: ConnectionManager,
+    options: RedisOptions,
+    wakeups: Arc<Wakeups>,
+    /// Per name: the highest token this client saw granted, and to whom.
+    floors: Mutex<Floors>,
+    warnings: Vec<String>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Ends the sweep of unused wake-up channels.
+        self.wakeups.close();
+    }
+}
+
+/// Drops and unsubscribes wake-up channels nobody has used for a while, as long as the
+/// backend lives (see `wakeups.rs`). Holds the backend only while it sweeps.
+async fn sweep_unused_channels(inner: Weak<Inner>, wakeups: Arc<Wakeups>) {
+    while let Some(due) = wakeups.next_sweep().await {
+        tokio::time::sleep_until(due).await;
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        let mut conn = inner.conn.clone();
+        let limit = inner.options.connect_limit();
+        drop(inner);
+        wakeups.sweep(&mut conn, limit).await;
+    }
+}
+
+/// How a Redlock node's acquire differs from a single server's.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct NodeAcquire {
+    /// How long after its start the node refuses grants, in ms (0: not at all).
+    pub(crate) quarantine_ms: u64,
+    /// An owner that holds already gets a fresh token rather than its stored one.
+    pub(crate) fresh_token: bool,
+}
+
+impl RedisBackend {
+    /// Connects to the server at `url` (see the crate docs for the URL form).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future abandons the connection attempt.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for a malformed URL (credentials redacted);
+    /// [`Error::Unavailable`] if the server cannot be reached.
+    pub async fn connect(url: &str) -> Result<Self> {
+        let (url, options) = parse_url(url)?;
+        Self::connect_with(&url, options).await
+    }
+
+    /// Connects with explicit options (URL query parameters are not read).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future abandons the connection attempt.
+    ///
+    /// # Errors
+    ///
+    /// As for [`connect`](RedisBackend::connect).
+    pub async fn connect_with(url: &str, options: RedisOptions) -> Result<Self> {
+        Ok(Self::open(url, options, false).await?.0)
+    }
+
+    /// Connects to `url` (within the options' connect timeout); with `run_id`, also reads
+    /// the server's run id.
+    pub(crate) async fn open(
+        url: &str,
+        options: RedisOptions,
+        run_id: bool,
+    ) -> Result<(Self, Option<String>)> {
+        let wakeups = Arc::new(Wakeups::default());
+        let connected = connection::connect(url, &options, Router(wakeups.clone()), run_id).await?;
+        let inner = Arc::new(Inner {
+            conn: connected.conn,
+            options,
+            wakeups: wakeups.clone(),
+            floors: Mutex::new(Floors::default()),
+            warnings: connected.warnings,
+        });
+        tokio::spawn(sweep_unused_channels(Arc::downgrade(&inner), wakeups));
+        Ok((Self { inner }, connected.run_id))
+    }
+
+    /// Configuration problems found on connecting (an eviction policy that can delete lock
+    /// keys).
+    pub fn warnings(&self) -> &[String] {
+        &self.inner.warnings
+    }
+
+    /// How many lock names this client keeps wake-up state (and a subscription) for: those
+    /// with a waiter or an observer in this process, and for about a second those whose
+    /// last one left. For monitoring: it does not grow with the names ever locked.
+    pub fn wakeup_channels(&self) -> usize {
+        self.inner.wakeups.channels()
+    }
+
+    fn keys(&self, name: &LockName) -> Keys {
+        Keys::new(self.inner.options.key_prefix(), name)
+    }
+
+    /// Runs `call` with `keys` and `values`, loading its script if the server lost it.
+    async fn run<T: FromRedisValue>(
+        &self,
+        call: &Call,
+        keys: &Keys,
+        values: &Values<'_>,
+    ) -> Result<T> {
+        let cmd = call.cmd(keys, values);
+        let mut conn = self.inner.conn.clone();
+        let name = &values.req.name;
+        match cmd.query_async(&mut conn).await {
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                call.script()
+                    .load_async(&mut conn)
+                    .await
+                    .map_err(|e| map_error(e, name))?;
+                cmd.query_async(&mut conn).await
+            }
+            answer => answer,
+        }
+        .map_err(|e| map_error(e, name))
+    }
+
+    /// An acquire as one Redlock node (no token-floor check: Redlock's majority does it).
+    pub(crate) async fn acquire_node(&self, req: &Request, node: NodeAcquire) -> Result<Acquire> {
+        let keys = self.keys(&req.name);
+        self.acquire_once(req, &keys, node).await
+    }
+
+    /// Raises the name's fencing counter to at least `floor`, and makes it the token of
+    /// `req.owner`'s grant if it holds one (a repair here, Redlock's write-back).
+    pub(crate) async fn raise(&self, req: &Request, floor: u64) -> Result<()> {
+        let keys = self.keys(&req.name);
+        let values = Values {
+            floor,
+            ..Values::of(req)
+        };
+        let _: i64 = self.run(&CALLS.raise, &keys, &values).await?;
+        Ok(())
+    }
+
+    /// Runs the release script for `req`: whether it removed something.
+    async fn release_script(&self, req: &Request, keys: &Keys) -> Result<bool> {
+        let call = CALLS.release_of(req);
+        let answer: i64 = self.run(call, keys, &Values::of(req)).await?;
+        reply::yes_or_no(answer, call.name)
+    }
+
+    fn floors(&self) -> std::sync::MutexGuard<'_, Floors> {
+        self.inner.floors.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// One acquire, and the floor it must not break: the highest token seen granted before
+    /// its request was sent (see `floors.rs`).
+    async fn acquire_checked(&self, req: &Request, keys: &Keys) -> Result<(Acquire, Option<u64>)> {
+        let seen = self.floors().get(&req.name);
+        let answer = self.acquire_once(req, keys, NodeAcquire::default()).await?;
+        let broken = match &answer {
+            Acquire::Granted(grant) => {
+                Floor::broken_by(seen.as_ref(), grant.token.get(), &req.owner)
+            }
+            Acquire::Busy(_) => None,
+        };
+        Ok((answer, broken))
+    }
+
+    /// One acquire round trip (two when the fast path does not apply).
+    async fn acquire_once(&self, req: &Request, keys: &Keys, node: NodeAcquire) -> Result<Acquire> {
+        // Read the wake-up versions before the request leaves, so that a release published
+        // after the script ran cannot be missed. Only a request that will wait records
+        // anything (no state per name for try_lock).
+        let owner = req.owner.as_str();
+        let channel = keys.channel();
+        let seen = if req.waiting {
+            self.inner.wakeups.seen(channel, Some(owner))
+        } else {
+            Seen::default()
+        };
+        let values = Values {
+            quarantine_ms: node.quarantine_ms,
+            fresh_token: node.fresh_token,
+            ..Values::of(req)
+        };
+        // An exclusive request that has not been busy yet tries the fast path first, with
+        // only the keys it touches; if the name is not simply free, the script says so and
+        // the full call follows.
+        let fast = req.mode == Mode::Exclusive
+            && req.lock_delay.is_none()
+            && req.value.is_none()
+            && !seen.waited;
+        let mut answer = Acquired::NotFast;
+        if fast {
+            answer = reply::acquired(self.run(&CALLS.acquire_fast, keys, &values).await?);
+        }
+        if answer == Acquired::NotFast {
+            answer = reply::acquired(self.run(&CALLS.acquire, keys, &values).await?);
+        }
+        match answer {
+            Acquired::Granted(token) => {
+                if seen.registered {
+                    self.inner.wakeups.forget(channel, owner);
+                }
+                Ok(Acquire::Granted(Grant::new(
+                    FencingToken::new(token),
+                    Expiry::After(Duration::from_millis(millis_up(req.ttl))),
+                )))
+            }
+            Acquired::Busy(_) if !req.waiting => Ok(Acquire::Busy(WaitHint::none())),
+            Acquired::Busy(retry) => {
+                let mut ticket = seen.ticket(channel, Some(owner));
+                ticket.retry = retry;
+                Ok(Acquire::Busy(WaitHint::new(ticket)))
+            }
+            Acquired::NotFast => Err(crate::error::unexpected("acquire", 0)),
+        }
+    }
+
+    async fn wait_for_replicas(&self, req: &Request, ack: ReplicaAck) -> Result<()> {
+        let mut conn = self.inner.conn.clone();
+        let acked: i64 = redis::cmd("WAIT")
+            .arg(ack.replicas)
+            .arg(millis_up(ack.timeout))
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| map_error(e, &req.name))?;
+        if acked >= i64::from(ack.replicas) {
+            return Ok(());
+        }
+        let problem = format!(
+            "only {acked} of {} replicas acknowledged the grant of {} within {:?}",
+            ack.replicas, req.name, ack.timeout
+        );
+        if !ack.required {
+            tracing::warn!("{problem}; keeping it");
+            return Ok(());
+        }
+        let keys = self.keys(&req.name);
+        self.release_script(req, &keys).await?;
+        Err(Error::backend(format!("{problem}; released it"), true))
+    }
+}
+
+#[async_trait]
+impl Backend for RedisBackend {
+    fn capabilities(&self) -> Capabilities {
+        let mut caps = Capabilities::new("redis", TokenDurability::WhileServerKeepsData);
+        caps.expiring_leases = true;
+        caps.fair = true;
+        caps.push_wakeups = true;
+        caps.shared = true;
+        caps.permits = true;
+        caps.lock_delay = true;
+        caps
+    }
+
+    async fn acquire(&self, req: &Request) -> Result<Acquire> {
+        let keys = self.keys(&req.name);
+        let (mut answer, broken) = self.acquire_checked(req, &keys).await?;
+        if let (Acquire::Granted(grant), Some(floor)) = (&answer, broken) {
+            tracing::warn!(lock = %req.name, token = grant.token.get(), seen = floor,
+                "redis handed out a fencing token not above one already seen (it lost data: \
+                 failover or restart); raising its counter and granting again");
+            self.release_script(req, &keys).await?;
+            self.raise(req, floor).await?;
+            let broken;
+            (answer, broken) = self.acquire_checked(req, &keys).await?;
+            if broken.is_some() {
+                self.release_script(req, &keys).await?;
+                return Err(Error::backend(
+                    format!(
+                        "redis keeps handing out stale fencing tokens for {}",
+                        req.name
+                    ),
+                    false,
+                ));
+            }
+        }
+        if let Acquire::Granted(grant) = &answer {
+            self.floors()
+                .record(&req.name, grant.token.get(), &req.owner);
+            if let Some(ack) = self.inner.options.replica_ack() {
+                self.wait_for_replicas(req, ack).await?;
+            }
+        }
+        Ok(answer)
+    }
+
+    async fn renew(&self, req: &Request) -> Result<Renewal> {
+        let keys = self.keys(&req.name);
+        let call = CALLS.renew_of(req);
+        let renewed: i64 = self.run(call, &keys, &Values::of(req)).await?;
+        Ok(if reply::yes_or_no(renewed, call.name)? {
+            Renewal::Renewed(Expiry::After(Duration::from_millis(millis_up(req.ttl))))
+        } else {
+            Renewal::Lost(LossReason::NotOwner)
+        })
+    }
+
+    async fn release(&self, req: &Request) -> Result<Release> {
+        let keys = self.keys(&req.name);
+        self.inner
+            .wakeups
+            .forget(keys.channel(), req.owner.as_str());
+        Ok(if self.release_script(req, &keys).await? {
+            Release::Released
+        } else {
+            Release::NotHeld
+        })
+    }
+
+    async fn wait(&self, _name: &LockName, hint: &WaitHint, max: Duration) -> Result<()> {
+        let Some(ticket) = hint.get::<Ticket>() else {
+            return Ok(());
+        };
+        if !ticket.subscribed() {
+            // Subscribe, then let the caller try again with the subscription in place.
+            let mut conn = self.inner.conn.clone();
+            return self
+                .inner
+                .wakeups
+                .subscribe(&mut conn, &ticket.channel)
+                .await;
+        }
+        self.inner.wakeups.wait(ticket, max).await;
+        Ok(())
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<LockState> {
+        let keys = self.keys(name);
+        let channel = keys.channel();
+        let mut ticket = self.inner.wakeups.seen(channel, None).ticket(channel, None);
+        let probe = Request::new(
+            name.clone(),
+            OwnerId::parse("inspect").unwrap_or_else(|_| OwnerId::generate()),
+            Mode::Exclusive,
+            Duration::from_millis(1),
+        );
+        let reply: redis::Value = self.run(&CALLS.inspect, &keys, &Values::of(&probe)).await?;
+        let (mut state, retry) = reply::inspected(&reply)?;
+        ticket.retry = retry;
+        state.hint = WaitHint::new(ticket);
+        Ok(state)
+    }
+}

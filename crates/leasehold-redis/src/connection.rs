@@ -1,0 +1,173 @@
+//! The connection to one Redis server: RESP3, multiplexed, reconnecting, TLS for
+//! `rediss://`, push messages routed to the wake-ups; scripts loaded and the eviction
+//! policy checked on connecting.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use leasehold_core::support::redact_url;
+use leasehold_core::{Error, Result};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{IntoConnectionInfo, ProtocolVersion, RedisError};
+
+use crate::error::map_error;
+use crate::options::RedisOptions;
+use crate::reply;
+use crate::script::CALLS;
+use crate::wakeups::Router;
+
+/// A connection made and checked.
+#[derive(Debug)]
+pub(crate) struct Connected {
+    pub(crate) conn: ConnectionManager,
+    /// Configuration problems found (see [`RedisBackend::warnings`](crate::RedisBackend::warnings)).
+    pub(crate) warnings: Vec<String>,
+    /// The server's run id, if asked for.
+    pub(crate) run_id: Option<String>,
+}
+
+/// Connects to `url`, loads every script, reads the eviction policy and, with `run_id`,
+/// the server's run id — all within the options' connect timeout, or fails.
+pub(crate) async fn connect(
+    url: &str,
+    options: &RedisOptions,
+    push: Router,
+    run_id: bool,
+) -> Result<Connected> {
+    let shown = redact_url(url);
+    let client = client(url, options)?;
+    let config = ConnectionManagerConfig::new()
+        .set_push_sender(push)
+        .set_automatic_resubscription()
+        .set_connection_timeout(Some(options.connect_limit()))
+        // A refused connection fails fast; later reconnects are retried per request.
+        .set_number_of_retries(2)
+        // Every request is bounded by the engine's request timeout instead.
+        .set_response_timeout(None);
+    let limit = options.connect_limit();
+    let connecting = async {
+        let mut conn = client
+            .get_connection_manager_with_config(config)
+            .await
+            .map_err(|e| Error::Unavailable {
+                message: format!("cannot connect to redis at {shown}: {e}"),
+                source: Some(Arc::new(e)),
+            })?;
+        // One round trip: the requests share the connection. The scripts are loaded up
+        // front, so that even the first grant is one round trip (after a server restart
+        // EVALSHA falls back to loading them again).
+        let (mut config_conn, mut info_conn) = (conn.clone(), conn.clone());
+        let (loaded, warning, id) = tokio::join!(
+            load_scripts(&mut conn),
+            eviction_warning(&mut config_conn),
+            async {
+                match run_id {
+                    true => Some(server_run_id(&mut info_conn).await),
+                    false => None,
+                }
+            }
+        );
+        loaded?;
+        Ok(Connected {
+            conn,
+            warnings: warning?.into_iter().collect(),
+            run_id: id.transpose()?,
+        })
+    };
+    let connected = tokio::time::timeout(limit, connecting)
+        .await
+        .map_err(|_| {
+            Error::unavailable(format!("connecting to {shown} timed out after {limit:?}"))
+        })??;
+    for warning in &connected.warnings {
+        tracing::warn!(url = %shown, "{warning}");
+    }
+    Ok(connected)
+}
+
+/// The redis-rs client for `url`: RESP3 (push messages), TLS with the options' files.
+fn client(url: &str, options: &RedisOptions) -> Result<redis::Client> {
+    let shown = redact_url(url);
+    let info = url.into_connection_info().map_err(|e| {
+        Error::invalid(
+            "url",
+            format!("{shown}: {}", e.detail().unwrap_or("not a redis URL")),
+        )
+    })?;
+    let settings = info
+        .redis_settings()
+        .clone()
+        .set_protocol(ProtocolVersion::RESP3);
+    let info = info.set_redis_settings(settings);
+    if options.check_tls(url)? {
+        install_crypto_provider();
+    }
+    let tls = options.tls_files();
+    if tls.is_empty() {
+        redis::Client::open(info)
+    } else {
+        redis::Client::build_with_tls(
+            info,
+            redis::TlsCertificates {
+                client_tls: tls.client.clone().map(|(client_cert, client_key)| {
+                    redis::ClientTlsConfig {
+                        client_cert,
+                        client_key,
+                    }
+                }),
+                root_cert: tls.ca.clone(),
+            },
+        )
+    }
+    .map_err(|e| Error::invalid("url", format!("{shown}: {e}")))
+}
+
+/// Loads every script, in one round trip.
+async fn load_scripts(conn: &mut ConnectionManager) -> Result<()> {
+    let mut pipe = redis::pipe();
+    for call in CALLS.all() {
+        pipe.cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(call.script_code())
+            .ignore();
+    }
+    pipe.query_async::<()>(conn)
+        .await
+        .map_err(|e| map_error(e, "(loading scripts)"))
+}
+
+/// Describes a configuration in which the server may evict lock keys.
+async fn eviction_warning(conn: &mut ConnectionManager) -> Result<Option<String>> {
+    let config: std::result::Result<HashMap<String, String>, RedisError> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("maxmemory*")
+        .query_async(conn)
+        .await;
+    match config {
+        Ok(config) => Ok(reply::eviction_warning(&config)),
+        // CONFIG may be renamed away or not permitted: then there is nothing to say.
+        Err(e)
+            if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError)
+                || e.code()
+                    .is_some_and(|code| code == "NOPERM" || code == "ERR") =>
+        {
+            Ok(None)
+        }
+        Err(e) => Err(map_error(e, "(CONFIG GET)")),
+    }
+}
+
+/// The server's run id (`INFO server`): tells two addresses of one server apart.
+async fn server_run_id(conn: &mut ConnectionManager) -> Result<String> {
+    let info: String = redis::cmd("INFO")
+        .arg("server")
+        .query_async(conn)
+        .await
+        .map_err(|e| map_error(e, "(INFO)"))?;
+    reply::run_id(&info)
+}
+
+/// Makes ring rustls's crypto provider for this process, unless one is set already.
+fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}

@@ -1,0 +1,58 @@
+//! Redis errors as leasehold errors.
+
+use std::fmt::Display;
+use std::sync::Arc;
+
+use leasehold_core::Error;
+use redis::RedisError;
+
+/// Maps a Redis error to a leasehold error, without credentials. `name` is the lock (or
+/// what was being done) for the message.
+pub(crate) fn map_error(error: RedisError, name: impl Display) -> Error {
+    if error.is_connection_refusal() || error.is_io_error() || error.is_connection_dropped() {
+        return Error::Unavailable {
+            message: format!("redis: {error}"),
+            source: Some(Arc::new(error)),
+        };
+    }
+    let code = error.code().unwrap_or("");
+    let retryable = matches!(
+        code,
+        "READONLY" | "LOADING" | "BUSY" | "TRYAGAIN" | "MASTERDOWN" | "CLUSTERDOWN"
+    );
+    let message = match code {
+        "READONLY" => "the server is a read-only replica; point leasehold at the primary".into(),
+        "LOADING" => "the server is still loading its dataset".into(),
+        "BUSY" => "the server is busy running a script".into(),
+        "OOM" => "the server is out of memory and refuses writes".into(),
+        "NOAUTH" | "WRONGPASS" => "authentication failed".into(),
+        "NOPERM" => {
+            "this user may not run leasehold's commands (EVALSHA, PUBLISH, SUBSCRIBE, WAIT)".into()
+        }
+        "WRONGTYPE" => format!(
+            "a key of lock {name} holds data of another type; it was not written by leasehold"
+        ),
+        "LEASEHOLD_FOREIGN" => error
+            .detail()
+            .unwrap_or("foreign value under a lock key")
+            .into(),
+        "MOVED" | "ASK" | "CROSSSLOT" => {
+            "cluster redirection: connect to the node that serves the lock's slot".into()
+        }
+        _ => error.to_string(),
+    };
+    Error::Backend {
+        message: format!("redis: {message}"),
+        retryable,
+        source: Some(Arc::new(error)),
+    }
+}
+
+/// A reply that does not have the form leasehold's scripts give: not retryable, it means
+/// the server runs something else under these names.
+pub(crate) fn unexpected(what: &str, reply: impl std::fmt::Debug) -> Error {
+    Error::backend(
+        format!("redis: unexpected reply to {what}: {reply:?}"),
+        false,
+    )
+}

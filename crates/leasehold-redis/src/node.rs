@@ -1,0 +1,100 @@
+//! One Redis server as a Redlock node: the requests Redlock makes of a node, and nothing
+//! else of the single-server backend.
+
+use std::time::Duration;
+
+use leasehold_core::backend::{Acquire, Backend, LockState, Release, Renewal, Request, WaitHint};
+use leasehold_core::{LockName, Result};
+
+use crate::backend::{NodeAcquire, RedisBackend};
+use crate::options::RedisOptions;
+use crate::script::millis_up;
+use crate::wakeups::Ticket;
+
+/// A Redlock node.
+#[derive(Debug, Clone)]
+pub(crate) struct Node {
+    redis: RedisBackend,
+    run_id: String,
+}
+
+impl Node {
+    /// Connects to the node at `url` and reads its run id, within the options' connect
+    /// timeout.
+    pub(crate) async fn connect(url: &str, options: &RedisOptions) -> Result<Node> {
+        let (redis, run_id) = RedisBackend::open(url, options.clone(), true).await?;
+        let run_id = run_id.ok_or_else(|| crate::error::unexpected("INFO server", "no run id"))?;
+        Ok(Node { redis, run_id })
+    }
+
+    /// The server's run id: two nodes with one run id are one server.
+    pub(crate) fn run_id(&self) -> &str {
+        &self.run_id
+    }
+
+    /// The lease a node grants for `ttl`: whole milliseconds, rounded up.
+    pub(crate) fn lease(ttl: Duration) -> Duration {
+        Duration::from_millis(millis_up(ttl))
+    }
+
+    /// Grants `req` here or answers busy; a node that started less than `quarantine` ago
+    /// refuses (zero: no quarantine).
+    ///
+    /// Every grant comes with a token drawn from the node's counter now, also when
+    /// `req.owner` holds here already (a retry adopting what an earlier attempt left): the
+    /// token stored by that attempt may lie below grants made since, which Redlock's
+    /// majority rule (the next grant's majority meets this one's) cannot see.
+    pub(crate) async fn acquire(&self, req: &Request, quarantine: Duration) -> Result<Acquire> {
+        let node = NodeAcquire {
+            quarantine_ms: if quarantine.is_zero() {
+                0
+            } else {
+                millis_up(quarantine)
+            },
+            fresh_token: true,
+        };
+        self.redis.acquire_node(req, node).await
+    }
+
+    /// Raises the name's counter to at least `floor` and records it as `req.owner`'s token
+    /// if it holds here (the fencing write-back).
+    pub(crate) async fn raise(&self, req: &Request, floor: u64) -> Result<()> {
+        self.redis.raise(req, floor).await
+    }
+
+    /// Extends `req.owner`'s grant here if it is still its own.
+    pub(crate) async fn renew(&self, req: &Request) -> Result<Renewal> {
+        self.redis.renew(req).await
+    }
+
+    /// Removes `req.owner`'s grant or waiter entry here.
+    pub(crate) async fn release(&self, req: &Request) -> Result<Release> {
+        self.redis.release(req).await
+    }
+
+    /// Holders and waiters here.
+    pub(crate) async fn inspect(&self, name: &LockName) -> Result<LockState> {
+        self.redis.inspect(name).await
+    }
+
+    /// Whether this node's busy answer can be waited on (it carries a wake-up ticket).
+    pub(crate) fn can_wait(hint: &WaitHint) -> bool {
+        hint.get::<Ticket>().is_some()
+    }
+
+    /// Whether waiting on this node's busy answer first needs a subscription (the first
+    /// [`wait`](Node::wait) makes it and returns).
+    pub(crate) fn must_subscribe(hint: &WaitHint) -> bool {
+        hint.get::<Ticket>().is_some_and(|t| !t.subscribed())
+    }
+
+    /// How many lock names this node's connection keeps wake-up state for.
+    pub(crate) fn wakeup_channels(&self) -> usize {
+        self.redis.wakeup_channels()
+    }
+
+    /// Returns when this node published a wake-up for the hint's waiter, or after `max`.
+    pub(crate) async fn wait(&self, name: &LockName, hint: &WaitHint, max: Duration) -> Result<()> {
+        self.redis.wait(name, hint, max).await
+    }
+}

@@ -1,0 +1,320 @@
+//! Options of the Redis backend, and the URL parameters that set them.
+
+use std::time::Duration;
+
+use leasehold_core::support::{TlsFiles, redact_url};
+use leasehold_core::{Error, Result, parse_duration};
+
+/// Defines a backend's URL parameters: one enum, its names, and the list of them that
+/// messages show, from one table.
+macro_rules! url_params {
+    ($(#[$meta:meta])* $vis:vis enum $enum:ident { $($(#[$doc:meta])* $variant:ident = $name:literal,)+ }) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        $vis enum $enum {
+            $($(#[$doc])* $variant,)+
+        }
+
+        impl $enum {
+            /// Every parameter, in the order messages list them.
+            $vis const ALL: &'static [$enum] = &[$($enum::$variant,)+];
+
+            /// The parameter's name in URLs.
+            $vis const fn name(self) -> &'static str {
+                match self {
+                    $($enum::$variant => $name,)+
+                }
+            }
+
+            /// The parameter called `name`, if there is one.
+            $vis fn parse(name: &str) -> Option<$enum> {
+                Self::ALL.iter().copied().find(|p| p.name() == name)
+            }
+
+            /// An error for the unknown parameter `name` of `url`, listing the known ones.
+            $vis fn unknown(url: &str, name: &str) -> leasehold_core::Error {
+                let known: Vec<&str> = Self::ALL.iter().map(|p| p.name()).collect();
+                leasehold_core::Error::invalid(
+                    "url",
+                    format!(
+                        "{}: unknown parameter {name:?}; known: {}",
+                        leasehold_core::support::redact_url(url),
+                        known.join(", ")
+                    ),
+                )
+            }
+        }
+    };
+}
+pub(crate) use url_params;
+
+url_params! {
+    /// The URL parameters of `redis://` and `rediss://`.
+    pub(crate) enum Param {
+        /// [`RedisOptions::prefix`].
+        Prefix = "prefix",
+        /// [`ReplicaAck::replicas`].
+        Replicas = "replicas",
+        /// [`ReplicaAck::timeout`].
+        ReplicaTimeout = "replica_timeout",
+        /// [`ReplicaAck::required`].
+        ReplicasRequired = "replicas_required",
+        /// [`RedisOptions::connect_timeout`].
+        ConnectTimeout = "connect_timeout",
+        /// [`RedisOptions::tls_ca`], from a file.
+        TlsCa = "tls_ca",
+        /// [`RedisOptions::tls_client`]'s certificate, from a file.
+        TlsCert = "tls_cert",
+        /// [`RedisOptions::tls_client`]'s key, from a file.
+        TlsKey = "tls_key",
+    }
+}
+
+/// Waiting for replicas to acknowledge each grant (`WAIT`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ReplicaAck {
+    /// How many replicas must acknowledge.
+    pub replicas: u32,
+    /// How long to wait for them.
+    pub timeout: Duration,
+    /// `true`: a grant not acknowledged in time is released and the acquire fails with a
+    /// retryable error. `false`: it is kept and a warning is logged.
+    pub required: bool,
+}
+
+impl ReplicaAck {
+    /// `replicas` must acknowledge each grant within `timeout`; `required` says whether a
+    /// grant that is not acknowledged in time is given back (see the fields).
+    pub fn new(replicas: u32, timeout: Duration, required: bool) -> Self {
+        Self {
+            replicas,
+            timeout,
+            required,
+        }
+    }
+}
+
+/// Options of the Redis backend (also settable as URL query parameters).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisOptions {
+    prefix: String,
+    replicas: Option<ReplicaAck>,
+    connect_timeout: Duration,
+    tls: TlsFiles,
+}
+
+impl Default for RedisOptions {
+    /// Prefix `leasehold`, no replica acknowledgement, 5 s connect timeout, the system's
+    /// CA certificates for `rediss://`.
+    fn default() -> Self {
+        Self {
+            prefix: "leasehold".into(),
+            replicas: None,
+            connect_timeout: Duration::from_secs(5),
+            tls: TlsFiles::default(),
+        }
+    }
+}
+
+impl RedisOptions {
+    /// The key prefix: keys are `<prefix>:{<name>}:<part>`. 1–64 of `A-Z a-z 0-9 _ - . :`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for other prefixes.
+    pub fn prefix(mut self, prefix: &str) -> Result<Self> {
+        leasehold_core::support::check_key_prefix(prefix)?;
+        self.prefix = prefix.into();
+        Ok(self)
+    }
+
+    /// `WAIT` for replicas after every grant.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for zero replicas or a zero or over-long timeout.
+    pub fn replicas(mut self, ack: ReplicaAck) -> Result<Self> {
+        if ack.replicas == 0 {
+            return Err(Error::invalid(
+                "replicas",
+                "at least one replica must acknowledge",
+            ));
+        }
+        if ack.timeout.is_zero() || ack.timeout > Duration::from_secs(3600) {
+            return Err(Error::invalid(
+                "replica timeout",
+                format!("{:?} is not between 1 ms and 1 h", ack.timeout),
+            ));
+        }
+        self.replicas = Some(ack);
+        Ok(self)
+    }
+
+    /// How long connecting may take: the connection, loading the scripts and reading the
+    /// server's configuration, together.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// For `rediss://`: trust the CA certificates in `pem` instead of the system's.
+    pub fn tls_ca(mut self, pem: Vec<u8>) -> Self {
+        self.tls.ca = Some(pem);
+        self
+    }
+
+    /// For `rediss://`: show this client certificate (PEM) and key (PEM) to servers that ask
+    /// for one (`tls-auth-clients yes`).
+    pub fn tls_client(mut self, certificate: Vec<u8>, key: Vec<u8>) -> Self {
+        self.tls.client = Some((certificate, key));
+        self
+    }
+
+    pub(crate) fn key_prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    pub(crate) fn replica_ack(&self) -> Option<ReplicaAck> {
+        self.replicas
+    }
+
+    pub(crate) fn connect_limit(&self) -> Duration {
+        self.connect_timeout
+    }
+
+    pub(crate) fn tls_files(&self) -> &TlsFiles {
+        &self.tls
+    }
+
+    /// Reads the TLS file of `param` (one of the `tls_*` parameters).
+    pub(crate) fn read_tls_param(&mut self, param: &str, path: &str) -> Result<()> {
+        self.tls.read_param(param, path).map(|_| ())
+    }
+
+    /// Checks the TLS settings against the scheme of `url`; whether it is TLS.
+    pub(crate) fn check_tls(&self, url: &str) -> Result<bool> {
+        let tls = url.to_ascii_lowercase().starts_with("rediss://");
+        self.tls.check(tls, "rediss")?;
+        Ok(tls)
+    }
+}
+
+/// Splits leasehold's query parameters off a redis URL.
+pub(crate) fn parse_url(url: &str) -> Result<(String, RedisOptions)> {
+    let shown = redact_url(url);
+    let invalid = |reason: String| Error::invalid("url", format!("{shown}: {reason}"));
+    let scheme = url.split_once("://").map(|(s, _)| s.to_ascii_lowercase());
+    match scheme.as_deref() {
+        Some("redis" | "rediss") => {}
+        _ => {
+            return Err(invalid(
+                "expected redis://host:port or rediss://host:port".into(),
+            ));
+        }
+    }
+    let (base, query) = url.split_once('?').unwrap_or((url, ""));
+    let mut options = RedisOptions::default();
+    let mut ack = ReplicaAck::new(0, Duration::from_millis(100), true);
+    for param in query.split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = param.split_once('=').unwrap_or((param, ""));
+        let Some(param) = Param::parse(key) else {
+            return Err(Param::unknown(url, key));
+        };
+        match param {
+            Param::Prefix => options = options.prefix(value)?,
+            Param::Replicas => {
+                ack.replicas = value
+                    .parse()
+                    .map_err(|_| invalid(format!("replicas={value:?} is not a number")))?;
+            }
+            Param::ReplicaTimeout => ack.timeout = parse_duration(value)?,
+            Param::ReplicasRequired => {
+                ack.required = value.parse().map_err(|_| {
+                    invalid(format!("replicas_required={value:?} is not true or false"))
+                })?;
+            }
+            Param::ConnectTimeout => options = options.connect_timeout(parse_duration(value)?),
+            Param::TlsCa | Param::TlsCert | Param::TlsKey => {
+                options.read_tls_param(param.name(), value)?;
+            }
+        }
+    }
+    if ack.replicas > 0 {
+        options = options.replicas(ack)?;
+    }
+    Ok((base.to_owned(), options))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn url_parameters_are_parsed_and_checked() {
+        let (base, options) =
+            parse_url("redis://u:pw@h:1/2?prefix=app&replicas=1&replica_timeout=50ms").unwrap();
+        assert_eq!(base, "redis://u:pw@h:1/2");
+        assert_eq!(options.prefix, "app");
+        assert_eq!(
+            options.replicas,
+            Some(ReplicaAck::new(1, Duration::from_millis(50), true))
+        );
+        for bad in [
+            "redis://h:1?nosuch=1",
+            "redis://h:1?prefix=a{b}",
+            "redis://h:1?replicas=x",
+            "redis://h:1?replica_timeout=5",
+            "http://h:1",
+        ] {
+            let err = parse_url(bad).unwrap_err();
+            assert!(matches!(err, Error::InvalidArgument { .. }), "{bad}: {err}");
+        }
+        let err = parse_url("redis://u:hunter2@h:1?nosuch=1").unwrap_err();
+        assert!(!err.to_string().contains("hunter2"));
+        // TLS files are read while parsing (see `TlsFiles`), and only go with rediss://.
+        let (base, options) = parse_url("rediss://h:1").unwrap();
+        assert_eq!(
+            (base.as_str(), options.tls.is_empty()),
+            ("rediss://h:1", true)
+        );
+        let err = parse_url("rediss://h:1?tls_ca=/no/such/ca.pem").unwrap_err();
+        assert!(err.to_string().contains("/no/such/ca.pem"), "{err}");
+        let ca = std::env::temp_dir().join(format!("leasehold-redis-ca-{}", std::process::id()));
+        std::fs::write(&ca, "CA").unwrap();
+        let (_, options) = parse_url(&format!("rediss://h:1?tls_ca={}", ca.display())).unwrap();
+        assert_eq!(options.tls.ca.as_deref(), Some(&b"CA"[..]));
+        assert!(options.check_tls("rediss://h:1").unwrap());
+        assert!(
+            options.check_tls("redis://h:1").is_err(),
+            "TLS files on a plain URL"
+        );
+        std::fs::remove_file(&ca).unwrap();
+    }
+
+    #[test]
+    fn the_unknown_parameter_message_lists_every_parameter() {
+        let err = parse_url("redis://h:1?nosuch=1").unwrap_err().to_string();
+        assert!(err.contains("unknown parameter \"nosuch\""), "{err}");
+        for param in Param::ALL {
+            assert_eq!(Param::parse(param.name()), Some(*param));
+            assert!(err.contains(param.name()), "{err} does not list {param:?}");
+        }
+        // Every parameter is read: none is listed but refused.
+        for param in Param::ALL {
+            let value = match param {
+                Param::Prefix => "p",
+                Param::Replicas => "1",
+                Param::ReplicaTimeout | Param::ConnectTimeout => "1s",
+                Param::ReplicasRequired => "false",
+                // Files: a missing one names itself.
+                Param::TlsCa | Param::TlsCert | Param::TlsKey => "/no/such/file",
+            };
+            let url = format!("rediss://h:1?{}={value}", param.name());
+            match parse_url(&url) {
+                Ok(_) => {}
+                Err(err) => assert!(err.to_string().contains("/no/such/file"), "{url}: {err}"),
+            }
+        }
+    }
+}

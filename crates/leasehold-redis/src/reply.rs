@@ -1,0 +1,264 @@
+//! The scripts' replies, decoded. A reply that does not have the expected form is an error
+//! ([`unexpected`]), never a default value.
+
+use std::collections::HashMap;
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::Duration;
+
+use leasehold_core::backend::{Holder, LockState, Mode, Waiter};
+use leasehold_core::{FencingToken, OwnerId, Result};
+use redis::Value;
+
+use crate::error::unexpected;
+
+/// What an acquire answered (the encoding is `lua/acquire.lua`'s).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Acquired {
+    /// Granted with this token.
+    Granted(u64),
+    /// The fast path did not apply: make the full call.
+    NotFast,
+    /// Busy; the state may change on its own after this long (an expiry).
+    Busy(Option<Duration>),
+}
+
+pub(crate) fn acquired(answer: i64) -> Acquired {
+    match answer {
+        token if token > 0 => Acquired::Granted(token.unsigned_abs()),
+        0 => Acquired::NotFast,
+        -1 => Acquired::Busy(None),
+        // -(ms + 2): no overflow for any i64.
+        busy => Acquired::Busy(Some(Duration::from_millis((-(busy + 2)).unsigned_abs()))),
+    }
+}
+
+/// A 1 (yes) or 0 (no) answer of `what`.
+pub(crate) fn yes_or_no(answer: i64, what: &str) -> Result<bool> {
+    match answer {
+        1 => Ok(true),
+        0 => Ok(false),
+        other => Err(unexpected(what, other)),
+    }
+}
+
+fn text(value: &Value, what: &str) -> Result<String> {
+    match value {
+        Value::BulkString(bytes) => {
+            String::from_utf8(bytes.clone()).map_err(|_| unexpected(what, value))
+        }
+        Value::SimpleString(s) => Ok(s.clone()),
+        other => Err(unexpected(what, other)),
+    }
+}
+
+fn int(value: &Value, what: &str) -> Result<i64> {
+    match value {
+        Value::Int(i) => Ok(*i),
+        other => Err(unexpected(what, other)),
+    }
+}
+
+fn token(text: &str, what: &str) -> Result<FencingToken> {
+    text.parse()
+        .map(FencingToken::new)
+        .map_err(|_| unexpected(what, text))
+}
+
+/// A shared or permit holder's info: `token|value`.
+pub(crate) fn holder_info(info: &str) -> Result<(FencingToken, Option<Arc<[u8]>>)> {
+    let (number, value) = info
+        .split_once('|')
+        .ok_or_else(|| unexpected("a holder's info", info))?;
+    let value = (!value.is_empty()).then(|| Arc::from(value.as_bytes()));
+    Ok((token(number, "a holder's token")?, value))
+}
+
+/// Time left of a lease the server reported in ms (negative: none).
+fn remaining(ms: i64) -> Option<Duration> {
+    Some(Duration::from_millis(u64::try_from(ms).unwrap_or(0)))
+}
+
+/// The inspect script's reply (see `lua/inspect.lua`): the state, and when it may change on
+/// its own (the earliest expiry of a holder).
+pub(crate) fn inspected(reply: &Value) -> Result<(LockState, Option<Duration>)> {
+    const WHAT: &str = "inspect";
+    let Value::Array(parts) = reply else {
+        return Err(unexpected(WHAT, reply));
+    };
+    let [lock, ttl, xinfo, readers, permits, queue] = parts.as_slice() else {
+        return Err(unexpected(WHAT, reply));
+    };
+    let mut state = LockState::default();
+    let mut earliest: Option<i64> = None;
+    let lock = text(lock, WHAT)?;
+    if !lock.is_empty() {
+        let (owner, number) = lock
+            .split_once(' ')
+            .ok_or_else(|| unexpected(WHAT, &lock))?;
+        let left = int(ttl, WHAT)?;
+        earliest = Some(left);
+        let value = text(xinfo, WHAT)?;
+        state.holders.push(
+            Holder::new(
+                OwnerId::parse(owner)?,
+                Mode::Exclusive,
+                token(number, WHAT)?,
+            )
+            .with_remaining(remaining(left))
+            .with_value((!value.is_empty()).then(|| Arc::from(value.as_bytes()))),
+        );
+    }
+    let mut add = |members: &Value, mode: Mode| -> Result<usize> {
+        let Value::Array(flat) = members else {
+            return Err(unexpected(WHAT, members));
+        };
+        if flat.len() % 3 != 0 {
+            return Err(unexpected(WHAT, members));
+        }
+        for chunk in flat.chunks(3) {
+            let [owner, left, info] = chunk else {
+                return Err(unexpected(WHAT, members));
+            };
+            let (token, value) = holder_info(&text(info, WHAT)?)?;
+            let left = int(left, WHAT)?;
+            earliest = Some(earliest.map_or(left, |e| e.min(left)));
+            state.holders.push(
+                Holder::new(OwnerId::parse(&text(owner, WHAT)?)?, mode, token)
+                    .with_remaining(remaining(left))
+                    .with_value(value),
+            );
+        }
+        Ok(flat.len() / 3)
+    };
+    add(readers, Mode::Shared)?;
+    // The permit limit is not stored: report the count held.
+    let held = match permits {
+        Value::Array(flat) => u32::try_from(flat.len() / 3).unwrap_or(u32::MAX),
+        other => return Err(unexpected(WHAT, other)),
+    };
+    add(
+        permits,
+        Mode::Permit {
+            limit: NonZeroU32::new(held).unwrap_or(NonZeroU32::MIN),
+        },
+    )?;
+    let Value::Array(members) = queue else {
+        return Err(unexpected(WHAT, queue));
+    };
+    for member in members {
+        let member = text(member, WHAT)?;
+        let mode = match member.as_bytes().first() {
+            Some(b'x') => Mode::Exclusive,
+            Some(b's') => Mode::Shared,
+            Some(b'p') => Mode::Permit {
+                limit: NonZeroU32::MIN,
+            },
+            _ => return Err(unexpected(WHAT, &member)),
+        };
+        state
+            .waiters
+            .push(Waiter::new(OwnerId::parse(&member[1..])?, mode));
+    }
+    let retry = earliest
+        .and_then(|ms| u64::try_from(ms).ok())
+        .map(Duration::from_millis);
+    Ok((state, retry))
+}
+
+/// The server's run id from an `INFO server` reply.
+pub(crate) fn run_id(info: &str) -> Result<String> {
+    info.lines()
+        .find_map(|l| l.strip_prefix("run_id:"))
+        .map(|id| id.trim().to_owned())
+        .ok_or_else(|| unexpected("INFO server (no run_id)", info.len()))
+}
+
+/// A warning if the `maxmemory*` configuration lets the server evict lock keys.
+pub(crate) fn eviction_warning(config: &HashMap<String, String>) -> Option<String> {
+    let limit = config.get("maxmemory").map(String::as_str).unwrap_or("0");
+    let policy = config
+        .get("maxmemory-policy")
+        .map(String::as_str)
+        .unwrap_or("noeviction");
+    (limit != "0" && policy != "noeviction").then(|| {
+        format!(
+            "maxmemory-policy is {policy} with maxmemory {limit}: the server may evict lock keys \
+             (a holder then loses its lock at its next renewal, and another may be granted \
+             meanwhile); use noeviction"
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bulk(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn holder_info_round_trips() {
+        let (token, value) = holder_info("1763794800123456|10.0.0.7:80|x").unwrap();
+        assert_eq!(token.get(), 1_763_794_800_123_456);
+        assert_eq!(value.as_deref(), Some(&b"10.0.0.7:80|x"[..]));
+        assert_eq!(holder_info("5|").unwrap().1, None);
+        assert!(holder_info("5").is_err());
+        assert!(holder_info("x|v").is_err());
+    }
+
+    #[test]
+    fn acquire_answers_decode() {
+        assert_eq!(acquired(42), Acquired::Granted(42));
+        assert_eq!(acquired(0), Acquired::NotFast);
+        assert_eq!(acquired(-1), Acquired::Busy(None));
+        assert_eq!(
+            acquired(-502),
+            Acquired::Busy(Some(Duration::from_millis(500)))
+        );
+        assert!(matches!(acquired(i64::MIN), Acquired::Busy(Some(_))));
+        assert!(yes_or_no(2, "renew").is_err());
+    }
+
+    #[test]
+    fn an_inspect_reply_decodes_or_is_an_error() {
+        let reply = Value::Array(vec![
+            bulk("o1 7"),
+            Value::Int(900),
+            bulk(""),
+            Value::Array(vec![bulk("r1"), Value::Int(400), bulk("8|v")]),
+            Value::Array(vec![]),
+            Value::Array(vec![bulk("xw1"), bulk("sw2")]),
+        ]);
+        let (state, retry) = inspected(&reply).unwrap();
+        assert_eq!(state.holders.len(), 2);
+        assert_eq!(state.holders[0].token.get(), 7);
+        assert_eq!(state.holders[1].mode, Mode::Shared);
+        assert_eq!(state.waiters.len(), 2);
+        assert_eq!(retry, Some(Duration::from_millis(400)));
+        // Not leasehold's form: a typed error, not zeros.
+        let Value::Array(parts) = &reply else {
+            unreachable!()
+        };
+        for (i, bad) in [
+            bulk("o1 seven"),
+            bulk("x"),
+            Value::Nil,
+            Value::Array(vec![bulk("r1"), Value::Int(1)]),
+            Value::Int(3),
+            Value::Array(vec![bulk("qw1")]),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let mut parts = parts.clone();
+            parts[i] = bad;
+            assert!(
+                inspected(&Value::Array(parts.clone())).is_err(),
+                "{parts:?}"
+            );
+        }
+        assert!(inspected(&Value::Int(1)).is_err());
+    }
+}

@@ -1,0 +1,799 @@
+//! The Lua scripts and the shape of every call of them, defined once.
+//!
+//! A lock name's keys are [`Key`]s and a call's arguments are [`Arg`]s, each with the name
+//! the scripts use for it (`LOCK`, `OWNER`). A [`Shape`] lists what one kind of call passes,
+//! in order; from it come both the command ([`Call::cmd`]) and the Lua lines that name what
+//! the script received (`local LOCK, TOKEN = KEYS[1], KEYS[2]`), put in front of the
+//! script's body. So positions are written nowhere by hand: a body uses names only, and a
+//! shape that passes parts in another order changes the command and the names together.
+//!
+//! Redis charges a script call for every key and argument it is passed, so each kind of
+//! call passes only what its path may touch (see [`Calls`]), and an optional argument is
+//! left off the end while it has its default value.
+
+use std::sync::LazyLock;
+
+use leasehold_core::LockName;
+use leasehold_core::backend::{Mode, Request};
+use redis::Script;
+
+/// A key of one lock name: `<prefix>:{<name>}:<suffix>`. All keys of a name share the hash
+/// tag `{<name>}`, so they live in one Redis Cluster slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Key {
+    /// The exclusive holder's value, and the gate of the acquire fast path (see
+    /// `lua/head.lua`).
+    Lock,
+    /// Fair waiters: zset `<mode><owner>` → arrival.
+    Queue,
+    /// Every waiter (`~<mode><owner>` if not fair): zset → expiry (ms).
+    Qexp,
+    /// Lock-delay of the lock set: zset owner → end of its delay.
+    Delay,
+    /// The exclusive holder's stored value.
+    Xinfo,
+    /// The fencing counter.
+    Token,
+    /// Shared holders: zset owner → expiry (ms).
+    Readers,
+    /// Shared holders' `token|value`, by owner.
+    Rinfo,
+    /// Permit holders: zset owner → expiry (ms).
+    Permits,
+    /// Permit holders' `token|value`, by owner.
+    Pinfo,
+    /// Lock-delay of the permit set.
+    Pdelay,
+}
+
+impl Key {
+    /// Every key of a name, in the order calls with every key pass them.
+    pub(crate) const ALL: [Key; 11] = [
+        Key::Lock,
+        Key::Queue,
+        Key::Qexp,
+        Key::Delay,
+        Key::Xinfo,
+        Key::Token,
+        Key::Readers,
+        Key::Rinfo,
+        Key::Permits,
+        Key::Pinfo,
+        Key::Pdelay,
+    ];
+
+    /// The last part of the key.
+    pub(crate) const fn suffix(self) -> &'static str {
+        match self {
+            Key::Lock => "lock",
+            Key::Queue => "queue",
+            Key::Qexp => "qexp",
+            Key::Delay => "delay",
+            Key::Xinfo => "xinfo",
+            Key::Token => "token",
+            Key::Readers => "readers",
+            Key::Rinfo => "rinfo",
+            Key::Permits => "permits",
+            Key::Pinfo => "pinfo",
+            Key::Pdelay => "pdelay",
+        }
+    }
+
+    /// The key's name in the scripts.
+    pub(crate) const fn lua(self) -> &'static str {
+        match self {
+            Key::Lock => "LOCK",
+            Key::Queue => "QUEUE",
+            Key::Qexp => "QEXP",
+            Key::Delay => "DELAY",
+            Key::Xinfo => "XINFO",
+            Key::Token => "TOKEN",
+            Key::Readers => "READERS",
+            Key::Rinfo => "RINFO",
+            Key::Permits => "PERMITS",
+            Key::Pinfo => "PINFO",
+            Key::Pdelay => "PDELAY",
+        }
+    }
+}
+
+/// The last part of a name's wake-up channel, `<prefix>:{<name>}:wake`. A channel is not a
+/// key: scripts get it as an argument ([`Arg::Channel`]).
+pub(crate) const WAKE: &str = "wake";
+
+/// An argument of a script call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Arg {
+    /// The owner id.
+    Owner,
+    /// Mode (`x`, `s`, `p`), then `1`/`0` for: fair, waiting, has a value, fresh token on
+    /// adoption (a Redlock node). `x1000`.
+    Flags,
+    /// The lease in whole milliseconds.
+    Ttl,
+    /// The name's wake-up channel.
+    Channel,
+    /// The permit limit (0 unless a permit).
+    Limit,
+    /// The lock-delay in milliseconds (0: none).
+    LockDelay,
+    /// The value stored with the grant.
+    Value,
+    /// The lowest value the fencing counter may have afterwards (`raise`).
+    Floor,
+    /// How long after its start a Redlock node refuses grants, in ms (0: no quarantine).
+    Quarantine,
+}
+
+impl Arg {
+    /// Every argument, in the order of the bindings.
+    pub(crate) const ALL: [Arg; 9] = [
+        Arg::Owner,
+        Arg::Flags,
+        Arg::Ttl,
+        Arg::Channel,
+        Arg::Limit,
+        Arg::LockDelay,
+        Arg::Value,
+        Arg::Floor,
+        Arg::Quarantine,
+    ];
+
+    /// The argument's name in the scripts.
+    pub(crate) const fn lua(self) -> &'static str {
+        match self {
+            Arg::Owner => "OWNER",
+            Arg::Flags => "FLAGS",
+            Arg::Ttl => "TTL",
+            Arg::Channel => "CHANNEL",
+            Arg::Limit => "LIMIT",
+            Arg::LockDelay => "LOCK_DELAY",
+            Arg::Value => "VALUE",
+            Arg::Floor => "FLOOR",
+            Arg::Quarantine => "QUARANTINE",
+        }
+    }
+
+    /// What a script sees when a call does not pass the argument (a Lua string literal).
+    /// An optional argument whose value is this is left off the end of a call.
+    const fn lua_default(self) -> &'static str {
+        match self {
+            Arg::Flags => "'x0000'",
+            Arg::Owner | Arg::Channel | Arg::Value => "''",
+            Arg::Ttl | Arg::Limit | Arg::LockDelay | Arg::Floor | Arg::Quarantine => "'0'",
+        }
+    }
+}
+
+/// What one kind of call passes: `keys` in this order, then `args` in this order — the
+/// first `required` always, the others up to the last one that differs from its default.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Shape {
+    pub(crate) keys: &'static [Key],
+    pub(crate) args: &'static [Arg],
+    pub(crate) required: usize,
+}
+
+impl Shape {
+    /// The Lua lines that name what a call of this shape passes; parts it does not pass are
+    /// named too (keys `nil`, arguments their defaults), so a body can test for them.
+    pub(crate) fn bindings(&self) -> String {
+        fn bind(out: &mut String, names: &[&str], values: &[String]) {
+            if !names.is_empty() {
+                out.push_str(&format!(
+                    "local {} = {}\n",
+                    names.join(", "),
+                    values.join(", ")
+                ));
+            }
+        }
+        let mut out = String::from("-- Generated from the call's shape (src/script.rs).\n");
+        let keys: Vec<&str> = self.keys.iter().map(|k| k.lua()).collect();
+        let positions: Vec<String> = (1..=keys.len()).map(|i| format!("KEYS[{i}]")).collect();
+        bind(&mut out, &keys, &positions);
+        let absent: Vec<&str> = Key::ALL
+            .iter()
+            .filter(|k| !self.keys.contains(k))
+            .map(|k| k.lua())
+            .collect();
+        if !absent.is_empty() {
+            out.push_str(&format!("local {} -- not passed\n", absent.join(", ")));
+        }
+        for (i, arg) in self.args.iter().enumerate() {
+            let value = if i < self.required {
+                format!("ARGV[{}]", i + 1)
+            } else {
+                format!("ARGV[{}] or {}", i + 1, arg.lua_default())
+            };
+            bind(&mut out, &[arg.lua()], &[value]);
+        }
+        let (names, values): (Vec<&str>, Vec<String>) = Arg::ALL
+            .iter()
+            .filter(|a| !self.args.contains(a))
+            .map(|a| (a.lua(), a.lua_default().to_owned()))
+            .unzip();
+        bind(&mut out, &names, &values);
+        out
+    }
+}
+
+/// The shared pieces a body includes at its `-- @<name>` markers.
+const PIECES: [(&str, &str); 5] = [
+    ("-- @token", include_str!("../lua/token.lua")),
+    ("-- @quarantine", include_str!("../lua/quarantine.lua")),
+    ("-- @prologue", include_str!("../lua/prologue.lua")),
+    ("-- @head", include_str!("../lua/head.lua")),
+    ("-- @common", include_str!("../lua/common.lua")),
+];
+
+/// One kind of script call: a body, the shape of the call, and the script they make.
+#[derive(Debug)]
+pub(crate) struct Call {
+    pub(crate) name: &'static str,
+    pub(crate) shape: Shape,
+    /// The script's text: the bindings, then the body with its pieces.
+    text: String,
+    script: Script,
+}
+
+impl Call {
+    fn new(name: &'static str, shape: Shape, body: &str) -> Self {
+        let mut text = shape.bindings();
+        let mut body = body.to_owned();
+        for (marker, piece) in PIECES {
+            body = body.replacen(marker, piece, 1);
+        }
+        text.push_str(&body);
+        Self {
+            name,
+            shape,
+            script: Script::new(&text),
+            text,
+        }
+    }
+
+    /// The script (to load it again after `NOSCRIPT`).
+    pub(crate) fn script(&self) -> &Script {
+        &self.script
+    }
+
+    /// The script's text (to load it).
+    pub(crate) fn script_code(&self) -> &str {
+        &self.text
+    }
+
+    /// The `EVALSHA` of this call with `keys` and the arguments in `values`.
+    pub(crate) fn cmd(&self, keys: &Keys, values: &Values<'_>) -> redis::Cmd {
+        let shape = &self.shape;
+        let optional = &shape.args[shape.required..];
+        let sent = shape.required
+            + optional
+                .iter()
+                .rposition(|&arg| !values.is_default(arg))
+                .map_or(0, |last| last + 1);
+        let args = &shape.args[..sent];
+        // Sized up front: the command is written once, without growing.
+        let mut cmd = redis::Cmd::with_capacity(
+            3 + shape.keys.len() + args.len(),
+            96 + shape.keys.len() * (keys.text.len() + 4) + values.len(args),
+        );
+        cmd.arg("EVALSHA")
+            .arg(self.script.get_hash())
+            .arg(shape.keys.len());
+        for &key in shape.keys {
+            keys.write(&mut cmd, key);
+        }
+        for &arg in args {
+            values.write(&mut cmd, arg, keys);
+        }
+        cmd
+    }
+}
+
+/// Every kind of script call.
+///
+/// Exclusive releases and renewals pass few keys, in the order of [`Key::ALL`]: a release
+/// three (four with a lock-delay, five with a stored value) and the owner and channel; a
+/// renewal one (five with a lock-delay or a value). The acquire fast path is a call of its
+/// own with two keys and two arguments. Every other call passes every key.
+#[derive(Debug)]
+pub(crate) struct Calls {
+    /// The exclusive fast path: free → granted, else 0 (make the full call).
+    pub(crate) acquire_fast: Call,
+    pub(crate) acquire: Call,
+    pub(crate) renew_exclusive: Call,
+    /// An exclusive renewal with a lock-delay or a stored value.
+    pub(crate) renew_exclusive_more: Call,
+    pub(crate) renew: Call,
+    pub(crate) release_exclusive: Call,
+    pub(crate) release_exclusive_delayed: Call,
+    /// An exclusive release with a stored value (and maybe a lock-delay).
+    pub(crate) release_exclusive_valued: Call,
+    pub(crate) release: Call,
+    pub(crate) inspect: Call,
+    pub(crate) raise: Call,
+}
+
+const EXCLUSIVE_RELEASE_KEYS: [Key; 5] = [Key::Lock, Key::Queue, Key::Qexp, Key::Delay, Key::Xinfo];
+
+/// The calls, made (and their scripts hashed) once per process.
+pub(crate) static CALLS: LazyLock<Calls> = LazyLock::new(|| {
+    use Arg::*;
+    let acquire = include_str!("../lua/acquire.lua");
+    let renew = include_str!("../lua/renew.lua");
+    let release = include_str!("../lua/release.lua");
+    let all = &Key::ALL;
+    let shape = |keys, args, required| Shape {
+        keys,
+        args,
+        required,
+    };
+    Calls {
+        acquire_fast: Call::new(
+            "acquire (fast path)",
+            shape(&[Key::Lock, Key::Token], &[Owner, Ttl, Quarantine], 2),
+            include_str!("../lua/acquire_fast.lua"),
+        ),
+        acquire: Call::new(
+            "acquire",
+            shape(
+                all,
+                &[
+                    Owner, Flags, Ttl, Channel, Limit, LockDelay, Value, Quarantine,
+                ],
+                4,
+            ),
+            acquire,
+        ),
+        renew_exclusive: Call::new("renew", shape(&[Key::Lock], &[Owner, Ttl], 2), renew),
+        renew_exclusive_more: Call::new(
+            "renew",
+            shape(&EXCLUSIVE_RELEASE_KEYS, &[Owner, Ttl, LockDelay], 2),
+            renew,
+        ),
+        renew: Call::new(
+            "renew",
+            shape(all, &[Owner, Flags, Ttl, LockDelay], 3),
+            renew,
+        ),
+        release_exclusive: Call::new(
+            "release",
+            shape(&EXCLUSIVE_RELEASE_KEYS[..3], &[Owner, Channel], 2),
+            release,
+        ),
+        release_exclusive_delayed: Call::new(
+            "release",
+            shape(&EXCLUSIVE_RELEASE_KEYS[..4], &[Owner, Channel], 2),
+            release,
+        ),
+        release_exclusive_valued: Call::new(
+            "release",
+            shape(&EXCLUSIVE_RELEASE_KEYS, &[Owner, Channel], 2),
+            release,
+        ),
+        release: Call::new(
+            "release",
+            shape(all, &[Owner, Flags, Channel, Limit], 3),
+            release,
+        ),
+        inspect: Call::new(
+            "inspect",
+            shape(all, &[], 0),
+            include_str!("../lua/inspect.lua"),
+        ),
+        raise: Call::new(
+            "raise",
+            shape(all, &[Owner, Flags, Floor], 3),
+            include_str!("../lua/raise.lua"),
+        ),
+    }
+});
+
+impl Calls {
+    /// Every call (to load their scripts).
+    pub(crate) fn all(&self) -> [&Call; 11] {
+        [
+            &self.acquire_fast,
+            &self.acquire,
+            &self.renew_exclusive,
+            &self.renew_exclusive_more,
+            &self.renew,
+            &self.release_exclusive,
+            &self.release_exclusive_delayed,
+            &self.release_exclusive_valued,
+            &self.release,
+            &self.inspect,
+            &self.raise,
+        ]
+    }
+
+    /// The release of `req`: an exclusive one passes the keys its path may touch (with a
+    /// lock-delay its entries, with a value the stored value); others every key.
+    pub(crate) fn release_of(&self, req: &Request) -> &Call {
+        match req.mode {
+            Mode::Exclusive if req.value.is_some() => &self.release_exclusive_valued,
+            Mode::Exclusive if req.lock_delay.is_some() => &self.release_exclusive_delayed,
+            Mode::Exclusive => &self.release_exclusive,
+            _ => &self.release,
+        }
+    }
+
+    /// The renewal of `req`: an exclusive one the lock alone, or with its stored value and
+    /// lock-delay entries; others every key.
+    pub(crate) fn renew_of(&self, req: &Request) -> &Call {
+        match req.mode {
+            Mode::Exclusive if req.value.is_some() || req.lock_delay.is_some() => {
+                &self.renew_exclusive_more
+            }
+            Mode::Exclusive => &self.renew_exclusive,
+            _ => &self.renew,
+        }
+    }
+}
+
+/// The keys of one lock name and its wake-up channel, kept as the channel's name
+/// `<prefix>:{<name>}:wake`: a call writes the keys it passes straight into its command.
+#[derive(Debug)]
+pub(crate) struct Keys {
+    text: String,
+    /// The length of `<prefix>:{<name>}:`, which every key and the channel start with.
+    base: usize,
+}
+
+impl Keys {
+    pub(crate) fn new(prefix: &str, name: &LockName) -> Self {
+        let name = name.as_str();
+        let mut text = String::with_capacity(prefix.len() + name.len() + 4 + WAKE.len());
+        text.push_str(prefix);
+        text.push_str(":{");
+        text.push_str(name);
+        text.push_str("}:");
+        let base = text.len();
+        text.push_str(WAKE);
+        Keys { text, base }
+    }
+
+    /// The name's wake-up channel.
+    pub(crate) fn channel(&self) -> &str {
+        &self.text
+    }
+
+    /// The full name of `key` (for tests and messages; calls write keys in place).
+    #[cfg(test)]
+    pub(crate) fn key(&self, key: Key) -> String {
+        format!("{}{}", &self.text[..self.base], key.suffix())
+    }
+
+    /// Writes the key as the command's next argument.
+    fn write(&self, cmd: &mut redis::Cmd, key: Key) {
+        use redis::RedisWrite;
+        use std::io::Write;
+        let mut arg = cmd.writer_for_next_arg();
+        // Writing into the command's buffer cannot fail.
+        let _ = arg.write_all(&self.text.as_bytes()[..self.base]);
+        let _ = arg.write_all(key.suffix().as_bytes());
+    }
+}
+
+/// The values of a call's arguments.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Values<'a> {
+    pub(crate) req: &'a Request,
+    /// [`Arg::Floor`].
+    pub(crate) floor: u64,
+    /// [`Arg::Quarantine`]: set for a Redlock node only.
+    pub(crate) quarantine_ms: u64,
+    /// A Redlock node: an owner that holds already gets a fresh token (see `acquire.lua`).
+    pub(crate) fresh_token: bool,
+}
+
+impl<'a> Values<'a> {
+    /// The values of a call for `req`.
+    pub(crate) fn of(req: &'a Request) -> Self {
+        Self {
+            req,
+            floor: 0,
+            quarantine_ms: 0,
+            fresh_token: false,
+        }
+    }
+
+    fn limit(&self) -> u32 {
+        match self.req.mode {
+            Mode::Permit { limit } => limit.get(),
+            _ => 0,
+        }
+    }
+
+    fn lock_delay(&self) -> u64 {
+        self.req.lock_delay.map_or(0, millis_up)
+    }
+
+    fn value(&self) -> &[u8] {
+        self.req.value.as_deref().unwrap_or_default()
+    }
+
+    fn is_default(&self, arg: Arg) -> bool {
+        match arg {
+            Arg::Limit => self.limit() == 0,
+            Arg::LockDelay => self.lock_delay() == 0,
+            Arg::Value => self.value().is_empty(),
+            Arg::Floor => self.floor == 0,
+            Arg::Quarantine => self.quarantine_ms == 0,
+            // Always passed when in a shape.
+            Arg::Owner | Arg::Flags | Arg::Ttl | Arg::Channel => false,
+        }
+    }
+
+    /// About how many bytes the arguments take.
+    fn len(&self, args: &[Arg]) -> usize {
+        let value = if args.contains(&Arg::Value) {
+            self.value().len()
+        } else {
+            0
+        };
+        self.req.owner.as_str().len() + value + 24 * args.len()
+    }
+
+    fn write(&self, cmd: &mut redis::Cmd, arg: Arg, keys: &Keys) {
+        match arg {
+            Arg::Owner => cmd.arg(self.req.owner.as_str()),
+            Arg::Flags => cmd.arg(&self.flags()[..]),
+            Arg::Ttl => cmd.arg(millis_up(self.req.ttl)),
+            Arg::Channel => cmd.arg(keys.channel()),
+            Arg::Limit => cmd.arg(self.limit()),
+            Arg::LockDelay => cmd.arg(self.lock_delay()),
+            Arg::Value => cmd.arg(self.value()),
+            Arg::Floor => cmd.arg(self.floor),
+            Arg::Quarantine => cmd.arg(self.quarantine_ms),
+        };
+    }
+
+    fn flags(&self) -> [u8; 5] {
+        let flag = |on: bool| if on { b'1' } else { b'0' };
+        let mode = match self.req.mode {
+            Mode::Exclusive => b'x',
+            Mode::Shared => b's',
+            Mode::Permit { .. } => b'p',
+        };
+        [
+            mode,
+            flag(self.req.fair),
+            flag(self.req.waiting),
+            flag(self.req.value.is_some()),
+            flag(self.fresh_token),
+        ]
+    }
+}
+
+/// Whole milliseconds, rounded up (Redis expiries are in ms; never grant less than asked).
+pub(crate) fn millis_up(d: std::time::Duration) -> u64 {
+    let ms = d.as_millis() + u128::from(!d.subsec_nanos().is_multiple_of(1_000_000));
+    u64::try_from(ms).unwrap_or(u64::MAX).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, BTreeSet};
+    use std::time::Duration;
+
+    use leasehold_core::OwnerId;
+
+    use super::*;
+
+    fn request() -> Request {
+        let mut req = Request::new(
+            LockName::new("orders:42").unwrap(),
+            OwnerId::parse("o1").unwrap(),
+            Mode::Exclusive,
+            Duration::from_micros(1_500_500),
+        );
+        req.fair = true;
+        req
+    }
+
+    /// The command's arguments after EVALSHA and the hash: key count, keys, arguments.
+    fn sent(call: &Call, values: &Values<'_>) -> (Vec<String>, Vec<String>) {
+        let keys = Keys::new("leasehold", &values.req.name);
+        let packed = String::from_utf8(call.cmd(&keys, values).get_packed_command()).unwrap();
+        let args: Vec<String> = packed
+            .split("\r\n")
+            .skip(2)
+            .step_by(2)
+            .map(str::to_owned)
+            .collect();
+        assert_eq!(args[0], "EVALSHA");
+        assert_eq!(args[1], call.script.get_hash());
+        let n: usize = args[2].parse().unwrap();
+        (args[3..3 + n].to_vec(), args[3 + n..].to_vec())
+    }
+
+    /// What the generated Lua binds to `KEYS[i]` and `ARGV[i]`, read back from the text of
+    /// the script (not from the shape).
+    fn bound(call: &Call) -> (BTreeMap<usize, String>, BTreeMap<usize, String>) {
+        let (mut keys, mut argv) = (BTreeMap::new(), BTreeMap::new());
+        let header = call.shape.bindings();
+        for line in header.lines().filter_map(|l| l.strip_prefix("local ")) {
+            let Some((names, values)) = line.split_once(" = ") else {
+                continue;
+            };
+            for (name, value) in names.split(", ").zip(values.split(", ")) {
+                let at = |prefix: &str| {
+                    value
+                        .strip_prefix(prefix)
+                        .and_then(|v| v.split(']').next())
+                        .map(|i| i.parse::<usize>().unwrap())
+                };
+                if let Some(i) = at("KEYS[") {
+                    keys.insert(i, name.to_owned());
+                }
+                if let Some(i) = at("ARGV[") {
+                    argv.insert(i, name.to_owned());
+                }
+            }
+        }
+        (keys, argv)
+    }
+
+    /// The key a script names `lua`, by its suffix.
+    fn suffix_of(lua: &str) -> &'static str {
+        Key::ALL.iter().find(|k| k.lua() == lua).unwrap().suffix()
+    }
+
+    #[test]
+    fn every_call_names_each_key_and_argument_where_the_command_puts_it() {
+        let plain = request();
+        let mut full = request();
+        full.mode = Mode::Permit {
+            limit: std::num::NonZeroU32::new(3).unwrap(),
+        };
+        full.lock_delay = Some(Duration::from_millis(40));
+        full.value = Some(b"v".as_slice().into());
+        for req in [&plain, &full] {
+            let values = Values {
+                floor: 7,
+                quarantine_ms: 250,
+                fresh_token: true,
+                ..Values::of(req)
+            };
+            for call in CALLS.all() {
+                let (keys, args) = sent(call, &values);
+                let (key_names, arg_names) = bound(call);
+                assert_eq!(key_names.len(), keys.len(), "{}", call.name);
+                for (i, key) in keys.iter().enumerate() {
+                    let name = &key_names[&(i + 1)];
+                    assert_eq!(
+                        key,
+                        &format!("leasehold:{{orders:42}}:{}", suffix_of(name)),
+                        "{}: KEYS[{}] is {name} in the script",
+                        call.name,
+                        i + 1
+                    );
+                }
+                for (i, arg) in args.iter().enumerate() {
+                    let name = &arg_names[&(i + 1)];
+                    let expected = match name.as_str() {
+                        "OWNER" => "o1".to_owned(),
+                        "TTL" => "1501".to_owned(),
+                        "CHANNEL" => "leasehold:{orders:42}:wake".to_owned(),
+                        "FLAGS" if req.value.is_some() => "p1011".to_owned(),
+                        "FLAGS" => "x1001".to_owned(),
+                        "LIMIT" => if req.value.is_some() { "3" } else { "0" }.to_owned(),
+                        "LOCK_DELAY" => if req.value.is_some() { "40" } else { "0" }.to_owned(),
+                        "VALUE" => if req.value.is_some() { "v" } else { "" }.to_owned(),
+                        "FLOOR" => "7".to_owned(),
+                        "QUARANTINE" => "250".to_owned(),
+                        other => panic!("{other} is not an argument"),
+                    };
+                    assert_eq!(arg, &expected, "{}: ARGV[{}] is {name}", call.name, i + 1);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_fast_paths_pass_only_what_they_touch() {
+        let req = request();
+        let values = Values::of(&req);
+        let key = |k: Key| Keys::new("leasehold", &req.name).key(k);
+        assert_eq!(
+            sent(&CALLS.acquire_fast, &values),
+            (
+                vec![key(Key::Lock), key(Key::Token)],
+                vec!["o1".to_owned(), "1501".to_owned()]
+            )
+        );
+        // An exclusive release: the lock, the queue's two keys; the owner and channel.
+        assert_eq!(
+            sent(CALLS.release_of(&req), &values),
+            (
+                vec![key(Key::Lock), key(Key::Queue), key(Key::Qexp)],
+                vec!["o1".to_owned(), "leasehold:{orders:42}:wake".to_owned()]
+            )
+        );
+        // An exclusive renewal: the lock alone; owner and ttl.
+        assert_eq!(sent(CALLS.renew_of(&req), &values).0, vec![key(Key::Lock)]);
+        // Defaults are left off the end; a Redlock quarantine brings the ones before it.
+        let (_, args) = sent(&CALLS.acquire, &values);
+        assert_eq!(args.len(), 4);
+        let quarantined = Values {
+            quarantine_ms: 250,
+            ..values
+        };
+        assert_eq!(sent(&CALLS.acquire, &quarantined).1.len(), 8);
+        assert_eq!(
+            sent(&CALLS.acquire_fast, &quarantined).1,
+            ["o1", "1501", "250"]
+        );
+        let mut delayed = request();
+        delayed.lock_delay = Some(Duration::from_millis(40));
+        assert_eq!(sent(CALLS.release_of(&delayed), &values).0.len(), 4);
+        assert_eq!(sent(CALLS.renew_of(&delayed), &values).0.len(), 5);
+    }
+
+    /// Bodies use names only: `KEYS[n]` and `ARGV[n]` appear in the generated bindings and
+    /// nowhere else, and every upper-case name a body uses (outside comments and strings) is
+    /// bound by the shape or defined by the body.
+    #[test]
+    fn bodies_use_names_not_positions() {
+        let bound: BTreeSet<&str> = Key::ALL
+            .iter()
+            .map(|k| k.lua())
+            .chain(Arg::ALL.iter().map(|a| a.lua()))
+            .collect();
+        for call in CALLS.all() {
+            let body = &call.text[call.shape.bindings().len()..];
+            let code = lua_code(body);
+            assert!(
+                !code.contains("KEYS") && !code.contains("ARGV"),
+                "{}: a position in the body",
+                call.name
+            );
+            let defined: BTreeSet<&str> = code
+                .lines()
+                .filter_map(|l| l.trim_start().strip_prefix("local "))
+                .flat_map(|l| l.split('=').next().unwrap_or("").split(','))
+                .map(str::trim)
+                .collect();
+            for word in code.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+                if word.len() > 1 && word.chars().all(|c| c.is_ascii_uppercase() || c == '_') {
+                    assert!(
+                        bound.contains(word) || defined.contains(word),
+                        "{}: {word} is neither bound nor defined",
+                        call.name
+                    );
+                }
+            }
+        }
+    }
+
+    /// Lua source without its comments and string literals.
+    fn lua_code(source: &str) -> String {
+        let mut out = String::new();
+        for line in source.lines() {
+            let mut quote: Option<char> = None;
+            let mut chars = line.chars().peekable();
+            while let Some(c) = chars.next() {
+                match quote {
+                    Some(_) if c == '\\' => {
+                        chars.next();
+                    }
+                    Some(q) if c == q => quote = None,
+                    Some(_) => {}
+                    None if c == '\'' || c == '"' => quote = Some(c),
+                    None if c == '-' && chars.peek() == Some(&'-') => break,
+                    None => out.push(c),
+                }
+            }
+            out.push('\n');
+        }
+        out
+    }
+
+    #[test]
+    fn ttls_round_up_to_whole_milliseconds() {
+        assert_eq!(millis_up(Duration::from_micros(1500)), 2);
+        assert_eq!(millis_up(Duration::from_millis(3)), 3);
+        assert_eq!(millis_up(Duration::from_nanos(1)), 1);
+    }
+}

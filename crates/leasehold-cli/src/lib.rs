@@ -5,6 +5,7 @@
 #![allow(clippy::exhaustive_structs)]
 
 pub mod bench;
+pub mod chaos;
 pub mod inspect;
 pub mod run;
 pub mod session;

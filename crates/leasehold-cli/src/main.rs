@@ -40,6 +40,8 @@ enum Command {
     /// acquire+release cycles, acquire latency, and hand-off from a release to the next
     /// holder.
     Bench(BenchArgs),
+    /// Run fault scenarios against a backend and check what every process saw.
+    Chaos(leasehold_cli::chaos::ChaosArgs),
     /// Internal: the supervisor `run` starts between itself and the command.
     #[command(name = "__supervise", hide = true)]
     Supervise(SuperviseArgs),
@@ -140,6 +142,11 @@ fn main() -> ExitCode {
             return ExitCode::from(if error.use_stderr() { exit::USAGE } else { 0 });
         }
     };
+    // `leasehold chaos` starts runtimes and processes of its own.
+    let command = match cli.command {
+        Command::Chaos(args) => return ExitCode::from(leasehold_cli::chaos::main(args)),
+        command => command,
+    };
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(
@@ -158,10 +165,11 @@ fn main() -> ExitCode {
         }
     };
     let code = runtime.block_on(async {
-        match cli.command {
+        match command {
             Command::Run(args) => run(args).await,
             Command::Inspect(args) => inspect(args).await,
             Command::Bench(args) => bench(args).await,
+            Command::Chaos(_) => exit::USAGE,
             Command::Supervise(args) => {
                 leasehold_cli::supervise::supervise(leasehold_cli::supervise::Supervision {
                     channel: args.channel,

@@ -1,0 +1,442 @@
+//! What the checks share: grants with the server's promises, holds with the workers'
+//! checks, faults, and the run's parameters — all derived once from a history.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::{Deserialize, Serialize};
+
+use crate::history::{Event, Expiry, History, Kind, Phase};
+
+/// The parameters of a run, recorded as the `value` of the runner's `start` event.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RunInfo {
+    /// The backend's name.
+    pub backend: String,
+    /// The scenario's name.
+    pub scenario: String,
+    /// The seed.
+    pub seed: u64,
+    /// The lease asked for, µs.
+    pub ttl_us: u64,
+    /// The lock-delay, µs (0: none).
+    pub lock_delay_us: u64,
+    /// How long after its holder vanished a waiter must have the lock, beyond the lease
+    /// and the lock-delay, µs.
+    pub recovery_slack_us: u64,
+    /// `counter` or `set`.
+    pub workload: String,
+    /// `enforce` or `observe`.
+    pub mode: String,
+    /// Copies of each lock the backend keeps (Redlock: one per node): a holder's release
+    /// may remove its own stale copies after it was superseded.
+    pub copies: u32,
+}
+
+impl Default for RunInfo {
+    fn default() -> Self {
+        Self {
+            backend: String::new(),
+            scenario: String::new(),
+            seed: 0,
+            ttl_us: 1_000_000,
+            lock_delay_us: 0,
+            recovery_slack_us: 1_500_000,
+            workload: "counter".into(),
+            mode: "enforce".into(),
+            copies: 1,
+        }
+    }
+}
+
+/// One server-side grant: an owner that the backend answered "granted" for.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Grant {
+    /// The lock.
+    pub lock: String,
+    /// The owner id.
+    pub owner: String,
+    /// The process that asked.
+    pub process: String,
+    /// The token of its first grant.
+    pub token: u64,
+    /// When the acquire that first granted it was invoked.
+    pub invoked: u64,
+    /// When that acquire's answer came.
+    pub granted: u64,
+    /// Whether it expires without renewal (`After`), never, or with a session.
+    pub expiry: Expiry,
+    /// The session it is bound to (session backends).
+    pub session: Option<String>,
+    /// Every answer that extended it: (invoked, answered, promised until). A grant or
+    /// renewal of lease `d` invoked at `i` was applied at `i` or later, so the server
+    /// promised to keep it until at least `i + d`.
+    pub extensions: Vec<(u64, u64, u64)>,
+    /// The earliest moment it may have been given up by its holder: a release invoked
+    /// (answered released, or not answered), or, for grants that never expire, the
+    /// holding process killed.
+    pub cut: u64,
+    /// When the server answered that the owner held nothing (a renewal answered lost, a
+    /// release answered not held).
+    pub denials: Vec<u64>,
+}
+
+impl Grant {
+    /// The furthest promise the server made.
+    pub fn promise(&self) -> u64 {
+        self.extensions.iter().map(|e| e.2).max().unwrap_or(0)
+    }
+
+    /// The furthest promise made by answers invoked before `t`.
+    pub fn promise_before(&self, t: u64) -> u64 {
+        self.extensions
+            .iter()
+            .filter(|e| e.0 < t)
+            .map(|e| e.2)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The end of the interval in which the grant was certainly held by the server's own
+    /// promises: the promise, or the cut if earlier.
+    pub fn end(&self) -> u64 {
+        self.promise().min(self.cut)
+    }
+}
+
+/// A read or write by a holder, with the outcome of its check of `Guard::is_held`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Access {
+    /// When it was invoked (the guard was checked after this).
+    pub invoked: u64,
+    /// When it completed (the check had happened by then); `u64::MAX` if it did not.
+    pub completed: u64,
+    /// Whether the guard was held when checked.
+    pub held: bool,
+}
+
+/// One guard, as its worker saw it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Hold {
+    /// The lock.
+    pub lock: String,
+    /// The worker.
+    pub process: String,
+    /// The guard's owner id.
+    pub owner: String,
+    /// Its token.
+    pub token: u64,
+    /// When the worker had the guard (its lock call's answer).
+    pub start: u64,
+    /// When the loss signal fired, if it did.
+    pub lost: Option<u64>,
+    /// Reads and writes under it.
+    pub accesses: Vec<Access>,
+}
+
+impl Hold {
+    /// The last moment the worker certainly believed it held: the invoke of its last
+    /// access that found the guard held (or the start).
+    pub fn believed_until(&self) -> u64 {
+        self.accesses
+            .iter()
+            .filter(|a| a.held)
+            .map(|a| a.invoked)
+            .max()
+            .unwrap_or(self.start)
+            .max(self.start)
+    }
+}
+
+/// A fault, from the nemesis's events.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fault {
+    /// What (`pause`, `kill`, `cut`, …).
+    pub action: String,
+    /// Whom.
+    pub target: String,
+    /// When it began.
+    pub start: u64,
+    /// When it ended (`u64::MAX` if it did not).
+    pub end: u64,
+}
+
+/// Everything the checks derive from a history.
+#[derive(Debug, Clone, Default)]
+pub struct Facts {
+    /// The run's parameters.
+    pub info: RunInfo,
+    /// Grants, in the order they were first answered.
+    pub grants: Vec<Grant>,
+    /// Which process acquired each owner id (its first acquire).
+    pub owner_process: HashMap<String, String>,
+    /// Guards, in the order workers had them.
+    pub holds: Vec<Hold>,
+    /// Faults.
+    pub faults: Vec<Fault>,
+}
+
+fn promise_of(expiry: Option<Expiry>, invoked: u64) -> u64 {
+    match expiry {
+        Some(Expiry::After { us }) => invoked.saturating_add(us),
+        Some(Expiry::Session { until }) => until,
+        Some(Expiry::Never) | None => u64::MAX,
+    }
+}
+
+impl Facts {
+    /// Derives the facts of `history`.
+    pub fn new(history: &History) -> Self {
+        let mut facts = Facts {
+            info: history
+                .events()
+                .iter()
+                .find(|e| e.process == "runner" && e.kind == Some(Kind::Start))
+                .and_then(|e| e.value.clone())
+                .and_then(|v| serde_json::from_value(v).ok())
+                .unwrap_or_default(),
+            ..Facts::default()
+        };
+        facts.faults = faults(history);
+        facts.collect_grants(history);
+        facts.collect_holds(history);
+        facts
+    }
+
+    fn collect_grants(&mut self, history: &History) {
+        // An owner id may be granted more than once: a grant whose reply came too late is
+        // given back and the acquisition goes on under the same id; a later grant with a
+        // new token is a new grant. A grant with the same token again is an adoption.
+        let mut by_key: HashMap<(String, String), Vec<usize>> = HashMap::new();
+        let key = |e: &Event| {
+            (
+                e.lock.clone().unwrap_or_default(),
+                e.owner.clone().unwrap_or_default(),
+            )
+        };
+        let mut acquires = history.ops(Kind::Acquire);
+        acquires.sort_by_key(|op| op.end().unwrap_or(u64::MAX));
+        for op in &acquires {
+            let owner = op.invoke.owner.clone().unwrap_or_default();
+            self.owner_process
+                .entry(owner)
+                .or_insert_with(|| op.process().to_owned());
+        }
+        for op in acquires {
+            if !op.answered("granted") {
+                continue;
+            }
+            let done = op.done.unwrap_or(op.invoke);
+            let expiry = done.expiry.unwrap_or(Expiry::Never);
+            let promise = promise_of(Some(expiry), op.start());
+            let token = op.token().unwrap_or(0);
+            let k = key(op.invoke);
+            let grants = by_key.entry(k.clone()).or_default();
+            match grants.last() {
+                Some(&i) if self.grants[i].token == token => {
+                    self.grants[i]
+                        .extensions
+                        .push((op.start(), done.t, promise));
+                }
+                _ => {
+                    grants.push(self.grants.len());
+                    self.grants.push(Grant {
+                        lock: k.0,
+                        owner: k.1,
+                        process: op.process().to_owned(),
+                        token,
+                        invoked: op.start(),
+                        granted: done.t,
+                        expiry,
+                        session: session_of(done),
+                        extensions: vec![(op.start(), done.t, promise)],
+                        cut: u64::MAX,
+                        denials: Vec::new(),
+                    });
+                }
+            }
+        }
+        // The grant an owner's call at `t` is about: its latest one answered before.
+        let at = |grants: &[Grant], k: &(String, String), t: u64| {
+            by_key
+                .get(k)?
+                .iter()
+                .copied()
+                .rfind(|i| grants[*i].granted <= t)
+        };
+        for op in history.ops(Kind::Renew) {
+            let Some(i) = at(&self.grants, &key(op.invoke), op.start()) else {
+                continue;
+            };
+            if op.answered("renewed") {
+                let done = op.done.unwrap_or(op.invoke);
+                let promise = promise_of(done.expiry, op.start());
+                self.grants[i]
+                    .extensions
+                    .push((op.start(), done.t, promise));
+            } else if op.answered("lost")
+                && let Some(t) = op.end()
+            {
+                self.grants[i].denials.push(t);
+            }
+        }
+        let mut releases = history.ops(Kind::Release);
+        releases.sort_by_key(|op| op.start());
+        for op in releases {
+            let Some(i) = at(&self.grants, &key(op.invoke), op.start()) else {
+                continue;
+            };
+            // Only the holder's own release gives the grant up; one sent by another
+            // process under this owner id is C8's business.
+            if self.grants[i].process != op.process() {
+                continue;
+            }
+            // With several copies of a lock (Redlock), "not held" is what the nodes that
+            // answered said; the others may have released.
+            if op.answered("not_held") && self.info.copies == 1 {
+                if let Some(t) = op.end() {
+                    self.grants[i].denials.push(t);
+                }
+            } else if op.grant_cut() || op.answered("not_held") {
+                let g = &mut self.grants[i];
+                g.cut = g.cut.min(op.start());
+            }
+        }
+        // Session keep-alives extend every grant bound to their session.
+        for event in history.of(Kind::Session) {
+            let Some(Expiry::Session { until }) = event.expiry else {
+                continue;
+            };
+            // An ended session promises nothing more.
+            if event.answer.as_deref() == Some("ended") {
+                continue;
+            }
+            let session = session_of(event);
+            for g in &mut self.grants {
+                if g.process == event.process
+                    && g.session.is_some()
+                    && g.session == session
+                    && event.t >= g.invoked
+                {
+                    g.extensions.push((event.t, event.t, until));
+                }
+            }
+        }
+        // A killed process's grants that never expire are given up by the OS at the kill.
+        for fault in self.faults.iter().filter(|f| f.action == "kill") {
+            for g in &mut self.grants {
+                if g.process == fault.target && g.expiry == Expiry::Never && g.invoked < fault.start
+                {
+                    g.cut = g.cut.min(fault.start);
+                }
+            }
+        }
+    }
+
+    fn collect_holds(&mut self, history: &History) {
+        let mut by_owner: HashMap<String, usize> = HashMap::new();
+        for op in history.ops(Kind::Lock) {
+            if op.outcome() != Phase::Ok {
+                continue;
+            }
+            let done = op.done.unwrap_or(op.invoke);
+            let owner = done.owner.clone().unwrap_or_default();
+            by_owner.insert(owner.clone(), self.holds.len());
+            self.holds.push(Hold {
+                lock: op
+                    .invoke
+                    .lock
+                    .clone()
+                    .or_else(|| done.lock.clone())
+                    .unwrap_or_default(),
+                process: op.process().to_owned(),
+                owner,
+                token: done.token.unwrap_or(0),
+                start: done.t,
+                lost: None,
+                accesses: Vec::new(),
+            });
+        }
+        for event in history.of(Kind::Lost) {
+            if let Some(&i) = event.owner.as_ref().and_then(|o| by_owner.get(o)) {
+                self.holds[i].lost.get_or_insert(event.t);
+            }
+        }
+        let mut accesses = history.ops(Kind::Read);
+        accesses.extend(history.ops(Kind::Write));
+        for op in accesses {
+            let Some(&i) = op.owner().and_then(|o| by_owner.get(o)) else {
+                continue;
+            };
+            self.holds[i].accesses.push(Access {
+                invoked: op.start(),
+                completed: op.done.map_or(u64::MAX, |d| d.t),
+                held: op.done.and_then(|d| d.held).unwrap_or(false),
+            });
+        }
+        for hold in &mut self.holds {
+            hold.accesses.sort_by_key(|a| a.invoked);
+        }
+    }
+
+    /// The grants of one lock, grouped.
+    pub fn grants_by_lock(&self) -> BTreeMap<&str, Vec<&Grant>> {
+        let mut map: BTreeMap<&str, Vec<&Grant>> = BTreeMap::new();
+        for g in &self.grants {
+            map.entry(g.lock.as_str()).or_default().push(g);
+        }
+        map
+    }
+
+    /// The grant of `owner` on `lock` with `token`.
+    pub fn grant(&self, lock: &str, owner: &str, token: u64) -> Option<&Grant> {
+        self.grants
+            .iter()
+            .find(|g| g.lock == lock && g.owner == owner && g.token == token)
+    }
+
+    /// The latest grant of `owner` on `lock` answered before `t`.
+    pub fn grant_at(&self, lock: &str, owner: &str, t: u64) -> Option<&Grant> {
+        self.grants
+            .iter()
+            .filter(|g| g.lock == lock && g.owner == owner && g.granted <= t)
+            .max_by_key(|g| g.granted)
+    }
+
+    /// Faults that stop or kill `process`.
+    pub fn vanished(&self, process: &str) -> impl Iterator<Item = &Fault> {
+        self.faults
+            .iter()
+            .filter(move |f| f.target == process && matches!(f.action.as_str(), "kill" | "pause"))
+    }
+}
+
+impl crate::history::Op<'_> {
+    /// Whether a release may have removed the grant: answered released, or unanswered.
+    fn grant_cut(&self) -> bool {
+        self.answered("released") || self.outcome() == Phase::Unknown
+    }
+}
+
+/// The session id an event names (`value.session`).
+fn session_of(event: &Event) -> Option<String> {
+    event
+        .value
+        .as_ref()
+        .and_then(|v| v.get("session"))
+        .and_then(|s| s.as_str())
+        .map(str::to_owned)
+}
+
+fn faults(history: &History) -> Vec<Fault> {
+    history
+        .ops(Kind::Fault)
+        .into_iter()
+        .map(|op| Fault {
+            action: op.invoke.fault.clone().unwrap_or_default(),
+            target: op.invoke.target.clone().unwrap_or_default(),
+            start: op.start(),
+            end: op.done.map_or(u64::MAX, |d| d.t),
+        })
+        .collect()
+}

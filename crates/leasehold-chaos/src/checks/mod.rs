@@ -1,0 +1,322 @@
+//! The checks C1–C10 of `safety.md`: each a function over a history, each with a named
+//! verdict.
+//!
+//! A check finds violations (with when and who, for the report's timeline) and maybe a
+//! measure; a scenario says per check whether it must hold, must be violated (the fault
+//! is a documented weakness of the backend, and the checker must see it), or may go either
+//! way. [`judge`] turns the two into a [`Status`].
+
+mod facts;
+mod fence;
+mod grants;
+mod linear;
+mod timing;
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::history::History;
+
+pub use facts::{Facts, Grant, RunInfo};
+pub use linear::{LeaseMutex, LockCall, LockOp};
+
+/// One of the checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Check {
+    /// C1: the tokens the resource accepted never go backwards, and one token means one
+    /// owner.
+    C1,
+    /// C2: no stale access acknowledged: none accepted after an access with a higher
+    /// token had been acknowledged.
+    C2,
+    /// C3: grants' tokens are unique and increase in real time.
+    C3,
+    /// C4: no acknowledged write lost.
+    C4,
+    /// C5: no overlapping server-side grants.
+    C5,
+    /// C6: no two workers believed they held the lock at the same time (measured).
+    C6,
+    /// C7: the lock history is linearizable against a fenced lease mutex.
+    C7,
+    /// C8: no release removed another's lock.
+    C8,
+    /// C9: loss noticed before the server could re-grant; recovery within TTL +
+    /// lock-delay.
+    C9,
+    /// C10: nothing left behind.
+    C10,
+}
+
+impl Check {
+    /// Every check, in order.
+    pub const ALL: [Check; 10] = [
+        Check::C1,
+        Check::C2,
+        Check::C3,
+        Check::C4,
+        Check::C5,
+        Check::C6,
+        Check::C7,
+        Check::C8,
+        Check::C9,
+        Check::C10,
+    ];
+
+    /// A short name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Check::C1 => "fence-order",
+            Check::C2 => "stale-access",
+            Check::C3 => "token-order",
+            Check::C4 => "lost-writes",
+            Check::C5 => "double-grant",
+            Check::C6 => "perceived-overlap",
+            Check::C7 => "linearizable",
+            Check::C8 => "release-safety",
+            Check::C9 => "loss-timing",
+            Check::C10 => "nothing-left",
+        }
+    }
+
+    /// What it checks, in a sentence.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Check::C1 => "tokens accepted by the resource never go backwards; one token, one owner",
+            Check::C2 => "no access acknowledged after one with a higher token was",
+            Check::C3 => "grants' tokens are unique and increase in real time",
+            Check::C4 => "every acknowledged write is in the final state",
+            Check::C5 => "no two owners held the lock at once by the server's own promises",
+            Check::C6 => "no two workers believed they held the lock at once",
+            Check::C7 => "the backend's answers are linearizable against a fenced lease mutex",
+            Check::C8 => "no release removed another owner's lock",
+            Check::C9 => {
+                "loss noticed before the server could re-grant; recovery within TTL + lock-delay"
+            }
+            Check::C10 => "unknown outcomes resolved; no holder or waiter left after the run",
+        }
+    }
+
+    /// Parses `C5` or `double-grant`.
+    pub fn parse(text: &str) -> Option<Check> {
+        Check::ALL
+            .into_iter()
+            .find(|c| c.to_string().eq_ignore_ascii_case(text) || c.name() == text)
+    }
+}
+
+impl fmt::Display for Check {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{self:?}")
+    }
+}
+
+/// One violation: when, who, what.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Violation {
+    /// When (collector time, µs).
+    pub t: u64,
+    /// Until when, for violations that last (an overlap).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until: Option<u64>,
+    /// The processes involved.
+    pub processes: Vec<String>,
+    /// What happened.
+    pub message: String,
+}
+
+impl Violation {
+    fn at(t: u64, processes: &[&str], message: impl Into<String>) -> Self {
+        Self {
+            t,
+            until: None,
+            processes: processes.iter().map(|p| (*p).to_owned()).collect(),
+            message: message.into(),
+        }
+    }
+
+    fn during(t: u64, until: u64, processes: &[&str], message: impl Into<String>) -> Self {
+        Self {
+            until: Some(until),
+            ..Self::at(t, processes, message)
+        }
+    }
+}
+
+/// What a check found.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Finding {
+    /// Violations found.
+    pub violations: Vec<Violation>,
+    /// A figure (`longest overlap 312 ms`, `3 stale writes refused`).
+    pub measure: Option<String>,
+    /// Why the check does not apply to this history, if it does not.
+    pub not_applicable: Option<String>,
+    /// The check could not decide (the linearizability search ran out of budget).
+    pub undecided: Option<String>,
+}
+
+impl Finding {
+    fn measured(violations: Vec<Violation>, measure: impl Into<String>) -> Self {
+        Self {
+            violations,
+            measure: Some(measure.into()),
+            ..Self::default()
+        }
+    }
+
+    fn not_applicable(reason: impl Into<String>) -> Self {
+        Self {
+            not_applicable: Some(reason.into()),
+            ..Self::default()
+        }
+    }
+}
+
+/// What a scenario expects of a check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Expect {
+    /// Must hold.
+    Hold,
+    /// Must be violated, and the checker must see it (a documented weakness).
+    Violate,
+    /// May go either way (a documented weakness that the fault need not always trigger).
+    Either,
+}
+
+/// A check's verdict on one run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// Held, as it must (or as it may).
+    Pass,
+    /// Violated though it must hold: a bug.
+    Fail,
+    /// Violated as expected, and detected.
+    Detected,
+    /// Expected to be violated, but no violation was seen: the scenario or the checker
+    /// failed to show the weakness.
+    Missed,
+    /// Violated where the scenario allows it.
+    Tolerated,
+    /// Does not apply to this backend or history.
+    Skipped,
+    /// Could not be decided.
+    Undecided,
+}
+
+impl Status {
+    /// Whether the run is good on this check.
+    pub fn is_good(self) -> bool {
+        matches!(
+            self,
+            Status::Pass | Status::Detected | Status::Tolerated | Status::Skipped
+        )
+    }
+
+    /// The table's symbol.
+    pub fn symbol(self) -> &'static str {
+        match self {
+            Status::Pass => "✔",
+            Status::Fail => "✘",
+            Status::Detected => "⚑",
+            Status::Missed => "✘?",
+            Status::Tolerated => "~",
+            Status::Skipped => "·",
+            Status::Undecided => "?",
+        }
+    }
+}
+
+/// A check's verdict, with its evidence.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Verdict {
+    /// Which check.
+    pub check: Check,
+    /// The verdict.
+    pub status: Status,
+    /// What the scenario expected.
+    pub expected: Expect,
+    /// One line: the measure, the first violation, or why it was skipped.
+    pub summary: String,
+    /// Every violation found.
+    pub violations: Vec<Violation>,
+}
+
+/// Combines a finding with what was expected.
+pub fn judge(check: Check, finding: Finding, expected: Expect) -> Verdict {
+    let found = !finding.violations.is_empty();
+    let status = if finding.not_applicable.is_some() {
+        Status::Skipped
+    } else if finding.undecided.is_some() && !found {
+        Status::Undecided
+    } else {
+        match (expected, found) {
+            (Expect::Hold, false) | (Expect::Either, false) => Status::Pass,
+            (Expect::Hold, true) => Status::Fail,
+            (Expect::Violate, true) => Status::Detected,
+            (Expect::Violate, false) => Status::Missed,
+            (Expect::Either, true) => Status::Tolerated,
+        }
+    };
+    let count = finding.violations.len();
+    let summary = if let Some(reason) = &finding.not_applicable {
+        reason.clone()
+    } else if let Some(why) = finding.undecided.as_ref().filter(|_| !found) {
+        why.clone()
+    } else {
+        let first = finding
+            .violations
+            .first()
+            .map(|v| format!("{count} violation(s); first: {}", v.message));
+        match (first, finding.measure) {
+            (Some(first), Some(measure)) => format!("{first} ({measure})"),
+            (Some(first), None) => first,
+            (None, Some(measure)) => measure,
+            (None, None) => "ok".into(),
+        }
+    };
+    Verdict {
+        check,
+        status,
+        expected,
+        summary,
+        violations: finding.violations,
+    }
+}
+
+/// Runs one check over `history`.
+pub fn run(check: Check, history: &History, facts: &Facts) -> Finding {
+    match check {
+        Check::C1 => fence::c1_fence_order(history, facts),
+        Check::C2 => fence::c2_stale_access(history, facts),
+        Check::C3 => grants::c3_token_order(facts),
+        Check::C4 => fence::c4_lost_writes(history, facts),
+        Check::C5 => grants::c5_double_grant(history, facts),
+        Check::C6 => timing::c6_perceived_overlap(facts),
+        Check::C7 => linear::c7_linearizable(history, facts),
+        Check::C8 => grants::c8_release_safety(history, facts),
+        Check::C9 => timing::c9_loss_timing(history, facts),
+        Check::C10 => grants::c10_nothing_left(history, facts),
+    }
+}
+
+/// Runs every check; `expect` says what the scenario expects of each.
+pub fn run_all(history: &History, expect: impl Fn(Check) -> Expect) -> Vec<Verdict> {
+    let facts = Facts::new(history);
+    Check::ALL
+        .into_iter()
+        .map(|check| judge(check, run(check, history, &facts), expect(check)))
+        .collect()
+}
+
+/// Milliseconds, for messages.
+pub(crate) fn ms(us: u64) -> String {
+    if us == u64::MAX {
+        "∞".into()
+    } else {
+        format!("{:.1} ms", us as f64 / 1000.0)
+    }
+}

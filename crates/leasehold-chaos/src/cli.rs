@@ -1,0 +1,401 @@
+//! The command line of `leasehold chaos` (and of the `leasehold-chaos` program).
+
+use std::path::PathBuf;
+
+use clap::{Args, Subcommand, ValueEnum};
+
+use crate::deploy::{self, REGISTRY};
+use crate::history::History;
+use crate::report;
+use crate::resource::{FenceMode, ResourceConfig, Workload};
+use crate::runner::{self, Launcher, RunReport, RunSpec};
+use crate::scenario::{self, Plan, SCENARIOS};
+use crate::worker::WorkerConfig;
+
+/// Exit codes.
+pub mod exit {
+    /// Every check as expected.
+    pub const OK: u8 = 0;
+    /// A check failed, an expected violation was missed, or a run could not finish.
+    pub const FAILED: u8 = 1;
+    /// Bad usage.
+    pub const USAGE: u8 = 64;
+}
+
+/// Run fault scenarios against a backend and check what every process saw.
+///
+/// Each run starts the backend's servers (or uses --url), a fenced resource and worker
+/// processes that lock and write under the lock, injects the scenario's seeded faults,
+/// and checks the history (C1–C10 of the safety model). Exit code 0 when every check
+/// came out as the scenario expects, 1 otherwise, 64 on bad usage.
+#[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct ChaosArgs {
+    #[command(subcommand)]
+    command: Option<ChaosCommand>,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(Debug, Subcommand)]
+enum ChaosCommand {
+    /// List the backends and scenarios (with where each applies).
+    List,
+    /// Check a recorded history (JSON lines) again.
+    Check {
+        /// The history file.
+        history: PathBuf,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// A worker process (started by the checker).
+    #[command(hide = true)]
+    Worker {
+        #[arg(long)]
+        config: String,
+    },
+    /// The fenced resource (started by the checker).
+    #[command(hide = true)]
+    Resource {
+        #[arg(long)]
+        config: String,
+    },
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum ModeArg {
+    Enforce,
+    Observe,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum WorkloadArg {
+    Counter,
+    Set,
+}
+
+#[derive(Debug, Args)]
+struct RunArgs {
+    /// Backend(s): memory, file, redis, redlock, etcd, comma-separated, or `all`.
+    #[arg(long, default_value = "all")]
+    backend: String,
+    /// Scenario(s) by name or number, comma-separated, or `all`.
+    #[arg(long, default_value = "all")]
+    scenario: String,
+    /// The first seed.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Runs per backend and scenario, with seeds seed, seed+1, …
+    #[arg(long, default_value_t = 1)]
+    runs: u64,
+    /// Runs at once (each with servers and processes of its own).
+    #[arg(long, default_value_t = 1)]
+    jobs: usize,
+    /// Use these servers instead of starting them (faults that need control of the servers
+    /// are skipped; the report says which).
+    #[arg(long, env = "LEASEHOLD_URL", hide_env_values = true)]
+    url: Option<String>,
+    /// Whether the resource refuses stale tokens (enforce) or accepts and records them.
+    #[arg(long, value_enum, default_value = "enforce")]
+    mode: ModeArg,
+    /// What the workers do under the lock.
+    #[arg(long, value_enum, default_value = "counter")]
+    workload: WorkloadArg,
+    /// Print JSON instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// Write an HTML report with a timeline per run.
+    #[arg(long, value_name = "FILE")]
+    html: Option<PathBuf>,
+    /// Keep every run's history (JSON lines) in this directory.
+    #[arg(long, value_name = "DIR")]
+    history: Option<PathBuf>,
+    /// A planted bug (the checker's own tests; needs a build with `planted-bugs`).
+    #[arg(long, hide = true)]
+    bug: Option<String>,
+}
+
+/// Runs the command; returns the exit code.
+pub fn main(args: ChaosArgs, launcher: std::io::Result<Launcher>) -> u8 {
+    match args.command {
+        Some(ChaosCommand::Worker { config }) => {
+            let config: WorkerConfig = match serde_json::from_str(&config) {
+                Ok(c) => c,
+                Err(e) => return usage(&format!("bad worker configuration: {e}")),
+            };
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build();
+            match runtime.map(|rt| rt.block_on(crate::worker::run(config))) {
+                Ok(Ok(())) => exit::OK,
+                Ok(Err(e)) | Err(e) => {
+                    eprintln!("leasehold chaos worker: {e}");
+                    exit::FAILED
+                }
+            }
+        }
+        Some(ChaosCommand::Resource { config }) => {
+            let config: ResourceConfig = match serde_json::from_str(&config) {
+                Ok(c) => c,
+                Err(e) => return usage(&format!("bad resource configuration: {e}")),
+            };
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build();
+            match runtime.map(|rt| rt.block_on(crate::resource::serve(config))) {
+                Ok(Ok(())) => exit::OK,
+                Ok(Err(e)) | Err(e) => {
+                    eprintln!("leasehold chaos resource: {e}");
+                    exit::FAILED
+                }
+            }
+        }
+        Some(ChaosCommand::List) => {
+            print!("{}", list());
+            exit::OK
+        }
+        Some(ChaosCommand::Check { history, json }) => check(&history, json),
+        None => match launcher {
+            Ok(launcher) => run(args.run, &launcher),
+            Err(e) => {
+                eprintln!("leasehold chaos: cannot find this program to start workers: {e}");
+                exit::FAILED
+            }
+        },
+    }
+}
+
+fn usage(message: &str) -> u8 {
+    eprintln!("leasehold chaos: {message}");
+    exit::USAGE
+}
+
+fn list() -> String {
+    let mut out = String::from("Backends:\n");
+    for b in REGISTRY {
+        let note = if deploy::available(b) {
+            ""
+        } else {
+            " (not in this build)"
+        };
+        out.push_str(&format!("  {:<9} {}://{note}\n", b.name, b.scheme));
+    }
+    out.push_str("\nScenarios (where they run):\n");
+    for s in SCENARIOS {
+        let runs: Vec<&str> = REGISTRY
+            .iter()
+            .filter(|b| matches!((s.plan)(b), Plan::Run(_)))
+            .map(|b| b.name)
+            .collect();
+        out.push_str(&format!(
+            "  {:>2} {:<24} {}\n     on: {}\n",
+            s.id,
+            s.name,
+            s.title,
+            if runs.is_empty() {
+                "-".to_owned()
+            } else {
+                runs.join(", ")
+            }
+        ));
+    }
+    out
+}
+
+fn check(path: &std::path::Path, json: bool) -> u8 {
+    let history = match History::read(path) {
+        Ok(h) => h,
+        Err(e) => return usage(&e.to_string()),
+    };
+    let facts = crate::checks::Facts::new(&history);
+    let expect = |c| match (
+        deploy::backend(&facts.info.backend),
+        scenario::scenario(&facts.info.scenario),
+    ) {
+        (Some(b), Some(s)) => match (s.plan)(b) {
+            Plan::Run(setup) => {
+                let mode = if facts.info.mode == "observe" {
+                    FenceMode::Observe
+                } else {
+                    FenceMode::Enforce
+                };
+                runner::expectation(&setup, mode, c)
+            }
+            Plan::Skip(_) => crate::checks::Expect::Hold,
+        },
+        _ => crate::checks::Expect::Hold,
+    };
+    let verdicts = crate::checks::run_all(&history, expect);
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&verdicts).unwrap_or_default()
+        );
+    } else {
+        for v in &verdicts {
+            println!(
+                "{} {:<4} {:<18} {}",
+                v.status.symbol(),
+                v.check.to_string(),
+                v.check.name(),
+                v.summary
+            );
+        }
+    }
+    if verdicts.iter().all(|v| v.status.is_good()) {
+        exit::OK
+    } else {
+        exit::FAILED
+    }
+}
+
+fn pick<T: Copy>(
+    text: &str,
+    all: &[T],
+    find: impl Fn(&str) -> Option<T>,
+    what: &str,
+) -> Result<Vec<T>, String> {
+    if text == "all" {
+        return Ok(all.to_vec());
+    }
+    text.split(',')
+        .map(|name| find(name.trim()).ok_or_else(|| format!("unknown {what} {name:?}")))
+        .collect()
+}
+
+fn run(args: RunArgs, launcher: &Launcher) -> u8 {
+    let built: Vec<&'static deploy::BackendSpec> = REGISTRY
+        .iter()
+        .copied()
+        .filter(|b| deploy::available(b))
+        .collect();
+    let backends = match pick(&args.backend, &built, deploy::backend, "backend") {
+        Ok(b) => b,
+        Err(e) => return usage(&format!("{e}; see `leasehold chaos list`")),
+    };
+    if let Some(missing) = backends.iter().find(|b| !deploy::available(b)) {
+        return usage(&format!(
+            "{}:// needs leasehold built with the `{}` feature",
+            missing.scheme, missing.name
+        ));
+    }
+    let all: Vec<&'static scenario::Scenario> = SCENARIOS.iter().collect();
+    let scenarios = match pick(&args.scenario, &all, scenario::scenario, "scenario") {
+        Ok(s) => s,
+        Err(e) => return usage(&format!("{e}; see `leasehold chaos list`")),
+    };
+    if args.runs == 0 {
+        return usage("--runs must be at least 1");
+    }
+    if let Some(dir) = &args.history
+        && let Err(e) = std::fs::create_dir_all(dir)
+    {
+        return usage(&format!("--history {}: {e}", dir.display()));
+    }
+    if let Some(url) = &args.url {
+        let scheme = url.split(':').next().unwrap_or("").to_ascii_lowercase();
+        let fits = |b: &deploy::BackendSpec| {
+            scheme == b.scheme
+                || scheme == format!("{}s", b.scheme)
+                || (b.name == "zookeeper" && scheme == "zookeeper")
+        };
+        if backends.len() != 1 || !fits(backends[0]) {
+            return usage(&format!(
+                "--url needs --backend naming that URL's backend ({})",
+                leasehold::support::redact_url(url)
+            ));
+        }
+    }
+    let mut specs = Vec::new();
+    for backend in &backends {
+        for s in &scenarios {
+            for seed in args.seed..args.seed + args.runs {
+                specs.push(RunSpec {
+                    backend,
+                    scenario: s,
+                    seed,
+                    mode: match args.mode {
+                        ModeArg::Enforce => FenceMode::Enforce,
+                        ModeArg::Observe => FenceMode::Observe,
+                    },
+                    workload: match args.workload {
+                        WorkloadArg::Counter => Workload::Counter,
+                        WorkloadArg::Set => Workload::Set,
+                    },
+                    url: args.url.clone(),
+                    bug: args.bug.clone(),
+                    history_dir: args.history.clone(),
+                });
+            }
+        }
+    }
+    if args.jobs == 0 {
+        return usage("--jobs must be at least 1");
+    }
+    let mut progress = report::Progress::new(specs.len());
+    let mut slots: Vec<Option<RunReport>> = specs.iter().map(|_| None).collect();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<(usize, RunReport)>();
+    let failed_to_start = std::thread::scope(|scope| {
+        let mut handles = Vec::new();
+        for _ in 0..args.jobs.min(specs.len()) {
+            let done_tx = done_tx.clone();
+            let (specs, next) = (&specs, &next);
+            handles.push(scope.spawn(move || -> std::io::Result<()> {
+                let runtime = tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .enable_all()
+                    .build()?;
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    let Some(spec) = specs.get(i) else {
+                        return Ok(());
+                    };
+                    let report = runtime.block_on(runner::run(spec, launcher));
+                    if done_tx.send((i, report)).is_err() {
+                        return Ok(());
+                    }
+                }
+            }));
+        }
+        drop(done_tx);
+        for (i, mut r) in done_rx {
+            progress.step(&r);
+            // Keep histories only for the runs the HTML report draws: every failure, and
+            // the first run of each backend and scenario.
+            let drawn = slots
+                .iter()
+                .flatten()
+                .any(|o| o.backend == r.backend && o.scenario == r.scenario && o.history.is_some());
+            if args.html.is_none() || (r.is_good() && drawn) {
+                r.history = None;
+            }
+            slots[i] = Some(r);
+        }
+        handles
+            .into_iter()
+            .filter_map(|h| h.join().ok())
+            .find_map(Result::err)
+    });
+    if let Some(e) = failed_to_start {
+        eprintln!("leasehold chaos: cannot start: {e}");
+        return exit::FAILED;
+    }
+    let reports: Vec<RunReport> = slots.into_iter().flatten().collect();
+    if let Some(path) = &args.html
+        && let Err(e) = std::fs::write(path, report::html(&reports))
+    {
+        eprintln!("leasehold chaos: writing {}: {e}", path.display());
+    }
+    if args.json {
+        println!("{}", report::to_json(&reports));
+    } else {
+        print!("{}", report::table(&reports));
+    }
+    if reports.iter().all(RunReport::is_good) {
+        exit::OK
+    } else {
+        exit::FAILED
+    }
+}

@@ -1,0 +1,23 @@
+//! The file backend: OS file locks in a directory; every worker a process of its own.
+
+use std::time::Duration;
+
+use super::{BackendSpec, ServerClock, Servers, Traits};
+
+/// The registry entry.
+pub static SPEC: BackendSpec = BackendSpec {
+    name: "file",
+    scheme: "file",
+    traits: Traits {
+        servers: false,
+        network: false,
+        processes: true,
+        expiring: false,
+        sessions: false,
+        server_clock: ServerClock::None,
+        restart_loses_locks: false,
+    },
+    ttl: Duration::from_millis(1000),
+    start: |_| Box::pin(async { Ok(Servers::Dir(tempfile::tempdir()?)) }),
+    url: |dir, _| format!("file://{}", dir.first().map_or("", String::as_str)),
+};

@@ -1,0 +1,24 @@
+//! The in-memory backend: one server inside the worker process, shared by every worker of
+//! the run (they are tasks of that one process, with a `Faulty` link each).
+
+use std::time::Duration;
+
+use super::{BackendSpec, ServerClock, Servers, Traits};
+
+/// The registry entry.
+pub static SPEC: BackendSpec = BackendSpec {
+    name: "memory",
+    scheme: "memory",
+    traits: Traits {
+        servers: false,
+        network: false,
+        processes: false,
+        expiring: true,
+        sessions: false,
+        server_clock: ServerClock::None,
+        restart_loses_locks: true,
+    },
+    ttl: Duration::from_millis(1000),
+    start: |_| Box::pin(async { Ok(Servers::None) }),
+    url: |_, _| "memory:".into(),
+};

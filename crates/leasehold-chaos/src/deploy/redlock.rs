@@ -1,0 +1,25 @@
+//! Redlock over three independent redis-servers (no persistence).
+
+use std::time::Duration;
+
+use leasehold_testkit::redis_servers;
+
+use super::{BackendSpec, ServerClock, Servers, Traits};
+
+/// The registry entry.
+pub static SPEC: BackendSpec = BackendSpec {
+    name: "redlock",
+    scheme: "redlock",
+    traits: Traits {
+        servers: true,
+        network: true,
+        processes: true,
+        expiring: true,
+        sessions: false,
+        server_clock: ServerClock::ExpireEarly,
+        restart_loses_locks: true,
+    },
+    ttl: Duration::from_millis(1000),
+    start: |_| Box::pin(async { Ok(Servers::Redis(redis_servers(3).await?)) }),
+    url: |eps, _| format!("redlock://{}", eps.join(",")),
+};

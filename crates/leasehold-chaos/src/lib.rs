@@ -1,0 +1,28 @@
+//! leasehold-chaos: the fault-injection checker behind `leasehold chaos`.
+//!
+//! Worker processes lock through the real toolkit against real servers and do guarded
+//! work on a fenced resource (a process of its own); a nemesis injects seeded faults;
+//! every process reports to one collector, whose history the checks C1–C10 of
+//! `safety.md` judge. See `docs/guarantees.md` for what it measured on each backend.
+
+// An unpublished tool: its data types (events, verdicts, reports, configurations) are made
+// and read by the checker and its own tests, and change with it.
+#![allow(clippy::exhaustive_structs)]
+
+#[cfg(feature = "planted-bugs")]
+pub mod bugs;
+pub mod checks;
+pub mod cli;
+pub mod collector;
+pub mod deploy;
+pub mod history;
+pub mod nemesis;
+pub mod recorder;
+pub mod report;
+pub mod resource;
+pub mod runner;
+pub mod scenario;
+pub mod vip;
+pub mod wgl;
+pub mod wire;
+pub mod worker;

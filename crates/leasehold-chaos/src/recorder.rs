@@ -1,0 +1,270 @@
+//! A backend decorator that records every acquire, renewal and release as the server
+//! answered it: the server-side view of the history.
+//!
+//! It sits directly above the real backend (below the engine, and below any planted bug),
+//! so the owner ids, tokens and leases it records are what the server saw and said.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use leasehold::backend::Liveness;
+use leasehold::backend::{
+    Acquire, Backend, Capabilities, Expiry as BackendExpiry, LockState, Release, Renewal, Request,
+    SessionLiveness, WaitHint,
+};
+use leasehold::{LockName, Result};
+use serde_json::json;
+use tokio::task::JoinHandle;
+
+use crate::history::{Event, Expiry, Kind, Phase};
+use crate::wire::Sink;
+
+/// Records the calls of `inner` to the collector.
+#[derive(Debug)]
+pub struct Recorder {
+    inner: Arc<dyn Backend>,
+    sink: Sink,
+    /// Sessions seen (their liveness, id, follower).
+    sessions: Mutex<Vec<(SessionLiveness, String, JoinHandle<()>)>>,
+}
+
+impl Recorder {
+    /// Wraps `inner`.
+    pub fn new(inner: Arc<dyn Backend>, sink: Sink) -> Self {
+        Self {
+            inner,
+            sink,
+            sessions: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn expiry(&self, expiry: &BackendExpiry) -> Expiry {
+        match expiry {
+            BackendExpiry::After(d) => Expiry::After {
+                us: u64::try_from(d.as_micros()).unwrap_or(u64::MAX),
+            },
+            BackendExpiry::Never => Expiry::Never,
+            BackendExpiry::Session(liveness) => Expiry::Session {
+                until: self.until(liveness.current()),
+            },
+        }
+    }
+
+    fn until(&self, liveness: Liveness) -> u64 {
+        session_until(&self.sink, liveness)
+    }
+
+    /// The id of the session `liveness` belongs to (`<pid>.<n>`), following its
+    /// keep-alives from the first grant on (one follower per session).
+    fn follow(&self, liveness: &SessionLiveness) -> String {
+        let mut sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, id, _)) = sessions.iter().find(|(l, _, _)| l == liveness) {
+            return id.clone();
+        }
+        let id = format!("{}.{}", std::process::id(), sessions.len());
+        let mut follow = liveness.clone();
+        let sink = self.sink.clone();
+        let session = id.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                follow.changed().await;
+                let now = follow.current();
+                let mut event = sink
+                    .event(Kind::Session, Phase::Info)
+                    .expiry(Expiry::Session {
+                        until: session_until(&sink, now),
+                    })
+                    .value(json!({"session": session}));
+                if now == Liveness::Ended {
+                    event = event.answer("ended");
+                    sink.send(event);
+                    return;
+                }
+                sink.send(event);
+            }
+        });
+        sessions.push((liveness.clone(), id.clone(), task));
+        id
+    }
+
+    async fn invoke(&self, kind: Kind, req: &Request) -> Completion {
+        let op = self.sink.next_op();
+        self.sink
+            .invoke(
+                self.sink
+                    .event(kind, Phase::Invoke)
+                    .op(op)
+                    .lock(req.name.as_str())
+                    .owner(req.owner.to_string()),
+            )
+            .await;
+        Completion {
+            sink: self.sink.clone(),
+            kind,
+            op,
+            done: false,
+        }
+    }
+}
+
+/// A session deadline (an instant of the system clock, `CLOCK_BOOTTIME` on Linux) on the
+/// collector's timeline; an ended session's is now.
+fn session_until(sink: &Sink, liveness: Liveness) -> u64 {
+    match liveness {
+        Liveness::Alive { until } => {
+            sink.collector_time(u64::try_from(until.since_origin().as_nanos()).unwrap_or(0))
+        }
+        Liveness::Ended => sink.collector_time(crate::wire::boottime_ns()),
+    }
+}
+
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        let mut sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
+        for (_, _, task) in sessions.drain(..) {
+            task.abort();
+        }
+    }
+}
+
+/// The completion of one recorded call; if the call is dropped before it completes (the
+/// engine's timeout), its outcome is recorded as unknown.
+struct Completion {
+    sink: Sink,
+    kind: Kind,
+    op: u64,
+    done: bool,
+}
+
+impl Completion {
+    fn event(&self, phase: Phase) -> Event {
+        self.sink.event(self.kind, phase).op(self.op)
+    }
+
+    fn finish(mut self, event: Event) {
+        self.done = true;
+        self.sink.send(event);
+    }
+
+    fn error(self, error: &leasehold::Error) {
+        // Only an error that says the request was refused before anything happened is a
+        // failure. Anything else may have been applied — a timeout, a lost connection, and
+        // also a backend error that is really one of those (a backend that reports "no
+        // response" as an error answer would otherwise make the checks believe a release
+        // that happened did not).
+        let refused = matches!(
+            error,
+            leasehold::Error::InvalidArgument { .. }
+                | leasehold::Error::Unsupported { .. }
+                | leasehold::Error::NotHeld
+                | leasehold::Error::Lost(_)
+        );
+        let phase = if refused { Phase::Fail } else { Phase::Unknown };
+        let event = self.event(phase).error(error.to_string());
+        self.finish(event);
+    }
+}
+
+impl Drop for Completion {
+    fn drop(&mut self) {
+        if !self.done {
+            self.sink.send(
+                self.event(Phase::Unknown)
+                    .error("cancelled before an answer came"),
+            );
+        }
+    }
+}
+
+#[async_trait]
+impl Backend for Recorder {
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+
+    async fn acquire(&self, req: &Request) -> Result<Acquire> {
+        let done = self.invoke(Kind::Acquire, req).await;
+        let answer = self.inner.acquire(req).await;
+        match &answer {
+            Ok(Acquire::Granted(grant)) => {
+                let mut event = done
+                    .event(Phase::Ok)
+                    .answer("granted")
+                    .token(grant.token.get())
+                    .expiry(self.expiry(&grant.expiry));
+                if let BackendExpiry::Session(liveness) = &grant.expiry {
+                    event = event.value(json!({"session": self.follow(liveness)}));
+                }
+                done.finish(event);
+            }
+            Ok(Acquire::Busy(_)) => {
+                let event = done.event(Phase::Ok).answer("busy");
+                done.finish(event);
+            }
+            Err(e) => done.error(e),
+        }
+        answer
+    }
+
+    async fn renew(&self, req: &Request) -> Result<Renewal> {
+        let done = self.invoke(Kind::Renew, req).await;
+        let answer = self.inner.renew(req).await;
+        match &answer {
+            Ok(Renewal::Renewed(expiry)) => {
+                let event = done
+                    .event(Phase::Ok)
+                    .answer("renewed")
+                    .expiry(self.expiry(expiry));
+                done.finish(event);
+            }
+            Ok(Renewal::Lost(reason)) => {
+                let mut event = done.event(Phase::Ok).answer("lost");
+                event.fault = Some(format!("{reason:?}"));
+                done.finish(event);
+            }
+            Err(e) => done.error(e),
+        }
+        answer
+    }
+
+    async fn release(&self, req: &Request) -> Result<Release> {
+        let done = self.invoke(Kind::Release, req).await;
+        let answer = self.inner.release(req).await;
+        match &answer {
+            Ok(Release::Released) => {
+                let event = done.event(Phase::Ok).answer("released");
+                done.finish(event);
+            }
+            Ok(Release::NotHeld) => {
+                let event = done.event(Phase::Ok).answer("not_held");
+                done.finish(event);
+            }
+            Err(e) => done.error(e),
+        }
+        answer
+    }
+
+    async fn wait(&self, name: &LockName, hint: &WaitHint, max: Duration) -> Result<()> {
+        self.inner.wait(name, hint, max).await
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<LockState> {
+        self.inner.inspect(name).await
+    }
+
+    async fn abandon(&self, req: &Request) -> Result<()> {
+        let done = self.invoke(Kind::Release, req).await;
+        let answer = self.inner.abandon(req).await;
+        match &answer {
+            // Given up: the grant ends at some point (the session ends, or a lease runs
+            // out), not necessarily now — an unknown outcome for the checks.
+            Ok(()) => {
+                let event = done.event(Phase::Unknown).answer("abandoned");
+                done.finish(event);
+            }
+            Err(e) => done.error(e),
+        }
+        answer
+    }
+}

@@ -77,7 +77,8 @@ enum WorkloadArg {
 
 #[derive(Debug, Args)]
 struct RunArgs {
-    /// Backend(s): memory, file, redis, redlock, etcd, comma-separated, or `all`.
+    /// Backend(s): memory, file, redis, redlock, etcd, zookeeper, postgres, comma-separated,
+    /// or `all`.
     #[arg(long, default_value = "all")]
     backend: String,
     /// Scenario(s) by name or number, comma-separated, or `all`.

@@ -436,6 +436,11 @@ impl<'a> Ctx<'a> {
         self.deployment.spec.name
     }
 
+    /// What the backend is made of.
+    pub fn traits(&self) -> crate::deploy::Traits {
+        self.deployment.spec.traits
+    }
+
     /// Until `worker` holds, at most `limit`.
     ///
     /// # Cancel safety
@@ -641,6 +646,27 @@ impl<'a> Ctx<'a> {
             json!({"emulated_by": "PEXPIRE of the lock key", "key": key}),
         );
         self.redis(i, &["PEXPIRE", &key, "1"]).await.map(|_| ())
+    }
+
+    /// Moves server `i`'s wall clock `seconds` away from the real one (libfaketime).
+    ///
+    /// # Errors
+    ///
+    /// If the server's clock cannot be moved (libfaketime is not installed).
+    pub fn jump_wall_clock(&mut self, i: usize, seconds: i64) -> io::Result<()> {
+        let clock = self.deployment.servers.wall_clock(i).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!("server {i}'s clock cannot be moved: is libfaketime installed?"),
+            )
+        })?;
+        clock.set_offset(seconds)?;
+        self.instant(
+            "clock-jump",
+            &format!("server {i}"),
+            json!({"by_s": seconds, "via": "libfaketime"}),
+        );
+        Ok(())
     }
 
     /// Holds back replication from the primary (bytes kept in the replication link), or

@@ -36,6 +36,11 @@ fn sample_zookeeper() {
     common::sample("zookeeper");
 }
 
+#[test]
+fn sample_postgres() {
+    common::sample("postgres");
+}
+
 /// Against the user's servers (`--url`): what needs no control of the servers runs, through
 /// fault proxies in front of them; the rest is skipped, saying why.
 #[test]

@@ -24,8 +24,7 @@ use leasehold_testkit::{Etcd, FaultProxy, Postgres, Redis, ServerProcess, ZooKee
 
 use crate::vip::Vip;
 
-/// The backends `leasehold chaos` knows. PostgreSQL (`postgres::SPEC`) is ready to be
-/// listed once the facade connects to `postgres://` URLs.
+/// The backends `leasehold chaos` knows.
 pub static REGISTRY: &[&BackendSpec] = &[
     &memory::SPEC,
     &file::SPEC,
@@ -33,6 +32,7 @@ pub static REGISTRY: &[&BackendSpec] = &[
     &redlock::SPEC,
     &etcd::SPEC,
     &zookeeper::SPEC,
+    &postgres::SPEC,
 ];
 
 /// Finds a backend by name.
@@ -127,8 +127,8 @@ pub enum Servers {
     Etcd(Etcd),
     /// A ZooKeeper ensemble.
     ZooKeeper(ZooKeeper),
-    /// A PostgreSQL server.
-    Postgres(Postgres),
+    /// A PostgreSQL server, and its wall clock where libfaketime is installed.
+    Postgres(Postgres, Option<postgres::ServerWallClock>),
 }
 
 impl Servers {
@@ -140,7 +140,9 @@ impl Servers {
             Servers::Replicated(pair) => vec![pair.primary.addr(), pair.replica.addr()],
             Servers::Etcd(etcd) => etcd.members().iter().map(|m| m.addr()).collect(),
             Servers::ZooKeeper(zk) => zk.servers().iter().map(|s| s.addr()).collect(),
-            Servers::Postgres(pg) => vec![std::net::SocketAddr::from(([127, 0, 0, 1], pg.port()))],
+            Servers::Postgres(pg, _) => {
+                vec![std::net::SocketAddr::from(([127, 0, 0, 1], pg.port()))]
+            }
         }
     }
 
@@ -160,7 +162,7 @@ impl Servers {
             },
             Servers::Etcd(etcd) => etcd.members().get_mut(i).map(|m| m.process()),
             Servers::ZooKeeper(zk) => zk.servers().get_mut(i).map(|s| s.process()),
-            Servers::Postgres(pg) if i == 0 => Some(pg.process()),
+            Servers::Postgres(pg, _) if i == 0 => Some(pg.process()),
             _ => None,
         }
     }
@@ -206,7 +208,7 @@ impl Servers {
                 Some(s) => s.restart().await,
                 None => Ok(()),
             },
-            Servers::Postgres(pg) => pg.restart().await,
+            Servers::Postgres(pg, _) => pg.restart().await,
             _ => Ok(()),
         }
     }
@@ -228,6 +230,14 @@ impl Servers {
                 0
             }
             _ => 0,
+        }
+    }
+
+    /// Server `i`'s wall clock, where libfaketime can move it.
+    pub fn wall_clock(&self, i: usize) -> Option<&postgres::ServerWallClock> {
+        match self {
+            Servers::Postgres(_, clock) if i == 0 => clock.as_ref(),
+            _ => None,
         }
     }
 

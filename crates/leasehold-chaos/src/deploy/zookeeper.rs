@@ -16,7 +16,7 @@ pub static SPEC: BackendSpec = BackendSpec {
         processes: true,
         expiring: true,
         sessions: true,
-        server_clock: ServerClock::Faketime,
+        server_clock: ServerClock::None,
         restart_loses_locks: false,
     },
     // Within the test servers' bounds (2 to 20 ticks of 200 ms).

@@ -33,8 +33,9 @@ impl PostgresBuilder {
     }
 
     /// Runs the server under libfaketime: its wall clock is the real one moved by the
-    /// offset written in `control` (`+0`, `+3600`, `-1h`, ...), read again at least every
-    /// second. Its monotonic clock is left alone.
+    /// offset written in `control` (`+0`, `+3600`, `-1h`, ...), read again at every clock
+    /// reading (so a jump reaches every server process at once). Its monotonic clock is left
+    /// alone.
     pub fn faketime(mut self, control: &Path) -> Self {
         self.faketime = Some(control.to_owned());
         self
@@ -98,7 +99,7 @@ impl Postgres {
             Some(control) => vec![
                 ("LD_PRELOAD".into(), libfaketime()?.into()),
                 ("FAKETIME_TIMESTAMP_FILE".into(), control.into()),
-                ("FAKETIME_CACHE_DURATION".into(), "1".into()),
+                ("FAKETIME_NO_CACHE".into(), "1".into()),
                 ("DONT_FAKE_MONOTONIC".into(), "1".into()),
             ],
             None => Vec::new(),

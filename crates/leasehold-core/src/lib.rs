@@ -54,6 +54,3 @@ pub use sync::{
     Election, Guard, Leader, Leadership, Mutex, MutexGuard, Observer, Owner, Permit, ReadGuard,
     RwLock, Semaphore, WriteGuard,
 };
-// Old paths of the implementor helpers, until every backend imports them from `support`.
-#[doc(hidden)]
-pub use support::{TlsFiles, check_key_prefix, redact_url};

@@ -3,7 +3,8 @@
 use std::fmt;
 use std::time::Duration;
 
-use leasehold_core::{Error, Result, check_key_prefix, parse_duration, redact_url};
+use leasehold_core::support::{check_key_prefix, redact_url};
+use leasehold_core::{Error, Result, parse_duration};
 
 /// Options of the ZooKeeper backend (also settable as URL query parameters).
 #[derive(Clone, PartialEq, Eq)]

@@ -97,6 +97,10 @@ async fn a_lost_create_reply_is_adopted_and_a_given_up_one_deleted() {
     assert_eq!(guard.token().get(), u64::try_from(stat.czxid).unwrap());
     assert_eq!(children(&raw, dir).await, std::slice::from_ref(&orphan));
 
+    // The client reconnects after the reset; it sends nothing until the new connection is
+    // established (its first ping answered), so wait for an answer before cutting again.
+    a.inspect("lost-reply").await.unwrap();
+
     // A try that finds the lock held, whose create reply is lost: its outcome is unknown,
     // and what it may have left is deleted by its owner id.
     proxy.cut(Direction::ToClient);

@@ -217,7 +217,8 @@ impl Postgres {
     }
 
     /// Stops the server as `pg_ctl stop -m immediate` does (every process at once, no
-    /// checkpoint) and starts it again with its data, which it recovers from its log.
+    /// checkpoint) and starts it again with its data, which it recovers from its log. After
+    /// a SIGKILL of the postmaster it starts once the old backends are gone.
     ///
     /// # Errors
     ///
@@ -240,8 +241,21 @@ impl Postgres {
                 tokio::time::sleep(std::time::Duration::from_millis(10)).await;
             }
         }
-        self.process.restart()?;
-        self.wait_ready().await
+        // A postmaster killed with SIGKILL leaves its backends behind, holding its shared
+        // memory until each notices the postmaster is gone; a start before then is refused.
+        let started = std::time::Instant::now();
+        loop {
+            self.process.restart()?;
+            match self.wait_ready().await {
+                Err(e)
+                    if e.to_string().contains("shared memory block")
+                        && started.elapsed() < READY_LIMIT =>
+                {
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+                ready => return ready,
+            }
+        }
     }
 }
 

@@ -17,6 +17,14 @@ async fn twenty_processes_count_exactly_and_see_increasing_tokens() {
     common::twenty_runs_share_a_counter(&etcd.url()).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_paused_past_its_session_stops_its_command_and_exits_80_on_resume() {
+    let etcd = Etcd::start().await.unwrap();
+    // `--ttl 2s` becomes the session's ttl; the other client's session gets the same.
+    let url = format!("{}?session_ttl=2s", etcd.url());
+    common::a_paused_run_loses_its_lock_and_exits_80_on_resume(&url).await;
+}
+
 /// `etcdctl ARGS -w json` against `etcd`, parsed.
 async fn etcdctl(etcd: &Etcd, args: &[&str]) -> serde_json::Value {
     let out = Command::new("etcdctl")

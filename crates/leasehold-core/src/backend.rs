@@ -108,11 +108,17 @@ pub struct Request {
     pub lock_delay: Option<Duration>,
     /// Data stored with the grant and shown by inspect (an election candidate's value).
     pub value: Option<Arc<[u8]>>,
+    /// Which of the client's current acquisitions this is: the lowest number free among
+    /// them when it began, the same in all of its requests. A backend that spreads requests
+    /// over several connections keeps one lane on one connection, so the server runs an
+    /// acquisition's requests in the order they were sent, and a client that holds one
+    /// lock at a time stays on one connection.
+    pub lane: u32,
 }
 
 impl Request {
     /// A request of `owner` for `name` in `mode` with a lease of `ttl`: not fair, not
-    /// waiting, no lock-delay, no value (set those fields as needed).
+    /// waiting, no lock-delay, no value, lane 0 (set those fields as needed).
     pub fn new(name: LockName, owner: OwnerId, mode: Mode, ttl: Duration) -> Self {
         Self {
             name,
@@ -123,6 +129,7 @@ impl Request {
             waiting: false,
             lock_delay: None,
             value: None,
+            lane: 0,
         }
     }
 }

@@ -2,9 +2,10 @@
 //! client shares — the backend, the clock, the default options, the renewal schedule and
 //! the background tasks that [`Client::settle`](crate::Client::settle) waits for.
 
+use std::collections::BTreeSet;
 use std::fmt;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::runtime::Handle;
@@ -24,6 +25,8 @@ pub(crate) struct Context {
     pub(crate) options: Arc<LockOptions>,
     /// The renewal schedule of this client's leases.
     pub(crate) watchdog: Arc<Watchdog>,
+    /// The lanes of this client's current acquisitions.
+    pub(crate) lanes: Arc<Lanes>,
     /// How many background tasks run.
     background: watch::Sender<usize>,
 }
@@ -48,6 +51,7 @@ impl Context {
             capabilities: backend.capabilities(),
             backend,
             watchdog: Arc::new(Watchdog::new(clock.clone())),
+            lanes: Arc::default(),
             clock,
             options: Arc::new(options),
             background: watch::Sender::new(0),
@@ -97,5 +101,98 @@ impl Context {
         let mut rx = self.background.subscribe();
         // The sender lives in `self`, so this cannot fail.
         let _ = rx.wait_for(|pending| *pending == 0).await;
+    }
+}
+
+/// The lane numbers of a client's current acquisitions (see
+/// [`Request::lane`](crate::backend::Request::lane)): each takes the lowest number free and
+/// gives it back when it ends, so the numbers in use stay as few as the acquisitions.
+#[derive(Debug, Default)]
+pub(crate) struct Lanes(Mutex<LaneSet>);
+
+#[derive(Debug, Default)]
+struct LaneSet {
+    /// Numbers below `end` that nobody holds.
+    free: BTreeSet<u32>,
+    /// One more than the highest number held.
+    end: u32,
+}
+
+/// One acquisition's lane, given back when the last clone is dropped.
+#[derive(Debug, Clone)]
+pub(crate) struct LaneHold(Arc<HeldLane>);
+
+#[derive(Debug)]
+struct HeldLane {
+    lanes: Arc<Lanes>,
+    lane: u32,
+}
+
+impl Lanes {
+    fn set(&self) -> std::sync::MutexGuard<'_, LaneSet> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The lowest lane free.
+    pub(crate) fn take(self: &Arc<Self>) -> LaneHold {
+        let mut set = self.set();
+        let lane = match set.free.pop_first() {
+            Some(lane) => lane,
+            None => {
+                set.end = set.end.saturating_add(1);
+                set.end - 1
+            }
+        };
+        LaneHold(Arc::new(HeldLane {
+            lanes: self.clone(),
+            lane,
+        }))
+    }
+}
+
+impl LaneHold {
+    pub(crate) fn lane(&self) -> u32 {
+        self.0.lane
+    }
+}
+
+impl Drop for HeldLane {
+    fn drop(&mut self) {
+        let mut guard = self.lanes.set();
+        let set = &mut *guard;
+        set.free.insert(self.lane);
+        // Free numbers at the top are forgotten: an idle client keeps no lane state.
+        while set.end > 0 && set.free.remove(&(set.end - 1)) {
+            set.end -= 1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lanes_are_the_lowest_free_and_leave_nothing_when_all_end() {
+        let lanes = Arc::new(Lanes::default());
+        let a = lanes.take();
+        let a_too = a.clone();
+        let b = lanes.take();
+        let c = lanes.take();
+        assert_eq!((a.lane(), b.lane(), c.lane()), (0, 1, 2));
+        drop(b);
+        assert_eq!(lanes.take().lane(), 1, "the lowest free lane is reused");
+        drop(a);
+        assert_eq!(
+            lanes.take().lane(),
+            1,
+            "a lane is held while a clone of its hold is"
+        );
+        drop(a_too);
+        let again = lanes.take();
+        assert_eq!(again.lane(), 0);
+        drop((again, c));
+        let set = lanes.set();
+        assert!(set.free.is_empty() && set.end == 0, "{set:?}");
     }
 }

@@ -66,6 +66,7 @@ pub(crate) async fn acquire(
         Wait::UpTo(d) => Some(started.saturating_add(d)),
         Wait::Forever => None,
     };
+    let lane = ctx.lanes.take();
     let request = Request {
         name: spec.name.clone(),
         owner: OwnerId::generate(),
@@ -75,6 +76,7 @@ pub(crate) async fn acquire(
         waiting: !matches!(wait, Wait::No),
         lock_delay: options.lock_delay(),
         value: spec.value.clone(),
+        lane: lane.lane(),
     };
     let timeout = options.request_timeout();
     let mut leftover = PendingRelease::new(ctx, request.clone(), started, request.ttl, None);
@@ -90,6 +92,7 @@ pub(crate) async fn acquire(
                 let lease = Lease::new(
                     ctx.clone(),
                     request.clone(),
+                    lane.clone(),
                     options.clone(),
                     grant.token,
                     sent,

@@ -18,7 +18,7 @@ use tokio::sync::Notify;
 
 use crate::backend::{Expiry, Liveness, Renewal, Request, SessionLiveness};
 use crate::clock::Instant;
-use crate::context::Context;
+use crate::context::{Context, LaneHold};
 use crate::error::LossReason;
 use crate::fencing::FencingToken;
 use crate::options::LockOptions;
@@ -101,6 +101,9 @@ pub(crate) struct Lease {
     /// When the last request that could extend the grant on the server was sent, and the
     /// lease length it was granted: the server keeps the grant no longer than their sum.
     extended: std::sync::Mutex<(Instant, Duration)>,
+    /// The acquisition's lane (`request.lane`), taken from the client's while the lease
+    /// lives.
+    _lane: LaneHold,
 }
 
 impl Lease {
@@ -109,6 +112,7 @@ impl Lease {
     pub(crate) fn new(
         ctx: Arc<Context>,
         request: Request,
+        lane: LaneHold,
         options: Arc<LockOptions>,
         token: FencingToken,
         sent: Instant,
@@ -153,6 +157,7 @@ impl Lease {
             slot: std::sync::Mutex::new(None),
             session,
             extended: std::sync::Mutex::new((sent, granted)),
+            _lane: lane,
         }))
     }
 
@@ -544,10 +549,13 @@ mod tests {
             waiting: false,
             lock_delay: None,
             value: None,
+            lane: 0,
         };
+        let ctx = context(clock);
         Lease::new(
-            context(clock),
+            ctx.clone(),
             request,
+            ctx.lanes.take(),
             Arc::new(options),
             FencingToken::new(1),
             sent,
@@ -646,10 +654,13 @@ mod tests {
             waiting: false,
             lock_delay: None,
             value: None,
+            lane: 0,
         };
+        let ctx = context(clock);
         Lease::new(
-            context(clock),
+            ctx.clone(),
             request,
+            ctx.lanes.take(),
             Arc::new(LockOptions::default()),
             FencingToken::new(1),
             clock.now(),

@@ -2,13 +2,15 @@
 //! lease-mode requests share.
 //!
 //! tokio-postgres pipelines the requests of many tasks on one connection, so the pool is a
-//! fixed handful of connections taken in turn; a connection found closed is replaced on the
-//! next use of its place.
+//! fixed handful of connections: a lock request takes the one of its lane (see
+//! `Request::lane`), anything else the next in turn; a connection found closed is replaced
+//! on the next use of its place.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use leasehold_core::backend::Request;
 use leasehold_core::{Error, Result};
 use tokio::sync::watch;
 use tokio_postgres::types::ToSql;
@@ -249,7 +251,7 @@ impl Conn {
     }
 }
 
-/// A fixed number of connections, used in turn.
+/// A fixed number of connections, chosen by lane or in turn.
 #[derive(Debug)]
 pub(crate) struct Pool {
     connector: Arc<Connector>,
@@ -298,20 +300,17 @@ impl Pool {
         self.at(place).await
     }
 
-    /// The connection for `key` (an owner id): every request of one owner goes on the same
+    /// The connection of `req`'s lane: every request of one acquisition goes on the same
     /// connection, where the server runs them in the order they were sent, so that a late
     /// acquire (sent before a release whose answer came first on another connection)
-    /// cannot be run after the release and leave a grant nobody owns.
+    /// cannot be run after the release and leave a grant nobody owns. A client that holds
+    /// one lock at a time uses one connection; concurrent acquisitions spread over all.
     ///
     /// # Errors
     ///
     /// [`Error::Unavailable`] if the server cannot be reached.
-    pub(crate) async fn get_for(&self, key: &str) -> Result<Arc<Conn>> {
-        use std::hash::{BuildHasher, RandomState};
-        static HASHER: std::sync::LazyLock<RandomState> =
-            std::sync::LazyLock::new(RandomState::new);
-        let place = HASHER.hash_one(key) as usize;
-        self.at(place).await
+    pub(crate) async fn get_for(&self, req: &Request) -> Result<Arc<Conn>> {
+        self.at(req.lane as usize).await
     }
 
     async fn at(&self, place: usize) -> Result<Arc<Conn>> {

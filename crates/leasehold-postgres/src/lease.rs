@@ -76,7 +76,7 @@ impl Lease {
             self.wakeups
                 .ticket(req.name.as_str(), Some(req.owner.as_str()))
         });
-        let conn = self.pool.get_for(req.owner.as_str()).await?;
+        let conn = self.pool.get_for(req).await?;
         let (code, limit) = mode(req.mode);
         let ttl = millis(req.ttl);
         let delay = req.lock_delay.map_or(0, millis);
@@ -115,7 +115,7 @@ impl Lease {
     }
 
     pub(crate) async fn renew(&self, req: &Request) -> Result<Renewal> {
-        let conn = self.pool.get_for(req.owner.as_str()).await?;
+        let conn = self.pool.get_for(req).await?;
         let ttl = millis(req.ttl);
         let renewed = conn
             .execute(
@@ -131,7 +131,7 @@ impl Lease {
     }
 
     pub(crate) async fn release(&self, req: &Request) -> Result<Release> {
-        let conn = self.pool.get_for(req.owner.as_str()).await?;
+        let conn = self.pool.get_for(req).await?;
         let row = conn
             .query_one(
                 Stmt::Release,

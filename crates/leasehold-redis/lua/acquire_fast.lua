@@ -5,7 +5,7 @@
 -- @token
 -- @quarantine
 
--- One INCR, one SET NX of "<owner> <token>" with PX. The lock key is absent only if nobody
+-- The next token, one SET NX of "<owner> <token>" with PX. The lock key is absent only if nobody
 -- holds, reads, waits for or delays the name (see head.lua). If it is there, the token was
 -- not handed out: take it back.
 local token = next_token(TOKEN)

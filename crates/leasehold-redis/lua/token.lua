@@ -1,13 +1,33 @@
--- leasehold: the fencing counter, included at a body's `-- @token` marker.
+-- leasehold: the fencing counter, included at a body's `-- @token` marker. CLOCK_FLOOR
+-- (bound by the call: true for a single server, false for a Redlock node) says whether
+-- tokens follow the server's clock.
 
--- The next fencing token from the counter at `key`. A missing counter (a new name, or a
--- server that lost its data) starts from the server's clock in microseconds, so tokens
--- never go backwards after an empty restart as long as the server's clock does not.
+-- The next fencing token from the counter at `key`.
+--
+-- A single server's token is the server's clock in microseconds, or one above the last
+-- token if that is not below it. A counter that is missing (an empty restart, FLUSHALL,
+-- eviction) or behind (a replica promoted before the last grants reached it) so still hands
+-- out tokens above every earlier one, as long as this server's clock is not behind the
+-- clock of the server that handed them out.
+--
+-- A Redlock node counts one up, starting from its clock when the counter is missing: the
+-- majority's write-back orders the nodes' tokens, and clocks would set their counters apart
+-- on every grant.
 local function next_token(key)
-  local t = redis.call('INCR', key)
-  if t == 1 then
-    local now = redis.call('TIME')
-    t = tonumber(now[1]) * 1000000 + tonumber(now[2])
+  if not CLOCK_FLOOR then
+    local t = redis.call('INCR', key)
+    if t == 1 then
+      local now = redis.call('TIME')
+      t = tonumber(now[1]) * 1000000 + tonumber(now[2])
+      redis.call('SET', key, string.format('%d', t))
+    end
+    return t
+  end
+  local now = redis.call('TIME')
+  local t = tonumber(now[1]) * 1000000 + tonumber(now[2])
+  local last = tonumber(redis.call('SET', key, string.format('%d', t), 'GET'))
+  if last and last >= t then
+    t = last + 1
     redis.call('SET', key, string.format('%d', t))
   end
   return t

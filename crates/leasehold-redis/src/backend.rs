@@ -65,6 +65,9 @@ pub(crate) struct NodeAcquire {
     pub(crate) quarantine_ms: u64,
     /// An owner that holds already gets a fresh token rather than its stored one.
     pub(crate) fresh_token: bool,
+    /// Tokens from the node's counter alone, not raised to its clock: Redlock's majority
+    /// compares the nodes' counters, which clocks would set apart on every grant.
+    pub(crate) counter_only: bool,
 }
 
 impl RedisBackend {
@@ -225,10 +228,20 @@ impl RedisBackend {
             && !seen.waited;
         let mut answer = Acquired::NotFast;
         if fast {
-            answer = reply::acquired(self.run(&CALLS.acquire_fast, keys, &values).await?);
+            let call = if node.counter_only {
+                &CALLS.node_acquire_fast
+            } else {
+                &CALLS.acquire_fast
+            };
+            answer = reply::acquired(self.run(call, keys, &values).await?);
         }
         if answer == Acquired::NotFast {
-            answer = reply::acquired(self.run(&CALLS.acquire, keys, &values).await?);
+            let call = if node.counter_only {
+                &CALLS.node_acquire
+            } else {
+                &CALLS.acquire
+            };
+            answer = reply::acquired(self.run(call, keys, &values).await?);
         }
         match answer {
             Acquired::Granted(token) => {

@@ -52,6 +52,7 @@ impl Node {
                 millis_up(quarantine)
             },
             fresh_token: true,
+            counter_only: true,
         };
         self.redis.acquire_node(req, node).await
     }

@@ -238,7 +238,13 @@ pub(crate) struct Call {
 
 impl Call {
     fn new(name: &'static str, shape: Shape, body: &str) -> Self {
+        Self::with(name, shape, "", body)
+    }
+
+    /// A call whose script starts with the Lua lines `bindings` (after the shape's).
+    fn with(name: &'static str, shape: Shape, bindings: &str, body: &str) -> Self {
         let mut text = shape.bindings();
+        text.push_str(bindings);
         let mut body = body.to_owned();
         for (marker, piece) in PIECES {
             body = body.replacen(marker, piece, 1);
@@ -301,6 +307,9 @@ pub(crate) struct Calls {
     /// The exclusive fast path: free → granted, else 0 (make the full call).
     pub(crate) acquire_fast: Call,
     pub(crate) acquire: Call,
+    /// A Redlock node's acquire calls: tokens from the counter alone (see `token.lua`).
+    pub(crate) node_acquire_fast: Call,
+    pub(crate) node_acquire: Call,
     pub(crate) renew_exclusive: Call,
     /// An exclusive renewal with a lock-delay or a stored value.
     pub(crate) renew_exclusive_more: Call,
@@ -328,23 +337,27 @@ pub(crate) static CALLS: LazyLock<Calls> = LazyLock::new(|| {
         args,
         required,
     };
+    let acquire_fast = include_str!("../lua/acquire_fast.lua");
+    let fast_shape = shape(&[Key::Lock, Key::Token], &[Owner, Ttl, Quarantine], 2);
+    let acquire_shape = shape(
+        all,
+        &[
+            Owner, Flags, Ttl, Channel, Limit, LockDelay, Value, Quarantine,
+        ],
+        4,
+    );
+    const CLOCK_FLOOR: &str = "local CLOCK_FLOOR = true\n";
+    const COUNTER_ONLY: &str = "local CLOCK_FLOOR = false\n";
     Calls {
-        acquire_fast: Call::new(
+        acquire_fast: Call::with("acquire (fast path)", fast_shape, CLOCK_FLOOR, acquire_fast),
+        acquire: Call::with("acquire", acquire_shape, CLOCK_FLOOR, acquire),
+        node_acquire_fast: Call::with(
             "acquire (fast path)",
-            shape(&[Key::Lock, Key::Token], &[Owner, Ttl, Quarantine], 2),
-            include_str!("../lua/acquire_fast.lua"),
+            fast_shape,
+            COUNTER_ONLY,
+            acquire_fast,
         ),
-        acquire: Call::new(
-            "acquire",
-            shape(
-                all,
-                &[
-                    Owner, Flags, Ttl, Channel, Limit, LockDelay, Value, Quarantine,
-                ],
-                4,
-            ),
-            acquire,
-        ),
+        node_acquire: Call::with("acquire", acquire_shape, COUNTER_ONLY, acquire),
         renew_exclusive: Call::new("renew", shape(&[Key::Lock], &[Owner, Ttl], 2), renew),
         renew_exclusive_more: Call::new(
             "renew",
@@ -391,10 +404,12 @@ pub(crate) static CALLS: LazyLock<Calls> = LazyLock::new(|| {
 
 impl Calls {
     /// Every call (to load their scripts).
-    pub(crate) fn all(&self) -> [&Call; 11] {
+    pub(crate) fn all(&self) -> [&Call; 13] {
         [
             &self.acquire_fast,
             &self.acquire,
+            &self.node_acquire_fast,
+            &self.node_acquire,
             &self.renew_exclusive,
             &self.renew_exclusive_more,
             &self.renew,

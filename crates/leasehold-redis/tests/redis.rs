@@ -95,10 +95,16 @@ async fn an_empty_restart_neither_keeps_the_lock_nor_lowers_tokens() {
 async fn a_client_refuses_a_token_it_has_already_seen_and_repairs_the_counter() {
     let server = Redis::start().await.unwrap();
     let a = client(&server, Duration::from_secs(5)).await;
+    // Tokens ahead of the server's clock (handed out by a server whose clock ran ahead)...
+    server
+        .command(&["SET", "leasehold:{job}:token", "9000000000000000"])
+        .await
+        .unwrap();
     let first = a.mutex("job").unwrap().lock().await.unwrap();
     let seen = first.token();
     first.release().await.unwrap();
-    // The server "loses" its counter, as an async failover to a lagging replica would.
+    // ...then the counter lost, as an async failover to a lagging replica would: the clock
+    // alone no longer keeps the next token above the ones seen.
     server
         .command(&["SET", "leasehold:{job}:token", "5"])
         .await
@@ -107,6 +113,32 @@ async fn a_client_refuses_a_token_it_has_already_seen_and_repairs_the_counter() 
     assert!(next.token() > seen, "{} after {seen}", next.token());
     // Exactly one holder: the stale grant was given back.
     assert_eq!(a.inspect("job").await.unwrap().holders.len(), 1);
+}
+
+/// A counter that lags (a replica promoted before the last increments reached it) still
+/// grants tokens above the ones handed out before, to a client that never saw them: tokens
+/// are never below the server's clock, so the fence refuses the superseded holder.
+#[tokio::test]
+async fn a_lagging_counter_still_grants_tokens_above_earlier_ones_to_other_clients() {
+    let server = Redis::start().await.unwrap();
+    let a = client(&server, Duration::from_secs(5)).await;
+    let first = a.mutex("job").unwrap().lock().await.unwrap();
+    let handed_out = first.token();
+    first.release().await.unwrap();
+    server
+        .command(&["SET", "leasehold:{job}:token", "5"])
+        .await
+        .unwrap();
+    let b = client(&server, Duration::from_secs(5)).await;
+    let next = b.mutex("job").unwrap().lock().await.unwrap();
+    assert!(
+        next.token() > handed_out,
+        "token {} after {handed_out}",
+        next.token()
+    );
+    let fence = leasehold_core::Fence::new();
+    fence.apply(next.token(), || ()).unwrap();
+    assert!(fence.apply(handed_out, || ()).is_err());
 }
 
 #[tokio::test]

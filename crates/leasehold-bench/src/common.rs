@@ -117,6 +117,23 @@ pub(crate) struct Args {
 
 impl Args {
     pub(crate) fn parse() -> Args {
+        match Self::parse_from(std::env::args().skip(1)) {
+            Ok(args) => args,
+            Err(message) => {
+                let usage = "usage: [--url URL] [--duration D] [--clients N] [--handoffs N] \
+                             [--rounds N] [--json] [--only SIDE] (see the source's header)";
+                if message.is_empty() {
+                    println!("{usage}");
+                    std::process::exit(0);
+                }
+                eprintln!("{message}\n{usage}");
+                std::process::exit(2);
+            }
+        }
+    }
+
+    /// The arguments, or what is wrong with them (empty: help was asked for).
+    fn parse_from(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
         let mut args = Args {
             url: None,
             duration: Duration::from_secs(3),
@@ -126,28 +143,32 @@ impl Args {
             json: false,
             only: None,
         };
-        let mut it = std::env::args().skip(1);
-        let number = |it: &mut std::iter::Skip<std::env::Args>, flag: &str| -> usize {
-            it.next()
-                .and_then(|n| n.parse().ok())
-                .unwrap_or_else(|| panic!("{flag} N"))
-        };
+        fn value(it: &mut impl Iterator<Item = String>, flag: &str) -> Result<String, String> {
+            it.next().ok_or_else(|| format!("{flag} needs a value"))
+        }
+        fn number(it: &mut impl Iterator<Item = String>, flag: &str) -> Result<usize, String> {
+            let n = value(it, flag)?;
+            n.parse()
+                .map_err(|_| format!("{flag} {n:?}: expected a whole number"))
+        }
         while let Some(arg) = it.next() {
             match arg.as_str() {
-                "--url" => args.url = it.next(),
+                "--url" => args.url = Some(value(&mut it, "--url")?),
                 "--duration" => {
-                    args.duration = leasehold::parse_duration(&it.next().expect("--duration D"))
-                        .expect("a duration such as 3s")
+                    let d = value(&mut it, "--duration")?;
+                    args.duration = leasehold::parse_duration(&d)
+                        .map_err(|e| format!("--duration {d:?}: {e}"))?;
                 }
-                "--clients" => args.clients = number(&mut it, "--clients"),
-                "--handoffs" => args.handoffs = number(&mut it, "--handoffs"),
-                "--rounds" => args.rounds = Some(number(&mut it, "--rounds").max(1)),
+                "--clients" => args.clients = number(&mut it, "--clients")?.max(1),
+                "--handoffs" => args.handoffs = number(&mut it, "--handoffs")?,
+                "--rounds" => args.rounds = Some(number(&mut it, "--rounds")?.max(1)),
                 "--json" => args.json = true,
-                "--only" => args.only = it.next(),
-                other => panic!("unknown argument {other}; see the source's header"),
+                "--only" => args.only = Some(value(&mut it, "--only")?),
+                "-h" | "--help" => return Err(String::new()),
+                other => return Err(format!("unknown argument {other:?}")),
             }
         }
-        args
+        Ok(args)
     }
 
     /// Whether `side` of the comparison runs.

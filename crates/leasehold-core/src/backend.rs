@@ -108,11 +108,11 @@ pub struct Request {
     pub lock_delay: Option<Duration>,
     /// Data stored with the grant and shown by inspect (an election candidate's value).
     pub value: Option<Arc<[u8]>>,
-    /// Which of the client's current acquisitions this is: the lowest number free among
-    /// them when it began, the same in all of its requests. A backend that spreads requests
-    /// over several connections keeps one lane on one connection, so the server runs an
-    /// acquisition's requests in the order they were sent, and a client that holds one
-    /// lock at a time stays on one connection.
+    /// Which of the client's current acquisitions this is: the client's base lane plus the
+    /// lowest index free among them when it began, the same in all of its requests. A
+    /// backend that spreads requests over several connections keeps one lane on one
+    /// connection, so the server runs an acquisition's requests in the order they were
+    /// sent, and a client that holds one lock at a time stays on one connection.
     pub lane: u32,
 }
 

@@ -51,7 +51,7 @@ impl Context {
             capabilities: backend.capabilities(),
             backend,
             watchdog: Arc::new(Watchdog::new(clock.clone())),
-            lanes: Arc::default(),
+            lanes: Arc::new(Lanes::from(rand::random::<u32>())),
             clock,
             options: Arc::new(options),
             background: watch::Sender::new(0),
@@ -105,16 +105,21 @@ impl Context {
 }
 
 /// The lane numbers of a client's current acquisitions (see
-/// [`Request::lane`](crate::backend::Request::lane)): each takes the lowest number free and
-/// gives it back when it ends, so the numbers in use stay as few as the acquisitions.
+/// [`Request::lane`](crate::backend::Request::lane)): each takes the lowest index free and
+/// gives it back when its lease is dropped, so the indexes in use stay as few as the
+/// acquisitions. A lane is the client's base (random, so that clients sharing one backend
+/// spread over its connections) plus the index.
 #[derive(Debug, Default)]
-pub(crate) struct Lanes(Mutex<LaneSet>);
+pub(crate) struct Lanes {
+    base: u32,
+    set: Mutex<LaneSet>,
+}
 
 #[derive(Debug, Default)]
 struct LaneSet {
-    /// Numbers below `end` that nobody holds.
+    /// Indexes below `end` that nobody holds.
     free: BTreeSet<u32>,
-    /// One more than the highest number held.
+    /// One more than the highest index held.
     end: u32,
 }
 
@@ -125,34 +130,45 @@ pub(crate) struct LaneHold(Arc<HeldLane>);
 #[derive(Debug)]
 struct HeldLane {
     lanes: Arc<Lanes>,
-    lane: u32,
+    index: u32,
+}
+
+impl From<u32> for Lanes {
+    /// Lanes from `base` on.
+    fn from(base: u32) -> Self {
+        Self {
+            base,
+            set: Mutex::default(),
+        }
+    }
 }
 
 impl Lanes {
     fn set(&self) -> std::sync::MutexGuard<'_, LaneSet> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+        self.set.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The lowest lane free.
     pub(crate) fn take(self: &Arc<Self>) -> LaneHold {
         let mut set = self.set();
-        let lane = match set.free.pop_first() {
-            Some(lane) => lane,
+        let index = match set.free.pop_first() {
+            Some(index) => index,
             None => {
+                // 2^32 acquisitions at once cannot be: sharing a lane then is harmless.
                 set.end = set.end.saturating_add(1);
                 set.end - 1
             }
         };
         LaneHold(Arc::new(HeldLane {
             lanes: self.clone(),
-            lane,
+            index,
         }))
     }
 }
 
 impl LaneHold {
     pub(crate) fn lane(&self) -> u32 {
-        self.0.lane
+        self.0.lanes.base.wrapping_add(self.0.index)
     }
 }
 
@@ -160,8 +176,8 @@ impl Drop for HeldLane {
     fn drop(&mut self) {
         let mut guard = self.lanes.set();
         let set = &mut *guard;
-        set.free.insert(self.lane);
-        // Free numbers at the top are forgotten: an idle client keeps no lane state.
+        set.free.insert(self.index);
+        // Free indexes at the top are forgotten: an idle client keeps no lane state.
         while set.end > 0 && set.free.remove(&(set.end - 1)) {
             set.end -= 1;
         }
@@ -174,23 +190,28 @@ mod tests {
 
     #[test]
     fn lanes_are_the_lowest_free_and_leave_nothing_when_all_end() {
-        let lanes = Arc::new(Lanes::default());
+        // A base near the top: lanes wrap around.
+        let lanes = Arc::new(Lanes::from(u32::MAX - 1));
         let a = lanes.take();
         let a_too = a.clone();
         let b = lanes.take();
         let c = lanes.take();
-        assert_eq!((a.lane(), b.lane(), c.lane()), (0, 1, 2));
+        assert_eq!((a.lane(), b.lane(), c.lane()), (u32::MAX - 1, u32::MAX, 0));
         drop(b);
-        assert_eq!(lanes.take().lane(), 1, "the lowest free lane is reused");
+        assert_eq!(
+            lanes.take().lane(),
+            u32::MAX,
+            "the lowest free lane is reused"
+        );
         drop(a);
         assert_eq!(
             lanes.take().lane(),
-            1,
+            u32::MAX,
             "a lane is held while a clone of its hold is"
         );
         drop(a_too);
         let again = lanes.take();
-        assert_eq!(again.lane(), 0);
+        assert_eq!(again.lane(), u32::MAX - 1);
         drop((again, c));
         let set = lanes.set();
         assert!(set.free.is_empty() && set.end == 0, "{set:?}");

@@ -101,8 +101,7 @@ pub(crate) struct Lease {
     /// When the last request that could extend the grant on the server was sent, and the
     /// lease length it was granted: the server keeps the grant no longer than their sum.
     extended: std::sync::Mutex<(Instant, Duration)>,
-    /// The acquisition's lane (`request.lane`), taken from the client's while the lease
-    /// lives.
+    /// The acquisition's lane (`request.lane`), the client's until the lease is dropped.
     _lane: LaneHold,
 }
 

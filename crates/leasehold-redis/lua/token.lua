@@ -25,7 +25,15 @@ local function next_token(key)
   end
   local now = redis.call('TIME')
   local t = tonumber(now[1]) * 1000000 + tonumber(now[2])
-  local last = tonumber(redis.call('SET', key, string.format('%d', t), 'GET'))
+  local raw = redis.call('SET', key, string.format('%d', t), 'GET')
+  local last = raw and tonumber(raw)
+  if raw and not (last and last >= 0 and last < 2^53 and last == math.floor(last)) then
+    -- Not a counter of ours (or one past what a Lua number counts exactly): put it back
+    -- and refuse, as INCR would.
+    redis.call('SET', key, raw)
+    error(redis.error_reply('LEASEHOLD_FOREIGN ' .. key ..
+      ' holds a value not written by leasehold (not a whole number below 2^53)'))
+  end
   if last and last >= t then
     t = last + 1
     redis.call('SET', key, string.format('%d', t))

@@ -1,7 +1,7 @@
 //! leasehold's Redis backend: `SET key owner NX PX ttl` done right.
 //!
-//! - **One round trip per uncontended grant**: one Lua script increments the lock's fencing
-//!   counter and sets the lock key if absent (the owner id and token, with a PX expiry),
+//! - **One round trip per uncontended grant**: one Lua script draws the lock's fencing
+//!   token and sets the lock key if absent (the owner id and token, with a PX expiry),
 //!   returning the token. The lock key is also the gate: it stays up while anyone reads,
 //!   waits or is delayed, so `SET NX` alone decides an uncontended grant.
 //! - **Owner-checked everything**: renewal is compare-and-`PEXPIRE`, release is
@@ -13,9 +13,10 @@
 //!   waiters at the expiry time the server reported.
 //! - **Every primitive**: exclusive, shared (read-write lock; readers queue behind a waiting
 //!   writer), permits (semaphores; each permit its own lease), lock-delay.
-//! - **Fencing tokens** per name, seeded from the server's clock (microseconds) when the
-//!   counter is created, so an empty restart never makes them go backwards; this client also
-//!   refuses a token not above one it saw granted before asking, and repairs the counter.
+//! - **Fencing tokens** per name, strictly increasing and never below the server's clock in
+//!   microseconds, so neither an empty restart nor a failover to a lagging replica makes
+//!   them go backwards (while the servers' clocks do not); this client also refuses a token
+//!   not above one it saw granted before asking, and repairs the counter.
 //! - **Bounded per-name state**: wake-up state and subscriptions live only while a waiter or
 //!   observer needs them; every request, connecting included, has a deadline.
 //! - **Replica safety**: optionally `WAIT` for replicas to acknowledge each grant; a

@@ -7,7 +7,7 @@
 
 -- The next token, one SET NX of "<owner> <token>" with PX. The lock key is absent only if nobody
 -- holds, reads, waits for or delays the name (see head.lua). If it is there, the token was
--- not handed out: step the counter back (never below where it stood before).
+-- not handed out: take it back (the counter stays at or above where it stood before).
 local token = next_token(TOKEN)
 if redis.call('SET', LOCK, OWNER .. ' ' .. string.format('%d', token), 'NX', 'PX', TTL) then
   return token

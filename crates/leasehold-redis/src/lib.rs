@@ -13,8 +13,8 @@
 //!   waiters at the expiry time the server reported.
 //! - **Every primitive**: exclusive, shared (read-write lock; readers queue behind a waiting
 //!   writer), permits (semaphores; each permit its own lease), lock-delay.
-//! - **Fencing tokens** per name, strictly increasing and never below the server's clock in
-//!   microseconds, so neither an empty restart nor a failover to a lagging replica makes
+//! - **Fencing tokens** per name, strictly increasing and never below the server's clock
+//!   (milliseconds × 1 000), so neither an empty restart nor a failover to a lagging replica makes
 //!   them go backwards (while the servers' clocks do not); this client also refuses a token
 //!   not above one it saw granted before asking, and repairs the counter.
 //! - **Bounded per-name state**: wake-up state and subscriptions live only while a waiter or

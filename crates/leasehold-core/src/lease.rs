@@ -539,6 +539,8 @@ mod tests {
             .drift_margin(Duration::from_millis(100))
             .build()
             .unwrap();
+        let ctx = context(clock);
+        let lane = ctx.lanes.take();
         let request = Request {
             name: LockName::new("lease").unwrap(),
             owner: OwnerId::generate(),
@@ -548,13 +550,12 @@ mod tests {
             waiting: false,
             lock_delay: None,
             value: None,
-            lane: 0,
+            lane: lane.lane(),
         };
-        let ctx = context(clock);
         Lease::new(
-            ctx.clone(),
+            ctx,
             request,
-            ctx.lanes.take(),
+            lane,
             Arc::new(options),
             FencingToken::new(1),
             sent,
@@ -644,6 +645,8 @@ mod tests {
     }
 
     fn session_lease(clock: &ManualClock, keeper: &SessionKeeper) -> Option<Arc<Lease>> {
+        let ctx = context(clock);
+        let lane = ctx.lanes.take();
         let request = Request {
             name: LockName::new("lease").unwrap(),
             owner: OwnerId::generate(),
@@ -653,13 +656,12 @@ mod tests {
             waiting: false,
             lock_delay: None,
             value: None,
-            lane: 0,
+            lane: lane.lane(),
         };
-        let ctx = context(clock);
         Lease::new(
-            ctx.clone(),
+            ctx,
             request,
-            ctx.lanes.take(),
+            lane,
             Arc::new(LockOptions::default()),
             FencingToken::new(1),
             clock.now(),

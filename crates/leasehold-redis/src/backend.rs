@@ -63,11 +63,11 @@ async fn sweep_unused_channels(inner: Weak<Inner>, wakeups: Arc<Wakeups>) {
 pub(crate) struct NodeAcquire {
     /// How long after its start the node refuses grants, in ms (0: not at all).
     pub(crate) quarantine_ms: u64,
-    /// An owner that holds already gets a fresh token rather than its stored one.
-    pub(crate) fresh_token: bool,
-    /// Tokens from the node's counter alone, not raised to its clock: Redlock's majority
-    /// compares the nodes' counters, which clocks would set apart on every grant.
-    pub(crate) counter_only: bool,
+    /// A Redlock node: an owner that holds already gets a fresh token rather than its
+    /// stored one, and tokens come from the node's counter alone, not raised to its clock
+    /// (Redlock's majority compares the nodes' counters, which clocks would set apart on
+    /// every grant).
+    pub(crate) redlock: bool,
 }
 
 impl RedisBackend {
@@ -216,7 +216,7 @@ impl RedisBackend {
         };
         let values = Values {
             quarantine_ms: node.quarantine_ms,
-            fresh_token: node.fresh_token,
+            fresh_token: node.redlock,
             ..Values::of(req)
         };
         // An exclusive request that has not been busy yet tries the fast path first, with
@@ -226,22 +226,13 @@ impl RedisBackend {
             && req.lock_delay.is_none()
             && req.value.is_none()
             && !seen.waited;
+        let (fast_call, full_call) = CALLS.acquire_of(node.redlock);
         let mut answer = Acquired::NotFast;
         if fast {
-            let call = if node.counter_only {
-                &CALLS.node_acquire_fast
-            } else {
-                &CALLS.acquire_fast
-            };
-            answer = reply::acquired(self.run(call, keys, &values).await?);
+            answer = reply::acquired(self.run(fast_call, keys, &values).await?);
         }
         if answer == Acquired::NotFast {
-            let call = if node.counter_only {
-                &CALLS.node_acquire
-            } else {
-                &CALLS.acquire
-            };
-            answer = reply::acquired(self.run(call, keys, &values).await?);
+            answer = reply::acquired(self.run(full_call, keys, &values).await?);
         }
         match answer {
             Acquired::Granted(token) => {

@@ -51,8 +51,7 @@ impl Node {
             } else {
                 millis_up(quarantine)
             },
-            fresh_token: true,
-            counter_only: true,
+            redlock: true,
         };
         self.redis.acquire_node(req, node).await
     }

@@ -422,6 +422,15 @@ impl Calls {
         ]
     }
 
+    /// The acquire calls, fast path and full, for a single server or a Redlock node.
+    pub(crate) fn acquire_of(&self, redlock_node: bool) -> (&Call, &Call) {
+        if redlock_node {
+            (&self.node_acquire_fast, &self.node_acquire)
+        } else {
+            (&self.acquire_fast, &self.acquire)
+        }
+    }
+
     /// The release of `req`: an exclusive one passes the keys its path may touch (with a
     /// lock-delay its entries, with a value the stored value); others every key.
     pub(crate) fn release_of(&self, req: &Request) -> &Call {

@@ -12,6 +12,11 @@
 //! the ratios are medians of leasehold's rate over the other side's in the same round. A
 //! first round warms up (the JVM compiles, parent nodes exist) and is not counted.
 //!
+//! leasehold runs as two sides: `leasehold` ends each cycle with `guard.release().await`
+//! (confirmed by the server, as Curator's `release()` is), `leasehold-drop` by dropping the
+//! guard (its delete goes out in the drop, ahead of the worker's next request on the
+//! session, and is confirmed in the background).
+//!
 //! ```sh
 //! cargo run --release -p leasehold-bench --bin zookeeper-compare -- --duration 500ms --rounds 20
 //! cargo run --release -p leasehold-bench --bin zookeeper-compare -- --url zk://127.0.0.1:2181 --json
@@ -159,6 +164,17 @@ impl Scenario {
     }
 }
 
+/// How the leasehold side lets go of a guard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Letting {
+    /// `guard.release().await`: returns once the server confirmed the delete, as Curator's
+    /// `release()` does.
+    Release,
+    /// `drop(guard)`, what a guard going out of scope does: the delete is sent by the drop,
+    /// ahead of the worker's next request on the session, and confirmed in the background.
+    Drop,
+}
+
 /// leasehold: `clients` tasks on one backend (one session).
 async fn leasehold_side(
     client: &leasehold::Client,
@@ -167,6 +183,7 @@ async fn leasehold_side(
     duration: Duration,
     contended: bool,
     hold: Duration,
+    letting: Letting,
 ) -> Measure {
     let base = Instant::now();
     let nanos = move || u64::try_from(base.elapsed().as_nanos()).unwrap();
@@ -197,7 +214,10 @@ async fn leasehold_side(
                     tokio::time::sleep(hold).await;
                 }
                 last_release.store(nanos(), Ordering::SeqCst);
-                guard.release().await.unwrap();
+                match letting {
+                    Letting::Release => guard.release().await.unwrap(),
+                    Letting::Drop => drop(guard),
+                }
             }
             measure
         }));
@@ -333,7 +353,7 @@ async fn main() {
     };
     let clients = args.clients;
     let duration = args.duration;
-    let mut sides: Vec<&str> = vec!["leasehold", "curator"];
+    let mut sides: Vec<&str> = vec!["leasehold", "leasehold-drop", "curator"];
     if has_kazoo() {
         sides.push("kazoo");
     } else {
@@ -377,16 +397,25 @@ async fn main() {
                     scenario.hold().as_micros()
                 );
                 let measure = match sides[s] {
-                    "leasehold" => {
-                        leasehold_side(
+                    ours_side @ ("leasehold" | "leasehold-drop") => {
+                        let letting = if ours_side == "leasehold" {
+                            Letting::Release
+                        } else {
+                            Letting::Drop
+                        };
+                        let measure = leasehold_side(
                             &ours,
                             &name,
                             n,
                             duration,
                             scenario.contended(),
                             scenario.hold(),
+                            letting,
                         )
-                        .await
+                        .await;
+                        // The last deletes of dropped guards are not the next side's work.
+                        ours.settle().await;
+                        measure
                     }
                     "curator" => {
                         let line = curator.as_mut().unwrap().command(&command).await.unwrap();
@@ -426,8 +455,8 @@ async fn main() {
         for (k, scenario) in Scenario::ALL.into_iter().enumerate() {
             let t = &totals[s][k];
             let contended = scenario.contended();
-            let vs = |other: &str| match (index("leasehold"), index(other)) {
-                (Some(ours), Some(theirs)) if *side == "leasehold" => j!(paired(ours, theirs, k)),
+            let vs = |other: &str| match index(other) {
+                Some(theirs) if side.starts_with("leasehold") => j!(paired(s, theirs, k)),
                 _ => j!(null),
             };
             rows.push(j!({
@@ -453,7 +482,7 @@ async fn main() {
         return;
     }
     println!(
-        "{:<10} {:<34} {:>9} {:>8} {:>8} {:>8} {:>8} {:>6} {:>7} {:>7}",
+        "{:<14} {:<34} {:>9} {:>8} {:>8} {:>8} {:>8} {:>6} {:>7} {:>7}",
         "side",
         "scenario",
         "cycles/s",
@@ -471,7 +500,7 @@ async fn main() {
     };
     for row in &rows {
         println!(
-            "{:<10} {:<34} {:>9} {:>8} {:>8} {:>8} {:>8} {:>6} {:>7} {:>7}",
+            "{:<14} {:<34} {:>9} {:>8} {:>8} {:>8} {:>8} {:>6} {:>7} {:>7}",
             row["side"].as_str().unwrap_or_default(),
             row["scenario"].as_str().unwrap_or_default(),
             num(&row["cycles_per_s"], 0),

@@ -4,8 +4,11 @@
 //! Whatever an acquisition or a guard may have left on the server (a grant, a queue entry,
 //! a grant whose reply never came) is a [`PendingRelease`] from before the request that
 //! may create it is sent. Until a release is confirmed — the server answered released or
-//! not held — dropping it (the caller's future was cancelled) or failing in the foreground
-//! hands it to a background task that retries with backoff:
+//! not held — dropping it (a guard was dropped, the caller's future was cancelled) or
+//! failing in the foreground hands it to a background task that retries with backoff. The
+//! drop makes the task's first attempt itself, as far as it goes without waiting (for most
+//! backends: until the request is sent), so a release dropped before the client's next
+//! request on the same connection is sent ahead of it:
 //!
 //! - on a backend whose grants expire, until the server confirms or the grant's lease has
 //!   surely ended there ([`PendingRelease::new`] says how that bound is found);
@@ -15,7 +18,10 @@
 //!
 //! [`Client::settle`](crate::Client::settle) waits for the background tasks.
 
+use std::panic::{self, AssertUnwindSafe};
+use std::pin::{Pin, pin};
 use std::sync::Arc;
+use std::task;
 use std::time::Duration;
 
 use tokio::runtime::Handle;
@@ -55,8 +61,8 @@ impl Failures {
     }
 }
 
-/// A release by owner that has not been confirmed yet. Dropped while armed, it goes on in
-/// the background.
+/// A release by owner that has not been confirmed yet. Dropped while armed, it is sent at
+/// once and goes on in the background.
 #[derive(Debug)]
 pub(crate) struct PendingRelease {
     ctx: Arc<Context>,
@@ -139,9 +145,33 @@ impl Drop for PendingRelease {
         };
         let ctx = self.ctx.clone();
         let request = self.request.clone();
-        let lease_end = self.lease_end;
-        self.ctx
-            .spawn_background(&runtime, in_background(ctx, request, lease_end));
+        let mut task = Box::pin(in_background(ctx, request, self.lease_end));
+        if !start_here(&runtime, task.as_mut()) {
+            self.ctx.spawn_background(&runtime, task);
+        }
+    }
+}
+
+/// Polls `task` once here, so that its first attempt is sent before the drop returns: on
+/// a backend that answers one connection (or session) in order, the client's later
+/// requests there come after it, and a lock dropped and taken again at once finds itself
+/// free. Returns whether the task finished. Only on a thread of `runtime` that is not
+/// unwinding (elsewhere the runtime may be gone, and a panic here would abort), outside
+/// the task's budget (a spent budget would stop it before it sends), and with a panic
+/// kept in, as it would be in a task.
+fn start_here(runtime: &Handle, task: Pin<&mut (impl Future<Output = ()> + ?Sized)>) -> bool {
+    let on_runtime = Handle::try_current().is_ok_and(|current| current.id() == runtime.id());
+    if !on_runtime || std::thread::panicking() {
+        return false;
+    }
+    let mut cx = task::Context::from_waker(task::Waker::noop());
+    let mut first = pin!(tokio::task::unconstrained(task));
+    match panic::catch_unwind(AssertUnwindSafe(|| first.as_mut().poll(&mut cx))) {
+        Ok(poll) => poll.is_ready(),
+        Err(_) => {
+            tracing::error!("a background release panicked");
+            true
+        }
     }
 }
 

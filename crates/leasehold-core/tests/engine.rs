@@ -202,6 +202,39 @@ async fn a_dropped_guard_is_released_and_no_longer_renewed() {
 }
 
 #[tokio::test]
+async fn a_dropped_guard_sends_its_release_before_the_drop_returns() {
+    let r = rig();
+    let guard = r.lock().await;
+    drop(guard);
+    // One thread, and nothing has yielded to it since the drop: the drop itself sent the
+    // release (the in-memory server answers at once), so a request after it finds the
+    // lock free.
+    assert_eq!(r.faults.calls(Op::Release), 1);
+    assert!(r.holders().await.is_empty());
+    assert!(r.other_try().await.is_some());
+}
+
+#[test]
+fn a_guard_dropped_after_its_runtime_is_gone_does_not_panic() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (r, guard) = runtime.block_on(async {
+        let r = rig();
+        let guard = r.lock().await;
+        (r, guard)
+    });
+    drop(runtime);
+    // A failed first attempt would wait on the runtime's timers, which are gone: the
+    // release must be dropped with the runtime's tasks, quietly.
+    r.faults
+        .fail_next(Op::Release, Error::unavailable("connection refused"));
+    drop(guard);
+    drop(r);
+}
+
+#[tokio::test]
 async fn a_guard_dropped_outside_the_runtime_is_still_released() {
     let r = rig();
     let guard = r.lock().await;

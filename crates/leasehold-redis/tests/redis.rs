@@ -383,6 +383,21 @@ async fn a_hundred_waiters_are_served_in_arrival_order() {
     );
 }
 
+/// A guard dropped sends its release script from the drop, ahead of the client's next
+/// command on the one connection: the lock taken again at once is free.
+#[tokio::test]
+async fn a_dropped_guard_is_gone_before_the_clients_next_command() {
+    let server = Redis::start().await.unwrap();
+    let client = client(&server, Duration::from_secs(30)).await;
+    let mutex = client.mutex("dropped").unwrap();
+    for _ in 0..20 {
+        drop(mutex.lock().await.unwrap());
+        // One thread: the background task could not have run since the drop.
+        let again = mutex.try_lock().await.unwrap();
+        assert!(again.is_some(), "the dropped guard still held the lock");
+    }
+}
+
 #[tokio::test]
 async fn a_waiter_is_woken_by_the_release_not_by_polling() {
     let server = Redis::start().await.unwrap();

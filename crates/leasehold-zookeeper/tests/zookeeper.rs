@@ -372,6 +372,24 @@ async fn close_deletes_the_sessions_nodes_at_once() {
     );
 }
 
+/// A guard dropped sends its delete from the drop, ahead of the client's next request on
+/// the one session: the lock taken again at once is free, with nothing to wait for.
+#[tokio::test]
+async fn a_dropped_guard_is_gone_before_the_clients_next_request() {
+    let zookeeper = ZooKeeper::start().await.unwrap();
+    let raw = raw(&zookeeper).await;
+    let client = client_on(backend(&zookeeper.url()).await);
+    let mutex = client.mutex("dropped").unwrap();
+    for _ in 0..20 {
+        drop(mutex.lock().await.unwrap());
+        // One thread: the background task could not have run since the drop.
+        let again = mutex.try_lock().await.unwrap();
+        assert!(again.is_some(), "the dropped guard's node was still there");
+    }
+    client.settle().await;
+    assert!(children(&raw, "/leasehold/dropped").await.is_empty());
+}
+
 /// The environment variable that makes [`a_holder_process`] hold a lock: `url|name|delay ms`.
 const HOLDER: &str = "LEASEHOLD_ZK_TEST_HOLDER";
 

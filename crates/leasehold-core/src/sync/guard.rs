@@ -18,8 +18,12 @@ use crate::name::{LockName, OwnerId};
 /// completes.
 ///
 /// Release it with [`release`](Guard::release) to learn the outcome. Dropping it also
-/// releases, but in the background: the lock is free a little later, and errors are only
-/// logged ([`Client::settle`](crate::Client::settle) waits for such releases).
+/// releases, without waiting for the server: dropped on a thread of its runtime, the
+/// release request is sent by the drop itself where the backend can send without waiting
+/// (so on a backend that answers one connection or session in order — ZooKeeper, Redis —
+/// this client's later requests there find it done); its answer is awaited in the
+/// background, and errors are only logged ([`Client::settle`](crate::Client::settle) waits
+/// for such releases).
 #[must_use = "dropping a guard releases its lock at once (in the background)"]
 pub struct Guard {
     lease: Arc<Lease>,
@@ -175,7 +179,7 @@ impl Drop for Guard {
             return;
         }
         self.lease.finish();
-        // Dropped armed: the release runs in the background.
+        // Dropped armed: the release is sent now and finished in the background.
         drop(self.lease.pending_release());
     }
 }

@@ -5,10 +5,7 @@
 //! a grant whose reply never came) is a [`PendingRelease`] from before the request that
 //! may create it is sent. Until a release is confirmed — the server answered released or
 //! not held — dropping it (a guard was dropped, the caller's future was cancelled) or
-//! failing in the foreground hands it to a background task that retries with backoff. The
-//! drop makes the task's first attempt itself, as far as it goes without waiting (for most
-//! backends: until the request is sent), so a release dropped before the client's next
-//! request on the same connection is sent ahead of it:
+//! failing in the foreground hands it to a background task that retries with backoff:
 //!
 //! - on a backend whose grants expire, until the server confirms or the grant's lease has
 //!   surely ended there ([`PendingRelease::new`] says how that bound is found);
@@ -16,6 +13,9 @@
 //!   timeouts; then the backend is told to [`abandon`](crate::Backend::abandon) the grant,
 //!   so that it does not stay alive under the session.
 //!
+//! The drop makes the task's first attempt itself, as far as it goes without waiting
+//! (usually until the request is sent), so a release dropped before the client's
+//! next request on the same connection is sent ahead of it.
 //! [`Client::settle`](crate::Client::settle) waits for the background tasks.
 
 use std::panic::{self, AssertUnwindSafe};
@@ -30,6 +30,7 @@ use crate::backend::{Release, Request};
 use crate::clock::Instant;
 use crate::context::Context;
 use crate::error::Result;
+use crate::name::LockName;
 
 /// The first pause after a failed request; doubled per failure up to [`MAX_RETRY_PAUSE`].
 pub(crate) const FIRST_RETRY_PAUSE: Duration = Duration::from_millis(20);
@@ -61,8 +62,8 @@ impl Failures {
     }
 }
 
-/// A release by owner that has not been confirmed yet. Dropped while armed, it is sent at
-/// once and goes on in the background.
+/// A release by owner that has not been confirmed yet. Dropped while armed, it is sent
+/// from the drop (see [`start_here`]) and goes on in the background.
 #[derive(Debug)]
 pub(crate) struct PendingRelease {
     ctx: Arc<Context>,
@@ -145,8 +146,9 @@ impl Drop for PendingRelease {
         };
         let ctx = self.ctx.clone();
         let request = self.request.clone();
+        let name = request.name.clone();
         let mut task = Box::pin(in_background(ctx, request, self.lease_end));
-        if !start_here(&runtime, task.as_mut()) {
+        if !start_here(&runtime, task.as_mut(), &name) {
             self.ctx.spawn_background(&runtime, task);
         }
     }
@@ -159,7 +161,11 @@ impl Drop for PendingRelease {
 /// unwinding (elsewhere the runtime may be gone, and a panic here would abort), outside
 /// the task's budget (a spent budget would stop it before it sends), and with a panic
 /// kept in, as it would be in a task.
-fn start_here(runtime: &Handle, task: Pin<&mut (impl Future<Output = ()> + ?Sized)>) -> bool {
+fn start_here(
+    runtime: &Handle,
+    task: Pin<&mut (impl Future<Output = ()> + ?Sized)>,
+    name: &LockName,
+) -> bool {
     let on_runtime = Handle::try_current().is_ok_and(|current| current.id() == runtime.id());
     if !on_runtime || std::thread::panicking() {
         return false;
@@ -169,7 +175,7 @@ fn start_here(runtime: &Handle, task: Pin<&mut (impl Future<Output = ()> + ?Size
     match panic::catch_unwind(AssertUnwindSafe(|| first.as_mut().poll(&mut cx))) {
         Ok(poll) => poll.is_ready(),
         Err(_) => {
-            tracing::error!("a background release panicked");
+            tracing::error!(lock = %name, "a release panicked; the grant stays until its lease or session ends");
             true
         }
     }

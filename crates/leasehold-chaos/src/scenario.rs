@@ -165,10 +165,11 @@ pub static SCENARIOS: &[Scenario] = &[
         name: "delayed-grant-reply",
         title: "every round trip is slowed past the lease (within the request timeout)",
         plan: |b| {
-            // The request timeout outlasts what a slowed acquire takes: at 2 TTLs the
-            // histories showed the window's acquires ending as timeouts, so that no late
-            // grant reached a worker (and a planted validity-from-reply bug went unseen in
-            // half the seeds under load; at 3 TTLs, in 1 of 12).
+            // The request timeout outlasts what a slowed acquire takes: a first attempt on
+            // a held name is two round trips on Redis (the fast script, then the full one),
+            // up to 2.8 TTLs here. At 2 TTLs the window's acquires ended as timeouts, no
+            // late grant reached a worker, and a planted validity-from-reply bug went
+            // unseen in half the seeds under load (at 3 TTLs: 1 of 12).
             network_or_in_process(
                 b,
                 Setup {

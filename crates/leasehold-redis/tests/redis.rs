@@ -206,6 +206,14 @@ async fn a_replica_answers_with_a_typed_retryable_error() {
     }
 }
 
+/// Asserts that `answer` is a backend error whose message contains `says`.
+fn refused<T: std::fmt::Debug>(answer: Result<T, Error>, says: &str) {
+    match answer {
+        Err(Error::Backend { message, .. }) => assert!(message.contains(says), "{message}"),
+        other => panic!("expected a backend error saying {says:?}, got {other:?}"),
+    }
+}
+
 #[tokio::test]
 async fn foreign_data_under_lock_keys_is_a_typed_error_not_a_guess() {
     let server = Redis::start().await.unwrap();
@@ -214,17 +222,13 @@ async fn foreign_data_under_lock_keys_is_a_typed_error_not_a_guess() {
         .command(&["SET", "leasehold:{job}:lock", "someone-else"])
         .await
         .unwrap();
-    match a
-        .mutex("job")
-        .unwrap()
-        .lock_timeout(Duration::from_secs(1))
-        .await
-    {
-        Err(Error::Backend { message, .. }) => {
-            assert!(message.contains("not written by leasehold"), "{message}");
-        }
-        other => panic!("{other:?}"),
-    }
+    refused(
+        a.mutex("job")
+            .unwrap()
+            .lock_timeout(Duration::from_secs(1))
+            .await,
+        "not written by leasehold",
+    );
     // Nothing of ours was written, the foreign value is untouched.
     assert_eq!(
         server
@@ -238,12 +242,7 @@ async fn foreign_data_under_lock_keys_is_a_typed_error_not_a_guess() {
         .command(&["LPUSH", "leasehold:{other}:readers", "x"])
         .await
         .unwrap();
-    match a.rwlock("other").unwrap().try_read().await {
-        Err(Error::Backend { message, .. }) => {
-            assert!(message.contains("another type"), "{message}");
-        }
-        other => panic!("{other:?}"),
-    }
+    refused(a.rwlock("other").unwrap().try_read().await, "another type");
 
     // A fencing counter that is not a number: refused (as INCR refuses it), kept, and no
     // lock granted.
@@ -252,12 +251,7 @@ async fn foreign_data_under_lock_keys_is_a_typed_error_not_a_guess() {
             .command(&["SET", "leasehold:{count}:token", garbage])
             .await
             .unwrap();
-        match a.mutex("count").unwrap().try_lock().await {
-            Err(Error::Backend { message, .. }) => {
-                assert!(message.contains("not an integer"), "{message}");
-            }
-            other => panic!("{garbage}: {other:?}"),
-        }
+        refused(a.mutex("count").unwrap().try_lock().await, "not an integer");
         assert_eq!(
             server
                 .command(&["GET", "leasehold:{count}:token"])
@@ -392,7 +386,10 @@ async fn a_dropped_guard_is_gone_before_the_clients_next_command() {
     let mutex = client.mutex("dropped").unwrap();
     for _ in 0..20 {
         drop(mutex.lock().await.unwrap());
-        // One thread: the background task could not have run since the drop.
+        // The release went out in the drop, before this acquire on the same connection.
+        // (Redis's acquire happens to yield once before it sends, so the old spawned
+        // release also got there first: this checks the outcome, not the mechanism; the
+        // engine and ZooKeeper tests check the mechanism.)
         let again = mutex.try_lock().await.unwrap();
         assert!(again.is_some(), "the dropped guard still held the lock");
     }

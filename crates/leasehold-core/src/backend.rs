@@ -16,6 +16,15 @@
 //! - the *permit* set, used by [`Mode::Permit`] requests: at most `limit` holders (a
 //!   counting semaphore whose permits are individual leases).
 //!
+//! Who holds is one rule for every backend ([`support::queue`](crate::support::queue)):
+//! in a set's queue, in arrival order, a request holds when every request before it holds
+//! and it fits beside them — exclusive: it is first; shared: no exclusive request is before
+//! it; a permit: fewer requests are before it than *its own* limit (requests of one name
+//! may ask for different limits). Holders are a prefix of the queue: no request overtakes
+//! one queued before it (a reader a waiting writer, a permit of a larger limit a waiting
+//! one of a smaller limit). A request that is not fair ignores the waiters and is
+//! compared with the holders only.
+//!
 //! Tokens strictly increase *within each set* of a name: every grant of the lock set gets a
 //! token greater than every earlier grant of the lock set, and likewise for the permit set.
 //! A backend whose tokens come from one counter per name (memory, Redis, the file backend)

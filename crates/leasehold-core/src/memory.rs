@@ -24,6 +24,7 @@ use crate::clock::{Clock, Instant, SystemClock};
 use crate::error::{Error, LossReason, Result};
 use crate::fencing::FencingToken;
 use crate::name::{LockName, OwnerId};
+use crate::support::queue;
 
 /// An in-process lock server. Clones share the same locks.
 ///
@@ -162,16 +163,16 @@ fn hint(version: &watch::Sender<u64>) -> WaitHint {
     WaitHint::new(*version.borrow())
 }
 
-/// Whether a request in `mode` fits next to `holders` and behind the queued `ahead`.
+/// Whether a request in `mode` holds behind `holders` (in grant order) and the queued
+/// `ahead`, by the contract's one rule ([`support::queue`](crate::support::queue)).
 fn compatible(holders: &[Held], ahead: &[Queued], mode: Mode) -> bool {
-    match mode {
-        Mode::Exclusive => holders.is_empty() && ahead.is_empty(),
-        Mode::Shared => {
-            holders.iter().all(|h| h.mode == Mode::Shared)
-                && ahead.iter().all(|q| q.mode == Mode::Shared)
-        }
-        Mode::Permit { limit } => holders.len().saturating_add(ahead.len()) < limit.get() as usize,
-    }
+    let line: Vec<Mode> = holders
+        .iter()
+        .map(|h| h.mode)
+        .chain(ahead.iter().map(|q| q.mode))
+        .chain([mode])
+        .collect();
+    queue::last_holds(&line)
 }
 
 impl InMemory {

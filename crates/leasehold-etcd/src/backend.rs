@@ -11,12 +11,13 @@ use leasehold_core::backend::{
     Acquire, Backend, Capabilities, Expiry, Grant, Holder, LockState, Mode, Release, Renewal,
     Request, TokenDurability, WaitHint, Waiter,
 };
+use leasehold_core::support::queue::holding;
 use leasehold_core::{Error, LockName, LossReason, OwnerId, Result};
 
 use crate::connection::EtcdBackend;
 use crate::error::map_error;
 use crate::keys::Placed;
-use crate::reply::{Entry, decode, encode, holding, in_the_way, queue_of, ranges, token};
+use crate::reply::{Entry, decode, encode, in_the_way, queue_of, ranges, token};
 use crate::requests::{self, AcquireShape, Fence};
 use crate::session::Session;
 

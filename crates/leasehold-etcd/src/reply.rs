@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use etcd_client::{GetResponse, KeyValue, TxnOpResponse};
 use leasehold_core::backend::Mode;
+use leasehold_core::support::queue::Contender;
 use leasehold_core::{Error, FencingToken, OwnerId, Result};
 
 use crate::keys::{MARKER, is_ours};
@@ -25,6 +26,12 @@ pub(crate) struct Entry {
     pub(crate) revision: i64,
     pub(crate) lease: i64,
     pub(crate) key: Vec<u8>,
+}
+
+impl Contender for Entry {
+    fn mode(&self) -> Mode {
+        self.mode
+    }
 }
 
 /// A key's value: the mode (`x`, `s`, `p<limit>`), a space, the owner, a newline, the
@@ -120,25 +127,6 @@ fn decode_value(value: &[u8]) -> Option<Decoded> {
     ))
 }
 
-/// Which entries of a queue (oldest first) hold: exclusive — the first only; shared — those
-/// with no exclusive entry before them; permits — the first `limit`.
-pub(crate) fn holding(queue: &[Entry]) -> Vec<bool> {
-    let mut seen_exclusive = false;
-    queue
-        .iter()
-        .enumerate()
-        .map(|(i, entry)| {
-            let holds = match entry.mode {
-                Mode::Exclusive => i == 0,
-                Mode::Shared => !seen_exclusive,
-                Mode::Permit { limit } => i < limit.get() as usize,
-            };
-            seen_exclusive |= entry.mode == Mode::Exclusive;
-            holds
-        })
-        .collect()
-}
-
 /// The key whose change may let the entry at `me` hold: the one just before it (for a
 /// reader, the nearest writer before it); permits watch the whole queue.
 pub(crate) fn in_the_way(queue: &[Entry], me: usize) -> Option<&Entry> {
@@ -189,6 +177,8 @@ pub(crate) fn ranges(responses: &[TxnOpResponse]) -> Vec<&GetResponse> {
 
 #[cfg(test)]
 mod tests {
+    use leasehold_core::support::queue::holding;
+
     use super::*;
 
     fn queued(mode: Mode, n: i64) -> Entry {
@@ -219,6 +209,18 @@ mod tests {
         assert_eq!(
             holding(&[queued(p, 1), queued(p, 2), queued(p, 3)]),
             [true, true, false]
+        );
+        // A permit of a larger limit does not overtake one of a smaller limit that waits:
+        // its key's revision, its token, is later.
+        let one = Mode::Permit {
+            limit: std::num::NonZeroU32::MIN,
+        };
+        let three = Mode::Permit {
+            limit: std::num::NonZeroU32::new(3).unwrap(),
+        };
+        assert_eq!(
+            holding(&[queued(p, 1), queued(one, 2), queued(three, 3)]),
+            [true, false, false]
         );
     }
 

@@ -142,6 +142,7 @@ DECLARE
     v_closed timestamptz;
     v_me @schema@.waiters;
     v_ok boolean;
+    v_held bigint;
     v_next timestamptz;
 BEGIN
     IF @schema@.lock_name(p_name) THEN
@@ -170,11 +171,16 @@ BEGIN
     IF v_closed > v_now THEN
         v_ok := false;
     ELSIF v_permit THEN
-        v_ok := (SELECT count(*) FROM @schema@.grants g WHERE g.name = p_name AND g.mode = 'p')
-              + (SELECT count(*) FROM @schema@.waiters w
-                 WHERE p_fair AND w.name = p_name AND w.mode = 'p' AND w.fair
-                   AND w.owner <> p_owner AND (v_me.seq IS NULL OR w.seq < v_me.seq))
-              < p_limit;
+        -- In queue order, each permit with its own limit: nobody overtakes a waiter before
+        -- it, whatever its limit.
+        SELECT count(*) INTO v_held FROM @schema@.grants g WHERE g.name = p_name AND g.mode = 'p';
+        SELECT coalesce(bool_and(v_held + a.before < a.permit_limit), true)
+               AND v_held + count(*) < p_limit
+        INTO v_ok
+        FROM (SELECT w.permit_limit, row_number() OVER (ORDER BY w.seq) - 1 AS before
+              FROM @schema@.waiters w
+              WHERE p_fair AND w.name = p_name AND w.mode = 'p' AND w.fair
+                AND w.owner <> p_owner AND (v_me.seq IS NULL OR w.seq < v_me.seq)) a;
     ELSIF p_mode = 'x' THEN
         v_ok := NOT EXISTS (SELECT 1 FROM @schema@.grants g
                             WHERE g.name = p_name AND g.mode <> 'p')

@@ -61,7 +61,7 @@ end
 -- Our place in the queue, taken (or kept fresh) by a fair waiting request. A waiting
 -- request that is not fair leaves only an expiring entry "~<mode><owner>", so releases know
 -- to wake it, and new readers know a writer is waiting.
-local me = MODE .. OWNER
+local me = member_of(MODE, OWNER, LIMIT)
 local rank = false
 if FAIR then rank = redis.call('ZRANK', QUEUE, me) end
 if FAIR and WAITING then
@@ -110,7 +110,14 @@ elseif MODE == 's' then
     end
   end
 else
-  ok = ok and redis.call('ZCARD', PERMITS) + #ahead < LIMIT
+  -- In queue order, each permit with its own limit: nobody overtakes a waiter before it.
+  local before = redis.call('ZCARD', PERMITS)
+  for _, m in ipairs(ahead) do
+    local _, limit = permit_of(m)
+    if not limit or before >= limit then ok = false end
+    before = before + 1
+  end
+  ok = ok and before < LIMIT
 end
 
 if ok then
@@ -129,7 +136,7 @@ if ok then
     redis.call('HSET', info, OWNER, info_of(token))
     extend_set(zset, info)
     -- Shared holders and permits are granted in groups: let the next waiters try.
-    if FAIR and rank then wake_next(MODE == 'p', LIMIT) end
+    if FAIR and rank then wake_next(MODE == 'p') end
   end
   if LOCK_DELAY > 0 then hold(delay, now + ttl + LOCK_DELAY, OWNER) end
   if HAS_VALUE then redis.call('PUBLISH', CHANNEL, '*') end

@@ -121,18 +121,34 @@ local function extend_set(zset, info)
   end
 end
 
+-- A waiter's member of the fair queue (and of QEXP): "<mode><owner>", a permit's with
+-- "/<limit>" after it, since each permit request counts with its own limit ('/' is not
+-- allowed in owner ids).
+local function member_of(mode, owner, limit)
+  if mode == 'p' then return 'p' .. owner .. '/' .. int(limit) end
+  return mode .. owner
+end
+-- The owner and the limit of a permit waiter's member (nil if it is not one).
+local function permit_of(member)
+  local owner, limit = string.match(member, '^p(.+)/(%d+)$')
+  return owner, tonumber(limit)
+end
+
 -- Tells waiters that they may try again: the owners of the compatible group at the head
--- of the fair queue by name, or everyone ('*') when no fair waiter is queued for the set.
-local function wake_next(permits, limit)
+-- of the fair queue by name (permits in queue order while each fits: fewer held and
+-- queued before it than its own limit), or everyone ('*') when no fair waiter is queued
+-- for the set.
+local function wake_next(permits)
   local names = {}
   local members = redis.call('ZRANGE', QUEUE, 0, -1)
   if permits then
-    local free = limit - redis.call('ZCARD', PERMITS)
+    local before = redis.call('ZCARD', PERMITS)
     for _, m in ipairs(members) do
-      if free <= 0 then break end
       if string.sub(m, 1, 1) == 'p' then
-        table.insert(names, string.sub(m, 2))
-        free = free - 1
+        local owner, limit = permit_of(m)
+        if not owner or before >= limit then break end
+        table.insert(names, owner)
+        before = before + 1
       end
     end
   else

@@ -5,7 +5,7 @@
 -- inspect: the state of one name.
 -- Returns {"<owner> <token>" of the exclusive holder or '', its ms left, its value or '', readers, permits, waiters}
 -- where readers and permits are flat lists owner, ms left, "token|value", ... and waiters is
--- the fair queue in order, each member "<mode><owner>".
+-- the fair queue in order, each member "<mode><owner>" ("p<owner>/<limit>" for a permit).
 local now = now_ms()
 prune_all(now)
 local value = redis.call('GET', LOCK)

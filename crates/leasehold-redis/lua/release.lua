@@ -40,7 +40,7 @@ if mine and live_holder(mine, now) then
   else
     redis.call('SET', LOCK, GATE_ONLY, 'KEEPTTL')
   end
-  wake_next(false, 0)
+  wake_next(false)
   return 1
 end
 if MODE ~= 'x' then
@@ -54,19 +54,19 @@ if MODE ~= 'x' then
     close_gate_if_idle(now)
     if tonumber(expires) > now then
       prune_queue(now)
-      wake_next(MODE == 'p', LIMIT)
+      wake_next(MODE == 'p')
       return 1
     end
     return 0
   end
 end
-local me = MODE .. OWNER
+local me = member_of(MODE, OWNER, LIMIT)
 local gone = redis.call('ZREM', QEXP, me, '~' .. me)
 if redis.call('ZREM', QUEUE, me) == 1 or gone > 0 then
   prune_queue(now)
   close_gate_if_idle(now)
   -- If it was at the head, whoever is next may now go first.
-  wake_next(MODE == 'p', LIMIT)
+  wake_next(MODE == 'p')
   return 1
 end
 return 0

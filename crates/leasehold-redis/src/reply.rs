@@ -148,17 +148,21 @@ pub(crate) fn inspected(reply: &Value) -> Result<(LockState, Option<Duration>)> 
     };
     for member in members {
         let member = text(member, WHAT)?;
-        let mode = match member.as_bytes().first() {
-            Some(b'x') => Mode::Exclusive,
-            Some(b's') => Mode::Shared,
-            Some(b'p') => Mode::Permit {
-                limit: NonZeroU32::MIN,
-            },
+        let (mode, owner) = match member.split_at_checked(1) {
+            Some(("x", owner)) => (Mode::Exclusive, owner),
+            Some(("s", owner)) => (Mode::Shared, owner),
+            Some(("p", rest)) => {
+                let (owner, limit) = rest
+                    .rsplit_once('/')
+                    .and_then(|(owner, limit)| Some((owner, limit.parse().ok()?)))
+                    .ok_or_else(|| unexpected(WHAT, &member))?;
+                (Mode::Permit { limit }, owner)
+            }
             _ => return Err(unexpected(WHAT, &member)),
         };
         state
             .waiters
-            .push(Waiter::new(OwnerId::parse(&member[1..])?, mode));
+            .push(Waiter::new(OwnerId::parse(owner)?, mode));
     }
     let retry = earliest
         .and_then(|ms| u64::try_from(ms).ok())

@@ -204,6 +204,7 @@ cases!($
     tokens_strictly_increase_in_grant_order,
     waiters_are_served_in_arrival_order,
     a_semaphore_never_exceeds_its_permits,
+    permits_of_mixed_limits_are_granted_in_queue_order,
     read_write_semantics_and_no_writer_starvation,
     one_leader_at_a_time_and_observers_see_changes,
     reentrant_holds_are_counted,
@@ -725,6 +726,63 @@ async fn a_semaphore_never_exceeds_its_permits(case: &Case<'_>) {
     assert!(semaphore.try_acquire().await.unwrap().is_none());
     let tokens: Vec<_> = held.iter().map(|p| p.token()).collect();
     assert!(tokens.windows(2).all(|w| w[0] < w[1]));
+}
+
+/// Permits of different limits on one name: each request counts with its own limit, and on
+/// a fair backend none overtakes a request queued before it, so grants and their tokens
+/// follow the queue (the contract's rule, `leasehold_core::support::queue`).
+async fn permits_of_mixed_limits_are_granted_in_queue_order(case: &Case<'_>) {
+    let holder = case.client().await;
+    let caps = holder.capabilities().clone();
+    if !caps.permits && case.skip(&caps, Skip::NotClaimed("semaphore permits")) {
+        return;
+    }
+    let first = holder
+        .semaphore(case.name, 2)
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    // A limit of 1 does not fit beside a held permit, whatever the holder's limit.
+    let one = case.client().await.semaphore(case.name, 1).unwrap();
+    assert!(one.try_acquire().await.unwrap().is_none());
+    if !caps.fair {
+        // No queue to respect: a larger limit fits beside the holder.
+        let three = case.client().await.semaphore(case.name, 3).unwrap();
+        let second = three
+            .try_acquire()
+            .await
+            .unwrap()
+            .expect("a permit of 3 fits");
+        assert!(second.token() > first.token());
+        second.release().await.unwrap();
+        first.release().await.unwrap();
+        return;
+    }
+    let (client, faults) = case.faulty_client(options(Duration::from_secs(5))).await;
+    let one = client.semaphore(case.name, 1).unwrap();
+    let waiting_one = tokio::spawn(async move { one.acquire().await.unwrap() });
+    faults.until_calls(Op::Wait, 1).await;
+    // A limit of 3 would fit beside the holder, but the limit-1 request queued first.
+    let (client, faults) = case.faulty_client(options(Duration::from_secs(5))).await;
+    let three = client.semaphore(case.name, 3).unwrap();
+    assert!(
+        three.try_acquire().await.unwrap().is_none(),
+        "a permit of limit 3 overtook a waiting permit of limit 1"
+    );
+    let waiting_three = tokio::spawn(async move { three.acquire().await.unwrap() });
+    faults.until_calls(Op::Wait, 1).await;
+    let first_token = first.token();
+    first.release().await.unwrap();
+    let (one, three) = (waiting_one.await.unwrap(), waiting_three.await.unwrap());
+    assert!(
+        first_token < one.token() && one.token() < three.token(),
+        "tokens {first_token}, {}, {} do not follow the queue",
+        one.token(),
+        three.token()
+    );
+    one.release().await.unwrap();
+    three.release().await.unwrap();
 }
 
 /// Readers share; a writer excludes readers and writers; a reader arriving while a writer

@@ -190,33 +190,20 @@ pub(crate) fn queue(children: &[String]) -> Vec<Contender> {
     queue
 }
 
-/// Which contenders of a queue hold: exclusive — the first only; shared — those with no
-/// exclusive contender before them; permits — the first `limit` (each counts its own
-/// limit; a foreign contender in a permit set counts `default_limit`).
-///
-/// The holders are always a prefix of the queue: nobody holds while a contender before it
-/// waits (a permit asking for a larger limit does not overtake one asking for a smaller
-/// one). So contenders become holders in queue order, which is the order of their nodes'
-/// czxids, their tokens: within one set, tokens increase in grant order.
+/// Which contenders of a queue hold, by the contract's one rule
+/// ([`leasehold_core::support::queue`]): the holders are a prefix of the queue, each
+/// permit counting with its own limit, so contenders become holders in queue order, the
+/// order of their nodes' czxids, their tokens. A foreign contender in a permit set counts
+/// with `default_limit`.
 pub(crate) fn holding(queue: &[Contender], default_limit: Option<NonZeroU32>) -> Vec<bool> {
-    let mut seen_exclusive = false;
-    let mut all_before_hold = true;
-    queue
+    let modes: Vec<Mode> = queue
         .iter()
-        .enumerate()
-        .map(|(i, c)| {
-            let holds = all_before_hold
-                && match (c.mode, default_limit) {
-                    (Mode::Permit { limit }, _) => i < limit.get() as usize,
-                    (_, Some(limit)) => i < limit.get() as usize,
-                    (Mode::Exclusive, None) => i == 0,
-                    (Mode::Shared, None) => !seen_exclusive,
-                };
-            seen_exclusive |= c.mode == Mode::Exclusive;
-            all_before_hold &= holds;
-            holds
+        .map(|c| match (c.mode, default_limit) {
+            (Mode::Permit { .. }, _) | (_, None) => c.mode,
+            (_, Some(limit)) => Mode::Permit { limit },
         })
-        .collect()
+        .collect();
+    leasehold_core::support::queue::holding(&modes)
 }
 
 /// The contenders whose change may let the one at `me` hold, and so the only ones it

@@ -1,7 +1,8 @@
-//! Helpers for backend implementors: TLS files, key prefixes, credentials kept out of
-//! messages.
+//! Helpers for backend implementors: who holds in a queue, TLS files, key prefixes,
+//! credentials kept out of messages.
 
 mod prefix;
+pub mod queue;
 mod redact;
 mod tls;
 

@@ -90,8 +90,9 @@ struct Connection {
 struct RunArgs {
     #[command(flatten)]
     connection: Connection,
-    /// Lease length (default 30s); renewed every third of it while the command runs. On
-    /// etcd it is the session's ttl (the URL's session_ttl, which must agree if given).
+    /// Lease length (default 30s); renewed every third of it while the command runs. Where
+    /// locks live by a session (etcd, ZooKeeper, PostgreSQL with mode=advisory) it is the
+    /// session's ttl (the URL's session_ttl or session_timeout, which must agree if given).
     #[arg(long, value_parser = duration)]
     ttl: Option<Duration>,
     /// Wait at most this long for the lock (default: as long as it takes).

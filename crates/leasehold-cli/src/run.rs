@@ -115,6 +115,12 @@ pub fn check_grace(
 /// (SIGINT, SIGTERM, SIGHUP): while waiting, the attempt is abandoned and cleaned up; while
 /// running, the signal is passed to the command's process group, and after the grace
 /// period (or at the lease's deadline, if that comes first) the group is killed.
+///
+/// # Cancel safety
+///
+/// Dropping the future drops the guard, which releases the lock in the background, and
+/// this end of the supervisor's socket, which has the supervisor stop the command's group
+/// as if `leasehold run` had died (see [`supervise`](crate::supervise)).
 pub async fn run(
     client: &Client,
     spec: &RunSpec,
@@ -160,6 +166,10 @@ pub async fn run(
 /// one: if the deadline comes within the grace without a renewal, the command gets
 /// SIGTERM, then SIGKILL at the deadline, even while this process is frozen; a loss the
 /// lease signals at the deadline or the server reports kills it at once.
+///
+/// # Cancel safety
+///
+/// As for [`run`].
 pub async fn hold(
     client: &Client,
     spec: &RunSpec,

@@ -25,7 +25,8 @@ pub mod exit {
     pub const BACKEND: u8 = 69;
     /// Not acquired: busy with `--no-wait`, or `--wait` ran out.
     pub const NOT_ACQUIRED: u8 = 75;
-    /// The lock was lost while the command ran; the command was stopped.
+    /// The lock was lost (or not renewed by `--grace` before its deadline) while the command
+    /// ran, and the command was stopped; or before it could start, and it was not started.
     pub const LOST: u8 = 80;
     /// The command exists but could not be started.
     pub const CANNOT_EXECUTE: u8 = 126;

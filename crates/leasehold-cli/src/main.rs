@@ -28,7 +28,8 @@ enum Command {
     ///
     /// Exit codes: the command's own; 64 usage error; 69 backend unreachable or failed;
     /// 75 not acquired (busy with --no-wait, or --wait ran out); 80 lock lost while the
-    /// command ran (it was stopped); 126/127 command not executable / not found;
+    /// command ran (it was stopped) or before it started (it was not); 126/127 command not
+    /// executable / not found;
     /// 128+N stopped by signal N.
     ///
     /// The command sees LEASEHOLD_LOCK, LEASEHOLD_TOKEN (the fencing token, decimal) and
@@ -89,8 +90,9 @@ struct Connection {
 struct RunArgs {
     #[command(flatten)]
     connection: Connection,
-    /// Lease length (default 30s); renewed every third of it while the command runs. On
-    /// etcd it is the session's ttl (the URL's session_ttl, which must agree if given).
+    /// Lease length (default 30s); renewed every third of it while the command runs. Where
+    /// locks live by a session (etcd, ZooKeeper, PostgreSQL with mode=advisory) it is the
+    /// session's ttl (the URL's session_ttl or session_timeout, which must agree if given).
     #[arg(long, value_parser = duration)]
     ttl: Option<Duration>,
     /// Wait at most this long for the lock (default: as long as it takes).
@@ -105,9 +107,12 @@ struct RunArgs {
     /// Hold one of N permits of a semaphore: up to N commands run at once.
     #[arg(long, value_name = "N")]
     permits: Option<u32>,
-    /// After SIGTERM, how long the command may take to exit before SIGKILL.
-    #[arg(long, default_value = "10s", value_parser = duration)]
-    grace: Duration,
+    /// How long before the lease runs out, unrenewed, the command gets SIGTERM (SIGKILL
+    /// follows when it runs out); also how long it has after SIGTERM when leasehold is
+    /// interrupted. Must be shorter than the lease left after its first renewal is due
+    /// [default: 10s, or a third of a --ttl under 30s]
+    #[arg(long, value_parser = duration)]
+    grace: Option<Duration>,
     /// The lock's name: ASCII letters, digits and _ - . : @ + =
     name: String,
     /// The command to run, after `--`.
@@ -228,7 +233,9 @@ async fn run(args: RunArgs) -> u8 {
             (false, None) => WaitFor::Forever,
         },
         options,
-        grace: args.grace,
+        grace: args
+            .grace
+            .unwrap_or_else(|| leasehold_cli::run::default_grace(ttl)),
         command: args.command,
         supervisor: match std::env::current_exe() {
             Ok(path) => path,

@@ -9,13 +9,14 @@ use std::pin::Pin;
 use std::process::ExitStatus;
 use std::time::Duration;
 
-use leasehold::{Client, Error, Guard, LockOptions, LossReason};
+use leasehold::clock::Instant;
+use leasehold::{Capabilities, Client, Error, Guard, LockOptions, LossReason};
 use rustix::process::{Pid, Signal, kill_process_group};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 use tokio::process::{Child, Command};
 
 use crate::exit;
+use crate::supervise::{Channel, Frame};
 
 /// How to hold the lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,7 +51,9 @@ pub struct RunSpec {
     pub wait: WaitFor,
     /// Lease options (ttl).
     pub options: LockOptions,
-    /// Between SIGTERM and SIGKILL when the command must stop.
+    /// How long before the lease's deadline the command gets SIGTERM (SIGKILL follows at
+    /// the deadline); between SIGTERM and SIGKILL when leasehold is interrupted. Must fit
+    /// in the lease (see [`check_grace`]).
     pub grace: Duration,
     /// The command and its arguments.
     pub command: Vec<OsString>,
@@ -59,22 +62,78 @@ pub struct RunSpec {
     pub supervisor: PathBuf,
 }
 
+/// The grace period when `--grace` is not given: 10 s, or a third of a shorter ttl.
+pub fn default_grace(ttl: Duration) -> Duration {
+    (ttl / 3).min(Duration::from_secs(10))
+}
+
+/// Checks that `grace` fits in the lease `options` ask for on a backend with
+/// `capabilities`: the command gets SIGTERM `grace` before the lease's deadline, so the
+/// lease must be renewed before then, and its first renewal is due a third of the way in.
+/// Grants that do not expire (the file backend) have no deadline to fit into.
+///
+/// # Errors
+///
+/// [`Error::InvalidArgument`] if `grace` is not shorter than the part of the lease left
+/// when its first renewal is due (less the drift allowance) — so never as long as the ttl.
+pub fn check_grace(
+    capabilities: &Capabilities,
+    options: &LockOptions,
+    grace: Duration,
+) -> leasehold::Result<()> {
+    if !capabilities.expiring_leases {
+        return Ok(());
+    }
+    let ttl = options.ttl();
+    let every = options.renew_every();
+    let room = options
+        .validity(ttl)
+        .unwrap_or_default()
+        .saturating_sub(every);
+    if grace < room {
+        return Ok(());
+    }
+    Err(Error::invalid(
+        "--grace",
+        format!(
+            "{grace:?} does not fit in a {ttl:?} lease: the command gets SIGTERM that long \
+             before the lease's deadline, and the lease must be renewed before then (the \
+             first renewal is due after {every:?}); give a --grace under {room:?}, or a \
+             longer --ttl"
+        ),
+    ))
+}
+
 /// Acquires as `spec` says, runs the command while the lock is held, and returns the exit
 /// code to leave with (see [`exit`]).
+///
+/// `client` must keep its deadlines on [`SystemClock`](leasehold::clock::SystemClock) (as
+/// [`leasehold::connect`] does): the command's supervisor compares them with its own
+/// reading of that clock.
 ///
 /// `interrupted` completes with a signal number when leasehold itself is asked to stop
 /// (SIGINT, SIGTERM, SIGHUP): while waiting, the attempt is abandoned and cleaned up; while
 /// running, the signal is passed to the command's process group, and after the grace
-/// period the group is killed.
+/// period (or at the lease's deadline, if that comes first) the group is killed.
+///
+/// # Cancel safety
+///
+/// Dropping the future drops the guard, which releases the lock in the background, and
+/// this end of the supervisor's socket, which has the supervisor stop the command's group
+/// as if `leasehold run` had died (see [`supervise`](crate::supervise)).
 pub async fn run(
     client: &Client,
     spec: &RunSpec,
     mut interrupted: Pin<&mut (dyn Future<Output = i32> + Send)>,
 ) -> u8 {
-    let Some(program) = spec.command.first() else {
+    if spec.command.is_empty() {
         eprintln!("leasehold: no command given");
         return exit::USAGE;
-    };
+    }
+    if let Err(error) = check_grace(client.capabilities(), &spec.options, spec.grace) {
+        eprintln!("leasehold: {error}");
+        return exit::USAGE;
+    }
     let acquired = tokio::select! {
         acquired = acquire(client, spec) => acquired,
         signal = &mut interrupted => {
@@ -95,7 +154,33 @@ pub async fn run(
             return exit::for_error(&error);
         }
     };
+    hold(client, spec, guard, interrupted).await
+}
 
+/// Runs the command while `guard` (acquired from `client` as `spec` says) holds the lock,
+/// releases it, and returns the exit code to leave with; `client` and `interrupted` as for
+/// [`run`].
+///
+/// The command starts only if the lock is still held, with more than the grace left, right
+/// before it starts. From then on its supervisor has the lease's deadline, and every later
+/// one: if the deadline comes within the grace without a renewal, the command gets
+/// SIGTERM, then SIGKILL at the deadline, even while this process is frozen; a loss the
+/// lease signals at the deadline or the server reports kills it at once.
+///
+/// # Cancel safety
+///
+/// As for [`run`].
+pub async fn hold(
+    client: &Client,
+    spec: &RunSpec,
+    guard: Guard,
+    mut interrupted: Pin<&mut (dyn Future<Output = i32> + Send)>,
+) -> u8 {
+    let Some(program) = spec.command.first() else {
+        eprintln!("leasehold: no command given");
+        release(guard).await;
+        return exit::USAGE;
+    };
     // On the file backend the command holds the lock itself, through a descriptor it
     // inherits: the lock is then freed exactly when the command's group is gone.
     let inherited = if client.capabilities().backend == "file" {
@@ -109,6 +194,15 @@ pub async fn run(
     };
     let mut supervisor = match started {
         Ok(supervisor) => supervisor,
+        Err(Started::Lost) => {
+            eprintln!(
+                "leasehold: the lock on {} was lost, or had less than --grace ({:?}) left, \
+                 before the command could start; not starting it",
+                spec.name, spec.grace
+            );
+            release(guard).await;
+            return exit::LOST;
+        }
         // The supervisor could not start the command; it said why.
         Err(Started::Exited(code)) => {
             release(guard).await;
@@ -124,22 +218,50 @@ pub async fn run(
         }
     };
 
-    let code = tokio::select! {
-        biased;
-        reason = guard.lost() => {
-            eprintln!(
-                "leasehold: lost the lock on {} ({reason}); stopping the command",
-                spec.name
-            );
-            supervisor.stop(Signal::TERM, spec.grace).await;
-            exit::LOST
+    let mut lost = std::pin::pin!(guard.lost());
+    // The deadline the supervisor knows; every move is passed on.
+    let mut told = supervisor.deadline;
+    let mut watching = true;
+    // The supervisor is stopping the command for want of a renewal.
+    let mut stopping = false;
+    let code = loop {
+        tokio::select! {
+            biased;
+            reason = &mut lost => {
+                eprintln!(
+                    "leasehold: lost the lock on {} ({reason}); stopping the command",
+                    spec.name
+                );
+                // Its grace was before the deadline: nothing is left of it now.
+                supervisor.stop(Signal::KILL, Duration::ZERO).await;
+                break exit::LOST;
+            }
+            signal = &mut interrupted => {
+                let forwarded = Signal::from_named_raw(signal).unwrap_or(Signal::TERM);
+                supervisor.stop(forwarded, spec.grace).await;
+                break exit::signal(signal);
+            }
+            event = supervisor.next() => match event {
+                Event::Stopping => {
+                    stopping = true;
+                    eprintln!(
+                        "leasehold: the lock on {} was not renewed by --grace ({:?}) before \
+                         its deadline; stopping the command (SIGTERM now, SIGKILL at the \
+                         deadline)",
+                        spec.name, spec.grace
+                    );
+                }
+                Event::Exited(code) => break if stopping { exit::LOST } else { code },
+            },
+            moved = guard.deadline_changed(told), if watching && !stopping => match moved {
+                Ok(deadline) => {
+                    told = deadline;
+                    supervisor.channel.send(Frame::Deadline(deadline));
+                }
+                // The loss is `lost`'s to report.
+                Err(_) => watching = false,
+            },
         }
-        signal = &mut interrupted => {
-            let forwarded = Signal::from_named_raw(signal).unwrap_or(Signal::TERM);
-            supervisor.stop(forwarded, spec.grace).await;
-            exit::signal(signal)
-        }
-        code = supervisor.wait() => code,
     };
     release(guard).await;
     code
@@ -147,6 +269,9 @@ pub async fn run(
 
 /// Why the supervisor is not running the command.
 enum Started {
+    /// The lock was lost, or its deadline was less than the grace away, when the command
+    /// was to start: it was not started.
+    Lost,
     /// It exited at once with this code (the command could not be started; it said why).
     Exited(u8),
     /// It could not be started.
@@ -165,16 +290,28 @@ impl From<rustix::io::Errno> for Started {
     }
 }
 
+/// What the supervisor reports.
+enum Event {
+    /// The deadline came within the grace without a renewal: the command is being stopped.
+    Stopping,
+    /// It exited, with the command's exit code.
+    Exited(u8),
+}
+
 /// `leasehold run`'s side of the supervisor (see [`supervise`](crate::supervise)).
 struct Supervisor {
     process: Child,
-    channel: UnixStream,
+    channel: Channel,
     /// The command's process group.
     group: Pid,
+    /// The lease's deadline the command was started with.
+    deadline: Option<Instant>,
 }
 
 impl Supervisor {
-    /// Starts the supervisor, which starts the command (`Err(Exited)`: it could not).
+    /// Starts the supervisor and has it start the command, if the lock is still held with
+    /// more than the grace left (`Err(Lost)` if not, `Err(Exited)` if the command could
+    /// not be started).
     async fn start(
         spec: &RunSpec,
         guard: &Guard,
@@ -212,24 +349,61 @@ impl Supervisor {
         let mut process = command.spawn()?;
         drop((theirs, lock));
         ours.set_nonblocking(true)?;
-        let mut channel = UnixStream::from_std(ours)?;
-        let mut pid = [0u8; 4];
-        if channel.read_exact(&mut pid).await.is_err() {
-            let status = process.wait().await?;
-            return Err(Started::Exited(code_of(status)));
+        let mut channel = Channel::new(UnixStream::from_std(ours)?);
+        // Right before the start, the lock must still be held; the supervisor checks the
+        // deadline on the same clock just before it starts the command.
+        let Ok(deadline) = guard.deadline() else {
+            // Closing the socket before the start ends the supervisor.
+            drop(channel);
+            process.wait().await?;
+            return Err(Started::Lost);
+        };
+        channel.send(Frame::Start(deadline));
+        loop {
+            match channel.next().await {
+                Some(Frame::Started(group)) => {
+                    return Ok(Self {
+                        process,
+                        channel,
+                        group,
+                        deadline,
+                    });
+                }
+                Some(_) => {}
+                None => {
+                    let code = code_of(process.wait().await?);
+                    return Err(if code == exit::LOST {
+                        Started::Lost
+                    } else {
+                        Started::Exited(code)
+                    });
+                }
+            }
         }
-        let group = Pid::from_raw(i32::from_le_bytes(pid))
-            .ok_or_else(|| std::io::Error::other("the supervisor sent no command pid"))?;
-        Ok(Self {
-            process,
-            channel,
-            group,
-        })
     }
 
-    /// Waits for the command's group to end; the command's exit code.
-    async fn wait(&mut self) -> u8 {
-        match self.process.wait().await {
+    /// What the supervisor reports next: frames first, then its exit.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe (see [`Channel::next`]; waiting for a process is too).
+    async fn next(&mut self) -> Event {
+        loop {
+            tokio::select! {
+                biased;
+                frame = self.channel.next(), if self.channel.is_open() => {
+                    if let Some(Frame::Stopping(_)) = frame {
+                        return Event::Stopping;
+                    }
+                }
+                status = self.process.wait() => return Event::Exited(self.exited(status)),
+            }
+        }
+    }
+
+    /// The command's exit code, from how the supervisor exited.
+    fn exited(&self, status: std::io::Result<ExitStatus>) -> u8 {
+        match status {
             Ok(status) => {
                 if status.signal().is_some() {
                     // The supervisor itself was killed: stop the group here.
@@ -248,13 +422,16 @@ impl Supervisor {
         }
     }
 
-    /// Has the supervisor stop the command's group: `signal`, then SIGKILL after `grace`.
+    /// Has the supervisor stop the command's group: `signal`, then SIGKILL after `grace`
+    /// (or at the lease's deadline, if that comes first).
     async fn stop(&mut self, signal: Signal, grace: Duration) {
-        let order = u8::try_from(signal.as_raw()).unwrap_or(Signal::TERM.as_raw() as u8);
-        let _ = self.channel.write_all(&[order]).await;
+        self.channel.send(Frame::Stop(signal.as_raw()));
         // The supervisor keeps the grace period; this is only in case it cannot.
         let margin = grace + Duration::from_secs(5);
-        if tokio::time::timeout(margin, self.wait()).await.is_err() {
+        let exited = tokio::time::timeout(margin, async {
+            while let Event::Stopping = self.next().await {}
+        });
+        if exited.await.is_err() {
             eprintln!("leasehold: the command did not stop within {grace:?}; killing it");
             let _ = kill_process_group(self.group, Signal::KILL);
             let _ = self.process.kill().await;

@@ -1,4 +1,5 @@
-//! `--ttl` on backends whose grants live as long as a session (etcd, ZooKeeper).
+//! `--ttl` on backends whose grants live as long as a session (etcd, ZooKeeper, PostgreSQL
+//! in advisory mode).
 //!
 //! There a grant is not a lease of its own: it lasts as long as the client's session, whose
 //! ttl is set when connecting (a URL parameter). `leasehold run` holds one lock per
@@ -22,6 +23,9 @@ struct SessionScheme {
     param: &'static str,
     /// The backend's ttls are multiples of this (rounded up).
     granularity: Duration,
+    /// The URL parameter and value that make grants follow the session, if they do only in
+    /// one mode.
+    only_with: Option<(&'static str, &'static str)>,
 }
 
 /// Every session backend, with the URL parameter of its session ttl: the one place to
@@ -31,11 +35,19 @@ const SESSION_SCHEMES: &[SessionScheme] = &[
         schemes: &["etcd", "etcds"],
         param: "session_ttl",
         granularity: Duration::from_secs(1),
+        only_with: None,
     },
     SessionScheme {
         schemes: &["zk", "zookeeper"],
         param: "session_timeout",
         granularity: Duration::from_millis(1),
+        only_with: None,
+    },
+    SessionScheme {
+        schemes: &["postgres", "postgresql"],
+        param: "session_ttl",
+        granularity: Duration::from_millis(1),
+        only_with: Some(("mode", "advisory")),
     },
 ];
 
@@ -53,18 +65,18 @@ pub fn apply_ttl(url: &str, ttl: Option<Duration>) -> Result<(String, Duration),
         .split_once(':')
         .map(|(scheme, _)| scheme.to_ascii_lowercase())
         .unwrap_or_default();
-    let Some(session) = SESSION_SCHEMES
-        .iter()
-        .find(|s| s.schemes.contains(&scheme.as_str()))
-    else {
+    let query = url.split_once('?').map_or("", |(_, query)| query);
+    let params: Vec<(&str, &str)> = query.split('&').filter_map(|p| p.split_once('=')).collect();
+    let Some(session) = SESSION_SCHEMES.iter().find(|s| {
+        s.schemes.contains(&scheme.as_str())
+            && s.only_with.is_none_or(|wanted| params.contains(&wanted))
+    }) else {
         return Ok((url.to_owned(), ttl.unwrap_or(DEFAULT_TTL)));
     };
-    let query = url.split_once('?').map_or("", |(_, query)| query);
-    let in_url = query
-        .split('&')
-        .filter_map(|p| p.split_once('='))
+    let in_url = params
+        .iter()
         .find(|(key, _)| *key == session.param)
-        .map(|(_, value)| value);
+        .map(|(_, value)| *value);
     match (in_url, ttl) {
         (Some(value), given) => {
             let from_url = parse_duration(value).map_err(|e| match e {
@@ -152,10 +164,38 @@ mod tests {
                 Duration::from_millis(2500)
             )
         );
+        // PostgreSQL's grants follow a session in advisory mode only.
+        assert_eq!(
+            apply_ttl("postgres://h/db?mode=advisory", Some(secs(60))).unwrap(),
+            (
+                "postgres://h/db?mode=advisory&session_ttl=60000ms".into(),
+                secs(60)
+            )
+        );
+        assert_eq!(
+            apply_ttl("postgresql://h/db?session_ttl=5s&mode=advisory", None).unwrap(),
+            (
+                "postgresql://h/db?session_ttl=5s&mode=advisory".into(),
+                secs(5)
+            )
+        );
+        for lease in [
+            "postgres://h/db",
+            "postgres://h/db?mode=lease&session_ttl=5s",
+        ] {
+            assert_eq!(
+                apply_ttl(lease, Some(secs(60))).unwrap(),
+                (lease.into(), secs(60))
+            );
+        }
         // Disagreement and nonsense are usage errors.
         for bad in [
             apply_ttl("etcd://h:1?session_ttl=5s", Some(secs(2))),
             apply_ttl("etcd://h:1?session_ttl=5", None),
+            apply_ttl(
+                "postgres://h/db?mode=advisory&session_ttl=5s",
+                Some(secs(60)),
+            ),
         ] {
             assert!(matches!(bad, Err(Error::InvalidArgument { .. })), "{bad:?}");
         }

@@ -11,7 +11,7 @@ use rustix::process::{Pid, Signal, kill_process, kill_process_group, test_kill_p
 use tokio::process::Command;
 
 mod common;
-use common::BIN;
+use common::{BIN, running_in_group};
 
 struct Dir {
     dir: tempfile::TempDir,
@@ -143,6 +143,53 @@ async fn exit_codes_for_busy_and_bad_usage() {
 }
 
 #[tokio::test]
+async fn a_grace_that_does_not_fit_in_the_lease_is_a_usage_error() {
+    let d = Dir::new();
+    // SIGTERM goes `--grace` before the deadline of a 2 s lease, whose first renewal is
+    // due after 667 ms: a grace of 2 s or more cannot fit, nor one that leaves no time
+    // for that renewal.
+    for grace in ["2s", "5s", "1500ms"] {
+        let out = d
+            .output(&[
+                "run", "--url", "memory:", "--ttl", "2s", "--grace", grace, "x", "--", "true",
+            ])
+            .await;
+        assert_eq!(
+            out.status.code(),
+            Some(64),
+            "{grace}: {}",
+            text(&out.stderr)
+        );
+        assert!(
+            text(&out.stderr).contains("--grace"),
+            "{}",
+            text(&out.stderr)
+        );
+    }
+    // One that fits, and the default (a third of a ttl under 30 s).
+    for grace in [&["--grace", "1s"][..], &[]] {
+        let out = d
+            .leasehold(&["run", "--url", "memory:", "--ttl", "2s"])
+            .args(grace)
+            .args(["x", "--", "true"])
+            .output()
+            .await
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{grace:?}: {}",
+            text(&out.stderr)
+        );
+    }
+    // Locks that do not expire (the file backend) have no deadline to fit into.
+    let out = d
+        .output(&["run", "--ttl", "2s", "--grace", "600s", "x", "--", "true"])
+        .await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+}
+
+#[tokio::test]
 async fn inspect_shows_the_holder_as_json_and_as_a_table() {
     let d = Dir::new();
     let fifo = d.fifo("ready");
@@ -185,32 +232,6 @@ async fn inspect_shows_the_holder_as_json_and_as_a_table() {
     holder.wait().await.unwrap();
 }
 
-/// The processes of process group `group` that are still running (zombies, which nobody
-/// may reap in a container whose init does not, are not running).
-fn running_in_group(group: Pid) -> Vec<i32> {
-    let mut running = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
-            continue;
-        };
-        // pid (comm) state ppid pgrp …; comm may hold anything, so split after its `)`.
-        let Some((_, fields)) = stat.rsplit_once(')') else {
-            continue;
-        };
-        let fields: Vec<&str> = fields.split_whitespace().collect();
-        if fields.len() > 2
-            && fields[2] == group.as_raw_nonzero().to_string()
-            && !matches!(fields[0], "Z" | "X")
-        {
-            running.push(pid);
-        }
-    }
-    running
-}
-
 #[tokio::test]
 async fn a_holder_killed_with_sigkill_frees_the_lock_once_its_command_is_gone() {
     let d = Dir::new();
@@ -238,7 +259,9 @@ async fn sigkill_of_leasehold_stops_the_commands_whole_group() {
         // The command leads its group and leaves a child in it.
         let script = format!("sleep 1000 & echo $$ > {}; wait", fifo.display());
         let mut holder = Command::new(BIN)
-            .args(["run", "--url", &url, "--grace", "600s", "job"])
+            .args([
+                "run", "--url", &url, "--ttl", "1h", "--grace", "600s", "job",
+            ])
             .args(["--", "sh", "-c", &script])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

@@ -18,11 +18,11 @@ async fn twenty_processes_count_exactly_and_see_increasing_tokens() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_run_paused_past_its_session_stops_its_command_and_exits_80_on_resume() {
+async fn a_paused_run_has_its_command_stopped_by_the_deadline_and_exits_80_on_resume() {
     let etcd = Etcd::start().await.unwrap();
     // `--ttl 2s` becomes the session's ttl; the other client's session gets the same.
     let url = format!("{}?session_ttl=2s", etcd.url());
-    common::a_paused_run_loses_its_lock_and_exits_80_on_resume(&url).await;
+    common::a_paused_run_has_its_command_stopped_by_the_deadline(&url).await;
 }
 
 /// `etcdctl ARGS -w json` against `etcd`, parsed.

@@ -1,11 +1,16 @@
-//! `leasehold run` against a real PostgreSQL: 20 processes at once on one name, and a
-//! holder paused past its lease.
+//! `leasehold run` against a real PostgreSQL: 20 processes at once on one name, a holder
+//! paused past its lease, and `--ttl` on advisory locks.
 
 #![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
 mod common;
 
+use std::process::Stdio;
+
+use common::BIN;
 use leasehold_testkit::Postgres;
+use tokio::io::AsyncBufReadExt;
+use tokio::process::Command;
 
 #[tokio::test]
 async fn twenty_processes_count_exactly_and_see_increasing_tokens() {
@@ -14,7 +19,50 @@ async fn twenty_processes_count_exactly_and_see_increasing_tokens() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_paused_holder_is_stopped_on_resume_and_the_next_holder_has_a_larger_token() {
+async fn a_paused_run_has_its_command_stopped_by_the_deadline_and_exits_80_on_resume() {
     let server = Postgres::start().await.unwrap();
-    common::a_paused_run_loses_its_lock_and_exits_80_on_resume(&server.url()).await;
+    common::a_paused_run_has_its_command_stopped_by_the_deadline(&server.url()).await;
+}
+
+#[tokio::test]
+async fn ttl_sets_the_session_ttl_of_advisory_locks() {
+    let server = Postgres::start().await.unwrap();
+    let url = format!("{}?mode=advisory", server.url());
+    let mut holder = Command::new(BIN)
+        .args(["run", "--url", &url, "--ttl", "60s", "job"])
+        .args(["--", "sh", "-c", "echo started; exec sleep 1000"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(holder.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next_line().await.unwrap().as_deref(), Some("started"));
+
+    // The lock lives by a session of --ttl's 60 s, not the backend's default 10 s.
+    let out = Command::new(BIN)
+        .args(["inspect", "--json", "--url", &url, "job"])
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let remaining = json["locks"][0]["holders"][0]["remaining_ms"]
+        .as_u64()
+        .unwrap();
+    assert!((10_001..=60_000).contains(&remaining), "{json}");
+    holder.start_kill().unwrap();
+    holder.wait().await.unwrap();
+
+    // A session ttl in the URL that disagrees with --ttl is a usage error.
+    let out = Command::new(BIN)
+        .args(["run", "--url", &format!("{url}&session_ttl=5s")])
+        .args(["--ttl", "60s", "job", "--", "true"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("disagree"));
 }

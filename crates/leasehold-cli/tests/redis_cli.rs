@@ -14,7 +14,7 @@ async fn twenty_processes_count_exactly_and_see_increasing_tokens() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_paused_holder_is_stopped_on_resume_and_the_next_holder_has_a_larger_token() {
+async fn a_paused_run_has_its_command_stopped_by_the_deadline_and_exits_80_on_resume() {
     let server = Redis::start().await.unwrap();
-    common::a_paused_run_loses_its_lock_and_exits_80_on_resume(&server.url()).await;
+    common::a_paused_run_has_its_command_stopped_by_the_deadline(&server.url()).await;
 }

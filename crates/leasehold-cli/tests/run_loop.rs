@@ -12,7 +12,7 @@ use leasehold::faulty::{Faulty, Op};
 use leasehold::memory::InMemory;
 use leasehold::{Client, LockOptions};
 use leasehold_cli::exit;
-use leasehold_cli::run::{Hold, RunSpec, WaitFor, run};
+use leasehold_cli::run::{Hold, RunSpec, WaitFor, hold, run};
 use rustix::process::{Pid, test_kill_process};
 use tokio::sync::oneshot;
 
@@ -96,24 +96,75 @@ async fn losing_the_lock_stops_the_command_and_exits_80() {
     assert!(gone(pid), "the command outlived the lock");
 }
 
+/// The grace fits inside the lease: a command that ignores SIGTERM gets it `grace` before
+/// the lease's deadline, while the lock is still held, and is killed by the deadline — not
+/// given a fresh grace once the loss is signalled.
 #[tokio::test]
-async fn a_command_ignoring_sigterm_is_killed_after_the_grace_period() {
+async fn a_command_ignoring_sigterm_gets_it_before_the_deadline_and_is_killed_by_it() {
     let faults = Faulty::new(InMemory::new());
     let client = Client::new(faults.clone());
     faults.hold_requests(Op::Renew);
     let ready = Ready::new();
-    // SIGTERM stays ignored across exec: `sleep` ignores it too.
+    let events = ready.path().with_file_name("events");
+    // The shell notes each SIGTERM and carries on (its `sleep` dies of it; the next one
+    // starts).
     let script = format!(
-        "trap '' TERM; echo $$ > {}; exec sleep 1000",
+        "trap 'echo term >> {}' TERM; echo $$ > {}; while :; do sleep 1; done",
+        events.display(),
         ready.path().display()
     );
-    let spec = spec(&["sh", "-c", &script]);
+    let mut spec = spec(&["sh", "-c", &script]);
+    spec.options = LockOptions::builder()
+        .ttl(Duration::from_secs(3))
+        .build()
+        .unwrap();
+    spec.grace = Duration::from_secs(1);
+    let guard = client
+        .mutex("job")
+        .unwrap()
+        .with_options(spec.options.clone())
+        .lock()
+        .await
+        .unwrap();
+    let lost = guard.lost();
     let (_tx, interrupted) = interrupt();
     let running =
-        tokio::spawn(async move { run(&client, &spec, std::pin::pin!(interrupted)).await });
+        tokio::spawn(async move { hold(&client, &spec, guard, std::pin::pin!(interrupted)).await });
     let pid = ready.pid().await;
+    lost.await;
+    let seen = std::fs::read_to_string(&events).unwrap_or_default();
+    assert_eq!(
+        seen.lines().next(),
+        Some("term"),
+        "the command had no SIGTERM before the lock was lost"
+    );
     assert_eq!(running.await.unwrap(), exit::LOST);
     assert!(gone(pid), "SIGKILL did not follow the ignored SIGTERM");
+}
+
+/// The command starts only if the lock is still held, with its grace still ahead: a grant
+/// whose reply came so late that its deadline is nearer than `grace` does not run it.
+#[tokio::test]
+async fn a_grant_running_out_before_the_command_starts_does_not_start_it() {
+    let server = InMemory::new();
+    let faults = Faulty::new(server.clone());
+    let client = Client::new(faults.clone());
+    let observer = Client::new(server);
+    // Of the 600 ms lease (592 ms after the drift allowance) the reply leaves less than the
+    // 300 ms grace; no renewal moves the deadline.
+    faults.delay_replies(Op::Acquire, Duration::from_millis(400));
+    faults.hold_requests(Op::Renew);
+    let marker = tempfile::tempdir().unwrap();
+    let touched = marker.path().join("ran");
+    let spec = spec(&["touch", touched.to_str().unwrap()]);
+    let (_tx, interrupted) = interrupt();
+    assert_eq!(
+        run(&client, &spec, std::pin::pin!(interrupted)).await,
+        exit::LOST
+    );
+    assert!(!touched.exists(), "the command ran without its lock");
+    client.settle().await;
+    assert!(observer.inspect("job").await.unwrap().holders.is_empty());
 }
 
 #[tokio::test]

@@ -16,8 +16,8 @@ async fn twenty_processes_count_exactly_and_see_increasing_tokens() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_run_paused_past_its_session_stops_its_command_and_exits_80_on_resume() {
+async fn a_paused_run_has_its_command_stopped_by_the_deadline_and_exits_80_on_resume() {
     let zookeeper = ZooKeeper::start().await.unwrap();
     let url = format!("zk://{}?session_timeout=2s", zookeeper.connect_string());
-    common::a_paused_run_loses_its_lock_and_exits_80_on_resume(&url).await;
+    common::a_paused_run_has_its_command_stopped_by_the_deadline(&url).await;
 }

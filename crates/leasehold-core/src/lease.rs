@@ -354,6 +354,39 @@ impl Lease {
         }
     }
 
+    /// A future that completes with the state once it is no longer "held until `seen`": a
+    /// renewal or a session keep-alive moved the deadline, or the lease ended. A deadline
+    /// that passes while nobody reads the state is not noticed here (that is
+    /// [`lost`](Lease::lost)'s); read after it, it is. Owns what it needs.
+    pub(crate) fn changed_from(
+        self: &Arc<Self>,
+        seen: Option<Instant>,
+    ) -> impl Future<Output = State> + Send + 'static {
+        let lease = self.clone();
+        let mut session = self.session.clone();
+        async move {
+            loop {
+                // Registered before the state is read: a change after the read wakes us.
+                let mut changed = std::pin::pin!(lease.changed.notified());
+                changed.as_mut().enable();
+                match lease.state() {
+                    State::Held { deadline, .. } if deadline == seen => {}
+                    state => return state,
+                }
+                let session_changed = async {
+                    match &mut session {
+                        Some(session) => session.changed().await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    () = changed => {}
+                    () = session_changed => {}
+                }
+            }
+        }
+    }
+
     /// A future that completes when the lease is lost; it never completes if the lease is
     /// released first. Owns what it needs.
     pub(crate) fn lost(self: &Arc<Self>) -> impl Future<Output = LossReason> + Send + 'static {
@@ -732,6 +765,54 @@ mod tests {
         keeper.end();
         keeper.suspend();
         assert!(!keeper.is_suspended());
+    }
+
+    #[tokio::test]
+    async fn a_deadline_watcher_wakes_for_a_renewal_a_keep_alive_and_a_loss() {
+        let clock = ManualClock::new();
+        let lease = lease_at(&clock, clock.now(), 10 * SEC).unwrap();
+        let first = lease.deadline();
+        let mut moved = std::pin::pin!(lease.changed_from(first));
+        assert!(futures_util::poll!(&mut moved).is_pending());
+        // Capping the lease changes its state, not its deadline.
+        lease.cap();
+        assert!(futures_util::poll!(&mut moved).is_pending());
+        let lease = lease_at(&clock, clock.now(), 10 * SEC).unwrap();
+        let first = lease.deadline();
+        let mut moved = std::pin::pin!(lease.changed_from(first));
+        assert!(futures_util::poll!(&mut moved).is_pending());
+        clock.advance(3 * SEC);
+        assert!(lease.extend(clock.now(), Expiry::After(10 * SEC)));
+        let State::Held { deadline, .. } = moved.await else {
+            panic!("not held after a renewal");
+        };
+        assert!(deadline > first);
+        // Lost: the watcher of the current deadline completes with the loss.
+        let lost = lease.changed_from(deadline);
+        lease.mark_lost(LossReason::NotOwner);
+        assert_eq!(lost.await, State::Lost(LossReason::NotOwner));
+
+        // A session lease: a keep-alive moves the deadline.
+        let keeper = SessionKeeper::new(clock.now().checked_add(5 * SEC).unwrap());
+        let lease = session_lease(&clock, &keeper).unwrap();
+        let first = lease.deadline();
+        let mut moved = std::pin::pin!(lease.changed_from(first));
+        assert!(futures_util::poll!(&mut moved).is_pending());
+        keeper.alive_until(clock.now().checked_add(6 * SEC).unwrap());
+        assert_eq!(
+            moved.await,
+            State::Held {
+                deadline: clock.now().checked_add(6 * SEC),
+                capped: false
+            }
+        );
+        // Read after the deadline passed, the loss is reported at once.
+        let seen = lease.deadline();
+        clock.advance(6 * SEC);
+        assert_eq!(
+            lease.changed_from(seen).await,
+            State::Lost(LossReason::Expired)
+        );
     }
 
     #[tokio::test]

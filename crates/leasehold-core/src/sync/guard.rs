@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::backend::{Mode, Release};
+use crate::clock::Instant;
 use crate::error::{Error, LossReason, Result};
 use crate::fencing::FencingToken;
 use crate::lease::{Lease, State};
@@ -93,6 +94,39 @@ impl Guard {
         self.lease.remaining()
     }
 
+    /// The local deadline, on the client's [`Clock`](crate::clock::Clock): the lock counts
+    /// as held until then, unless a renewal (or the keep-alive of the session the grant
+    /// lives by) moves it. `Ok(None)` for a grant that does not expire.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Lost`] once the lease was lost.
+    pub fn deadline(&self) -> Result<Option<Instant>> {
+        held(self.lease.state())
+    }
+
+    /// Completes when [`deadline`](Guard::deadline) no longer answers `Ok(seen)`: a
+    /// renewal or a session keep-alive moved the deadline, or the lease was lost. A
+    /// deadline that passes unrenewed is [`lost`](Guard::lost)'s to report; this future
+    /// notices it only if polled after it.
+    ///
+    /// The future owns what it needs; it can be moved into another task.
+    ///
+    /// # Cancel safety
+    ///
+    /// It only reads: dropping it changes nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Lost`] if the lease was lost.
+    pub fn deadline_changed(
+        &self,
+        seen: Option<Instant>,
+    ) -> impl Future<Output = Result<Option<Instant>>> + Send + 'static {
+        let changed = self.lease.changed_from(seen);
+        async move { held(changed.await) }
+    }
+
     /// Completes when the lease is lost: at its local deadline without a renewal, or as
     /// soon as the server says it is no longer ours. Never completes while the lease is
     /// held, nor after a release.
@@ -170,6 +204,15 @@ impl Guard {
             (_, Ok(Release::NotHeld)) => Err(Error::NotHeld),
             (_, Err(error)) => Err(error),
         }
+    }
+}
+
+/// The deadline of a held lease, or why it is not held.
+fn held(state: State) -> Result<Option<Instant>> {
+    match state {
+        State::Held { deadline, .. } => Ok(deadline),
+        State::Lost(reason) => Err(Error::Lost(reason)),
+        State::Released => Err(Error::NotHeld),
     }
 }
 

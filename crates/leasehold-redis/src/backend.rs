@@ -10,9 +10,8 @@ use leasehold_core::backend::{
 };
 use leasehold_core::{Error, FencingToken, LockName, LossReason, OwnerId, Result};
 use redis::FromRedisValue;
-use redis::aio::ConnectionManager;
 
-use crate::connection;
+use crate::connection::{self, Connection};
 use crate::error::map_error;
 use crate::floors::{Floor, Floors};
 use crate::options::{RedisOptions, ReplicaAck, parse_url};
@@ -28,8 +27,7 @@ pub struct RedisBackend {
 
 #[derive(Debug)]
 struct Inner {
-    conn: ConnectionManager,
-    options: RedisOptions,
+    conn: Connection,
     wakeups: Arc<Wakeups>,
     /// Per name: the highest token this client saw granted, and to whom.
     floors: Mutex<Floors>,
@@ -51,8 +49,8 @@ async fn sweep_unused_channels(inner: Weak<Inner>, wakeups: Arc<Wakeups>) {
         let Some(inner) = inner.upgrade() else {
             return;
         };
-        let mut conn = inner.conn.clone();
-        let limit = inner.options.connect_limit();
+        let mut conn = inner.conn.current();
+        let limit = inner.conn.options().connect_limit();
         drop(inner);
         wakeups.sweep(&mut conn, limit).await;
     }
@@ -109,8 +107,7 @@ impl RedisBackend {
         let wakeups = Arc::new(Wakeups::default());
         let connected = connection::connect(url, &options, Router(wakeups.clone()), run_id).await?;
         let inner = Arc::new(Inner {
-            conn: connected.conn,
-            options,
+            conn: Connection::new(connected.conn, url, options, wakeups.clone()),
             wakeups: wakeups.clone(),
             floors: Mutex::new(Floors::default()),
             warnings: connected.warnings,
@@ -133,7 +130,7 @@ impl RedisBackend {
     }
 
     fn keys(&self, name: &LockName) -> Keys {
-        Keys::new(self.inner.options.key_prefix(), name)
+        Keys::new(self.inner.conn.options().key_prefix(), name)
     }
 
     /// Runs `call` with `keys` and `values`, loading its script if the server lost it.
@@ -144,15 +141,16 @@ impl RedisBackend {
         values: &Values<'_>,
     ) -> Result<T> {
         let cmd = call.cmd(keys, values);
-        let mut conn = self.inner.conn.clone();
+        let connection = &self.inner.conn;
+        let mut conn = connection.for_request().await?;
         let name = &values.req.name;
-        match cmd.query_async(&mut conn).await {
+        match connection.query(&mut conn, &cmd).await {
             Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
                 call.script()
                     .load_async(&mut conn)
                     .await
                     .map_err(|e| map_error(e, name))?;
-                cmd.query_async(&mut conn).await
+                connection.query(&mut conn, &cmd).await
             }
             answer => answer,
         }
@@ -255,11 +253,13 @@ impl RedisBackend {
     }
 
     async fn wait_for_replicas(&self, req: &Request, ack: ReplicaAck) -> Result<()> {
-        let mut conn = self.inner.conn.clone();
-        let acked: i64 = redis::cmd("WAIT")
-            .arg(ack.replicas)
-            .arg(millis_up(ack.timeout))
-            .query_async(&mut conn)
+        let mut conn = self.inner.conn.for_request().await?;
+        let mut wait = redis::cmd("WAIT");
+        wait.arg(ack.replicas).arg(millis_up(ack.timeout));
+        let acked: i64 = self
+            .inner
+            .conn
+            .query(&mut conn, &wait)
             .await
             .map_err(|e| map_error(e, &req.name))?;
         if acked >= i64::from(ack.replicas) {
@@ -317,7 +317,7 @@ impl Backend for RedisBackend {
         if let Acquire::Granted(grant) = &answer {
             self.floors()
                 .record(&req.name, grant.token.get(), &req.owner);
-            if let Some(ack) = self.inner.options.replica_ack() {
+            if let Some(ack) = self.inner.conn.options().replica_ack() {
                 self.wait_for_replicas(req, ack).await?;
             }
         }
@@ -353,7 +353,7 @@ impl Backend for RedisBackend {
         };
         if !ticket.subscribed() {
             // Subscribe, then let the caller try again with the subscription in place.
-            let mut conn = self.inner.conn.clone();
+            let mut conn = self.inner.conn.for_request().await?;
             return self
                 .inner
                 .wakeups

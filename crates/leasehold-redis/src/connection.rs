@@ -1,10 +1,17 @@
 //! The connection to one Redis server: RESP3, multiplexed, reconnecting, TLS for
 //! `rediss://`, push messages routed to the wake-ups; scripts loaded and the eviction
-//! policy checked on connecting.
+//! policy checked on connecting; replaced when it stops answering without closing.
+//!
+//! redis-rs reconnects a connection that fails or closes, but not one that stays open and
+//! silent (a partition that drops packets, a peer gone without a reset). [`Connection`]
+//! counts the requests given up on while nothing came back (`support::health`) and, after
+//! a few in a row, opens a new connection — with the wake-up channels in use subscribed
+//! on it before it serves anything — and wakes every waiter, as after a reconnection.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
+use leasehold_core::support::health::Health;
 use leasehold_core::support::redact_url;
 use leasehold_core::{Error, Result};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -14,7 +21,7 @@ use crate::error::map_error;
 use crate::options::RedisOptions;
 use crate::reply;
 use crate::script::CALLS;
-use crate::wakeups::Router;
+use crate::wakeups::{Router, Wakeups};
 
 /// A connection made and checked.
 #[derive(Debug)]
@@ -24,6 +31,103 @@ pub(crate) struct Connected {
     pub(crate) warnings: Vec<String>,
     /// The server's run id, if asked for.
     pub(crate) run_id: Option<String>,
+}
+
+/// The connection a backend sends its requests on, replaced when it stalls.
+#[derive(Debug)]
+pub(crate) struct Connection {
+    current: RwLock<ConnectionManager>,
+    url: String,
+    options: RedisOptions,
+    wakeups: Arc<Wakeups>,
+    health: Health,
+    /// Held while the connection is being replaced: one replacement at a time.
+    replacing: tokio::sync::Mutex<()>,
+}
+
+impl Connection {
+    /// `connected`, to `url` with `options`, its push messages routed to `wakeups`.
+    pub(crate) fn new(
+        connected: ConnectionManager,
+        url: &str,
+        options: RedisOptions,
+        wakeups: Arc<Wakeups>,
+    ) -> Self {
+        Self {
+            current: RwLock::new(connected),
+            url: url.to_owned(),
+            options,
+            wakeups,
+            health: Health::new(),
+            replacing: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// The options it was made with.
+    pub(crate) fn options(&self) -> &RedisOptions {
+        &self.options
+    }
+
+    /// The connection as it is now.
+    pub(crate) fn current(&self) -> ConnectionManager {
+        self.current
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// The connection to send a request on, replaced first if it stalled, and the
+    /// request's report to its health.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped while replacing, the old connection stays until the next request.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unavailable`] if a stalled connection cannot be replaced.
+    pub(crate) async fn for_request(&self) -> Result<ConnectionManager> {
+        if self.health.is_stalled() {
+            self.replace().await?;
+        }
+        Ok(self.current())
+    }
+
+    /// Sends `cmd` on the connection, noting whether an answer came.
+    pub(crate) async fn query<T: redis::FromRedisValue>(
+        &self,
+        conn: &mut ConnectionManager,
+        cmd: &redis::Cmd,
+    ) -> redis::RedisResult<T> {
+        let in_flight = self.health.request();
+        let answer = cmd.query_async(conn).await;
+        in_flight.answered();
+        answer
+    }
+
+    /// Opens a new connection, subscribes the wake-up channels in use on it, puts it in
+    /// place of the stalled one and wakes every waiter (messages may have been lost).
+    async fn replace(&self) -> Result<()> {
+        let _one = self.replacing.lock().await;
+        if !self.health.is_stalled() {
+            // Replaced by someone else meanwhile.
+            return Ok(());
+        }
+        tracing::warn!(url = %redact_url(&self.url), "redis: the connection stopped answering; opening a new one");
+        let mut fresh = connect(
+            &self.url,
+            &self.options,
+            Router(self.wakeups.clone()),
+            false,
+        )
+        .await?
+        .conn;
+        self.wakeups.subscribe_all(&mut fresh).await?;
+        *self.current.write().unwrap_or_else(|e| e.into_inner()) = fresh;
+        self.health.reset();
+        self.wakeups.wake_all();
+        Ok(())
+    }
 }
 
 /// Connects to `url`, loads every script, reads the eviction policy and, with `run_id`,

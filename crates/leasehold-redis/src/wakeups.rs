@@ -436,8 +436,33 @@ impl Wakeups {
         }
     }
 
+    /// Subscribes every channel in use on `conn`, a new connection that replaces the one
+    /// they were subscribed on.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped, the new connection is not used (its subscriptions go with it).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unavailable`] if the `SUBSCRIBE` fails.
+    pub(crate) async fn subscribe_all(&self, conn: &mut ConnectionManager) -> Result<()> {
+        let _order = self.order.lock().await;
+        let names: Vec<Arc<str>> = self.state().channels.keys().cloned().collect();
+        if names.is_empty() {
+            return Ok(());
+        }
+        let names: Vec<&str> = names.iter().map(|name| &**name).collect();
+        conn.subscribe(&names)
+            .await
+            .map_err(|e| Error::Unavailable {
+                message: format!("redis: subscribing to wake-ups on a new connection failed: {e}"),
+                source: Some(Arc::new(e)),
+            })
+    }
+
     /// After a reconnection messages may have been lost: everyone re-checks.
-    fn wake_all(&self) {
+    pub(crate) fn wake_all(&self) {
         for entry in self.state().channels.values() {
             entry.everyone.send_modify(|v| *v += 1);
         }

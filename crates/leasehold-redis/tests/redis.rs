@@ -778,3 +778,66 @@ async fn a_fence_is_one_key_whatever_the_number_of_writes() {
         Resp::Bulk(Some(b"2000".to_vec()))
     );
 }
+
+/// A connection that goes silent without closing (a partition that drops packets) is
+/// replaced once requests have timed out on it with nothing coming back: the client
+/// serves requests again on a new connection, wake-ups included.
+#[tokio::test]
+async fn a_blackholed_connection_is_replaced_after_requests_time_out() {
+    let server = Redis::start().await.unwrap();
+    let proxy = FaultProxy::start(server.addr()).await.unwrap();
+    let url = format!("redis://127.0.0.1:{}", proxy.port());
+    let timeout = Duration::from_secs(1);
+    let options = LockOptions::builder()
+        .ttl(Duration::from_secs(5))
+        .request_timeout(timeout)
+        .build()
+        .unwrap();
+    let client = Client::builder(RedisBackend::connect(&url).await.unwrap())
+        .options(options)
+        .build();
+    let other = client_of(&server).await;
+    let held = other.mutex("blackholed").unwrap().lock().await.unwrap();
+    // A waiter subscribed to the name's wake-ups through the connection before it broke.
+    let waiting = {
+        let mutex = client.mutex("blackholed").unwrap();
+        tokio::spawn(async move { mutex.lock_timeout(Duration::from_secs(60)).await })
+    };
+    until_waiting(&server, "blackholed").await;
+
+    proxy.blackhole_open();
+    // The first request times out with nothing heard back (its clean-up too); the next is
+    // sent on a new connection.
+    let first = client.mutex("elsewhere").unwrap().try_lock().await;
+    assert!(matches!(first, Err(Error::Timeout(_))), "{first:?}");
+    let second = client.mutex("elsewhere").unwrap().try_lock().await;
+    assert!(
+        matches!(second, Ok(Some(_))),
+        "the client still sends into the silent connection: {second:?}"
+    );
+    // The waiter's wake-up comes through the new connection.
+    held.release().await.unwrap();
+    let woken = waiting.await.unwrap().unwrap();
+    assert!(woken.is_some(), "the waiter was not woken");
+}
+
+async fn client_of(server: &Redis) -> Client {
+    client(server, Duration::from_secs(5)).await
+}
+
+/// Waits until the server shows a waiter entry of `name`.
+async fn until_waiting(server: &Redis, name: &str) {
+    let observer = RedisBackend::connect(&server.url()).await.unwrap();
+    let lock = LockName::new(name).unwrap();
+    loop {
+        let state = observer.inspect(&lock).await.unwrap();
+        if !state.waiters.is_empty() {
+            return;
+        }
+        // Waiter entries are written by the acquire script; the inspect's hint wakes on
+        // the next change of the name.
+        let _ = observer
+            .wait(&lock, &state.hint, Duration::from_secs(1))
+            .await;
+    }
+}

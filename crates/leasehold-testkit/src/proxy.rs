@@ -1,6 +1,6 @@
 //! A TCP fault proxy: put it between a client and a server to delay traffic, cut one or
-//! both directions while leaving the sockets open, reset every connection, or refuse new
-//! ones.
+//! both directions while leaving the sockets open, blackhole the connections open now,
+//! reset every connection, or refuse new ones.
 //!
 //! Cutting a direction holds its bytes rather than dropping them, as TCP would during a
 //! partition: when the link heals they arrive, late. That is what makes late replies,
@@ -9,7 +9,7 @@
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -43,6 +43,9 @@ struct Faults {
     refuse: bool,
     /// Bumped by `reset`: connections from an earlier generation are closed with RST.
     generation: u64,
+    /// Connections numbered below this (the `n`th accepted is number `n`) hold every byte
+    /// both ways, for good.
+    blackholed_below: u64,
 }
 
 impl Faults {
@@ -61,6 +64,7 @@ pub struct FaultProxy {
     addr: SocketAddr,
     faults: watch::Sender<Faults>,
     open: Arc<AtomicUsize>,
+    accepted: Arc<AtomicU64>,
     task: JoinHandle<()>,
 }
 
@@ -75,11 +79,19 @@ impl FaultProxy {
         let addr = listener.local_addr()?;
         let faults = watch::Sender::new(Faults::default());
         let open = Arc::new(AtomicUsize::new(0));
-        let task = tokio::spawn(accept(listener, target, faults.subscribe(), open.clone()));
+        let accepted = Arc::new(AtomicU64::new(0));
+        let task = tokio::spawn(accept(
+            listener,
+            target,
+            faults.subscribe(),
+            open.clone(),
+            accepted.clone(),
+        ));
         Ok(FaultProxy {
             addr,
             faults,
             open,
+            accepted,
             task,
         })
     }
@@ -122,6 +134,14 @@ impl FaultProxy {
         });
     }
 
+    /// Holds every byte both ways, for good, on the connections open now — sockets stay
+    /// open, nobody is told — while connections made later pass: one broken connection,
+    /// as a client would see it after a partition that dropped its packets.
+    pub fn blackhole_open(&self) {
+        let below = self.accepted.load(Ordering::SeqCst) + 1;
+        self.faults.send_modify(|f| f.blackholed_below = below);
+    }
+
     /// Closes every open connection with a TCP reset.
     pub fn reset(&self) {
         self.faults.send_modify(|f| f.generation += 1);
@@ -150,11 +170,13 @@ async fn accept(
     target: SocketAddr,
     faults: watch::Receiver<Faults>,
     open: Arc<AtomicUsize>,
+    accepted: Arc<AtomicU64>,
 ) {
     loop {
         let Ok((client, _)) = listener.accept().await else {
             continue;
         };
+        let number = accepted.fetch_add(1, Ordering::SeqCst) + 1;
         let current = *faults.borrow();
         if current.refuse {
             let _ = client.set_zero_linger();
@@ -168,7 +190,7 @@ async fn accept(
                 return;
             };
             open.fetch_add(1, Ordering::SeqCst);
-            connection(client, server, faults, current.generation).await;
+            connection(client, server, faults, current.generation, number).await;
             open.fetch_sub(1, Ordering::SeqCst);
         });
     }
@@ -180,6 +202,7 @@ async fn connection(
     server: TcpStream,
     mut faults: watch::Receiver<Faults>,
     generation: u64,
+    number: u64,
 ) {
     let _ = client.set_nodelay(true);
     let _ = server.set_nodelay(true);
@@ -193,12 +216,14 @@ async fn connection(
             client_read,
             server_write,
             Direction::ToServer,
+            number,
             faults.clone(),
         ),
         pump(
             server_read,
             client_write,
             Direction::ToClient,
+            number,
             faults.clone(),
         ),
     );
@@ -219,6 +244,7 @@ async fn pump(
     mut from: OwnedReadHalf,
     mut to: OwnedWriteHalf,
     direction: Direction,
+    number: u64,
     faults: watch::Receiver<Faults>,
 ) {
     let (tx, mut rx) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
@@ -239,11 +265,15 @@ async fn pump(
         let mut faults = faults;
         while let Some((arrived, chunk)) = rx.recv().await {
             loop {
-                let link = match direction {
-                    Direction::ToClient => faults.borrow_and_update().to_client,
-                    _ => faults.borrow_and_update().to_server,
+                let (link, blackholed) = {
+                    let faults = faults.borrow_and_update();
+                    let link = match direction {
+                        Direction::ToClient => faults.to_client,
+                        _ => faults.to_server,
+                    };
+                    (link, number < faults.blackholed_below)
                 };
-                if link.cut {
+                if link.cut || blackholed {
                     if faults.changed().await.is_err() {
                         return;
                     }

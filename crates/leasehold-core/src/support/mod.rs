@@ -1,6 +1,7 @@
-//! Helpers for backend implementors: who holds in a queue, TLS files, key prefixes,
-//! credentials kept out of messages.
+//! Helpers for backend implementors: who holds in a queue, connections that stopped
+//! answering, TLS files, key prefixes, credentials kept out of messages.
 
+pub mod health;
 mod prefix;
 pub mod queue;
 mod redact;

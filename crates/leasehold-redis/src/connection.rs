@@ -6,7 +6,9 @@
 //! silent (a partition that drops packets, a peer gone without a reset). [`Connection`]
 //! counts the requests given up on while nothing came back (`support::health`) and, after
 //! a few in a row, opens a new connection — with the wake-up channels in use subscribed
-//! on it before it serves anything — and wakes every waiter, as after a reconnection.
+//! on it before it serves anything — and wakes every waiter, as after a reconnection. A
+//! server that is only slow (a Redlock node behind its short node timeout) looks the same
+//! from here, so after one replacement the next waits at least a connect timeout.
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -41,8 +43,9 @@ pub(crate) struct Connection {
     options: RedisOptions,
     wakeups: Arc<Wakeups>,
     health: Health,
-    /// Held while the connection is being replaced: one replacement at a time.
-    replacing: tokio::sync::Mutex<()>,
+    /// Held while the connection is being replaced (one replacement at a time), with when
+    /// the last one was made.
+    replaced: tokio::sync::Mutex<Option<std::time::Instant>>,
 }
 
 impl Connection {
@@ -59,7 +62,7 @@ impl Connection {
             options,
             wakeups,
             health: Health::new(),
-            replacing: tokio::sync::Mutex::new(()),
+            replaced: tokio::sync::Mutex::new(None),
         }
     }
 
@@ -108,9 +111,10 @@ impl Connection {
     /// Opens a new connection, subscribes the wake-up channels in use on it, puts it in
     /// place of the stalled one and wakes every waiter (messages may have been lost).
     async fn replace(&self) -> Result<()> {
-        let _one = self.replacing.lock().await;
-        if !self.health.is_stalled() {
-            // Replaced by someone else meanwhile.
+        let mut replaced = self.replaced.lock().await;
+        let limit = self.options.connect_limit();
+        if !self.health.is_stalled() || replaced.is_some_and(|at| at.elapsed() < limit) {
+            // Replaced by someone else meanwhile, or lately: wait for an answer or the time.
             return Ok(());
         }
         tracing::warn!(url = %redact_url(&self.url), "redis: the connection stopped answering; opening a new one");
@@ -124,6 +128,7 @@ impl Connection {
         .conn;
         self.wakeups.subscribe_all(&mut fresh).await?;
         *self.current.write().unwrap_or_else(|e| e.into_inner()) = fresh;
+        *replaced = Some(std::time::Instant::now());
         self.health.reset();
         self.wakeups.wake_all();
         Ok(())

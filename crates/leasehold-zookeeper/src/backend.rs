@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use futures_util::future::{join_all, select_all};
 use leasehold_core::backend::{
     Acquire, Backend, Capabilities, Expiry, Grant, Holder, LockState, Mode, Release, Renewal,
-    Request, TokenDurability, WaitHint, Waiter,
+    Request, SessionLiveness, TokenDurability, WaitHint, Waiter,
 };
 use leasehold_core::{Error, FencingToken, LockName, LossReason, OwnerId, Result};
 use tokio::sync::Mutex as AsyncMutex;
@@ -1021,6 +1021,10 @@ impl Backend for ZooKeeperBackend {
             children,
         });
         Ok(state)
+    }
+
+    async fn session_liveness(&self) -> Option<SessionLiveness> {
+        self.current().map(|session| session.liveness())
     }
 
     async fn abandon(&self, req: &Request) -> Result<()> {

@@ -3,7 +3,7 @@
 #![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use etcd_client::{Client as Etcd3, Txn, TxnOp};
 use leasehold_core::backend::{Backend, Mode, Request};
@@ -484,6 +484,44 @@ async fn an_abandoned_session_that_cannot_be_revoked_runs_out() {
     let next = job_within_named(&other, "stuck", Duration::from_secs(20)).await;
     assert!(next.token() > stuck.token());
     proxy.heal();
+}
+
+/// Polls `cond` (guard state) until it holds, up to `limit`.
+async fn until_true(what: &str, limit: Duration, cond: impl Fn() -> bool) {
+    let started = Instant::now();
+    while !cond() {
+        assert!(started.elapsed() < limit, "{what}: not within {limit:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A client with a session of `session_ttl` whose only link to etcd goes through `proxy`.
+async fn client_through(proxy: &FaultProxy, session_ttl: &str) -> Client {
+    let url = format!("etcd://{}?session_ttl={session_ttl}", proxy.addr());
+    Client::builder(EtcdBackend::connect(&url).await.unwrap())
+        .options(options())
+        .build()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unanswered_keep_alive_suspends_the_session_and_the_next_answer_resumes_it() {
+    let etcd = Etcd::start().await.unwrap();
+    let ttl = Duration::from_secs(20);
+    let proxy = FaultProxy::start(etcd.endpoints()[0].parse().unwrap())
+        .await
+        .unwrap();
+    let a = client_through(&proxy, "20s").await;
+    let guard = a.mutex("job").unwrap().lock().await.unwrap();
+    assert!(!guard.is_suspended());
+    proxy.cut(Direction::Both);
+    // A keep-alive goes out every third of the ttl, and is overdue a tenth of it later.
+    until_true("suspended", ttl / 2, || guard.is_suspended()).await;
+    assert!(guard.is_held(), "held while suspended");
+    proxy.heal();
+    // Resumed before the deadline, or lost at it (then no longer suspended either).
+    until_true("resumed", guard.remaining(), || !guard.is_suspended()).await;
+    assert!(guard.is_held(), "lost although the link came back in time");
+    guard.release().await.unwrap();
 }
 
 async fn job_within_named(client: &Client, name: &str, within: Duration) -> Guard {

@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use etcd_client::{GetOptions, GetResponse, TxnOpResponse, WatchFilterType, WatchOptions};
 use leasehold_core::backend::{
     Acquire, Backend, Capabilities, Expiry, Grant, Holder, LockState, Mode, Release, Renewal,
-    Request, TokenDurability, WaitHint, Waiter,
+    Request, SessionLiveness, TokenDurability, WaitHint, Waiter,
 };
 use leasehold_core::{Error, LockName, LossReason, OwnerId, Result};
 
@@ -558,6 +558,12 @@ impl Backend for EtcdBackend {
             }
         }
         Ok(state)
+    }
+
+    async fn session_liveness(&self) -> Option<SessionLiveness> {
+        self.current_session()
+            .await
+            .map(|session| session.liveness())
     }
 
     /// Ends the session that holds the owner's key, if an answer showed that key or a put

@@ -524,6 +524,61 @@ async fn an_unanswered_keep_alive_suspends_the_session_and_the_next_answer_resum
     guard.release().await.unwrap();
 }
 
+/// A link cut for half the session (15 s of 30 s) while a guard is dropped and an
+/// acquisition of unknown outcome is given up: the releases go on until the link is back
+/// and then complete, and the session's other guard lives on through it, its key too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_outage_ends_only_what_was_let_go_during_it() {
+    let etcd = Etcd::start().await.unwrap();
+    let session = Duration::from_secs(30);
+    let proxy = FaultProxy::start(etcd.endpoints()[0].parse().unwrap())
+        .await
+        .unwrap();
+    let a = client_through(&proxy, "30s").await;
+    let b = client(&etcd.endpoints(), session).await;
+    let mut kv = raw(&etcd).await;
+    let kept = a.mutex("kept").unwrap().lock().await.unwrap();
+    let dropped = a.mutex("dropped").unwrap().lock().await.unwrap();
+    let kept_key = keys_under(&mut kv, "kept/").await;
+    assert_eq!(kept_key.len(), 1);
+
+    proxy.cut(Direction::Both);
+    let cut_at = Instant::now();
+    drop(dropped);
+    // Its put goes out and no answer comes: the acquisition gives up with an unknown
+    // outcome, and its release goes on behind it.
+    let tried = a.mutex("tried").unwrap().try_lock().await;
+    assert!(
+        matches!(tried, Err(ref e) if e.is_unknown_outcome()),
+        "{tried:?}"
+    );
+    assert!(kept.is_held(), "the outage ended the session");
+    until_true("suspended", session / 2, || kept.is_suspended()).await;
+    assert!(
+        cut_at.elapsed() < session / 2,
+        "the outage outlasted the scenario"
+    );
+    tokio::time::sleep((session / 2).saturating_sub(cut_at.elapsed())).await;
+    assert!(kept.is_held(), "the outage ended the session");
+    proxy.heal();
+
+    // The releases complete once the link is back, long before the session could expire.
+    a.settle().await;
+    assert!(
+        kept.is_held() && !kept.is_suspended(),
+        "the other guard did not survive the outage"
+    );
+    assert_eq!(keys_under(&mut kv, "kept/").await, kept_key);
+    for name in ["dropped", "tried"] {
+        let left = keys_under(&mut kv, &format!("{name}/")).await;
+        assert!(left.is_empty(), "{name}: {left:?}");
+        let next = b.mutex(name).unwrap().try_lock().await.unwrap();
+        assert!(next.is_some(), "{name} is still held");
+    }
+    assert!(b.mutex("kept").unwrap().try_lock().await.unwrap().is_none());
+    kept.release().await.unwrap();
+}
+
 async fn job_within_named(client: &Client, name: &str, within: Duration) -> Guard {
     client
         .mutex(name)

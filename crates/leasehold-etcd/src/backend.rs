@@ -571,7 +571,8 @@ impl Backend for EtcdBackend {
     /// [`LossReason::SessionEnded`]), its lease is revoked (or, if etcd cannot be reached,
     /// no longer kept alive, so it runs out within one session ttl), and later grants get
     /// a new session. A key whose release could not be confirmed is bound to the session's
-    /// lease, so nothing else ends it.
+    /// lease, so nothing else ends it. A session that has ended already is left to run out
+    /// (its lock-delay markers keep their delay).
     async fn abandon(&self, req: &Request) -> Result<()> {
         let Some(placed) = self.keys().forget(&req.owner) else {
             return Ok(());

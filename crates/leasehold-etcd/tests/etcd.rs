@@ -579,6 +579,46 @@ async fn a_short_outage_ends_only_what_was_let_go_during_it() {
     kept.release().await.unwrap();
 }
 
+/// The engine abandons the grant of a dropped guard whose session has ended (its
+/// deadline passed while the link was down): that session is left to run out, not
+/// revoked, so the lock-delay of a holder that vanished still holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abandoning_a_grant_of_an_ended_session_keeps_its_lock_delay() {
+    let etcd = Etcd::start().await.unwrap();
+    let proxy = FaultProxy::start(etcd.endpoints()[0].parse().unwrap())
+        .await
+        .unwrap();
+    let url = format!("etcd://{}?session_ttl=2s", proxy.addr());
+    let locks = EtcdBackend::connect(&url).await.unwrap();
+    let a = Client::builder(locks.clone()).options(options()).build();
+    let delayed = LockOptions::builder()
+        .request_timeout(Duration::from_secs(2))
+        .lock_delay(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let mut kv = raw(&etcd).await;
+    let guard = a
+        .mutex("delayed")
+        .unwrap()
+        .with_options(delayed)
+        .lock()
+        .await
+        .unwrap();
+    assert_eq!(keys_under(&mut kv, "delayed#delay/").await.len(), 1);
+    proxy.cut(Direction::Both);
+    assert_eq!(guard.lost().await, LossReason::Disconnected);
+    proxy.heal();
+    locks
+        .abandon(&request("delayed", guard.owner()))
+        .await
+        .unwrap();
+    assert_eq!(
+        keys_under(&mut kv, "delayed#delay/").await.len(),
+        1,
+        "the lock-delay marker went with an abandoned session that had ended"
+    );
+}
+
 async fn job_within_named(client: &Client, name: &str, within: Duration) -> Guard {
     client
         .mutex(name)

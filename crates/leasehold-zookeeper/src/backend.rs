@@ -1031,7 +1031,11 @@ impl Backend for ZooKeeperBackend {
         let Some(placed) = self.forget(&req.owner) else {
             return Ok(());
         };
-        let current = self.current().filter(|s| s.id == placed.session);
+        // A session that has ended (its deadline passed) is let go of by its own task,
+        // its lock-delay markers left to keep their delay: only a live one is closed here.
+        let current = self
+            .current()
+            .filter(|s| s.id == placed.session && s.is_alive());
         if let Some(session) = current {
             // The node may still exist under the live session, which would keep it for its
             // whole life: end the session (every guard on it is lost) and close it.

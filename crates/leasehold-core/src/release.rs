@@ -9,15 +9,16 @@
 //!
 //! - on a backend whose grants expire, until the server confirms or the grant's lease has
 //!   surely ended there ([`PendingRelease::new`] says how that bound is found);
-//! - on a backend whose grants live by a session, until the server confirms or the session
-//!   has ended (the grant went with it). Failures while the session is suspended (its link
-//!   down) do not count: a short outage ends nothing, and the release completes once the
-//!   link is back. The backend is told to [`abandon`](crate::Backend::abandon) the grant
-//!   (so that it does not stay alive under the session) only when the session is
-//!   demonstrably healthy and the release still fails: for two request timeouts since the
-//!   session was last seen suspended, with a keep-alive acknowledged meanwhile — or, on a
-//!   link that keeps flapping, for a session ttl and two request timeouts in all. A
-//!   suspension lasts until the session's deadline at most, so this ends;
+//! - on a backend whose grants live by a session, until the server confirms. Failures
+//!   while the session is suspended (its link down) do not count: a short outage ends
+//!   nothing, and the release completes once the link is back. The backend is told to
+//!   [`abandon`](crate::Backend::abandon) the grant (so that it does not stay alive under
+//!   the session) only when the session is demonstrably healthy and the release still
+//!   fails — for two request timeouts since the session was last seen suspended, with a
+//!   keep-alive acknowledged meanwhile, or, on a link that keeps flapping, for a session
+//!   ttl and two request timeouts in all — or once the session has ended (its grants are
+//!   gone or going; the backend lets go of whatever keeps a session open). A suspension
+//!   lasts until the session's deadline at most, so this ends;
 //! - on a backend whose grants never expire, for two request timeouts; then the backend is
 //!   told to abandon the grant.
 //!
@@ -122,7 +123,7 @@ impl PendingRelease {
     }
 
     /// The grant lives by `session`: a suspension of it delays abandoning the grant, and
-    /// its end ends the release.
+    /// its end abandons it at once.
     pub(crate) fn bound_to(mut self, session: Option<SessionLiveness>) -> Self {
         self.session = session;
         self
@@ -225,7 +226,7 @@ async fn release(ctx: &Context, request: &Request, timeout: Duration) -> Result<
 enum Then {
     /// Try again after a pause.
     Retry,
-    /// Nothing is left to release: the grant's lease or session has ended.
+    /// Nothing is left to release: the grant's lease has ended.
     Stop,
     /// Tell the backend to abandon the grant.
     Abandon,
@@ -238,8 +239,8 @@ enum Health {
     Healthy { until: Instant },
     /// Its link is down; it ends at its deadline unless a keep-alive gets through first.
     Suspended,
-    /// Ended, or past its deadline: its grants are gone with it, or go without anyone's
-    /// help.
+    /// Ended, or past its deadline: its grants are gone with it, or go once nothing keeps
+    /// it open.
     Ended,
 }
 
@@ -327,7 +328,7 @@ impl Retry {
             };
         };
         match Health::of(session, now) {
-            Health::Ended => Then::Stop,
+            Health::Ended => Then::Abandon,
             Health::Suspended => {
                 self.healthy = None;
                 Then::Retry
@@ -379,7 +380,7 @@ async fn in_background(ctx: Arc<Context>, request: Request, mut retry: Retry) {
             Then::Retry => {}
             Then::Stop => {
                 tracing::debug!(lock = %request.name,
-                    "the grant's lease or session has ended: nothing left to release");
+                    "the grant's lease has ended: nothing left to release");
                 return;
             }
             Then::Abandon => break,
@@ -420,7 +421,7 @@ mod tests {
     }
 
     #[test]
-    fn a_suspended_session_is_waited_for_and_an_ended_one_leaves_nothing_to_release() {
+    fn a_suspended_session_is_waited_for_and_an_ended_one_abandoned_at_once() {
         let keeper = SessionKeeper::new(at(30_000));
         let mut retry = retries(Some(&keeper));
         keeper.suspend();
@@ -434,15 +435,16 @@ mod tests {
             retry.failed(at(20_000), true, true, at(29_000)),
             Then::Retry
         );
-        // Suspended past its deadline: the server lets the grant go with the session.
+        // Suspended past its deadline: the grant goes with the session; the backend lets
+        // go of whatever may still keep it open.
         assert_eq!(
             retry.failed(at(29_000), true, false, at(30_000)),
-            Then::Stop
+            Then::Abandon
         );
         let keeper = SessionKeeper::new(at(30_000));
         let mut retry = retries(Some(&keeper));
         keeper.end();
-        assert_eq!(retry.failed(at(0), false, true, at(2_000)), Then::Stop);
+        assert_eq!(retry.failed(at(0), false, false, at(2_000)), Then::Abandon);
     }
 
     #[test]

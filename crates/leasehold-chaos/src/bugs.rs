@@ -8,7 +8,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use leasehold::backend::{
-    Acquire, Backend, Capabilities, Expiry, Grant, LockState, Release, Renewal, Request, WaitHint,
+    Acquire, Backend, Capabilities, Expiry, Grant, LockState, Release, Renewal, Request,
+    SessionLiveness, WaitHint,
 };
 use leasehold::clock::{Clock, Instant, Sleep};
 use leasehold::{Error, LockName, LossReason, OwnerId, Result};
@@ -188,6 +189,10 @@ impl Backend for Planted {
 
     async fn abandon(&self, req: &Request) -> Result<()> {
         self.inner.abandon(&self.mapped(req)).await
+    }
+
+    async fn session_liveness(&self) -> Option<SessionLiveness> {
+        self.inner.session_liveness().await
     }
 }
 

@@ -267,4 +267,8 @@ impl Backend for Recorder {
         }
         answer
     }
+
+    async fn session_liveness(&self) -> Option<SessionLiveness> {
+        self.inner.session_liveness().await
+    }
 }

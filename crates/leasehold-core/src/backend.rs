@@ -534,15 +534,32 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// Holders, waiters and a wait hint for `name`.
     async fn inspect(&self, name: &LockName) -> Result<LockState>;
 
-    /// Called when the release of `req`'s grant or queue entry could not be confirmed
-    /// (the engine retried it and the server never answered, or refused). A backend whose
-    /// grants live by a session must make sure this one does not stay alive under it, for
-    /// instance by ending the session (its other grants are lost with it) or by moving the
-    /// grant to a lease that expires. The default does nothing: on a backend whose grants
+    /// Called when the release of `req`'s grant or queue entry could not be confirmed:
+    /// the engine retried it while the session it lives by was healthy (see
+    /// [`session_liveness`](Backend::session_liveness)) and the server never answered, or
+    /// it refused — or that session has ended meanwhile. A backend whose grants live by a
+    /// session must make sure this one does not stay alive under it, for instance by
+    /// ending the session (its other grants are lost with it) or by moving the grant to a
+    /// lease that expires; for a session that has ended already, by letting go of
+    /// whatever still keeps it open. The default does nothing: on a backend whose grants
     /// expire, the engine keeps retrying the release until the grant's lease has ended.
     async fn abandon(&self, req: &Request) -> Result<()> {
         let _ = req;
         Ok(())
+    }
+
+    /// The liveness of the session this backend's grants live by now, if it has one open.
+    ///
+    /// The engine reads it while it retries a release that was not confirmed: while the
+    /// session is suspended it keeps retrying rather than [`abandon`](Backend::abandon)
+    /// the grant (a short outage must not end every grant of the session); once the
+    /// session has ended it abandons the grant at once. A grant's own
+    /// [`Expiry::Session`] is used where there is one; this serves an acquisition whose
+    /// grant never arrived. The default, `None`, makes the engine abandon an unconfirmed
+    /// release after two request timeouts whatever the link does; a backend that wraps
+    /// another must pass this on.
+    async fn session_liveness(&self) -> Option<SessionLiveness> {
+        None
     }
 }
 
@@ -568,5 +585,8 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
     }
     async fn abandon(&self, req: &Request) -> Result<()> {
         (**self).abandon(req).await
+    }
+    async fn session_liveness(&self) -> Option<SessionLiveness> {
+        (**self).session_liveness().await
     }
 }

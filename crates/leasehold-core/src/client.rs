@@ -118,7 +118,9 @@ impl Client {
 
     /// Waits until every background release has finished: releases of dropped guards,
     /// releases whose futures were cancelled or not answered, and clean-ups of cancelled
-    /// or timed-out acquisitions.
+    /// or timed-out acquisitions. On a backend whose grants live by a session, a release
+    /// retried through a suspension of the session finishes when the link is back, or at
+    /// the session's deadline at the latest.
     ///
     /// # Cancel safety
     ///

@@ -16,7 +16,7 @@ use async_trait::async_trait;
 use tokio::sync::watch;
 
 use crate::backend::{
-    Acquire, Backend, Capabilities, LockState, Release, Renewal, Request, WaitHint,
+    Acquire, Backend, Capabilities, LockState, Release, Renewal, Request, SessionLiveness, WaitHint,
 };
 use crate::error::{Error, Result};
 use crate::name::LockName;
@@ -224,5 +224,8 @@ impl Backend for Faulty {
 
     async fn abandon(&self, req: &Request) -> Result<()> {
         self.inner.abandon(req).await
+    }
+    async fn session_liveness(&self) -> Option<SessionLiveness> {
+        self.inner.session_liveness().await
     }
 }

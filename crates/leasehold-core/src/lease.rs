@@ -318,7 +318,7 @@ impl Lease {
     }
 
     /// A release of this grant by owner, armed: dropped unconfirmed, it goes on in the
-    /// background until the server confirms or the grant's lease has surely ended.
+    /// background until the server confirms or the grant's lease or session has ended.
     pub(crate) fn pending_release(&self) -> PendingRelease {
         let (sent, granted) = *self.extended.lock().unwrap_or_else(|e| e.into_inner());
         PendingRelease::new(
@@ -328,6 +328,7 @@ impl Lease {
             granted,
             self.runtime.clone(),
         )
+        .bound_to(self.session.clone())
     }
 
     /// Starts renewing the lease, if it expires: the first renewal is due

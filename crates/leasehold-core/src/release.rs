@@ -9,9 +9,18 @@
 //!
 //! - on a backend whose grants expire, until the server confirms or the grant's lease has
 //!   surely ended there ([`PendingRelease::new`] says how that bound is found);
-//! - on a backend whose grants live by a session (or never expire), for two request
-//!   timeouts; then the backend is told to [`abandon`](crate::Backend::abandon) the grant,
-//!   so that it does not stay alive under the session.
+//! - on a backend whose grants live by a session, until the server confirms. Failures
+//!   while the session is suspended (its link down) do not count: a short outage ends
+//!   nothing, and the release completes once the link is back. The backend is told to
+//!   [`abandon`](crate::Backend::abandon) the grant (so that it does not stay alive under
+//!   the session) only when the session is demonstrably healthy and the release still
+//!   fails — for two request timeouts since the session was last seen suspended, with a
+//!   keep-alive acknowledged meanwhile, or, on a link that keeps flapping, for a session
+//!   ttl and two request timeouts in all — or once the session has ended (its grants are
+//!   gone or going; the backend lets go of whatever keeps a session open). A suspension
+//!   lasts until the session's deadline at most, so this ends;
+//! - on a backend whose grants never expire, for two request timeouts; then the backend is
+//!   told to abandon the grant.
 //!
 //! The drop makes the task's first attempt itself, as far as it goes without waiting
 //! (usually until the request is sent), so a release dropped before the client's
@@ -26,7 +35,7 @@ use std::time::Duration;
 
 use tokio::runtime::Handle;
 
-use crate::backend::{Release, Request};
+use crate::backend::{Liveness, Release, Request, SessionLiveness};
 use crate::clock::Instant;
 use crate::context::Context;
 use crate::error::Result;
@@ -38,7 +47,8 @@ pub(crate) const FIRST_RETRY_PAUSE: Duration = Duration::from_millis(20);
 pub(crate) const MAX_RETRY_PAUSE: Duration = Duration::from_secs(1);
 
 /// How many request timeouts the background keeps retrying the release of a grant that
-/// does not expire on its own before it abandons it.
+/// does not expire on its own (under a healthy session, if it lives by one) before it
+/// abandons it.
 const ABANDON_AFTER_TIMEOUTS: u32 = 2;
 
 /// Consecutive failures of one request: how long to pause before the next try, and when
@@ -71,6 +81,8 @@ pub(crate) struct PendingRelease {
     /// On a backend whose grants expire: when the grant (or queue entry) has surely ended
     /// on the server, so that nothing is left to release.
     lease_end: Option<Instant>,
+    /// The session the grant lives by, if known (else the backend's is asked).
+    session: Option<SessionLiveness>,
     runtime: Option<Handle>,
     armed: bool,
 }
@@ -91,6 +103,7 @@ impl PendingRelease {
             ctx: ctx.clone(),
             request,
             lease_end: None,
+            session: None,
             runtime: runtime.or_else(|| Handle::try_current().ok()),
             armed: true,
         };
@@ -107,6 +120,13 @@ impl PendingRelease {
             sent.saturating_add(granted.max(caps.ttl_granularity))
                 .saturating_add(self.ctx.options.request_timeout())
         });
+    }
+
+    /// The grant lives by `session`: a suspension of it delays abandoning the grant, and
+    /// its end abandons it at once.
+    pub(crate) fn bound_to(mut self, session: Option<SessionLiveness>) -> Self {
+        self.session = session;
+        self
     }
 
     /// Nothing is left on the server: no release needed.
@@ -147,7 +167,8 @@ impl Drop for PendingRelease {
         let ctx = self.ctx.clone();
         let request = self.request.clone();
         let name = request.name.clone();
-        let mut task = Box::pin(in_background(ctx, request, self.lease_end));
+        let retry = Retry::new(&ctx, self.lease_end, self.session.take());
+        let mut task = Box::pin(in_background(ctx, request, retry));
         if !start_here(&runtime, task.as_mut(), &name) {
             self.ctx.spawn_background(&runtime, task);
         }
@@ -200,41 +221,350 @@ async fn release(ctx: &Context, request: &Request, timeout: Duration) -> Result<
     }
 }
 
-/// Retries the release until the server confirms it, the grant's lease has ended, or the
-/// budget for a grant that does not expire on its own ran out — then abandons it.
-async fn in_background(ctx: Arc<Context>, request: Request, lease_end: Option<Instant>) {
+/// What the background does after a release failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Then {
+    /// Try again after a pause.
+    Retry,
+    /// Nothing is left to release: the grant's lease has ended.
+    Stop,
+    /// Tell the backend to abandon the grant.
+    Abandon,
+}
+
+/// How the session a grant lives by stands at one instant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Health {
+    /// Kept alive: counted on until `until`.
+    Healthy { until: Instant },
+    /// Its link is down; it ends at its deadline unless a keep-alive gets through first.
+    Suspended,
+    /// Ended, or past its deadline: its grants are gone with it, or go once nothing keeps
+    /// it open.
+    Ended,
+}
+
+impl Health {
+    fn of(session: &SessionLiveness, now: Instant) -> Self {
+        match session.current() {
+            Liveness::Alive { until } if now < until => {
+                if session.is_suspended() {
+                    Health::Suspended
+                } else {
+                    Health::Healthy { until }
+                }
+            }
+            _ => Health::Ended,
+        }
+    }
+}
+
+/// When the background stops retrying a release that keeps failing (see the module docs).
+#[derive(Debug)]
+struct Retry {
+    lease_end: Option<Instant>,
+    session: Option<SessionLiveness>,
+    /// Whether to ask the backend for its session when `session` is unknown.
+    has_sessions: bool,
+    /// How long releases fail before the grant is abandoned.
+    budget: Duration,
+    /// How long they fail in all before a grant is abandoned under a flapping session.
+    limit: Duration,
+    started: Instant,
+    /// Since when releases sent under a healthy session have failed, and the session's
+    /// deadline when the first of them failed.
+    healthy: Option<(Instant, Instant)>,
+}
+
+impl Retry {
+    fn new(ctx: &Context, lease_end: Option<Instant>, session: Option<SessionLiveness>) -> Self {
+        let budget = ctx
+            .options
+            .request_timeout()
+            .saturating_mul(ABANDON_AFTER_TIMEOUTS);
+        let session_ttl = ctx.capabilities.session_ttl.unwrap_or_default();
+        Self {
+            lease_end,
+            session,
+            has_sessions: ctx.capabilities.has_sessions(),
+            budget,
+            limit: budget.saturating_add(session_ttl),
+            started: ctx.now(),
+            healthy: None,
+        }
+    }
+
+    /// Whether the session is suspended now (when a request is sent).
+    fn suspended(&self) -> bool {
+        self.session
+            .as_ref()
+            .is_some_and(SessionLiveness::is_suspended)
+    }
+
+    /// Whether the session the grant lives by is to be asked of the backend: it may live
+    /// by one, and the grant's own is not known (an acquisition whose grant never came).
+    fn needs_session(&self) -> bool {
+        self.has_sessions && self.lease_end.is_none() && self.session.is_none()
+    }
+
+    /// What to do after a release sent at `sent` (while the session was `suspended`, if
+    /// the grant lives by one) failed at `now`: refused, or with an unknown outcome.
+    fn failed(&mut self, sent: Instant, suspended: bool, refused: bool, now: Instant) -> Then {
+        if let Some(end) = self.lease_end {
+            return if now >= end {
+                Then::Stop
+            } else if refused {
+                Then::Abandon
+            } else {
+                Then::Retry
+            };
+        }
+        let Some(session) = &self.session else {
+            let over = now.saturating_duration_since(self.started) >= self.budget;
+            return if refused || over {
+                Then::Abandon
+            } else {
+                Then::Retry
+            };
+        };
+        match Health::of(session, now) {
+            Health::Ended => Then::Abandon,
+            Health::Suspended => {
+                self.healthy = None;
+                Then::Retry
+            }
+            Health::Healthy { .. } if suspended => {
+                self.healthy = None;
+                Then::Retry
+            }
+            Health::Healthy { .. } if refused => Then::Abandon,
+            Health::Healthy { until } => {
+                let (since, then) = *self.healthy.get_or_insert((sent, until));
+                // A keep-alive was acknowledged after the failures began: the session's
+                // link works, and the release still fails.
+                let proven = until > then && now.saturating_duration_since(since) >= self.budget;
+                if proven || now.saturating_duration_since(self.started) >= self.limit {
+                    Then::Abandon
+                } else {
+                    Then::Retry
+                }
+            }
+        }
+    }
+}
+
+/// Retries the release until the server confirms it or nothing is left to release; gives
+/// the grant up to the backend ([`Backend::abandon`](crate::Backend::abandon)) when `retry`
+/// says so.
+async fn in_background(ctx: Arc<Context>, request: Request, mut retry: Retry) {
     let timeout = ctx.options.request_timeout();
-    let started = ctx.now();
     let mut pause = FIRST_RETRY_PAUSE;
     loop {
-        match ctx.call(timeout, ctx.backend.release(&request)).await {
+        let sent = ctx.now();
+        let suspended = retry.suspended();
+        let refused = match ctx.call(timeout, ctx.backend.release(&request)).await {
             Ok(_) => return,
             Err(error) if !error.is_retryable() => {
                 tracing::warn!(lock = %request.name, %error, "background release refused");
-                break;
+                true
             }
             Err(error) => {
                 tracing::debug!(lock = %request.name, %error, "background release failed; retrying");
+                false
             }
-        }
-        let now = ctx.now();
-        let over = match lease_end {
-            Some(end) => now >= end,
-            None => now.saturating_duration_since(started) >= timeout * ABANDON_AFTER_TIMEOUTS,
         };
-        if over {
-            break;
+        if retry.needs_session() {
+            retry.session = ctx.backend.session_liveness().await;
+        }
+        match retry.failed(sent, suspended, refused, ctx.now()) {
+            Then::Retry => {}
+            Then::Stop => {
+                tracing::debug!(lock = %request.name,
+                    "the grant's lease has ended: nothing left to release");
+                return;
+            }
+            Then::Abandon => break,
         }
         tokio::time::sleep(pause).await;
         pause = (pause * 2).min(MAX_RETRY_PAUSE);
-    }
-    if lease_end.is_some_and(|end| ctx.now() >= end) {
-        tracing::debug!(lock = %request.name, "the grant's lease has ended: nothing left to release");
-        return;
     }
     tracing::warn!(lock = %request.name, owner = %request.owner,
         "the release could not be confirmed; abandoning the grant");
     if let Err(error) = ctx.call(timeout, ctx.backend.abandon(&request)).await {
         tracing::warn!(lock = %request.name, %error, "abandoning the grant failed");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::SessionKeeper;
+
+    const BUDGET: Duration = Duration::from_secs(4);
+    const SESSION_TTL: Duration = Duration::from_secs(30);
+
+    fn at(ms: u64) -> Instant {
+        Instant::from_origin(Duration::from_millis(ms))
+    }
+
+    /// The retries of a release of a grant that lives by `keeper`'s session, begun at 0.
+    fn retries(keeper: Option<&SessionKeeper>) -> Retry {
+        Retry {
+            lease_end: None,
+            session: keeper.map(SessionKeeper::liveness),
+            has_sessions: keeper.is_some(),
+            budget: BUDGET,
+            limit: BUDGET + SESSION_TTL,
+            started: at(0),
+            healthy: None,
+        }
+    }
+
+    #[test]
+    fn a_suspended_session_is_waited_for_and_an_ended_one_abandoned_at_once() {
+        let keeper = SessionKeeper::new(at(30_000));
+        let mut retry = retries(Some(&keeper));
+        keeper.suspend();
+        // Failures through the whole suspension do not count, refusals neither.
+        assert_eq!(retry.failed(at(0), false, false, at(2_000)), Then::Retry);
+        assert_eq!(
+            retry.failed(at(2_000), true, false, at(20_000)),
+            Then::Retry
+        );
+        assert_eq!(
+            retry.failed(at(20_000), true, true, at(29_000)),
+            Then::Retry
+        );
+        // Suspended past its deadline: the grant goes with the session; the backend lets
+        // go of whatever may still keep it open.
+        assert_eq!(
+            retry.failed(at(29_000), true, false, at(30_000)),
+            Then::Abandon
+        );
+        let keeper = SessionKeeper::new(at(30_000));
+        let mut retry = retries(Some(&keeper));
+        keeper.end();
+        assert_eq!(retry.failed(at(0), false, false, at(2_000)), Then::Abandon);
+    }
+
+    #[test]
+    fn a_healthy_session_abandons_once_a_keep_alive_got_through_and_releases_still_fail() {
+        let keeper = SessionKeeper::new(at(30_000));
+        let mut retry = retries(Some(&keeper));
+        assert_eq!(retry.failed(at(0), false, false, at(2_000)), Then::Retry);
+        // The budget is spent, but no keep-alive was acknowledged since the failures
+        // began: the link may be down without the session knowing yet.
+        assert_eq!(
+            retry.failed(at(2_000), false, false, at(4_000)),
+            Then::Retry
+        );
+        assert_eq!(
+            retry.failed(at(4_000), false, false, at(6_000)),
+            Then::Retry
+        );
+        keeper.alive_until(at(36_000));
+        assert_eq!(
+            retry.failed(at(6_000), false, false, at(8_000)),
+            Then::Abandon
+        );
+    }
+
+    #[test]
+    fn failures_count_again_from_the_first_one_sent_after_a_suspension() {
+        let keeper = SessionKeeper::new(at(30_000));
+        let mut retry = retries(Some(&keeper));
+        assert_eq!(retry.failed(at(0), false, false, at(2_000)), Then::Retry);
+        keeper.suspend();
+        assert_eq!(
+            retry.failed(at(2_000), false, false, at(4_000)),
+            Then::Retry
+        );
+        keeper.alive_until(at(34_000));
+        // Sent while suspended, failed once resumed: not a failure of a healthy session.
+        assert_eq!(retry.failed(at(4_000), true, false, at(6_000)), Then::Retry);
+        assert_eq!(
+            retry.failed(at(6_000), false, false, at(8_000)),
+            Then::Retry
+        );
+        keeper.alive_until(at(38_000));
+        assert_eq!(
+            retry.failed(at(8_000), false, false, at(9_000)),
+            Then::Retry
+        );
+        assert_eq!(
+            retry.failed(at(9_000), false, false, at(10_000)),
+            Then::Abandon
+        );
+    }
+
+    #[test]
+    fn a_refusal_under_a_healthy_session_abandons_at_once() {
+        let keeper = SessionKeeper::new(at(30_000));
+        let mut retry = retries(Some(&keeper));
+        assert_eq!(retry.failed(at(0), false, true, at(10)), Then::Abandon);
+    }
+
+    #[test]
+    fn a_flapping_link_abandons_after_a_session_ttl_and_the_budget() {
+        let keeper = SessionKeeper::new(at(30_000));
+        let mut retry = retries(Some(&keeper));
+        let mut now = 0;
+        // Suspended at every other failure: the healthy failures never last the budget.
+        while now + 2_000 < 34_000 {
+            keeper.suspend();
+            assert_eq!(
+                retry.failed(at(now), false, false, at(now + 1_000)),
+                Then::Retry
+            );
+            keeper.alive_until(at(now + 31_000));
+            assert_eq!(
+                retry.failed(at(now + 1_000), false, false, at(now + 2_000)),
+                Then::Retry
+            );
+            now += 2_000;
+        }
+        keeper.suspend();
+        assert_eq!(
+            retry.failed(at(now), false, false, at(now + 1_000)),
+            Then::Retry
+        );
+        keeper.alive_until(at(now + 31_000));
+        assert_eq!(
+            retry.failed(at(now + 1_000), false, false, at(34_000)),
+            Then::Abandon
+        );
+    }
+
+    #[test]
+    fn without_a_session_a_grant_is_abandoned_after_the_budget_or_a_refusal() {
+        let mut retry = retries(None);
+        assert!(!retry.needs_session());
+        assert_eq!(retry.failed(at(0), false, false, at(2_000)), Then::Retry);
+        assert_eq!(
+            retry.failed(at(2_000), false, false, at(4_000)),
+            Then::Abandon
+        );
+        let mut retry = retries(None);
+        assert_eq!(retry.failed(at(0), false, true, at(10)), Then::Abandon);
+    }
+
+    #[test]
+    fn a_grant_that_expires_is_retried_until_its_lease_ended() {
+        let mut retry = retries(None);
+        retry.lease_end = Some(at(10_000));
+        assert_eq!(retry.failed(at(0), false, false, at(9_000)), Then::Retry);
+        assert_eq!(
+            retry.failed(at(9_000), false, false, at(10_000)),
+            Then::Stop
+        );
+    }
+
+    #[test]
+    fn the_backend_is_asked_for_its_session_only_when_the_grants_is_unknown() {
+        let keeper = SessionKeeper::new(at(30_000));
+        assert!(!retries(Some(&keeper)).needs_session());
+        let mut leftover = retries(None);
+        leftover.has_sessions = true;
+        assert!(leftover.needs_session());
     }
 }

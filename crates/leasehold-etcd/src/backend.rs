@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use etcd_client::{GetOptions, GetResponse, TxnOpResponse, WatchFilterType, WatchOptions};
 use leasehold_core::backend::{
     Acquire, Backend, Capabilities, Expiry, Grant, Holder, LockState, Mode, Release, Renewal,
-    Request, TokenDurability, WaitHint, Waiter,
+    Request, SessionLiveness, TokenDurability, WaitHint, Waiter,
 };
 use leasehold_core::support::queue::holding;
 use leasehold_core::{Error, LockName, LossReason, OwnerId, Result};
@@ -561,12 +561,19 @@ impl Backend for EtcdBackend {
         Ok(state)
     }
 
+    async fn session_liveness(&self) -> Option<SessionLiveness> {
+        self.current_session()
+            .await
+            .map(|session| session.liveness())
+    }
+
     /// Ends the session that holds the owner's key, if an answer showed that key or a put
     /// of it may still land: every guard of the session is lost with it (signalled as
     /// [`LossReason::SessionEnded`]), its lease is revoked (or, if etcd cannot be reached,
     /// no longer kept alive, so it runs out within one session ttl), and later grants get
     /// a new session. A key whose release could not be confirmed is bound to the session's
-    /// lease, so nothing else ends it.
+    /// lease, so nothing else ends it. A session that has ended already is left to run out
+    /// (its lock-delay markers keep their delay).
     async fn abandon(&self, req: &Request) -> Result<()> {
         let Some(placed) = self.keys().forget(&req.owner) else {
             return Ok(());

@@ -163,8 +163,9 @@ impl EtcdBackend {
         }
     }
 
-    /// Ends the session with lease `lease` if it is the current one (its guards are lost)
-    /// and revokes it.
+    /// Ends the session with lease `lease` if it is the current one and still alive (its
+    /// guards are lost) and revokes it. One that has ended already is left to run out, so
+    /// that its lock-delay markers keep their delay.
     ///
     /// # Errors
     ///
@@ -173,7 +174,10 @@ impl EtcdBackend {
     pub(crate) async fn end_session(&self, lease: i64) -> Result<()> {
         let session = {
             let mut current = self.inner.session.lock().await;
-            if current.as_ref().is_some_and(|s| s.id == lease) {
+            if current
+                .as_ref()
+                .is_some_and(|s| s.id == lease && s.is_alive())
+            {
                 current.take()
             } else {
                 None

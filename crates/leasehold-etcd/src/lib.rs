@@ -34,7 +34,10 @@
 //!   and is delivered up to 100 ms late — then look that key up once, for what happened
 //!   before the watch was in place. After waking, the transaction confirms my key still
 //!   exists before anything is granted: a waiter whose session ended is refused.
-//! - **A release that cannot be confirmed ends the session**
+//! - **The session is suspended while its link is down** (a keep-alive unanswered for a
+//!   tenth of the ttl, its stream broken): its guards stay held until the same deadline,
+//!   and a release that fails meanwhile is retried until the link is back.
+//! - **A release that cannot be confirmed under a healthy session ends the session**
 //!   ([`Backend::abandon`](leasehold_core::Backend::abandon)): its key is bound to the
 //!   session's lease, so the session is revoked (or no longer kept alive) and later grants
 //!   get a new one; its other guards are lost with it, and say so.

@@ -2,7 +2,9 @@
 //! every lock, permit and candidacy of that backend.
 //!
 //! The session's deadline is the moment the last acknowledged keep-alive was *sent*, plus
-//! the lease's ttl, minus a drift allowance. A keep-alive answered with a ttl of zero (the
+//! the lease's ttl, minus a drift allowance. It is suspended while its link is down (a
+//! keep-alive unanswered for a tenth of the ttl, the keep-alive stream broken) and resumed
+//! by the next acknowledged keep-alive. A keep-alive answered with a ttl of zero (the
 //! lease expired or is unknown), or no acknowledged keep-alive before the deadline, ends the
 //! session: every guard on it is lost. A new session is started for later acquisitions.
 
@@ -282,9 +284,20 @@ fn cadence(ttl: Duration) -> Duration {
     (ttl / 3).max(Duration::from_millis(100))
 }
 
+/// How long a keep-alive sent `every` so often may go unanswered before the session
+/// counts as suspended: three tenths of that, a tenth of the ttl (as a ZooKeeper
+/// session's probe).
+fn overdue(every: Duration) -> Duration {
+    every * 3 / 10
+}
+
 /// Keeps the lease alive: a keep-alive `every` so often on a keep-alive stream,
 /// re-opening the stream after errors, until the lease is gone or the deadline passes —
 /// or, for a lease that follows a session (`parent`), until that session has ended.
+///
+/// The session is suspended while its link is down: a keep-alive unanswered for
+/// [`overdue`], the stream broken or not opened again. The next acknowledged keep-alive
+/// resumes it.
 async fn keep_alive(
     client: Client,
     id: i64,
@@ -311,6 +324,7 @@ async fn keep_alive(
         tracing::warn!(lease = id, "etcd lease no longer kept alive: {why}");
         keeper.end();
     };
+    let late = overdue(every);
     'stream: loop {
         let Some(until) = deadline() else { return };
         let left = until.saturating_duration_since(SystemClock.now());
@@ -319,6 +333,7 @@ async fn keep_alive(
         }
         let opened = tokio::time::timeout(left, client.clone().lease_keep_alive(id)).await;
         let Ok(Ok((mut sender, mut stream))) = opened else {
+            keeper.suspend();
             tokio::time::sleep(every.min(left) / 4).await;
             continue 'stream;
         };
@@ -330,9 +345,22 @@ async fn keep_alive(
             }
             let sent = SystemClock.now();
             if sender.keep_alive().await.is_err() {
+                keeper.suspend();
                 continue 'stream;
             }
-            match tokio::time::timeout(left.min(every), stream.message()).await {
+            let wait = left.min(every);
+            let answer = {
+                let mut answer = std::pin::pin!(tokio::time::timeout(wait, stream.message()));
+                match tokio::time::timeout(late.min(wait), &mut answer).await {
+                    Ok(answer) => answer,
+                    Err(_) => {
+                        // Overdue: the link is down or the member does not answer.
+                        keeper.suspend();
+                        answer.await
+                    }
+                }
+            };
+            match answer {
                 Ok(Ok(Some(answer))) if answer.ttl() > 0 => {
                     let granted = Duration::from_secs(u64::try_from(answer.ttl()).unwrap_or(0));
                     keeper.alive_until(sent.saturating_add(validity(granted, margin)));
@@ -340,10 +368,20 @@ async fn keep_alive(
                 Ok(Ok(Some(_))) => return end("the lease expired or is unknown to etcd"),
                 // A lost stream or a late answer: open a new stream (maybe to another
                 // member) while the deadline allows.
-                Ok(Ok(None) | Err(_)) | Err(_) => continue 'stream,
+                Ok(Ok(None) | Err(_)) | Err(_) => {
+                    keeper.suspend();
+                    continue 'stream;
+                }
             }
-            let next = sent.saturating_add(every);
-            SystemClock.sleep_until(next).await;
+            // Until the next keep-alive is due, a broken stream (the connection dropped
+            // after its pings went unanswered) suspends the session at once.
+            tokio::select! {
+                () = SystemClock.sleep_until(sent.saturating_add(every)) => {}
+                _ = stream.message() => {
+                    keeper.suspend();
+                    continue 'stream;
+                }
+            }
         }
     }
 }

@@ -3,7 +3,7 @@
 #![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use etcd_client::{Client as Etcd3, Txn, TxnOp};
 use leasehold_core::backend::{Backend, Mode, Request};
@@ -484,6 +484,139 @@ async fn an_abandoned_session_that_cannot_be_revoked_runs_out() {
     let next = job_within_named(&other, "stuck", Duration::from_secs(20)).await;
     assert!(next.token() > stuck.token());
     proxy.heal();
+}
+
+/// Polls `cond` (guard state) until it holds, up to `limit`.
+async fn until_true(what: &str, limit: Duration, cond: impl Fn() -> bool) {
+    let started = Instant::now();
+    while !cond() {
+        assert!(started.elapsed() < limit, "{what}: not within {limit:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A client with a session of `session_ttl` whose only link to etcd goes through `proxy`.
+async fn client_through(proxy: &FaultProxy, session_ttl: &str) -> Client {
+    let url = format!("etcd://{}?session_ttl={session_ttl}", proxy.addr());
+    Client::builder(EtcdBackend::connect(&url).await.unwrap())
+        .options(options())
+        .build()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unanswered_keep_alive_suspends_the_session_and_the_next_answer_resumes_it() {
+    let etcd = Etcd::start().await.unwrap();
+    let ttl = Duration::from_secs(20);
+    let proxy = FaultProxy::start(etcd.endpoints()[0].parse().unwrap())
+        .await
+        .unwrap();
+    let a = client_through(&proxy, "20s").await;
+    let guard = a.mutex("job").unwrap().lock().await.unwrap();
+    assert!(!guard.is_suspended());
+    proxy.cut(Direction::Both);
+    // A keep-alive goes out every third of the ttl, and is overdue a tenth of it later.
+    until_true("suspended", ttl / 2, || guard.is_suspended()).await;
+    assert!(guard.is_held(), "held while suspended");
+    proxy.heal();
+    // Resumed before the deadline, or lost at it (then no longer suspended either).
+    until_true("resumed", guard.remaining(), || !guard.is_suspended()).await;
+    assert!(guard.is_held(), "lost although the link came back in time");
+    guard.release().await.unwrap();
+}
+
+/// A link cut for half the session (15 s of 30 s) while a guard is dropped and an
+/// acquisition of unknown outcome is given up: the releases go on until the link is back
+/// and then complete, and the session's other guard lives on through it, its key too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_outage_ends_only_what_was_let_go_during_it() {
+    let etcd = Etcd::start().await.unwrap();
+    let session = Duration::from_secs(30);
+    let proxy = FaultProxy::start(etcd.endpoints()[0].parse().unwrap())
+        .await
+        .unwrap();
+    let a = client_through(&proxy, "30s").await;
+    let b = client(&etcd.endpoints(), session).await;
+    let mut kv = raw(&etcd).await;
+    let kept = a.mutex("kept").unwrap().lock().await.unwrap();
+    let dropped = a.mutex("dropped").unwrap().lock().await.unwrap();
+    let kept_key = keys_under(&mut kv, "kept/").await;
+    assert_eq!(kept_key.len(), 1);
+
+    proxy.cut(Direction::Both);
+    let cut_at = Instant::now();
+    drop(dropped);
+    // Its put goes out and no answer comes: the acquisition gives up with an unknown
+    // outcome, and its release goes on behind it.
+    let tried = a.mutex("tried").unwrap().try_lock().await;
+    assert!(
+        matches!(tried, Err(ref e) if e.is_unknown_outcome()),
+        "{tried:?}"
+    );
+    assert!(kept.is_held(), "the outage ended the session");
+    until_true("suspended", session / 2, || kept.is_suspended()).await;
+    assert!(
+        cut_at.elapsed() < session / 2,
+        "the outage outlasted the scenario"
+    );
+    tokio::time::sleep((session / 2).saturating_sub(cut_at.elapsed())).await;
+    assert!(kept.is_held(), "the outage ended the session");
+    proxy.heal();
+
+    // The releases complete once the link is back, long before the session could expire.
+    a.settle().await;
+    assert!(
+        kept.is_held() && !kept.is_suspended(),
+        "the other guard did not survive the outage"
+    );
+    assert_eq!(keys_under(&mut kv, "kept/").await, kept_key);
+    for name in ["dropped", "tried"] {
+        let left = keys_under(&mut kv, &format!("{name}/")).await;
+        assert!(left.is_empty(), "{name}: {left:?}");
+        let next = b.mutex(name).unwrap().try_lock().await.unwrap();
+        assert!(next.is_some(), "{name} is still held");
+    }
+    assert!(b.mutex("kept").unwrap().try_lock().await.unwrap().is_none());
+    kept.release().await.unwrap();
+}
+
+/// The engine abandons the grant of a dropped guard whose session has ended (its
+/// deadline passed while the link was down): that session is left to run out, not
+/// revoked, so the lock-delay of a holder that vanished still holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abandoning_a_grant_of_an_ended_session_keeps_its_lock_delay() {
+    let etcd = Etcd::start().await.unwrap();
+    let proxy = FaultProxy::start(etcd.endpoints()[0].parse().unwrap())
+        .await
+        .unwrap();
+    let url = format!("etcd://{}?session_ttl=2s", proxy.addr());
+    let locks = EtcdBackend::connect(&url).await.unwrap();
+    let a = Client::builder(locks.clone()).options(options()).build();
+    let delayed = LockOptions::builder()
+        .request_timeout(Duration::from_secs(2))
+        .lock_delay(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let mut kv = raw(&etcd).await;
+    let guard = a
+        .mutex("delayed")
+        .unwrap()
+        .with_options(delayed)
+        .lock()
+        .await
+        .unwrap();
+    assert_eq!(keys_under(&mut kv, "delayed#delay/").await.len(), 1);
+    proxy.cut(Direction::Both);
+    assert_eq!(guard.lost().await, LossReason::Disconnected);
+    proxy.heal();
+    locks
+        .abandon(&request("delayed", guard.owner()))
+        .await
+        .unwrap();
+    assert_eq!(
+        keys_under(&mut kv, "delayed#delay/").await.len(),
+        1,
+        "the lock-delay marker went with an abandoned session that had ended"
+    );
 }
 
 async fn job_within_named(client: &Client, name: &str, within: Duration) -> Guard {

@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use futures_util::future::{join_all, select_all};
 use leasehold_core::backend::{
     Acquire, Backend, Capabilities, Expiry, Grant, Holder, LockState, Mode, Release, Renewal,
-    Request, TokenDurability, WaitHint, Waiter,
+    Request, SessionLiveness, TokenDurability, WaitHint, Waiter,
 };
 use leasehold_core::{Error, FencingToken, LockName, LossReason, OwnerId, Result};
 use tokio::sync::Mutex as AsyncMutex;
@@ -1023,11 +1023,19 @@ impl Backend for ZooKeeperBackend {
         Ok(state)
     }
 
+    async fn session_liveness(&self) -> Option<SessionLiveness> {
+        self.current().map(|session| session.liveness())
+    }
+
     async fn abandon(&self, req: &Request) -> Result<()> {
         let Some(placed) = self.forget(&req.owner) else {
             return Ok(());
         };
-        let current = self.current().filter(|s| s.id == placed.session);
+        // A session that has ended (its deadline passed) is let go of by its own task,
+        // its lock-delay markers left to keep their delay: only a live one is closed here.
+        let current = self
+            .current()
+            .filter(|s| s.id == placed.session && s.is_alive());
         if let Some(session) = current {
             // The node may still exist under the live session, which would keep it for its
             // whole life: end the session (every guard on it is lost) and close it.

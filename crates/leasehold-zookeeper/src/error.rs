@@ -11,8 +11,10 @@ pub(crate) fn map(error: zk::Error, doing: &str) -> Error {
     use zk::Error as E;
     let message = format!("zookeeper: {doing}: {error}");
     match error {
-        // The request may or may not have been applied: an unknown outcome.
-        E::ConnectionLoss | E::Timeout | E::NoHosts => Error::Unavailable {
+        // The request may or may not have been applied: an unknown outcome. The client
+        // fails the requests in flight with a custom error when it gives the connection
+        // up (no byte from the server for 2/5 of the session timeout, a broken socket).
+        E::ConnectionLoss | E::Timeout | E::NoHosts | E::Custom(_) => Error::Unavailable {
             message,
             source: Some(Arc::new(error)),
         },

@@ -203,6 +203,66 @@ async fn a_long_cut_loses_the_guard_at_its_deadline_before_anyone_else_gets_it()
     next.release().await.unwrap();
 }
 
+/// A link cut for half the session (15 s of 30 s) while a guard is dropped and an
+/// acquisition of unknown outcome is given up: the releases go on until the link is back
+/// and then complete, and the session's other guard lives on through it, its node too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_outage_ends_only_what_was_let_go_during_it() {
+    let zookeeper = ZooKeeper::start().await.unwrap();
+    let session = Duration::from_secs(30);
+    let (cut, proxy) = through_proxy(&zookeeper, "session_timeout=30s").await;
+    let a = client_on(cut);
+    let b = client_on(backend(&zookeeper.url()).await);
+    let raw = raw(&zookeeper).await;
+    let kept = a.mutex("outage:kept").unwrap().lock().await.unwrap();
+    let dropped = a.mutex("outage:dropped").unwrap().lock().await.unwrap();
+    let kept_node = children(&raw, "/leasehold/outage:kept").await;
+    assert_eq!(kept_node.len(), 1);
+
+    proxy.cut(Direction::Both);
+    let cut_at = Instant::now();
+    drop(dropped);
+    // Its create goes out (or is queued for the reconnection) and no answer comes: the
+    // acquisition gives up with an unknown outcome, and its release goes on behind it.
+    let tried = a.mutex("outage:tried").unwrap().try_lock().await;
+    assert!(
+        matches!(tried, Err(ref e) if e.is_unknown_outcome()),
+        "{tried:?}"
+    );
+    assert!(kept.is_held(), "the outage ended the session");
+    until("suspended", session / 2, async || kept.is_suspended()).await;
+    assert!(
+        cut_at.elapsed() < session / 2,
+        "the outage outlasted the scenario"
+    );
+    tokio::time::sleep((session / 2).saturating_sub(cut_at.elapsed())).await;
+    assert!(kept.is_held(), "the outage ended the session");
+    proxy.heal();
+
+    // The releases complete once the link is back, long before the session could expire.
+    a.settle().await;
+    assert!(
+        kept.is_held() && !kept.is_suspended(),
+        "the other guard did not survive the outage"
+    );
+    assert_eq!(children(&raw, "/leasehold/outage:kept").await, kept_node);
+    for name in ["outage:dropped", "outage:tried"] {
+        let left = children(&raw, &format!("/leasehold/{name}")).await;
+        assert!(left.is_empty(), "{name}: {left:?}");
+        let next = b.mutex(name).unwrap().try_lock().await.unwrap();
+        assert!(next.is_some(), "{name} is still held");
+    }
+    assert!(
+        b.mutex("outage:kept")
+            .unwrap()
+            .try_lock()
+            .await
+            .unwrap()
+            .is_none()
+    );
+    kept.release().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_outage_never_lets_two_in_and_locking_resumes_after_the_election() {
     let mut ensemble = ZooKeeper::ensemble(3).await.unwrap();

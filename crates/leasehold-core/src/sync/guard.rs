@@ -171,10 +171,12 @@ impl Guard {
     /// Cancel-safe: the lease ends (renewals stop) before the request is sent, and a
     /// release that was not confirmed by the server — the future was dropped, or the
     /// server did not answer — goes on in the background, retried with backoff until the
-    /// server confirms it or the grant's lease has surely ended there; on a backend whose
-    /// grants live by a session, a grant whose release cannot be confirmed is abandoned
-    /// (see [`Backend::abandon`](crate::Backend::abandon)) rather than left alive under
-    /// the session. [`Client::settle`](crate::Client::settle) waits for all of that.
+    /// server confirms it or the grant's lease (or session) has surely ended there; on a
+    /// backend whose grants live by a session, it is retried through a suspension of the
+    /// session (a short outage), and a grant whose release cannot be confirmed while the
+    /// session is healthy is abandoned (see [`Backend::abandon`](crate::Backend::abandon))
+    /// rather than left alive under the session.
+    /// [`Client::settle`](crate::Client::settle) waits for all of that.
     ///
     /// # Errors
     ///

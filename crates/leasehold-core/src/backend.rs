@@ -22,8 +22,10 @@
 //! it; a permit: fewer requests are before it than *its own* limit (requests of one name
 //! may ask for different limits). Holders are a prefix of the queue: no request overtakes
 //! one queued before it (a reader a waiting writer, a permit of a larger limit a waiting
-//! one of a smaller limit). A request that is not fair ignores the waiters and is
-//! compared with the holders only.
+//! one of a smaller limit). A backend that grants a waiter only when it comes back to ask
+//! may grant a request before waiters ahead of it that would hold but have not claimed
+//! their place, as long as each of them still holds after it. A request that is not fair
+//! ignores the waiters and is compared with the holders only.
 //!
 //! Tokens strictly increase *within each set* of a name: every grant of the lock set gets a
 //! token greater than every earlier grant of the lock set, and likewise for the permit set.

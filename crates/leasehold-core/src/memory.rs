@@ -163,16 +163,13 @@ fn hint(version: &watch::Sender<u64>) -> WaitHint {
     WaitHint::new(*version.borrow())
 }
 
-/// Whether a request in `mode` holds behind `holders` (in grant order) and the queued
-/// `ahead`, by the contract's one rule ([`support::queue`](crate::support::queue)).
+/// Whether a request in `mode` may be granted beside `holders` (in grant order) and before
+/// the queued `ahead` claim their places, by the contract's one rule
+/// ([`support::queue`](crate::support::queue)).
 fn compatible(holders: &[Held], ahead: &[Queued], mode: Mode) -> bool {
-    let line: Vec<Mode> = holders
-        .iter()
-        .map(|h| h.mode)
-        .chain(ahead.iter().map(|q| q.mode))
-        .chain([mode])
-        .collect();
-    queue::last_holds(&line)
+    let holders: Vec<Mode> = holders.iter().map(|h| h.mode).collect();
+    let ahead: Vec<Mode> = ahead.iter().map(|q| q.mode).collect();
+    queue::may_hold(&holders, &ahead, &mode)
 }
 
 impl InMemory {

@@ -171,16 +171,14 @@ BEGIN
     IF v_closed > v_now THEN
         v_ok := false;
     ELSIF v_permit THEN
-        -- In queue order, each permit with its own limit: nobody overtakes a waiter before
-        -- it, whatever its limit.
+        -- Each permit with its own limit; granted before the waiters ahead claim their
+        -- places only if each of them still fits after it (the contract's rule).
         SELECT count(*) INTO v_held FROM @schema@.grants g WHERE g.name = p_name AND g.mode = 'p';
-        SELECT coalesce(bool_and(v_held + a.before < a.permit_limit), true)
-               AND v_held + count(*) < p_limit
+        SELECT v_held + count(*) < least(p_limit, coalesce(min(w.permit_limit), p_limit))
         INTO v_ok
-        FROM (SELECT w.permit_limit, row_number() OVER (ORDER BY w.seq) - 1 AS before
-              FROM @schema@.waiters w
-              WHERE p_fair AND w.name = p_name AND w.mode = 'p' AND w.fair
-                AND w.owner <> p_owner AND (v_me.seq IS NULL OR w.seq < v_me.seq)) a;
+        FROM @schema@.waiters w
+        WHERE p_fair AND w.name = p_name AND w.mode = 'p' AND w.fair
+          AND w.owner <> p_owner AND (v_me.seq IS NULL OR w.seq < v_me.seq);
     ELSIF p_mode = 'x' THEN
         v_ok := NOT EXISTS (SELECT 1 FROM @schema@.grants g
                             WHERE g.name = p_name AND g.mode <> 'p')

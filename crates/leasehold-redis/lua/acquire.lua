@@ -110,14 +110,14 @@ elseif MODE == 's' then
     end
   end
 else
-  -- In queue order, each permit with its own limit: nobody overtakes a waiter before it.
-  local before = redis.call('ZCARD', PERMITS)
+  -- Each permit with its own limit; granted before the waiters ahead claim their places
+  -- only if each of them still fits after it (the contract's rule, support::queue).
+  local before = redis.call('ZCARD', PERMITS) + #ahead
+  ok = ok and before < LIMIT
   for _, m in ipairs(ahead) do
     local _, limit = permit_of(m)
     if not limit or before >= limit then ok = false end
-    before = before + 1
   end
-  ok = ok and before < LIMIT
 end
 
 if ok then

@@ -781,16 +781,18 @@ async fn a_fence_is_one_key_whatever_the_number_of_writes() {
 
 /// A connection that goes silent without closing (a partition that drops packets) is
 /// replaced once requests have timed out on it with nothing coming back: the client
-/// serves requests again on a new connection, wake-ups included.
+/// serves requests again on a new connection, and the wake-up channels in use are
+/// subscribed on it.
 #[tokio::test]
 async fn a_blackholed_connection_is_replaced_after_requests_time_out() {
     let server = Redis::start().await.unwrap();
     let proxy = FaultProxy::start(server.addr()).await.unwrap();
     let url = format!("redis://127.0.0.1:{}", proxy.port());
-    let timeout = Duration::from_secs(1);
+    // A waiter comes back to the server every third of the lease: a long lease keeps it
+    // asleep on its wake-up channel while the connection breaks and is replaced.
     let options = LockOptions::builder()
-        .ttl(Duration::from_secs(5))
-        .request_timeout(timeout)
+        .ttl(Duration::from_secs(60))
+        .request_timeout(Duration::from_secs(1))
         .build()
         .unwrap();
     let client = Client::builder(RedisBackend::connect(&url).await.unwrap())
@@ -798,10 +800,11 @@ async fn a_blackholed_connection_is_replaced_after_requests_time_out() {
         .build();
     let other = client_of(&server).await;
     let held = other.mutex("blackholed").unwrap().lock().await.unwrap();
-    // A waiter subscribed to the name's wake-ups through the connection before it broke.
+    // A waiter subscribed to the name's wake-ups through the connection before it broke;
+    // it gives up long before it would come back to the server on its own.
     let waiting = {
         let mutex = client.mutex("blackholed").unwrap();
-        tokio::spawn(async move { mutex.lock_timeout(Duration::from_secs(60)).await })
+        tokio::spawn(async move { mutex.lock_timeout(Duration::from_secs(15)).await })
     };
     until_waiting(&server, "blackholed").await;
 

@@ -774,7 +774,14 @@ async fn permits_of_mixed_limits_are_granted_in_queue_order(case: &Case<'_>) {
     faults.until_calls(Op::Wait, 1).await;
     let first_token = first.token();
     first.release().await.unwrap();
-    let (one, three) = (waiting_one.await.unwrap(), waiting_three.await.unwrap());
+    // Granted in either order (the limit-3 one only if the limit-1 one still fits after
+    // it): a grant that pushed the limit-1 request out of its place would keep it waiting
+    // for the limit-3 permit's release, which never comes. Waiters ask again every third
+    // of their 5 s lease: three leases are plenty.
+    let both = async { (waiting_one.await.unwrap(), waiting_three.await.unwrap()) };
+    let (one, three) = tokio::time::timeout(Duration::from_secs(15), both)
+        .await
+        .expect("a permit granted out of turn keeps a waiter before it out");
     assert!(
         first_token < one.token() && one.token() < three.token(),
         "tokens {first_token}, {}, {} do not follow the queue",

@@ -15,9 +15,11 @@
 //! backend whose token is the queue position (etcd's create revision, ZooKeeper's czxid)
 //! hands out tokens in grant order.
 //!
-//! A backend that keeps holders apart from its waiting queue (the in-memory backend) asks
-//! about the queue of its holders, in grant order, followed by the waiters ahead of the
-//! request and the request itself.
+//! A backend that keeps its holders apart from its waiting queue and grants a waiter only
+//! when it comes back to ask (memory, Redis, PostgreSQL) has waiters that would hold but
+//! have not claimed their place yet. A request behind them may be granted first only if
+//! each of them still holds behind it ([`may_hold`]): otherwise a permit of a larger limit
+//! granted ahead of a waiting one of a smaller limit would push that one out of its place.
 
 use crate::backend::Mode;
 
@@ -60,6 +62,27 @@ pub fn last_holds<C: Contender>(queue: &[C]) -> bool {
     holding(queue).last().copied().unwrap_or(false)
 }
 
+/// Whether `me` may be granted now, on a backend that keeps its `holders` (in grant order)
+/// apart from the fair waiters queued `ahead` of it: it holds behind them all, and each of
+/// them would still hold were it granted after `me`.
+pub fn may_hold<C: Contender>(holders: &[C], ahead: &[C], me: &C) -> bool {
+    let line: Vec<Mode> = holders
+        .iter()
+        .chain(ahead)
+        .chain([me])
+        .map(C::mode)
+        .collect();
+    // Each waiter ahead, granted last of all: in its worst place.
+    let waiters = holders.len()..line.len() - 1;
+    last_holds(&line)
+        && waiters.into_iter().all(|waiter| {
+            let mut moved = line.clone();
+            let mode = moved.remove(waiter);
+            moved.push(mode);
+            last_holds(&moved)
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use std::num::NonZeroU32;
@@ -99,6 +122,23 @@ mod tests {
         // Behind a holder of a smaller limit, a larger one fits.
         assert_eq!(holding(&[p(1), p(3), p(3)]), [true, true, true]);
         assert_eq!(holding(&[p(3), p(3), p(2)]), [true, true, false]);
+    }
+
+    #[test]
+    fn a_request_goes_before_unclaimed_waiters_only_if_they_still_fit() {
+        // Readers and equal permits: any order works.
+        assert!(may_hold(&[S], &[S], &S));
+        assert!(may_hold(&[p(3)], &[p(3)], &p(3)));
+        assert!(!may_hold(&[p(3), p(3)], &[p(3)], &p(3)));
+        // Nothing overtakes a writer; a writer waits for everyone.
+        assert!(!may_hold(&[S], &[X], &S));
+        assert!(!may_hold::<Mode>(&[], &[S], &X));
+        // A limit of 1 at the head would hold; a limit of 3 granted first would push it
+        // out (it fits only while nothing is held): wait for it to claim its place.
+        assert!(!may_hold::<Mode>(&[], &[p(1)], &p(3)));
+        assert!(may_hold(&[p(1)], &[], &p(3)));
+        // Both fit in any order.
+        assert!(may_hold::<Mode>(&[], &[p(2)], &p(3)));
     }
 
     #[test]

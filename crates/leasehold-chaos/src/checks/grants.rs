@@ -141,7 +141,9 @@ pub(super) fn c5_double_grant(history: &History, facts: &Facts) -> Finding {
 
 /// C8: a release answered "released" only for an owner id its own process acquired, and
 /// only while no other owner had been granted the lock since that owner's last grant or
-/// renewal: otherwise it removed someone else's lock.
+/// renewal: otherwise it removed someone else's lock. "Since" means certainly applied
+/// after it by the server (asked for after it was answered, or with a higher token where
+/// tokens follow the order of grants), not merely answered after it.
 pub(super) fn c8_release_safety(history: &History, facts: &Facts) -> Finding {
     let releases = history.ops(Kind::Release);
     if releases.is_empty() {
@@ -183,11 +185,18 @@ pub(super) fn c8_release_safety(history: &History, facts: &Facts) -> Finding {
             .filter(|t| *t < op.start())
             .max()
             .unwrap_or(grant.granted);
+        // A grant is newer only if the server certainly applied it after that last
+        // extension and before this release: answered before the release was asked, and
+        // asked after the extension was answered — or, with one copy of each lock (its
+        // tokens follow the order of grants: C3), carrying a higher token. Its answer
+        // alone says nothing: an answer read late (its process paused) may announce a
+        // grant older than the releasing owner's.
         let newer = facts.grants.iter().find(|g| {
             g.lock == grant.lock
                 && g.owner != grant.owner
-                && g.granted > last_own
                 && g.granted < op.start()
+                && (g.invoked > last_own
+                    || (facts.info.copies == 1 && g.token > grant.token && g.granted > last_own))
         });
         // After its last grant the owner may have queued again (the release then removed
         // its place in the queue), an acquire of it without an answer may have landed late
@@ -442,6 +451,83 @@ mod tests {
         superseded.extend(grant("w2", 1, "b", 2000, 2010, 6, 1000));
         superseded.extend(call(Kind::Release, "w1", 2, "a", 2100, 2110, "released"));
         assert_eq!(findings(Check::C8, superseded), 1);
+    }
+
+    /// The shape of a CI failure (postgres, expire-while-queued, seed 1, under load): the
+    /// server granted w2 token 1, the very first grant, and w2 was paused before it read
+    /// the answer; w1 was granted token 5 later; w2's answer came after its resume, between
+    /// w1's grant and w1's release. The answer was late, the grant was not new.
+    fn late_answered_first_grant() -> Vec<Event> {
+        let mut h: Vec<Event> = grant("w2", 1, "b", 0, 2_493_000, 1, 1_000_000).into();
+        // The others are granted once w2's lease has run out on the server.
+        h.extend(grant("w3", 1, "c", 1_050_000, 1_060_000, 2, 1_000_000));
+        h.extend(call(
+            Kind::Release,
+            "w3",
+            2,
+            "c",
+            1_300_000,
+            1_310_000,
+            "released",
+        ));
+        h.extend(grant("w3", 3, "c2", 1_350_000, 1_360_000, 3, 1_000_000));
+        h.extend(call(
+            Kind::Release,
+            "w3",
+            4,
+            "c2",
+            1_600_000,
+            1_610_000,
+            "released",
+        ));
+        h.extend(grant("w1", 1, "a0", 1_650_000, 1_660_000, 4, 1_000_000));
+        h.extend(call(
+            Kind::Release,
+            "w1",
+            2,
+            "a0",
+            2_000_000,
+            2_010_000,
+            "released",
+        ));
+        h.extend(grant("w1", 3, "a", 2_400_000, 2_409_000, 5, 1_000_000));
+        // w2 gives back the grant it learnt of too late: it had expired.
+        h.extend(call(
+            Kind::Release,
+            "w2",
+            2,
+            "b",
+            2_493_010,
+            2_501_000,
+            "not_held",
+        ));
+        h.extend(call(
+            Kind::Release,
+            "w1",
+            4,
+            "a",
+            2_600_000,
+            2_610_000,
+            "released",
+        ));
+        h
+    }
+
+    #[test]
+    fn c8_does_not_take_an_old_grant_answered_late_for_a_newer_one() {
+        let h = late_answered_first_grant();
+        for c in [Check::C3, Check::C5, Check::C7, Check::C8] {
+            assert_eq!(findings(c, h.clone()), 0, "{c}");
+        }
+        // A grant asked for after w1's was answered is newer, whenever its answer came.
+        let mut newer = late_answered_first_grant();
+        newer.extend(grant("w3", 5, "c3", 2_420_000, 2_430_000, 6, 1_000_000));
+        assert_eq!(findings(Check::C8, newer), 1);
+        // So is one with a higher token (one copy of each lock: tokens follow grant order),
+        // asked for before but answered after w1's grant.
+        let mut higher = late_answered_first_grant();
+        higher.extend(grant("w3", 5, "c3", 2_300_000, 2_420_000, 6, 1_000_000));
+        assert_eq!(findings(Check::C8, higher), 1);
     }
 
     #[test]

@@ -19,7 +19,7 @@ fn caught(bug: Bug, scenario: &str, seeds: u64) -> Vec<Check> {
 /// accepted, so it goes on holding (and renewing) where a refused write would have ended
 /// its hold.
 fn caught_in(bug: Bug, scenario: &str, seeds: u64, mode: FenceMode) -> Vec<Check> {
-    let mut last: Option<RunReport> = None;
+    let mut missed: Vec<RunReport> = Vec::new();
     for seed in 1..=seeds {
         let mut spec = common::spec("redis", scenario, seed);
         spec.bug = Some(bug.name().to_owned());
@@ -34,12 +34,14 @@ fn caught_in(bug: Bug, scenario: &str, seeds: u64, mode: FenceMode) -> Vec<Check
         if !failed.is_empty() {
             return failed;
         }
-        last = Some(report);
+        missed.push(report);
     }
-    panic!(
-        "planted bug {} was not caught in {seeds} seeds of {scenario}:\n{}",
-        bug.name(),
-        leasehold_chaos::report::table(&last.into_iter().collect::<Vec<_>>())
+    common::fail(
+        &format!(
+            "planted bug {} was not caught in {seeds} seeds of {scenario}",
+            bug.name()
+        ),
+        &mut missed,
     );
 }
 

@@ -576,7 +576,13 @@ async fn drive(
     .map_err(|_| io::Error::other("the workers did not connect in time"))?
     .map_err(|_| io::Error::other("the collector stopped"))?;
 
-    let observer = Observer::start(collector, &deployment.observer_url, lock, ttl).await;
+    // Workers that share one process with their server (memory) report its final state
+    // themselves: an observer here would look at a server of its own.
+    let observer = if spec.backend.traits.processes {
+        Observer::start(collector, &deployment.observer_url, lock, ttl).await
+    } else {
+        None
+    };
 
     let mut ctx = Ctx::new(
         Schedule {
@@ -638,7 +644,8 @@ struct Observer {
     task: tokio::task::JoinHandle<()>,
 }
 
-fn holders_value(state: &leasehold::LockState, last: bool) -> Value {
+/// An inspection's holders and waiters, as recorded (`last`: the final one, for C10).
+pub(crate) fn holders_value(state: &leasehold::LockState, last: bool) -> Value {
     let holders: Vec<Value> = state
         .holders
         .iter()

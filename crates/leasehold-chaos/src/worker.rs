@@ -103,6 +103,8 @@ pub async fn run(config: WorkerConfig) -> io::Result<()> {
         None
     };
     let mut tasks = Vec::new();
+    // The in-process server's own report of its final state (no observer can reach it).
+    let mut host: Option<Sink> = None;
     for (i, name) in config.processes.iter().enumerate() {
         let first_op = (u64::from(config.incarnation) + 1) << 32;
         let (sink, commands) = Sink::connect(config.collector, name, first_op).await?;
@@ -114,6 +116,9 @@ pub async fn run(config: WorkerConfig) -> io::Result<()> {
             Some(backend) => backend.clone(),
             None => connect(&config.url, &sink).await,
         };
+        if shared.is_some() && host.is_none() {
+            host = Some(sink.clone());
+        }
         let recorded: Arc<dyn Backend> = Arc::new(Recorder::new(real, sink.clone()));
         let faulty = memory.then(|| Faulty::wrap(recorded.clone()));
         let below_bug: Arc<dyn Backend> = match &faulty {
@@ -151,7 +156,26 @@ pub async fn run(config: WorkerConfig) -> io::Result<()> {
     for task in tasks {
         let _ = task.await;
     }
+    if let (Some(backend), Some(sink)) = (&shared, &host) {
+        final_look(backend.as_ref(), &config.lock, sink).await;
+    }
     Ok(())
+}
+
+/// Reports what the in-process server shows once every worker has stopped: the final
+/// inspection (C10) that an observer in another process cannot make.
+async fn final_look(backend: &dyn Backend, lock: &str, sink: &Sink) {
+    let Ok(name) = LockName::new(lock) else {
+        return;
+    };
+    if let Ok(state) = backend.inspect(&name).await {
+        let event = sink
+            .event(Kind::Inspect, Phase::Info)
+            .lock(lock)
+            .value(crate::runner::holders_value(&state, true));
+        // Waits for the collector's stamp: the process exits next.
+        sink.invoke(event).await;
+    }
 }
 
 /// Connects, retrying while the backend cannot be reached (the nemesis may be at work).

@@ -3,14 +3,15 @@
 
 use serde_json::Value;
 
-use super::{Facts, Finding, Violation, ms};
+use super::{Facts, Finding, Record, Violation, ms};
 use crate::history::{History, Kind, Phase};
 
 /// C3: every grant's token is its own (two owners never share one) and a grant answered
 /// before another was asked has the lower token.
 pub(super) fn c3_token_order(facts: &Facts) -> Finding {
-    if facts.grants.is_empty() {
-        return Finding::not_applicable("no grants");
+    let incomplete = facts.incomplete(Record::Grant);
+    if facts.grants.is_empty() && incomplete.is_empty() {
+        return Finding::nothing(facts, "no grant");
     }
     let mut violations = Vec::new();
     for grants in facts.grants_by_lock().values() {
@@ -47,13 +48,14 @@ pub(super) fn c3_token_order(facts: &Facts) -> Finding {
             }
         }
     }
-    Finding::measured(violations, format!("{} grants", facts.grants.len()))
+    Finding::measured(violations, format!("{} grants", facts.grants.len())).breaking(incomplete)
 }
 
 /// C5: by the server's own promises (a grant of lease `d` asked at `i` is kept until at
 /// least `i + d` unless released; a session grant until the session's deadline), no two
 /// owners held the lock at once. Also: no inspect showed two exclusive holders.
 pub(super) fn c5_double_grant(history: &History, facts: &Facts) -> Finding {
+    let incomplete = facts.incomplete(Record::Grant);
     let mut violations = Vec::new();
     let mut longest = 0u64;
     for grants in facts.grants_by_lock().values() {
@@ -137,6 +139,12 @@ pub(super) fn c5_double_grant(history: &History, facts: &Facts) -> Finding {
             format!("{n} double grant(s), longest {}", ms(longest))
         },
     )
+    .unless_empty(
+        facts,
+        facts.grants.is_empty() && incomplete.is_empty(),
+        "no grant",
+    )
+    .breaking(incomplete)
 }
 
 /// C8: a release answered "released" only for an owner id its own process acquired, and
@@ -147,7 +155,7 @@ pub(super) fn c5_double_grant(history: &History, facts: &Facts) -> Finding {
 pub(super) fn c8_release_safety(history: &History, facts: &Facts) -> Finding {
     let releases = history.ops(Kind::Release);
     if releases.is_empty() {
-        return Finding::not_applicable("no releases");
+        return Finding::nothing(facts, "no release");
     }
     let acquires = history.ops(Kind::Acquire);
     let mut violations = Vec::new();
@@ -271,26 +279,34 @@ pub(super) fn c10_nothing_left(history: &History, facts: &Facts) -> Finding {
     let last = history
         .of(Kind::Inspect)
         .rfind(|e| e.value.as_ref().and_then(|v| v.get("final")) == Some(&Value::Bool(true)));
-    match last {
-        Some(e) => {
-            let v = e.value.as_ref().unwrap_or(&Value::Null);
-            let holders = v
-                .get("holders")
-                .and_then(Value::as_array)
-                .map_or(0, Vec::len);
-            let waiters = v.get("waiters").and_then(Value::as_u64).unwrap_or(0);
-            if holders + waiters as usize > 0 {
-                violations.push(Violation::at(
-                    e.t,
-                    &[&e.process],
-                    format!("after the run the server still shows {holders} holder(s) and {waiters} waiter(s)"),
-                ));
-            }
+    let Some(e) = last else {
+        return Finding {
+            violations,
+            ..Finding::nothing(facts, "no final inspection of the server")
+        };
+    };
+    let v = e.value.as_ref().unwrap_or(&Value::Null);
+    let holders = v.get("holders").and_then(Value::as_array).map(Vec::len);
+    let waiters = v.get("waiters").and_then(Value::as_u64);
+    let (Some(holders), Some(waiters)) = (holders, waiters) else {
+        return Finding {
+            violations,
+            ..Finding::default()
         }
-        None if unknown == 0 => {
-            return Finding::not_applicable("no final inspection and no unknown outcomes");
-        }
-        None => {}
+        .breaking([Violation::at(
+            e.t,
+            &[&e.process],
+            "the final inspection does not say how many holders and waiters there were",
+        )]);
+    };
+    if holders + waiters as usize > 0 {
+        violations.push(Violation::at(
+            e.t,
+            &[&e.process],
+            format!(
+                "after the run the server still shows {holders} holder(s) and {waiters} waiter(s)"
+            ),
+        ));
     }
     Finding::measured(
         violations,

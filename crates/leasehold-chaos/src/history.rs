@@ -97,11 +97,20 @@ pub enum Expiry {
 impl Expiry {
     /// The end of the lease the server promised for a request of this expiry invoked at
     /// `invoked`: a lease counted from the invoke (the server applied the request later),
-    /// the session's deadline, or never (`u64::MAX`).
+    /// the session's deadline — or the server's bound if that is earlier: a backend
+    /// that counts on its session past the server's bound is promised nothing beyond it —,
+    /// or never (`u64::MAX`).
+    ///
+    /// A session is not counted to the server's bound alone: a client may close its
+    /// session once its own deadline has passed (ZooKeeper's does), freeing its locks
+    /// before that bound, and the history does not show the close.
     pub fn promise(self, invoked: u64) -> u64 {
         match self {
             Expiry::After { us } => invoked.saturating_add(us),
-            Expiry::Session { until, .. } => until,
+            Expiry::Session {
+                until,
+                server_until,
+            } => until.min(server_until.unwrap_or(until)),
             Expiry::Never => u64::MAX,
         }
     }

@@ -1,8 +1,9 @@
 //! A backend decorator that records every acquire, renewal and release as the server
 //! answered it: the server-side view of the history.
 //!
-//! It sits directly above the real backend (below the engine, and below any planted bug),
-//! so the owner ids, tokens and leases it records are what the server saw and said. For a session it records the backend's
+//! It sits directly above the real backend (below the engine, and below any planted bug
+//! but those of a backend's own arithmetic), so the owner ids, tokens and leases it
+//! records are what the server saw and said. For a session it records the backend's
 //! deadline and, beside it, the server's own bound the backend reports (the session ttl
 //! past the last keep-alive the server acknowledged): C9 holds guards against the latter.
 

@@ -116,6 +116,8 @@ pub async fn run(config: WorkerConfig) -> io::Result<()> {
             Some(backend) => backend.clone(),
             None => connect(&config.url, &sink).await,
         };
+        // A bug of the backend itself sits below the recorder, the others above it.
+        let real = wrap_bug(bug, real, true);
         if shared.is_some() && host.is_none() {
             host = Some(sink.clone());
         }
@@ -125,7 +127,7 @@ pub async fn run(config: WorkerConfig) -> io::Result<()> {
             Some(f) => Arc::new(f.clone()),
             None => recorded,
         };
-        let top = wrap_bug(bug, below_bug);
+        let top = wrap_bug(bug, below_bug, false);
         // A session backend's grants live as long as its session: its lease is the
         // session's, not one of ours.
         let options = if top.capabilities().has_sessions() {
@@ -219,10 +221,12 @@ fn planted(name: Option<&str>) -> io::Result<PlantedBug> {
     }
 }
 
-fn wrap_bug(bug: PlantedBug, backend: Arc<dyn Backend>) -> Arc<dyn Backend> {
+/// Wraps `backend` in the planted bug if it belongs at this layer: below the recorder
+/// (`in_backend`) for a bug of the backend itself, above it for the others.
+fn wrap_bug(bug: PlantedBug, backend: Arc<dyn Backend>, in_backend: bool) -> Arc<dyn Backend> {
     match bug {
         #[cfg(feature = "planted-bugs")]
-        Some(bug) => bug.wrap(backend),
+        Some(bug) if bug.in_backend() == in_backend => bug.wrap(backend),
         #[allow(unreachable_patterns)]
         _ => backend,
     }

@@ -379,11 +379,7 @@ impl Facts {
         }
         // Session keep-alives extend every grant bound to their session.
         for event in history.of(Kind::Session) {
-            let Some(Expiry::Session {
-                until,
-                server_until,
-            }) = event.expiry
-            else {
+            let Some(expiry @ Expiry::Session { server_until, .. }) = event.expiry else {
                 continue;
             };
             // An ended session promises nothing more.
@@ -397,7 +393,8 @@ impl Facts {
                     && g.session == session
                     && event.t >= g.invoked
                 {
-                    g.extensions.push((event.t, event.t, until));
+                    g.extensions
+                        .push((event.t, event.t, expiry.promise(event.t)));
                     g.server_bounds.push((event.t, server_until));
                 }
             }

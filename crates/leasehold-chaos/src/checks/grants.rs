@@ -52,8 +52,9 @@ pub(super) fn c3_token_order(facts: &Facts) -> Finding {
 }
 
 /// C5: by the server's own promises (a grant of lease `d` asked at `i` is kept until at
-/// least `i + d` unless released; a session grant until the session's deadline), no two
-/// owners held the lock at once. Also: no inspect showed two exclusive holders.
+/// least `i + d` unless released; a session grant until the session's deadline, or the
+/// server's bound if earlier), no two owners held the lock at once. Also: no inspect
+/// showed two exclusive holders.
 pub(super) fn c5_double_grant(history: &History, facts: &Facts) -> Finding {
     let incomplete = facts.incomplete(Record::Grant);
     let mut violations = Vec::new();

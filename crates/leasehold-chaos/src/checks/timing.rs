@@ -58,8 +58,9 @@ pub(super) fn c6_perceived_overlap(facts: &Facts) -> Finding {
 /// (its last promise: a lease counted from its request's send; a session's ttl past the
 /// last keep-alive the server acknowledged — the server's bound, not the client's own
 /// deadline), nor after the server answered that the owner no longer holds it; (b) when
-/// a holder is killed, or paused past its lease, a waiting worker has the lock within the
-/// lease + lock-delay + slack.
+/// a holder is killed, or paused past its lease, a waiting worker is granted the lock
+/// within the lease + lock-delay + slack (by the send of the request that was granted:
+/// an answer that came late is its link's or its worker's delay, not the lock's).
 pub(super) fn c9_loss_timing(history: &History, facts: &Facts) -> Finding {
     let mut broken = facts.incomplete(Record::Hold);
     let held = !(facts.holds.is_empty() && broken.is_empty());
@@ -151,13 +152,16 @@ pub(super) fn c9_loss_timing(history: &History, facts: &Facts) -> Finding {
         {
             continue;
         }
+        // The next grant to another worker, from the earliest moment the server may have
+        // made it (its request's send, if after the fault): an answer that came late (its
+        // worker paused, its link slow) says nothing of when the lock was free again.
         let next = facts
             .grants
             .iter()
             .filter(|g| {
                 g.lock == grant.lock && g.process != grant.process && g.granted > fault.start
             })
-            .map(|g| g.granted)
+            .map(|g| g.invoked.max(fault.start))
             .min();
         let waiting = lock_ops.iter().any(|op| {
             op.process() != fault.target
@@ -404,8 +408,12 @@ mod tests {
         recovered.extend(grant("w2", 2, "b", 6, 1_100, 1_200, 1_000));
         assert_eq!(findings(Check::C9, recovered), 0);
         // The default slack is 1.5 s: granted 3 s after the lease ended is too late.
-        let mut late = h;
+        let mut late = h.clone();
         late.extend(grant("w2", 2, "b", 6, 4_000_000, 4_000_100, 1_000));
         assert_eq!(findings(Check::C9, late), 1);
+        // Granted in time, but the answer came 3 s later: the lock was free again in time.
+        let mut answered_late = h;
+        answered_late.extend(grant("w2", 2, "b", 6, 1_100, 3_001_100, 1_000));
+        assert_eq!(findings(Check::C9, answered_late), 0);
     }
 }

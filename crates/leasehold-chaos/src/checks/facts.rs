@@ -209,8 +209,8 @@ pub struct Facts {
     /// The workers that took part (every process but the runner, the resource, the
     /// nemesis and the observer).
     pub workers: BTreeSet<String>,
-    /// Records the checks cannot use: a grant without a token or an owner, a guard without
-    /// one, an access under an owner no guard had.
+    /// Records the checks cannot use: a grant without a token, an owner or an expiry, a
+    /// guard without a token or an owner, an access under an owner no guard had.
     pub incomplete: Vec<(Record, Violation)>,
     /// Grants, in the order they were first answered.
     pub grants: Vec<Grant>,
@@ -280,20 +280,24 @@ impl Facts {
             let done = op.done.unwrap_or(op.invoke);
             let expiry = done.expiry.unwrap_or(Expiry::Never);
             let promise = expiry.promise(op.start());
-            if op.invoke.owner.is_none() || op.token().is_none() {
+            let missing = if op.invoke.owner.is_none() {
+                Some("an owner")
+            } else if op.token().is_none() {
+                Some("a token")
+            } else if done.expiry.is_none() {
+                Some("an expiry")
+            } else {
+                None
+            };
+            if let Some(missing) = missing {
                 self.incomplete.push((
                     Record::Grant,
                     Violation::at(
                         done.t,
                         &[op.process()],
                         format!(
-                            "{}'s acquire was answered granted without {}",
-                            op.process(),
-                            if op.invoke.owner.is_none() {
-                                "an owner"
-                            } else {
-                                "a token"
-                            }
+                            "{}'s acquire was answered granted without {missing}",
+                            op.process()
                         ),
                     ),
                 ));

@@ -492,6 +492,15 @@ mod tests {
         let (s, summary) = status(&verdicts, Check::C3);
         assert_eq!(s, Status::Fail, "{summary}");
         assert!(summary.contains("without an owner"), "{summary}");
+        // A grant without an expiry: C9 could not tell when it ended.
+        let mut timeless = started();
+        let mut grant = granted("w1", 1, Some("a"), 0, Some(5));
+        grant[1].expiry = None;
+        timeless.extend(grant);
+        let verdicts = judged(timeless, expect);
+        let (s, summary) = status(&verdicts, Check::C5);
+        assert_eq!(s, Status::Fail, "{summary}");
+        assert!(summary.contains("without an expiry"), "{summary}");
         // A guard without a token; a write accepted without a token, under an owner no
         // guard had.
         let mut guards = started();

@@ -8,11 +8,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use leasehold::backend::{
-    Acquire, Backend, Capabilities, Expiry, Grant, LockState, Release, Renewal, Request,
-    SessionLiveness, WaitHint,
+    Acquire, Backend, Capabilities, Expiry, Grant, Liveness, LockState, Release, Renewal, Request,
+    SessionKeeper, SessionLiveness, WaitHint,
 };
-use leasehold::clock::{Clock, Instant, Sleep};
+use leasehold::clock::{Clock, Instant, Sleep, SystemClock};
 use leasehold::{Error, LockName, LossReason, OwnerId, Result};
+use tokio::task::JoinHandle;
 
 /// A planted bug.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -31,17 +32,26 @@ pub enum Bug {
     /// The watchdog treats "not owner" as a passing failure and keeps the guard until its
     /// deadline.
     IgnoreNotOwner,
+    /// A session backend counts its session's deadline from the reply to a keep-alive
+    /// instead of from its send.
+    SessionDeadlineFromReply,
+    /// A session backend counts every keep-alive it sends as acknowledged: the session's
+    /// deadline moves a ttl past each one sent, answered or not, and a session ended for
+    /// want of an answer is kept.
+    IgnoreMissedKeepAlive,
 }
 
 impl Bug {
     /// Every planted bug.
-    pub const ALL: [Bug; 6] = [
+    pub const ALL: [Bug; 8] = [
         Bug::ReleaseAny,
         Bug::RenewAny,
         Bug::WallClock,
         Bug::ValidityFromReply,
         Bug::NewOwnerOnRetry,
         Bug::IgnoreNotOwner,
+        Bug::SessionDeadlineFromReply,
+        Bug::IgnoreMissedKeepAlive,
     ];
 
     /// Its name.
@@ -53,7 +63,21 @@ impl Bug {
             Bug::ValidityFromReply => "validity-from-reply",
             Bug::NewOwnerOnRetry => "new-owner-on-retry",
             Bug::IgnoreNotOwner => "ignore-not-owner",
+            Bug::SessionDeadlineFromReply => "session-deadline-from-reply",
+            Bug::IgnoreMissedKeepAlive => "ignore-missed-keep-alive",
         }
+    }
+
+    /// Whether it is a bug of the backend itself (its session arithmetic), planted below
+    /// the recorder: the history then records the session deadline the buggy backend
+    /// publishes, as it would record a real backend's, and only the server's own bound
+    /// (which the backend reports beside it) shows the bug. The others are planted above
+    /// the recorder, between it and the engine.
+    pub fn in_backend(self) -> bool {
+        matches!(
+            self,
+            Bug::SessionDeadlineFromReply | Bug::IgnoreMissedKeepAlive
+        )
     }
 
     /// Parses a name.
@@ -70,6 +94,7 @@ impl Bug {
             bug: self,
             inner,
             owners: Mutex::default(),
+            sessions: Mutex::default(),
         })
     }
 }
@@ -80,9 +105,58 @@ struct Planted {
     inner: Arc<dyn Backend>,
     /// For [`Bug::NewOwnerOnRetry`]: the owner id last used for each acquisition.
     owners: Mutex<HashMap<OwnerId, OwnerId>>,
+    /// For the session bugs: each session of the backend, the buggy view of it handed to
+    /// the engine, and the task keeping that view.
+    sessions: Mutex<Vec<(SessionLiveness, SessionLiveness, JoinHandle<()>)>>,
+}
+
+impl Drop for Planted {
+    fn drop(&mut self) {
+        let mut sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
+        for (_, _, task) in sessions.drain(..) {
+            task.abort();
+        }
+    }
+}
+
+/// What a correct backend counts on of a session ttl (the engine's default drift).
+fn validity(ttl: Duration) -> Duration {
+    ttl.saturating_sub(ttl / 100 + Duration::from_millis(2))
 }
 
 impl Planted {
+    /// The buggy view of the backend's session `inner`, made on its first grant.
+    fn session(&self, inner: &SessionLiveness) -> SessionLiveness {
+        let mut sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, buggy, _)) = sessions.iter().find(|(i, _, _)| i == inner) {
+            return buggy.clone();
+        }
+        let keeper = match inner.current() {
+            Liveness::Alive { until } => SessionKeeper::new(until),
+            Liveness::Ended => {
+                let keeper = SessionKeeper::new(SystemClock.now());
+                keeper.end();
+                keeper
+            }
+        };
+        if let (Liveness::Alive { until }, Some(view)) = (inner.current(), inner.server_view()) {
+            keeper.kept_alive(until, view);
+        }
+        let buggy = keeper.liveness();
+        let ttl = inner
+            .server_view()
+            .map(|v| v.ttl)
+            .or(self.inner.capabilities().session_ttl)
+            .unwrap_or(Duration::from_secs(1));
+        let follow = inner.clone();
+        let task = match self.bug {
+            Bug::IgnoreMissedKeepAlive => tokio::spawn(ignore_missed(follow, keeper, ttl)),
+            _ => tokio::spawn(from_reply(follow, keeper)),
+        };
+        sessions.push((inner.clone(), buggy.clone(), task));
+        buggy
+    }
+
     fn mapped(&self, req: &Request) -> Request {
         let owners = self.owners.lock().unwrap_or_else(|e| e.into_inner());
         let mut req = req.clone();
@@ -111,6 +185,18 @@ impl Backend for Planted {
 
     async fn acquire(&self, req: &Request) -> Result<Acquire> {
         match self.bug {
+            Bug::SessionDeadlineFromReply | Bug::IgnoreMissedKeepAlive => {
+                Ok(match self.inner.acquire(req).await? {
+                    Acquire::Granted(Grant {
+                        token,
+                        expiry: Expiry::Session(inner),
+                        ..
+                    }) => {
+                        Acquire::Granted(Grant::new(token, Expiry::Session(self.session(&inner))))
+                    }
+                    other => other,
+                })
+            }
             Bug::NewOwnerOnRetry => {
                 let mut fresh = req.clone();
                 fresh.owner = OwnerId::generate();
@@ -193,6 +279,61 @@ impl Backend for Planted {
 
     async fn session_liveness(&self) -> Option<SessionLiveness> {
         self.inner.session_liveness().await
+    }
+}
+
+/// [`Bug::SessionDeadlineFromReply`]: follows the backend's session, but counts each
+/// acknowledged keep-alive's deadline from now, when its answer is seen, rather than from
+/// when it was sent — and so, when the backend gives the session up at its own deadline,
+/// still counts on its later one.
+async fn from_reply(mut inner: SessionLiveness, keeper: SessionKeeper) {
+    let mut heard = inner.server_view().map(|v| v.heard);
+    let mut deadline = match inner.current() {
+        Liveness::Alive { until } => Some(until),
+        Liveness::Ended => None,
+    };
+    loop {
+        inner.changed().await;
+        match (inner.current(), inner.server_view()) {
+            (Liveness::Ended, _) => {
+                // Ended before its deadline (the server said so): ended here too. Ended at
+                // it: this one's deadline is later, and it is lost at that.
+                if deadline.is_none_or(|d| SystemClock.now() < d) {
+                    keeper.end();
+                }
+                return std::future::pending().await;
+            }
+            (Liveness::Alive { until }, Some(view)) if Some(view.heard) != heard => {
+                heard = Some(view.heard);
+                deadline = Some(until);
+                keeper.kept_alive(SystemClock.now().saturating_add(validity(view.ttl)), view);
+            }
+            (Liveness::Alive { until }, _) => {
+                deadline = Some(until);
+                keeper.alive_until(until);
+            }
+        }
+        if inner.is_suspended() {
+            keeper.suspend();
+        }
+    }
+}
+
+/// [`Bug::IgnoreMissedKeepAlive`]: follows the backend's acknowledged keep-alives, and
+/// when none comes for a third of the ttl (a keep-alive went out and was not answered),
+/// moves the deadline a ttl past now all the same; it never suspends nor ends.
+async fn ignore_missed(mut inner: SessionLiveness, keeper: SessionKeeper, ttl: Duration) {
+    loop {
+        tokio::select! {
+            () = inner.changed() => match (inner.current(), inner.server_view()) {
+                (Liveness::Alive { until }, Some(view)) => keeper.kept_alive(until, view),
+                (Liveness::Alive { until }, None) => keeper.alive_until(until),
+                (Liveness::Ended, _) => {}
+            },
+            () = tokio::time::sleep(ttl / 3) => {
+                keeper.alive_until(SystemClock.now().saturating_add(validity(ttl)));
+            }
+        }
     }
 }
 

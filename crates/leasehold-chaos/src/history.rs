@@ -82,9 +82,38 @@ pub enum Expiry {
     Never,
     /// While the client's session lives: until at least `until` (collector time, µs).
     Session {
-        /// The session's deadline on the collector's timeline.
+        /// The session's deadline as the client counts it, on the collector's timeline.
         until: u64,
+        /// The server's own bound, where the backend says: the session ttl the server
+        /// granted past the last moment it certainly heard from the session (the send
+        /// time of the last keep-alive it acknowledged). The server may end the session
+        /// (and free its locks) from then on; `until` is earlier by the client's drift
+        /// allowance.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        server_until: Option<u64>,
     },
+}
+
+impl Expiry {
+    /// The end of the lease the server promised for a request of this expiry invoked at
+    /// `invoked`: a lease counted from the invoke (the server applied the request later),
+    /// the session's deadline — or the server's bound if that is earlier: a backend
+    /// that counts on its session past the server's bound is promised nothing beyond it —,
+    /// or never (`u64::MAX`).
+    ///
+    /// A session is not counted to the server's bound alone: a client may close its
+    /// session once its own deadline has passed (ZooKeeper's does), freeing its locks
+    /// before that bound, and the history does not show the close.
+    pub fn promise(self, invoked: u64) -> u64 {
+        match self {
+            Expiry::After { us } => invoked.saturating_add(us),
+            Expiry::Session {
+                until,
+                server_until,
+            } => until.min(server_until.unwrap_or(until)),
+            Expiry::Never => u64::MAX,
+        }
+    }
 }
 
 /// One event of a history. Fields that do not apply to an event's kind are absent.

@@ -1,8 +1,11 @@
 //! A backend decorator that records every acquire, renewal and release as the server
 //! answered it: the server-side view of the history.
 //!
-//! It sits directly above the real backend (below the engine, and below any planted bug),
-//! so the owner ids, tokens and leases it records are what the server saw and said.
+//! It sits directly above the real backend (below the engine, and below any planted bug
+//! but those of a backend's own arithmetic), so the owner ids, tokens and leases it
+//! records are what the server saw and said. For a session it records the backend's
+//! deadline and, beside it, the server's own bound the backend reports (the session ttl
+//! past the last keep-alive the server acknowledged): C9 holds guards against the latter.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -45,14 +48,8 @@ impl Recorder {
                 us: u64::try_from(d.as_micros()).unwrap_or(u64::MAX),
             },
             BackendExpiry::Never => Expiry::Never,
-            BackendExpiry::Session(liveness) => Expiry::Session {
-                until: self.until(liveness.current()),
-            },
+            BackendExpiry::Session(liveness) => session_expiry(&self.sink, liveness),
         }
-    }
-
-    fn until(&self, liveness: Liveness) -> u64 {
-        session_until(&self.sink, liveness)
     }
 
     /// The id of the session `liveness` belongs to (`<pid>.<n>`), following its
@@ -69,14 +66,11 @@ impl Recorder {
         let task = tokio::spawn(async move {
             loop {
                 follow.changed().await;
-                let now = follow.current();
                 let mut event = sink
                     .event(Kind::Session, Phase::Info)
-                    .expiry(Expiry::Session {
-                        until: session_until(&sink, now),
-                    })
+                    .expiry(session_expiry(&sink, &follow))
                     .value(json!({"session": session}));
-                if now == Liveness::Ended {
+                if follow.current() == Liveness::Ended {
                     event = event.answer("ended");
                     sink.send(event);
                     return;
@@ -108,14 +102,19 @@ impl Recorder {
     }
 }
 
-/// A session deadline (an instant of the system clock, `CLOCK_BOOTTIME` on Linux) on the
-/// collector's timeline; an ended session's is now.
-fn session_until(sink: &Sink, liveness: Liveness) -> u64 {
-    match liveness {
-        Liveness::Alive { until } => {
-            sink.collector_time(u64::try_from(until.since_origin().as_nanos()).unwrap_or(0))
-        }
-        Liveness::Ended => sink.collector_time(crate::wire::boottime_ns()),
+/// A session's deadline and the server's own bound (instants of the system clock,
+/// `CLOCK_BOOTTIME` on Linux) on the collector's timeline; an ended session's deadline is
+/// now.
+fn session_expiry(sink: &Sink, liveness: &SessionLiveness) -> Expiry {
+    let at = |instant: leasehold::clock::Instant| {
+        sink.collector_time(u64::try_from(instant.since_origin().as_nanos()).unwrap_or(u64::MAX))
+    };
+    Expiry::Session {
+        until: match liveness.current() {
+            Liveness::Alive { until } => at(until),
+            Liveness::Ended => sink.collector_time(crate::wire::boottime_ns()),
+        },
+        server_until: liveness.server_view().map(|view| at(view.until())),
     }
 }
 

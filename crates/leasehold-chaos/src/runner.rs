@@ -189,6 +189,47 @@ impl RunReport {
         self.verdicts().iter().find(|v| v.check == check)
     }
 
+    /// The name of its history file: backend, scenario, seed, and what else sets the run
+    /// apart (a planted bug, observe mode, the set workload).
+    pub fn history_name(&self) -> String {
+        let mut name = format!("{}-{}-{}", self.backend, self.scenario, self.seed);
+        for part in [
+            self.bug.as_deref(),
+            (self.mode != "enforce").then_some(self.mode.as_str()),
+            (self.workload != "counter").then_some(self.workload.as_str()),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            name.push('-');
+            name.push_str(part);
+        }
+        name.push_str(".jsonl");
+        name
+    }
+
+    /// Writes its history (JSON lines) into `dir` (created if missing), unless it is kept
+    /// already; returns the file. A run that recorded nothing has no history to keep.
+    ///
+    /// # Errors
+    ///
+    /// I/O errors; `NotFound` if the run recorded nothing.
+    pub fn keep_history(&mut self, dir: &Path) -> io::Result<PathBuf> {
+        if let Some(path) = &self.history_file {
+            return Ok(path.clone());
+        }
+        let history = self
+            .history
+            .as_ref()
+            .filter(|h| !h.events().is_empty())
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "the run recorded nothing"))?;
+        std::fs::create_dir_all(dir)?;
+        let path = dir.join(self.history_name());
+        history.write(&path)?;
+        self.history_file = Some(path.clone());
+        Ok(path)
+    }
+
     /// Whether any check found a violation (expected or not).
     pub fn caught(&self) -> Vec<Check> {
         self.verdicts()
@@ -272,24 +313,12 @@ pub async fn run(spec: &RunSpec, launcher: &Launcher) -> RunReport {
             verdicts,
         },
     };
-    if let Some(dir) = &spec.history_dir
-        && !history.events().is_empty()
-    {
-        let path = dir.join(format!(
-            "{}-{}-{}{}.jsonl",
-            spec.backend.name,
-            spec.scenario.name,
-            spec.seed,
-            spec.bug
-                .as_deref()
-                .map(|b| format!("-{b}"))
-                .unwrap_or_default()
-        ));
-        if history.write(&path).is_ok() {
-            report.history_file = Some(path);
-        }
-    }
     report.history = Some(history);
+    if let Some(dir) = &spec.history_dir {
+        // A history that cannot be written is simply not kept (the report says where a
+        // kept one is).
+        let _ = report.keep_history(dir);
+    }
     report.elapsed_ms = started.elapsed().as_millis() as u64;
     report
 }
@@ -308,6 +337,13 @@ fn replay_command(spec: &RunSpec) -> String {
     }
     if let Some(url) = &spec.url {
         cmd.push_str(&format!(" --url {}", leasehold::support::redact_url(url)));
+    }
+    if let Some(bug) = &spec.bug {
+        // Planted bugs exist only in a build with the feature.
+        cmd = format!(
+            "cargo run -p leasehold-chaos --features planted-bugs,etcd -- {} --bug {bug}",
+            cmd.trim_start_matches("leasehold chaos ")
+        );
     }
     cmd
 }
@@ -540,7 +576,13 @@ async fn drive(
     .map_err(|_| io::Error::other("the workers did not connect in time"))?
     .map_err(|_| io::Error::other("the collector stopped"))?;
 
-    let observer = Observer::start(collector, &deployment.observer_url, lock, ttl).await;
+    // Workers that share one process with their server (memory) report its final state
+    // themselves: an observer here would look at a server of its own.
+    let observer = if spec.backend.traits.processes {
+        Observer::start(collector, &deployment.observer_url, lock, ttl).await
+    } else {
+        None
+    };
 
     let mut ctx = Ctx::new(
         Schedule {
@@ -602,7 +644,8 @@ struct Observer {
     task: tokio::task::JoinHandle<()>,
 }
 
-fn holders_value(state: &leasehold::LockState, last: bool) -> Value {
+/// An inspection's holders and waiters, as recorded (`last`: the final one, for C10).
+pub(crate) fn holders_value(state: &leasehold::LockState, last: bool) -> Value {
     let holders: Vec<Value> = state
         .holders
         .iter()

@@ -347,12 +347,17 @@ pub static SCENARIOS: &[Scenario] = &[
     Scenario {
         id: 15,
         name: "session-disconnect",
-        title: "the holder's session link is cut for 0.3x, then 1.5x the session timeout",
+        title: "the holder's session link is slowed, then cut for 0.3x, then 1.5x the session timeout",
         plan: |b| {
             if !b.traits.sessions {
                 return skip("session backends only (etcd, ZooKeeper)");
             }
-            Plan::Run(Setup::default())
+            // Long holds: the holder is still at work when the server may end its
+            // session, so a guard that outlives the server's bound is found held.
+            Plan::Run(Setup {
+                rounds: (20, 30),
+                ..Setup::default()
+            })
         },
         script: script!(session_disconnect),
     },
@@ -777,7 +782,14 @@ async fn renewal_races_expiry(ctx: &mut Ctx<'_>) -> io::Result<()> {
 
 async fn session_disconnect(ctx: &mut Ctx<'_>) -> io::Result<()> {
     for factor in [0.3, 1.5] {
-        let w = holder(ctx, 0.05).await?;
+        // A holder with its whole hold ahead of it: still holding after the cut.
+        let w = fresh_holder(ctx).await?;
+        // Slow first (a round trip of a quarter of the session timeout, below etcd's
+        // keep-alive period): the last keep-alive answered before the cut came back late,
+        // and a session counted from that answer rather than from its send would outlive
+        // the server's bound.
+        ctx.link(&w, Link::Delay(ctx.ttls(0.125)));
+        ctx.sleep(ctx.ttls(0.5)).await;
         ctx.link(&w, Link::Cut(Direction::Both));
         ctx.sleep(ctx.ttls(factor)).await;
         ctx.link(&w, Link::Heal);

@@ -103,6 +103,8 @@ pub async fn run(config: WorkerConfig) -> io::Result<()> {
         None
     };
     let mut tasks = Vec::new();
+    // The in-process server's own report of its final state (no observer can reach it).
+    let mut host: Option<Sink> = None;
     for (i, name) in config.processes.iter().enumerate() {
         let first_op = (u64::from(config.incarnation) + 1) << 32;
         let (sink, commands) = Sink::connect(config.collector, name, first_op).await?;
@@ -114,13 +116,18 @@ pub async fn run(config: WorkerConfig) -> io::Result<()> {
             Some(backend) => backend.clone(),
             None => connect(&config.url, &sink).await,
         };
+        // A bug of the backend itself sits below the recorder, the others above it.
+        let real = wrap_bug(bug, real, true);
+        if shared.is_some() && host.is_none() {
+            host = Some(sink.clone());
+        }
         let recorded: Arc<dyn Backend> = Arc::new(Recorder::new(real, sink.clone()));
         let faulty = memory.then(|| Faulty::wrap(recorded.clone()));
         let below_bug: Arc<dyn Backend> = match &faulty {
             Some(f) => Arc::new(f.clone()),
             None => recorded,
         };
-        let top = wrap_bug(bug, below_bug);
+        let top = wrap_bug(bug, below_bug, false);
         // A session backend's grants live as long as its session: its lease is the
         // session's, not one of ours.
         let options = if top.capabilities().has_sessions() {
@@ -151,7 +158,26 @@ pub async fn run(config: WorkerConfig) -> io::Result<()> {
     for task in tasks {
         let _ = task.await;
     }
+    if let (Some(backend), Some(sink)) = (&shared, &host) {
+        final_look(backend.as_ref(), &config.lock, sink).await;
+    }
     Ok(())
+}
+
+/// Reports what the in-process server shows once every worker has stopped: the final
+/// inspection (C10) that an observer in another process cannot make.
+async fn final_look(backend: &dyn Backend, lock: &str, sink: &Sink) {
+    let Ok(name) = LockName::new(lock) else {
+        return;
+    };
+    if let Ok(state) = backend.inspect(&name).await {
+        let event = sink
+            .event(Kind::Inspect, Phase::Info)
+            .lock(lock)
+            .value(crate::runner::holders_value(&state, true));
+        // Waits for the collector's stamp: the process exits next.
+        sink.invoke(event).await;
+    }
 }
 
 /// Connects, retrying while the backend cannot be reached (the nemesis may be at work).
@@ -195,10 +221,12 @@ fn planted(name: Option<&str>) -> io::Result<PlantedBug> {
     }
 }
 
-fn wrap_bug(bug: PlantedBug, backend: Arc<dyn Backend>) -> Arc<dyn Backend> {
+/// Wraps `backend` in the planted bug if it belongs at this layer: below the recorder
+/// (`in_backend`) for a bug of the backend itself, above it for the others.
+fn wrap_bug(bug: PlantedBug, backend: Arc<dyn Backend>, in_backend: bool) -> Arc<dyn Backend> {
     match bug {
         #[cfg(feature = "planted-bugs")]
-        Some(bug) => bug.wrap(backend),
+        Some(bug) if bug.in_backend() == in_backend => bug.wrap(backend),
         #[allow(unreachable_patterns)]
         _ => backend,
     }

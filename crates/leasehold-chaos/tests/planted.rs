@@ -1,6 +1,7 @@
 //! The checker is itself tested: each deliberately broken lock variant (see
 //! `leasehold_chaos::bugs`) must be caught by a check within a few seeds, under the
-//! scenario that exposes it, on a real Redis.
+//! scenario that exposes it, on a real Redis — and the session bugs on a real ZooKeeper
+//! and a real etcd.
 
 mod common;
 
@@ -19,9 +20,14 @@ fn caught(bug: Bug, scenario: &str, seeds: u64) -> Vec<Check> {
 /// accepted, so it goes on holding (and renewing) where a refused write would have ended
 /// its hold.
 fn caught_in(bug: Bug, scenario: &str, seeds: u64, mode: FenceMode) -> Vec<Check> {
-    let mut last: Option<RunReport> = None;
+    caught_on("redis", bug, scenario, seeds, mode)
+}
+
+/// As [`caught_in`], on `backend`.
+fn caught_on(backend: &str, bug: Bug, scenario: &str, seeds: u64, mode: FenceMode) -> Vec<Check> {
+    let mut missed: Vec<RunReport> = Vec::new();
     for seed in 1..=seeds {
-        let mut spec = common::spec("redis", scenario, seed);
+        let mut spec = common::spec(backend, scenario, seed);
         spec.bug = Some(bug.name().to_owned());
         spec.mode = mode;
         let report = common::run(&spec);
@@ -34,12 +40,14 @@ fn caught_in(bug: Bug, scenario: &str, seeds: u64, mode: FenceMode) -> Vec<Check
         if !failed.is_empty() {
             return failed;
         }
-        last = Some(report);
+        missed.push(report);
     }
-    panic!(
-        "planted bug {} was not caught in {seeds} seeds of {scenario}:\n{}",
-        bug.name(),
-        leasehold_chaos::report::table(&last.into_iter().collect::<Vec<_>>())
+    common::fail(
+        &format!(
+            "planted bug {} was not caught in {seeds} seeds of {scenario} on {backend}",
+            bug.name()
+        ),
+        &mut missed,
     );
 }
 
@@ -88,6 +96,65 @@ fn a_watchdog_ignoring_not_owner_is_caught() {
         "server-clock-jump",
         3,
         FenceMode::Observe,
+    );
+    assert!(checks.contains(&Check::C9), "{checks:?}");
+}
+
+// The session bugs are planted in the backend, below the recorder: the history records the
+// session deadline the buggy backend counts on, so only the server's own bound (which the
+// backend reports beside it) can show that a guard outlived its session. The scenario
+// slows the holder's link, then cuts it past the session timeout while the holder is at
+// work.
+
+#[test]
+fn a_session_deadline_counted_from_the_reply_is_caught_on_zookeeper() {
+    // The last keep-alive answered before the cut came back a quarter of the session
+    // timeout after it was sent: counted from the answer, the session outlives the
+    // server's bound by that much.
+    let checks = caught_on(
+        "zookeeper",
+        Bug::SessionDeadlineFromReply,
+        "session-disconnect",
+        3,
+        FenceMode::Enforce,
+    );
+    assert!(checks.contains(&Check::C9), "{checks:?}");
+}
+
+#[test]
+fn a_session_deadline_counted_from_the_reply_is_caught_on_etcd() {
+    let checks = caught_on(
+        "etcd",
+        Bug::SessionDeadlineFromReply,
+        "session-disconnect",
+        3,
+        FenceMode::Enforce,
+    );
+    assert!(checks.contains(&Check::C9), "{checks:?}");
+}
+
+#[test]
+fn a_session_that_ignores_a_missed_keep_alive_is_caught_on_zookeeper() {
+    // Cut off past the session timeout, the holder's keep-alives go unanswered; counted
+    // as answered, its session never ends.
+    let checks = caught_on(
+        "zookeeper",
+        Bug::IgnoreMissedKeepAlive,
+        "session-disconnect",
+        3,
+        FenceMode::Enforce,
+    );
+    assert!(checks.contains(&Check::C9), "{checks:?}");
+}
+
+#[test]
+fn a_session_that_ignores_a_missed_keep_alive_is_caught_on_etcd() {
+    let checks = caught_on(
+        "etcd",
+        Bug::IgnoreMissedKeepAlive,
+        "session-disconnect",
+        3,
+        FenceMode::Enforce,
     );
     assert!(checks.contains(&Check::C9), "{checks:?}");
 }

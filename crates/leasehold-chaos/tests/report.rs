@@ -34,12 +34,8 @@ fn chromium(profile: &Path, args: &[&str]) -> std::process::Output {
 #[test]
 fn the_html_timeline_renders_its_lanes_in_headless_chromium() {
     // A run with a violation to mark: Redis restarted empty under a holder.
-    let report = common::run(&common::spec("redis", "restart-empty", 1));
-    assert!(
-        report.is_good(),
-        "{}",
-        leasehold_chaos::report::table(&[report])
-    );
+    let mut report = common::run(&common::spec("redis", "restart-empty", 1));
+    common::assert_good("redis restart-empty", std::slice::from_mut(&mut report));
     let lanes = report
         .history
         .as_ref()

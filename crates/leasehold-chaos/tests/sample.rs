@@ -53,14 +53,14 @@ fn against_a_users_server_only_faults_that_need_no_control_run() {
         spec.url = Some(redis.url());
         runs.push(common::run(&spec));
     }
-    let table = leasehold_chaos::report::table(&runs);
-    assert!(runs[0].is_good(), "{table}");
+    common::assert_good("full-partition against a user's server", &mut runs[..1]);
     assert!(
         matches!(
             runs[0].outcome,
             leasehold_chaos::runner::Outcome::Ran { .. }
         ),
-        "{table}"
+        "{}",
+        leasehold_chaos::report::table(&runs)
     );
     assert!(runs[0].stats.faults > 0);
     match &runs[1].outcome {
@@ -78,30 +78,35 @@ fn observe_mode_shows_what_fencing_prevents() {
     use leasehold_chaos::checks::Check;
     use leasehold_chaos::resource::{FenceMode, Workload};
     let mut seen = Vec::new();
+    let mut runs = Vec::new();
     for seed in 1..=3 {
         let mut spec = common::spec("redis", "server-clock-jump", seed);
         spec.mode = FenceMode::Observe;
-        let observed = common::run(&spec);
-        assert!(
-            observed.is_good(),
-            "{}",
-            leasehold_chaos::report::table(&[observed])
+        let mut observed = common::run(&spec);
+        common::assert_good(
+            "server-clock-jump in observe mode",
+            std::slice::from_mut(&mut observed),
         );
         seen.extend(observed.caught());
+        runs.push(observed);
         if seen.contains(&Check::C2) {
             break;
         }
     }
-    assert!(seen.contains(&Check::C5), "{seen:?}");
-    assert!(
-        seen.contains(&Check::C2),
-        "no stale access got through: {seen:?}"
-    );
+    if !(seen.contains(&Check::C5) && seen.contains(&Check::C2)) {
+        common::fail(
+            &format!("no double grant, or no stale access got through: {seen:?}"),
+            &mut runs,
+        );
+    }
     // The set workload, fenced, under a paused holder: nothing acknowledged is lost.
     let mut spec = common::spec("redis", "pause-holder", 1);
     spec.workload = Workload::Set;
-    let set = common::run(&spec);
-    assert!(set.is_good(), "{}", leasehold_chaos::report::table(&[set]));
+    let mut set = common::run(&spec);
+    common::assert_good(
+        "pause-holder with the set workload",
+        std::slice::from_mut(&mut set),
+    );
     assert!(
         set.verdict(Check::C4)
             .unwrap()

@@ -201,11 +201,44 @@ pub enum Liveness {
     Ended,
 }
 
-/// What a [`SessionKeeper`] publishes: the session's liveness, and whether its link is down.
+/// What the server knows of a session, as far as its acknowledged keep-alives show.
+///
+/// The server heard from the session at or after `heard` (the send time of the last
+/// keep-alive it acknowledged: it restarted its timer when that arrived, later), and ends
+/// the session no sooner than `ttl` after it last heard: at [`ServerView::until`] at the
+/// earliest, unless the client closes it first. The backend's deadline
+/// ([`Liveness::Alive`]) comes before that by its drift allowance. The engine counts on
+/// the deadline only; this is for checkers that hold a client's deadline against the
+/// server's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ServerView {
+    /// The server heard from the session at or after this instant of
+    /// [`SystemClock`](crate::clock::SystemClock).
+    pub heard: Instant,
+    /// The session's ttl as the server granted it.
+    pub ttl: Duration,
+}
+
+impl ServerView {
+    /// The server heard from the session at or after `heard` and keeps it `ttl` from then.
+    pub fn new(heard: Instant, ttl: Duration) -> Self {
+        Self { heard, ttl }
+    }
+
+    /// The earliest instant the server may end the session (saturating).
+    pub fn until(&self) -> Instant {
+        self.heard.saturating_add(self.ttl)
+    }
+}
+
+/// What a [`SessionKeeper`] publishes: the session's liveness, whether its link is down,
+/// and what the server knows of it (if the backend says).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Published {
     liveness: Liveness,
     suspended: bool,
+    server: Option<ServerView>,
 }
 
 /// The engine's view of a backend session: it changes when the backend keeps the session
@@ -225,6 +258,12 @@ impl SessionLiveness {
     pub fn is_suspended(&self) -> bool {
         let published = *self.0.borrow();
         published.suspended && matches!(published.liveness, Liveness::Alive { .. })
+    }
+
+    /// What the server was last shown to know of the session (see [`ServerView`]), if the
+    /// backend says.
+    pub fn server_view(&self) -> Option<ServerView> {
+        self.0.borrow().server
     }
 
     /// Completes when the liveness changes (or at once if the keeper is gone, which ends
@@ -254,12 +293,25 @@ impl SessionKeeper {
         Self(watch::Sender::new(Published {
             liveness: Liveness::Alive { until },
             suspended: false,
+            server: None,
         }))
     }
 
     /// Moves the session's deadline (a keep-alive was acknowledged) and ends a suspension
     /// (the link works). Never revives an ended session, and never moves the deadline back.
     pub fn alive_until(&self, until: Instant) {
+        self.extend(until, None);
+    }
+
+    /// As [`alive_until`](SessionKeeper::alive_until), for a keep-alive (or the session's
+    /// creation) that the server acknowledged, with what that shows of the server's view
+    /// (see [`ServerView`]; it never moves back either). Backends that know when the
+    /// server last heard from the session call this rather than `alive_until`.
+    pub fn kept_alive(&self, until: Instant, server: ServerView) {
+        self.extend(until, Some(server));
+    }
+
+    fn extend(&self, until: Instant, server: Option<ServerView>) {
         self.0
             .send_if_modified(|published| match &mut published.liveness {
                 Liveness::Alive { until: current } => {
@@ -268,7 +320,12 @@ impl SessionKeeper {
                         *current = until;
                     }
                     let resumed = std::mem::replace(&mut published.suspended, false);
-                    later || resumed
+                    let newer = server
+                        .filter(|new| published.server.is_none_or(|old| new.heard > old.heard));
+                    if newer.is_some() {
+                        published.server = newer;
+                    }
+                    later || resumed || newer.is_some()
                 }
                 Liveness::Ended => false,
             });
@@ -289,9 +346,9 @@ impl SessionKeeper {
 
     /// Ends the session: every grant bound to it is lost.
     pub fn end(&self) {
-        self.0.send_replace(Published {
-            liveness: Liveness::Ended,
-            suspended: false,
+        self.0.send_modify(|published| {
+            published.liveness = Liveness::Ended;
+            published.suspended = false;
         });
     }
 
@@ -590,5 +647,39 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
     }
     async fn session_liveness(&self) -> Option<SessionLiveness> {
         (**self).session_liveness().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(ms: u64) -> Instant {
+        Instant::from_origin(Duration::from_millis(ms))
+    }
+
+    #[test]
+    fn a_session_publishes_the_servers_view_of_its_keep_alives_forward_only() {
+        let keeper = SessionKeeper::new(at(990));
+        let liveness = keeper.liveness();
+        assert_eq!(liveness.server_view(), None);
+        keeper.kept_alive(at(1_290), ServerView::new(at(300), Duration::from_secs(1)));
+        assert_eq!(liveness.current(), Liveness::Alive { until: at(1_290) });
+        let view = liveness.server_view().unwrap();
+        assert_eq!((view.heard, view.until()), (at(300), at(1_300)));
+        // An older keep-alive's answer, arriving late, moves neither back.
+        keeper.kept_alive(at(1_190), ServerView::new(at(200), Duration::from_secs(1)));
+        assert_eq!(liveness.current(), Liveness::Alive { until: at(1_290) });
+        assert_eq!(liveness.server_view().unwrap().heard, at(300));
+        // A deadline moved without a view keeps the last view; an ended session keeps it.
+        keeper.alive_until(at(1_400));
+        assert_eq!(liveness.server_view().unwrap().heard, at(300));
+        keeper.end();
+        keeper.kept_alive(
+            at(2_000),
+            ServerView::new(at(1_000), Duration::from_secs(1)),
+        );
+        assert_eq!(liveness.current(), Liveness::Ended);
+        assert_eq!(liveness.server_view().unwrap().heard, at(300));
     }
 }

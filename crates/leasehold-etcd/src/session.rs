@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use etcd_client::{Client, PutOptions};
-use leasehold_core::backend::{Liveness, SessionKeeper, SessionLiveness};
+use leasehold_core::backend::{Liveness, ServerView, SessionKeeper, SessionLiveness};
 use leasehold_core::clock::{Clock, Instant, SystemClock};
 use leasehold_core::{Error, Result};
 use tokio::sync::Mutex as AsyncMutex;
@@ -145,9 +145,9 @@ impl Session {
                 true,
             ));
         };
-        let keeper = Arc::new(SessionKeeper::new(
-            sent.saturating_add(validity(granted, margin)),
-        ));
+        let until = sent.saturating_add(validity(granted, margin));
+        let keeper = Arc::new(SessionKeeper::new(until));
+        keeper.kept_alive(until, ServerView::new(sent, granted));
         let task = tokio::spawn(keep_alive(
             client.clone(),
             id,
@@ -363,7 +363,10 @@ async fn keep_alive(
             match answer {
                 Ok(Ok(Some(answer))) if answer.ttl() > 0 => {
                     let granted = Duration::from_secs(u64::try_from(answer.ttl()).unwrap_or(0));
-                    keeper.alive_until(sent.saturating_add(validity(granted, margin)));
+                    keeper.kept_alive(
+                        sent.saturating_add(validity(granted, margin)),
+                        ServerView::new(sent, granted),
+                    );
                 }
                 Ok(Ok(Some(_))) => return end("the lease expired or is unknown to etcd"),
                 // A lost stream or a late answer: open a new stream (maybe to another

@@ -28,7 +28,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use leasehold_core::backend::{Liveness, SessionKeeper, SessionLiveness};
+use leasehold_core::backend::{Liveness, ServerView, SessionKeeper, SessionLiveness};
 use leasehold_core::clock::{Clock, Instant, SystemClock};
 use leasehold_core::{Error, OwnerId, Result};
 use tokio::sync::Mutex as AsyncMutex;
@@ -221,7 +221,9 @@ impl Session {
         // anything else counts as an ensemble (the safe side).
         let ensemble = !config.is_ok_and(|(data, _)| data.is_empty());
         let heard = Heard::new(opened, leader_lag(timeout, ensemble));
-        let keeper = Arc::new(SessionKeeper::new(opened.saturating_add(validity(timeout))));
+        let until = opened.saturating_add(validity(timeout));
+        let keeper = Arc::new(SessionKeeper::new(until));
+        keeper.kept_alive(until, ServerView::new(opened, timeout));
         let task = tokio::spawn(follow(
             client.clone(),
             timeout,
@@ -594,7 +596,10 @@ async fn watch(
                                 );
                             }
                             let proven = heard.acknowledged(sent);
-                            keeper.alive_until(proven.saturating_add(validity(timeout)));
+                            keeper.kept_alive(
+                                proven.saturating_add(validity(timeout)),
+                                ServerView::new(proven, timeout),
+                            );
                         }
                         Err(error) if ends_session(&error) => {
                             return Ended::Gone(error.to_string());

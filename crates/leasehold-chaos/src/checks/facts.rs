@@ -1,10 +1,13 @@
 //! What the checks share: grants with the server's promises, holds with the workers'
-//! checks, faults, and the run's parameters — all derived once from a history.
+//! checks, faults, and the run's parameters — all derived once from a history — and the
+//! records the checks cannot use (a grant, guard or access without its token or owner),
+//! which fail the checks that would otherwise pass over them.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use serde::{Deserialize, Serialize};
 
+use super::Violation;
 use crate::history::{Event, Expiry, History, Kind, Phase};
 
 /// The parameters of a run, recorded as the `value` of the runner's `start` event.
@@ -79,6 +82,10 @@ pub struct Grant {
     /// When the server answered that the owner held nothing (a renewal answered lost, a
     /// release answered not held).
     pub denials: Vec<u64>,
+    /// For a grant bound to a session: the server's own bounds on it as they became
+    /// known, (when, until): the session ttl past the last keep-alive the server
+    /// acknowledged (`None` where the backend did not say).
+    pub server_bounds: Vec<(u64, Option<u64>)>,
 }
 
 impl Grant {
@@ -95,6 +102,26 @@ impl Grant {
             .map(|e| e.2)
             .max()
             .unwrap_or(0)
+    }
+
+    /// The latest the server may keep the grant by what it had shown before `t`: the
+    /// promise of a lease counted from its request's send; for a session, the server's own
+    /// bound (not the client's deadline, which is the very thing C9 holds against it).
+    /// `None` for a session whose backend did not say.
+    pub fn server_promise_before(&self, t: u64) -> Option<u64> {
+        if !matches!(self.expiry, Expiry::Session { .. }) {
+            return Some(self.promise_before(t));
+        }
+        let known: Vec<Option<u64>> = self
+            .server_bounds
+            .iter()
+            .filter(|(at, _)| *at < t)
+            .map(|(_, until)| *until)
+            .collect();
+        if known.iter().any(Option::is_none) {
+            return None;
+        }
+        Some(known.into_iter().flatten().max().unwrap_or(0))
     }
 
     /// The end of the interval in which the grant was certainly held by the server's own
@@ -161,11 +188,30 @@ pub struct Fault {
     pub end: u64,
 }
 
+/// What a record without its token or owner was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Record {
+    /// A server-side grant (an acquire answered "granted").
+    Grant,
+    /// A worker's guard (a lock call that succeeded).
+    Hold,
+    /// A read or write under a guard.
+    Access,
+}
+
 /// Everything the checks derive from a history.
 #[derive(Debug, Clone, Default)]
 pub struct Facts {
     /// The run's parameters.
     pub info: RunInfo,
+    /// Whether anything ran: the runner started the run, or a worker took part.
+    pub ran: bool,
+    /// The workers that took part (every process but the runner, the resource, the
+    /// nemesis and the observer).
+    pub workers: BTreeSet<String>,
+    /// Records the checks cannot use: a grant without a token, an owner or an expiry, a
+    /// guard without a token or an owner, an access under an owner no guard had.
+    pub incomplete: Vec<(Record, Violation)>,
     /// Grants, in the order they were first answered.
     pub grants: Vec<Grant>,
     /// Which process acquired each owner id (its first acquire).
@@ -176,25 +222,30 @@ pub struct Facts {
     pub faults: Vec<Fault>,
 }
 
-fn promise_of(expiry: Option<Expiry>, invoked: u64) -> u64 {
-    match expiry {
-        Some(Expiry::After { us }) => invoked.saturating_add(us),
-        Some(Expiry::Session { until }) => until,
-        Some(Expiry::Never) | None => u64::MAX,
-    }
-}
+/// The processes of a run that are not workers.
+const NOT_WORKERS: [&str; 4] = ["runner", "resource", "nemesis", "observer"];
 
 impl Facts {
     /// Derives the facts of `history`.
     pub fn new(history: &History) -> Self {
+        let start = history
+            .events()
+            .iter()
+            .find(|e| e.process == "runner" && e.kind == Some(Kind::Start));
+        let workers: BTreeSet<String> = history
+            .events()
+            .iter()
+            .map(|e| e.process.as_str())
+            .filter(|p| !NOT_WORKERS.contains(p))
+            .map(str::to_owned)
+            .collect();
         let mut facts = Facts {
-            info: history
-                .events()
-                .iter()
-                .find(|e| e.process == "runner" && e.kind == Some(Kind::Start))
+            info: start
                 .and_then(|e| e.value.clone())
                 .and_then(|v| serde_json::from_value(v).ok())
                 .unwrap_or_default(),
+            ran: start.is_some() || !workers.is_empty(),
+            workers,
             ..Facts::default()
         };
         facts.faults = faults(history);
@@ -228,15 +279,42 @@ impl Facts {
             }
             let done = op.done.unwrap_or(op.invoke);
             let expiry = done.expiry.unwrap_or(Expiry::Never);
-            let promise = promise_of(Some(expiry), op.start());
+            let promise = expiry.promise(op.start());
+            let missing = if op.invoke.owner.is_none() {
+                Some("an owner")
+            } else if op.token().is_none() {
+                Some("a token")
+            } else if done.expiry.is_none() {
+                Some("an expiry")
+            } else {
+                None
+            };
+            if let Some(missing) = missing {
+                self.incomplete.push((
+                    Record::Grant,
+                    Violation::at(
+                        done.t,
+                        &[op.process()],
+                        format!(
+                            "{}'s acquire was answered granted without {missing}",
+                            op.process()
+                        ),
+                    ),
+                ));
+                continue;
+            }
             let token = op.token().unwrap_or(0);
+            let server_bound = match expiry {
+                Expiry::Session { server_until, .. } => vec![(done.t, server_until)],
+                _ => Vec::new(),
+            };
             let k = key(op.invoke);
             let grants = by_key.entry(k.clone()).or_default();
             match grants.last() {
                 Some(&i) if self.grants[i].token == token => {
-                    self.grants[i]
-                        .extensions
-                        .push((op.start(), done.t, promise));
+                    let g = &mut self.grants[i];
+                    g.extensions.push((op.start(), done.t, promise));
+                    g.server_bounds.extend(server_bound);
                 }
                 _ => {
                     grants.push(self.grants.len());
@@ -252,6 +330,7 @@ impl Facts {
                         extensions: vec![(op.start(), done.t, promise)],
                         cut: u64::MAX,
                         denials: Vec::new(),
+                        server_bounds: server_bound,
                     });
                 }
             }
@@ -270,7 +349,7 @@ impl Facts {
             };
             if op.answered("renewed") {
                 let done = op.done.unwrap_or(op.invoke);
-                let promise = promise_of(done.expiry, op.start());
+                let promise = done.expiry.unwrap_or(Expiry::Never).promise(op.start());
                 self.grants[i]
                     .extensions
                     .push((op.start(), done.t, promise));
@@ -304,7 +383,7 @@ impl Facts {
         }
         // Session keep-alives extend every grant bound to their session.
         for event in history.of(Kind::Session) {
-            let Some(Expiry::Session { until }) = event.expiry else {
+            let Some(expiry @ Expiry::Session { server_until, .. }) = event.expiry else {
                 continue;
             };
             // An ended session promises nothing more.
@@ -318,7 +397,9 @@ impl Facts {
                     && g.session == session
                     && event.t >= g.invoked
                 {
-                    g.extensions.push((event.t, event.t, until));
+                    g.extensions
+                        .push((event.t, event.t, expiry.promise(event.t)));
+                    g.server_bounds.push((event.t, server_until));
                 }
             }
         }
@@ -340,7 +421,25 @@ impl Facts {
                 continue;
             }
             let done = op.done.unwrap_or(op.invoke);
-            let owner = done.owner.clone().unwrap_or_default();
+            let (Some(owner), Some(token)) = (done.owner.clone(), done.token) else {
+                self.incomplete.push((
+                    Record::Hold,
+                    Violation::at(
+                        done.t,
+                        &[op.process()],
+                        format!(
+                            "{} had a guard without {}",
+                            op.process(),
+                            if done.owner.is_none() {
+                                "an owner"
+                            } else {
+                                "a token"
+                            }
+                        ),
+                    ),
+                ));
+                continue;
+            };
             by_owner.insert(owner.clone(), self.holds.len());
             self.holds.push(Hold {
                 lock: op
@@ -351,7 +450,7 @@ impl Facts {
                     .unwrap_or_default(),
                 process: op.process().to_owned(),
                 owner,
-                token: done.token.unwrap_or(0),
+                token,
                 start: done.t,
                 lost: None,
                 accesses: Vec::new(),
@@ -366,6 +465,20 @@ impl Facts {
         accesses.extend(history.ops(Kind::Write));
         for op in accesses {
             let Some(&i) = op.owner().and_then(|o| by_owner.get(o)) else {
+                self.incomplete.push((
+                    Record::Access,
+                    Violation::at(
+                        op.start(),
+                        &[op.process()],
+                        format!(
+                            "{} accessed the resource under {}",
+                            op.process(),
+                            op.owner().map_or("no owner".into(), |o| format!(
+                                "owner {o}, which no guard had"
+                            ))
+                        ),
+                    ),
+                ));
                 continue;
             };
             self.holds[i].accesses.push(Access {
@@ -377,6 +490,15 @@ impl Facts {
         for hold in &mut self.holds {
             hold.accesses.sort_by_key(|a| a.invoked);
         }
+    }
+
+    /// The records of `kind` the checks cannot use.
+    pub fn incomplete(&self, kind: Record) -> Vec<Violation> {
+        self.incomplete
+            .iter()
+            .filter(|(k, _)| *k == kind)
+            .map(|(_, v)| v.clone())
+            .collect()
     }
 
     /// The grants of one lock, grouped.

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use serde_json::Value;
 
 use super::{Facts, Finding, Violation};
-use crate::history::{Event, History, Kind};
+use crate::history::{Event, History, Kind, Op};
 
 /// The resource's own log: applied (or refused) accesses in the order it handled them.
 fn applied(history: &History) -> Vec<&Event> {
@@ -21,12 +21,13 @@ fn applied(history: &History) -> Vec<&Event> {
 /// C1: in the order the resource applied them, accepted tokens never decrease, and a
 /// token is only ever presented by one owner (the fence accepts equal tokens, so a token
 /// shared by two owners would let both through).
-pub(super) fn c1_fence_order(history: &History, _facts: &Facts) -> Finding {
+pub(super) fn c1_fence_order(history: &History, facts: &Facts) -> Finding {
     let log = applied(history);
     if log.is_empty() {
-        return Finding::not_applicable("the resource applied nothing");
+        return Finding::nothing(facts, "the resource applied no access");
     }
     let mut violations = Vec::new();
+    let mut broken = Vec::new();
     let mut highest: Option<(u64, &str)> = None;
     let mut owners: HashMap<u64, &str> = HashMap::new();
     let mut accepted = 0;
@@ -35,10 +36,22 @@ pub(super) fn c1_fence_order(history: &History, _facts: &Facts) -> Finding {
             continue;
         }
         accepted += 1;
+        let worker = e.worker.as_deref().unwrap_or("?");
         let (Some(token), Some(owner)) = (e.token, e.owner.as_deref()) else {
+            broken.push(Violation::at(
+                e.t,
+                &[worker],
+                format!(
+                    "the resource accepted an access of {worker} without {}",
+                    if e.token.is_none() {
+                        "a token"
+                    } else {
+                        "an owner"
+                    }
+                ),
+            ));
             continue;
         };
-        let worker = e.worker.as_deref().unwrap_or("?");
         if let Some((top, top_worker)) = highest
             && token < top
         {
@@ -63,22 +76,37 @@ pub(super) fn c1_fence_order(history: &History, _facts: &Facts) -> Finding {
             highest = Some((token, worker));
         }
     }
-    Finding::measured(violations, format!("{accepted} accesses accepted"))
+    Finding::measured(violations, format!("{accepted} accesses accepted")).breaking(broken)
 }
 
 /// C2: no access (read or write) is acknowledged as accepted when an access with a higher
 /// token had been acknowledged before it was invoked: the writer had been superseded, and
 /// its access was stale. Also counts the stale accesses the fence refused.
-pub(super) fn c2_stale_access(history: &History, _facts: &Facts) -> Finding {
+pub(super) fn c2_stale_access(history: &History, facts: &Facts) -> Finding {
     let mut ops = history.ops(Kind::Read);
     ops.extend(history.ops(Kind::Write));
     if ops.is_empty() {
-        return Finding::not_applicable("no reads or writes");
+        return Finding::nothing(facts, "no read or write");
     }
-    let acknowledged: Vec<_> = ops
+    let (acknowledged, incomplete): (Vec<&Op<'_>>, Vec<&Op<'_>>) = ops
         .iter()
-        .filter(|op| op.answered("accepted") && op.token().is_some())
-        .collect();
+        .filter(|op| op.answered("accepted"))
+        .partition(|op| op.token().is_some() && op.owner().is_some());
+    let broken = incomplete.iter().map(|op| {
+        Violation::at(
+            op.start(),
+            &[op.process()],
+            format!(
+                "an access of {} was accepted without {}",
+                op.process(),
+                if op.token().is_none() {
+                    "a token"
+                } else {
+                    "an owner"
+                }
+            ),
+        )
+    });
     let refused = ops
         .iter()
         .filter(|op| op.answer() == Some("refused"))
@@ -128,14 +156,15 @@ pub(super) fn c2_stale_access(history: &History, _facts: &Facts) -> Finding {
             acknowledged.len()
         ),
     )
+    .breaking(broken)
 }
 
 /// C4: every acknowledged write is in the final state. Counter: each write the resource
 /// accepted must have incremented what was there (otherwise it overwrote an increment it
 /// never read). Set: every acknowledged write's element is in the final set.
-pub(super) fn c4_lost_writes(history: &History, _facts: &Facts) -> Finding {
+pub(super) fn c4_lost_writes(history: &History, facts: &Facts) -> Finding {
     let Some(last) = history.of(Kind::Final).rfind(|e| e.process == "resource") else {
-        return Finding::not_applicable("no final state recorded");
+        return Finding::nothing(facts, "the resource reported no final state");
     };
     let final_value = last.value.clone().unwrap_or(Value::Null);
     let workload = final_value
@@ -235,7 +264,11 @@ pub(super) fn c4_lost_writes(history: &History, _facts: &Facts) -> Finding {
                 ),
             )
         }
-        other => Finding::not_applicable(format!("unknown workload {other:?}")),
+        other => Finding::default().breaking([Violation::at(
+            last.t,
+            &["resource"],
+            format!("the resource reported an unknown workload {other:?}"),
+        )]),
     }
 }
 

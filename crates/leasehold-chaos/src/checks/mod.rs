@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::history::History;
 
-pub use facts::{Facts, Grant, RunInfo};
+pub use facts::{Facts, Grant, Record, RunInfo};
 pub use linear::{LeaseMutex, LockCall, LockOp};
 
 /// One of the checks.
@@ -149,6 +149,11 @@ impl Violation {
 pub struct Finding {
     /// Violations found.
     pub violations: Vec<Violation>,
+    /// Why the run cannot pass this check whatever the scenario expects: nothing to check
+    /// although workers ran (no grant, no guard, no access, no release, no final look),
+    /// or records it needs without a token or an owner. A check never passes by having
+    /// looked at nothing.
+    pub broken: Vec<Violation>,
     /// A figure (`longest overlap 312 ms`, `3 stale writes refused`).
     pub measure: Option<String>,
     /// Why the check does not apply to this history, if it does not.
@@ -171,6 +176,43 @@ impl Finding {
             not_applicable: Some(reason.into()),
             ..Self::default()
         }
+    }
+
+    /// Nothing to check: a failure if anything ran (`what` is missing from a run), not
+    /// applicable to a history in which nothing ran.
+    fn nothing(facts: &Facts, what: &str) -> Self {
+        if !facts.ran {
+            return Self::not_applicable("nothing ran");
+        }
+        let workers = facts.workers.len();
+        Self {
+            broken: vec![Violation::at(
+                0,
+                &[],
+                format!("{what} although {workers} worker(s) took part: nothing to check"),
+            )],
+            ..Self::default()
+        }
+    }
+
+    /// Broken as [`Finding::nothing`] says if `empty` (`what` is missing from a run in
+    /// which workers took part), otherwise as it is.
+    fn unless_empty(self, facts: &Facts, empty: bool, what: &str) -> Self {
+        if !empty || !(facts.ran || self.violations.is_empty()) {
+            return self;
+        }
+        let nothing = Self::nothing(facts, what);
+        Self {
+            not_applicable: nothing.not_applicable,
+            ..self
+        }
+        .breaking(nothing.broken)
+    }
+
+    /// With `broken` added.
+    fn breaking(mut self, broken: impl IntoIterator<Item = Violation>) -> Self {
+        self.broken.extend(broken);
+        self
     }
 }
 
@@ -245,8 +287,29 @@ pub struct Verdict {
     pub violations: Vec<Violation>,
 }
 
-/// Combines a finding with what was expected.
+/// Combines a finding with what was expected. A broken finding (see [`Finding::broken`])
+/// fails whatever was expected: an expected violation is not "detected" by a check that
+/// had nothing to look at.
 pub fn judge(check: Check, finding: Finding, expected: Expect) -> Verdict {
+    if let Some(first) = finding.broken.first() {
+        let summary = format!(
+            "cannot pass: {}{}",
+            first.message,
+            match finding.broken.len() {
+                1 => String::new(),
+                n => format!(" (and {} more)", n - 1),
+            }
+        );
+        let mut violations = finding.broken;
+        violations.extend(finding.violations);
+        return Verdict {
+            check,
+            status: Status::Fail,
+            expected,
+            summary,
+            violations,
+        };
+    }
     let found = !finding.violations.is_empty();
     let status = if finding.not_applicable.is_some() {
         Status::Skipped
@@ -318,5 +381,178 @@ pub(crate) fn ms(us: u64) -> String {
         "∞".into()
     } else {
         format!("{:.1} ms", us as f64 / 1000.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::history::{Event, Expiry, Kind, Phase};
+
+    fn judged(events: Vec<Event>, expect: impl Fn(Check) -> Expect) -> Vec<Verdict> {
+        run_all(&History::from_events(events), expect)
+    }
+
+    fn started() -> Vec<Event> {
+        let mut h = vec![
+            Event::new("runner", Kind::Start, Phase::Info)
+                .value(json!({"backend": "redis", "scenario": "pause-holder", "seed": 1})),
+        ];
+        for w in ["w1", "w2", "w3"] {
+            h.push(Event::new(w, Kind::Start, Phase::Info).at(10));
+        }
+        h
+    }
+
+    /// An acquire by `w` for `owner`, answered granted with `token` (either may be missing).
+    fn granted(w: &str, op: u64, owner: Option<&str>, t: u64, token: Option<u64>) -> [Event; 2] {
+        let mut invoke = Event::new(w, Kind::Acquire, Phase::Invoke)
+            .op(op)
+            .lock("l")
+            .at(t);
+        invoke.owner = owner.map(str::to_owned);
+        let mut done = Event::new(w, Kind::Acquire, Phase::Ok)
+            .op(op)
+            .answer("granted")
+            .expiry(Expiry::After { us: 1_000_000 })
+            .at(t + 10);
+        done.token = token;
+        [invoke, done]
+    }
+
+    fn status(verdicts: &[Verdict], check: Check) -> (Status, &str) {
+        let v = verdicts.iter().find(|v| v.check == check).unwrap();
+        (v.status, &v.summary)
+    }
+
+    #[test]
+    fn a_run_in_which_nothing_was_granted_fails_every_check() {
+        // Three workers asked, and the server never granted: every check has nothing to
+        // look at. C5 was expected to see a double grant: not seeing one is no detection.
+        let mut h = started();
+        for w in ["w1", "w2", "w3"] {
+            h.push(
+                Event::new(w, Kind::Lock, Phase::Invoke)
+                    .op(1)
+                    .lock("l")
+                    .at(20),
+            );
+            h.push(
+                Event::new(w, Kind::Lock, Phase::Fail)
+                    .op(1)
+                    .answer("busy")
+                    .at(30),
+            );
+        }
+        let verdicts = judged(h, |c| {
+            if c == Check::C5 {
+                Expect::Violate
+            } else {
+                Expect::Hold
+            }
+        });
+        for v in &verdicts {
+            assert_eq!(v.status, Status::Fail, "{}: {}", v.check, v.summary);
+            assert!(
+                v.summary.contains("nothing to check"),
+                "{}: {}",
+                v.check,
+                v.summary
+            );
+        }
+    }
+
+    #[test]
+    fn records_without_a_token_or_an_owner_fail_the_checks_that_need_them() {
+        // A real double grant (C5 expected to see it), and a grant answered without a
+        // token: the run is broken, not a detection.
+        let mut h = started();
+        h.extend(granted("w1", 1, Some("a"), 0, Some(5)));
+        h.extend(granted("w2", 1, Some("b"), 100, Some(6)));
+        h.extend(granted("w3", 1, Some("c"), 200, None));
+        let expect = |c| {
+            if c == Check::C5 {
+                Expect::Violate
+            } else {
+                Expect::Hold
+            }
+        };
+        let verdicts = judged(h, expect);
+        for c in [Check::C3, Check::C5] {
+            let (s, summary) = status(&verdicts, c);
+            assert_eq!(s, Status::Fail, "{c}: {summary}");
+            assert!(summary.contains("without a token"), "{c}: {summary}");
+        }
+        // A grant without an owner.
+        let mut ownerless = started();
+        ownerless.extend(granted("w1", 1, None, 0, Some(5)));
+        let verdicts = judged(ownerless, expect);
+        let (s, summary) = status(&verdicts, Check::C3);
+        assert_eq!(s, Status::Fail, "{summary}");
+        assert!(summary.contains("without an owner"), "{summary}");
+        // A grant without an expiry: C9 could not tell when it ended.
+        let mut timeless = started();
+        let mut grant = granted("w1", 1, Some("a"), 0, Some(5));
+        grant[1].expiry = None;
+        timeless.extend(grant);
+        let verdicts = judged(timeless, expect);
+        let (s, summary) = status(&verdicts, Check::C5);
+        assert_eq!(s, Status::Fail, "{summary}");
+        assert!(summary.contains("without an expiry"), "{summary}");
+        // A guard without a token; a write accepted without a token, under an owner no
+        // guard had.
+        let mut guards = started();
+        guards.extend(granted("w1", 1, Some("a"), 0, Some(5)));
+        guards.push(
+            Event::new("w1", Kind::Lock, Phase::Invoke)
+                .op(2)
+                .lock("l")
+                .at(0),
+        );
+        guards.push(
+            Event::new("w1", Kind::Lock, Phase::Ok)
+                .op(2)
+                .owner("a")
+                .at(11),
+        );
+        guards.push(
+            Event::new("w2", Kind::Write, Phase::Invoke)
+                .op(3)
+                .owner("z")
+                .at(50),
+        );
+        guards.push(
+            Event::new("w2", Kind::Write, Phase::Ok)
+                .op(3)
+                .answer("accepted")
+                .at(60),
+        );
+        let verdicts = judged(guards, |_| Expect::Hold);
+        for (c, says) in [
+            (Check::C2, "accepted without a token"),
+            (Check::C6, "guard without a token"),
+            (Check::C9, "guard without a token"),
+        ] {
+            let (s, summary) = status(&verdicts, c);
+            assert_eq!(s, Status::Fail, "{c}: {summary}");
+            assert!(summary.contains(says), "{c}: {summary}");
+        }
+        let c6 = verdicts.iter().find(|v| v.check == Check::C6).unwrap();
+        assert!(
+            c6.violations
+                .iter()
+                .any(|v| v.message.contains("owner z, which no guard had")),
+            "{:?}",
+            c6.violations
+        );
+    }
+
+    #[test]
+    fn a_history_in_which_nothing_ran_is_not_applicable_rather_than_passed() {
+        for v in judged(Vec::new(), |_| Expect::Hold) {
+            assert_eq!(v.status, Status::Skipped, "{}: {}", v.check, v.summary);
+        }
     }
 }

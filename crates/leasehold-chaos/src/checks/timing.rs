@@ -1,6 +1,6 @@
 //! The holders' side: C6 (perceived overlap) and C9 (loss timing, recovery).
 
-use super::{Facts, Finding, Violation, ms};
+use super::{Facts, Finding, Record, Violation, ms};
 use crate::history::{Expiry, History, Kind, Phase};
 
 /// C6: no two workers believed they held the lock at the same time. A worker certainly
@@ -8,9 +8,11 @@ use crate::history::{Expiry, History, Kind, Phase};
 /// that found the guard held (it checked `is_held` after that invoke was stamped). The
 /// overlap is measured.
 pub(super) fn c6_perceived_overlap(facts: &Facts) -> Finding {
-    if facts.holds.is_empty() {
-        return Finding::not_applicable("no worker held the lock");
+    let mut incomplete = facts.incomplete(Record::Hold);
+    if facts.holds.is_empty() && incomplete.is_empty() {
+        return Finding::nothing(facts, "no worker held the lock");
     }
+    incomplete.extend(facts.incomplete(Record::Access));
     let mut violations = Vec::new();
     let (mut total, mut longest) = (0u64, 0u64);
     for (i, a) in facts.holds.iter().enumerate() {
@@ -49,24 +51,45 @@ pub(super) fn c6_perceived_overlap(facts: &Facts) -> Finding {
             ms(longest)
         ),
     )
+    .breaking(incomplete)
 }
 
 /// C9: (a) a guard is never found held after its lease could have expired on the server
-/// (its last promise), nor after the server answered that the owner no longer holds it;
-/// (b) when a holder is killed, or paused past its lease, a waiting worker has the lock
-/// within the lease + lock-delay + slack.
+/// (its last promise: a lease counted from its request's send; a session's ttl past the
+/// last keep-alive the server acknowledged — the server's bound, not the client's own
+/// deadline), nor after the server answered that the owner no longer holds it; (b) when
+/// a holder is killed, or paused past its lease, a waiting worker is granted the lock
+/// within the lease + lock-delay + slack (by the send of the request that was granted:
+/// an answer that came late is its link's or its worker's delay, not the lock's).
 pub(super) fn c9_loss_timing(history: &History, facts: &Facts) -> Finding {
-    if facts.holds.is_empty() && facts.grants.is_empty() {
-        return Finding::not_applicable("no worker held the lock");
-    }
+    let mut broken = facts.incomplete(Record::Hold);
+    let held = !(facts.holds.is_empty() && broken.is_empty());
     let mut violations = Vec::new();
     for hold in &facts.holds {
         let Some(grant) = facts.grant(&hold.lock, &hold.owner, hold.token) else {
+            broken.push(Violation::at(
+                hold.start,
+                &[&hold.process],
+                format!(
+                    "{} had a guard (token {}, owner {}) that no recorded grant of the server's explains",
+                    hold.process, hold.token, hold.owner
+                ),
+            ));
             continue;
         };
         let expires = !matches!(grant.expiry, Expiry::Never);
         for access in hold.accesses.iter().filter(|a| a.held) {
-            let promise = grant.promise_before(access.completed);
+            let Some(promise) = grant.server_promise_before(access.completed) else {
+                broken.push(Violation::at(
+                    access.invoked,
+                    &[&hold.process],
+                    format!(
+                        "the session of {}'s grant (token {}) does not say when the server may end it: its guard cannot be held against the server's bound",
+                        hold.process, hold.token
+                    ),
+                ));
+                break;
+            };
             if expires && access.invoked >= promise {
                 violations.push(Violation::during(
                     promise,
@@ -129,13 +152,16 @@ pub(super) fn c9_loss_timing(history: &History, facts: &Facts) -> Finding {
         {
             continue;
         }
+        // The next grant to another worker, from the earliest moment the server may have
+        // made it (its request's send, if after the fault): an answer that came late (its
+        // worker paused, its link slow) says nothing of when the lock was free again.
         let next = facts
             .grants
             .iter()
             .filter(|g| {
                 g.lock == grant.lock && g.process != grant.process && g.granted > fault.start
             })
-            .map(|g| g.granted)
+            .map(|g| g.invoked.max(fault.start))
             .min();
         let waiting = lock_ops.iter().any(|op| {
             op.process() != fault.target
@@ -168,11 +194,13 @@ pub(super) fn c9_loss_timing(history: &History, facts: &Facts) -> Finding {
         None => "no recovery measured".into(),
     };
     Finding::measured(violations, measure)
+        .unless_empty(facts, !held, "no worker held the lock")
+        .breaking(broken)
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::{Check, Facts, run};
+    use super::super::{Check, Expect, Facts, Status, judge, run};
     use crate::history::{Event, Expiry, History, Kind, Phase};
 
     fn lock(w: &str, op: u64, owner: &str, token: u64, t0: u64, t1: u64) -> [Event; 2] {
@@ -287,6 +315,76 @@ mod tests {
         assert_eq!(findings(Check::C9, denied), 1);
     }
 
+    /// w1 is granted at 10 on session `s`, whose backend reports each keep-alive as
+    /// `(at, deadline the client counts on, server's bound)`; w1 writes at each of
+    /// `writes`, finding its guard held.
+    fn session_hold(keep_alives: &[(u64, u64, u64)], writes: &[u64]) -> Vec<Event> {
+        // Built from JSON, as a recorded history is read.
+        let session = |until: u64, server: u64| -> Expiry {
+            serde_json::from_value(
+                serde_json::json!({"session": {"until": until, "server_until": server}}),
+            )
+            .unwrap()
+        };
+        let id = serde_json::json!({"session": "s"});
+        let mut h = vec![
+            Event::new("w1", Kind::Acquire, Phase::Invoke)
+                .op(1)
+                .owner("a")
+                .lock("l")
+                .at(0),
+            Event::new("w1", Kind::Acquire, Phase::Ok)
+                .op(1)
+                .answer("granted")
+                .token(5)
+                .expiry(session(990_000, 1_000_000))
+                .value(id.clone())
+                .at(10),
+        ];
+        h.extend(lock("w1", 2, "a", 5, 0, 11));
+        for (at, until, server) in keep_alives {
+            h.push(
+                Event::new("w1", Kind::Session, Phase::Info)
+                    .expiry(session(*until, *server))
+                    .value(id.clone())
+                    .at(*at),
+            );
+        }
+        for (i, t) in writes.iter().enumerate() {
+            h.extend(write("w1", 10 + i as u64, "a", *t, t + 10, true));
+        }
+        h
+    }
+
+    #[test]
+    fn c9_holds_a_session_guard_against_the_servers_bound_not_the_clients_deadline() {
+        // A keep-alive sent at 500 000, answered at 800 000: the server keeps the session
+        // until at least 1 500 000. A correct backend counts on it until 1 490 000.
+        let correct = session_hold(&[(800_000, 1_490_000, 1_500_000)], &[1_000_000, 1_480_000]);
+        assert_eq!(findings(Check::C9, correct), 0);
+        // A backend that counts from the reply (until 1 790 000) lets its guard be found
+        // held at 1 600 000: after the server could have ended the session.
+        let from_reply = session_hold(&[(800_000, 1_790_000, 1_500_000)], &[1_000_000, 1_600_000]);
+        assert_eq!(findings(Check::C9, from_reply), 1);
+    }
+
+    #[test]
+    fn c9_fails_a_session_grant_whose_backend_does_not_say_when_the_server_may_end_it() {
+        let mut h = session_hold(&[], &[100_000]);
+        h[1].expiry = Some(Expiry::Session {
+            until: 990_000,
+            server_until: None,
+        });
+        let history = History::from_events(h);
+        let verdict = judge(
+            Check::C9,
+            run(Check::C9, &history, &Facts::new(&history)),
+            Expect::Hold,
+        );
+        assert_eq!(verdict.status, Status::Fail, "{}", verdict.summary);
+        assert!(verdict.summary.contains("server"), "{}", verdict.summary);
+    }
+
     #[test]
     fn c9_fails_a_lock_not_recovered_after_its_holder_was_killed() {
         let kill = |t| {
@@ -310,8 +408,12 @@ mod tests {
         recovered.extend(grant("w2", 2, "b", 6, 1_100, 1_200, 1_000));
         assert_eq!(findings(Check::C9, recovered), 0);
         // The default slack is 1.5 s: granted 3 s after the lease ended is too late.
-        let mut late = h;
+        let mut late = h.clone();
         late.extend(grant("w2", 2, "b", 6, 4_000_000, 4_000_100, 1_000));
         assert_eq!(findings(Check::C9, late), 1);
+        // Granted in time, but the answer came 3 s later: the lock was free again in time.
+        let mut answered_late = h;
+        answered_late.extend(grant("w2", 2, "b", 6, 1_100, 3_001_100, 1_000));
+        assert_eq!(findings(Check::C9, answered_late), 0);
     }
 }

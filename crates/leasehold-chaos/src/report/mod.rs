@@ -106,6 +106,9 @@ pub fn table(reports: &[RunReport]) -> String {
                 "  {} {} seed {}: {}",
                 r.backend, r.scenario, r.seed, r.replay
             );
+            if let Some(path) = &r.history_file {
+                let _ = writeln!(out, "    history: {}", path.display());
+            }
             if let Outcome::Error { message, .. } = &r.outcome {
                 let _ = writeln!(out, "    error: {message}");
             }

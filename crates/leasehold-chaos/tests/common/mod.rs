@@ -30,9 +30,62 @@ pub fn spec(backend: &str, scenario: &str, seed: u64) -> RunSpec {
     }
 }
 
-/// Where failing runs keep their histories: `LEASEHOLD_CHAOS_HISTORY` if set.
+/// Where every run keeps its history: `LEASEHOLD_CHAOS_HISTORY` if set (otherwise only
+/// failing runs keep theirs, in [`failures_dir`]).
 pub fn history_dir() -> Option<PathBuf> {
     std::env::var_os("LEASEHOLD_CHAOS_HISTORY").map(PathBuf::from)
+}
+
+/// Where a failing run keeps its history: `LEASEHOLD_CHAOS_HISTORY` if set, else
+/// `chaos-failures` in Cargo's directory for integration tests' files (`target/tmp`),
+/// which outlives the test.
+pub fn failures_dir() -> PathBuf {
+    history_dir()
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("chaos-failures"))
+}
+
+/// Keeps the history of `report`, a run that made a test fail, and says where, with the
+/// command that replays the run (also printed at once, in case the test goes on).
+pub fn kept(report: &mut RunReport) -> String {
+    let line = match report.keep_history(&failures_dir()) {
+        Ok(path) => format!(
+            "{} {} seed {}: replay: {}\n    history: {} (check it again: leasehold chaos check {})",
+            report.backend,
+            report.scenario,
+            report.seed,
+            report.replay,
+            path.display(),
+            path.display()
+        ),
+        Err(e) => format!(
+            "{} {} seed {}: replay: {}\n    history not kept: {e}",
+            report.backend, report.scenario, report.seed, report.replay
+        ),
+    };
+    eprintln!("{line}");
+    line
+}
+
+/// Fails the test with the table of `runs`, keeping each run's history (see [`kept`]).
+pub fn fail(what: &str, runs: &mut [RunReport]) -> ! {
+    let table = leasehold_chaos::report::table(runs);
+    let kept: Vec<String> = runs.iter_mut().map(kept).collect();
+    panic!("{what}\n{table}\n{}", kept.join("\n"));
+}
+
+/// Fails the test unless every run of `reports` came out as its scenario expects, keeping
+/// the histories of those that did not (see [`kept`]).
+pub fn assert_good(what: &str, reports: &mut [RunReport]) {
+    if reports.iter().all(RunReport::is_good) {
+        return;
+    }
+    let table = leasehold_chaos::report::table(reports);
+    let kept: Vec<String> = reports
+        .iter_mut()
+        .filter(|r| !r.is_good())
+        .map(kept)
+        .collect();
+    panic!("{what}\n{table}\n{}", kept.join("\n"));
 }
 
 pub fn run(spec: &RunSpec) -> RunReport {
@@ -68,11 +121,10 @@ pub fn sample(backend: &str) {
             .collect()
     });
     reports.sort_by_key(|r| r.scenario_id);
-    let table = leasehold_chaos::report::table(&reports);
-    println!("{table}");
-    assert!(
-        reports.iter().all(RunReport::is_good),
-        "{backend}: some scenarios did not come out as expected\n{table}"
+    println!("{}", leasehold_chaos::report::table(&reports));
+    assert_good(
+        &format!("{backend}: some scenarios did not come out as expected"),
+        &mut reports,
     );
     assert!(
         reports

@@ -437,7 +437,11 @@ impl Wakeups {
     }
 
     /// Subscribes every channel in use on `conn`, a new connection that replaces the one
-    /// they were subscribed on.
+    /// they were subscribed on. Without waiting for [`order`](Wakeups::order): nothing else
+    /// is sent on `conn` yet, and a `SUBSCRIBE` or `UNSUBSCRIBE` stuck on the connection
+    /// being replaced holds it. A channel subscribed there after this took the list is
+    /// not on `conn`: its waiters come back to the server on their own (every third of
+    /// the lease), as after any lost message.
     ///
     /// # Cancel safety
     ///
@@ -447,7 +451,6 @@ impl Wakeups {
     ///
     /// [`Error::Unavailable`] if the `SUBSCRIBE` fails.
     pub(crate) async fn subscribe_all(&self, conn: &mut ConnectionManager) -> Result<()> {
-        let _order = self.order.lock().await;
         let names: Vec<Arc<str>> = self.state().channels.keys().cloned().collect();
         if names.is_empty() {
             return Ok(());

@@ -27,8 +27,12 @@ impl Deployment for RedlockDeployment {
     async fn connect(&self) -> Arc<dyn Backend> {
         let urls: Vec<String> = self.servers.iter().map(Redis::url).collect();
         // The servers were just started: without this, every node would refuse grants for
-        // a quarantine after its start (tested on its own in redlock.rs).
-        let options = RedlockOptions::default().quarantine(Duration::ZERO);
+        // a quarantine after its start (tested on its own in redlock.rs). A node's answer
+        // may take longer than the 50 ms default on a loaded test machine.
+        let options = RedlockOptions::default()
+            .quarantine(Duration::ZERO)
+            .node_timeout(Duration::from_secs(1))
+            .unwrap();
         Arc::new(RedlockBackend::connect_nodes(&urls, options).await.unwrap())
     }
 }

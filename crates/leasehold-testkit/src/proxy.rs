@@ -1,6 +1,7 @@
 //! A TCP fault proxy: put it between a client and a server to delay traffic, cut one or
-//! both directions while leaving the sockets open, reset every connection, or refuse new
-//! ones.
+//! both directions while leaving the sockets open (of every connection, or only of those
+//! open now: a blackholed link the client could replace), reset every connection, or
+//! refuse new ones.
 //!
 //! Cutting a direction holds its bytes rather than dropping them, as TCP would during a
 //! partition: when the link heals they arrive, late. That is what makes late replies,
@@ -9,7 +10,7 @@
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -40,12 +41,24 @@ struct Link {
 struct Faults {
     to_server: Link,
     to_client: Link,
+    /// Connections numbered below `.0` (those open when it was set) are cut in the
+    /// directions `.1` says (to server, to client).
+    open_cut: Option<(u64, (bool, bool))>,
     refuse: bool,
     /// Bumped by `reset`: connections from an earlier generation are closed with RST.
     generation: u64,
 }
 
 impl Faults {
+    /// Whether connection `number`'s `direction` is cut.
+    fn cut(&self, number: u64, direction: Direction) -> bool {
+        let (link, open) = match direction {
+            Direction::ToClient => (self.to_client, self.open_cut.map(|(n, (_, c))| (n, c))),
+            _ => (self.to_server, self.open_cut.map(|(n, (s, _))| (n, s))),
+        };
+        link.cut || open.is_some_and(|(before, cut)| cut && number < before)
+    }
+
     fn links(&mut self, direction: Direction) -> Vec<&mut Link> {
         match direction {
             Direction::ToServer => vec![&mut self.to_server],
@@ -61,6 +74,8 @@ pub struct FaultProxy {
     addr: SocketAddr,
     faults: watch::Sender<Faults>,
     open: Arc<AtomicUsize>,
+    /// How many connections were accepted (each is numbered in order from 0).
+    accepted: Arc<AtomicU64>,
     task: JoinHandle<()>,
 }
 
@@ -75,11 +90,19 @@ impl FaultProxy {
         let addr = listener.local_addr()?;
         let faults = watch::Sender::new(Faults::default());
         let open = Arc::new(AtomicUsize::new(0));
-        let task = tokio::spawn(accept(listener, target, faults.subscribe(), open.clone()));
+        let accepted = Arc::new(AtomicU64::new(0));
+        let task = tokio::spawn(accept(
+            listener,
+            target,
+            faults.subscribe(),
+            open.clone(),
+            accepted.clone(),
+        ));
         Ok(FaultProxy {
             addr,
             faults,
             open,
+            accepted,
             task,
         })
     }
@@ -113,11 +136,26 @@ impl FaultProxy {
         });
     }
 
+    /// Holds every byte in `direction` of the connections open now until
+    /// [`heal`](FaultProxy::heal), as a link that went dead under a client that could open
+    /// another: connections made from now on pass.
+    pub fn cut_open(&self, direction: Direction) {
+        let before = self.accepted.load(Ordering::SeqCst);
+        let (to_server, to_client) = match direction {
+            Direction::ToServer => (true, false),
+            Direction::ToClient => (false, true),
+            Direction::Both => (true, true),
+        };
+        self.faults
+            .send_modify(|f| f.open_cut = Some((before, (to_server, to_client))));
+    }
+
     /// Removes delays and cuts; held bytes are delivered. New connections are accepted.
     pub fn heal(&self) {
         self.faults.send_modify(|f| {
             f.to_server = Link::default();
             f.to_client = Link::default();
+            f.open_cut = None;
             f.refuse = false;
         });
     }
@@ -150,11 +188,13 @@ async fn accept(
     target: SocketAddr,
     faults: watch::Receiver<Faults>,
     open: Arc<AtomicUsize>,
+    accepted: Arc<AtomicU64>,
 ) {
     loop {
         let Ok((client, _)) = listener.accept().await else {
             continue;
         };
+        let number = accepted.fetch_add(1, Ordering::SeqCst);
         let current = *faults.borrow();
         if current.refuse {
             let _ = client.set_zero_linger();
@@ -168,7 +208,7 @@ async fn accept(
                 return;
             };
             open.fetch_add(1, Ordering::SeqCst);
-            connection(client, server, faults, current.generation).await;
+            connection(client, server, faults, current.generation, number).await;
             open.fetch_sub(1, Ordering::SeqCst);
         });
     }
@@ -180,6 +220,7 @@ async fn connection(
     server: TcpStream,
     mut faults: watch::Receiver<Faults>,
     generation: u64,
+    number: u64,
 ) {
     let _ = client.set_nodelay(true);
     let _ = server.set_nodelay(true);
@@ -193,12 +234,14 @@ async fn connection(
             client_read,
             server_write,
             Direction::ToServer,
+            number,
             faults.clone(),
         ),
         pump(
             server_read,
             client_write,
             Direction::ToClient,
+            number,
             faults.clone(),
         ),
     );
@@ -219,6 +262,7 @@ async fn pump(
     mut from: OwnedReadHalf,
     mut to: OwnedWriteHalf,
     direction: Direction,
+    number: u64,
     faults: watch::Receiver<Faults>,
 ) {
     let (tx, mut rx) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
@@ -239,11 +283,12 @@ async fn pump(
         let mut faults = faults;
         while let Some((arrived, chunk)) = rx.recv().await {
             loop {
+                let current = *faults.borrow_and_update();
                 let link = match direction {
-                    Direction::ToClient => faults.borrow_and_update().to_client,
-                    _ => faults.borrow_and_update().to_server,
+                    Direction::ToClient => current.to_client,
+                    _ => current.to_server,
                 };
-                if link.cut {
+                if current.cut(number, direction) {
                     if faults.changed().await.is_err() {
                         return;
                     }

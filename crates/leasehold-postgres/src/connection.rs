@@ -5,9 +5,14 @@
 //! fixed handful of connections: a lock request takes the one of its lane (see
 //! `Request::lane`), anything else the next in turn; a connection found closed is replaced
 //! on the next use of its place.
+//!
+//! A connection can also go silent without closing (a blackholed link, a peer host that
+//! vanished): everything sent on it then waits forever. After [`UNANSWERED_LIMIT`] requests
+//! in a row were given up by their callers (a request timeout, a cancel) with nothing
+//! answered in between, the connection counts as closed, and its place connects anew.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use leasehold_core::backend::Request;
@@ -23,6 +28,12 @@ use crate::tls::{Tls, TlsStream};
 
 /// The connection half tokio-postgres hands back: it must be driven for the client to work.
 pub(crate) type Driver = tokio_postgres::Connection<Socket, TlsStream>;
+
+/// How many requests in a row may be given up on a connection, with no answer to any
+/// request in between, before it is closed as dead. One is not enough: a caller that gives
+/// up early (a cancelled acquire) leaves a healthy connection whose answer simply came too
+/// late, and the request after it is answered.
+pub(crate) const UNANSWERED_LIMIT: u32 = 2;
 
 /// Opens connections to the server of the options.
 #[derive(Debug)]
@@ -126,9 +137,43 @@ pub(crate) struct Conn {
     prepared: Option<Vec<Statement>>,
     sql: Arc<[String]>,
     closed: watch::Receiver<bool>,
+    /// Ends the driver (see [`close`](Conn::close)).
+    close: Arc<tokio::sync::Notify>,
+    /// Requests given up in a row, with no answer to any request in between.
+    unanswered: AtomicU32,
     /// The task driving the connection: aborted on drop, which closes the socket even while
     /// a statement is still running (tokio-postgres would otherwise wait for its answer).
     driver: tokio::task::JoinHandle<()>,
+}
+
+/// A request on its way: dropped before [`answered`](InFlight::answered), it counts as given
+/// up.
+struct InFlight<'a> {
+    conn: &'a Conn,
+    answered: bool,
+}
+
+impl InFlight<'_> {
+    fn answered(mut self) {
+        self.answered = true;
+        self.conn.unanswered.store(0, Ordering::Relaxed);
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if self.answered {
+            return;
+        }
+        let given_up = self.conn.unanswered.fetch_add(1, Ordering::Relaxed) + 1;
+        if given_up >= UNANSWERED_LIMIT {
+            tracing::debug!(
+                given_up,
+                "postgres: closing a connection that answered none of its last requests"
+            );
+            self.conn.close();
+        }
+    }
 }
 
 impl Drop for Conn {
@@ -142,9 +187,15 @@ impl Conn {
     /// (each is then sent with its text).
     pub(crate) fn start(client: Client, driver: Driver, connector: &Connector) -> Self {
         let (closed_tx, closed) = watch::channel(false);
+        let close = Arc::new(tokio::sync::Notify::new());
+        let closing = close.clone();
         let driver = tokio::spawn(async move {
-            if let Err(error) = driver.await {
-                tracing::debug!(%error, "postgres connection ended");
+            tokio::select! {
+                ended = driver => if let Err(error) = ended {
+                    tracing::debug!(%error, "postgres connection ended");
+                },
+                // Dropping the driver closes the socket.
+                () = closing.notified() => {}
             }
             closed_tx.send_replace(true);
         });
@@ -153,8 +204,16 @@ impl Conn {
             prepared: None,
             sql: connector.sql.clone(),
             closed,
+            close,
+            unanswered: AtomicU32::new(0),
             driver,
         }
+    }
+
+    /// Closes the connection (the server ends its session, and frees whatever the session
+    /// held), even while a statement runs on it.
+    pub(crate) fn close(&self) {
+        self.close.notify_one();
     }
 
     /// Prepares every statement, unless `connector` says not to.
@@ -197,6 +256,10 @@ impl Conn {
         params: &[&(dyn ToSql + Sync)],
         doing: &str,
     ) -> Result<Vec<Row>> {
+        let in_flight = InFlight {
+            conn: self,
+            answered: false,
+        };
         let rows = match &self.prepared {
             Some(prepared) => self.client.query(&prepared[stmt.index()], params).await,
             None => {
@@ -210,6 +273,7 @@ impl Conn {
                     .await
             }
         };
+        in_flight.answered();
         rows.map_err(|e| map(e, doing))
     }
 
@@ -234,6 +298,10 @@ impl Conn {
         params: &[&(dyn ToSql + Sync)],
         doing: &str,
     ) -> Result<u64> {
+        let in_flight = InFlight {
+            conn: self,
+            answered: false,
+        };
         let changed = match &self.prepared {
             Some(prepared) => self.client.execute(&prepared[stmt.index()], params).await,
             None => {
@@ -247,6 +315,7 @@ impl Conn {
                     .await
             }
         };
+        in_flight.answered();
         changed.map_err(|e| map(e, doing))
     }
 }

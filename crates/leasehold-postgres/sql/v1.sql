@@ -62,13 +62,20 @@ BEGIN
 END $$;
 
 -- Drops the name's expired grants and waiters; an expired grant with a lock-delay closes its
--- set until its lease's end plus the delay. The caller holds the name's row.
-CREATE FUNCTION @schema@.prune(p_name text, p_now timestamptz) RETURNS void
+-- set until its lease's end plus the delay. The caller holds the name's row. An expired
+-- grant whose row a fenced write holds (see holds) is left, not waited for: it keeps the
+-- next grant of its set out until that transaction has ended, and no statement of the
+-- schema waits for a caller's transaction (a waiting statement would hold up everything
+-- queued behind it on its connection). Whether every expired grant is gone.
+CREATE FUNCTION @schema@.prune(p_name text, p_now timestamptz) RETURNS boolean
 LANGUAGE plpgsql AS $$
 BEGIN
-    -- A fenced write holding a grant row (see holds) makes this wait for its commit.
     WITH gone AS (
-        DELETE FROM @schema@.grants g WHERE g.name = p_name AND g.expires <= p_now
+        DELETE FROM @schema@.grants g
+        WHERE g.name = p_name
+          AND g.owner IN (SELECT e.owner FROM @schema@.grants e
+                          WHERE e.name = p_name AND e.expires <= p_now
+                          FOR UPDATE SKIP LOCKED)
         RETURNING g.mode, g.expires + g.lock_delay AS until
     )
     UPDATE @schema@.names n SET
@@ -78,6 +85,8 @@ BEGIN
             (SELECT max(until) FROM gone WHERE mode = 'p'))
     WHERE n.name = p_name AND EXISTS (SELECT 1 FROM gone WHERE until IS NOT NULL);
     DELETE FROM @schema@.waiters w WHERE w.name = p_name AND w.expires <= p_now;
+    RETURN NOT EXISTS (SELECT 1 FROM @schema@.grants g
+                       WHERE g.name = p_name AND g.expires <= p_now);
 END $$;
 
 -- Tells the waiters of one set of the name who may be granted now: the head of the queue
@@ -130,10 +139,12 @@ END $$;
 --               or a queue entry running out, a lock-delay ending); NULL if only a release
 --               or a grant (both send a message) can change it.
 --   o_waited_ms when busy and waiting: how long the owner has been waiting.
+--   o_blocked   when busy: an expired grant stays until a fenced write holding it ends,
+--               which sends no message (look again soon).
 CREATE FUNCTION @schema@.acquire(
     p_name text, p_owner text, p_mode "char", p_limit integer, p_ttl_ms bigint,
     p_fair boolean, p_waiting boolean, p_delay_ms bigint, p_value bytea,
-    OUT o_token bigint, OUT o_retry_ms bigint, OUT o_waited_ms bigint)
+    OUT o_token bigint, OUT o_retry_ms bigint, OUT o_waited_ms bigint, OUT o_blocked boolean)
 LANGUAGE plpgsql AS $$
 DECLARE
     v_permit boolean := p_mode = 'p';
@@ -144,6 +155,7 @@ DECLARE
     v_ok boolean;
     v_next timestamptz;
 BEGIN
+    o_blocked := false;
     IF @schema@.lock_name(p_name) THEN
         -- A name nobody holds, waits for or delays: the fast path.
         o_token := nextval('@schema@.tokens');
@@ -156,12 +168,14 @@ BEGIN
     END IF;
     -- Read after the name's row is ours: a wait for it does not age the lease.
     v_now := clock_timestamp();
-    PERFORM @schema@.prune(p_name, v_now);
+    -- An expired grant left by prune counts as a holder below: the next grant waits for
+    -- the fenced write that holds it.
+    o_blocked := NOT @schema@.prune(p_name, v_now);
 
     UPDATE @schema@.grants g SET expires = v_now + v_ttl
-    WHERE g.name = p_name AND g.owner = p_owner
+    WHERE g.name = p_name AND g.owner = p_owner AND g.expires > v_now
     RETURNING g.token INTO o_token;
-    IF FOUND THEN RETURN; END IF;
+    IF FOUND THEN o_blocked := false; RETURN; END IF;
 
     SELECT CASE WHEN v_permit THEN n.permit_closed_until ELSE n.lock_closed_until END
     INTO v_closed FROM @schema@.names n WHERE n.name = p_name;
@@ -191,8 +205,14 @@ BEGIN
                               AND (NOT p_fair OR NOT w.fair OR v_me.seq IS NULL
                                    OR w.seq < v_me.seq));
     END IF;
+    -- The owner's own expired grant, still held by a fenced write, is not taken again.
+    IF v_ok AND o_blocked THEN
+        v_ok := NOT EXISTS (SELECT 1 FROM @schema@.grants g
+                            WHERE g.name = p_name AND g.owner = p_owner);
+    END IF;
 
     IF v_ok THEN
+        o_blocked := false;
         -- Drawn while the name's row is ours: tokens of a name increase in grant order.
         o_token := nextval('@schema@.tokens');
         INSERT INTO @schema@.grants (name, owner, mode, permit_limit, token, expires, lock_delay, value)
@@ -221,7 +241,7 @@ BEGIN
         END IF;
     END IF;
     SELECT min(g.expires) INTO v_next FROM @schema@.grants g
-    WHERE g.name = p_name AND (g.mode = 'p') = v_permit;
+    WHERE g.name = p_name AND (g.mode = 'p') = v_permit AND g.expires > v_now;
     v_next := least(v_next, (SELECT min(w.expires) FROM @schema@.waiters w
                              WHERE w.name = p_name AND w.owner <> p_owner
                                AND (w.mode = 'p') = v_permit));
@@ -232,7 +252,10 @@ BEGIN
 END $$;
 
 -- Removes the owner's grant or queue entry of the name, and nothing else; wakes whom that
--- lets in. Whether there was anything to remove.
+-- lets in. Whether there was anything to remove. A grant whose row a fenced write holds
+-- (see holds) ends now all the same, without waiting for that transaction: its lease is
+-- cut short (an update of the row does not wait for the write's lock), and prune drops it
+-- once the transaction has ended.
 CREATE FUNCTION @schema@.release(p_name text, p_owner text) RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -245,9 +268,23 @@ BEGIN
     SELECT * INTO v_name FROM @schema@.names n WHERE n.name = p_name FOR UPDATE;
     IF NOT FOUND THEN RETURN false; END IF;
     v_now := clock_timestamp();
-    DELETE FROM @schema@.grants g WHERE g.name = p_name AND g.owner = p_owner
+    DELETE FROM @schema@.grants g
+    WHERE g.name = p_name
+      AND g.owner IN (SELECT e.owner FROM @schema@.grants e
+                      WHERE e.name = p_name AND e.owner = p_owner
+                      FOR UPDATE SKIP LOCKED)
     RETURNING * INTO v_grant;
     v_found := FOUND;
+    IF NOT v_found THEN
+        -- Held by a fenced write: ended, not removed (a lease cut short has no lock-delay).
+        UPDATE @schema@.grants g SET expires = least(g.expires, v_now),
+            lock_delay = CASE WHEN g.expires <= v_now THEN g.lock_delay END
+        WHERE g.name = p_name AND g.owner = p_owner
+        RETURNING * INTO v_grant;
+        v_found := FOUND;
+        -- Whoever waits looks again, and polls until the write has ended.
+        IF v_found THEN PERFORM pg_notify('@channel@', p_name || ' *'); END IF;
+    END IF;
     IF v_found THEN
         -- A lease that ran out before its release still closes the lock for its delay.
         IF v_grant.expires <= v_now AND v_grant.lock_delay IS NOT NULL THEN
@@ -291,8 +328,8 @@ END $$;
 
 -- Drops what vanished holders and waiters left under names nobody has touched since: the
 -- rows of names whose grants and queue entries have all expired (and whose lock-delay has
--- ended), and advisory rows of sessions that are gone. Names another transaction holds are
--- skipped. How many names it dropped.
+-- ended), and advisory rows of sessions that are gone. Names another transaction holds, and
+-- rows a fenced write holds, are skipped. How many names it dropped.
 CREATE FUNCTION @schema@.sweep(p_limit integer) RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -322,7 +359,9 @@ BEGIN
         IF FOUND THEN v_swept := v_swept + 1; END IF;
     END LOOP;
     DELETE FROM @schema@.advisory a
-    WHERE NOT EXISTS (SELECT 1 FROM pg_stat_activity s WHERE s.pid = a.pid);
+    WHERE a.pid IN (SELECT e.pid FROM @schema@.advisory e
+                    WHERE NOT EXISTS (SELECT 1 FROM pg_stat_activity s WHERE s.pid = e.pid)
+                    FOR UPDATE SKIP LOCKED);
     RETURN v_swept;
 END $$;
 

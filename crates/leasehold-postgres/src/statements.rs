@@ -60,7 +60,7 @@ impl Stmt {
     fn template(self) -> &'static str {
         match self {
             Stmt::Acquire => {
-                "SELECT o_token, o_retry_ms, o_waited_ms \
+                "SELECT o_token, o_retry_ms, o_waited_ms, o_blocked \
                  FROM @schema@.acquire($1, $2, $3, $4, $5, $6, $7, $8, $9)"
             }
             Stmt::Renew => {

@@ -106,6 +106,8 @@ async fn a_write_is_refused_after_the_lease_ran_out_and_the_lock_moved_on() {
 
 /// A transaction that checked `still_owner` keeps the next grant waiting until it ends,
 /// even when the lease runs out on the server meanwhile: the write is ordered before it.
+/// The next request does not wait on the server for it (see
+/// `a_paused_fenced_writer_stalls_no_other_lock`): it queues, and is granted after.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_next_grant_waits_for_the_fenced_transaction() {
     let server = Postgres::start().await.unwrap();
@@ -133,10 +135,10 @@ async fn the_next_grant_waits_for_the_fenced_transaction() {
     .await;
     let mutex = b.mutex("stock").unwrap();
     let next = tokio::spawn(async move { mutex.lock().await });
-    // The next grant is stuck behind the transaction's hold on the old grant's row.
+    // The next request found the old grant kept by the transaction, and queued.
     until(
         &observer,
-        "SELECT count(*) = 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock'",
+        "SELECT count(*) = 1 FROM leasehold.waiters WHERE name = 'stock'",
     )
     .await;
     assert!(
@@ -320,3 +322,76 @@ async fn a_token_handed_out_again_does_not_pass_for_the_other_grant() {
     faults.resume(Op::Renew);
     next.release().await.unwrap();
 }
+
+/// A fenced writer paused with its transaction open for three leases (safety.md scenario
+/// 28): another client holding ten other names loses none of them; its try for the
+/// blocked name answers busy, its sweep returns, and its waiting acquisition is granted
+/// once the transaction has ended, with a later token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_fenced_writer_stalls_no_other_lock() {
+    let server = Postgres::start().await.unwrap();
+    let mut db = database(&server.url()).await;
+    let observer = database(&server.url()).await;
+    stock(&db).await;
+    let faults = Faulty::wrap(Arc::new(
+        PostgresBackend::connect(&server.url()).await.unwrap(),
+    ));
+    let a = Client::builder_from_arc(Arc::new(faults.clone()))
+        .options(short_lease())
+        .build();
+    let ttl = Duration::from_secs(2);
+    let backend = PostgresBackend::connect(&server.url()).await.unwrap();
+    let b = Client::builder(backend.clone())
+        .options(LockOptions::builder().ttl(ttl).build().unwrap())
+        .build();
+    let mut others = Vec::new();
+    for i in 0..10 {
+        let mutex = b.mutex(&format!("other-{i}")).unwrap();
+        others.push(mutex.lock().await.unwrap());
+    }
+
+    let holder = a.mutex("stock").unwrap().lock().await.unwrap();
+    let tx = db.transaction().await.unwrap();
+    assert_eq!(take_one(&tx, &still_owner(&holder)).await, 1);
+    // The writer stops (no renewal reaches the server) with its transaction open.
+    faults.hold_requests(Op::Renew);
+    holder.lost().await;
+    until(
+        &observer,
+        "SELECT count(*) = 1 FROM leasehold.grants WHERE name = 'stock' \
+         AND expires <= clock_timestamp()",
+    )
+    .await;
+    let swept = tokio::time::timeout(ttl, backend.sweep()).await;
+    assert!(
+        matches!(swept, Ok(Ok(_))),
+        "the sweep waited for the fenced transaction: {swept:?}"
+    );
+    let tried = b.mutex("stock").unwrap().try_lock().await;
+    assert!(matches!(tried, Ok(None)), "{tried:?}");
+    let mutex = b.mutex("stock").unwrap();
+    let next = tokio::spawn(async move { mutex.lock().await });
+
+    let any_lost = futures_util::future::select_all(others.iter().map(|g| Box::pin(g.lost())));
+    let lost = tokio::time::timeout(ttl * 3, any_lost).await;
+    assert!(
+        lost.is_err(),
+        "another lock was lost while the fenced writer was paused: {:?}",
+        lost.map(|(reason, i, _)| (i, reason))
+    );
+    assert!(
+        !next.is_finished(),
+        "granted while the fenced transaction was open"
+    );
+
+    tx.commit().await.unwrap();
+    let next = next.await.unwrap().unwrap();
+    assert!(next.token() > holder.token());
+    assert!(others.iter().all(|g| g.is_held()));
+    faults.resume(Op::Renew);
+    next.release().await.unwrap();
+    for guard in others {
+        guard.release().await.unwrap();
+    }
+}
+

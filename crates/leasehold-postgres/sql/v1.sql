@@ -358,10 +358,14 @@ BEGIN
           AND coalesce(n.permit_closed_until, '-infinity') <= v_now;
         IF FOUND THEN v_swept := v_swept + 1; END IF;
     END LOOP;
+    -- A session this role may not see the start of (another role's) is kept.
     DELETE FROM @schema@.advisory a
-    WHERE a.pid IN (SELECT e.pid FROM @schema@.advisory e
-                    WHERE NOT EXISTS (SELECT 1 FROM pg_stat_activity s WHERE s.pid = e.pid)
-                    FOR UPDATE SKIP LOCKED);
+    WHERE (a.pid, a.started) IN (
+        SELECT e.pid, e.started FROM @schema@.advisory e
+        WHERE NOT EXISTS (SELECT 1 FROM pg_stat_activity s
+                          WHERE s.pid = e.pid
+                            AND (s.backend_start IS NULL OR s.backend_start = e.started))
+        FOR UPDATE SKIP LOCKED);
     RETURN v_swept;
 END $$;
 
@@ -372,26 +376,40 @@ END $$;
 CREATE FUNCTION @schema@.advisory_key(p_name text) RETURNS bigint
 LANGUAGE sql IMMUTABLE AS $$ SELECT hashtextextended('@schema@/' || p_name, 0) $$;
 
--- Who holds which advisory lock, with which token: one row per server process (a held lock
--- has a connection of its own). A row is current only while pg_locks shows its process
--- holding the name's key; the grant of a name removes the rows it makes stale.
+-- Who holds which advisory lock, with which token: one row per session (a held lock has a
+-- connection of its own), named by its server process and the session's start (process ids
+-- are handed out again; the two together never repeat). A row is current only while that
+-- session lives and pg_locks shows it holding the name's key; the grant of a name removes
+-- the rows it makes stale.
 CREATE TABLE @schema@.advisory (
-    pid integer PRIMARY KEY,
+    pid integer NOT NULL,
+    started timestamptz NOT NULL,
     name text NOT NULL,
     owner text NOT NULL,
     mode "char" NOT NULL,
     token bigint NOT NULL,
     session_ttl_ms bigint NOT NULL,
-    value bytea
+    value bytea,
+    PRIMARY KEY (pid, started)
 );
 CREATE INDEX ON @schema@.advisory (name);
 
--- Whether process p_pid holds the advisory key now.
-CREATE FUNCTION @schema@.advisory_holds(p_pid integer, p_key bigint) RETURNS boolean
+-- When this session started.
+CREATE FUNCTION @schema@.advisory_session() RETURNS timestamptz
+LANGUAGE sql STABLE AS $$
+    SELECT s.backend_start FROM pg_stat_activity s WHERE s.pid = pg_backend_pid()
+$$;
+
+-- Whether the session of process p_pid that started at p_started holds the advisory key
+-- now. A session of another role shows its start only to members of that role and of
+-- pg_read_all_stats: to others it holds nothing.
+CREATE FUNCTION @schema@.advisory_holds(p_pid integer, p_started timestamptz, p_key bigint)
+RETURNS boolean
 LANGUAGE sql STABLE AS $$
     SELECT EXISTS (
-        SELECT 1 FROM pg_locks l
+        SELECT 1 FROM pg_locks l JOIN pg_stat_activity s ON s.pid = l.pid
         WHERE l.locktype = 'advisory' AND l.pid = p_pid AND l.granted AND l.objsubid = 1
+          AND s.backend_start = p_started
           AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
           AND ((l.classid::bigint << 32) | l.objid::bigint) = p_key)
 $$;
@@ -422,16 +440,15 @@ BEGIN
         RETURN NULL;
     END IF;
     v_token := nextval('@schema@.tokens');
-    -- Rows of holders this grant excludes are stale. A fenced write holding one (see holds)
-    -- makes this wait for its commit.
+    -- Rows of holders this grant excludes are stale, and so is any earlier row under this
+    -- process id (this session's, or a gone session's whose id was handed out again). They
+    -- are removed, never updated: a fenced write holding one (see holds) makes this wait
+    -- for its commit.
     DELETE FROM @schema@.advisory a
-    WHERE a.name = p_name AND a.pid <> pg_backend_pid() AND (NOT p_shared OR a.mode = 'x');
-    INSERT INTO @schema@.advisory (pid, name, owner, mode, token, session_ttl_ms, value)
-    VALUES (pg_backend_pid(), p_name, p_owner, CASE WHEN p_shared THEN 's' ELSE 'x' END,
-            v_token, p_ttl_ms, p_value)
-    ON CONFLICT (pid) DO UPDATE SET name = excluded.name, owner = excluded.owner,
-        mode = excluded.mode, token = excluded.token, session_ttl_ms = excluded.session_ttl_ms,
-        value = excluded.value;
+    WHERE a.pid = pg_backend_pid() OR (a.name = p_name AND (NOT p_shared OR a.mode = 'x'));
+    INSERT INTO @schema@.advisory (pid, started, name, owner, mode, token, session_ttl_ms, value)
+    VALUES (pg_backend_pid(), @schema@.advisory_session(), p_name, p_owner,
+            CASE WHEN p_shared THEN 's' ELSE 'x' END, v_token, p_ttl_ms, p_value);
     IF p_value IS NOT NULL THEN PERFORM pg_notify('@channel@', p_name || ' *'); END IF;
     RETURN v_token;
 END $$;
@@ -440,8 +457,9 @@ END $$;
 CREATE FUNCTION @schema@.advisory_held(p_name text) RETURNS bigint
 LANGUAGE sql STABLE AS $$
     SELECT a.token FROM @schema@.advisory a
-    WHERE a.pid = pg_backend_pid() AND a.name = p_name
-      AND @schema@.advisory_holds(pg_backend_pid(), @schema@.advisory_key(p_name))
+    WHERE a.pid = pg_backend_pid() AND a.started = @schema@.advisory_session()
+      AND a.name = p_name
+      AND @schema@.advisory_holds(a.pid, a.started, @schema@.advisory_key(p_name))
 $$;
 
 -- Gives up this session's hold of the name; whether it held it (a live session keeps its
@@ -482,9 +500,12 @@ BEGIN
       AND g.expires > clock_timestamp()
     FOR KEY SHARE;
     IF FOUND THEN RETURN true; END IF;
+    -- The sessions as they are now: a transaction otherwise keeps its first look at
+    -- pg_stat_activity.
+    PERFORM pg_stat_clear_snapshot();
     PERFORM 1 FROM @schema@.advisory a
     WHERE a.name = p_name AND a.owner = p_owner AND a.token = p_token
-      AND @schema@.advisory_holds(a.pid, @schema@.advisory_key(p_name))
+      AND @schema@.advisory_holds(a.pid, a.started, @schema@.advisory_key(p_name))
     FOR KEY SHARE;
     RETURN FOUND;
 END $$;

@@ -395,3 +395,79 @@ async fn a_paused_fenced_writer_stalls_no_other_lock() {
     }
 }
 
+/// Advisory mode: a new grant replaces the rows of the holders it excludes, so it waits
+/// for a fenced transaction holding one, even when the old holder's server process id was
+/// given again to the new holder's session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reused_pid_does_not_let_the_next_advisory_grant_skip_a_fenced_transaction() {
+    let server = Postgres::start().await.unwrap();
+    let mut db = database(&server.url()).await;
+    let observer = database(&server.url()).await;
+    stock(&db).await;
+    let a = Client::new(advisory(server.port()).await);
+    let b = Client::new(advisory(server.port()).await);
+    // B's next acquisition goes on the session of this one, back in B's idle set.
+    let warm = b.mutex("warm").unwrap().lock().await.unwrap();
+    let reused: i32 = observer
+        .query_one(
+            "SELECT pid FROM leasehold.advisory WHERE name = 'warm'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    warm.release().await.unwrap();
+
+    let stale = a.mutex("stock").unwrap().lock().await.unwrap();
+    let old: i32 = observer
+        .query_one(
+            "SELECT pid FROM leasehold.advisory WHERE name = 'stock'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    observer
+        .execute("SELECT pg_terminate_backend($1)", &[&old])
+        .await
+        .unwrap();
+    stale.lost().await;
+    until(
+        &observer,
+        &format!("SELECT NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = {old})"),
+    )
+    .await;
+    // The ended session's row, as if its process id had been B's: the operating system
+    // hands ids out again.
+    observer
+        .execute(
+            "UPDATE leasehold.advisory SET pid = $1 WHERE name = 'stock'",
+            &[&reused],
+        )
+        .await
+        .unwrap();
+    // A fenced write of the old holder still open: the lock `holds` took on its row.
+    let tx = db.transaction().await.unwrap();
+    tx.execute(
+        "SELECT 1 FROM leasehold.advisory WHERE name = 'stock' FOR KEY SHARE",
+        &[],
+    )
+    .await
+    .unwrap();
+
+    let mutex = b.mutex("stock").unwrap();
+    let mut next = tokio::spawn(async move { mutex.lock().await });
+    let waiting = until(
+        &observer,
+        "SELECT count(*) = 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock'",
+    );
+    tokio::select! {
+        () = waiting => {}
+        granted = &mut next => panic!("granted while the fenced transaction was open: {granted:?}"),
+    }
+    tx.commit().await.unwrap();
+    let next = next.await.unwrap().unwrap();
+    assert!(next.token() > stale.token());
+    next.release().await.unwrap();
+}
+

@@ -453,19 +453,32 @@ BEGIN
     RETURN v_token;
 END $$;
 
--- The token of this session's hold of the name, if it holds it (after a lost reply).
+-- The token of this session's hold of the name, if it holds it (after a lost reply, or an
+-- attempt that failed). A grant rolled back after its lock was taken (a statement timeout,
+-- a deadlock, a cancel) leaves the session's lock without its row: whatever the session
+-- holds without a grant of the name is given up, so that the next attempt takes the lock
+-- once, and a release once gives it back.
 CREATE FUNCTION @schema@.advisory_held(p_name text) RETURNS bigint
-LANGUAGE sql STABLE AS $$
-    SELECT a.token FROM @schema@.advisory a
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_token bigint;
+BEGIN
+    SELECT a.token INTO v_token FROM @schema@.advisory a
     WHERE a.pid = pg_backend_pid() AND a.started = @schema@.advisory_session()
       AND a.name = p_name
-      AND @schema@.advisory_holds(a.pid, a.started, @schema@.advisory_key(p_name))
-$$;
+      AND @schema@.advisory_holds(a.pid, a.started, @schema@.advisory_key(p_name));
+    IF v_token IS NULL THEN
+        PERFORM pg_advisory_unlock_all();
+    END IF;
+    RETURN v_token;
+END $$;
 
 -- Gives up this session's hold of the name; whether it held it (a live session keeps its
 -- advisory locks until it unlocks them, so only a release of something never granted, or
--- sent twice, answers false, with a warning). The session is a plain one again (no idle
--- timeout), ready for the next lock.
+-- sent twice, answers false). The session holds no advisory lock afterwards, and is a
+-- plain one again (no idle timeout), ready for the next lock. Its row goes, unless a
+-- fenced write holds it: then it stays, no longer current, for the next grant of the name
+-- (which waits for that write) or a sweep to remove.
 CREATE FUNCTION @schema@.advisory_release(p_name text, p_shared boolean) RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -473,9 +486,13 @@ DECLARE
     v_held boolean;
     v_value bytea;
 BEGIN
-    v_held := CASE WHEN p_shared THEN pg_advisory_unlock_shared(v_key)
-                   ELSE pg_advisory_unlock(v_key) END;
-    DELETE FROM @schema@.advisory a WHERE a.pid = pg_backend_pid() RETURNING a.value INTO v_value;
+    v_held := @schema@.advisory_holds(pg_backend_pid(), @schema@.advisory_session(), v_key);
+    PERFORM pg_advisory_unlock_all();
+    SELECT a.value INTO v_value FROM @schema@.advisory a
+    WHERE a.pid = pg_backend_pid() AND a.name = p_name;
+    DELETE FROM @schema@.advisory a
+    WHERE (a.pid, a.started) IN (SELECT e.pid, e.started FROM @schema@.advisory e
+                                 WHERE e.pid = pg_backend_pid() FOR UPDATE SKIP LOCKED);
     RESET idle_session_timeout;
     IF current_setting('application_name') LIKE 'leasehold %' THEN
         RESET application_name;

@@ -287,3 +287,64 @@ async fn a_serialization_failure_is_a_retryable_error() {
     ));
 }
 
+/// Advisory mode: a statement timeout after `pg_try_advisory_lock` (the holders' table is
+/// locked by another transaction, so recording the holder waits) rolls the grant back but
+/// not the session's advisory lock. The retry under the same owner must not take it a
+/// second time: once the grant is released the lock is free, and the session holds no
+/// advisory lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_out_advisory_grant_leaves_no_second_hold() {
+    let server = Postgres::start().await.unwrap();
+    let db = database(&server.url()).await;
+    let mut blocker = database(&server.url()).await;
+    let advisory = async |application: &str| {
+        PostgresBackend::connect(&format!(
+            "{}?mode=advisory&application_name={application}",
+            server.url()
+        ))
+        .await
+        .unwrap()
+    };
+    let other = advisory("other").await;
+    db.batch_execute("ALTER DATABASE postgres SET statement_timeout = '300ms'")
+        .await
+        .unwrap();
+    let hasty = advisory("hasty").await;
+    // A connection of its own, with its statements prepared, waits in the idle set.
+    let warm = request("warm");
+    assert!(matches!(
+        hasty.acquire(&warm).await,
+        Ok(Acquire::Granted(_))
+    ));
+    assert_eq!(hasty.release(&warm).await.unwrap(), Release::Released);
+
+    let tx = blocker.transaction().await.unwrap();
+    tx.batch_execute("LOCK TABLE leasehold.advisory IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let job = request("job");
+    retryable(hasty.acquire(&job).await, "57014");
+    tx.rollback().await.unwrap();
+    // The engine's retry, under the same owner.
+    assert!(matches!(hasty.acquire(&job).await, Ok(Acquire::Granted(_))));
+    assert_eq!(hasty.release(&job).await.unwrap(), Release::Released);
+
+    let next = other.acquire(&request("job")).await;
+    assert!(
+        matches!(next, Ok(Acquire::Granted(_))),
+        "the released lock is still held: {next:?}"
+    );
+    let held: i64 = db
+        .query_one(
+            "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity s ON s.pid = l.pid \
+             WHERE l.locktype = 'advisory' AND s.application_name = 'hasty'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        held, 0,
+        "a session of the released lock still holds an advisory lock"
+    );
+}

@@ -512,6 +512,17 @@ END $$;
 CREATE FUNCTION @schema@.holds(p_name text, p_token bigint, p_owner text) RETURNS boolean
 LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
+    -- A snapshot taken before a grant or a renewal hides it: the grant would be judged by
+    -- an older state of it, and a current holder's write refused without a word.
+    IF current_setting('transaction_isolation') NOT IN ('read committed', 'read uncommitted') THEN
+        RAISE EXCEPTION 'leasehold: still_owner needs a READ COMMITTED transaction, not %',
+            upper(current_setting('transaction_isolation'))
+        USING ERRCODE = 'feature_not_supported',
+              DETAIL = 'The transaction''s snapshot hides grants and renewals committed after '
+                       'it was taken, so the check would judge a current grant by an older '
+                       'state of it.',
+              HINT = 'Run the fenced statements in a READ COMMITTED transaction.';
+    END IF;
     PERFORM 1 FROM @schema@.grants g
     WHERE g.name = p_name AND g.owner = p_owner AND g.token = p_token
       AND g.expires > clock_timestamp()

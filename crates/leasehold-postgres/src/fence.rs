@@ -5,7 +5,7 @@
 //!   `WHERE` of the caller's `UPDATE`/`DELETE`/`INSERT … SELECT`. It also locks the grant's
 //!   row, so a later grant of the lock (which must remove that row) waits until the caller's
 //!   transaction has ended: the write commits only while the guard holds the lock. Works
-//!   for data in the same database as the locks.
+//!   for data in the same database as the locks, in a `READ COMMITTED` transaction.
 //! - [`TokenFence`] — for any table, anywhere: a column that keeps the highest token a row
 //!   has accepted, and the condition that refuses a write carrying a lower one.
 //!
@@ -51,6 +51,11 @@ pub struct StillOwner {
 /// [`owner`](StillOwner::owner) as its parameters: the statement changes rows only while the grant is current (its lease has
 /// not run out on the server, or its advisory lock is still held), and the transaction then
 /// keeps the next grant of the lock waiting until it ends.
+///
+/// The transaction must be `READ COMMITTED` (PostgreSQL's default): a `REPEATABLE READ` or
+/// `SERIALIZABLE` snapshot hides grants and renewals committed after it was taken, so the
+/// condition refuses to judge there and the statement fails with SQLSTATE `0A000`
+/// (`feature_not_supported`), its message naming the level.
 pub fn still_owner(guard: &Guard) -> StillOwner {
     StillOwner::new(DEFAULT_SCHEMA, guard)
 }

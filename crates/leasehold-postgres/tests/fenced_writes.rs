@@ -471,3 +471,68 @@ async fn a_reused_pid_does_not_let_the_next_advisory_grant_skip_a_fenced_transac
     next.release().await.unwrap();
 }
 
+/// `still_owner` in a REPEATABLE READ or SERIALIZABLE transaction would judge the lease by
+/// the snapshot, which hides the renewals committed after it: a current holder's write
+/// would be refused. It goes in, or the condition refuses the isolation level with 0A000
+/// saying why; never a silent refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn still_owner_under_snapshot_isolation_is_not_a_silent_refusal() {
+    use tokio_postgres::IsolationLevel;
+    let server = Postgres::start().await.unwrap();
+    let mut db = database(&server.url()).await;
+    let observer = database(&server.url()).await;
+    stock(&db).await;
+    let b = Client::builder(PostgresBackend::connect(&server.url()).await.unwrap())
+        .options(short_lease())
+        .build();
+    let guard = b.mutex("stock").unwrap().lock().await.unwrap();
+    let fence = still_owner(&guard);
+    for level in [IsolationLevel::RepeatableRead, IsolationLevel::Serializable] {
+        let tx = db
+            .build_transaction()
+            .isolation_level(level)
+            .start()
+            .await
+            .unwrap();
+        // The snapshot is taken here.
+        let seen: std::time::SystemTime = tx
+            .query_one(
+                "SELECT expires FROM leasehold.grants WHERE name = 'stock'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        // The lease as the snapshot shows it runs out; renewals keep the real one going.
+        tokio::time::timeout(Duration::from_secs(30), async {
+            while !observer
+                .query_one("SELECT clock_timestamp() > $1", &[&seen])
+                .await
+                .unwrap()
+                .get::<_, bool>(0)
+            {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .unwrap();
+        assert!(guard.is_held());
+        let sql = format!(
+            "UPDATE stock SET left_ = left_ - 1 WHERE item = 'tea' AND {}",
+            fence.condition(1)
+        );
+        match tx
+            .execute(&sql, &[&fence.name(), &fence.token(), &fence.owner()])
+            .await
+        {
+            Ok(changed) => assert_eq!(changed, 1, "{level:?}: the holder's write was refused"),
+            Err(e) => {
+                let db_error = e.as_db_error().expect("a server error");
+                assert_eq!(db_error.code().code(), "0A000", "{level:?}: {e}");
+                assert!(db_error.message().contains("READ COMMITTED"), "{e}");
+            }
+        }
+        tx.rollback().await.unwrap();
+    }
+    guard.release().await.unwrap();
+}

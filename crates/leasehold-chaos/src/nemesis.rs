@@ -265,6 +265,62 @@ impl<'a> Ctx<'a> {
         self.view.borrow().holders.contains_key(worker)
     }
 
+    /// The owner id of `worker`'s guard, if it holds now.
+    pub fn owner_of(&self, worker: &str) -> Option<String> {
+        self.view
+            .borrow()
+            .holders
+            .get(worker)
+            .map(|h| h.owner.clone())
+    }
+
+    /// Until the resource has answered an access of `worker` under the guard it holds,
+    /// at most `limit`: that guard's owner id.
+    ///
+    /// # Cancel safety
+    ///
+    /// Read-only.
+    pub async fn until_accessed(&mut self, worker: &str, limit: Duration) -> Option<String> {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            // The view, then the history, never both at once: recording an event takes the
+            // history's lock, then the view's.
+            let owner = self
+                .view
+                .borrow_and_update()
+                .holders
+                .get(worker)
+                .map(|h| h.owner.clone());
+            if let Some(owner) = owner
+                && self
+                    .collector
+                    .history()
+                    .of(Kind::Apply)
+                    .any(|e| e.owner.as_ref() == Some(&owner))
+            {
+                return Some(owner);
+            }
+            tokio::select! {
+                changed = self.view.changed() => if changed.is_err() { return None },
+                () = tokio::time::sleep_until(deadline) => return None,
+                // Accesses do not change the view: look again now and then.
+                () = tokio::time::sleep(Duration::from_millis(20)) => {}
+            }
+        }
+    }
+
+    /// The names other than the lock whose guards were lost, as `worker: name`, leaving
+    /// out those of `paused` from `since` on (collector time).
+    pub fn lost_elsewhere(&self, paused: &str, since: u64) -> Vec<String> {
+        self.collector
+            .history()
+            .of(Kind::Lost)
+            .filter(|e| e.lock.as_deref().is_some_and(|l| l != self.lock))
+            .filter(|e| !(e.process == paused && e.t >= since))
+            .map(|e| format!("{}: {}", e.process, e.lock.as_deref().unwrap_or_default()))
+            .collect()
+    }
+
     fn process_of(&self, worker: &str) -> Option<usize> {
         self.workers
             .iter()

@@ -5,6 +5,12 @@
 //!
 //! Reads are fenced too: a read-modify-write workload reads under its token, and a read
 //! with a newer token makes every older holder's later write stale.
+//!
+//! With a [`StillOwnerCheck`] (PostgreSQL) the resource also checks every access with
+//! `still_owner`, as a service keeping its data next to the locks would: each hold of a
+//! worker is one transaction of the resource's, opened at its first access and ended when
+//! the worker says the hold is over (or its connection closes). An access the check refuses
+//! is refused, whatever its token.
 
 use std::io;
 use std::net::SocketAddr;
@@ -79,6 +85,90 @@ pub struct ResourceConfig {
     pub mode: FenceMode,
     /// The workload (for the initial value and the final report).
     pub workload: Workload,
+    /// Also check accesses with `still_owner`.
+    #[serde(default)]
+    pub still_owner: Option<StillOwnerCheck>,
+}
+
+/// Where the resource checks accesses with `still_owner`: the lock's PostgreSQL database.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StillOwnerCheck {
+    /// The database (the lock tables' schema is the default one).
+    pub url: String,
+    /// The lock's name.
+    pub lock: String,
+}
+
+/// One worker connection's transaction, for [`StillOwnerCheck`]: the hold it is for.
+#[derive(Default)]
+struct HoldTransaction {
+    client: Option<leasehold::postgres::tokio_postgres::Client>,
+    /// The owner and token of the hold whose transaction is open.
+    open: Option<(String, u64)>,
+}
+
+impl HoldTransaction {
+    /// Whether `req`'s grant is still current, checked in its hold's transaction (opened
+    /// now if needed). A check that cannot be made refuses.
+    async fn holds(
+        &mut self,
+        check: &StillOwnerCheck,
+        req: &ResourceRequest,
+    ) -> Result<bool, String> {
+        let hold = (req.owner.clone(), req.token);
+        if self.open.as_ref() != Some(&hold) {
+            self.end().await;
+        }
+        let answer = async {
+            let client = match &self.client {
+                Some(client) if !client.is_closed() => client,
+                _ => {
+                    let (client, connection) = leasehold::postgres::tokio_postgres::connect(
+                        &check.url,
+                        leasehold::postgres::tokio_postgres::NoTls,
+                    )
+                    .await?;
+                    tokio::spawn(connection);
+                    self.open = None;
+                    self.client.insert(client)
+                }
+            };
+            if self.open.is_none() {
+                client.batch_execute("BEGIN").await?;
+                self.open = Some(hold);
+            }
+            let fence = leasehold::postgres::StillOwner::of_grant(
+                &check.lock,
+                leasehold::FencingToken::new(req.token),
+                &req.owner,
+            );
+            let row = client
+                .query_one(
+                    &format!("SELECT {}", fence.condition(1)),
+                    &[&fence.name(), &fence.token(), &fence.owner()],
+                )
+                .await?;
+            row.try_get::<_, bool>(0)
+        };
+        answer
+            .await
+            .map_err(|e: leasehold::postgres::tokio_postgres::Error| {
+                // The transaction is gone with the failed statement: start afresh.
+                self.client = None;
+                self.open = None;
+                e.to_string()
+            })
+    }
+
+    /// Ends the open transaction, if any.
+    async fn end(&mut self) {
+        if self.open.take().is_some()
+            && let Some(client) = &self.client
+            && client.batch_execute("COMMIT").await.is_err()
+        {
+            self.client = None;
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -144,22 +234,44 @@ async fn connection(
     let _ = stream.set_nodelay(true);
     let (read, mut write) = stream.into_split();
     let mut lines = BufReader::new(read).lines();
+    // Dropped with the connection: an open transaction is rolled back.
+    let mut hold = HoldTransaction::default();
     while let Ok(Some(line)) = lines.next_line().await {
         let Ok(req) = serde_json::from_str::<ResourceRequest>(&line) else {
             return;
         };
-        let reply = apply(&req, &state, &sink, &config).await;
+        let checked = match &config.still_owner {
+            Some(_) if req.op == "end" => {
+                hold.end().await;
+                let reply = ResourceReply {
+                    id: req.id,
+                    ok: true,
+                    value: Value::Null,
+                    highest: None,
+                };
+                if send_line(&mut write, &reply).await.is_err() {
+                    return;
+                }
+                continue;
+            }
+            Some(check) if req.op != "final" => Some(hold.holds(check, &req).await),
+            _ => None,
+        };
+        let reply = apply(&req, &state, &sink, &config, checked).await;
         if send_line(&mut write, &reply).await.is_err() {
             return;
         }
     }
 }
 
+/// Applies `req`, unless its token is stale (enforce mode) or `still_owner` refused it
+/// (`checked`: the check's answer, if one was made).
 async fn apply(
     req: &ResourceRequest,
     state: &AsyncMutex<State>,
     sink: &Sink,
     config: &ResourceConfig,
+    checked: Option<Result<bool, String>>,
 ) -> ResourceReply {
     let mut state = state.lock().await;
     if req.op == "final" {
@@ -173,13 +285,19 @@ async fn apply(
         };
     }
     let stale = state.highest.is_some_and(|h| req.token < h);
-    let accepted = !stale || config.mode == FenceMode::Observe;
+    let still_owner = checked.as_ref().is_none_or(|c| c == &Ok(true));
+    let accepted = (!stale || config.mode == FenceMode::Observe) && still_owner;
     let mut event = sink
         .event(Kind::Apply, Phase::Info)
         .op(req.id)
         .owner(req.owner.clone())
         .token(req.token)
         .answer(if accepted { "accepted" } else { "refused" });
+    event.error = match checked {
+        Some(Ok(false)) => Some("still_owner: the grant is not current".into()),
+        Some(Err(error)) => Some(format!("still_owner could not check: {error}")),
+        _ => None,
+    };
     event.worker = Some(req.worker.clone());
     event.target = Some(req.op.clone());
     let value = if req.op == "write" {

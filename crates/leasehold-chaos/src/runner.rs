@@ -19,7 +19,7 @@ use crate::collector::Collector;
 use crate::deploy::{BackendSpec, Deployment};
 use crate::history::{Event, History, Kind, Phase};
 use crate::nemesis::{Ctx, Schedule, Spawner, WorkerProcess};
-use crate::resource::{FenceMode, ResourceConfig, Workload};
+use crate::resource::{FenceMode, ResourceConfig, StillOwnerCheck, Workload};
 use crate::scenario::{Plan, Scenario, Setup};
 use crate::worker::WorkerConfig;
 
@@ -487,6 +487,10 @@ async fn drive(
             collector: collector.addr(),
             mode: spec.mode,
             workload: spec.workload,
+            still_owner: setup.still_owner.then(|| StillOwnerCheck {
+                url: deployment.observer_url.clone(),
+                lock: lock.to_owned(),
+            }),
         },
     )
     .await?;
@@ -514,6 +518,8 @@ async fn drive(
         },
         bug: spec.bug.clone(),
         seed: spec.seed,
+        side_locks: setup.side_locks,
+        still_owner: setup.still_owner,
     };
     let clocks = tempfile::tempdir()?;
     let faketime = if setup.faketime {

@@ -1,5 +1,5 @@
-//! The fault scenarios 1–25 of `safety.md`: what each injects, which backends it applies
-//! to, and what each check must show there.
+//! The fault scenarios of `safety.md` (1–25, and 28): what each injects, which backends it
+//! applies to, and what each check must show there.
 //!
 //! Unless a scenario says otherwise every check must hold. Where a backend cannot keep its
 //! promise under a fault (Redis restarted empty, an asynchronous failover, a clock jump on
@@ -46,6 +46,12 @@ pub struct Setup {
     pub request_timeout: f64,
     /// It needs control of the servers (so it cannot run against `--url`).
     pub needs_servers: bool,
+    /// Names each worker holds besides the lock for the whole run; the scenario reports
+    /// their losses.
+    pub side_locks: u32,
+    /// The resource checks every access with `still_owner` (PostgreSQL), in a transaction
+    /// of its own per hold that the worker ends before releasing.
+    pub still_owner: bool,
     /// What the checks must show, where not "hold".
     pub expect: Vec<(Check, Expect)>,
 }
@@ -63,6 +69,8 @@ impl Default for Setup {
             ttl: None,
             request_timeout: 1.0,
             needs_servers: false,
+            side_locks: 0,
+            still_owner: false,
             expect: Vec::new(),
         }
     }
@@ -473,6 +481,23 @@ pub static SCENARIOS: &[Scenario] = &[
             })
         },
         script: script!(holder_crash),
+    },
+    Scenario {
+        id: 28,
+        name: "paused-fenced-writer",
+        title: "the holder is paused (SIGSTOP) past its lease inside its still_owner transaction, \
+                while every worker holds ten other names",
+        plan: |b| match b.name {
+            "postgres" => Plan::Run(Setup {
+                side_locks: 10,
+                still_owner: true,
+                ..Setup::default()
+            }),
+            _ => skip(
+                "PostgreSQL only: the fence is a still_owner transaction in the lock's own database",
+            ),
+        },
+        script: script!(paused_fenced_writer),
     },
 ];
 
@@ -987,14 +1012,53 @@ async fn holder_crash(ctx: &mut Ctx<'_>) -> io::Result<()> {
     Ok(())
 }
 
+/// The holder stops inside the transaction in which the resource checks its accesses with
+/// `still_owner`, for three leases: the next grant must wait for that transaction (or
+/// answer busy), and nothing else may wait for it — every worker's other names stay held.
+async fn paused_fenced_writer(ctx: &mut Ctx<'_>) -> io::Result<()> {
+    // Stopped between an access and the end of its hold: its transaction is open (a hold
+    // that ended just before the stop does not count; try another).
+    let (w, f, open, paused) = loop {
+        let w = holder(ctx, 0.0).await?;
+        let Some(owner) = ctx.until_accessed(&w, LIMIT).await else {
+            return Err(none_found("access under a grant"));
+        };
+        // The open transaction delays the next grant on purpose: a fault of its own.
+        let open = ctx.begin("fenced-transaction", &w, json!({"owner": owner}));
+        let f = ctx.pause_worker(&w);
+        let paused = ctx.now();
+        if ctx.owner_of(&w).as_ref() == Some(&owner) {
+            break (w, f, open, paused);
+        }
+        ctx.resume_worker(&w, f);
+        ctx.end(open);
+    };
+    ctx.sleep(ctx.ttls(3.0)).await;
+    ctx.resume_worker(&w, f);
+    ctx.sleep(ctx.ttls(2.0)).await;
+    ctx.end(open);
+    let lost = ctx.lost_elsewhere(&w, paused);
+    if lost.is_empty() {
+        Ok(())
+    } else {
+        Err(io::Error::other(format!(
+            "other names were lost while a fenced writer was paused (a statement waited for \
+             its transaction and held up their renewals): {}",
+            lost.join(", ")
+        )))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn scenarios_are_numbered_one_to_twenty_five_with_unique_names() {
+    fn scenarios_follow_safety_md_with_unique_names() {
         let ids: Vec<u8> = SCENARIOS.iter().map(|s| s.id).collect();
-        assert_eq!(ids, (1..=25).collect::<Vec<_>>());
+        let mut expected: Vec<u8> = (1..=25).collect();
+        expected.push(28);
+        assert_eq!(ids, expected);
         let mut names: Vec<&str> = SCENARIOS.iter().map(|s| s.name).collect();
         names.sort_unstable();
         names.dedup();

@@ -69,6 +69,14 @@ pub struct WorkerConfig {
     /// A planted bug (checker tests only).
     #[serde(default)]
     pub bug: Option<String>,
+    /// Names this worker holds besides the lock, from its start to its end; a loss of one
+    /// is reported as a `lost` event of that name.
+    #[serde(default)]
+    pub side_locks: u32,
+    /// The resource checks accesses with `still_owner` in a transaction per hold: the
+    /// worker tells it the hold is over (`end`) before releasing.
+    #[serde(default)]
+    pub still_owner: bool,
     /// Seeds the worker's own choices (hold lengths, think times).
     pub seed: u64,
 }
@@ -276,6 +284,7 @@ impl Worker {
         let Ok(mutex) = self.client.mutex(&self.config.lock) else {
             return;
         };
+        let side = self.hold_side_locks().await;
         while !*stop.borrow() {
             if rogue {
                 self.rogue_releases().await;
@@ -333,8 +342,63 @@ impl Worker {
             };
             tokio::time::sleep(Duration::from_millis(think)).await;
         }
+        for (guard, watcher) in side {
+            watcher.abort();
+            let _ = guard.release().await;
+        }
         self.client.settle().await;
         listener.abort();
+    }
+
+    /// Takes the side names of the configuration (no `lock` events: they are not the
+    /// lock), each watched for its loss.
+    async fn hold_side_locks(&self) -> Vec<(leasehold::Guard, tokio::task::JoinHandle<()>)> {
+        let mut held = Vec::new();
+        for i in 0..self.config.side_locks {
+            let name = format!("{}-side-{}-{i}", self.config.lock, self.name);
+            let Ok(mutex) = self.client.mutex(&name) else {
+                continue;
+            };
+            let guard = match mutex.lock().await {
+                Ok(guard) => guard,
+                Err(error) => {
+                    // Never held: reported as lost (under no owner, so the live view's
+                    // holder is left alone).
+                    self.sink.send(
+                        self.sink
+                            .event(Kind::Lost, Phase::Info)
+                            .lock(name)
+                            .owner(String::new())
+                            .error(format!("not taken: {error}")),
+                    );
+                    continue;
+                }
+            };
+            let watcher = self.watch_loss(&guard);
+            held.push((guard, watcher));
+        }
+        held
+    }
+
+    /// Reports the loss of `guard` as a `lost` event of its name.
+    fn watch_loss(&self, guard: &leasehold::Guard) -> tokio::task::JoinHandle<()> {
+        let lost = guard.lost();
+        let sink = self.sink.clone();
+        let (owner, lock, token) = (
+            guard.owner().to_string(),
+            guard.name().as_str().to_owned(),
+            guard.token().get(),
+        );
+        tokio::spawn(async move {
+            let reason = lost.await;
+            let mut event = sink
+                .event(Kind::Lost, Phase::Info)
+                .lock(lock)
+                .owner(owner)
+                .token(token);
+            event.fault = Some(format!("{reason:?}"));
+            sink.send(event);
+        })
     }
 
     /// Reads and writes under `guard`, then releases it.
@@ -342,19 +406,7 @@ impl Worker {
         let owner = guard.owner().to_string();
         let token = guard.token().get();
         self.last_owner = Some(guard.owner().clone());
-        let lost = guard.lost();
-        let sink = self.sink.clone();
-        let (lost_owner, lock) = (owner.clone(), self.config.lock.clone());
-        let watcher = tokio::spawn(async move {
-            let reason = lost.await;
-            let mut event = sink
-                .event(Kind::Lost, Phase::Info)
-                .lock(lock)
-                .owner(lost_owner)
-                .token(token);
-            event.fault = Some(format!("{reason:?}"));
-            sink.send(event);
-        });
+        let watcher = self.watch_loss(&guard);
         let (least, most) = self.config.rounds;
         let rounds = self.rng.random_range(least..=most.max(least));
         for _ in 0..rounds {
@@ -376,10 +428,22 @@ impl Worker {
                 self.sink
                     .event(Kind::Unlock, Phase::Invoke)
                     .op(op)
-                    .owner(owner)
+                    .owner(owner.clone())
                     .token(token),
             )
             .await;
+        if self.config.still_owner {
+            // The hold's transaction at the resource ends before the lock is given up.
+            let end = ResourceRequest {
+                op: "end".into(),
+                id: op,
+                worker: self.name.clone(),
+                owner,
+                token,
+                value: Value::Null,
+            };
+            let _ = self.resource.call(&end).await;
+        }
         let done = match guard.release().await {
             Ok(()) => self.sink.event(Kind::Unlock, Phase::Ok).op(op),
             Err(error) => self

@@ -62,13 +62,20 @@ BEGIN
 END $$;
 
 -- Drops the name's expired grants and waiters; an expired grant with a lock-delay closes its
--- set until its lease's end plus the delay. The caller holds the name's row.
-CREATE FUNCTION @schema@.prune(p_name text, p_now timestamptz) RETURNS void
+-- set until its lease's end plus the delay. The caller holds the name's row. An expired
+-- grant whose row a fenced write holds (see holds) is left, not waited for: it keeps the
+-- next grant of its set out until that transaction has ended, and no statement of the
+-- schema waits for a caller's transaction (a waiting statement would hold up everything
+-- queued behind it on its connection). Whether every expired grant is gone.
+CREATE FUNCTION @schema@.prune(p_name text, p_now timestamptz) RETURNS boolean
 LANGUAGE plpgsql AS $$
 BEGIN
-    -- A fenced write holding a grant row (see holds) makes this wait for its commit.
     WITH gone AS (
-        DELETE FROM @schema@.grants g WHERE g.name = p_name AND g.expires <= p_now
+        DELETE FROM @schema@.grants g
+        WHERE g.name = p_name
+          AND g.owner IN (SELECT e.owner FROM @schema@.grants e
+                          WHERE e.name = p_name AND e.expires <= p_now
+                          FOR UPDATE SKIP LOCKED)
         RETURNING g.mode, g.expires + g.lock_delay AS until
     )
     UPDATE @schema@.names n SET
@@ -78,6 +85,8 @@ BEGIN
             (SELECT max(until) FROM gone WHERE mode = 'p'))
     WHERE n.name = p_name AND EXISTS (SELECT 1 FROM gone WHERE until IS NOT NULL);
     DELETE FROM @schema@.waiters w WHERE w.name = p_name AND w.expires <= p_now;
+    RETURN NOT EXISTS (SELECT 1 FROM @schema@.grants g
+                       WHERE g.name = p_name AND g.expires <= p_now);
 END $$;
 
 -- Tells the waiters of one set of the name who may be granted now: the head of the queue
@@ -130,10 +139,12 @@ END $$;
 --               or a queue entry running out, a lock-delay ending); NULL if only a release
 --               or a grant (both send a message) can change it.
 --   o_waited_ms when busy and waiting: how long the owner has been waiting.
+--   o_blocked   when busy: an expired grant stays until a fenced write holding it ends,
+--               which sends no message (look again soon).
 CREATE FUNCTION @schema@.acquire(
     p_name text, p_owner text, p_mode "char", p_limit integer, p_ttl_ms bigint,
     p_fair boolean, p_waiting boolean, p_delay_ms bigint, p_value bytea,
-    OUT o_token bigint, OUT o_retry_ms bigint, OUT o_waited_ms bigint)
+    OUT o_token bigint, OUT o_retry_ms bigint, OUT o_waited_ms bigint, OUT o_blocked boolean)
 LANGUAGE plpgsql AS $$
 DECLARE
     v_permit boolean := p_mode = 'p';
@@ -145,6 +156,7 @@ DECLARE
     v_held bigint;
     v_next timestamptz;
 BEGIN
+    o_blocked := false;
     IF @schema@.lock_name(p_name) THEN
         -- A name nobody holds, waits for or delays: the fast path.
         o_token := nextval('@schema@.tokens');
@@ -157,12 +169,14 @@ BEGIN
     END IF;
     -- Read after the name's row is ours: a wait for it does not age the lease.
     v_now := clock_timestamp();
-    PERFORM @schema@.prune(p_name, v_now);
+    -- An expired grant left by prune counts as a holder below: the next grant waits for
+    -- the fenced write that holds it.
+    o_blocked := NOT @schema@.prune(p_name, v_now);
 
     UPDATE @schema@.grants g SET expires = v_now + v_ttl
-    WHERE g.name = p_name AND g.owner = p_owner
+    WHERE g.name = p_name AND g.owner = p_owner AND g.expires > v_now
     RETURNING g.token INTO o_token;
-    IF FOUND THEN RETURN; END IF;
+    IF FOUND THEN o_blocked := false; RETURN; END IF;
 
     SELECT CASE WHEN v_permit THEN n.permit_closed_until ELSE n.lock_closed_until END
     INTO v_closed FROM @schema@.names n WHERE n.name = p_name;
@@ -195,8 +209,14 @@ BEGIN
                               AND (NOT p_fair OR NOT w.fair OR v_me.seq IS NULL
                                    OR w.seq < v_me.seq));
     END IF;
+    -- The owner's own expired grant, still held by a fenced write, is not taken again.
+    IF v_ok AND o_blocked THEN
+        v_ok := NOT EXISTS (SELECT 1 FROM @schema@.grants g
+                            WHERE g.name = p_name AND g.owner = p_owner);
+    END IF;
 
     IF v_ok THEN
+        o_blocked := false;
         -- Drawn while the name's row is ours: tokens of a name increase in grant order.
         o_token := nextval('@schema@.tokens');
         INSERT INTO @schema@.grants (name, owner, mode, permit_limit, token, expires, lock_delay, value)
@@ -225,7 +245,7 @@ BEGIN
         END IF;
     END IF;
     SELECT min(g.expires) INTO v_next FROM @schema@.grants g
-    WHERE g.name = p_name AND (g.mode = 'p') = v_permit;
+    WHERE g.name = p_name AND (g.mode = 'p') = v_permit AND g.expires > v_now;
     v_next := least(v_next, (SELECT min(w.expires) FROM @schema@.waiters w
                              WHERE w.name = p_name AND w.owner <> p_owner
                                AND (w.mode = 'p') = v_permit));
@@ -236,7 +256,10 @@ BEGIN
 END $$;
 
 -- Removes the owner's grant or queue entry of the name, and nothing else; wakes whom that
--- lets in. Whether there was anything to remove.
+-- lets in. Whether there was anything to remove. A grant whose row a fenced write holds
+-- (see holds) ends now all the same, without waiting for that transaction: its lease is
+-- cut short (an update of the row does not wait for the write's lock), and prune drops it
+-- once the transaction has ended.
 CREATE FUNCTION @schema@.release(p_name text, p_owner text) RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -249,9 +272,23 @@ BEGIN
     SELECT * INTO v_name FROM @schema@.names n WHERE n.name = p_name FOR UPDATE;
     IF NOT FOUND THEN RETURN false; END IF;
     v_now := clock_timestamp();
-    DELETE FROM @schema@.grants g WHERE g.name = p_name AND g.owner = p_owner
+    DELETE FROM @schema@.grants g
+    WHERE g.name = p_name
+      AND g.owner IN (SELECT e.owner FROM @schema@.grants e
+                      WHERE e.name = p_name AND e.owner = p_owner
+                      FOR UPDATE SKIP LOCKED)
     RETURNING * INTO v_grant;
     v_found := FOUND;
+    IF NOT v_found THEN
+        -- Held by a fenced write: ended, not removed (a lease cut short has no lock-delay).
+        UPDATE @schema@.grants g SET expires = least(g.expires, v_now),
+            lock_delay = CASE WHEN g.expires <= v_now THEN g.lock_delay END
+        WHERE g.name = p_name AND g.owner = p_owner
+        RETURNING * INTO v_grant;
+        v_found := FOUND;
+        -- Whoever waits looks again, and polls until the write has ended.
+        IF v_found THEN PERFORM pg_notify('@channel@', p_name || ' *'); END IF;
+    END IF;
     IF v_found THEN
         -- A lease that ran out before its release still closes the lock for its delay.
         IF v_grant.expires <= v_now AND v_grant.lock_delay IS NOT NULL THEN
@@ -295,8 +332,8 @@ END $$;
 
 -- Drops what vanished holders and waiters left under names nobody has touched since: the
 -- rows of names whose grants and queue entries have all expired (and whose lock-delay has
--- ended), and advisory rows of sessions that are gone. Names another transaction holds are
--- skipped. How many names it dropped.
+-- ended), and advisory rows of sessions that are gone. Names another transaction holds, and
+-- rows a fenced write holds, are skipped. How many names it dropped.
 CREATE FUNCTION @schema@.sweep(p_limit integer) RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -325,8 +362,14 @@ BEGIN
           AND coalesce(n.permit_closed_until, '-infinity') <= v_now;
         IF FOUND THEN v_swept := v_swept + 1; END IF;
     END LOOP;
+    -- A session this role may not see the start of (another role's) is kept.
     DELETE FROM @schema@.advisory a
-    WHERE NOT EXISTS (SELECT 1 FROM pg_stat_activity s WHERE s.pid = a.pid);
+    WHERE (a.pid, a.started) IN (
+        SELECT e.pid, e.started FROM @schema@.advisory e
+        WHERE NOT EXISTS (SELECT 1 FROM pg_stat_activity s
+                          WHERE s.pid = e.pid
+                            AND (s.backend_start IS NULL OR s.backend_start = e.started))
+        FOR UPDATE SKIP LOCKED);
     RETURN v_swept;
 END $$;
 
@@ -337,26 +380,40 @@ END $$;
 CREATE FUNCTION @schema@.advisory_key(p_name text) RETURNS bigint
 LANGUAGE sql IMMUTABLE AS $$ SELECT hashtextextended('@schema@/' || p_name, 0) $$;
 
--- Who holds which advisory lock, with which token: one row per server process (a held lock
--- has a connection of its own). A row is current only while pg_locks shows its process
--- holding the name's key; the grant of a name removes the rows it makes stale.
+-- Who holds which advisory lock, with which token: one row per session (a held lock has a
+-- connection of its own), named by its server process and the session's start (process ids
+-- are handed out again; the two together never repeat). A row is current only while that
+-- session lives and pg_locks shows it holding the name's key; the grant of a name removes
+-- the rows it makes stale.
 CREATE TABLE @schema@.advisory (
-    pid integer PRIMARY KEY,
+    pid integer NOT NULL,
+    started timestamptz NOT NULL,
     name text NOT NULL,
     owner text NOT NULL,
     mode "char" NOT NULL,
     token bigint NOT NULL,
     session_ttl_ms bigint NOT NULL,
-    value bytea
+    value bytea,
+    PRIMARY KEY (pid, started)
 );
 CREATE INDEX ON @schema@.advisory (name);
 
--- Whether process p_pid holds the advisory key now.
-CREATE FUNCTION @schema@.advisory_holds(p_pid integer, p_key bigint) RETURNS boolean
+-- When this session started.
+CREATE FUNCTION @schema@.advisory_session() RETURNS timestamptz
+LANGUAGE sql STABLE AS $$
+    SELECT s.backend_start FROM pg_stat_activity s WHERE s.pid = pg_backend_pid()
+$$;
+
+-- Whether the session of process p_pid that started at p_started holds the advisory key
+-- now. A session of another role shows its start only to members of that role and of
+-- pg_read_all_stats: to others it holds nothing.
+CREATE FUNCTION @schema@.advisory_holds(p_pid integer, p_started timestamptz, p_key bigint)
+RETURNS boolean
 LANGUAGE sql STABLE AS $$
     SELECT EXISTS (
-        SELECT 1 FROM pg_locks l
+        SELECT 1 FROM pg_locks l JOIN pg_stat_activity s ON s.pid = l.pid
         WHERE l.locktype = 'advisory' AND l.pid = p_pid AND l.granted AND l.objsubid = 1
+          AND s.backend_start = p_started
           AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
           AND ((l.classid::bigint << 32) | l.objid::bigint) = p_key)
 $$;
@@ -387,32 +444,45 @@ BEGIN
         RETURN NULL;
     END IF;
     v_token := nextval('@schema@.tokens');
-    -- Rows of holders this grant excludes are stale. A fenced write holding one (see holds)
-    -- makes this wait for its commit.
+    -- Rows of holders this grant excludes are stale, and so is any earlier row under this
+    -- process id (this session's, or a gone session's whose id was handed out again). They
+    -- are removed, never updated: a fenced write holding one (see holds) makes this wait
+    -- for its commit.
     DELETE FROM @schema@.advisory a
-    WHERE a.name = p_name AND a.pid <> pg_backend_pid() AND (NOT p_shared OR a.mode = 'x');
-    INSERT INTO @schema@.advisory (pid, name, owner, mode, token, session_ttl_ms, value)
-    VALUES (pg_backend_pid(), p_name, p_owner, CASE WHEN p_shared THEN 's' ELSE 'x' END,
-            v_token, p_ttl_ms, p_value)
-    ON CONFLICT (pid) DO UPDATE SET name = excluded.name, owner = excluded.owner,
-        mode = excluded.mode, token = excluded.token, session_ttl_ms = excluded.session_ttl_ms,
-        value = excluded.value;
+    WHERE a.pid = pg_backend_pid() OR (a.name = p_name AND (NOT p_shared OR a.mode = 'x'));
+    INSERT INTO @schema@.advisory (pid, started, name, owner, mode, token, session_ttl_ms, value)
+    VALUES (pg_backend_pid(), @schema@.advisory_session(), p_name, p_owner,
+            CASE WHEN p_shared THEN 's' ELSE 'x' END, v_token, p_ttl_ms, p_value);
     IF p_value IS NOT NULL THEN PERFORM pg_notify('@channel@', p_name || ' *'); END IF;
     RETURN v_token;
 END $$;
 
--- The token of this session's hold of the name, if it holds it (after a lost reply).
+-- The token of this session's hold of the name, if it holds it (after a lost reply, or an
+-- attempt that failed). A grant rolled back after its lock was taken (a statement timeout,
+-- a deadlock, a cancel) leaves the session's lock without its row: whatever the session
+-- holds without a grant of the name is given up, so that the next attempt takes the lock
+-- once, and a release once gives it back.
 CREATE FUNCTION @schema@.advisory_held(p_name text) RETURNS bigint
-LANGUAGE sql STABLE AS $$
-    SELECT a.token FROM @schema@.advisory a
-    WHERE a.pid = pg_backend_pid() AND a.name = p_name
-      AND @schema@.advisory_holds(pg_backend_pid(), @schema@.advisory_key(p_name))
-$$;
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_token bigint;
+BEGIN
+    SELECT a.token INTO v_token FROM @schema@.advisory a
+    WHERE a.pid = pg_backend_pid() AND a.started = @schema@.advisory_session()
+      AND a.name = p_name
+      AND @schema@.advisory_holds(a.pid, a.started, @schema@.advisory_key(p_name));
+    IF v_token IS NULL THEN
+        PERFORM pg_advisory_unlock_all();
+    END IF;
+    RETURN v_token;
+END $$;
 
 -- Gives up this session's hold of the name; whether it held it (a live session keeps its
 -- advisory locks until it unlocks them, so only a release of something never granted, or
--- sent twice, answers false, with a warning). The session is a plain one again (no idle
--- timeout), ready for the next lock.
+-- sent twice, answers false). The session holds no advisory lock afterwards, and is a
+-- plain one again (no idle timeout), ready for the next lock. Its row goes, unless a
+-- fenced write holds it: then it stays, no longer current, for the next grant of the name
+-- (which waits for that write) or a sweep to remove.
 CREATE FUNCTION @schema@.advisory_release(p_name text, p_shared boolean) RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -420,9 +490,13 @@ DECLARE
     v_held boolean;
     v_value bytea;
 BEGIN
-    v_held := CASE WHEN p_shared THEN pg_advisory_unlock_shared(v_key)
-                   ELSE pg_advisory_unlock(v_key) END;
-    DELETE FROM @schema@.advisory a WHERE a.pid = pg_backend_pid() RETURNING a.value INTO v_value;
+    v_held := @schema@.advisory_holds(pg_backend_pid(), @schema@.advisory_session(), v_key);
+    PERFORM pg_advisory_unlock_all();
+    SELECT a.value INTO v_value FROM @schema@.advisory a
+    WHERE a.pid = pg_backend_pid() AND a.name = p_name;
+    DELETE FROM @schema@.advisory a
+    WHERE (a.pid, a.started) IN (SELECT e.pid, e.started FROM @schema@.advisory e
+                                 WHERE e.pid = pg_backend_pid() FOR UPDATE SKIP LOCKED);
     RESET idle_session_timeout;
     IF current_setting('application_name') LIKE 'leasehold %' THEN
         RESET application_name;
@@ -442,14 +516,28 @@ END $$;
 CREATE FUNCTION @schema@.holds(p_name text, p_token bigint, p_owner text) RETURNS boolean
 LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
+    -- A snapshot taken before a grant or a renewal hides it: the grant would be judged by
+    -- an older state of it, and a current holder's write refused without a word.
+    IF current_setting('transaction_isolation') NOT IN ('read committed', 'read uncommitted') THEN
+        RAISE EXCEPTION 'leasehold: still_owner needs a READ COMMITTED transaction, not %',
+            upper(current_setting('transaction_isolation'))
+        USING ERRCODE = 'feature_not_supported',
+              DETAIL = 'The transaction''s snapshot hides grants and renewals committed after '
+                       'it was taken, so the check would judge a current grant by an older '
+                       'state of it.',
+              HINT = 'Run the fenced statements in a READ COMMITTED transaction.';
+    END IF;
     PERFORM 1 FROM @schema@.grants g
     WHERE g.name = p_name AND g.owner = p_owner AND g.token = p_token
       AND g.expires > clock_timestamp()
     FOR KEY SHARE;
     IF FOUND THEN RETURN true; END IF;
+    -- The sessions as they are now: a transaction otherwise keeps its first look at
+    -- pg_stat_activity.
+    PERFORM pg_stat_clear_snapshot();
     PERFORM 1 FROM @schema@.advisory a
     WHERE a.name = p_name AND a.owner = p_owner AND a.token = p_token
-      AND @schema@.advisory_holds(a.pid, @schema@.advisory_key(p_name))
+      AND @schema@.advisory_holds(a.pid, a.started, @schema@.advisory_key(p_name))
     FOR KEY SHARE;
     RETURN FOUND;
 END $$;

@@ -2,7 +2,10 @@
 //!
 //! - **Grant**: `pg_try_advisory_lock` (or `_shared`) and a token from the schema's sequence
 //!   in one statement; the session records who holds with which token (see
-//!   `advisory_acquire` in `sql/v1.sql`).
+//!   `advisory_acquire` in `sql/v1.sql`). A session-level lock outlives the rollback of the
+//!   statement that took it: after a failed or unanswered attempt the session is asked what
+//!   it holds (`pg_locks`, not the row), and a hold without its grant is given up before
+//!   the next attempt; a waiting statement that failed closes its connection.
 //! - **Waiting** happens in the server's lock queue: a busy waiting request leaves a blocking
 //!   `pg_advisory_lock` running on its connection. The server grants in arrival order and
 //!   does not let a reader overtake a waiting writer; the hand-off needs no message.
@@ -323,7 +326,8 @@ impl Advisory {
                     self.new_slot(&req.owner, shared).await?
                 }
                 State::Unknown => {
-                    // An earlier try's answer was lost: the session knows.
+                    // An earlier try's answer was lost, or it failed after taking the lock:
+                    // the session knows, and gives up a hold without a grant.
                     let sent = SystemClock.now();
                     let row = slot
                         .conn
@@ -414,6 +418,11 @@ impl Advisory {
                 Ok(token) => conn.query_one(Stmt::Ping, &[], "ping").await.map(|_| token),
                 Err(error) => Err(error),
             };
+            if pinged.is_err() {
+                // It may have failed after the lock was granted (a statement timeout, a
+                // cancel), which the rollback leaves held: the session goes, and its hold.
+                conn.close();
+            }
             let Some(slot) = waiting.upgrade() else {
                 return;
             };
@@ -479,7 +488,7 @@ impl Advisory {
             task.abort();
         }
         if let State::Failed(_) = slot.state() {
-            // Nothing is held on a connection whose wait failed (it is not reused).
+            // Nothing is held on a connection whose wait failed: it was closed.
             return Ok(Release::Released);
         }
         let row = slot

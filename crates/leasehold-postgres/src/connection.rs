@@ -5,12 +5,19 @@
 //! fixed handful of connections: a lock request takes the one of its lane (see
 //! `Request::lane`), anything else the next in turn; a connection found closed is replaced
 //! on the next use of its place.
+//!
+//! A connection can also go silent without closing (a blackholed link, a peer host that
+//! vanished): everything sent on it then waits forever. After a few requests in a row were
+//! given up by their callers (a request timeout, a cancel) with nothing answered since
+//! they were sent (`support::health`), the connection counts as closed, and its place
+//! connects anew.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use leasehold_core::backend::Request;
+use leasehold_core::support::health::Health;
 use leasehold_core::{Error, Result};
 use tokio::sync::watch;
 use tokio_postgres::types::ToSql;
@@ -126,6 +133,10 @@ pub(crate) struct Conn {
     prepared: Option<Vec<Statement>>,
     sql: Arc<[String]>,
     closed: watch::Receiver<bool>,
+    /// Ends the driver (see [`close`](Conn::close)).
+    close: Arc<tokio::sync::Notify>,
+    /// Whether it still answers.
+    health: Health,
     /// The task driving the connection: aborted on drop, which closes the socket even while
     /// a statement is still running (tokio-postgres would otherwise wait for its answer).
     driver: tokio::task::JoinHandle<()>,
@@ -142,9 +153,15 @@ impl Conn {
     /// (each is then sent with its text).
     pub(crate) fn start(client: Client, driver: Driver, connector: &Connector) -> Self {
         let (closed_tx, closed) = watch::channel(false);
+        let close = Arc::new(tokio::sync::Notify::new());
+        let closing = close.clone();
         let driver = tokio::spawn(async move {
-            if let Err(error) = driver.await {
-                tracing::debug!(%error, "postgres connection ended");
+            tokio::select! {
+                ended = driver => if let Err(error) = ended {
+                    tracing::debug!(%error, "postgres connection ended");
+                },
+                // Dropping the driver closes the socket.
+                () = closing.notified() => {}
             }
             closed_tx.send_replace(true);
         });
@@ -153,8 +170,16 @@ impl Conn {
             prepared: None,
             sql: connector.sql.clone(),
             closed,
+            close,
+            health: Health::new(),
             driver,
         }
+    }
+
+    /// Closes the connection (the server ends its session, and frees whatever the session
+    /// held), even while a statement runs on it.
+    pub(crate) fn close(&self) {
+        self.close.notify_one();
     }
 
     /// Prepares every statement, unless `connector` says not to.
@@ -179,9 +204,9 @@ impl Conn {
         &self.client
     }
 
-    /// Whether the connection has ended.
+    /// Whether the connection has ended, or went silent (see the module docs).
     pub(crate) fn is_closed(&self) -> bool {
-        self.client.is_closed() || *self.closed.borrow()
+        self.client.is_closed() || *self.closed.borrow() || self.health.is_stalled()
     }
 
     /// Completes when the connection has ended.
@@ -197,6 +222,7 @@ impl Conn {
         params: &[&(dyn ToSql + Sync)],
         doing: &str,
     ) -> Result<Vec<Row>> {
+        let in_flight = self.health.request();
         let rows = match &self.prepared {
             Some(prepared) => self.client.query(&prepared[stmt.index()], params).await,
             None => {
@@ -210,6 +236,7 @@ impl Conn {
                     .await
             }
         };
+        in_flight.answered();
         rows.map_err(|e| map(e, doing))
     }
 
@@ -234,6 +261,7 @@ impl Conn {
         params: &[&(dyn ToSql + Sync)],
         doing: &str,
     ) -> Result<u64> {
+        let in_flight = self.health.request();
         let changed = match &self.prepared {
             Some(prepared) => self.client.execute(&prepared[stmt.index()], params).await,
             None => {
@@ -247,6 +275,7 @@ impl Conn {
                     .await
             }
         };
+        in_flight.answered();
         changed.map_err(|e| map(e, doing))
     }
 }

@@ -5,7 +5,7 @@
 //!   `WHERE` of the caller's `UPDATE`/`DELETE`/`INSERT … SELECT`. It also locks the grant's
 //!   row, so a later grant of the lock (which must remove that row) waits until the caller's
 //!   transaction has ended: the write commits only while the guard holds the lock. Works
-//!   for data in the same database as the locks.
+//!   for data in the same database as the locks, in a `READ COMMITTED` transaction.
 //! - [`TokenFence`] — for any table, anywhere: a column that keeps the highest token a row
 //!   has accepted, and the condition that refuses a write carrying a lower one.
 //!
@@ -51,6 +51,11 @@ pub struct StillOwner {
 /// [`owner`](StillOwner::owner) as its parameters: the statement changes rows only while the grant is current (its lease has
 /// not run out on the server, or its advisory lock is still held), and the transaction then
 /// keeps the next grant of the lock waiting until it ends.
+///
+/// The transaction must be `READ COMMITTED` (PostgreSQL's default): a `REPEATABLE READ` or
+/// `SERIALIZABLE` snapshot hides grants and renewals committed after it was taken, so the
+/// condition refuses to judge there and the statement fails with SQLSTATE `0A000`
+/// (`feature_not_supported`), its message naming the level.
 pub fn still_owner(guard: &Guard) -> StillOwner {
     StillOwner::new(DEFAULT_SCHEMA, guard)
 }
@@ -63,11 +68,21 @@ pub fn token_param(token: FencingToken) -> i64 {
 
 impl StillOwner {
     pub(crate) fn new(schema: &str, guard: &Guard) -> Self {
+        let mut fence =
+            Self::of_grant(guard.name().as_str(), guard.token(), guard.owner().as_str());
+        schema.clone_into(&mut fence.schema);
+        fence
+    }
+
+    /// The condition for a grant known by its parts, as its guard reports them — the lock's
+    /// name, the token and the owner id — for locks in the default schema: for a process
+    /// that checks writes on behalf of the holder (a service the holder sends them to).
+    pub fn of_grant(name: &str, token: FencingToken, owner: &str) -> Self {
         Self {
-            schema: schema.to_owned(),
-            name: guard.name().as_str().to_owned(),
-            token: token_param(guard.token()),
-            owner: guard.owner().as_str().to_owned(),
+            schema: DEFAULT_SCHEMA.to_owned(),
+            name: name.to_owned(),
+            token: token_param(token),
+            owner: owner.to_owned(),
         }
     }
 
@@ -222,5 +237,17 @@ mod tests {
         assert!(TokenFence::new("Fence").is_err());
         assert_eq!(token_param(FencingToken::new(5)), 5);
         assert_eq!(token_param(FencingToken::new(u64::MAX)), -1);
+    }
+
+    #[test]
+    fn a_grant_known_by_its_parts_gives_the_same_condition() {
+        let fence = StillOwner::of_grant("job", FencingToken::new(7), "o-1");
+        assert_eq!(fence.condition(2), "leasehold.holds($2, $3, $4)");
+        assert_eq!(
+            (fence.name(), fence.token(), fence.owner()),
+            ("job", 7, "o-1")
+        );
+        let other = fence.in_schema("locks").unwrap();
+        assert_eq!(other.condition(1), "locks.holds($1, $2, $3)");
     }
 }

@@ -103,12 +103,24 @@ impl Lease {
                 token,
                 Expiry::After(Duration::from_millis(ttl.unsigned_abs())),
             ))),
-            Acquired::Busy { retry, waited } => Ok(Acquire::Busy(match ticket {
-                Some(ticket) => WaitHint::new(Hint {
-                    ticket,
-                    retry,
-                    poll: poll_pause(waited),
-                }),
+            Acquired::Busy {
+                retry,
+                waited,
+                blocked,
+            } => Ok(Acquire::Busy(match ticket {
+                Some(ticket) => {
+                    let poll = poll_pause(waited);
+                    // Nothing is sent when a fenced write ends: poll as without messages.
+                    let retry = match blocked {
+                        true => Some(retry.map_or(poll, |r| r.min(poll))),
+                        false => retry,
+                    };
+                    WaitHint::new(Hint {
+                        ticket,
+                        retry,
+                        poll,
+                    })
+                }
                 None => WaitHint::none(),
             })),
         }

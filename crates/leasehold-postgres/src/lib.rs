@@ -19,7 +19,8 @@
 //!   work, waiters poll with backoff instead, and advisory mode is refused.
 //! - **Fenced writes in the caller's own transaction**: [`still_owner`] gives the SQL
 //!   condition that is true only while the guard holds its lock and keeps the next grant
-//!   waiting until the caller's transaction ends; [`fence::TokenFence`] refuses writes with
+//!   waiting until the caller's (`READ COMMITTED`) transaction ends; [`fence::TokenFence`]
+//!   refuses writes with
 //!   tokens lower than the highest a row has accepted.
 //!
 //! URL: `postgres://[user[:password]@]host[:port][,host[:port]…][/dbname][?params]` (also

@@ -43,6 +43,9 @@ pub(crate) enum Acquired {
         retry: Option<Duration>,
         /// How long this owner has been waiting (waiting requests only).
         waited: Option<Duration>,
+        /// An expired grant stays until the fenced write holding it ends, which sends no
+        /// message.
+        blocked: bool,
     },
 }
 
@@ -57,6 +60,7 @@ pub(crate) fn acquired(row: &Row) -> Result<Acquired> {
     Ok(Acquired::Busy {
         retry: retry.map(|ms| millis(ms, doing)).transpose()?,
         waited: waited.map(|ms| millis(ms, doing)).transpose()?,
+        blocked: column(row, 3, doing)?,
     })
 }
 

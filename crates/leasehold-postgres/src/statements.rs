@@ -60,7 +60,7 @@ impl Stmt {
     fn template(self) -> &'static str {
         match self {
             Stmt::Acquire => {
-                "SELECT o_token, o_retry_ms, o_waited_ms \
+                "SELECT o_token, o_retry_ms, o_waited_ms, o_blocked \
                  FROM @schema@.acquire($1, $2, $3, $4, $5, $6, $7, $8, $9)"
             }
             Stmt::Renew => {
@@ -93,8 +93,9 @@ impl Stmt {
                              ELSE a.session_ttl_ms END, \
                         a.value \
                  FROM pg_locks l \
-                 LEFT JOIN @schema@.advisory a ON a.pid = l.pid AND a.name = $1 \
                  LEFT JOIN pg_stat_activity s ON s.pid = l.pid \
+                 LEFT JOIN @schema@.advisory a ON a.pid = l.pid AND a.name = $1 \
+                      AND (s.backend_start IS NULL OR a.started = s.backend_start) \
                  WHERE l.locktype = 'advisory' AND l.objsubid = 1 \
                    AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database()) \
                    AND ((l.classid::bigint << 32) | l.objid::bigint) = @schema@.advisory_key($1) \

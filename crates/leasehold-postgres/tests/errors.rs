@@ -5,11 +5,9 @@
 
 #![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_core::backend::{Acquire, Backend, Mode, Release, Request};
-use leasehold_core::faulty::{Faulty, Op};
 use leasehold_core::{Client, Error, LockName, LockOptions, LossReason, OwnerId};
 use leasehold_postgres::PostgresBackend;
 use leasehold_postgres::tokio_postgres::{self, NoTls};
@@ -199,64 +197,55 @@ async fn a_session_terminated_mid_statement_is_an_unknown_outcome_resolved_by_ow
 async fn a_deadlock_is_a_retryable_error() {
     let server = Postgres::start().await.unwrap();
     let db = database(&server.url()).await;
-    let mut fenced = database(&server.url()).await;
-    fenced
+    let mut other = database(&server.url()).await;
+    other
         .batch_execute("SET deadlock_timeout = '10s'")
         .await
         .unwrap();
-    let faults = Faulty::wrap(Arc::new(backend(&server, "holder").await));
-    let holder = Client::builder_from_arc(Arc::new(faults.clone()))
-        .options(
-            LockOptions::builder()
-                .ttl(Duration::from_secs(1))
-                .build()
-                .unwrap(),
-        )
-        .build();
-    let guard = holder.mutex("job").unwrap().lock().await.unwrap();
-    // A fenced transaction holds the grant's row; the grant then runs out on the server.
-    let tx = fenced.transaction().await.unwrap();
-    let token = leasehold_postgres::fence::token_param(guard.token());
-    let owner = guard.owner().as_str();
-    let holds: bool = tx
-        .query_one("SELECT leasehold.holds('job', $1, $2)", &[&token, &owner])
-        .await
-        .unwrap()
-        .get(0);
-    assert!(holds);
-    faults.hold_requests(Op::Renew);
-    guard.lost().await;
-    until(
-        &db,
-        "SELECT count(*) = 1 FROM leasehold.grants WHERE expires <= clock_timestamp()",
+    let holder = backend(&server, "holder").await;
+    let job = request("job");
+    assert!(matches!(
+        holder.acquire(&job).await,
+        Ok(Acquire::Granted(_))
+    ));
+    // Another transaction holds the grant's row in share mode (stronger than the key-share
+    // lock of a fenced write, which a release does not wait for).
+    let tx = other.transaction().await.unwrap();
+    tx.execute(
+        "SELECT 1 FROM leasehold.grants WHERE name = 'job' FOR SHARE",
+        &[],
     )
-    .await;
+    .await
+    .unwrap();
     db.batch_execute("ALTER DATABASE postgres SET deadlock_timeout = '100ms'")
         .await
         .unwrap();
     let next = backend(&server, "next").await;
-    // The next grant takes the name's row and waits for the old grant's row...
-    let acquiring = {
-        let next = next.clone();
-        tokio::spawn(async move { next.acquire(&request("job")).await })
+    // The release takes the name's row and waits for the grant's row...
+    let releasing = {
+        let (next, job) = (next.clone(), job.clone());
+        tokio::spawn(async move { next.release(&job).await })
     };
     waiting_on_a_lock(&db, "next").await;
-    // ...while the fenced transaction asks for the name's row: a cycle, found by the
-    // grant's session (the quicker to look).
+    // ...while the other transaction asks for the name's row: a cycle, found by the
+    // release's session (the quicker to look).
     let cycle = tx.execute(
         "SELECT 1 FROM leasehold.names WHERE name = 'job' FOR UPDATE",
         &[],
     );
-    let (grant, cycle) = tokio::join!(acquiring, cycle);
-    retryable(grant.unwrap(), "40P01");
+    let (released, cycle) = tokio::join!(releasing, cycle);
+    match released.unwrap() {
+        Err(Error::Backend {
+            retryable: true,
+            message,
+            ..
+        }) => assert!(message.contains("40P01"), "{message}"),
+        other => panic!("expected a retryable 40P01, got {other:?}"),
+    }
     cycle.unwrap();
     tx.rollback().await.unwrap();
     // Retried, it goes through.
-    assert!(matches!(
-        next.acquire(&request("job")).await,
-        Ok(Acquire::Granted(_))
-    ));
-    faults.resume(Op::Renew);
+    assert_eq!(next.release(&job).await.unwrap(), Release::Released);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -296,4 +285,66 @@ async fn a_serialization_failure_is_a_retryable_error() {
         strict.acquire(&request("job")).await,
         Ok(Acquire::Granted(_))
     ));
+}
+
+/// Advisory mode: a statement timeout after `pg_try_advisory_lock` (the holders' table is
+/// locked by another transaction, so recording the holder waits) rolls the grant back but
+/// not the session's advisory lock. The retry under the same owner must not take it a
+/// second time: once the grant is released the lock is free, and the session holds no
+/// advisory lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_out_advisory_grant_leaves_no_second_hold() {
+    let server = Postgres::start().await.unwrap();
+    let db = database(&server.url()).await;
+    let mut blocker = database(&server.url()).await;
+    let advisory = async |application: &str| {
+        PostgresBackend::connect(&format!(
+            "{}?mode=advisory&application_name={application}",
+            server.url()
+        ))
+        .await
+        .unwrap()
+    };
+    let other = advisory("other").await;
+    db.batch_execute("ALTER DATABASE postgres SET statement_timeout = '300ms'")
+        .await
+        .unwrap();
+    let hasty = advisory("hasty").await;
+    // A connection of its own, with its statements prepared, waits in the idle set.
+    let warm = request("warm");
+    assert!(matches!(
+        hasty.acquire(&warm).await,
+        Ok(Acquire::Granted(_))
+    ));
+    assert_eq!(hasty.release(&warm).await.unwrap(), Release::Released);
+
+    let tx = blocker.transaction().await.unwrap();
+    tx.batch_execute("LOCK TABLE leasehold.advisory IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let job = request("job");
+    retryable(hasty.acquire(&job).await, "57014");
+    tx.rollback().await.unwrap();
+    // The engine's retry, under the same owner.
+    assert!(matches!(hasty.acquire(&job).await, Ok(Acquire::Granted(_))));
+    assert_eq!(hasty.release(&job).await.unwrap(), Release::Released);
+
+    let next = other.acquire(&request("job")).await;
+    assert!(
+        matches!(next, Ok(Acquire::Granted(_))),
+        "the released lock is still held: {next:?}"
+    );
+    let held: i64 = db
+        .query_one(
+            "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity s ON s.pid = l.pid \
+             WHERE l.locktype = 'advisory' AND s.application_name = 'hasty'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        held, 0,
+        "a session of the released lock still holds an advisory lock"
+    );
 }

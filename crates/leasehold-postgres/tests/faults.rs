@@ -388,3 +388,34 @@ async fn what_vanished_holders_left_is_swept() {
     assert_eq!(sweeper.sweep().await.unwrap(), 1);
     assert_eq!(count("SELECT count(*) FROM leasehold.names").await, 0);
 }
+
+/// A pooled connection that goes dead without closing (its bytes held both ways, its socket
+/// open) is replaced after two requests in a row timed out on it: the acquisition that
+/// met it fails with an unknown outcome, the next one is served on a new connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blackholed_connection_is_replaced_after_two_timeouts() {
+    let server = Postgres::start().await.unwrap();
+    let target = format!("127.0.0.1:{}", server.port()).parse().unwrap();
+    let proxy = FaultProxy::start(target).await.unwrap();
+    let timeout = Duration::from_secs(1);
+    let options = LockOptions::builder()
+        .request_timeout(timeout)
+        .build()
+        .unwrap();
+    // One pooled connection: every request goes on it.
+    let a = client(proxy.port(), "pool_size=1", options).await;
+    let first = a.mutex("before").unwrap().lock().await.unwrap();
+    first.release().await.unwrap();
+    proxy.cut_open(Direction::Both);
+    // Sent, retried once on the same connection, both timed out: the outcome is unknown.
+    let met = a.mutex("during").unwrap().try_lock().await;
+    assert!(
+        matches!(met, Err(ref e) if e.is_unknown_outcome()),
+        "{met:?}"
+    );
+    let next = a.mutex("after").unwrap().try_lock().await;
+    let guard = next
+        .expect("the dead connection was not replaced")
+        .expect("the lock is free");
+    guard.release().await.unwrap();
+}

@@ -106,6 +106,8 @@ async fn a_write_is_refused_after_the_lease_ran_out_and_the_lock_moved_on() {
 
 /// A transaction that checked `still_owner` keeps the next grant waiting until it ends,
 /// even when the lease runs out on the server meanwhile: the write is ordered before it.
+/// The next request does not wait on the server for it (see
+/// `a_paused_fenced_writer_stalls_no_other_lock`): it queues, and is granted after.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_next_grant_waits_for_the_fenced_transaction() {
     let server = Postgres::start().await.unwrap();
@@ -133,10 +135,10 @@ async fn the_next_grant_waits_for_the_fenced_transaction() {
     .await;
     let mutex = b.mutex("stock").unwrap();
     let next = tokio::spawn(async move { mutex.lock().await });
-    // The next grant is stuck behind the transaction's hold on the old grant's row.
+    // The next request found the old grant kept by the transaction, and queued.
     until(
         &observer,
-        "SELECT count(*) = 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock'",
+        "SELECT count(*) = 1 FROM leasehold.waiters WHERE name = 'stock'",
     )
     .await;
     assert!(
@@ -319,4 +321,218 @@ async fn a_token_handed_out_again_does_not_pass_for_the_other_grant() {
     assert_eq!(take_one(&db, &still_owner(&next)).await, 1);
     faults.resume(Op::Renew);
     next.release().await.unwrap();
+}
+
+/// A fenced writer paused with its transaction open for three leases (safety.md scenario
+/// 28): another client holding ten other names loses none of them; its try for the
+/// blocked name answers busy, its sweep returns, and its waiting acquisition is granted
+/// once the transaction has ended, with a later token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_fenced_writer_stalls_no_other_lock() {
+    let server = Postgres::start().await.unwrap();
+    let mut db = database(&server.url()).await;
+    let observer = database(&server.url()).await;
+    stock(&db).await;
+    let faults = Faulty::wrap(Arc::new(
+        PostgresBackend::connect(&server.url()).await.unwrap(),
+    ));
+    let a = Client::builder_from_arc(Arc::new(faults.clone()))
+        .options(short_lease())
+        .build();
+    let ttl = Duration::from_secs(2);
+    let backend = PostgresBackend::connect(&server.url()).await.unwrap();
+    let b = Client::builder(backend.clone())
+        .options(LockOptions::builder().ttl(ttl).build().unwrap())
+        .build();
+    let mut others = Vec::new();
+    for i in 0..10 {
+        let mutex = b.mutex(&format!("other-{i}")).unwrap();
+        others.push(mutex.lock().await.unwrap());
+    }
+
+    let holder = a.mutex("stock").unwrap().lock().await.unwrap();
+    let tx = db.transaction().await.unwrap();
+    assert_eq!(take_one(&tx, &still_owner(&holder)).await, 1);
+    // The writer stops (no renewal reaches the server) with its transaction open.
+    faults.hold_requests(Op::Renew);
+    holder.lost().await;
+    until(
+        &observer,
+        "SELECT count(*) = 1 FROM leasehold.grants WHERE name = 'stock' \
+         AND expires <= clock_timestamp()",
+    )
+    .await;
+    let swept = tokio::time::timeout(ttl, backend.sweep()).await;
+    assert!(
+        matches!(swept, Ok(Ok(_))),
+        "the sweep waited for the fenced transaction: {swept:?}"
+    );
+    let tried = b.mutex("stock").unwrap().try_lock().await;
+    assert!(matches!(tried, Ok(None)), "{tried:?}");
+    let mutex = b.mutex("stock").unwrap();
+    let next = tokio::spawn(async move { mutex.lock().await });
+
+    let any_lost = futures_util::future::select_all(others.iter().map(|g| Box::pin(g.lost())));
+    let lost = tokio::time::timeout(ttl * 3, any_lost).await;
+    assert!(
+        lost.is_err(),
+        "another lock was lost while the fenced writer was paused: {:?}",
+        lost.map(|(reason, i, _)| (i, reason))
+    );
+    assert!(
+        !next.is_finished(),
+        "granted while the fenced transaction was open"
+    );
+
+    tx.commit().await.unwrap();
+    let next = next.await.unwrap().unwrap();
+    assert!(next.token() > holder.token());
+    assert!(others.iter().all(|g| g.is_held()));
+    faults.resume(Op::Renew);
+    next.release().await.unwrap();
+    for guard in others {
+        guard.release().await.unwrap();
+    }
+}
+
+/// Advisory mode: a new grant replaces the rows of the holders it excludes, so it waits
+/// for a fenced transaction holding one, even when the old holder's server process id was
+/// given again to the new holder's session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reused_pid_does_not_let_the_next_advisory_grant_skip_a_fenced_transaction() {
+    let server = Postgres::start().await.unwrap();
+    let mut db = database(&server.url()).await;
+    let observer = database(&server.url()).await;
+    stock(&db).await;
+    let a = Client::new(advisory(server.port()).await);
+    let b = Client::new(advisory(server.port()).await);
+    // B's next acquisition goes on the session of this one, back in B's idle set.
+    let warm = b.mutex("warm").unwrap().lock().await.unwrap();
+    let reused: i32 = observer
+        .query_one(
+            "SELECT pid FROM leasehold.advisory WHERE name = 'warm'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    warm.release().await.unwrap();
+
+    let stale = a.mutex("stock").unwrap().lock().await.unwrap();
+    let old: i32 = observer
+        .query_one(
+            "SELECT pid FROM leasehold.advisory WHERE name = 'stock'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    observer
+        .execute("SELECT pg_terminate_backend($1)", &[&old])
+        .await
+        .unwrap();
+    stale.lost().await;
+    until(
+        &observer,
+        &format!("SELECT NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = {old})"),
+    )
+    .await;
+    // The ended session's row, as if its process id had been B's: the operating system
+    // hands ids out again.
+    observer
+        .execute(
+            "UPDATE leasehold.advisory SET pid = $1 WHERE name = 'stock'",
+            &[&reused],
+        )
+        .await
+        .unwrap();
+    // A fenced write of the old holder still open: the lock `holds` took on its row.
+    let tx = db.transaction().await.unwrap();
+    tx.execute(
+        "SELECT 1 FROM leasehold.advisory WHERE name = 'stock' FOR KEY SHARE",
+        &[],
+    )
+    .await
+    .unwrap();
+
+    let mutex = b.mutex("stock").unwrap();
+    let mut next = tokio::spawn(async move { mutex.lock().await });
+    let waiting = until(
+        &observer,
+        "SELECT count(*) = 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock'",
+    );
+    tokio::select! {
+        () = waiting => {}
+        granted = &mut next => panic!("granted while the fenced transaction was open: {granted:?}"),
+    }
+    tx.commit().await.unwrap();
+    let next = next.await.unwrap().unwrap();
+    assert!(next.token() > stale.token());
+    next.release().await.unwrap();
+}
+
+/// `still_owner` in a REPEATABLE READ or SERIALIZABLE transaction would judge the lease by
+/// the snapshot, which hides the renewals committed after it: a current holder's write
+/// would be refused. It goes in, or the condition refuses the isolation level with 0A000
+/// saying why; never a silent refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn still_owner_under_snapshot_isolation_is_not_a_silent_refusal() {
+    use tokio_postgres::IsolationLevel;
+    let server = Postgres::start().await.unwrap();
+    let mut db = database(&server.url()).await;
+    let observer = database(&server.url()).await;
+    stock(&db).await;
+    let b = Client::builder(PostgresBackend::connect(&server.url()).await.unwrap())
+        .options(short_lease())
+        .build();
+    let guard = b.mutex("stock").unwrap().lock().await.unwrap();
+    let fence = still_owner(&guard);
+    for level in [IsolationLevel::RepeatableRead, IsolationLevel::Serializable] {
+        let tx = db
+            .build_transaction()
+            .isolation_level(level)
+            .start()
+            .await
+            .unwrap();
+        // The snapshot is taken here.
+        let seen: std::time::SystemTime = tx
+            .query_one(
+                "SELECT expires FROM leasehold.grants WHERE name = 'stock'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        // The lease as the snapshot shows it runs out; renewals keep the real one going.
+        tokio::time::timeout(Duration::from_secs(30), async {
+            while !observer
+                .query_one("SELECT clock_timestamp() > $1", &[&seen])
+                .await
+                .unwrap()
+                .get::<_, bool>(0)
+            {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .unwrap();
+        assert!(guard.is_held());
+        let sql = format!(
+            "UPDATE stock SET left_ = left_ - 1 WHERE item = 'tea' AND {}",
+            fence.condition(1)
+        );
+        match tx
+            .execute(&sql, &[&fence.name(), &fence.token(), &fence.owner()])
+            .await
+        {
+            Ok(changed) => assert_eq!(changed, 1, "{level:?}: the holder's write was refused"),
+            Err(e) => {
+                let db_error = e.as_db_error().expect("a server error");
+                assert_eq!(db_error.code().code(), "0A000", "{level:?}: {e}");
+                assert!(db_error.message().contains("READ COMMITTED"), "{e}");
+            }
+        }
+        tx.rollback().await.unwrap();
+    }
+    guard.release().await.unwrap();
 }

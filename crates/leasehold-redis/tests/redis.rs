@@ -808,7 +808,7 @@ async fn a_blackholed_connection_is_replaced_after_requests_time_out() {
     };
     until_waiting(&server, "blackholed").await;
 
-    proxy.blackhole_open();
+    proxy.cut_open(Direction::Both);
     // The first request times out with nothing heard back (its clean-up too); the next is
     // sent on a new connection.
     let first = client.mutex("elsewhere").unwrap().try_lock().await;

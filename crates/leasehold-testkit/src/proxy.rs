@@ -1,6 +1,7 @@
 //! A TCP fault proxy: put it between a client and a server to delay traffic, cut one or
-//! both directions while leaving the sockets open, blackhole the connections open now,
-//! reset every connection, or refuse new ones.
+//! both directions while leaving the sockets open (of every connection, or only of those
+//! open now: a blackholed link the client could replace), reset every connection, or
+//! refuse new ones.
 //!
 //! Cutting a direction holds its bytes rather than dropping them, as TCP would during a
 //! partition: when the link heals they arrive, late. That is what makes late replies,
@@ -40,15 +41,24 @@ struct Link {
 struct Faults {
     to_server: Link,
     to_client: Link,
+    /// Connections numbered below `.0` (those open when it was set) are cut in the
+    /// directions `.1` says (to server, to client).
+    open_cut: Option<(u64, (bool, bool))>,
     refuse: bool,
     /// Bumped by `reset`: connections from an earlier generation are closed with RST.
     generation: u64,
-    /// Connections numbered below this (the `n`th accepted is number `n`) hold every byte
-    /// both ways, for good.
-    blackholed_below: u64,
 }
 
 impl Faults {
+    /// Whether connection `number`'s `direction` is cut.
+    fn cut(&self, number: u64, direction: Direction) -> bool {
+        let (link, open) = match direction {
+            Direction::ToClient => (self.to_client, self.open_cut.map(|(n, (_, c))| (n, c))),
+            _ => (self.to_server, self.open_cut.map(|(n, (s, _))| (n, s))),
+        };
+        link.cut || open.is_some_and(|(before, cut)| cut && number < before)
+    }
+
     fn links(&mut self, direction: Direction) -> Vec<&mut Link> {
         match direction {
             Direction::ToServer => vec![&mut self.to_server],
@@ -64,6 +74,7 @@ pub struct FaultProxy {
     addr: SocketAddr,
     faults: watch::Sender<Faults>,
     open: Arc<AtomicUsize>,
+    /// How many connections were accepted (each is numbered in order from 0).
     accepted: Arc<AtomicU64>,
     task: JoinHandle<()>,
 }
@@ -125,21 +136,28 @@ impl FaultProxy {
         });
     }
 
+    /// Holds every byte in `direction` of the connections open now until
+    /// [`heal`](FaultProxy::heal), as a link that went dead under a client that could open
+    /// another: connections made from now on pass.
+    pub fn cut_open(&self, direction: Direction) {
+        let before = self.accepted.load(Ordering::SeqCst);
+        let (to_server, to_client) = match direction {
+            Direction::ToServer => (true, false),
+            Direction::ToClient => (false, true),
+            Direction::Both => (true, true),
+        };
+        self.faults
+            .send_modify(|f| f.open_cut = Some((before, (to_server, to_client))));
+    }
+
     /// Removes delays and cuts; held bytes are delivered. New connections are accepted.
     pub fn heal(&self) {
         self.faults.send_modify(|f| {
             f.to_server = Link::default();
             f.to_client = Link::default();
+            f.open_cut = None;
             f.refuse = false;
         });
-    }
-
-    /// Holds every byte both ways, for good, on the connections open now — sockets stay
-    /// open, nobody is told — while connections made later pass: one broken connection,
-    /// as a client would see it after a partition that dropped its packets.
-    pub fn blackhole_open(&self) {
-        let below = self.accepted.load(Ordering::SeqCst) + 1;
-        self.faults.send_modify(|f| f.blackholed_below = below);
     }
 
     /// Closes every open connection with a TCP reset.
@@ -176,7 +194,7 @@ async fn accept(
         let Ok((client, _)) = listener.accept().await else {
             continue;
         };
-        let number = accepted.fetch_add(1, Ordering::SeqCst) + 1;
+        let number = accepted.fetch_add(1, Ordering::SeqCst);
         let current = *faults.borrow();
         if current.refuse {
             let _ = client.set_zero_linger();
@@ -265,15 +283,12 @@ async fn pump(
         let mut faults = faults;
         while let Some((arrived, chunk)) = rx.recv().await {
             loop {
-                let (link, blackholed) = {
-                    let faults = faults.borrow_and_update();
-                    let link = match direction {
-                        Direction::ToClient => faults.to_client,
-                        _ => faults.to_server,
-                    };
-                    (link, number < faults.blackholed_below)
+                let current = *faults.borrow_and_update();
+                let link = match direction {
+                    Direction::ToClient => current.to_client,
+                    _ => current.to_server,
                 };
-                if link.cut || blackholed {
+                if current.cut(number, direction) {
                     if faults.changed().await.is_err() {
                         return;
                     }

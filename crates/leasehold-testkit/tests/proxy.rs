@@ -123,3 +123,21 @@ async fn reset_closes_every_connection_and_refuse_turns_new_ones_away() {
     let mut again = TcpStream::connect(proxy.addr()).await.unwrap();
     assert_eq!(roundtrip(&mut again, b"c").await, b"c");
 }
+
+#[tokio::test]
+async fn cutting_the_open_connections_lets_new_ones_through() {
+    let (server, _) = echo().await;
+    let proxy = FaultProxy::start(server).await.unwrap();
+    let mut dead = TcpStream::connect(proxy.addr()).await.unwrap();
+    assert_eq!(roundtrip(&mut dead, b"a").await, b"a");
+    proxy.cut_open(Direction::Both);
+    dead.write_all(b"b").await.unwrap();
+    let mut fresh = TcpStream::connect(proxy.addr()).await.unwrap();
+    assert_eq!(roundtrip(&mut fresh, b"c").await, b"c");
+    let mut back = [0u8; 1];
+    let early = tokio::time::timeout(Duration::from_millis(200), dead.read_exact(&mut back)).await;
+    assert!(early.is_err(), "a cut connection answered");
+    proxy.heal();
+    dead.read_exact(&mut back).await.unwrap();
+    assert_eq!(&back, b"b");
+}

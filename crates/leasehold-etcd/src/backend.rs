@@ -11,13 +11,13 @@ use leasehold_core::backend::{
     Acquire, Backend, Capabilities, Expiry, Grant, Holder, LockState, Mode, Release, Renewal,
     Request, SessionLiveness, TokenDurability, WaitHint, Waiter,
 };
-use leasehold_core::support::queue::holding;
+use leasehold_core::support::queue::{blocker, holding};
 use leasehold_core::{Error, LockName, LossReason, OwnerId, Result};
 
 use crate::connection::EtcdBackend;
 use crate::error::map_error;
 use crate::keys::Placed;
-use crate::reply::{Entry, decode, encode, in_the_way, queue_of, ranges, token};
+use crate::reply::{Entry, decode, encode, queue_of, ranges, token};
 use crate::requests::{self, AcquireShape, Fence};
 use crate::session::Session;
 
@@ -251,7 +251,7 @@ impl EtcdBackend {
             self.remove(req, "withdrawing").await?;
             return Ok(Step::Done(Acquire::Busy(WaitHint::none())));
         }
-        let hint = match (in_the_way(&queue, me), closed_by) {
+        let hint = match (blocker(&queue, me).map(|i| &queue[i]), closed_by) {
             // First in line, but a vanished holder's lock-delay is not over.
             (_, Some((marker, created))) if granted => Hint::deletion_of(marker, created, from),
             (Some(before), _) => Hint::deletion_of(before.key.clone(), before.revision, from),

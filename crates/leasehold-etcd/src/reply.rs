@@ -127,16 +127,6 @@ fn decode_value(value: &[u8]) -> Option<Decoded> {
     ))
 }
 
-/// The key whose change may let the entry at `me` hold: the one just before it (for a
-/// reader, the nearest writer before it); permits watch the whole queue.
-pub(crate) fn in_the_way(queue: &[Entry], me: usize) -> Option<&Entry> {
-    match queue[me].mode {
-        Mode::Exclusive => me.checked_sub(1).map(|i| &queue[i]),
-        Mode::Shared => queue[..me].iter().rev().find(|e| e.mode == Mode::Exclusive),
-        Mode::Permit { .. } => None,
-    }
-}
-
 /// The queue in the contender read `contenders` of `dir`, oldest first, and the oldest
 /// lock-delay marker in `markers` that keeps it closed: one whose owner has no key in the
 /// queue (anything in the marker directory that is not a marker of a queued owner counts).
@@ -177,7 +167,7 @@ pub(crate) fn ranges(responses: &[TxnOpResponse]) -> Vec<&GetResponse> {
 
 #[cfg(test)]
 mod tests {
-    use leasehold_core::support::queue::holding;
+    use leasehold_core::support::queue::{blocker, holding};
 
     use super::*;
 
@@ -200,9 +190,9 @@ mod tests {
         let q = [queued(s, 1), queued(s, 2), queued(x, 3), queued(s, 4)];
         assert_eq!(holding(&q), [true, true, false, false]);
         // The writer waits for the reader before it; the late reader for the writer.
-        assert_eq!(in_the_way(&q, 2).unwrap().key, b"k2");
-        assert_eq!(in_the_way(&q, 3).unwrap().key, b"k3");
-        assert!(in_the_way(&q, 0).is_none());
+        assert_eq!(q[blocker(&q, 2).unwrap()].key, b"k2");
+        assert_eq!(q[blocker(&q, 3).unwrap()].key, b"k3");
+        assert!(blocker(&q, 0).is_none());
         let p = Mode::Permit {
             limit: std::num::NonZeroU32::new(2).unwrap(),
         };
@@ -267,7 +257,7 @@ mod tests {
         assert!(entry("job/", b"job/2a.1", b"garbage", 0x2a, 10).foreign);
         let q = [mine, mutex];
         assert_eq!(holding(&q), [true, false]);
-        assert_eq!(in_the_way(&q, 1).unwrap().key, b"job/2a.0");
+        assert_eq!(q[blocker(&q, 1).unwrap()].key, b"job/2a.0");
     }
 
     #[test]

@@ -137,6 +137,12 @@ pub(crate) struct Contender {
     pub(crate) delayed: bool,
 }
 
+impl leasehold_core::support::queue::Contender for Contender {
+    fn mode(&self) -> Mode {
+        self.mode
+    }
+}
+
 impl Contender {
     /// Reads a child's name; `None` for a child without a sequence number (not a
     /// contender of any queue recipe).
@@ -207,9 +213,10 @@ pub(crate) fn holding(queue: &[Contender], default_limit: Option<NonZeroU32>) ->
 }
 
 /// The contenders whose change may let the one at `me` hold, and so the only ones it
-/// watches: a writer — the one just before it; a reader — the nearest writer before it; a
-/// permit — the one just before it while that one waits too (it touches its node when it
-/// is granted, see `Backend::acquire`), or every holder when it is the first to wait.
+/// watches: a writer or a reader — the one in its way
+/// ([`blocker`](leasehold_core::support::queue::blocker)); a permit — the one just before it
+/// while that one waits too (it touches its node when it is granted, see
+/// `Backend::acquire`), or every holder when it is the first to wait.
 ///
 /// Each with whether it holds.
 pub(crate) fn in_the_way<'q>(
@@ -217,18 +224,19 @@ pub(crate) fn in_the_way<'q>(
     holds: &[bool],
     me: usize,
 ) -> Vec<(&'q Contender, bool)> {
-    let ahead = queue[..me].iter().zip(holds[..me].iter().copied());
     match queue[me].mode {
-        Mode::Exclusive => ahead.rev().take(1).collect(),
-        Mode::Shared => ahead
-            .rev()
-            .find(|(c, _)| c.mode == Mode::Exclusive)
-            .into_iter()
-            .collect(),
         Mode::Permit { .. } => match me.checked_sub(1) {
             Some(before) if !holds[before] => vec![(&queue[before], false)],
-            _ => ahead.filter(|(_, holds)| *holds).collect(),
+            _ => queue[..me]
+                .iter()
+                .zip(holds[..me].iter().copied())
+                .filter(|(_, holds)| *holds)
+                .collect(),
         },
+        _ => leasehold_core::support::queue::blocker(queue, me)
+            .map(|i| (&queue[i], holds[i]))
+            .into_iter()
+            .collect(),
     }
 }
 

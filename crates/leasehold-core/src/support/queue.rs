@@ -57,6 +57,22 @@ pub fn holding<C: Contender>(queue: &[C]) -> Vec<bool> {
         .collect()
 }
 
+/// The contender whose going may let the waiting one at `me` hold — the only one it needs to
+/// watch, so that a release wakes one waiter, not all. An exclusive contender waits for the
+/// one just before it, a shared one for the nearest exclusive one before it; `None` when
+/// nothing before it is in its way. A permit may hold once any contender before it goes
+/// (each counts against its limit): `None` too, meaning every contender before it — a
+/// backend may narrow that (ZooKeeper watches the waiter just before it, which marks its
+/// node when it is granted).
+pub fn blocker<C: Contender>(queue: &[C], me: usize) -> Option<usize> {
+    let before = queue.get(..me)?;
+    match queue[me].mode() {
+        Mode::Exclusive => me.checked_sub(1),
+        Mode::Shared => before.iter().rposition(|c| c.mode() == Mode::Exclusive),
+        Mode::Permit { .. } => None,
+    }
+}
+
 /// Whether the last contender of `queue` holds (`false` for an empty queue).
 pub fn last_holds<C: Contender>(queue: &[C]) -> bool {
     holding(queue).last().copied().unwrap_or(false)
@@ -122,6 +138,18 @@ mod tests {
         // Behind a holder of a smaller limit, a larger one fits.
         assert_eq!(holding(&[p(1), p(3), p(3)]), [true, true, true]);
         assert_eq!(holding(&[p(3), p(3), p(2)]), [true, true, false]);
+    }
+
+    #[test]
+    fn a_waiter_watches_only_who_is_in_its_way() {
+        let q = [S, S, X, S, X];
+        assert_eq!(blocker(&q, 0), None);
+        // A writer waits for the one just before it; a reader for the nearest writer.
+        assert_eq!(blocker(&q, 2), Some(1));
+        assert_eq!(blocker(&q, 3), Some(2));
+        assert_eq!(blocker(&q, 4), Some(3));
+        assert_eq!(blocker(&[p(2), p(2), p(2)], 2), None);
+        assert_eq!(blocker(&q, 9), None);
     }
 
     #[test]

@@ -97,17 +97,18 @@ impl RedisBackend {
         Ok(Self::open(url, options, false).await?.0)
     }
 
-    /// Connects to `url` (within the options' connect timeout); with `run_id`, also reads
-    /// the server's run id.
+    /// Connects to `url` (within the options' connect timeout); as a Redlock node
+    /// (`node`), also reads the server's run id, and counts only the requests Redlock says
+    /// it gave up on as unanswered (see [`Connection`]).
     pub(crate) async fn open(
         url: &str,
         options: RedisOptions,
-        run_id: bool,
+        node: bool,
     ) -> Result<(Self, Option<String>)> {
         let wakeups = Arc::new(Wakeups::default());
-        let connected = connection::connect(url, &options, Router(wakeups.clone()), run_id).await?;
+        let connected = connection::connect(url, &options, Router(wakeups.clone()), node).await?;
         let inner = Arc::new(Inner {
-            conn: Connection::new(connected.conn, url, options, wakeups.clone()),
+            conn: Connection::new(connected.conn, url, options, wakeups.clone(), !node),
             wakeups: wakeups.clone(),
             floors: Mutex::new(Floors::default()),
             warnings: connected.warnings,
@@ -120,6 +121,11 @@ impl RedisBackend {
     /// keys).
     pub fn warnings(&self) -> &[String] {
         &self.inner.warnings
+    }
+
+    /// The health of the connection, for a Redlock node's own timeouts.
+    pub(crate) fn connection(&self) -> &Connection {
+        &self.inner.conn
     }
 
     /// How many lock names this client keeps wake-up state (and a subscription) for: those

@@ -7,13 +7,14 @@
 //! counts the requests given up on while nothing came back (`support::health`) and, after
 //! a few in a row, opens a new connection — with the wake-up channels in use subscribed
 //! on it before it serves anything — and wakes every waiter, as after a reconnection. A
-//! server that is only slow (a Redlock node behind its short node timeout) looks the same
-//! from here, so after one replacement the next waits at least a connect timeout.
+//! server that is only slow looks the same from here, so after one replacement the next
+//! waits at least a connect timeout. A Redlock node's requests are dropped on purpose once
+//! a majority has answered: there only the node timeouts Redlock reports count.
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
-use leasehold_core::support::health::Health;
+use leasehold_core::support::health::{Health, Silence};
 use leasehold_core::support::redact_url;
 use leasehold_core::{Error, Result};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -43,18 +44,22 @@ pub(crate) struct Connection {
     options: RedisOptions,
     wakeups: Arc<Wakeups>,
     health: Health,
+    /// Whether a request dropped unanswered counts as given up on (not on a Redlock node).
+    drops_count: bool,
     /// Held while the connection is being replaced (one replacement at a time), with when
     /// the last one was made.
     replaced: tokio::sync::Mutex<Option<std::time::Instant>>,
 }
 
 impl Connection {
-    /// `connected`, to `url` with `options`, its push messages routed to `wakeups`.
+    /// `connected`, to `url` with `options`, its push messages routed to `wakeups`; a
+    /// request dropped unanswered counts as given up on if `drops_count`.
     pub(crate) fn new(
         connected: ConnectionManager,
         url: &str,
         options: RedisOptions,
         wakeups: Arc<Wakeups>,
+        drops_count: bool,
     ) -> Self {
         Self {
             current: RwLock::new(connected),
@@ -62,6 +67,7 @@ impl Connection {
             options,
             wakeups,
             health: Health::new(),
+            drops_count,
             replaced: tokio::sync::Mutex::new(None),
         }
     }
@@ -102,10 +108,24 @@ impl Connection {
         conn: &mut ConnectionManager,
         cmd: &redis::Cmd,
     ) -> redis::RedisResult<T> {
-        let in_flight = self.health.request();
+        let mut in_flight = self.health.request();
+        if !self.drops_count {
+            in_flight = in_flight.uncounted();
+        }
         let answer = cmd.query_async(conn).await;
         in_flight.answered();
         answer
+    }
+
+    /// What the connection has answered so far, for [`given_up`](Connection::given_up).
+    pub(crate) fn silence(&self) -> Silence {
+        self.health.silence()
+    }
+
+    /// A request sent at `since` timed out: counts as given up on if nothing was answered
+    /// since.
+    pub(crate) fn given_up(&self, since: Silence) {
+        self.health.given_up(since);
     }
 
     /// Opens a new connection, subscribes the wake-up channels in use on it, puts it in

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use leasehold_core::backend::{Acquire, Backend, LockState, Release, Renewal, Request, WaitHint};
+use leasehold_core::support::health::Silence;
 use leasehold_core::{LockName, Result};
 
 use crate::backend::{NodeAcquire, RedisBackend};
@@ -25,6 +26,17 @@ impl Node {
         let (redis, run_id) = RedisBackend::open(url, options.clone(), true).await?;
         let run_id = run_id.ok_or_else(|| crate::error::unexpected("INFO server", "no run id"))?;
         Ok(Node { redis, run_id })
+    }
+
+    /// What the node's connection has answered so far (see [`Node::timed_out`]).
+    pub(crate) fn silence(&self) -> Silence {
+        self.redis.connection().silence()
+    }
+
+    /// A request sent at `since` got no answer within the node timeout: after a few in a
+    /// row with nothing answered, the node's connection is replaced.
+    pub(crate) fn timed_out(&self, since: Silence) {
+        self.redis.connection().given_up(since);
     }
 
     /// The server's run id: two nodes with one run id are one server.

@@ -790,30 +790,30 @@ async fn a_blackholed_connection_is_replaced_after_requests_time_out() {
     let url = format!("redis://127.0.0.1:{}", proxy.port());
     // A waiter comes back to the server every third of the lease: a long lease keeps it
     // asleep on its wake-up channel while the connection breaks and is replaced.
-    let options = LockOptions::builder()
+    let long_lease = LockOptions::builder()
         .ttl(Duration::from_secs(60))
         .request_timeout(Duration::from_secs(1))
         .build()
         .unwrap();
-    let client = Client::builder(RedisBackend::connect(&url).await.unwrap())
-        .options(options)
-        .build();
-    let other = client_of(&server).await;
+    let faults = Faulty::wrap(Arc::new(RedisBackend::connect(&url).await.unwrap()));
+    let cut_off = Client::builder(faults.clone()).options(long_lease).build();
+    let other = client(&server, Duration::from_secs(5)).await;
     let held = other.mutex("blackholed").unwrap().lock().await.unwrap();
     // A waiter subscribed to the name's wake-ups through the connection before it broke;
     // it gives up long before it would come back to the server on its own.
     let waiting = {
-        let mutex = client.mutex("blackholed").unwrap();
+        let mutex = cut_off.mutex("blackholed").unwrap();
         tokio::spawn(async move { mutex.lock_timeout(Duration::from_secs(15)).await })
     };
-    until_waiting(&server, "blackholed").await;
+    // Subscribed (the first wait) and asleep on its channel (the second).
+    faults.until_calls(Op::Wait, 2).await;
 
     proxy.cut_open(Direction::Both);
     // The first request times out with nothing heard back (its clean-up too); the next is
     // sent on a new connection.
-    let first = client.mutex("elsewhere").unwrap().try_lock().await;
+    let first = cut_off.mutex("elsewhere").unwrap().try_lock().await;
     assert!(matches!(first, Err(Error::Timeout(_))), "{first:?}");
-    let second = client.mutex("elsewhere").unwrap().try_lock().await;
+    let second = cut_off.mutex("elsewhere").unwrap().try_lock().await;
     assert!(
         matches!(second, Ok(Some(_))),
         "the client still sends into the silent connection: {second:?}"
@@ -822,25 +822,4 @@ async fn a_blackholed_connection_is_replaced_after_requests_time_out() {
     held.release().await.unwrap();
     let woken = waiting.await.unwrap().unwrap();
     assert!(woken.is_some(), "the waiter was not woken");
-}
-
-async fn client_of(server: &Redis) -> Client {
-    client(server, Duration::from_secs(5)).await
-}
-
-/// Waits until the server shows a waiter entry of `name`.
-async fn until_waiting(server: &Redis, name: &str) {
-    let observer = RedisBackend::connect(&server.url()).await.unwrap();
-    let lock = LockName::new(name).unwrap();
-    loop {
-        let state = observer.inspect(&lock).await.unwrap();
-        if !state.waiters.is_empty() {
-            return;
-        }
-        // Waiter entries are written by the acquire script; the inspect's hint wakes on
-        // the next change of the name.
-        let _ = observer
-            .wait(&lock, &state.hint, Duration::from_secs(1))
-            .await;
-    }
 }

@@ -31,12 +31,26 @@ impl Health {
     }
 
     /// A request is being sent: call [`InFlight::answered`] when its answer (or an error
-    /// from the connection) comes. Dropped without it, the request counts as given up on.
+    /// from the connection) comes. Dropped without it, the request counts as given up on
+    /// (unless made [`uncounted`](InFlight::uncounted)).
     pub fn request(&self) -> InFlight<'_> {
         InFlight {
             health: self,
-            answers_before: self.answers.load(Ordering::Acquire),
+            sent: self.silence(),
+            counted: true,
             answered: false,
+        }
+    }
+
+    /// What has been answered so far, for [`given_up`](Health::given_up).
+    pub fn silence(&self) -> Silence {
+        Silence(self.answers.load(Ordering::Acquire))
+    }
+
+    /// A request sent at `since` was given up on: a stall if nothing was answered since.
+    pub fn given_up(&self, since: Silence) {
+        if self.answers.load(Ordering::Acquire) == since.0 {
+            self.stalls.fetch_add(1, Ordering::AcqRel);
         }
     }
 
@@ -57,16 +71,30 @@ impl Health {
     }
 }
 
+/// How many answers a connection had given when a request was sent (see
+/// [`Health::given_up`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Silence(u64);
+
 /// A request under way on a connection whose [`Health`] it reports to.
 #[derive(Debug)]
 #[must_use = "dropped without `answered`, the request counts as unanswered"]
 pub struct InFlight<'a> {
     health: &'a Health,
-    answers_before: u64,
+    sent: Silence,
+    counted: bool,
     answered: bool,
 }
 
 impl InFlight<'_> {
+    /// Dropped unanswered, this request does not count: its caller may drop it for reasons
+    /// of its own (Redlock stops waiting for the nodes it no longer needs) and reports the
+    /// requests it gave up on itself ([`Health::given_up`]).
+    pub fn uncounted(mut self) -> Self {
+        self.counted = false;
+        self
+    }
+
     /// The connection answered (or failed in a way it reports itself).
     pub fn answered(mut self) {
         self.answered = true;
@@ -76,9 +104,8 @@ impl InFlight<'_> {
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        // Given up on: a stall only if nothing else came back meanwhile either.
-        if !self.answered && self.health.answers.load(Ordering::Acquire) == self.answers_before {
-            self.health.stalls.fetch_add(1, Ordering::AcqRel);
+        if self.counted && !self.answered {
+            self.health.given_up(self.sent);
         }
     }
 }
@@ -110,5 +137,17 @@ mod tests {
         health.request().answered();
         drop(health.request());
         assert!(!health.is_stalled());
+    }
+
+    #[test]
+    fn uncounted_requests_stall_only_when_their_caller_says_so() {
+        let health = Health::new();
+        drop(health.request().uncounted());
+        drop(health.request().uncounted());
+        assert!(!health.is_stalled());
+        let since = health.silence();
+        health.given_up(since);
+        health.given_up(health.silence());
+        assert!(health.is_stalled());
     }
 }

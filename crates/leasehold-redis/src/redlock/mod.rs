@@ -156,9 +156,13 @@ impl RedlockBackend {
             )));
         };
         let limit = self.inner.options.node_timeout;
+        let since = node.silence();
         tokio::time::timeout(limit, call(node))
             .await
-            .unwrap_or(Err(Error::Timeout(limit)))
+            .unwrap_or_else(|_| {
+                node.timed_out(since);
+                Err(Error::Timeout(limit))
+            })
     }
 
     /// Runs `call` on every node at once, each bounded by the node timeout.

@@ -8,7 +8,6 @@ pub mod bench;
 pub mod chaos;
 pub mod inspect;
 pub mod run;
-pub mod session;
 pub mod supervise;
 
 /// Exit codes of `leasehold`. Stable; documented in `docs/cli.md`.

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use leasehold::{Client, Error, LockOptions, parse_duration};
+use leasehold::{Client, ConnectOptions, DEFAULT_TTL, Error, LockOptions, parse_duration};
 use leasehold_cli::run::{Hold, RunSpec, WaitFor};
 use leasehold_cli::{exit, inspect};
 use rustix::process::Signal;
@@ -199,21 +199,57 @@ async fn connect(connection: &Connection) -> Result<Client, Error> {
 }
 
 async fn run(args: RunArgs) -> u8 {
-    // On a session backend the session's ttl is the lock's.
     let url = args
         .connection
         .url
         .clone()
         .filter(|u| !u.is_empty())
         .unwrap_or_else(leasehold::default_url);
-    let (url, ttl) = match leasehold_cli::session::apply_ttl(&url, args.ttl) {
-        Ok(applied) => applied,
+    // On a session backend the session's ttl is the lock's: --ttl sets it, or the URL does,
+    // or the default does; the backend refuses a URL that disagrees with --ttl.
+    let asked = args.ttl.unwrap_or(DEFAULT_TTL);
+    let lock_options = |ttl| LockOptions::builder().ttl(ttl).build();
+    let connect_options = lock_options(asked).and_then(|_| match args.ttl {
+        Some(ttl) => ConnectOptions::default().session_ttl(ttl),
+        None => ConnectOptions::default().default_session_ttl(DEFAULT_TTL),
+    });
+    let connect_options = match connect_options {
+        Ok(options) => options,
         Err(error) => {
             eprintln!("leasehold: {error}");
             return exit::USAGE;
         }
     };
-    let options = match LockOptions::builder().ttl(ttl).build() {
+    let supervisor = match std::env::current_exe() {
+        Ok(path) => path,
+        Err(error) => {
+            eprintln!("leasehold: cannot find its own binary: {error}");
+            return exit::BACKEND;
+        }
+    };
+    // Listen before connecting, so that a signal at any point is handled.
+    let interrupted = match interrupts() {
+        Ok(interrupted) => interrupted,
+        Err(error) => {
+            eprintln!("leasehold: cannot handle signals: {error}");
+            return exit::BACKEND;
+        }
+    };
+    let mut interrupted = std::pin::pin!(interrupted);
+    let client = tokio::select! {
+        client = leasehold::connect_with(&url, connect_options) => match client {
+            Ok(client) => client,
+            Err(error) => {
+                eprintln!("leasehold: {error}");
+                return exit::for_error(&error);
+            }
+        },
+        signal = &mut interrupted => return exit::signal(signal),
+    };
+    // The session's ttl as the backend granted it (etcd: whole seconds; ZooKeeper: within
+    // the server's bounds).
+    let ttl = client.capabilities().session_ttl.unwrap_or(asked);
+    let options = match lock_options(ttl) {
         Ok(options) => options,
         Err(error) => {
             eprintln!("leasehold: {error}");
@@ -237,32 +273,7 @@ async fn run(args: RunArgs) -> u8 {
             .grace
             .unwrap_or_else(|| leasehold_cli::run::default_grace(ttl)),
         command: args.command,
-        supervisor: match std::env::current_exe() {
-            Ok(path) => path,
-            Err(error) => {
-                eprintln!("leasehold: cannot find its own binary: {error}");
-                return exit::BACKEND;
-            }
-        },
-    };
-    // Listen before connecting, so that a signal at any point is handled.
-    let interrupted = match interrupts() {
-        Ok(interrupted) => interrupted,
-        Err(error) => {
-            eprintln!("leasehold: cannot handle signals: {error}");
-            return exit::BACKEND;
-        }
-    };
-    let mut interrupted = std::pin::pin!(interrupted);
-    let client = tokio::select! {
-        client = leasehold::connect(&url) => match client {
-            Ok(client) => client,
-            Err(error) => {
-                eprintln!("leasehold: {error}");
-                return exit::for_error(&error);
-            }
-        },
-        signal = &mut interrupted => return exit::signal(signal),
+        supervisor,
     };
     let code = leasehold_cli::run::run(&client, &spec, interrupted).await;
     client.settle().await;

@@ -446,8 +446,7 @@ fn millis(duration: Duration) -> String {
 async fn acquire(client: &Client, spec: &RunSpec) -> leasehold::Result<Option<Guard>> {
     let name = spec.name.as_str();
     let options = if client.capabilities().has_sessions() {
-        // The session's ttl is the lock's: `leasehold run` set it from --ttl when connecting
-        // (see `session`).
+        // The session's ttl is the lock's: `leasehold run` set it from --ttl when connecting.
         spec.options.to_builder().default_ttl().build()?
     } else {
         spec.options.clone()

@@ -21,3 +21,28 @@ async fn a_paused_run_has_its_command_stopped_by_the_deadline_and_exits_80_on_re
     let url = format!("zk://{}?session_timeout=2s", zookeeper.connect_string());
     common::a_paused_run_has_its_command_stopped_by_the_deadline(&url).await;
 }
+
+#[tokio::test]
+async fn the_lock_ttl_is_the_session_timeout_the_server_negotiated() {
+    // The testkit's servers grant sessions of at most 60 s (`maxSessionTimeout`).
+    let zookeeper = ZooKeeper::start().await.unwrap();
+    let url = zookeeper.url();
+    let run = |args: &[&str]| {
+        tokio::process::Command::new(common::BIN)
+            .args(["run", "--url", &url])
+            .args(args)
+            .args(["job", "--", "true"])
+            .env_remove("LEASEHOLD_URL")
+            .output()
+    };
+    // Asked for 90 s, the session lasts 60 s: a grace that fits 90 s but not 60 s is a usage
+    // error, not a command stopped 20 s into a healthy session.
+    let out = run(&["--ttl", "90s", "--grace", "50s"]).await.unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{stderr}");
+    assert!(stderr.contains("60s lease"), "{stderr}");
+    // The default grace, 10 s, fits the 60 s granted.
+    let out = run(&["--ttl", "90s"]).await.unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+}

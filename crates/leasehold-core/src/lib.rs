@@ -7,7 +7,8 @@
 //! - [`backend::Backend`] — the narrow trait a lock server implements.
 //! - [`memory::InMemory`] — the reference backend, in process.
 //! - [`fencing::Fence`] — the resource-side token check, in process.
-//! - [`support`] — helpers for backend implementors (TLS files, key prefixes, redaction).
+//! - [`support`] — helpers for backend implementors (URLs, TLS files, key prefixes,
+//!   redaction).
 //! - `faulty::Faulty` — fault injection around any backend, and `clock::ManualClock` — time
 //!   moved by hand (both with the `test-util` feature).
 //!
@@ -49,7 +50,9 @@ pub use client::{Client, ClientBuilder};
 pub use error::{Error, LossReason, Result};
 pub use fencing::{Fence, FencingToken, StaleToken};
 pub use name::{LockName, OwnerId};
-pub use options::{DEFAULT_TTL, LockOptions, LockOptionsBuilder, MAX_DURATION, parse_duration};
+pub use options::{
+    ConnectOptions, DEFAULT_TTL, LockOptions, LockOptionsBuilder, MAX_DURATION, parse_duration,
+};
 pub use sync::{
     Election, Guard, Leader, Leadership, Mutex, MutexGuard, Observer, Owner, Permit, ReadGuard,
     RwLock, Semaphore, WriteGuard,

@@ -186,7 +186,7 @@ impl LockOptions {
     }
 }
 
-fn check_range(what: &'static str, d: Duration) -> Result<()> {
+fn check_range(what: &'static str, d: Duration) -> Result<Duration> {
     if d.is_zero() {
         return Err(Error::invalid(what, "must be longer than zero"));
     }
@@ -196,7 +196,7 @@ fn check_range(what: &'static str, d: Duration) -> Result<()> {
             format!("{d:?} is longer than the limit of {MAX_DURATION:?}"),
         ));
     }
-    Ok(())
+    Ok(d)
 }
 
 /// Builds [`LockOptions`]; [`build`](LockOptionsBuilder::build) validates.
@@ -268,6 +268,63 @@ impl LockOptionsBuilder {
     /// renewal interval not shorter than the lease's validity.
     pub fn build(self) -> Result<LockOptions> {
         self.0.validate()
+    }
+}
+
+/// How to connect, beyond what a URL says: the session ttl of a backend whose grants live by
+/// a session (etcd, ZooKeeper, PostgreSQL advisory locks); other backends ignore it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ConnectOptions {
+    /// The ttl, and whether a URL's own wins over it.
+    session_ttl: Option<(Duration, bool)>,
+}
+
+impl ConnectOptions {
+    /// The session ttl: every grant's lease; a URL that sets another is refused. The backend
+    /// may refuse it too, or round it up (etcd: whole seconds; ZooKeeper: into the server's
+    /// bounds): the one granted is its [`Capabilities::session_ttl`](crate::Capabilities).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for zero or more than [`MAX_DURATION`].
+    pub fn session_ttl(mut self, ttl: Duration) -> Result<Self> {
+        self.session_ttl = Some((check_range("session ttl", ttl)?, false));
+        Ok(self)
+    }
+
+    /// As [`session_ttl`](Self::session_ttl), but a URL that sets its own wins.
+    ///
+    /// # Errors
+    ///
+    /// As for [`session_ttl`](Self::session_ttl).
+    pub fn default_session_ttl(mut self, ttl: Duration) -> Result<Self> {
+        self.session_ttl = Some((check_range("session ttl", ttl)?, true));
+        Ok(self)
+    }
+
+    /// For a backend: the session ttl to use when its URL sets `in_url` with the parameter
+    /// `param`; `None` for the backend's default.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] if the URL's and [`session_ttl`](Self::session_ttl) differ.
+    pub fn session_ttl_for(
+        &self,
+        param: &str,
+        in_url: Option<Duration>,
+    ) -> Result<Option<Duration>> {
+        match (in_url, self.session_ttl) {
+            (Some(url), Some((asked, false))) if url != asked => Err(Error::invalid(
+                "session ttl",
+                format!(
+                    "the URL's {param}={url:?} and the {asked:?} asked for when connecting \
+                     disagree; a session has one ttl, so give it in one place (or the same in both)"
+                ),
+            )),
+            (Some(ttl), _) => Ok(Some(ttl)),
+            (None, asked) => Ok(asked.map(|(ttl, _)| ttl)),
+        }
     }
 }
 
@@ -443,5 +500,45 @@ mod tests {
         ] {
             assert!(parse_duration(bad).is_err(), "{bad:?} was accepted");
         }
+    }
+
+    #[test]
+    fn a_session_ttl_asked_for_and_one_in_the_url_agree_or_are_refused() {
+        let secs = Duration::from_secs;
+        let asked = ConnectOptions::default().session_ttl(secs(60)).unwrap();
+        let err = asked.session_ttl_for("ttl", Some(secs(5))).unwrap_err();
+        assert!(err.to_string().contains("ttl=5s and the 60s"), "{err}");
+        assert_eq!(
+            asked.session_ttl_for("ttl", Some(secs(60))).unwrap(),
+            Some(secs(60))
+        );
+        assert_eq!(asked.session_ttl_for("ttl", None).unwrap(), Some(secs(60)));
+        let default = ConnectOptions::default()
+            .default_session_ttl(secs(60))
+            .unwrap();
+        assert_eq!(
+            default.session_ttl_for("ttl", Some(secs(5))).unwrap(),
+            Some(secs(5))
+        );
+        assert_eq!(
+            default.session_ttl_for("ttl", None).unwrap(),
+            Some(secs(60))
+        );
+        let none = ConnectOptions::default();
+        assert_eq!(
+            none.session_ttl_for("ttl", Some(secs(5))).unwrap(),
+            Some(secs(5))
+        );
+        assert_eq!(none.session_ttl_for("ttl", None).unwrap(), None);
+        assert!(
+            ConnectOptions::default()
+                .session_ttl(Duration::ZERO)
+                .is_err()
+        );
+        assert!(
+            ConnectOptions::default()
+                .default_session_ttl(MAX_DURATION * 2)
+                .is_err()
+        );
     }
 }

@@ -54,7 +54,21 @@ impl EtcdBackend {
     /// that cannot be read or hold no usable certificate or key; [`Error::Unavailable`] if
     /// no endpoint answers.
     pub async fn connect(url: &str) -> Result<Self> {
-        let (endpoints, options) = parse_url(url)?;
+        Self::connect_url(url, &leasehold_core::ConnectOptions::default()).await
+    }
+
+    /// Connects to the cluster at `url`, with the session ttl `connect` asks for (a URL
+    /// that sets another is refused).
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`connect`](EtcdBackend::connect).
+    ///
+    /// # Errors
+    ///
+    /// As for [`connect`](EtcdBackend::connect).
+    pub async fn connect_url(url: &str, connect: &leasehold_core::ConnectOptions) -> Result<Self> {
+        let (endpoints, options) = parse_url(url, connect)?;
         Self::connect_with(&endpoints, options).await
     }
 
@@ -73,7 +87,7 @@ impl EtcdBackend {
         options.check()?;
         let mut connect = ConnectOptions::new();
         if let Some((user, password)) = &options.user {
-            connect = connect.with_user(user, password);
+            connect = connect.with_user(user, password.expose());
         }
         let channel =
             transport::channel(endpoints, &options.tls, options.connect_timeout, KEEP_ALIVE)?;

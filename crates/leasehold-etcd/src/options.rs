@@ -2,32 +2,19 @@
 
 use std::time::Duration;
 
-use leasehold_core::support::{TlsFiles, check_key_prefix, redact_url};
-use leasehold_core::{Error, Result, parse_duration};
+use leasehold_core::support::url::{ParsedUrl, UrlParam, url_params};
+use leasehold_core::support::{Secret, TlsFiles, check_key_prefix};
+use leasehold_core::{ConnectOptions, Error, Result};
 
 /// Options of the etcd backend (also settable as URL query parameters).
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EtcdOptions {
     pub(crate) prefix: String,
     pub(crate) session_ttl: Duration,
     pub(crate) drift_margin: Duration,
     pub(crate) connect_timeout: Duration,
-    pub(crate) user: Option<(String, String)>,
+    pub(crate) user: Option<(String, Secret)>,
     pub(crate) tls: TlsFiles,
-}
-
-impl std::fmt::Debug for EtcdOptions {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Never the password.
-        f.debug_struct("EtcdOptions")
-            .field("prefix", &self.prefix)
-            .field("session_ttl", &self.session_ttl)
-            .field("drift_margin", &self.drift_margin)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("user", &self.user.as_ref().map(|(user, _)| user))
-            .field("tls", &self.tls)
-            .finish()
-    }
 }
 
 impl Default for EtcdOptions {
@@ -140,7 +127,7 @@ impl EtcdOptions {
 
     /// Authenticate as `user`.
     pub fn user(mut self, user: &str, password: &str) -> Self {
-        self.user = Some((user.into(), password.into()));
+        self.user = Some((user.into(), Secret::new(password)));
         self
     }
 
@@ -153,123 +140,72 @@ impl EtcdOptions {
     }
 }
 
-/// A URL query parameter: every one the URL accepts, so that parsing, the list in the
-/// "unknown parameter" message and the docs come from this one list.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Param {
-    Prefix,
-    SessionTtl,
-    DriftMargin,
-    ConnectTimeout,
-    TlsCa,
-    TlsCert,
-    TlsKey,
-}
-
-impl Param {
-    const ALL: [Param; 7] = [
-        Param::Prefix,
-        Param::SessionTtl,
-        Param::DriftMargin,
-        Param::ConnectTimeout,
-        Param::TlsCa,
-        Param::TlsCert,
-        Param::TlsKey,
-    ];
-
-    /// The parameter's name in a URL.
-    fn as_str(self) -> &'static str {
-        match self {
-            Param::Prefix => "prefix",
-            Param::SessionTtl => "session_ttl",
-            Param::DriftMargin => "drift_margin",
-            Param::ConnectTimeout => "connect_timeout",
-            Param::TlsCa => "tls_ca",
-            Param::TlsCert => "tls_cert",
-            Param::TlsKey => "tls_key",
-        }
-    }
-
-    fn parse(name: &str) -> Option<Param> {
-        Self::ALL.into_iter().find(|p| p.as_str() == name)
-    }
-
-    /// "prefix, session_ttl, …": every name, for messages.
-    fn known() -> String {
-        Self::ALL.map(Param::as_str).join(", ")
-    }
-
-    /// Sets the parameter's option from its URL value.
-    fn apply(self, options: EtcdOptions, value: &str) -> Result<EtcdOptions> {
-        Ok(match self {
-            Param::Prefix => options.prefix(value)?,
-            Param::SessionTtl => options.session_ttl(parse_duration(value)?)?,
-            Param::DriftMargin => options.drift_margin(parse_duration(value)?),
-            Param::ConnectTimeout => options.connect_timeout(parse_duration(value)?),
-            Param::TlsCa | Param::TlsCert | Param::TlsKey => {
-                let mut options = options;
-                options.tls.read_param(self.as_str(), value)?;
-                options
-            }
-        })
+url_params! {
+    /// The URL parameters of `etcd://` and `etcds://`, each setting the option of its name.
+    enum Param {
+        Prefix = "prefix",
+        SessionTtl = "session_ttl",
+        DriftMargin = "drift_margin",
+        ConnectTimeout = "connect_timeout",
+        TlsCa = "tls_ca",
+        TlsCert = "tls_cert",
+        TlsKey = "tls_key",
     }
 }
 
-/// Splits `etcd://[user:pass@]h1:p1,h2:p2[?params]` into endpoints and options.
-pub(crate) fn parse_url(url: &str) -> Result<(Vec<String>, EtcdOptions)> {
-    let shown = redact_url(url);
-    let invalid = |reason: String| Error::invalid("url", format!("{shown}: {reason}"));
-    let (rest, scheme) = match url.split_once("://") {
-        Some((etcd, rest)) if etcd.eq_ignore_ascii_case("etcd") => (rest, "http"),
-        Some((etcds, rest)) if etcds.eq_ignore_ascii_case("etcds") => (rest, "https"),
-        _ => {
-            return Err(invalid(
-                "expected etcd://host:port[,host:port...] or etcds://… (TLS)".into(),
-            ));
-        }
-    };
-    let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
-    let rest = rest.trim_end_matches('/');
-    if rest.contains('/') {
-        return Err(invalid(
-            "a path is not used; give the prefix as ?prefix=P".into(),
-        ));
+/// Splits `etcd://[user:pass@]h1:p1,h2:p2[?params]` into endpoints and options, with the
+/// session ttl `connect` asks for.
+pub(crate) fn parse_url(url: &str, connect: &ConnectOptions) -> Result<(Vec<String>, EtcdOptions)> {
+    let url = ParsedUrl::parse(
+        url,
+        &["etcd", "etcds"],
+        "etcd://host:port[,host:port...] or etcds://… (TLS)",
+    )?;
+    let tls = url.scheme == "etcds";
+    let scheme = if tls { "https" } else { "http" };
+    let endpoints = url
+        .hosts(1..)?
+        .iter()
+        .map(|host| format!("{scheme}://{host}"));
+    if !url.path()?.trim_end_matches('/').is_empty() {
+        return Err(url.invalid("a path is not used; give the prefix as ?prefix=P"));
     }
     let mut options = EtcdOptions::default();
-    let hosts = match rest.rsplit_once('@') {
-        Some((auth, hosts)) => {
-            let (user, password) = auth.split_once(':').unwrap_or((auth, ""));
-            options = options.user(user, password);
-            hosts
+    if let Some(user) = url.user.as_deref() {
+        options = options.user(user, url.password.as_deref().unwrap_or(""));
+    }
+    let mut session_ttl = None;
+    for (param, value) in url.params::<Param>()? {
+        match param {
+            Param::Prefix => options = options.prefix(value.as_str())?,
+            Param::SessionTtl => {
+                let ttl = value.duration()?;
+                options = options.session_ttl(ttl)?;
+                session_ttl = Some(ttl);
+            }
+            Param::DriftMargin => options = options.drift_margin(value.duration()?),
+            Param::ConnectTimeout => options = options.connect_timeout(value.duration()?),
+            Param::TlsCa | Param::TlsCert | Param::TlsKey => {
+                options.tls.read_param(param.name(), value.as_str())?;
+            }
         }
-        None => rest,
-    };
-    let endpoints: Vec<String> = hosts
-        .split(',')
-        .filter(|h| !h.trim().is_empty())
-        .map(|h| format!("{scheme}://{}", h.trim()))
-        .collect();
-    if endpoints.is_empty() {
-        return Err(invalid("no endpoints".into()));
     }
-    for param in query.split('&').filter(|p| !p.is_empty()) {
-        let (key, value) = param.split_once('=').unwrap_or((param, ""));
-        let Some(param) = Param::parse(key) else {
-            return Err(invalid(format!(
-                "unknown parameter {key:?}; known: {}",
-                Param::known()
-            )));
-        };
-        options = param.apply(options, value)?;
+    if let Some(ttl) = connect.session_ttl_for(Param::SessionTtl.name(), session_ttl)? {
+        // Asked for when connecting, less than a second is rounded up like any fraction.
+        options = options.session_ttl(ttl.max(Duration::from_secs(1)))?;
     }
-    options.tls.check(scheme == "https", "etcds")?;
+    options.tls.check(tls, "etcds")?;
     options.check()?;
-    Ok((endpoints, options))
+    Ok((endpoints.collect(), options))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn parse_url(url: &str) -> Result<(Vec<String>, EtcdOptions)> {
+        super::parse_url(url, &ConnectOptions::default())
+    }
 
     #[test]
     fn urls_give_endpoints_and_options() {
@@ -291,7 +227,7 @@ mod tests {
             let url = format!("etcd://h:1?prefix={prefix}");
             assert_eq!(parse_url(&url).unwrap().1.prefix, prefix);
         }
-        assert_eq!(options.user, Some(("u".into(), "pw".into())));
+        assert_eq!(options.user, Some(("u".into(), Secret::new("pw"))));
         for bad in [
             "etcd://",
             "etcd://h:1?nosuch=1",
@@ -332,12 +268,64 @@ mod tests {
     fn the_unknown_parameter_message_lists_every_parameter() {
         let message = parse_url("etcd://h:1?nosuch=1").unwrap_err().to_string();
         for param in Param::ALL {
-            assert!(message.contains(param.as_str()), "{message}");
-            assert_eq!(Param::parse(param.as_str()), Some(param));
+            assert!(message.contains(param.name()), "{message}");
+            assert_eq!(Param::from_name(param.name()), Some(*param));
         }
         // The TLS parameters are the ones the shared TLS reader knows.
         let tls: Vec<&str> = TlsFiles::PARAMS.split(", ").collect();
         assert_eq!(tls, ["tls_ca", "tls_cert", "tls_key"]);
-        assert!(tls.iter().all(|p| Param::parse(p).is_some()));
+        assert!(tls.iter().all(|p| Param::from_name(p).is_some()));
+    }
+
+    #[test]
+    fn credentials_and_values_are_percent_decoded() {
+        let (_, options) = parse_url("etcd://app:p%40ss%2Fw@h:1?prefix=a%3Ab").unwrap();
+        assert_eq!(options.user, Some(("app".into(), Secret::new("p@ss/w"))));
+        assert_eq!(options.prefix, "a:b");
+    }
+
+    #[test]
+    fn a_parameter_given_twice_is_refused() {
+        let err = parse_url("etcd://h:1?session_ttl=2s&session_ttl=5s").unwrap_err();
+        assert!(err.to_string().contains("twice"), "{err}");
+    }
+
+    #[test]
+    fn the_session_ttl_asked_for_when_connecting_is_the_urls_or_refused() {
+        let secs = Duration::from_secs;
+        let ttl = |url: &str, connect: ConnectOptions| {
+            super::parse_url(url, &connect).map(|(_, o)| o.granted_ttl())
+        };
+        let asked = |ttl| ConnectOptions::default().session_ttl(ttl).unwrap();
+        let default = |ttl| ConnectOptions::default().default_session_ttl(ttl).unwrap();
+        assert_eq!(ttl("etcd://h:1", asked(secs(3))).unwrap(), secs(3));
+        assert_eq!(
+            ttl("etcd://h:1?session_ttl=3s", asked(secs(3))).unwrap(),
+            secs(3)
+        );
+        let err = ttl("etcd://h:1?session_ttl=5s", asked(secs(3))).unwrap_err();
+        assert!(
+            err.to_string().contains("session_ttl=5s and the 3s"),
+            "{err}"
+        );
+        assert_eq!(
+            ttl("etcd://h:1?session_ttl=5s", default(secs(30))).unwrap(),
+            secs(5)
+        );
+        assert_eq!(ttl("etcd://h:1", default(secs(30))).unwrap(), secs(30));
+        assert_eq!(
+            ttl("etcd://h:1", ConnectOptions::default()).unwrap(),
+            secs(10)
+        );
+        // etcd leases are whole seconds: what is asked for is rounded up.
+        assert_eq!(
+            ttl("etcd://h:1", asked(Duration::from_millis(1500))).unwrap(),
+            secs(2)
+        );
+        assert_eq!(
+            ttl("etcd://h:1", asked(Duration::from_millis(500))).unwrap(),
+            secs(1)
+        );
+        assert!(ttl("etcd://h:1", asked(secs(2 * 86_400))).is_err());
     }
 }

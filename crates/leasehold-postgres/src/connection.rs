@@ -68,7 +68,7 @@ impl Connector {
                 tokio_postgres::config::TargetSessionAttrs::Any
             });
         if let Some(password) = &options.password {
-            config.password(password);
+            config.password(password.expose());
         }
         let shown = options
             .hosts

@@ -53,7 +53,7 @@ use async_trait::async_trait;
 use leasehold_core::backend::{
     Acquire, Backend, Capabilities, LockState, Release, Renewal, Request, TokenDurability, WaitHint,
 };
-use leasehold_core::{Error, LockName, Result};
+use leasehold_core::{ConnectOptions, Error, LockName, Result};
 
 use crate::advisory::Advisory;
 use crate::connection::{Connector, Pool, notifications_arrive, transaction_pooled};
@@ -127,6 +127,20 @@ impl PostgresBackend {
     /// [`Error::Unsupported`] for advisory mode through a transaction-pooling proxy.
     pub async fn connect(url: &str) -> Result<Self> {
         Self::connect_with(PostgresOptions::from_url(url)?).await
+    }
+
+    /// Connects to the server at `url`; in advisory mode with the session ttl `connect`
+    /// asks for (a URL that sets another is refused).
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`connect`](PostgresBackend::connect).
+    ///
+    /// # Errors
+    ///
+    /// As for [`connect`](PostgresBackend::connect).
+    pub async fn connect_url(url: &str, connect: &ConnectOptions) -> Result<Self> {
+        Self::connect_with(options::parse_url(url, connect)?).await
     }
 
     /// Connects with `options`.

@@ -1,14 +1,14 @@
 //! Options of the PostgreSQL backend and the URL that sets them.
 //!
 //! `postgres://[user[:password]@]host[:port][,host[:port]…][/dbname][?param=value&…]`
-//! (also `postgresql://`). Every query parameter is one [`Param`]; an unknown one is an
+//! (also `postgresql://`). Every query parameter is one `Param`; an unknown one is an
 //! error that lists the known ones.
 
-use std::fmt;
 use std::time::Duration;
 
-use leasehold_core::support::{TlsFiles, redact_url};
-use leasehold_core::{Error, Result, parse_duration};
+use leasehold_core::support::url::{ParsedUrl, UrlParam, url_params};
+use leasehold_core::support::{Secret, TlsFiles};
+use leasehold_core::{ConnectOptions, Error, Result};
 
 /// How locks are held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -53,96 +53,37 @@ pub enum SslMode {
 }
 
 impl SslMode {
-    fn parse(value: &str) -> Result<Self> {
-        Ok(match value {
-            "disable" => SslMode::Disable,
-            "prefer" => SslMode::Prefer,
-            "require" => SslMode::Require,
-            "verify-ca" => SslMode::VerifyCa,
-            "verify-full" => SslMode::VerifyFull,
-            other => {
-                return Err(Error::invalid(
-                    "sslmode",
-                    format!(
-                        "{other:?} is not one of disable, prefer, require, verify-ca, verify-full"
-                    ),
-                ));
-            }
-        })
-    }
-
     /// Whether the server's certificate is checked against the trusted CAs.
     pub(crate) fn verifies(self) -> bool {
         matches!(self, SslMode::VerifyCa | SslMode::VerifyFull)
     }
 }
 
-/// Every query parameter of a `postgres://` URL.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Param {
-    Schema,
-    Mode,
-    Pooling,
-    PoolSize,
-    SessionTtl,
-    ConnectTimeout,
-    ApplicationName,
-    TargetSessionAttrs,
-    SslMode,
-    TlsCa,
-    TlsCert,
-    TlsKey,
-}
-
-impl Param {
-    const ALL: [Param; 12] = [
-        Param::Schema,
-        Param::Mode,
-        Param::Pooling,
-        Param::PoolSize,
-        Param::SessionTtl,
-        Param::ConnectTimeout,
-        Param::ApplicationName,
-        Param::TargetSessionAttrs,
-        Param::SslMode,
-        Param::TlsCa,
-        Param::TlsCert,
-        Param::TlsKey,
-    ];
-
-    fn key(self) -> &'static str {
-        match self {
-            Param::Schema => "schema",
-            Param::Mode => "mode",
-            Param::Pooling => "pooling",
-            Param::PoolSize => "pool_size",
-            Param::SessionTtl => "session_ttl",
-            Param::ConnectTimeout => "connect_timeout",
-            Param::ApplicationName => "application_name",
-            Param::TargetSessionAttrs => "target_session_attrs",
-            Param::SslMode => "sslmode",
-            Param::TlsCa => "tls_ca",
-            Param::TlsCert => "tls_cert",
-            Param::TlsKey => "tls_key",
-        }
-    }
-
-    fn parse(key: &str) -> Option<Param> {
-        Param::ALL.into_iter().find(|p| p.key() == key)
-    }
-
-    /// "schema, mode, …": every known key, for the unknown-parameter message.
-    fn known() -> String {
-        Param::ALL.map(Param::key).join(", ")
+url_params! {
+    /// The URL parameters of `postgres://` and `postgresql://`, each setting the option of
+    /// its name (`target_session_attrs`: `read_write`).
+    enum Param {
+        Schema = "schema",
+        Mode = "mode",
+        Pooling = "pooling",
+        PoolSize = "pool_size",
+        SessionTtl = "session_ttl",
+        ConnectTimeout = "connect_timeout",
+        ApplicationName = "application_name",
+        TargetSessionAttrs = "target_session_attrs",
+        SslMode = "sslmode",
+        TlsCa = "tls_ca",
+        TlsCert = "tls_cert",
+        TlsKey = "tls_key",
     }
 }
 
 /// Options of the PostgreSQL backend (also settable as URL query parameters).
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PostgresOptions {
     pub(crate) hosts: Vec<(String, u16)>,
     pub(crate) user: String,
-    pub(crate) password: Option<String>,
+    pub(crate) password: Option<Secret>,
     pub(crate) dbname: String,
     pub(crate) schema: String,
     pub(crate) mode: LockMode,
@@ -154,27 +95,6 @@ pub struct PostgresOptions {
     pub(crate) read_write: bool,
     pub(crate) sslmode: SslMode,
     pub(crate) tls: TlsFiles,
-}
-
-impl fmt::Debug for PostgresOptions {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // Never the password.
-        f.debug_struct("PostgresOptions")
-            .field("hosts", &self.hosts)
-            .field("user", &self.user)
-            .field("dbname", &self.dbname)
-            .field("schema", &self.schema)
-            .field("mode", &self.mode)
-            .field("pooling", &self.pooling)
-            .field("pool_size", &self.pool_size)
-            .field("session_ttl", &self.session_ttl)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("application_name", &self.application_name)
-            .field("read_write", &self.read_write)
-            .field("sslmode", &self.sslmode)
-            .field("tls", &self.tls)
-            .finish_non_exhaustive()
-    }
 }
 
 /// The default schema of the lock tables and functions.
@@ -213,7 +133,7 @@ impl PostgresOptions {
     /// [`Error::InvalidArgument`] for a malformed URL, an unknown parameter or a bad value,
     /// with credentials redacted.
     pub fn from_url(url: &str) -> Result<Self> {
-        parse_url(url)
+        parse_url(url, &ConnectOptions::default())
     }
 
     /// Another host to try, in order, when the ones before it cannot be reached (or, with
@@ -225,7 +145,7 @@ impl PostgresOptions {
 
     /// The password.
     pub fn password(mut self, password: &str) -> Self {
-        self.password = Some(password.to_owned());
+        self.password = Some(Secret::new(password));
         self
     }
 
@@ -359,191 +279,91 @@ pub(crate) fn check_identifier(what: &'static str, name: &str) -> Result<()> {
     }
 }
 
-/// Decodes `%XX` escapes.
-fn percent_decode(part: &str) -> Result<String> {
-    let bytes = part.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = part
-                .get(i + 1..i + 3)
-                .and_then(|h| u8::from_str_radix(h, 16).ok());
-            let Some(byte) = hex else {
-                return Err(Error::invalid("url", "a % not followed by two hex digits"));
-            };
-            out.push(byte);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).map_err(|_| Error::invalid("url", "percent-escapes that are not UTF-8"))
-}
-
-fn parse_url(url: &str) -> Result<PostgresOptions> {
-    let shown = redact_url(url);
-    let invalid = |reason: String| Error::invalid("url", format!("{shown}: {reason}"));
-    let rest = match url.split_once("://") {
-        Some((scheme, rest))
-            if scheme.eq_ignore_ascii_case("postgres")
-                || scheme.eq_ignore_ascii_case("postgresql") =>
-        {
-            rest
-        }
-        _ => {
-            return Err(invalid(
-                "expected postgres://[user[:password]@]host[:port][/dbname][?params]".into(),
-            ));
-        }
-    };
-    let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
-    let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
-    let (userinfo, hosts) = match authority.rsplit_once('@') {
-        Some((userinfo, hosts)) => (Some(userinfo), hosts),
-        None => (None, authority),
-    };
-    let (user, password) = match userinfo {
-        Some(info) => {
-            let (user, password) = match info.split_once(':') {
-                Some((user, password)) => (user, Some(percent_decode(password)?)),
-                None => (info, None),
-            };
-            (Some(percent_decode(user)?), password)
-        }
-        None => (None, None),
-    };
-    let user = match user.filter(|u| !u.is_empty()) {
-        Some(user) => user,
+/// Reads a URL, with the session ttl `connect` asks for in advisory mode.
+pub(crate) fn parse_url(url: &str, connect: &ConnectOptions) -> Result<PostgresOptions> {
+    let url = ParsedUrl::parse(
+        url,
+        &["postgres", "postgresql"],
+        "postgres://[user[:password]@]host[:port][/dbname][?params]",
+    )?;
+    let user = match url.user.as_deref().filter(|u| !u.is_empty()) {
+        Some(user) => user.to_owned(),
         None => std::env::var("USER")
             .ok()
             .filter(|u| !u.is_empty())
-            .ok_or_else(|| invalid("no user in the URL, and $USER is not set".into()))?,
+            .ok_or_else(|| url.invalid("no user in the URL, and $USER is not set"))?,
     };
-    let mut parsed_hosts = Vec::new();
-    for host in hosts.split(',') {
-        let host = host.trim();
-        if host.is_empty() {
-            continue;
-        }
-        let port_of = |port: &str| {
-            port.parse::<u16>()
-                .ok()
-                .filter(|p| *p != 0)
-                .ok_or_else(|| invalid(format!("{port:?} is not a port")))
-        };
-        let (name, port) = match host.strip_prefix('[') {
-            // An IPv6 address: [addr] or [addr]:port.
-            Some(rest) => {
-                let (addr, after) = rest
-                    .split_once(']')
-                    .ok_or_else(|| invalid(format!("{host:?} has no closing ]")))?;
-                let port = match after.strip_prefix(':') {
-                    Some(port) => port_of(port)?,
-                    None if after.is_empty() => 5432,
-                    None => return Err(invalid(format!("{host:?} is not [address]:port"))),
-                };
-                (addr, port)
-            }
-            None => match host.rsplit_once(':') {
-                Some((name, port)) => (name, port_of(port)?),
-                None => (host, 5432),
-            },
-        };
-        if name.is_empty() {
-            return Err(invalid(format!("{host:?} has no host name")));
-        }
-        parsed_hosts.push((percent_decode(name)?, port));
-    }
-    if parsed_hosts.is_empty() {
-        return Err(invalid("no host".into()));
-    }
-    let path = path.trim_end_matches('/');
+    let path = url.path()?;
+    let path = path
+        .strip_prefix('/')
+        .unwrap_or(&path)
+        .trim_end_matches('/');
     if path.contains('/') {
-        return Err(invalid(
-            "the path is the database name alone; give the schema as ?schema=S".into(),
-        ));
+        return Err(
+            url.invalid("the path is the database name alone; give the schema as ?schema=S")
+        );
     }
-    let dbname = if path.is_empty() {
-        user.clone()
-    } else {
-        percent_decode(path)?
-    };
-    let (first, more) = parsed_hosts.split_first().expect("at least one host");
-    let mut options = PostgresOptions::new(&first.0, first.1, &user, &dbname);
-    for (host, port) in more {
-        options = options.add_host(host, *port);
-    }
-    options.password = password;
+    let dbname = if path.is_empty() { &user } else { path };
+    let mut options = PostgresOptions::new("", 0, &user, dbname);
+    options.hosts = (url.hosts(1..)?.iter())
+        .map(|host| (host.name.clone(), host.port.unwrap_or(5432)))
+        .collect();
+    options.password = url.password.as_deref().map(Secret::new);
     let mut sslmode = SslMode::Prefer;
     let mut tls = TlsFiles::default();
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-        let value = percent_decode(value)?;
-        let Some(param) = Param::parse(key) else {
-            return Err(invalid(format!(
-                "unknown parameter {key:?}; known: {}",
-                Param::known()
-            )));
-        };
+    let mut session_ttl = None;
+    for (param, value) in url.params::<Param>()? {
         match param {
-            Param::Schema => options = options.schema(&value)?,
+            Param::Schema => options = options.schema(value.as_str())?,
             Param::Mode => {
-                options.mode = match value.as_str() {
-                    "lease" => LockMode::Lease,
-                    "advisory" => LockMode::Advisory,
-                    other => {
-                        return Err(invalid(format!(
-                            "mode={other:?}; expected lease or advisory"
-                        )));
-                    }
-                }
+                options.mode = value
+                    .one_of(&[("lease", LockMode::Lease), ("advisory", LockMode::Advisory)])?;
             }
             Param::Pooling => {
-                options.pooling = match value.as_str() {
-                    "auto" => Pooling::Auto,
-                    "session" | "none" => Pooling::Session,
-                    "transaction" | "statement" => Pooling::Transaction,
-                    other => {
-                        return Err(invalid(format!(
-                            "pooling={other:?}; expected auto, session (or none) or \
-                             transaction (or statement)"
-                        )));
-                    }
-                }
+                options.pooling = value.one_of(&[
+                    ("auto", Pooling::Auto),
+                    ("session", Pooling::Session),
+                    ("none", Pooling::Session),
+                    ("transaction", Pooling::Transaction),
+                    ("statement", Pooling::Transaction),
+                ])?;
             }
-            Param::PoolSize => {
-                let size = value
-                    .parse()
-                    .map_err(|_| invalid(format!("pool_size={value:?} is not a number")))?;
-                options = options.pool_size(size)?;
+            Param::PoolSize => options = options.pool_size(value.number()?)?,
+            Param::SessionTtl => {
+                let ttl = value.duration()?;
+                options = options.session_ttl(ttl)?;
+                session_ttl = Some(ttl);
             }
-            Param::SessionTtl => options = options.session_ttl(parse_duration(&value)?)?,
             Param::ConnectTimeout => {
-                let timeout = parse_duration(&value)?;
+                let timeout = value.duration()?;
                 if timeout.is_zero() {
-                    return Err(invalid("connect_timeout must be longer than zero".into()));
+                    return Err(url.invalid("connect_timeout must be longer than zero"));
                 }
                 options = options.connect_timeout(timeout);
             }
-            Param::ApplicationName => options.application_name = value,
+            Param::ApplicationName => options.application_name = value.as_str().to_owned(),
             Param::TargetSessionAttrs => {
-                options.read_write = match value.as_str() {
-                    "any" => false,
-                    "read-write" => true,
-                    other => {
-                        return Err(invalid(format!(
-                            "target_session_attrs={other:?}; expected any or read-write"
-                        )));
-                    }
-                }
+                options.read_write = value.one_of(&[("any", false), ("read-write", true)])?;
             }
-            Param::SslMode => sslmode = SslMode::parse(&value)?,
+            Param::SslMode => {
+                sslmode = value.one_of(&[
+                    ("disable", SslMode::Disable),
+                    ("prefer", SslMode::Prefer),
+                    ("require", SslMode::Require),
+                    ("verify-ca", SslMode::VerifyCa),
+                    ("verify-full", SslMode::VerifyFull),
+                ])?;
+            }
             Param::TlsCa | Param::TlsCert | Param::TlsKey => {
-                tls.read_param(param.key(), &value)?;
+                tls.read_param(param.name(), value.as_str())?;
             }
         }
+    }
+    // Only advisory locks live by a session.
+    if options.mode == LockMode::Advisory
+        && let Some(ttl) = connect.session_ttl_for(Param::SessionTtl.name(), session_ttl)?
+    {
+        options = options.session_ttl(ttl)?;
     }
     options.tls(sslmode, tls)
 }
@@ -551,6 +371,10 @@ fn parse_url(url: &str) -> Result<PostgresOptions> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn advisory_ttl(url: &str, connect: ConnectOptions) -> Result<Duration> {
+        parse_url(url, &connect).map(|o| o.session_ttl)
+    }
 
     fn reason(url: &str) -> String {
         match PostgresOptions::from_url(url) {
@@ -572,7 +396,7 @@ mod tests {
             vec![("db1".to_owned(), 6000), ("db2".to_owned(), 5432)]
         );
         assert_eq!(o.user, "app");
-        assert_eq!(o.password.as_deref(), Some("p@ss"));
+        assert_eq!(o.password, Some(Secret::new("p@ss")));
         assert_eq!(o.dbname, "orders");
         assert_eq!(o.schema, "locks");
         assert_eq!(o.mode, LockMode::Advisory);
@@ -617,7 +441,7 @@ mod tests {
         assert!(reason("postgres://u@h:0/db").contains("not a port"));
         assert!(reason("postgres://u@h:x/db").contains("not a port"));
         assert!(reason("postgres://u@h/db/x").contains("database name alone"));
-        assert!(reason("postgres://u@h/db?mode=table").contains("lease or advisory"));
+        assert!(reason("postgres://u@h/db?mode=table").contains("one of lease, advisory"));
         assert!(reason("postgres://u@h/db?pooling=maybe").contains("transaction"));
         assert!(reason("postgres://u@h/db?schema=Bad-Name").contains("a-z 0-9 _"));
         assert!(reason("postgres://u@h/db?schema=1x").contains("a-z 0-9 _"));
@@ -631,5 +455,36 @@ mod tests {
         assert!(reason(&format!("postgres://u@h/db?schema={}", "s".repeat(59))).contains("58"));
         assert!(reason("postgres://u@[::1/db").contains("closing ]"));
         assert!(reason("postgres://u@[::1]x/db").contains("[address]:port"));
+    }
+
+    #[test]
+    fn a_parameter_given_twice_is_refused() {
+        let r = reason("postgres://u:hunter2@h/db?mode=advisory&session_ttl=5s&session_ttl=60s");
+        assert!(r.contains("session_ttl") && r.contains("twice"), "{r}");
+        assert!(!r.contains("hunter2"), "{r}");
+    }
+
+    #[test]
+    fn the_session_ttl_asked_for_when_connecting_applies_to_advisory_locks() {
+        let secs = Duration::from_secs;
+        let asked = |ttl| ConnectOptions::default().session_ttl(ttl).unwrap();
+        let default = |ttl| ConnectOptions::default().default_session_ttl(ttl).unwrap();
+        let advisory = "postgres://u@h/db?mode=advisory";
+        assert_eq!(advisory_ttl(advisory, asked(secs(60))).unwrap(), secs(60));
+        assert_eq!(advisory_ttl(advisory, default(secs(30))).unwrap(), secs(30));
+        let url = "postgres://u@h/db?session_ttl=5s&mode=advisory";
+        assert_eq!(advisory_ttl(url, default(secs(30))).unwrap(), secs(5));
+        assert_eq!(advisory_ttl(url, asked(secs(5))).unwrap(), secs(5));
+        let err = advisory_ttl(url, asked(secs(60))).unwrap_err();
+        assert!(err.to_string().contains("disagree"), "{err}");
+        assert!(advisory_ttl(advisory, asked(Duration::from_millis(10))).is_err());
+        // Lease mode has no session: what is asked for does not apply.
+        for lease in [
+            "postgres://u@h/db",
+            "postgres://u@h/db?mode=lease&session_ttl=5s",
+        ] {
+            let default_ttl = PostgresOptions::from_url(lease).unwrap().session_ttl;
+            assert_eq!(advisory_ttl(lease, asked(secs(60))).unwrap(), default_ttl);
+        }
     }
 }

@@ -2,70 +2,21 @@
 
 use std::time::Duration;
 
-use leasehold_core::support::{TlsFiles, redact_url};
-use leasehold_core::{Error, Result, parse_duration};
-
-/// Defines a backend's URL parameters: one enum, its names, and the list of them that
-/// messages show, from one table.
-macro_rules! url_params {
-    ($(#[$meta:meta])* $vis:vis enum $enum:ident { $($(#[$doc:meta])* $variant:ident = $name:literal,)+ }) => {
-        $(#[$meta])*
-        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-        $vis enum $enum {
-            $($(#[$doc])* $variant,)+
-        }
-
-        impl $enum {
-            /// Every parameter, in the order messages list them.
-            $vis const ALL: &'static [$enum] = &[$($enum::$variant,)+];
-
-            /// The parameter's name in URLs.
-            $vis const fn name(self) -> &'static str {
-                match self {
-                    $($enum::$variant => $name,)+
-                }
-            }
-
-            /// The parameter called `name`, if there is one.
-            $vis fn parse(name: &str) -> Option<$enum> {
-                Self::ALL.iter().copied().find(|p| p.name() == name)
-            }
-
-            /// An error for the unknown parameter `name` of `url`, listing the known ones.
-            $vis fn unknown(url: &str, name: &str) -> leasehold_core::Error {
-                let known: Vec<&str> = Self::ALL.iter().map(|p| p.name()).collect();
-                leasehold_core::Error::invalid(
-                    "url",
-                    format!(
-                        "{}: unknown parameter {name:?}; known: {}",
-                        leasehold_core::support::redact_url(url),
-                        known.join(", ")
-                    ),
-                )
-            }
-        }
-    };
-}
-pub(crate) use url_params;
+use leasehold_core::support::TlsFiles;
+use leasehold_core::support::url::{ParsedUrl, UrlParam, url_params};
+use leasehold_core::{Error, Result};
 
 url_params! {
-    /// The URL parameters of `redis://` and `rediss://`.
+    /// The URL parameters of `redis://` and `rediss://`, each setting the option of its name
+    /// (`replicas`, `replica_timeout`, `replicas_required`: a [`ReplicaAck`]).
     pub(crate) enum Param {
-        /// [`RedisOptions::prefix`].
         Prefix = "prefix",
-        /// [`ReplicaAck::replicas`].
         Replicas = "replicas",
-        /// [`ReplicaAck::timeout`].
         ReplicaTimeout = "replica_timeout",
-        /// [`ReplicaAck::required`].
         ReplicasRequired = "replicas_required",
-        /// [`RedisOptions::connect_timeout`].
         ConnectTimeout = "connect_timeout",
-        /// [`RedisOptions::tls_ca`], from a file.
         TlsCa = "tls_ca",
-        /// [`RedisOptions::tls_client`]'s certificate, from a file.
         TlsCert = "tls_cert",
-        /// [`RedisOptions::tls_client`]'s key, from a file.
         TlsKey = "tls_key",
     }
 }
@@ -202,48 +153,30 @@ impl RedisOptions {
 
 /// Splits leasehold's query parameters off a redis URL.
 pub(crate) fn parse_url(url: &str) -> Result<(String, RedisOptions)> {
-    let shown = redact_url(url);
-    let invalid = |reason: String| Error::invalid("url", format!("{shown}: {reason}"));
-    let scheme = url.split_once("://").map(|(s, _)| s.to_ascii_lowercase());
-    match scheme.as_deref() {
-        Some("redis" | "rediss") => {}
-        _ => {
-            return Err(invalid(
-                "expected redis://host:port or rediss://host:port".into(),
-            ));
-        }
-    }
-    let (base, query) = url.split_once('?').unwrap_or((url, ""));
+    let url = ParsedUrl::parse(
+        url,
+        &["redis", "rediss"],
+        "redis://host:port or rediss://host:port",
+    )?;
+    let base = url.with_host(&url.scheme, &url.hosts(1..=1)?[0]);
     let mut options = RedisOptions::default();
     let mut ack = ReplicaAck::new(0, Duration::from_millis(100), true);
-    for param in query.split('&').filter(|p| !p.is_empty()) {
-        let (key, value) = param.split_once('=').unwrap_or((param, ""));
-        let Some(param) = Param::parse(key) else {
-            return Err(Param::unknown(url, key));
-        };
+    for (param, value) in url.params::<Param>()? {
         match param {
-            Param::Prefix => options = options.prefix(value)?,
-            Param::Replicas => {
-                ack.replicas = value
-                    .parse()
-                    .map_err(|_| invalid(format!("replicas={value:?} is not a number")))?;
-            }
-            Param::ReplicaTimeout => ack.timeout = parse_duration(value)?,
-            Param::ReplicasRequired => {
-                ack.required = value.parse().map_err(|_| {
-                    invalid(format!("replicas_required={value:?} is not true or false"))
-                })?;
-            }
-            Param::ConnectTimeout => options = options.connect_timeout(parse_duration(value)?),
+            Param::Prefix => options = options.prefix(value.as_str())?,
+            Param::Replicas => ack.replicas = value.number()?,
+            Param::ReplicaTimeout => ack.timeout = value.duration()?,
+            Param::ReplicasRequired => ack.required = value.boolean()?,
+            Param::ConnectTimeout => options = options.connect_timeout(value.duration()?),
             Param::TlsCa | Param::TlsCert | Param::TlsKey => {
-                options.read_tls_param(param.name(), value)?;
+                options.read_tls_param(param.name(), value.as_str())?;
             }
         }
     }
     if ack.replicas > 0 {
         options = options.replicas(ack)?;
     }
-    Ok((base.to_owned(), options))
+    Ok((base, options))
 }
 
 #[cfg(test)]
@@ -297,7 +230,7 @@ mod tests {
         let err = parse_url("redis://h:1?nosuch=1").unwrap_err().to_string();
         assert!(err.contains("unknown parameter \"nosuch\""), "{err}");
         for param in Param::ALL {
-            assert_eq!(Param::parse(param.name()), Some(*param));
+            assert_eq!(Param::from_name(param.name()), Some(*param));
             assert!(err.contains(param.name()), "{err} does not list {param:?}");
         }
         // Every parameter is read: none is listed but refused.
@@ -316,5 +249,11 @@ mod tests {
                 Err(err) => assert!(err.to_string().contains("/no/such/file"), "{url}: {err}"),
             }
         }
+    }
+
+    #[test]
+    fn a_parameter_given_twice_is_refused() {
+        let err = parse_url("redis://h:1?prefix=a&prefix=b").unwrap_err();
+        assert!(err.to_string().contains("twice"), "{err}");
     }
 }

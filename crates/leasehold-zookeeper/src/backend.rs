@@ -12,7 +12,7 @@ use leasehold_core::backend::{
     Acquire, Backend, Capabilities, Expiry, Grant, Holder, LockState, Mode, Release, Renewal,
     Request, SessionLiveness, TokenDurability, WaitHint, Waiter,
 };
-use leasehold_core::{Error, FencingToken, LockName, LossReason, OwnerId, Result};
+use leasehold_core::{ConnectOptions, Error, FencingToken, LockName, LossReason, OwnerId, Result};
 use tokio::sync::Mutex as AsyncMutex;
 use zookeeper_client as zk;
 
@@ -155,7 +155,21 @@ impl ZooKeeperBackend {
     /// [`Error::Unavailable`] if no server answers within the connect timeout;
     /// [`Error::Backend`] if the chroot or the prefix node cannot be created (an ACL).
     pub async fn connect(url: &str) -> Result<Self> {
-        let (target, options) = parse_url(url)?;
+        Self::connect_url(url, &ConnectOptions::default()).await
+    }
+
+    /// Connects to the ensemble at `url`, asking for the session timeout `connect` sets as
+    /// its session ttl (a URL that sets another is refused).
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`connect`](ZooKeeperBackend::connect).
+    ///
+    /// # Errors
+    ///
+    /// As for [`connect`](ZooKeeperBackend::connect).
+    pub async fn connect_url(url: &str, connect: &ConnectOptions) -> Result<Self> {
+        let (target, options) = parse_url(url, connect)?;
         Self::open(target, options).await
     }
 
@@ -178,7 +192,7 @@ impl ZooKeeperBackend {
         if let Some(chroot) = chroot {
             url.push_str(chroot);
         }
-        let (target, _) = parse_url(&url)?;
+        let (target, _) = parse_url(&url, &ConnectOptions::default())?;
         Self::open(target, options).await
     }
 

@@ -1,30 +1,18 @@
 //! Options and the URL: `zk://[user:pass@]h1:p1[,h2:p2…][/chroot][?param=value&…]`.
 
-use std::fmt;
 use std::time::Duration;
 
-use leasehold_core::support::{check_key_prefix, redact_url};
-use leasehold_core::{Error, Result, parse_duration};
+use leasehold_core::support::url::{ParsedUrl, UrlParam, url_params};
+use leasehold_core::support::{Secret, check_key_prefix};
+use leasehold_core::{ConnectOptions, Error, Result};
 
 /// Options of the ZooKeeper backend (also settable as URL query parameters).
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ZooKeeperOptions {
     pub(crate) prefix: String,
     pub(crate) session_timeout: Duration,
     pub(crate) connect_timeout: Duration,
-    pub(crate) digest: Option<(String, String)>,
-}
-
-impl fmt::Debug for ZooKeeperOptions {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // Never the password.
-        f.debug_struct("ZooKeeperOptions")
-            .field("prefix", &self.prefix)
-            .field("session_timeout", &self.session_timeout)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("digest_user", &self.digest.as_ref().map(|(user, _)| user))
-            .finish()
-    }
+    pub(crate) digest: Option<(String, Secret)>,
 }
 
 impl Default for ZooKeeperOptions {
@@ -102,45 +90,17 @@ impl ZooKeeperOptions {
     /// creates are then readable and writable by that identity only (ZooKeeper's
     /// `CREATOR_ALL_ACL`), and it can use lock directories protected for it.
     pub fn digest(mut self, user: &str, password: &str) -> Self {
-        self.digest = Some((user.into(), password.into()));
+        self.digest = Some((user.into(), Secret::new(password)));
         self
     }
 }
 
-/// The URL's query parameters: one list, which the parser matches and the "unknown
-/// parameter" message enumerates.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Param {
-    SessionTimeout,
-    ConnectTimeout,
-    Prefix,
-}
-
-impl Param {
-    const ALL: [Param; 3] = [Param::SessionTimeout, Param::ConnectTimeout, Param::Prefix];
-
-    fn key(self) -> &'static str {
-        match self {
-            Param::SessionTimeout => "session_timeout",
-            Param::ConnectTimeout => "connect_timeout",
-            Param::Prefix => "prefix",
-        }
-    }
-
-    fn parse(key: &str) -> Option<Param> {
-        Self::ALL.into_iter().find(|p| p.key() == key)
-    }
-
-    fn known() -> String {
-        Self::ALL.map(Param::key).join(", ")
-    }
-
-    fn apply(self, options: ZooKeeperOptions, value: &str) -> Result<ZooKeeperOptions> {
-        match self {
-            Param::SessionTimeout => options.session_timeout(parse_duration(value)?),
-            Param::ConnectTimeout => options.connect_timeout(parse_duration(value)?),
-            Param::Prefix => options.prefix(value),
-        }
+url_params! {
+    /// The URL parameters of `zk://`, each setting the option of its name.
+    enum Param {
+        SessionTimeout = "session_timeout",
+        ConnectTimeout = "connect_timeout",
+        Prefix = "prefix",
     }
 }
 
@@ -160,79 +120,46 @@ impl Target {
 }
 
 /// Splits `zk://[user:pass@]h1:p1[,h2:p2…][/chroot][?params]` (or `zookeeper://…`) into
-/// the servers, the chroot and the options. Every message hides the password.
-pub(crate) fn parse_url(url: &str) -> Result<(Target, ZooKeeperOptions)> {
-    let shown = redact_url(url);
-    let invalid = |reason: String| Error::invalid("url", format!("{shown}: {reason}"));
-    let rest = match url.split_once("://") {
-        Some((scheme, rest))
-            if scheme.eq_ignore_ascii_case("zk") || scheme.eq_ignore_ascii_case("zookeeper") =>
-        {
-            rest
-        }
-        _ => {
-            return Err(invalid(
-                "expected zk://host:port[,host:port...][/chroot][?params]".into(),
-            ));
-        }
-    };
-    let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
-    let (authority, path) = match rest.find('/') {
-        Some(slash) => rest.split_at(slash),
-        None => (rest, ""),
-    };
+/// the servers, the chroot and the options, with the session timeout `connect` asks for.
+/// Every message hides the password.
+pub(crate) fn parse_url(url: &str, connect: &ConnectOptions) -> Result<(Target, ZooKeeperOptions)> {
+    let url = ParsedUrl::parse(
+        url,
+        &["zk", "zookeeper"],
+        "zk://host:port[,host:port...][/chroot][?params]",
+    )?;
     let mut options = ZooKeeperOptions::default();
-    let hosts = match authority.rsplit_once('@') {
-        Some((auth, hosts)) => {
-            let Some((user, password)) = auth.split_once(':') else {
-                return Err(invalid(
-                    "credentials are user:password (ZooKeeper's digest scheme)".into(),
-                ));
-            };
-            if user.is_empty() {
-                return Err(invalid("the user name is empty".into()));
-            }
-            options = options.digest(user, password);
-            hosts
+    match (url.user.as_deref(), url.password.as_deref()) {
+        (None, _) => {}
+        (Some(_), None) => {
+            return Err(url.invalid("credentials are user:password (ZooKeeper's digest scheme)"));
         }
-        None => authority,
-    };
-    let mut servers = Vec::new();
-    for host in hosts.split(',').map(str::trim).filter(|h| !h.is_empty()) {
-        let port = host
-            .rsplit_once(':')
-            .filter(|(name, _)| !name.is_empty())
-            .and_then(|(_, port)| port.parse::<u16>().ok())
-            .filter(|port| *port != 0);
-        if port.is_none() {
-            return Err(invalid(format!("{host:?} is not host:port")));
+        (Some(""), Some(_)) => return Err(url.invalid("the user name is empty")),
+        (Some(user), Some(password)) => options = options.digest(user, password),
+    }
+    let mut hosts = Vec::new();
+    for host in url.hosts(1..)? {
+        if host.port.is_none() {
+            return Err(url.invalid(format!("{:?} is not host:port", host.to_string())));
         }
-        servers.push(host.to_owned());
+        hosts.push(host.to_string());
     }
-    if servers.is_empty() {
-        return Err(invalid("no servers".into()));
-    }
-    let chroot = match path.trim_end_matches('/') {
+    let chroot = match url.path()?.trim_end_matches('/') {
         "" => None,
-        chroot => Some(check_chroot(chroot).map_err(invalid)?),
+        chroot => Some(check_chroot(chroot).map_err(|reason| url.invalid(reason))?),
     };
-    for param in query.split('&').filter(|p| !p.is_empty()) {
-        let (key, value) = param.split_once('=').unwrap_or((param, ""));
-        let Some(param) = Param::parse(key) else {
-            return Err(invalid(format!(
-                "unknown parameter {key:?}; known: {}",
-                Param::known()
-            )));
-        };
-        options = param.apply(options, value)?;
+    let mut session_timeout = None;
+    for (param, value) in url.params::<Param>()? {
+        match param {
+            Param::SessionTimeout => session_timeout = Some(value.duration()?),
+            Param::ConnectTimeout => options = options.connect_timeout(value.duration()?)?,
+            Param::Prefix => options = options.prefix(value.as_str())?,
+        }
     }
-    Ok((
-        Target {
-            hosts: servers,
-            chroot,
-        },
-        options,
-    ))
+    if let Some(timeout) = connect.session_ttl_for(Param::SessionTimeout.name(), session_timeout)? {
+        options = options.session_timeout(timeout)?;
+    }
+    Ok((Target { hosts, chroot }, options))
 }
 
 /// A chroot as ZooKeeper accepts it: `/` then components that are not empty, `.` or `..`,
@@ -262,6 +189,10 @@ fn check_chroot(chroot: &str) -> std::result::Result<String, String> {
 mod tests {
     use super::*;
 
+    fn parse_url(url: &str) -> Result<(Target, ZooKeeperOptions)> {
+        super::parse_url(url, &ConnectOptions::default())
+    }
+
     #[test]
     fn urls_give_servers_chroot_and_options() {
         let (target, options) = parse_url(
@@ -274,7 +205,7 @@ mod tests {
         assert_eq!(options.session_timeout, Duration::from_millis(1500));
         assert_eq!(options.connect_timeout, Duration::from_secs(2));
         assert_eq!(options.prefix, "lh");
-        assert_eq!(options.digest, Some(("app".into(), "pw".into())));
+        assert_eq!(options.digest, Some(("app".into(), Secret::new("pw"))));
         let (target, options) = parse_url("zookeeper://127.0.0.1:2181/").unwrap();
         assert_eq!(target.chroot, None);
         assert_eq!(options, ZooKeeperOptions::default());
@@ -317,5 +248,40 @@ mod tests {
         );
         let (_, options) = parse_url("zk://u:hunter2@h:1").unwrap();
         assert!(!format!("{options:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn credentials_are_percent_decoded_and_parameters_given_once() {
+        let (_, options) = parse_url("zk://app:p%40ss@h:1").unwrap();
+        assert_eq!(options.digest, Some(("app".into(), Secret::new("p@ss"))));
+        let err = parse_url("zk://h:1?prefix=a&prefix=b").unwrap_err();
+        assert!(err.to_string().contains("twice"), "{err}");
+    }
+
+    #[test]
+    fn the_session_timeout_asked_for_when_connecting_is_the_urls_or_refused() {
+        let ms = Duration::from_millis;
+        let timeout = |url: &str, connect: ConnectOptions| {
+            super::parse_url(url, &connect).map(|(_, o)| o.session_timeout)
+        };
+        let asked = |ttl| ConnectOptions::default().session_ttl(ttl).unwrap();
+        let default = |ttl| ConnectOptions::default().default_session_ttl(ttl).unwrap();
+        assert_eq!(timeout("zk://h:1", asked(ms(2500))).unwrap(), ms(2500));
+        let url = "zk://h:1?session_timeout=5s";
+        assert_eq!(timeout(url, asked(ms(5000))).unwrap(), ms(5000));
+        let err = timeout(url, asked(ms(2500))).unwrap_err();
+        assert!(
+            err.to_string().contains("session_timeout=5s and the 2.5s"),
+            "{err}"
+        );
+        assert_eq!(timeout(url, default(ms(30_000))).unwrap(), ms(5000));
+        assert_eq!(
+            timeout("zk://h:1", default(ms(30_000))).unwrap(),
+            ms(30_000)
+        );
+        assert!(
+            timeout("zk://h:1", asked(ms(50))).is_err(),
+            "below the 100 ms floor"
+        );
     }
 }

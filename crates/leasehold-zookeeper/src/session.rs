@@ -156,7 +156,8 @@ async fn connect(
 ) -> Result<zk::Client> {
     let mut connector = zk::Client::connector().with_session_timeout(timeout);
     if let Some((user, password)) = &options.digest {
-        connector = connector.with_auth("digest", format!("{user}:{password}").as_bytes());
+        let auth = format!("{user}:{}", password.expose());
+        connector = connector.with_auth("digest", auth.as_bytes());
     }
     if detached {
         connector = connector.with_detached();

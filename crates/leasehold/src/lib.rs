@@ -45,6 +45,9 @@ pub use leasehold_zookeeper as zookeeper;
 /// | `zk://[user:pass@]h1:p1[,h2:p2…][/chroot][?session_timeout=…]` | `zookeeper::ZooKeeperBackend` — a ZooKeeper ensemble (feature `zookeeper`, on by default) |
 /// | `postgres://[user:pass@]host:port[/db][?schema=…&mode=lease\|advisory…]`, `postgresql://…` | `postgres::PostgresBackend` — a PostgreSQL server: a lease table, or advisory locks (feature `postgres`) |
 ///
+/// Every backend reads its URL with [`support::url`]: percent-escapes are decoded, and an
+/// unknown parameter or one given twice is refused.
+///
 /// # Cancel safety
 ///
 /// Dropping the future abandons the connection attempt; no lock is taken by connecting.
@@ -54,7 +57,24 @@ pub use leasehold_zookeeper as zookeeper;
 /// [`Error::InvalidArgument`] for an unknown scheme or a malformed URL (credentials
 /// redacted in the message); [`Error::Unavailable`] if the service cannot be reached.
 pub async fn connect(url: &str) -> Result<Client> {
-    Ok(Client::builder_from_arc(connect_backend(url).await?).build())
+    connect_with(url, ConnectOptions::default()).await
+}
+
+/// Connects to the lock service at `url` (see [`connect`]) with `options` that are not URL
+/// text: the session ttl of etcd, ZooKeeper (its session timeout) and PostgreSQL advisory
+/// locks. The ttl granted is the client's
+/// [`capabilities().session_ttl`](Capabilities::session_ttl).
+///
+/// # Cancel safety
+///
+/// As for [`connect`].
+///
+/// # Errors
+///
+/// As for [`connect`]; also [`Error::InvalidArgument`] if the URL sets a session ttl other
+/// than the one `options` ask for, or the backend cannot have that one.
+pub async fn connect_with(url: &str, options: ConnectOptions) -> Result<Client> {
+    Ok(Client::builder_from_arc(open(url, &options).await?).build())
 }
 
 /// The backend behind `url`, for use with [`Client::builder_from_arc`] (to choose the
@@ -68,92 +88,91 @@ pub async fn connect(url: &str) -> Result<Client> {
 ///
 /// As for [`connect`].
 pub async fn connect_backend(url: &str) -> Result<Arc<dyn Backend>> {
+    open(url, &ConnectOptions::default()).await
+}
+
+/// Every URL scheme, with the cargo feature that builds its backend in and whether this
+/// build has it: the one table that [`connect`] (and the table in its docs) and
+/// [`supported_schemes`] follow. The first scheme of a row is the one listed.
+const SCHEMES: &[(&[&str], &str, bool)] = &[
+    (&["memory"], "", true),
+    (&["file"], "file", cfg!(feature = "file")),
+    (&["redis", "rediss"], "redis", cfg!(feature = "redis")),
+    (&["redlock"], "redis", cfg!(feature = "redis")),
+    (&["etcd", "etcds"], "etcd", cfg!(feature = "etcd")),
+    (
+        &["zk", "zookeeper"],
+        "zookeeper",
+        cfg!(feature = "zookeeper"),
+    ),
+    (
+        &["postgres", "postgresql"],
+        "postgres",
+        cfg!(feature = "postgres"),
+    ),
+];
+
+/// Opens the backend of `url`'s scheme (see [`SCHEMES`]).
+async fn open(url: &str, options: &ConnectOptions) -> Result<Arc<dyn Backend>> {
+    let _ = options; // unused in a build without a session backend
     let invalid =
-        |reason: String| Error::invalid("url", format!("{}: {reason}", support::redact_url(url)));
-    let scheme = url
-        .split_once(':')
-        .map(|(scheme, _)| scheme.to_ascii_lowercase())
-        .filter(|s| {
-            !s.is_empty()
-                && s.chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c))
-        })
+        |why: String| Error::invalid("url", format!("{}: {why}", support::redact_url(url)));
+    let supported = supported_schemes().join(", ");
+    let scheme = support::url::scheme(url)
         .ok_or_else(|| invalid("not a URL; expected e.g. file:///path/to/dir".into()))?;
-    match scheme.as_str() {
-        "memory" => Ok(Arc::new(memory::InMemory::new())),
+    let row = SCHEMES
+        .iter()
+        .find(|(names, ..)| names.contains(&scheme.as_str()));
+    let Some((names, feature, _)) = row else {
+        return Err(invalid(format!(
+            "unknown scheme {scheme:?}; this build supports {supported}"
+        )));
+    };
+    Ok(match names.first().copied().unwrap_or_default() {
+        "memory" => Arc::new(memory::InMemory::new()),
         #[cfg(feature = "file")]
-        "file" => {
-            let parsed = url::Url::parse(url).map_err(|e| invalid(e.to_string()))?;
-            if !matches!(parsed.host_str(), None | Some("") | Some("localhost")) {
-                return Err(invalid(
-                    "file locks only work on this host; use file:///absolute/path".into(),
-                ));
-            }
-            // `file:relative` would be read as `/relative`: insist on the absolute form.
-            if !url[scheme.len()..].starts_with("://") {
-                return Err(invalid(
-                    "expected an absolute path, as in file:///var/lock/app".into(),
-                ));
-            }
-            let dir = parsed.to_file_path().map_err(|()| {
-                invalid("expected an absolute path, as in file:///var/lock/app".into())
-            })?;
-            Ok(Arc::new(file::FileBackend::open(dir)?))
-        }
+        "file" => Arc::new(file::FileBackend::open(file_path(url)?)?),
         #[cfg(feature = "redis")]
-        "redis" | "rediss" => Ok(Arc::new(redis::RedisBackend::connect(url).await?)),
+        "redis" => Arc::new(redis::RedisBackend::connect(url).await?),
         #[cfg(feature = "redis")]
-        "redlock" => Ok(Arc::new(redis::RedlockBackend::connect(url).await?)),
+        "redlock" => Arc::new(redis::RedlockBackend::connect(url).await?),
         #[cfg(feature = "etcd")]
-        "etcd" | "etcds" => Ok(Arc::new(etcd::EtcdBackend::connect(url).await?)),
+        "etcd" => Arc::new(etcd::EtcdBackend::connect_url(url, options).await?),
         #[cfg(feature = "zookeeper")]
-        "zk" | "zookeeper" => Ok(Arc::new(zookeeper::ZooKeeperBackend::connect(url).await?)),
+        "zk" => Arc::new(zookeeper::ZooKeeperBackend::connect_url(url, options).await?),
         #[cfg(feature = "postgres")]
-        "postgres" | "postgresql" => Ok(Arc::new(postgres::PostgresBackend::connect(url).await?)),
-        other => {
-            let feature = match other {
-                "file" => Some("file"),
-                "redis" | "rediss" | "redlock" => Some("redis"),
-                "etcd" | "etcds" => Some("etcd"),
-                "zk" | "zookeeper" => Some("zookeeper"),
-                "postgres" | "postgresql" => Some("postgres"),
-                _ => None,
-            };
-            Err(invalid(match feature {
-                Some(feature) => format!(
-                    "{other}:// needs leasehold built with the `{feature}` cargo feature; \
-                     this build supports {}",
-                    supported_schemes().join(", ")
-                ),
-                None => format!(
-                    "unknown scheme {other:?}; this build supports {}",
-                    supported_schemes().join(", ")
-                ),
-            }))
+        "postgres" => Arc::new(postgres::PostgresBackend::connect_url(url, options).await?),
+        _ => {
+            let build = format!("leasehold built with the `{feature}` cargo feature");
+            return Err(invalid(format!(
+                "{scheme}:// needs {build}; this build supports {supported}"
+            )));
         }
+    })
+}
+
+/// The directory of a `file:///absolute/path` URL (or `file://localhost/…`).
+#[cfg(feature = "file")]
+fn file_path(url: &str) -> Result<std::path::PathBuf> {
+    use std::os::unix::ffi::OsStringExt;
+    let absolute = "an absolute path, as in file:///var/lock/app";
+    let url = support::url::ParsedUrl::parse(url, &["file"], absolute)?;
+    let localhost = |host: &support::url::Host| host.to_string().eq_ignore_ascii_case("localhost");
+    if !url.hosts(0..=1)?.iter().all(localhost) || url.user.is_some() {
+        return Err(url.invalid("file locks only work on this host; use file:///absolute/path"));
+    }
+    match url.path_bytes()? {
+        path if path.is_empty() => Err(url.invalid(format!("expected {absolute}"))),
+        path => Ok(std::ffi::OsString::from_vec(path).into()),
     }
 }
 
 /// The URL schemes this build of leasehold can connect to.
 pub fn supported_schemes() -> Vec<&'static str> {
-    let mut schemes = vec!["memory"];
-    if cfg!(feature = "file") {
-        schemes.push("file");
-    }
-    if cfg!(feature = "redis") {
-        schemes.push("redis");
-        schemes.push("redlock");
-    }
-    if cfg!(feature = "etcd") {
-        schemes.push("etcd");
-    }
-    if cfg!(feature = "zookeeper") {
-        schemes.push("zk");
-    }
-    if cfg!(feature = "postgres") {
-        schemes.push("postgres");
-    }
-    schemes
+    let built = SCHEMES.iter().filter(|(_, _, built)| *built);
+    built
+        .filter_map(|(names, ..)| names.first().copied())
+        .collect()
 }
 
 /// The URL used when none is given: the file backend in its default directory.
@@ -216,5 +235,51 @@ mod tests {
         let client = connect("memory:").await.unwrap();
         assert_eq!(client.capabilities().backend, "memory");
         assert!(default_url().starts_with("file:///"));
+    }
+
+    #[tokio::test]
+    async fn a_backend_without_sessions_ignores_the_session_ttl() {
+        let options = ConnectOptions::default().session_ttl(std::time::Duration::from_secs(60));
+        let client = connect_with("memory:", options.unwrap()).await.unwrap();
+        assert_eq!(client.capabilities().session_ttl, None);
+    }
+
+    #[tokio::test]
+    async fn every_scheme_of_the_table_reaches_its_backend() {
+        for (names, ..) in SCHEMES.iter().filter(|(_, _, built)| *built) {
+            for name in *names {
+                // Without a host or path, every backend refuses the URL itself.
+                match connect(&format!("{name}://")).await {
+                    Ok(client) => assert_eq!(client.capabilities().backend, "memory"),
+                    Err(error) => {
+                        let reason = error.to_string();
+                        assert!(!reason.contains("cargo feature"), "{name}: {reason}");
+                        assert!(
+                            matches!(error, Error::InvalidArgument { .. }),
+                            "{name}: {error}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn file_urls_are_percent_decoded_and_may_name_localhost() {
+        let dir = tempfile::tempdir().unwrap();
+        let spaced = dir.path().join("a dir#1");
+        let url = url::Url::from_directory_path(&spaced).unwrap();
+        assert!(url.as_str().contains("a%20dir%231"), "{url}");
+        connect(url.as_str()).await.unwrap();
+        assert!(spaced.is_dir());
+        let local = format!("file://LOCALHOST{}", dir.path().join("b").display());
+        connect(&local).await.unwrap();
+        assert!(dir.path().join("b").is_dir());
+        assert!(invalid("file://").await.contains("absolute"));
+        let reason = invalid("file://u:hunter2@/tmp/x").await;
+        assert!(
+            reason.contains("this host") && !reason.contains("hunter2"),
+            "{reason}"
+        );
     }
 }

@@ -1,12 +1,13 @@
 //! Helpers for backend implementors: who holds in a queue, connections that stopped
-//! answering, TLS files, key prefixes, credentials kept out of messages.
+//! answering, URLs, TLS files, key prefixes, credentials kept out of messages.
 
 pub mod health;
 mod prefix;
 pub mod queue;
-mod redact;
 mod tls;
+pub mod url;
 
 pub use prefix::check_key_prefix;
-pub use redact::redact_url;
 pub use tls::TlsFiles;
+#[doc(inline)]
+pub use url::{Secret, redact_url, url_params};

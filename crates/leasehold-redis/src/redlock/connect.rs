@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use leasehold_core::support::redact_url;
+use leasehold_core::support::url::ParsedUrl;
 use leasehold_core::{Error, Result};
 use tokio::sync::mpsc;
 
@@ -216,15 +217,16 @@ fn same_server(first: &str, second: &str) -> Error {
 pub(super) async fn refuse_same_address(urls: &[String]) -> Result<()> {
     let mut owners: HashMap<SocketAddr, &String> = HashMap::new();
     for url in urls {
-        let authority = url
-            .split_once("://")
-            .map_or(url.as_str(), |(_, rest)| rest)
-            .split(['/', '?'])
-            .next()
-            .unwrap_or_default();
-        let hostport = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
-        let Ok(addrs) = tokio::net::lookup_host(hostport).await else {
-            continue; // unresolvable now: the connection attempt will say so
+        // Unparsable or unresolvable now: the connection attempt will say so.
+        let Ok(parsed) = ParsedUrl::parse(url, &["redis", "rediss"], "redis://host:port") else {
+            continue;
+        };
+        let Some(host) = parsed.hosts(1..=1).ok().and_then(|hosts| hosts.first()) else {
+            continue;
+        };
+        let Ok(addrs) = tokio::net::lookup_host((&*host.name, host.port.unwrap_or(6379))).await
+        else {
+            continue;
         };
         let addrs: HashSet<SocketAddr> = addrs.collect();
         for addr in addrs {
@@ -277,5 +279,15 @@ mod tests {
         ])
         .await
         .unwrap();
+    }
+
+    #[tokio::test]
+    async fn aliases_without_a_port_are_refused_at_the_default_port() {
+        let urls = [
+            "redis://localhost".to_owned(),
+            "redis://127.0.0.1/0".to_owned(),
+        ];
+        let err = refuse_same_address(&urls).await.unwrap_err();
+        assert!(err.to_string().contains("127.0.0.1:6379"), "{err}");
     }
 }

@@ -2,31 +2,23 @@
 
 use std::time::Duration;
 
-use leasehold_core::support::redact_url;
-use leasehold_core::{Error, Result, parse_duration};
+use leasehold_core::support::url::{ParsedUrl, UrlParam, url_params};
+use leasehold_core::{Error, Result};
 
-use crate::options::{RedisOptions, url_params};
+use crate::options::RedisOptions;
 
 url_params! {
-    /// The URL parameters of `redlock://`.
+    /// The URL parameters of `redlock://`, each setting the option of its name; `tls=true`
+    /// makes every node `rediss://`, and the `tls_*` files are as for `rediss://`.
     pub(crate) enum Param {
-        /// [`RedisOptions::prefix`].
         Prefix = "prefix",
-        /// [`RedisOptions::connect_timeout`].
         ConnectTimeout = "connect_timeout",
-        /// [`RedlockOptions::node_timeout`].
         NodeTimeout = "node_timeout",
-        /// [`RedlockOptions::quarantine`].
         Quarantine = "quarantine",
-        /// [`RedlockOptions::fencing`].
         Fencing = "fencing",
-        /// `true`: every node as `rediss://`.
         Tls = "tls",
-        /// As for `rediss://`.
         TlsCa = "tls_ca",
-        /// As for `rediss://`.
         TlsCert = "tls_cert",
-        /// As for `rediss://`.
         TlsKey = "tls_key",
     }
 }
@@ -99,63 +91,29 @@ impl RedlockOptions {
 
 /// Splits `redlock://[auth@]h1:p1,h2:p2[/db][?params]` into node URLs and options.
 pub(crate) fn parse_url(url: &str) -> Result<(Vec<String>, RedlockOptions)> {
-    let shown = redact_url(url);
-    let invalid = |reason: String| Error::invalid("url", format!("{shown}: {reason}"));
-    let Some(rest) = url.strip_prefix("redlock://") else {
-        return Err(invalid("expected redlock://host:port,host:port,...".into()));
-    };
-    let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
-    let (authority, path) = match rest.find('/') {
-        Some(i) => rest.split_at(i),
-        None => (rest, ""),
-    };
-    let (auth, hosts) = match authority.rsplit_once('@') {
-        Some((auth, hosts)) => (format!("{auth}@"), hosts),
-        None => (String::new(), authority),
-    };
+    let url = ParsedUrl::parse(url, &["redlock"], "redlock://host:port,host:port,...")?;
     let mut options = RedlockOptions::default();
     let mut scheme = "redis";
-    let boolean = |name: &str, value: &str| {
-        value
-            .parse::<bool>()
-            .map_err(|_| invalid(format!("{name}={value:?} is not true or false")))
-    };
-    for param in query.split('&').filter(|p| !p.is_empty()) {
-        let (key, value) = param.split_once('=').unwrap_or((param, ""));
-        let Some(param) = Param::parse(key) else {
-            return Err(Param::unknown(url, key));
-        };
+    for (param, value) in url.params::<Param>()? {
         match param {
-            Param::Tls => {
-                scheme = if boolean(key, value)? {
-                    "rediss"
-                } else {
-                    "redis"
-                }
-            }
+            Param::Tls => scheme = if value.boolean()? { "rediss" } else { "redis" },
             Param::TlsCa | Param::TlsCert | Param::TlsKey => {
-                options.redis.read_tls_param(param.name(), value)?;
+                options.redis.read_tls_param(param.name(), value.as_str())?;
             }
-            Param::Prefix => options.redis = options.redis.prefix(value)?,
+            Param::Prefix => options.redis = options.redis.prefix(value.as_str())?,
             Param::ConnectTimeout => {
-                options.redis = options.redis.connect_timeout(parse_duration(value)?);
+                options.redis = options.redis.connect_timeout(value.duration()?);
             }
-            Param::NodeTimeout => options = options.node_timeout(parse_duration(value)?)?,
-            Param::Quarantine => options = options.quarantine(parse_duration(value)?),
-            Param::Fencing => options.fencing = boolean(key, value)?,
+            Param::NodeTimeout => options = options.node_timeout(value.duration()?)?,
+            Param::Quarantine => options = options.quarantine(value.duration()?),
+            Param::Fencing => options.fencing = value.boolean()?,
         }
     }
-    let nodes: Vec<String> = hosts
-        .split(',')
-        .filter(|h| !h.trim().is_empty())
-        .map(|h| format!("{scheme}://{auth}{}{path}", h.trim()))
-        .collect();
-    if nodes.is_empty() {
-        return Err(invalid(
-            "no nodes; list them as host:port,host:port,...".into(),
-        ));
-    }
-    Ok((nodes, options))
+    let nodes = url.hosts(1..)?.iter();
+    Ok((
+        nodes.map(|host| url.with_host(scheme, host)).collect(),
+        options,
+    ))
 }
 
 #[cfg(test)]
@@ -199,5 +157,11 @@ mod tests {
         }
         let (nodes, _) = parse_url("redlock://h1:1,h2:2?tls=true").unwrap();
         assert!(nodes.iter().all(|n| n.starts_with("rediss://")));
+    }
+
+    #[test]
+    fn a_parameter_given_twice_is_refused() {
+        let err = parse_url("redlock://h:1,h:2,h:3?fencing=true&fencing=false").unwrap_err();
+        assert!(err.to_string().contains("twice"), "{err}");
     }
 }

@@ -8,9 +8,10 @@
 pub mod conformance;
 pub mod probe;
 mod process;
-pub mod proxy;
 pub mod servers;
 
+/// The TCP fault proxy (the `leasehold-faultproxy` crate, which `leasehold chaos` uses too).
+pub use leasehold_faultproxy as proxy;
 pub use process::{ServerProcess, free_port};
 pub use proxy::{Direction, FaultProxy};
 pub use servers::{

@@ -1,11 +1,16 @@
-//! A TCP fault proxy: put it between a client and a server to delay traffic, cut one or
-//! both directions while leaving the sockets open (of every connection, or only of those
-//! open now: a blackholed link the client could replace), reset every connection, or
-//! refuse new ones.
+//! A TCP fault proxy that delays, cuts, resets or refuses a client's connections.
+//!
+//! Put it between clients and a server to delay traffic, cut one or both directions while
+//! leaving the sockets open (of every connection, or only of those open now: a blackholed
+//! link the client could replace), reset every connection, or refuse new ones.
 //!
 //! Cutting a direction holds its bytes rather than dropping them, as TCP would during a
 //! partition: when the link heals they arrive, late. That is what makes late replies,
 //! one-way partitions and "the request was applied but the reply never came" reproducible.
+//!
+//! It is a product crate: `leasehold chaos` puts one in front of each server for each
+//! worker, also in front of a user's own servers (`--url`). The testkit re-exports it for
+//! the backends' tests.
 
 use std::io;
 use std::net::SocketAddr;

@@ -3,7 +3,7 @@
 //!
 //! Workers are paused, resumed, killed and restarted as processes; their links to the
 //! servers are cut, delayed, jittered and reset through their own fault proxies (or, for
-//! the in-memory backend, through the `Faulty` decorator of the worker); servers are
+//! the in-memory backend, through the harness's link of the worker); servers are
 //! paused, killed and restarted; Redis is flushed, evicted and failed over; client wall
 //! clocks jump through libfaketime.
 
@@ -12,8 +12,7 @@ use std::io;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use leasehold_testkit::Direction;
-use leasehold_testkit::probe::Resp;
+use leasehold_faultproxy::Direction;
 use rand::Rng;
 use rand::rngs::StdRng;
 use rustix::process::{Pid, Signal, kill_process};
@@ -21,7 +20,8 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 
 use crate::collector::{Collector, LiveView};
-use crate::deploy::{Deployment, Servers};
+use crate::deploy::Deployment;
+use crate::harness::Servers;
 use crate::history::{Event, Kind, Phase};
 use crate::wire::Command;
 use crate::worker::WorkerConfig;
@@ -462,7 +462,7 @@ impl<'a> Ctx<'a> {
                 }
             }
             _ => {
-                // In-process workers: the Faulty decorator of the worker.
+                // In-process workers: the harness's link of the worker.
                 let action = match fault {
                     Link::Cut(Direction::ToServer) => "cut_to_server",
                     Link::Cut(Direction::ToClient) => "cut_to_client",
@@ -621,18 +621,14 @@ impl<'a> Ctx<'a> {
     /// SIGSTOP server `i`.
     pub fn pause_server(&mut self, i: usize) -> FaultId {
         let f = self.begin("pause", &format!("server {i}"), json!({}));
-        if let Some(p) = self.deployment.servers.process(i) {
-            p.pause();
-        }
+        self.deployment.servers.pause(i);
         self.paused_servers.insert(i);
         f
     }
 
     /// SIGCONT server `i`, ending `fault`.
     pub fn resume_server(&mut self, i: usize, fault: FaultId) {
-        if let Some(p) = self.deployment.servers.process(i) {
-            p.resume();
-        }
+        self.deployment.servers.resume(i);
         self.paused_servers.remove(&i);
         self.end(fault);
     }
@@ -640,9 +636,7 @@ impl<'a> Ctx<'a> {
     /// SIGKILL server `i`.
     pub fn kill_server(&mut self, i: usize) -> FaultId {
         let f = self.begin("kill", &format!("server {i}"), json!({}));
-        if let Some(p) = self.deployment.servers.process(i) {
-            p.kill();
-        }
+        self.deployment.servers.kill(i);
         f
     }
 
@@ -661,7 +655,7 @@ impl<'a> Ctx<'a> {
         restarted
     }
 
-    /// Runs a command on redis-server `i` (as an administrator would).
+    /// Runs a command on redis-server `i` (as an administrator would); its reply as text.
     ///
     /// # Cancel safety
     ///
@@ -670,13 +664,8 @@ impl<'a> Ctx<'a> {
     /// # Errors
     ///
     /// If the server is not a redis-server or does not answer.
-    pub async fn redis(&mut self, i: usize, args: &[&str]) -> io::Result<Resp> {
-        let server = self
-            .deployment
-            .servers
-            .redis(i)
-            .ok_or_else(|| io::Error::other(format!("server {i} is not a redis-server")))?;
-        server.command(args).await
+    pub async fn redis(&mut self, i: usize, args: &[&str]) -> io::Result<Option<String>> {
+        self.deployment.servers.redis(i, args).await
     }
 
     /// The redis key of the run's lock.
@@ -710,13 +699,7 @@ impl<'a> Ctx<'a> {
     ///
     /// If the server's clock cannot be moved (libfaketime is not installed).
     pub fn jump_wall_clock(&mut self, i: usize, seconds: i64) -> io::Result<()> {
-        let clock = self.deployment.servers.wall_clock(i).ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::Unsupported,
-                format!("server {i}'s clock cannot be moved: is libfaketime installed?"),
-            )
-        })?;
-        clock.set_offset(seconds)?;
+        self.deployment.servers.set_wall_clock(i, seconds)?;
         self.instant(
             "clock-jump",
             &format!("server {i}"),
@@ -728,13 +711,13 @@ impl<'a> Ctx<'a> {
     /// Holds back replication from the primary (bytes kept in the replication link), or
     /// drops what was held back (`false`; the link stays closed: the primary is gone).
     pub fn hold_replication(&mut self, hold: bool) {
-        if let Servers::Replicated(pair) = &self.deployment.servers {
+        if let Some(link) = self.deployment.servers.replication() {
             if hold {
-                pair.link.cut(Direction::ToClient);
+                link.cut(Direction::ToClient);
             } else {
                 // Closed with what it held; left cut, so that nothing held can slip
                 // through while the connections close.
-                pair.link.reset();
+                link.reset();
             }
             self.instant(
                 if hold {
@@ -767,8 +750,8 @@ impl<'a> Ctx<'a> {
     }
 
     /// The servers, for scenario-specific administration.
-    pub fn deployment_servers(&mut self) -> &mut Servers {
-        &mut self.deployment.servers
+    pub fn deployment_servers(&mut self) -> &mut dyn Servers {
+        self.deployment.servers.as_mut()
     }
 
     /// Undoes every fault still in place: resumes paused workers and servers, heals every
@@ -780,9 +763,7 @@ impl<'a> Ctx<'a> {
             }
         }
         for i in std::mem::take(&mut self.paused_servers) {
-            if let Some(p) = self.deployment.servers.process(i) {
-                p.resume();
-            }
+            self.deployment.servers.resume(i);
         }
         for proxies in &self.deployment.proxies {
             for p in proxies {

@@ -17,6 +17,7 @@ use tokio::process::{Child, Command};
 use crate::checks::{self, Check, Expect, RunInfo, Verdict};
 use crate::collector::Collector;
 use crate::deploy::{BackendSpec, Deployment};
+use crate::harness::Harness;
 use crate::history::{Event, History, Kind, Phase};
 use crate::nemesis::{Ctx, Schedule, Spawner, WorkerProcess};
 use crate::resource::{FenceMode, ResourceConfig, StillOwnerCheck, Workload};
@@ -80,6 +81,8 @@ pub struct RunSpec {
     pub workload: Workload,
     /// The user's servers, instead of starting them.
     pub url: Option<String>,
+    /// What starts servers and links in-process workers (the `leasehold-chaos` program's).
+    pub harness: Option<&'static Harness>,
     /// A planted bug (the checker's own tests).
     pub bug: Option<String>,
     /// Where to keep the history (JSON lines), if anywhere.
@@ -323,29 +326,32 @@ pub async fn run(spec: &RunSpec, launcher: &Launcher) -> RunReport {
     report
 }
 
-/// The `leasehold chaos` command line that replays `spec`.
+/// The command line that replays `spec`: `leasehold chaos`, or the checker's own program
+/// where the run needs its harness.
 fn replay_command(spec: &RunSpec) -> String {
-    let mut cmd = format!(
-        "leasehold chaos --backend {} --scenario {} --seed {}",
+    let mut args = format!(
+        "--backend {} --scenario {} --seed {}",
         spec.backend.name, spec.scenario.name, spec.seed
     );
     if spec.mode == FenceMode::Observe {
-        cmd.push_str(" --mode observe");
+        args.push_str(" --mode observe");
     }
     if spec.workload == Workload::Set {
-        cmd.push_str(" --workload set");
+        args.push_str(" --workload set");
     }
     if let Some(url) = &spec.url {
-        cmd.push_str(&format!(" --url {}", leasehold::support::redact_url(url)));
+        args.push_str(&format!(" --url {}", leasehold::support::redact_url(url)));
     }
-    if let Some(bug) = &spec.bug {
+    match &spec.bug {
         // Planted bugs exist only in a build with the feature.
-        cmd = format!(
-            "cargo run -p leasehold-chaos --features planted-bugs,etcd -- {} --bug {bug}",
-            cmd.trim_start_matches("leasehold chaos ")
-        );
+        Some(bug) => format!(
+            "cargo run -p leasehold-chaos-harness --features planted-bugs,etcd -- {args} --bug {bug}"
+        ),
+        None if spec.backend.needs_harness(spec.url.is_some()) => {
+            format!("leasehold-chaos {args}")
+        }
+        None => format!("leasehold chaos {args}"),
     }
-    cmd
 }
 
 fn stats(history: &History, verdicts: &[Verdict], faults: usize) -> Stats {
@@ -428,6 +434,7 @@ async fn execute(
         setup.topology,
         setup.workers,
         spec.url.as_deref(),
+        spec.harness,
         ttl,
     )
     .await?;

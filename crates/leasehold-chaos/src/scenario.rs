@@ -14,7 +14,7 @@
 use std::io;
 use std::time::Duration;
 
-use leasehold_testkit::Direction;
+use leasehold_faultproxy::Direction;
 use rand::Rng;
 use serde_json::json;
 
@@ -923,7 +923,6 @@ async fn evict(ctx: &mut Ctx<'_>) -> io::Result<()> {
     );
     let info = ctx.redis(0, &["INFO", "memory"]).await?;
     let used: u64 = info
-        .text()
         .and_then(|t| {
             t.lines()
                 .find_map(|l| l.strip_prefix("used_memory:"))
@@ -941,7 +940,7 @@ async fn evict(ctx: &mut Ctx<'_>) -> io::Result<()> {
             ctx.redis(0, &["SET", &name, &filler, "EX", "3600"]).await?;
         }
         let exists = ctx.redis(0, &["EXISTS", &key]).await?;
-        if matches!(exists, leasehold_testkit::probe::Resp::Integer(0)) {
+        if exists.as_deref() == Some("0") {
             evicted = true;
             break;
         }

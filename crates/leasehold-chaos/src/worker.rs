@@ -5,8 +5,8 @@
 //! Every backend call is recorded below the engine by a [`Recorder`]; the worker's own
 //! steps (lock, reads and writes with the result of `Guard::is_held`, unlock, the loss
 //! signal) are recorded around them. A process normally hosts one worker; the in-memory
-//! backend's workers share one process (they share its server), with a `Faulty` decorator
-//! per worker standing in for the network.
+//! backend's workers share one process (they share its server), with a link of the
+//! harness's per worker standing in for the network.
 
 use std::io;
 use std::net::SocketAddr;
@@ -14,14 +14,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold::backend::{Backend, Mode, Request};
-use leasehold::{Client, Error, LockName, LockOptions, OwnerId};
-use leasehold_core::faulty::{Faulty, Op};
+use leasehold::{Client, LockName, LockOptions, OwnerId};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};
 
+use crate::harness::{Link, LinkWorker};
 use crate::history::{Kind, Phase};
 use crate::recorder::Recorder;
 use crate::resource::{Access, ResourceClient, Workload};
@@ -83,6 +83,9 @@ pub struct WorkerConfig {
 
 /// Runs the worker(s) of `config` until told to stop.
 ///
+/// In-process workers (the in-memory backend's) reach their server through a `link` of
+/// the harness's.
+///
 /// # Cancel safety
 ///
 /// Dropping the future drops the guards: their locks are released in the background, or
@@ -90,8 +93,9 @@ pub struct WorkerConfig {
 ///
 /// # Errors
 ///
-/// If the collector cannot be reached, or the configuration is invalid.
-pub async fn run(config: WorkerConfig) -> io::Result<()> {
+/// If the collector cannot be reached, the configuration is invalid, or in-process
+/// workers have no link.
+pub async fn run(config: WorkerConfig, link: Option<LinkWorker>) -> io::Result<()> {
     // Die with the runner, whatever happens to it.
     let _ = rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL));
     let options = LockOptions::builder()
@@ -105,6 +109,15 @@ pub async fn run(config: WorkerConfig) -> io::Result<()> {
     .map_err(io::Error::other)?;
     let bug = planted(config.bug.as_deref())?;
     let memory = config.url.starts_with("memory:");
+    let link = match (memory, link) {
+        (true, None) => {
+            return Err(io::Error::other(
+                "in-process workers need the harness's links (the leasehold-chaos program)",
+            ));
+        }
+        (true, link) => link,
+        (false, _) => None,
+    };
     let shared: Option<Arc<dyn Backend>> = if memory {
         Some(Arc::new(leasehold::memory::InMemory::new()))
     } else {
@@ -130,9 +143,9 @@ pub async fn run(config: WorkerConfig) -> io::Result<()> {
             host = Some(sink.clone());
         }
         let recorded: Arc<dyn Backend> = Arc::new(Recorder::new(real, sink.clone()));
-        let faulty = memory.then(|| Faulty::wrap(recorded.clone()));
-        let below_bug: Arc<dyn Backend> = match &faulty {
-            Some(f) => Arc::new(f.clone()),
+        let link = link.map(|link| link(recorded.clone()));
+        let below_bug: Arc<dyn Backend> = match &link {
+            Some(link) => link.backend(),
             None => recorded,
         };
         let top = wrap_bug(bug, below_bug, false);
@@ -161,7 +174,7 @@ pub async fn run(config: WorkerConfig) -> io::Result<()> {
             rounds: 0,
             last_owner: None,
         };
-        tasks.push(tokio::spawn(worker.run(commands, faulty)));
+        tasks.push(tokio::spawn(worker.run(commands, link)));
     }
     for task in tasks {
         let _ = task.await;
@@ -232,6 +245,8 @@ fn planted(name: Option<&str>) -> io::Result<PlantedBug> {
 /// Wraps `backend` in the planted bug if it belongs at this layer: below the recorder
 /// (`in_backend`) for a bug of the backend itself, above it for the others.
 fn wrap_bug(bug: PlantedBug, backend: Arc<dyn Backend>, in_backend: bool) -> Arc<dyn Backend> {
+    #[cfg(not(feature = "planted-bugs"))]
+    let _ = in_backend;
     match bug {
         #[cfg(feature = "planted-bugs")]
         Some(bug) if bug.in_backend() == in_backend => bug.wrap(backend),
@@ -262,7 +277,11 @@ struct Worker {
 }
 
 impl Worker {
-    async fn run(mut self, mut commands: mpsc::UnboundedReceiver<Command>, faulty: Option<Faulty>) {
+    async fn run(
+        mut self,
+        mut commands: mpsc::UnboundedReceiver<Command>,
+        link: Option<Arc<dyn Link>>,
+    ) {
         let (stop_tx, stop) = watch::channel(false);
         let listener = tokio::spawn(async move {
             while let Some(command) = commands.recv().await {
@@ -271,8 +290,8 @@ impl Worker {
                         let _ = stop_tx.send(true);
                     }
                     Command::Link { action, delay_ms } => {
-                        if let Some(f) = &faulty {
-                            link_fault(f, &action, delay_ms);
+                        if let Some(link) = &link {
+                            link.apply(&action, delay_ms);
                         }
                     }
                 }
@@ -538,25 +557,6 @@ impl Worker {
             );
             let timeout = Duration::from_millis(self.config.request_timeout_ms);
             let _ = tokio::time::timeout(timeout, self.client.backend().release(&request)).await;
-        }
-    }
-}
-
-/// A link fault between an in-process worker and its backend.
-fn link_fault(faulty: &Faulty, action: &str, delay_ms: u64) {
-    if action == "lose_reply" {
-        faulty.lose_next_reply(Op::Acquire);
-        return;
-    }
-    const OPS: [Op; 5] = [Op::Acquire, Op::Renew, Op::Release, Op::Wait, Op::Inspect];
-    for op in OPS {
-        match action {
-            "cut_to_server" | "cut_both" => faulty.hold_requests(op),
-            "cut_to_client" => faulty.hold_replies(op),
-            "delay" => faulty.delay_replies(op, Duration::from_millis(delay_ms)),
-            "heal" => faulty.resume(op),
-            "reset" => faulty.fail_next(op, Error::unavailable("connection reset by the nemesis")),
-            _ => {}
         }
     }
 }

@@ -2,9 +2,7 @@
 
 use std::time::Duration;
 
-use leasehold_testkit::Etcd;
-
-use super::{BackendSpec, ServerClock, Servers, Topology, Traits, whole_seconds};
+use super::{BackendSpec, Home, ServerClock, Traits, whole_seconds};
 
 /// The registry entry.
 pub static SPEC: BackendSpec = BackendSpec {
@@ -22,14 +20,7 @@ pub static SPEC: BackendSpec = BackendSpec {
         restart_loses_locks: false,
     },
     ttl: Duration::from_millis(1000),
-    start: |topology| {
-        Box::pin(async move {
-            Ok(Servers::Etcd(match topology {
-                Topology::Cluster => Etcd::cluster(3).await?,
-                _ => Etcd::start().await?,
-            }))
-        })
-    },
+    home: Home::Servers,
     url: |eps, ttl| {
         format!(
             "etcd://{}?session_ttl={}s",

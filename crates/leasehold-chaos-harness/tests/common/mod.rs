@@ -1,5 +1,5 @@
 //! Runs of the checker from its tests: the `leasehold-chaos` program of this build is the
-//! worker and the resource.
+//! worker and the resource, and the harness starts the servers.
 
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used)]
 
@@ -25,6 +25,7 @@ pub fn spec(backend: &str, scenario: &str, seed: u64) -> RunSpec {
         mode: FenceMode::Enforce,
         workload: Workload::Counter,
         url: None,
+        harness: Some(&leasehold_chaos_harness::HARNESS),
         bug: None,
         history_dir: history_dir(),
     }

@@ -41,8 +41,9 @@ fn sample_postgres() {
     common::sample("postgres");
 }
 
-/// Against the user's servers (`--url`): what needs no control of the servers runs, through
-/// fault proxies in front of them; the rest is skipped, saying why.
+/// Against the user's servers (`--url`), without a harness as in the `leasehold` command:
+/// what needs no control of the servers runs, through fault proxies in front of them; the
+/// rest is skipped, saying why.
 #[test]
 fn against_a_users_server_only_faults_that_need_no_control_run() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
@@ -51,6 +52,7 @@ fn against_a_users_server_only_faults_that_need_no_control_run() {
     for scenario in ["full-partition", "restart-empty"] {
         let mut spec = common::spec("redis", scenario, 1);
         spec.url = Some(redis.url());
+        spec.harness = None;
         runs.push(common::run(&spec));
     }
     common::assert_good("full-partition against a user's server", &mut runs[..1]);

@@ -1,5 +1,11 @@
-//! leasehold's local embedded backend: cross-process locks on one host through OS file
-//! locks.
+//! leasehold's local embedded backend: cross-process locks on one host through file locks.
+//!
+//! The crate, one concern per file:
+//!
+//! - `lib.rs`: this map, [`FileBackend`] and its lock files, tokens and records.
+//! - `ofd.rs`: byte-range write locks owned by an open file description (the permits).
+//! - `registry.rs`: per-name state that lives exactly as long as someone holds a handle.
+//! - `notify.rs`: push wake-ups for waiters: one inotify watch on the lock directory.
 //!
 //! The kernel releases a file lock when the process holding it dies, however it dies, so
 //! grants here never expire and need no renewal: a holder keeps its lock until it releases

@@ -1,5 +1,22 @@
 //! leasehold's PostgreSQL backend: locks that live next to the data they protect.
 //!
+//! The crate, one concern per file:
+//!
+//! - `lib.rs`: this map, the exports, [`PostgresBackend`] choosing lease or advisory mode.
+//! - `options.rs`: [`PostgresOptions`], and the URL that sets them.
+//! - `connection.rs`: opening connections, their prepared statements, the small pool.
+//! - `tls.rs`: TLS for the `sslmode`s, with rustls.
+//! - `schema.rs`: the schema's tables and functions, made and migrated on first use.
+//! - `statements.rs`: every statement the backend sends, defined once.
+//! - `reply.rs`: replies decoded into typed values.
+//! - `lease.rs`: lease mode: a row per grant, its expiry on the server's clock.
+//! - `advisory.rs`: advisory mode: a session-level advisory lock per acquisition.
+//! - `wakeups.rs`: push wake-ups by LISTEN/NOTIFY.
+//! - `fence.rs`: fenced writes in the caller's own transaction.
+//! - `error.rs`: tokio-postgres errors as leasehold errors.
+//!
+//! The design:
+//!
 //! - **Lease mode** (the default): a row per grant in `<schema>.grants`, with its expiry
 //!   computed on the server's clock (`clock_timestamp()` + ttl) while the client keeps its
 //!   own, earlier, deadline from the moment it sent the request. A grant is one statement

@@ -1,5 +1,6 @@
-//! Noticing a connection that stopped answering without closing (a blackhole): the kind of
-//! broken connection a client library never learns about from its socket.
+//! Noticing a connection that stopped answering without closing (a blackhole).
+//! That is the kind of broken connection a client library never learns about from its
+//! socket.
 //!
 //! A partition that drops packets, or a peer that went away without a reset, leaves a TCP
 //! connection open and silent: requests go out, nothing comes back, and no error ever
@@ -11,8 +12,8 @@
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-/// How many requests in a row may be given up on, with nothing heard from the connection
-/// meanwhile, before it counts as stalled.
+/// How many requests in a row may be given up on, silently, before a connection is stalled.
+/// Silently: with nothing heard from the connection meanwhile.
 pub const STALLS_BEFORE_REPLACING: u32 = 2;
 
 /// What one connection has answered, and how many requests went unanswered since.
@@ -30,8 +31,9 @@ impl Health {
         Self::default()
     }
 
-    /// A request is being sent: call [`InFlight::answered`] when its answer (or an error
-    /// from the connection) comes. Dropped without it, the request counts as given up on.
+    /// A request is being sent.
+    /// Call [`InFlight::answered`] when its answer (or an error from the connection) comes.
+    /// Dropped without it, the request counts as given up on.
     pub fn request(&self) -> InFlight<'_> {
         InFlight {
             health: self,
@@ -40,8 +42,9 @@ impl Health {
         }
     }
 
-    /// Whether [`STALLS_BEFORE_REPLACING`] requests in a row were given up on while the
-    /// connection said nothing: replace it.
+    /// Whether the connection stalled, and is to be replaced.
+    /// It stalled when [`STALLS_BEFORE_REPLACING`] requests in a row were given up on while
+    /// it said nothing.
     pub fn is_stalled(&self) -> bool {
         self.stalls.load(Ordering::Acquire) >= STALLS_BEFORE_REPLACING
     }

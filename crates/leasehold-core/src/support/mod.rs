@@ -1,5 +1,6 @@
-//! Helpers for backend implementors: who holds in a queue, connections that stopped
-//! answering, TLS files, key prefixes, credentials kept out of messages.
+//! Helpers for backend implementors.
+//! Who holds in a queue, connections that stopped answering, TLS files, key prefixes,
+//! credentials kept out of messages.
 
 pub mod health;
 mod prefix;

@@ -1,8 +1,9 @@
 //! Keeping credentials out of messages.
 
-/// `url` with any password replaced by `***`: in the user-info part
-/// (`redis://user:secret@host` → `redis://user:***@host`) and in `password=` query
-/// parameters. Every error and log message that shows a URL goes through this.
+/// `url` with any password replaced by `***`.
+/// That is in the user-info part (`redis://user:secret@host` → `redis://user:***@host`) and
+/// in `password=` query parameters. Every error and log message that shows a URL goes
+/// through this.
 ///
 /// ```
 /// use leasehold_core::support::redact_url;

@@ -34,8 +34,7 @@ impl Contender for Entry {
     }
 }
 
-/// A key's value: the mode (`x`, `s`, `p<limit>`), a space, the owner, a newline, the
-/// stored value.
+/// A key's value: the mode (`x`, `s`, `p<limit>`), a space, the owner, a newline, the stored value.
 pub(crate) fn encode(mode: Mode, owner: &OwnerId, value: Option<&[u8]>) -> Vec<u8> {
     let mode = match mode {
         Mode::Exclusive => "x".to_owned(),
@@ -54,8 +53,7 @@ pub(crate) fn decode(dir: &str, kv: &KeyValue) -> Entry {
     entry(dir, kv.key(), kv.value(), kv.lease(), kv.create_revision())
 }
 
-/// The entry of the key `key` in `dir` with `value`, bound to `lease`, created at
-/// `revision`.
+/// The entry of the key `key` in `dir` with `value`, bound to `lease`, created at `revision`.
 fn entry(dir: &str, key: &[u8], value: &[u8], lease: i64, revision: i64) -> Entry {
     let ours = is_ours(dir, key).then(|| decode_value(value)).flatten();
     let (mode, owner, value, foreign) = match ours {
@@ -73,9 +71,10 @@ fn entry(dir: &str, key: &[u8], value: &[u8], lease: i64, revision: i64) -> Entr
     }
 }
 
-/// The owner shown for a foreign contender: `foreign:<lease>` (the lease id in hex, as
-/// etcd's lock recipe names its key), or `foreign:r<create revision>` for a key without a
-/// lease. Owner ids this backend writes never look like that.
+/// The owner shown for a foreign contender.
+/// It is `foreign:<lease>` (the lease id in hex, as etcd's lock recipe names its key), or
+/// `foreign:r<create revision>` for a key without a lease. Owner ids this backend writes
+/// never look like that.
 fn foreign_owner(lease: i64, revision: i64) -> OwnerId {
     let label = if lease != 0 {
         format!("foreign:{lease:x}")
@@ -127,8 +126,9 @@ fn decode_value(value: &[u8]) -> Option<Decoded> {
     ))
 }
 
-/// The key whose change may let the entry at `me` hold: the one just before it (for a
-/// reader, the nearest writer before it); permits watch the whole queue.
+/// The key whose change may let the entry at `me` hold.
+/// It is the one just before it (for a reader, the nearest writer before it); permits watch
+/// the whole queue.
 pub(crate) fn in_the_way(queue: &[Entry], me: usize) -> Option<&Entry> {
     match queue[me].mode {
         Mode::Exclusive => me.checked_sub(1).map(|i| &queue[i]),
@@ -137,9 +137,10 @@ pub(crate) fn in_the_way(queue: &[Entry], me: usize) -> Option<&Entry> {
     }
 }
 
-/// The queue in the contender read `contenders` of `dir`, oldest first, and the oldest
-/// lock-delay marker in `markers` that keeps it closed: one whose owner has no key in the
-/// queue (anything in the marker directory that is not a marker of a queued owner counts).
+/// The queue in the contender read `contenders` of `dir`, oldest first, and what closes it.
+/// That is the oldest lock-delay marker in `markers` that keeps it closed: one whose owner
+/// has no key in the queue (anything in the marker directory that is not a marker of a
+/// queued owner counts).
 pub(crate) fn queue_of(
     dir: &str,
     contenders: &GetResponse,

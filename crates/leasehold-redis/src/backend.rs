@@ -41,8 +41,9 @@ impl Drop for Inner {
     }
 }
 
-/// Drops and unsubscribes wake-up channels nobody has used for a while, as long as the
-/// backend lives (see `wakeups.rs`). Holds the backend only while it sweeps.
+/// Drops and unsubscribes wake-up channels nobody has used for a while.
+/// It does so as long as the backend lives (see `wakeups.rs`). Holds the backend only while
+/// it sweeps.
 async fn sweep_unused_channels(inner: Weak<Inner>, wakeups: Arc<Wakeups>) {
     while let Some(due) = wakeups.next_sweep().await {
         tokio::time::sleep_until(due).await;
@@ -61,10 +62,10 @@ async fn sweep_unused_channels(inner: Weak<Inner>, wakeups: Arc<Wakeups>) {
 pub(crate) struct NodeAcquire {
     /// How long after its start the node refuses grants, in ms (0: not at all).
     pub(crate) quarantine_ms: u64,
-    /// A Redlock node: an owner that holds already gets a fresh token rather than its
-    /// stored one, and tokens come from the node's counter alone, not raised to its clock
-    /// (Redlock's majority compares the nodes' counters, which clocks would set apart on
-    /// every grant).
+    /// A Redlock node: fresh tokens on adoption, from the node's counter alone.
+    /// An owner that holds already gets a fresh token rather than its stored one, and
+    /// tokens are not raised to the node's clock (Redlock's majority compares the nodes'
+    /// counters, which clocks would set apart on every grant).
     pub(crate) redlock: bool,
 }
 
@@ -97,8 +98,8 @@ impl RedisBackend {
         Ok(Self::open(url, options, false).await?.0)
     }
 
-    /// Connects to `url` (within the options' connect timeout); with `run_id`, also reads
-    /// the server's run id.
+    /// Connects to `url` (within the options' connect timeout).
+    /// With `run_id`, it also reads the server's run id.
     pub(crate) async fn open(
         url: &str,
         options: RedisOptions,
@@ -116,15 +117,14 @@ impl RedisBackend {
         Ok((Self { inner }, connected.run_id))
     }
 
-    /// Configuration problems found on connecting (an eviction policy that can delete lock
-    /// keys).
+    /// Configuration problems found on connecting (an eviction policy that can delete lock keys).
     pub fn warnings(&self) -> &[String] {
         &self.inner.warnings
     }
 
-    /// How many lock names this client keeps wake-up state (and a subscription) for: those
-    /// with a waiter or an observer in this process, and for about a second those whose
-    /// last one left. For monitoring: it does not grow with the names ever locked.
+    /// How many lock names this client keeps wake-up state (and a subscription) for.
+    /// Those with a waiter or an observer in this process, and for about a second those
+    /// whose last one left. For monitoring: it does not grow with the names ever locked.
     pub fn wakeup_channels(&self) -> usize {
         self.inner.wakeups.channels()
     }
@@ -163,8 +163,9 @@ impl RedisBackend {
         self.acquire_once(req, &keys, node).await
     }
 
-    /// Raises the name's fencing counter to at least `floor`, and makes it the token of
-    /// `req.owner`'s grant if it holds one (a repair here, Redlock's write-back).
+    /// Raises the name's fencing counter to at least `floor`.
+    /// It also makes it the token of `req.owner`'s grant if it holds one (a repair here,
+    /// Redlock's write-back).
     pub(crate) async fn raise(&self, req: &Request, floor: u64) -> Result<()> {
         let keys = self.keys(&req.name);
         let values = Values {
@@ -186,8 +187,9 @@ impl RedisBackend {
         self.inner.floors.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// One acquire, and the floor it must not break: the highest token seen granted before
-    /// its request was sent (see `floors.rs`).
+    /// One acquire, and the floor it must not break.
+    /// The floor is the highest token seen granted before its request was sent (see
+    /// `floors.rs`).
     async fn acquire_checked(&self, req: &Request, keys: &Keys) -> Result<(Acquire, Option<u64>)> {
         let seen = self.floors().get(&req.name);
         let answer = self.acquire_once(req, keys, NodeAcquire::default()).await?;

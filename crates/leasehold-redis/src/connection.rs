@@ -1,6 +1,7 @@
-//! The connection to one Redis server: RESP3, multiplexed, reconnecting, TLS for
-//! `rediss://`, push messages routed to the wake-ups; scripts loaded and the eviction
-//! policy checked on connecting; replaced when it stops answering without closing.
+//! The connection to one Redis server: RESP3, multiplexed, reconnecting.
+//! It uses TLS for `rediss://`, routes push messages to the wake-ups; scripts are loaded
+//! and the eviction policy checked on connecting; it is replaced when it stops answering
+//! without closing.
 //!
 //! redis-rs reconnects a connection that fails or closes, but not one that stays open and
 //! silent (a partition that drops packets, a peer gone without a reset). [`Connection`]
@@ -43,8 +44,8 @@ pub(crate) struct Connection {
     options: RedisOptions,
     wakeups: Arc<Wakeups>,
     health: Health,
-    /// Held while the connection is being replaced (one replacement at a time), with when
-    /// the last one was made.
+    /// Held while the connection is being replaced (one replacement at a time).
+    /// It holds when the last one was made.
     replaced: tokio::sync::Mutex<Option<std::time::Instant>>,
 }
 
@@ -79,8 +80,8 @@ impl Connection {
             .clone()
     }
 
-    /// The connection to send a request on, replaced first if it stalled, and the
-    /// request's report to its health.
+    /// The connection to send a request on, replaced first if it stalled.
+    /// It comes with the request's report to its health.
     ///
     /// # Cancel safety
     ///
@@ -108,8 +109,9 @@ impl Connection {
         answer
     }
 
-    /// Opens a new connection, subscribes the wake-up channels in use on it, puts it in
-    /// place of the stalled one and wakes every waiter (messages may have been lost).
+    /// Opens a new connection in place of the stalled one.
+    /// It subscribes the wake-up channels in use on it, puts it in place of the stalled one
+    /// and wakes every waiter (messages may have been lost).
     async fn replace(&self) -> Result<()> {
         let mut replaced = self.replaced.lock().await;
         let limit = self.options.connect_limit();
@@ -135,8 +137,9 @@ impl Connection {
     }
 }
 
-/// Connects to `url`, loads every script, reads the eviction policy and, with `run_id`,
-/// the server's run id — all within the options' connect timeout, or fails.
+/// Connects to `url`, loads every script and reads the eviction policy, or fails.
+/// With `run_id` it also reads the server's run id — all within the options' connect
+/// timeout.
 pub(crate) async fn connect(
     url: &str,
     options: &RedisOptions,

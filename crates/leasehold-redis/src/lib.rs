@@ -63,6 +63,6 @@ pub use backend::RedisBackend;
 pub use options::{RedisOptions, ReplicaAck};
 pub use redlock::{RedlockBackend, RedlockOptions};
 
-/// The Redis client crate leasehold uses, for writing to the protected data with a
-/// [`fence::RedisFence`].
+/// The Redis client crate leasehold uses, for writing to the protected data.
+/// Write with a [`fence::RedisFence`].
 pub use redis;

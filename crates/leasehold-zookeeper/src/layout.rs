@@ -28,8 +28,7 @@ use std::num::NonZeroU32;
 use leasehold_core::backend::Mode;
 use leasehold_core::{LockName, OwnerId};
 
-/// What every contender's name ends with before the sequence number (Curator's
-/// `lockName`).
+/// What every contender's name ends with before the sequence number (Curator's `lockName`).
 const LOCK_SUFFIX: &str = "-lock-";
 
 /// The paths of the nodes of this client's locks.
@@ -60,17 +59,18 @@ impl Layout {
     }
 }
 
-/// The name (without the sequence number) of `owner`'s node in `mode`; `delayed` when the
-/// grant will have a lock-delay marker (a `d` after the mode: a waiter behind it knows that
-/// its deletion may leave the lock closed).
+/// The name (without the sequence number) of `owner`'s node in `mode`.
+/// `delayed` when the grant will have a lock-delay marker (a `d` after the mode: a waiter
+/// behind it knows that its deletion may leave the lock closed).
 pub(crate) fn node_prefix(owner: &OwnerId, mode: Mode, delayed: bool) -> String {
     let delayed = if delayed { "d" } else { "" };
     format!("{owner}-{}{delayed}{LOCK_SUFFIX}", mode_token(mode))
 }
 
-/// The "sequence number" of every lock-delay marker: higher than any ZooKeeper gives, and
-/// after every real one when compared as text (Curator's way), so that a marker is always
-/// last in its directory's queue for any recipe that counts it as a contender.
+/// The "sequence number" of every lock-delay marker.
+/// It is higher than any ZooKeeper gives, and after every real one when compared as text
+/// (Curator's way), so that a marker is always last in its directory's queue for any recipe
+/// that counts it as a contender.
 const MARKER_SEQ: &str = "9999999999";
 
 /// The name of the lock-delay marker of `owner`'s grant, in its set's directory.
@@ -138,8 +138,8 @@ pub(crate) struct Contender {
 }
 
 impl Contender {
-    /// Reads a child's name; `None` for a child without a sequence number (not a
-    /// contender of any queue recipe).
+    /// Reads a child's name.
+    /// `None` for a child without a sequence number (not a contender of any queue recipe).
     pub(crate) fn parse(node: &str) -> Option<Contender> {
         let digits = node.len() - node.trim_end_matches(|c: char| c.is_ascii_digit()).len();
         // ZooKeeper writes at least ten digits.
@@ -165,8 +165,9 @@ impl Contender {
         })
     }
 
-    /// The owner to show for it: ours, or the name without its sequence number for a
-    /// foreign one (Curator's `_c_<uuid>-lock-`).
+    /// The owner to show for it.
+    /// Ours, or the name without its sequence number for a foreign one (Curator's
+    /// `_c_<uuid>-lock-`).
     pub(crate) fn shown_owner(&self) -> OwnerId {
         if let Some(owner) = &self.owner {
             return owner.clone();
@@ -178,8 +179,8 @@ impl Contender {
     }
 }
 
-/// The contenders of a directory (its lock-delay markers left out), in queue order (by
-/// sequence number).
+/// The contenders of a directory in queue order (by sequence number).
+/// Its lock-delay markers are left out.
 pub(crate) fn queue(children: &[String]) -> Vec<Contender> {
     let mut queue: Vec<Contender> = children
         .iter()
@@ -190,11 +191,11 @@ pub(crate) fn queue(children: &[String]) -> Vec<Contender> {
     queue
 }
 
-/// Which contenders of a queue hold, by the contract's one rule
-/// ([`leasehold_core::support::queue`]): the holders are a prefix of the queue, each
-/// permit counting with its own limit, so contenders become holders in queue order, the
-/// order of their nodes' czxids, their tokens. A foreign contender in a permit set counts
-/// with `default_limit`.
+/// Which contenders of a queue hold.
+/// By the contract's one rule ([`leasehold_core::support::queue`]): the holders are a
+/// prefix of the queue, each permit counting with its own limit, so contenders become
+/// holders in queue order, the order of their nodes' czxids, their tokens. A foreign
+/// contender in a permit set counts with `default_limit`.
 pub(crate) fn holding(queue: &[Contender], default_limit: Option<NonZeroU32>) -> Vec<bool> {
     let modes: Vec<Mode> = queue
         .iter()
@@ -206,10 +207,10 @@ pub(crate) fn holding(queue: &[Contender], default_limit: Option<NonZeroU32>) ->
     leasehold_core::support::queue::holding(&modes)
 }
 
-/// The contenders whose change may let the one at `me` hold, and so the only ones it
-/// watches: a writer — the one just before it; a reader — the nearest writer before it; a
-/// permit — the one just before it while that one waits too (it touches its node when it
-/// is granted, see `Backend::acquire`), or every holder when it is the first to wait.
+/// The contenders whose change may let the one at `me` hold, and so the only ones it watches.
+/// A writer — the one just before it; a reader — the nearest writer before it; a permit —
+/// the one just before it while that one waits too (it touches its node when it is granted,
+/// see `Backend::acquire`), or every holder when it is the first to wait.
 ///
 /// Each with whether it holds.
 pub(crate) fn in_the_way<'q>(
@@ -232,11 +233,11 @@ pub(crate) fn in_the_way<'q>(
     }
 }
 
-/// Whether the deletion of the one node the contender at `me` watches makes it a holder,
-/// with nothing to check: a writer second in line, or a reader behind exactly one writer,
-/// when no node ahead of it has a lock-delay marker (the going of such a node, the blocker
-/// or a reader holding beside it, may close the lock). Nodes created later come after
-/// `me`, so nothing else can get in the way.
+/// Whether the deletion of the one node the contender at `me` watches makes it a holder.
+/// That is with nothing to check: a writer second in line, or a reader behind exactly one
+/// writer, when no node ahead of it has a lock-delay marker (the going of such a node, the
+/// blocker or a reader holding beside it, may close the lock). Nodes created later come
+/// after `me`, so nothing else can get in the way.
 pub(crate) fn sole_blocker(queue: &[Contender], me: usize) -> bool {
     let ahead = &queue[..me];
     if ahead.iter().any(|c| c.delayed) {

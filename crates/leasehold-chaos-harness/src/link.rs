@@ -1,5 +1,5 @@
-//! The in-memory backend's links: core's `Faulty` between each in-process worker and the
-//! server it shares a process with.
+//! The in-memory backend's links, over core's `Faulty`.
+//! One sits between each in-process worker and the server it shares a process with.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,5 +1,4 @@
-//! Each backend's servers, started by the testkit for a topology, as the nemesis acts on
-//! them.
+//! Each backend's servers, started by the testkit for a topology, as the nemesis acts on them.
 
 use std::io;
 use std::net::SocketAddr;
@@ -251,15 +250,15 @@ impl ServerWallClock {
         self.dir.path().join("faketime")
     }
 
-    /// Moves the server's wall clock to the real one plus `seconds`; every server process
-    /// sees it at its next clock reading.
+    /// Moves the server's wall clock to the real one plus `seconds`.
+    /// Every server process sees it at its next clock reading.
     fn set_offset(&self, seconds: i64) -> io::Result<()> {
         std::fs::write(self.control(), format!("{seconds:+}\n"))
     }
 }
 
-/// PostgreSQL (lease mode), under libfaketime where it is installed so that scenario 10
-/// can move the server's wall clock (the one its leases are counted on).
+/// PostgreSQL (lease mode), under libfaketime where it is installed.
+/// So scenario 10 can move the server's wall clock (the one its leases are counted on).
 async fn postgres() -> io::Result<Started> {
     let clock = ServerWallClock::new()?;
     match Postgres::builder().faketime(&clock.control()).start().await {

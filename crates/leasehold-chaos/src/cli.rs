@@ -79,8 +79,8 @@ enum WorkloadArg {
 
 #[derive(Debug, Args)]
 struct RunArgs {
-    /// Backend(s): memory, file, redis, redlock, etcd, zookeeper, postgres, comma-separated,
-    /// or `all` (those this program can run).
+    /// Backend(s), comma-separated, or `all` (those this program can run).
+    /// They are memory, file, redis, redlock, etcd, zookeeper and postgres.
     #[arg(long, default_value = "all")]
     backend: String,
     /// Scenario(s) by name or number, comma-separated, or `all`.
@@ -89,14 +89,14 @@ struct RunArgs {
     /// The first seed.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Runs per backend and scenario, with seeds seed, seed+1, …
+    /// Runs per backend and scenario, with seeds seed, seed+1, and so on.
     #[arg(long, default_value_t = 1)]
     runs: u64,
     /// Runs at once (each with servers and processes of its own).
     #[arg(long, default_value_t = 1)]
     jobs: usize,
-    /// The servers to use (faults that need control of the servers are skipped; the report
-    /// says which).
+    /// The servers to use.
+    /// Faults that need control of the servers are skipped; the report says which.
     #[arg(long, env = "LEASEHOLD_URL", hide_env_values = true)]
     url: Option<String>,
     /// Whether the resource refuses stale tokens (enforce) or accepts and records them.

@@ -1,5 +1,6 @@
-//! The nemesis: faults a scenario injects, each recorded in the history (invoke when it
-//! starts, ok when it ends) and undone at the end of the run.
+//! The nemesis: faults a scenario injects, each recorded in the history.
+//! Each is recorded as invoke when it starts, ok when it ends, and undone at the end of the
+//! run.
 //!
 //! Workers are paused, resumed, killed and restarted as processes; their links to the
 //! servers are cut, delayed, jittered and reset through their own fault proxies (or, for
@@ -68,8 +69,8 @@ pub enum Link {
     Cut(Direction),
     /// Delay every byte both ways by this much.
     Delay(Duration),
-    /// Lose the next acquire reply (in-process links) / close connections with RST
-    /// after holding replies (network).
+    /// Lose the next acquire reply, or close connections with RST after holding replies.
+    /// The first on in-process links, the second on the network.
     Reset,
     /// Refuse new connections.
     Refuse,
@@ -274,8 +275,8 @@ impl<'a> Ctx<'a> {
             .map(|h| h.owner.clone())
     }
 
-    /// Until the resource has answered an access of `worker` under the guard it holds,
-    /// at most `limit`: that guard's owner id.
+    /// Until the resource has answered an access of `worker` under the guard it holds.
+    /// It waits at most `limit`, and returns that guard's owner id.
     ///
     /// # Cancel safety
     ///
@@ -309,8 +310,8 @@ impl<'a> Ctx<'a> {
         }
     }
 
-    /// The names other than the lock whose guards were lost, as `worker: name`, leaving
-    /// out those of `paused` from `since` on (collector time).
+    /// The names other than the lock whose guards were lost, as `worker: name`.
+    /// Those of `paused` from `since` on (collector time) are left out.
     pub fn lost_elsewhere(&self, paused: &str, since: u64) -> Vec<String> {
         self.collector
             .history()
@@ -383,7 +384,7 @@ impl<'a> Ctx<'a> {
         Ok(())
     }
 
-    /// Moves the worker's wall clock by `offset` (libfaketime syntax: `-1h`, `+3600`);
+    /// Moves the worker's wall clock by `offset` (libfaketime syntax: `-1h`, `+3600`).
     /// `+0` puts it back. Its monotonic clocks are untouched.
     pub fn jump_clock(&mut self, worker: &str, offset: &str) {
         if let Some(i) = self.process_of(worker)
@@ -508,8 +509,8 @@ impl<'a> Ctx<'a> {
             .is_some()
     }
 
-    /// A worker whose current guard was granted after `after` (collector time), held at
-    /// least `min`, waiting up to `limit`.
+    /// A worker whose current guard was granted after `after` (collector time).
+    /// It is held at least `min`; the wait is up to `limit`.
     ///
     /// # Cancel safety
     ///
@@ -553,8 +554,8 @@ impl<'a> Ctx<'a> {
         self.collector.now()
     }
 
-    /// For `total`, every `step`, gives each of `workers`' links to `nodes` (all if
-    /// empty) a random delay up to `max` each way.
+    /// Jitters links: for `total`, every `step`, a random delay up to `max` each way.
+    /// Each of `workers`' links to `nodes` (all if empty) gets one.
     ///
     /// # Cancel safety
     ///
@@ -673,8 +674,8 @@ impl<'a> Ctx<'a> {
         format!("leasehold:{{{}}}:lock", self.lock)
     }
 
-    /// Expires the lock's key on redis-server `i` now, as a forward jump of that server's
-    /// clock past the lease would (libfaketime hangs redis-server).
+    /// Expires the lock's key on redis-server `i` now, as a forward jump of its clock would.
+    /// The jump would take the key past its lease; libfaketime hangs redis-server.
     ///
     /// # Cancel safety
     ///
@@ -708,8 +709,9 @@ impl<'a> Ctx<'a> {
         Ok(())
     }
 
-    /// Holds back replication from the primary (bytes kept in the replication link), or
-    /// drops what was held back (`false`; the link stays closed: the primary is gone).
+    /// Holds back replication from the primary, or drops what was held back (`false`).
+    /// The bytes are kept in the replication link; once dropped, the link stays closed: the
+    /// primary is gone.
     pub fn hold_replication(&mut self, hold: bool) {
         if let Some(link) = self.deployment.servers.replication() {
             if hold {
@@ -754,8 +756,9 @@ impl<'a> Ctx<'a> {
         self.deployment.servers.as_mut()
     }
 
-    /// Undoes every fault still in place: resumes paused workers and servers, heals every
-    /// link, puts clocks back. Recorded as the end of each open fault.
+    /// Undoes every fault still in place.
+    /// It resumes paused workers and servers, heals every link, puts clocks back. Recorded
+    /// as the end of each open fault.
     pub(crate) async fn cleanup(&mut self) {
         for worker in std::mem::take(&mut self.paused_workers) {
             if let Some(i) = self.process_of(&worker) {

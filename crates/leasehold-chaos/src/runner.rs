@@ -1,5 +1,6 @@
-//! One run: start the servers (or take the user's), the collector, the fenced resource and
-//! the workers; play the scenario's seeded faults; stop everything; check the history.
+//! One run, from starting the servers to checking the history.
+//! Start the servers (or take the user's), the collector, the fenced resource and the
+//! workers; play the scenario's seeded faults; stop everything; check the history.
 
 use std::ffi::OsString;
 use std::io;
@@ -24,8 +25,8 @@ use crate::resource::{FenceMode, ResourceConfig, StillOwnerCheck, Workload};
 use crate::scenario::{Plan, Scenario, Setup};
 use crate::worker::WorkerConfig;
 
-/// How to start the checker's own processes (workers, the resource): a program and the
-/// arguments before `worker …` / `resource …`.
+/// How to start the checker's own processes (workers, the resource).
+/// A program and the arguments before `worker …` / `resource …`.
 #[derive(Debug, Clone)]
 pub struct Launcher {
     /// The program.
@@ -192,8 +193,9 @@ impl RunReport {
         self.verdicts().iter().find(|v| v.check == check)
     }
 
-    /// The name of its history file: backend, scenario, seed, and what else sets the run
-    /// apart (a planted bug, observe mode, the set workload).
+    /// The name of its history file.
+    /// It is made of backend, scenario, seed, and what else sets the run apart (a planted
+    /// bug, observe mode, the set workload).
     pub fn history_name(&self) -> String {
         let mut name = format!("{}-{}-{}", self.backend, self.scenario, self.seed);
         for part in [
@@ -211,8 +213,8 @@ impl RunReport {
         name
     }
 
-    /// Writes its history (JSON lines) into `dir` (created if missing), unless it is kept
-    /// already; returns the file. A run that recorded nothing has no history to keep.
+    /// Writes its history (JSON lines) into `dir` (created if missing), unless it is kept already.
+    /// Returns the file. A run that recorded nothing has no history to keep.
     ///
     /// # Errors
     ///
@@ -243,9 +245,9 @@ impl RunReport {
     }
 }
 
-/// What `check` must show in a run of `setup` in `mode`: in observe mode the resource
-/// accepts what fencing would refuse, so where double grants are expected the resource's
-/// checks may fail too.
+/// What `check` must show in a run of `setup` in `mode`.
+/// In observe mode the resource accepts what fencing would refuse, so where double grants
+/// are expected the resource's checks may fail too.
 pub fn expectation(setup: &Setup, mode: FenceMode, check: Check) -> Expect {
     let weak = setup.expect(Check::C5) != Expect::Hold;
     match check {
@@ -326,8 +328,8 @@ pub async fn run(spec: &RunSpec, launcher: &Launcher) -> RunReport {
     report
 }
 
-/// The command line that replays `spec`: `leasehold chaos`, or the checker's own program
-/// where the run needs its harness.
+/// The command line that replays `spec`.
+/// It is `leasehold chaos`, or the checker's own program where the run needs its harness.
 fn replay_command(spec: &RunSpec) -> String {
     let mut args = format!(
         "--backend {} --scenario {} --seed {}",
@@ -649,8 +651,8 @@ async fn drive(
     played
 }
 
-/// The observer: the server's view of the lock, now and then, through a connection that
-/// bypasses every fault.
+/// The observer: the server's view of the lock, now and then, bypassing every fault.
+/// It looks through a connection of its own.
 struct Observer {
     client: leasehold::Client,
     lock: String,

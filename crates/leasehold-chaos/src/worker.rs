@@ -1,6 +1,6 @@
-//! A worker process: locks through the real toolkit (`leasehold::connect_backend`,
-//! `Client`, `Mutex`), and under each guard reads and writes the fenced resource with the
-//! guard's token, reporting every step to the collector.
+//! A worker process: locks and, under each guard, reads and writes the fenced resource.
+//! It locks through the real toolkit (`leasehold::connect_backend`, `Client`, `Mutex`),
+//! uses the guard's token, and reports every step to the collector.
 //!
 //! Every backend call is recorded below the engine by a [`Recorder`]; the worker's own
 //! steps (lock, reads and writes with the result of `Guard::is_held`, unlock, the loss
@@ -62,19 +62,20 @@ pub struct WorkerConfig {
     /// Workers that spin on `try_lock` instead of waiting in `lock_timeout`.
     #[serde(default)]
     pub spin: Vec<String>,
-    /// Workers that also send releases the server must refuse: under a random owner id,
-    /// and under their own previous (superseded) owner id.
+    /// Workers that also send releases the server must refuse.
+    /// They send them under a random owner id, and under their own previous (superseded)
+    /// owner id.
     #[serde(default)]
     pub rogue: Vec<String>,
     /// A planted bug (checker tests only).
     #[serde(default)]
     pub bug: Option<String>,
-    /// Names this worker holds besides the lock, from its start to its end; a loss of one
-    /// is reported as a `lost` event of that name.
+    /// Names this worker holds besides the lock, from its start to its end.
+    /// A loss of one is reported as a `lost` event of that name.
     #[serde(default)]
     pub side_locks: u32,
-    /// The resource checks accesses with `still_owner` in a transaction per hold: the
-    /// worker tells it the hold is over (`end`) before releasing.
+    /// The resource checks accesses with `still_owner` in a transaction per hold.
+    /// The worker tells it the hold is over (`end`) before releasing.
     #[serde(default)]
     pub still_owner: bool,
     /// Seeds the worker's own choices (hold lengths, think times).
@@ -185,8 +186,8 @@ pub async fn run(config: WorkerConfig, link: Option<LinkWorker>) -> io::Result<(
     Ok(())
 }
 
-/// Reports what the in-process server shows once every worker has stopped: the final
-/// inspection (C10) that an observer in another process cannot make.
+/// Reports what the in-process server shows once every worker has stopped.
+/// It is the final inspection (C10) that an observer in another process cannot make.
 async fn final_look(backend: &dyn Backend, lock: &str, sink: &Sink) {
     let Ok(name) = LockName::new(lock) else {
         return;
@@ -242,8 +243,8 @@ fn planted(name: Option<&str>) -> io::Result<PlantedBug> {
     }
 }
 
-/// Wraps `backend` in the planted bug if it belongs at this layer: below the recorder
-/// (`in_backend`) for a bug of the backend itself, above it for the others.
+/// Wraps `backend` in the planted bug if it belongs at this layer.
+/// A bug of the backend itself goes below the recorder (`in_backend`), the others above it.
 fn wrap_bug(bug: PlantedBug, backend: Arc<dyn Backend>, in_backend: bool) -> Arc<dyn Backend> {
     #[cfg(not(feature = "planted-bugs"))]
     let _ = in_backend;
@@ -369,8 +370,8 @@ impl Worker {
         listener.abort();
     }
 
-    /// Takes the side names of the configuration (no `lock` events: they are not the
-    /// lock), each watched for its loss.
+    /// Takes the side names of the configuration, each watched for its loss.
+    /// They make no `lock` events: they are not the lock.
     async fn hold_side_locks(&self) -> Vec<(leasehold::Guard, tokio::task::JoinHandle<()>)> {
         let mut held = Vec::new();
         for i in 0..self.config.side_locks {
@@ -490,8 +491,8 @@ impl Worker {
         }
     }
 
-    /// One fenced access: stamped, then the guard checked, then sent. `None` ends the hold
-    /// (not held, refused, or no answer).
+    /// One fenced access: stamped, then the guard checked, then sent.
+    /// `None` ends the hold (not held, refused, or no answer).
     async fn access(&self, guard: &leasehold::Guard, kind: Kind, value: Value) -> Option<Value> {
         let op = self.sink.next_op();
         let token = guard.token().get();
@@ -540,8 +541,9 @@ impl Worker {
         }
     }
 
-    /// Releases the server must refuse: under a random owner id, and under this worker's
-    /// previous owner id (superseded by now, or released).
+    /// Releases the server must refuse.
+    /// They go under a random owner id, and under this worker's previous owner id
+    /// (superseded by now, or released).
     async fn rogue_releases(&self) {
         let Ok(name) = LockName::new(&self.config.lock) else {
             return;

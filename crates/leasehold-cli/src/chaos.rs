@@ -1,5 +1,4 @@
-//! `leasehold chaos`: the fault-injection checker (crate `leasehold-chaos`), without its
-//! test harness.
+//! `leasehold chaos`: the fault-injection checker (crate `leasehold-chaos`), without its harness.
 //!
 //! Its workers and its fenced resource are this very program, started again as
 //! `leasehold chaos worker …` and `leasehold chaos resource …`. It starts no servers: it

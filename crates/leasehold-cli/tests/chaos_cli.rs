@@ -1,7 +1,7 @@
-//! `leasehold chaos` through the `leasehold` binary: the binary starts itself again as the
-//! checker's workers and resource (`leasehold chaos worker …`, `leasehold chaos resource …`),
-//! against the servers given with `--url`. It starts none of its own: the product links no
-//! server spawner (that is the checker's own program, `leasehold-chaos`).
+//! `leasehold chaos` through the `leasehold` binary, against the servers given with `--url`.
+//! The binary starts itself again as the checker's workers and resource (`leasehold chaos
+//! worker …`, `leasehold chaos resource …`). It starts none of its own: the product links
+//! no server spawner (that is the checker's own program, `leasehold-chaos`).
 
 #![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
@@ -55,8 +55,9 @@ fn a_scenario_runs_against_a_users_server_and_reports_as_json() {
     );
 }
 
-/// Without `--url`, a backend on servers is refused (exit 64, saying what to do), and so
-/// is the in-memory backend, whose in-process links are the harness's: no run starts.
+/// Without `--url`, a backend on servers is refused, and so is the in-memory backend.
+/// Both exit 64, saying what to do (the in-memory backend's in-process links are the
+/// harness's): no run starts.
 #[test]
 fn without_url_no_server_is_started_and_the_message_says_what_to_do() {
     for (backend, says) in [("redis", "--url"), ("memory", "leasehold-chaos")] {

@@ -30,9 +30,9 @@ pub static SPEC: BackendSpec = BackendSpec {
     },
 };
 
-/// Whether the installed etcd revokes leases from a leader that was paused (a stale
-/// leader's revocations are forwarded to the new leader: etcd-io/etcd#12528, fixed by
-/// etcd-io/etcd#16822 in 3.4.28 and 3.5.11). Such an etcd can grant a lock twice when its
+/// Whether the installed etcd revokes leases from a leader that was paused.
+/// A stale leader's revocations are forwarded to the new leader: etcd-io/etcd#12528, fixed
+/// by etcd-io/etcd#16822 in 3.4.28 and 3.5.11. Such an etcd can grant a lock twice when its
 /// leader is paused past the session ttl.
 pub fn revokes_from_a_stale_leader() -> bool {
     static AFFECTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();

@@ -1,5 +1,5 @@
-//! The in-memory backend: one server inside the worker process, shared by every worker of
-//! the run (they are tasks of that one process, with a link of the harness's each).
+//! The in-memory backend: one server inside the worker process, shared by every worker.
+//! The workers of the run are tasks of that one process, with a link of the harness's each.
 
 use std::time::Duration;
 

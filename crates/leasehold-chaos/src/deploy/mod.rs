@@ -1,5 +1,5 @@
-//! Backends under test: the registry, a run's servers (or the user's), and the fault
-//! proxies in front of them.
+//! Backends under test.
+//! The registry, a run's servers (or the user's), and the fault proxies in front of them.
 //!
 //! A backend is one [`BackendSpec`]: its name, what it is made of (server processes, a
 //! network, leases or sessions), where its locks live in a run the checker sets up itself,
@@ -148,14 +148,14 @@ pub struct BackendSpec {
     pub home: Home,
     /// The lease (or session) a run asks for.
     pub ttl: Duration,
-    /// The URL of the backend through `endpoints` (`host:port`, one per server), with the
-    /// lease `ttl` where the URL carries it.
+    /// The URL of the backend through `endpoints` (`host:port`, one per server).
+    /// It carries the lease `ttl` where the URL has one.
     pub url: fn(&[String], Duration) -> String,
 }
 
 impl BackendSpec {
-    /// Whether a run needs the harness: to start its servers (`url`: the user gives them),
-    /// or to link in-process workers.
+    /// Whether a run needs the harness: to start its servers, or to link in-process workers.
+    /// `url`: the user gives the servers.
     pub fn needs_harness(&self, url: bool) -> bool {
         match self.home {
             Home::InProcess => true,
@@ -168,8 +168,8 @@ impl BackendSpec {
 /// Builds a URL from the endpoints a worker goes through.
 type UrlFrom = Box<dyn Fn(&[String]) -> String + Send>;
 
-/// A run's backend: its servers (or the user's), and one fault proxy per worker and
-/// server in front of them.
+/// A run's backend: its servers (or the user's), and the fault proxies in front of them.
+/// There is one proxy per worker and server.
 #[derive(Debug)]
 pub struct Deployment {
     /// The backend.
@@ -189,8 +189,8 @@ pub struct Deployment {
 }
 
 impl Deployment {
-    /// Sets up where `spec`'s locks live for `topology` (or takes the user's `external`
-    /// URL), and proxies for `workers` workers.
+    /// Sets up where `spec`'s locks live for `topology`, and proxies for `workers` workers.
+    /// With an `external` URL, the user's servers are used.
     ///
     /// Servers are started by the `harness`.
     ///
@@ -282,9 +282,9 @@ impl Deployment {
     }
 }
 
-/// Splits `scheme://[user@]h1:p1,h2:p2[/path][?query]` into the part before the hosts,
-/// the hosts, and the part after them. A URL without hosts (`memory:`, `file:///…`) has
-/// none.
+/// Splits `scheme://[user@]h1:p1,h2:p2[/path][?query]` around its hosts.
+/// The parts are what comes before the hosts, the hosts, and what comes after them. A URL
+/// without hosts (`memory:`, `file:///…`) has none.
 pub fn split_endpoints(url: &str) -> (String, Vec<String>, String) {
     let Some((scheme, rest)) = url.split_once("://") else {
         return (url.to_owned(), Vec::new(), String::new());

@@ -1,5 +1,5 @@
-//! PostgreSQL (lease mode): one server, under libfaketime where it is installed so that
-//! scenario 10 can move the server's wall clock (the one its leases are counted on).
+//! PostgreSQL (lease mode): one server, under libfaketime where it is installed.
+//! So scenario 10 can move the server's wall clock (the one its leases are counted on).
 
 use std::time::Duration;
 

@@ -1,5 +1,6 @@
-//! One redis-server (no persistence), or a primary with an asynchronous replica, or one
-//! that evicts keys with a TTL under memory pressure.
+//! One redis-server (no persistence), a primary with a replica, or one that evicts.
+//! The replica is asynchronous; the evicting one evicts keys with a TTL under memory
+//! pressure.
 
 use std::time::Duration;
 

@@ -8,8 +8,46 @@
 //! shows a doc comment's first paragraph as its summary wherever the item is listed: a
 //! summary that is one line reads the same there, in the source and in an editor's hover.
 
-/// Where `source`'s doc comments break the rule: the line number and text of each first
-/// line that does not end a sentence.
+/// Files that still break the rule, left to the parts of issue #25 that rework them.
+///
+/// Each is `(path from the workspace root, the part)`. The gate skips them, and fails when
+/// one of them keeps the rule (or is gone): take it off the list then.
+pub const PENDING: &[(&str, &str)] = &[
+    ("crates/leasehold/src/lib.rs", "the URL layer"),
+    ("crates/leasehold-cli/src/run.rs", "the URL layer"),
+    ("crates/leasehold-cli/src/session.rs", "the URL layer"),
+    ("crates/leasehold-etcd/src/options.rs", "the URL layer"),
+    ("crates/leasehold-postgres/src/options.rs", "the URL layer"),
+    ("crates/leasehold-redis/src/options.rs", "the URL layer"),
+    (
+        "crates/leasehold-redis/src/redlock/options.rs",
+        "the URL layer",
+    ),
+    ("crates/leasehold-zookeeper/src/options.rs", "the URL layer"),
+    (
+        "crates/leasehold-core/src/support/tls.rs",
+        "the wake-up board and TLS",
+    ),
+    (
+        "crates/leasehold-file/src/notify.rs",
+        "the wake-up board and TLS",
+    ),
+    (
+        "crates/leasehold-postgres/src/tls.rs",
+        "the wake-up board and TLS",
+    ),
+    (
+        "crates/leasehold-postgres/src/wakeups.rs",
+        "the wake-up board and TLS",
+    ),
+    (
+        "crates/leasehold-redis/src/wakeups.rs",
+        "the wake-up board and TLS",
+    ),
+];
+
+/// Where `source`'s doc comments break the rule.
+/// The line number and text of each first line that does not end a sentence.
 pub fn violations(source: &str) -> Vec<(usize, String)> {
     let mut found = Vec::new();
     let mut previous = None;

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use leasehold_gates::{commits, crate_map, deps};
+use leasehold_gates::{commits, crate_map, deps, doc_lines};
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -71,6 +71,35 @@ fn each_backend_crate_doc_opens_with_a_map_of_its_files() {
         }
     }
     fail_with("crate maps (CONVENTIONS.md, Docs)", &found);
+}
+
+#[test]
+fn the_first_line_of_every_doc_comment_ends_a_sentence() {
+    let crates = root().join("crates");
+    let mut found = Vec::new();
+    let mut pending: Vec<&str> = doc_lines::PENDING.iter().map(|(path, _)| *path).collect();
+    for file in rust_files(&crates) {
+        let path = format!("crates/{file}");
+        let source = std::fs::read_to_string(crates.join(&file)).unwrap();
+        let breaches = doc_lines::violations(&source);
+        if let Some(i) = pending.iter().position(|p| *p == path) {
+            pending.remove(i);
+            if breaches.is_empty() {
+                found.push(format!("{path} keeps the rule now: take it off PENDING"));
+            }
+            continue;
+        }
+        for (line, text) in breaches {
+            found.push(format!("{path}:{line}: {text}"));
+        }
+    }
+    for gone in pending {
+        found.push(format!("{gone} is in PENDING but not in the workspace"));
+    }
+    fail_with(
+        "doc comments whose first line does not end a sentence (CONVENTIONS.md, Docs)",
+        &found,
+    );
 }
 
 /// Runs git in the workspace; its output if it succeeded.

@@ -8,9 +8,9 @@ use leasehold_cli::bench::{Row, Stats, cycles};
 /// One acquire + release of a compared implementation; resolves to the acquire's latency.
 pub(crate) type Cycle = Pin<Box<dyn Future<Output = Duration> + Send>>;
 
-/// The two uncontended rows of one side: `<label>, 1 client` on the name `<slug>-solo`, and
-/// `<label>, N clients on N names`, client `i` on `<slug>-name-<i>`. `cycle(i, name)` makes
-/// client `i`'s cycles on `name`.
+/// The two uncontended rows of one side.
+/// `<label>, 1 client` on the name `<slug>-solo`, and `<label>, N clients on N names`,
+/// client `i` on `<slug>-name-<i>`. `cycle(i, name)` makes client `i`'s cycles on `name`.
 #[allow(dead_code)] // not every comparison has sides of its own
 pub(crate) async fn uncontended<C>(
     label: &str,
@@ -36,12 +36,12 @@ where
     ]
 }
 
-/// Two sides measured under the same load: `clients` tasks for `duration`, each running one
-/// cycle of side A then one of side B, then B then A, and so on. Each side's [`Stats`] hold
-/// its acquire latencies, and a rate of `cycles / (time spent in its cycles / clients)`:
-/// what the side would run at alone under that load. Slow phases of the server (an fsync
-/// stall, a compaction) fall on both sides alike, which rows measured one after the other
-/// cannot promise.
+/// Two sides measured under the same load.
+/// `clients` tasks for `duration`, each running one cycle of side A then one of side B,
+/// then B then A, and so on. Each side's [`Stats`] hold its acquire latencies, and a rate
+/// of `cycles / (time spent in its cycles / clients)`: what the side would run at alone
+/// under that load. Slow phases of the server (an fsync stall, a compaction) fall on both
+/// sides alike, which rows measured one after the other cannot promise.
 #[allow(dead_code)] // not every comparison interleaves
 pub(crate) async fn interleaved<A, B>(
     clients: usize,
@@ -178,10 +178,11 @@ impl Args {
     }
 }
 
-/// Every round's rows. The table shows each row at its best round (the highest rate, or for
-/// hand-offs the lowest median): on a small machine whatever else runs (the servers
-/// themselves) moves single rounds. A comparison of two rows is also given as the median,
-/// over rounds, of their ratio within one round, where both ran back to back.
+/// Every round's rows.
+/// The table shows each row at its best round (the highest rate, or for hand-offs the
+/// lowest median): on a small machine whatever else runs (the servers themselves) moves
+/// single rounds. A comparison of two rows is also given as the median, over rounds, of
+/// their ratio within one round, where both ran back to back.
 #[derive(Default)]
 pub(crate) struct Rounds(Vec<Vec<Row>>);
 
@@ -217,8 +218,9 @@ impl Rounds {
         best
     }
 
-    /// The median over rounds of the rate of the row whose name starts with `ours` divided
-    /// by that of `theirs` in the same round (NaN if no round has both).
+    /// The median over rounds of one row's rate divided by another's in the same round.
+    /// The rows are those whose names start with `ours` and `theirs`; NaN if no round has
+    /// both.
     #[allow(dead_code)] // not every comparison compares rates
     pub(crate) fn paired(&self, ours: &str, theirs: &str) -> f64 {
         let ratios = self.ratios(ours, theirs);
@@ -229,8 +231,8 @@ impl Rounds {
         }
     }
 
-    /// The ratios behind [`paired`](Rounds::paired), one per round that has both rows,
-    /// smallest first.
+    /// The ratios behind [`paired`](Rounds::paired), one per round that has both rows.
+    /// Smallest first.
     #[allow(dead_code)] // not every comparison compares rates
     pub(crate) fn ratios(&self, ours: &str, theirs: &str) -> Vec<f64> {
         let rate = |round: &[Row], name: &str| {

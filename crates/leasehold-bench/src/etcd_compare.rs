@@ -1,6 +1,6 @@
-//! leasehold's etcd backend side by side with etcd's own lock service (the `v3lock` API,
-//! driven through etcd-client's `lock` / `unlock` with one lease per client granted up
-//! front), on one etcd member, in one run.
+//! leasehold's etcd backend side by side with etcd's own lock service, on one member.
+//! The service is the `v3lock` API, driven through etcd-client's `lock` / `unlock` with one
+//! lease per client granted up front; both sides run in one run.
 //!
 //! Besides the rows each side runs on its own, every round has *interleaved* rows: each
 //! client runs a leasehold cycle and a lock-service cycle by turns, so that a slow phase of
@@ -28,8 +28,8 @@ const ROUNDS: usize = 3;
 /// Long enough for the whole run, so the stock clients need no keep-alive stream.
 const LEASE_SECONDS: i64 = 3600;
 
-/// An etcd-client connection with its own lease, as a user of the lock service would
-/// hold one (without a lease, every `lock` call makes the server grant a fresh one).
+/// An etcd-client connection with its own lease, as a user of the lock service would hold one.
+/// Without a lease, every `lock` call makes the server grant a fresh one.
 #[derive(Clone)]
 struct Stock {
     client: Client,
@@ -116,8 +116,8 @@ async fn interleaved_rows(
     ]
 }
 
-/// Unary gRPC requests the member has started (streams such as keep-alive and watch are
-/// not counted): each is one client round trip.
+/// Unary gRPC requests the member has started: each is one client round trip.
+/// Streams such as keep-alive and watch are not counted.
 async fn unary_requests(member: SocketAddr) -> f64 {
     let metrics = leasehold_testkit::probe::http_get(member, "/metrics")
         .await

@@ -1,5 +1,5 @@
-//! leasehold's PostgreSQL backend side by side with its own floor, on one server, in one
-//! run:
+//! leasehold's PostgreSQL backend side by side with its own floor, on one server, in one run.
+//! The sides are:
 //!
 //! - **leasehold** (lease mode) and **leasehold advisory** (`mode=advisory`), through the
 //!   public API;
@@ -93,9 +93,9 @@ impl Raw {
     }
 }
 
-/// One floor cycle on `name`: the grant statement until it grants, then the release
-/// statement. Uncontended (`waiting`), it is the request leasehold's lock sends (fair,
-/// waiting); contended, a try that leaves no queue entry, sent again at once.
+/// One floor cycle on `name`: the grant statement until it grants, then the release statement.
+/// Uncontended (`waiting`), it is the request leasehold's lock sends (fair, waiting);
+/// contended, a try that leaves no queue entry, sent again at once.
 fn floor_cycle(raw: Raw, name: String, waiting: bool) -> impl FnMut() -> Cycle + Send + 'static {
     let mut n = 0u64;
     move || {
@@ -138,8 +138,8 @@ fn floor_cycle(raw: Raw, name: String, waiting: bool) -> impl FnMut() -> Cycle +
     }
 }
 
-/// One bare advisory cycle on key `key`: `pg_try_advisory_lock` until it takes, then
-/// `pg_advisory_unlock`.
+/// One bare advisory cycle on key `key`.
+/// `pg_try_advisory_lock` until it takes, then `pg_advisory_unlock`.
 fn bare_advisory_cycle(raw: Raw, key: i64) -> impl FnMut() -> Cycle + Send + 'static {
     move || {
         let raw = raw.clone();
@@ -162,8 +162,9 @@ fn bare_advisory_cycle(raw: Raw, key: i64) -> impl FnMut() -> Cycle + Send + 'st
     }
 }
 
-/// One advisory floor cycle on `name`: advisory mode's grant statement until it grants,
-/// then its release statement, on the client's session.
+/// One advisory floor cycle on `name`.
+/// Advisory mode's grant statement until it grants, then its release statement, on the
+/// client's session.
 fn advisory_floor_cycle(raw: Raw, name: String) -> impl FnMut() -> Cycle + Send + 'static {
     let mut n = 0u64;
     move || {
@@ -211,8 +212,8 @@ fn key(name: &str) -> i64 {
         .fold(17_i64, |h, b| h.wrapping_mul(31).wrapping_add(i64::from(b)))
 }
 
-/// Statements of leasehold's schema the server has run (top-level, so one per round trip),
-/// from `pg_stat_statements`; `None` without the extension.
+/// Statements of leasehold's schema the server has run, from `pg_stat_statements`.
+/// Top-level ones, so one per round trip; `None` without the extension.
 async fn statements(admin: &tokio_postgres::Client) -> Option<i64> {
     admin
         .query_one(

@@ -1,7 +1,7 @@
-//! leasehold's Redis backend side by side with a bare redis-rs lock (SET NX PX + an EVALSHA
-//! compare-and-delete, no fencing, no waiting, no renewal), the least script a fenced grant
-//! can run (SET NX PX + INCR in one EVALSHA), and the rslock crate, on one redis-server, in
-//! one run.
+//! leasehold's Redis backend side by side with three other locks on one redis-server.
+//! They are a bare redis-rs lock (SET NX PX + an EVALSHA compare-and-delete, no fencing, no
+//! waiting, no renewal), the least script a fenced grant can run (SET NX PX + INCR in one
+//! EVALSHA), and the rslock crate, all in one run.
 //!
 //! ```sh
 //! cargo run --release -p leasehold-bench --bin redis-compare              # starts its own redis-server
@@ -25,9 +25,9 @@ const TTL: Duration = Duration::from_secs(30);
 const ROUNDS: usize = 3;
 const UNLOCK: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end";
 
-/// The least a one-round-trip fenced grant can cost with a script: SET NX PX, then INCR of
-/// the counter, in one EVALSHA (no waiters, no lock-delay, no token in the value). Not a
-/// lock to use: the ceiling for any script-based fenced grant.
+/// The least a one-round-trip fenced grant can cost with a script.
+/// SET NX PX, then INCR of the counter, in one EVALSHA (no waiters, no lock-delay, no token
+/// in the value). Not a lock to use: the ceiling for any script-based fenced grant.
 static FENCED_GRANT: LazyLock<redis::Script> = LazyLock::new(|| {
     redis::Script::new(
         "if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return redis.call('INCR', KEYS[2]) end return 0",

@@ -1,6 +1,6 @@
-//! Redlock over five redis-servers side by side with leasehold on one redis-server: the
-//! cost of the parallel fan-out, with and without the fencing write-back round, and the
-//! floor under it on this machine (a bare PING to all five nodes at once).
+//! Redlock over five redis-servers side by side with leasehold on one redis-server.
+//! It shows the cost of the parallel fan-out, with and without the fencing write-back
+//! round, and the floor under it on this machine (a bare PING to all five nodes at once).
 //!
 //! ```sh
 //! cargo run --release -p leasehold-bench --bin redlock-compare [-- --duration 3s --json]
@@ -20,8 +20,9 @@ use common::{Args, Cycle, Rounds, bare_connection};
 
 const ROUNDS: usize = 2;
 
-/// The floor under any Redlock on this machine: a PING to every node at once, answered by
-/// all (no script, no lock), with plain redis-rs connections.
+/// The floor under any Redlock on this machine.
+/// A PING to every node at once, answered by all (no script, no lock), with plain redis-rs
+/// connections.
 fn ping_all(nodes: Vec<ConnectionManager>) -> impl FnMut() -> Cycle + Send + 'static {
     move || {
         let nodes = nodes.clone();

@@ -1,6 +1,6 @@
-//! leasehold's ZooKeeper backend side by side with Apache Curator's `InterProcessMutex`
-//! (5.x, a Java process driven by the testkit) and kazoo's `Lock` (Python, when `kazoo` is
-//! installed), on one ZooKeeper server, in one run.
+//! leasehold's ZooKeeper backend side by side with Curator and kazoo, on one server.
+//! They are Apache Curator's `InterProcessMutex` (5.x, a Java process driven by the
+//! testkit) and kazoo's `Lock` (Python, when `kazoo` is installed), all in one run.
 //!
 //! Every side measures itself the same way, in its own process: `clients` workers (tasks
 //! or threads) share one ZooKeeper session and run acquire + release cycles for one slice
@@ -36,8 +36,8 @@ mod common;
 use common::Args;
 
 const ROUNDS: usize = 10;
-/// How long each grant is held in the hand-off scenario: long enough for the waiter to be
-/// asleep on its watch when the holder releases.
+/// How long each grant is held in the hand-off scenario.
+/// Long enough for the waiter to be asleep on its watch when the holder releases.
 const PAIR_HOLD: Duration = Duration::from_millis(2);
 const KAZOO: &str = include_str!("kazoo_bench.py");
 
@@ -111,8 +111,8 @@ enum Scenario {
     Solo,
     Many,
     Contended,
-    /// Two clients on one name, each holding for [`PAIR_HOLD`]: every release hands the
-    /// lock to a waiter asleep on its watch.
+    /// Two clients on one name, each holding for [`PAIR_HOLD`].
+    /// Every release hands the lock to a waiter asleep on its watch.
     Pair,
 }
 
@@ -167,11 +167,12 @@ impl Scenario {
 /// How the leasehold side lets go of a guard.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Letting {
-    /// `guard.release().await`: returns once the server confirmed the delete, as Curator's
-    /// `release()` does.
+    /// `guard.release().await`: returns once the server confirmed the delete.
+    /// So does Curator's `release()`.
     Release,
-    /// `drop(guard)`, what a guard going out of scope does: the delete is sent by the drop,
-    /// ahead of the worker's next request on the session, and confirmed in the background.
+    /// `drop(guard)`, what a guard going out of scope does.
+    /// The delete is sent by the drop, ahead of the worker's next request on the session,
+    /// and confirmed in the background.
     Drop,
 }
 
@@ -238,8 +239,8 @@ async fn leasehold_side(
     total
 }
 
-/// kazoo: a Python process with `clients` threads on one `KazooClient`, driven over
-/// stdin/stdout like the Curator driver.
+/// kazoo: a Python process with `clients` threads on one `KazooClient`.
+/// It is driven over stdin/stdout like the Curator driver.
 struct Kazoo {
     _child: tokio::process::Child,
     stdin: tokio::process::ChildStdin,

@@ -1,6 +1,7 @@
-//! Deliberately broken lock variants, for the checker's own tests: each must be caught by
-//! at least one check. Built as decorators around a real backend and as a clock, without
-//! touching leasehold-core; compiled only with the `planted-bugs` feature.
+//! Deliberately broken lock variants, for the checker's own tests.
+//! Each must be caught by at least one check. Built as decorators around a real backend and
+//! as a clock, without touching leasehold-core; compiled only with the `planted-bugs`
+//! feature.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -20,8 +21,7 @@ use tokio::task::JoinHandle;
 pub enum Bug {
     /// Release deletes whoever holds (a `DEL` without the owner check).
     ReleaseAny,
-    /// Renewal extends whoever holds and always says "renewed" (`PEXPIRE` without the
-    /// compare).
+    /// Renewal extends whoever holds and always says "renewed" (`PEXPIRE` without the compare).
     RenewAny,
     /// Deadlines on the wall clock instead of a monotonic one.
     WallClock,
@@ -29,15 +29,13 @@ pub enum Bug {
     ValidityFromReply,
     /// A fresh owner id on every acquire call, so a retry cannot adopt a lost grant.
     NewOwnerOnRetry,
-    /// The watchdog treats "not owner" as a passing failure and keeps the guard until its
-    /// deadline.
+    /// The watchdog treats "not owner" as a passing failure and keeps the guard until its deadline.
     IgnoreNotOwner,
-    /// A session backend counts its session's deadline from the reply to a keep-alive
-    /// instead of from its send.
+    /// A session backend counts its session's deadline from a keep-alive's reply, not its send.
     SessionDeadlineFromReply,
-    /// A session backend counts every keep-alive it sends as acknowledged: the session's
-    /// deadline moves a ttl past each one sent, answered or not, and a session ended for
-    /// want of an answer is kept.
+    /// A session backend counts every keep-alive it sends as acknowledged.
+    /// The session's deadline moves a ttl past each one sent, answered or not, and a
+    /// session ended for want of an answer is kept.
     IgnoreMissedKeepAlive,
 }
 
@@ -68,11 +66,11 @@ impl Bug {
         }
     }
 
-    /// Whether it is a bug of the backend itself (its session arithmetic), planted below
-    /// the recorder: the history then records the session deadline the buggy backend
-    /// publishes, as it would record a real backend's, and only the server's own bound
-    /// (which the backend reports beside it) shows the bug. The others are planted above
-    /// the recorder, between it and the engine.
+    /// Whether it is a bug of the backend itself (its session arithmetic), below the recorder.
+    /// The history then records the session deadline the buggy backend publishes, as it
+    /// would record a real backend's, and only the server's own bound (which the backend
+    /// reports beside it) shows the bug. The others are planted above the recorder, between
+    /// it and the engine.
     pub fn in_backend(self) -> bool {
         matches!(
             self,
@@ -105,8 +103,8 @@ struct Planted {
     inner: Arc<dyn Backend>,
     /// For [`Bug::NewOwnerOnRetry`]: the owner id last used for each acquisition.
     owners: Mutex<HashMap<OwnerId, OwnerId>>,
-    /// For the session bugs: each session of the backend, the buggy view of it handed to
-    /// the engine, and the task keeping that view.
+    /// For the session bugs: each session, its buggy view handed to the engine, and its task.
+    /// The task keeps that view of the backend's session.
     sessions: Mutex<Vec<(SessionLiveness, SessionLiveness, JoinHandle<()>)>>,
 }
 
@@ -282,10 +280,10 @@ impl Backend for Planted {
     }
 }
 
-/// [`Bug::SessionDeadlineFromReply`]: follows the backend's session, but counts each
-/// acknowledged keep-alive's deadline from now, when its answer is seen, rather than from
-/// when it was sent — and so, when the backend gives the session up at its own deadline,
-/// still counts on its later one.
+/// [`Bug::SessionDeadlineFromReply`]: keep-alives' deadlines counted from their answers.
+/// It follows the backend's session, but counts each acknowledged keep-alive's deadline
+/// from now, when its answer is seen, rather than from when it was sent — and so, when the
+/// backend gives the session up at its own deadline, still counts on its later one.
 async fn from_reply(mut inner: SessionLiveness, keeper: SessionKeeper) {
     let mut heard = inner.server_view().map(|v| v.heard);
     let mut deadline = match inner.current() {
@@ -319,9 +317,10 @@ async fn from_reply(mut inner: SessionLiveness, keeper: SessionKeeper) {
     }
 }
 
-/// [`Bug::IgnoreMissedKeepAlive`]: follows the backend's acknowledged keep-alives, and
-/// when none comes for a third of the ttl (a keep-alive went out and was not answered),
-/// moves the deadline a ttl past now all the same; it never suspends nor ends.
+/// [`Bug::IgnoreMissedKeepAlive`]: an unanswered keep-alive moves the deadline all the same.
+/// It follows the backend's acknowledged keep-alives, and when none comes for a third of
+/// the ttl (a keep-alive went out and was not answered), moves the deadline a ttl past now
+/// all the same; it never suspends nor ends.
 async fn ignore_missed(mut inner: SessionLiveness, keeper: SessionKeeper, ttl: Duration) {
     loop {
         tokio::select! {

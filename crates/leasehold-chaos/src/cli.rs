@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use clap::{Args, Subcommand, ValueEnum};
 
 use crate::deploy::{self, REGISTRY};
+use crate::harness::Harness;
 use crate::history::History;
 use crate::report;
 use crate::resource::{FenceMode, ResourceConfig, Workload};
@@ -24,10 +25,11 @@ pub mod exit {
 
 /// Run fault scenarios against a backend and check what every process saw.
 ///
-/// Each run starts the backend's servers (or uses --url), a fenced resource and worker
-/// processes that lock and write under the lock, injects the scenario's seeded faults,
-/// and checks the history (C1–C10 of the safety model). Exit code 0 when every check
-/// came out as the scenario expects, 1 otherwise, 64 on bad usage.
+/// Each run uses the backend's servers given with --url (the checker's own program,
+/// leasehold-chaos, can also start them), a fenced resource and worker processes that lock
+/// and write under the lock, injects the scenario's seeded faults, and checks the history
+/// (C1–C10 of the safety model). Exit code 0 when every check came out as the scenario
+/// expects, 1 otherwise, 64 on bad usage.
 #[derive(Debug, Args)]
 #[command(args_conflicts_with_subcommands = true)]
 pub struct ChaosArgs {
@@ -77,8 +79,8 @@ enum WorkloadArg {
 
 #[derive(Debug, Args)]
 struct RunArgs {
-    /// Backend(s): memory, file, redis, redlock, etcd, zookeeper, postgres, comma-separated,
-    /// or `all`.
+    /// Backend(s), comma-separated, or `all` (those this program can run).
+    /// They are memory, file, redis, redlock, etcd, zookeeper and postgres.
     #[arg(long, default_value = "all")]
     backend: String,
     /// Scenario(s) by name or number, comma-separated, or `all`.
@@ -87,14 +89,14 @@ struct RunArgs {
     /// The first seed.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Runs per backend and scenario, with seeds seed, seed+1, …
+    /// Runs per backend and scenario, with seeds seed, seed+1, and so on.
     #[arg(long, default_value_t = 1)]
     runs: u64,
     /// Runs at once (each with servers and processes of its own).
     #[arg(long, default_value_t = 1)]
     jobs: usize,
-    /// Use these servers instead of starting them (faults that need control of the servers
-    /// are skipped; the report says which).
+    /// The servers to use.
+    /// Faults that need control of the servers are skipped; the report says which.
     #[arg(long, env = "LEASEHOLD_URL", hide_env_values = true)]
     url: Option<String>,
     /// Whether the resource refuses stale tokens (enforce) or accepts and records them.
@@ -118,7 +120,14 @@ struct RunArgs {
 }
 
 /// Runs the command; returns the exit code.
-pub fn main(args: ChaosArgs, launcher: std::io::Result<Launcher>) -> u8 {
+///
+/// `launcher` starts this program again as a worker or the resource; a `harness` (the
+/// leasehold-chaos program's) starts servers and links in-process workers.
+pub fn main(
+    args: ChaosArgs,
+    launcher: std::io::Result<Launcher>,
+    harness: Option<&'static Harness>,
+) -> u8 {
     match args.command {
         Some(ChaosCommand::Worker { config }) => {
             let config: WorkerConfig = match serde_json::from_str(&config) {
@@ -128,7 +137,8 @@ pub fn main(args: ChaosArgs, launcher: std::io::Result<Launcher>) -> u8 {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build();
-            match runtime.map(|rt| rt.block_on(crate::worker::run(config))) {
+            let link = harness.map(|h| h.link);
+            match runtime.map(|rt| rt.block_on(crate::worker::run(config, link))) {
                 Ok(Ok(())) => exit::OK,
                 Ok(Err(e)) | Err(e) => {
                     eprintln!("leasehold chaos worker: {e}");
@@ -153,12 +163,12 @@ pub fn main(args: ChaosArgs, launcher: std::io::Result<Launcher>) -> u8 {
             }
         }
         Some(ChaosCommand::List) => {
-            print!("{}", list());
+            print!("{}", list(harness));
             exit::OK
         }
         Some(ChaosCommand::Check { history, json }) => check(&history, json),
         None => match launcher {
-            Ok(launcher) => run(args.run, &launcher),
+            Ok(launcher) => run(args.run, &launcher, harness),
             Err(e) => {
                 eprintln!("leasehold chaos: cannot find this program to start workers: {e}");
                 exit::FAILED
@@ -172,13 +182,17 @@ fn usage(message: &str) -> u8 {
     exit::USAGE
 }
 
-fn list() -> String {
+fn list(harness: Option<&Harness>) -> String {
     let mut out = String::from("Backends:\n");
     for b in REGISTRY {
-        let note = if deploy::available(b) {
-            ""
-        } else {
+        let note = if !deploy::available(b) {
             " (not in this build)"
+        } else if deploy::unavailable(b, false, harness).is_none() {
+            ""
+        } else if deploy::unavailable(b, true, harness).is_none() {
+            " (with --url)"
+        } else {
+            " (leasehold-chaos only)"
         };
         out.push_str(&format!("  {:<9} {}://{note}\n", b.name, b.scheme));
     }
@@ -265,21 +279,33 @@ fn pick<T: Copy>(
         .collect()
 }
 
-fn run(args: RunArgs, launcher: &Launcher) -> u8 {
-    let built: Vec<&'static deploy::BackendSpec> = REGISTRY
+fn run(args: RunArgs, launcher: &Launcher, harness: Option<&'static Harness>) -> u8 {
+    let url = args.url.is_some();
+    let runnable: Vec<&'static deploy::BackendSpec> = REGISTRY
         .iter()
         .copied()
-        .filter(|b| deploy::available(b))
+        .filter(|b| deploy::unavailable(b, url, harness).is_none())
         .collect();
-    let backends = match pick(&args.backend, &built, deploy::backend, "backend") {
+    let backends = match pick(&args.backend, &runnable, deploy::backend, "backend") {
         Ok(b) => b,
         Err(e) => return usage(&format!("{e}; see `leasehold chaos list`")),
     };
-    if let Some(missing) = backends.iter().find(|b| !deploy::available(b)) {
-        return usage(&format!(
-            "{}:// needs leasehold built with the `{}` feature",
-            missing.scheme, missing.name
-        ));
+    if let Some(why) = backends
+        .iter()
+        .find_map(|b| deploy::unavailable(b, url, harness))
+    {
+        return usage(&why);
+    }
+    if args.backend == "all" && runnable.len() < REGISTRY.len() {
+        let left: Vec<&str> = REGISTRY
+            .iter()
+            .filter(|b| !runnable.iter().any(|r| r.name == b.name))
+            .map(|b| b.name)
+            .collect();
+        eprintln!(
+            "leasehold chaos: not run here: {} (see `leasehold chaos list`)",
+            left.join(", ")
+        );
     }
     let all: Vec<&'static scenario::Scenario> = SCENARIOS.iter().collect();
     let scenarios = match pick(&args.scenario, &all, scenario::scenario, "scenario") {
@@ -325,6 +351,7 @@ fn run(args: RunArgs, launcher: &Launcher) -> u8 {
                         WorkloadArg::Set => Workload::Set,
                     },
                     url: args.url.clone(),
+                    harness,
                     bug: args.bug.clone(),
                     history_dir: args.history.clone(),
                 });

@@ -1,6 +1,7 @@
-//! The collector: every process of a run sends it events; it stamps each with its own
-//! monotonic clock, keeps the history, and keeps a live view of who holds and who waits
-//! (the nemesis aims at it). It also carries the runner's commands to workers.
+//! The collector: every process of a run sends it events.
+//! It stamps each with its own monotonic clock, keeps the history, and keeps a live view of
+//! who holds and who waits (the nemesis aims at it). It also carries the runner's commands
+//! to workers.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io;

@@ -60,8 +60,7 @@ pub enum Phase {
     Invoke,
     /// It completed and did what it asked.
     Ok,
-    /// It completed and did not (busy, refused, not held, an error that says nothing was
-    /// applied).
+    /// It completed and did not (busy, refused, not held, an error that says nothing was applied).
     Fail,
     /// It ended without an answer: it may or may not have been applied.
     Unknown,
@@ -84,22 +83,22 @@ pub enum Expiry {
     Session {
         /// The session's deadline as the client counts it, on the collector's timeline.
         until: u64,
-        /// The server's own bound, where the backend says: the session ttl the server
-        /// granted past the last moment it certainly heard from the session (the send
-        /// time of the last keep-alive it acknowledged). The server may end the session
-        /// (and free its locks) from then on; `until` is earlier by the client's drift
-        /// allowance.
+        /// The server's own bound, where the backend says.
+        /// That is the session ttl the server granted past the last moment it certainly
+        /// heard from the session (the send time of the last keep-alive it acknowledged).
+        /// The server may end the session (and free its locks) from then on; `until` is
+        /// earlier by the client's drift allowance.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         server_until: Option<u64>,
     },
 }
 
 impl Expiry {
-    /// The end of the lease the server promised for a request of this expiry invoked at
-    /// `invoked`: a lease counted from the invoke (the server applied the request later),
-    /// the session's deadline — or the server's bound if that is earlier: a backend
-    /// that counts on its session past the server's bound is promised nothing beyond it —,
-    /// or never (`u64::MAX`).
+    /// The end of the lease the server promised for a request of this expiry invoked at `invoked`.
+    /// It is a lease counted from the invoke (the server applied the request later), the
+    /// session's deadline — or the server's bound if that is earlier: a backend that counts
+    /// on its session past the server's bound is promised nothing beyond it —, or never
+    /// (`u64::MAX`).
     ///
     /// A session is not counted to the server's bound alone: a client may close its
     /// session once its own deadline has passed (ZooKeeper's does), freeing its locks
@@ -137,15 +136,16 @@ pub struct Event {
     /// The lock name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lock: Option<String>,
-    /// The owner id the request carried (backend calls) or the guard's (lock, unlock, lost,
-    /// read, write, apply).
+    /// The owner id the request carried (backend calls) or the guard's.
+    /// The guard's for lock, unlock, lost, read, write and apply.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<String>,
     /// The fencing token.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token: Option<u64>,
-    /// The answer in words: `granted`, `busy`, `renewed`, `lost`, `released`, `not_held`,
-    /// `accepted`, `refused`, …
+    /// The answer in words.
+    /// For example `granted`, `busy`, `renewed`, `lost`, `released`, `not_held`,
+    /// `accepted`, `refused`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub answer: Option<String>,
     /// The grant's or renewal's expiry.
@@ -157,8 +157,8 @@ pub struct Event {
     /// The resource's value before an applied write.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prev: Option<serde_json::Value>,
-    /// Whether the worker's guard was held when it checked (reads and writes: checked
-    /// after the invoke was stamped).
+    /// Whether the worker's guard was held when it checked.
+    /// Reads and writes are checked after the invoke was stamped.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub held: Option<bool>,
     /// For resource events: the worker whose request it was.
@@ -325,8 +325,8 @@ impl History {
         Self { events }
     }
 
-    /// A history made by hand: events stamped 0, 1, 2, … in the order given unless they
-    /// carry a stamp already (tests).
+    /// A history made by hand (tests).
+    /// Events are stamped 0, 1, 2, … in the order given unless they carry a stamp already.
     pub fn from_events(events: impl IntoIterator<Item = Event>) -> Self {
         let events = events
             .into_iter()

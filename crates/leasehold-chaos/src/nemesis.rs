@@ -1,9 +1,10 @@
-//! The nemesis: faults a scenario injects, each recorded in the history (invoke when it
-//! starts, ok when it ends) and undone at the end of the run.
+//! The nemesis: faults a scenario injects, each recorded in the history.
+//! Each is recorded as invoke when it starts, ok when it ends, and undone at the end of the
+//! run.
 //!
 //! Workers are paused, resumed, killed and restarted as processes; their links to the
 //! servers are cut, delayed, jittered and reset through their own fault proxies (or, for
-//! the in-memory backend, through the `Faulty` decorator of the worker); servers are
+//! the in-memory backend, through the harness's link of the worker); servers are
 //! paused, killed and restarted; Redis is flushed, evicted and failed over; client wall
 //! clocks jump through libfaketime.
 
@@ -12,8 +13,7 @@ use std::io;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use leasehold_testkit::Direction;
-use leasehold_testkit::probe::Resp;
+use leasehold_faultproxy::Direction;
 use rand::Rng;
 use rand::rngs::StdRng;
 use rustix::process::{Pid, Signal, kill_process};
@@ -21,7 +21,8 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 
 use crate::collector::{Collector, LiveView};
-use crate::deploy::{Deployment, Servers};
+use crate::deploy::Deployment;
+use crate::harness::Servers;
 use crate::history::{Event, Kind, Phase};
 use crate::wire::Command;
 use crate::worker::WorkerConfig;
@@ -68,8 +69,8 @@ pub enum Link {
     Cut(Direction),
     /// Delay every byte both ways by this much.
     Delay(Duration),
-    /// Lose the next acquire reply (in-process links) / close connections with RST
-    /// after holding replies (network).
+    /// Lose the next acquire reply, or close connections with RST after holding replies.
+    /// The first on in-process links, the second on the network.
     Reset,
     /// Refuse new connections.
     Refuse,
@@ -274,8 +275,8 @@ impl<'a> Ctx<'a> {
             .map(|h| h.owner.clone())
     }
 
-    /// Until the resource has answered an access of `worker` under the guard it holds,
-    /// at most `limit`: that guard's owner id.
+    /// Until the resource has answered an access of `worker` under the guard it holds.
+    /// It waits at most `limit`, and returns that guard's owner id.
     ///
     /// # Cancel safety
     ///
@@ -309,8 +310,8 @@ impl<'a> Ctx<'a> {
         }
     }
 
-    /// The names other than the lock whose guards were lost, as `worker: name`, leaving
-    /// out those of `paused` from `since` on (collector time).
+    /// The names other than the lock whose guards were lost, as `worker: name`.
+    /// Those of `paused` from `since` on (collector time) are left out.
     pub fn lost_elsewhere(&self, paused: &str, since: u64) -> Vec<String> {
         self.collector
             .history()
@@ -383,7 +384,7 @@ impl<'a> Ctx<'a> {
         Ok(())
     }
 
-    /// Moves the worker's wall clock by `offset` (libfaketime syntax: `-1h`, `+3600`);
+    /// Moves the worker's wall clock by `offset` (libfaketime syntax: `-1h`, `+3600`).
     /// `+0` puts it back. Its monotonic clocks are untouched.
     pub fn jump_clock(&mut self, worker: &str, offset: &str) {
         if let Some(i) = self.process_of(worker)
@@ -462,7 +463,7 @@ impl<'a> Ctx<'a> {
                 }
             }
             _ => {
-                // In-process workers: the Faulty decorator of the worker.
+                // In-process workers: the harness's link of the worker.
                 let action = match fault {
                     Link::Cut(Direction::ToServer) => "cut_to_server",
                     Link::Cut(Direction::ToClient) => "cut_to_client",
@@ -508,8 +509,8 @@ impl<'a> Ctx<'a> {
             .is_some()
     }
 
-    /// A worker whose current guard was granted after `after` (collector time), held at
-    /// least `min`, waiting up to `limit`.
+    /// A worker whose current guard was granted after `after` (collector time).
+    /// It is held at least `min`; the wait is up to `limit`.
     ///
     /// # Cancel safety
     ///
@@ -553,8 +554,8 @@ impl<'a> Ctx<'a> {
         self.collector.now()
     }
 
-    /// For `total`, every `step`, gives each of `workers`' links to `nodes` (all if
-    /// empty) a random delay up to `max` each way.
+    /// Jitters links: for `total`, every `step`, a random delay up to `max` each way.
+    /// Each of `workers`' links to `nodes` (all if empty) gets one.
     ///
     /// # Cancel safety
     ///
@@ -621,18 +622,14 @@ impl<'a> Ctx<'a> {
     /// SIGSTOP server `i`.
     pub fn pause_server(&mut self, i: usize) -> FaultId {
         let f = self.begin("pause", &format!("server {i}"), json!({}));
-        if let Some(p) = self.deployment.servers.process(i) {
-            p.pause();
-        }
+        self.deployment.servers.pause(i);
         self.paused_servers.insert(i);
         f
     }
 
     /// SIGCONT server `i`, ending `fault`.
     pub fn resume_server(&mut self, i: usize, fault: FaultId) {
-        if let Some(p) = self.deployment.servers.process(i) {
-            p.resume();
-        }
+        self.deployment.servers.resume(i);
         self.paused_servers.remove(&i);
         self.end(fault);
     }
@@ -640,9 +637,7 @@ impl<'a> Ctx<'a> {
     /// SIGKILL server `i`.
     pub fn kill_server(&mut self, i: usize) -> FaultId {
         let f = self.begin("kill", &format!("server {i}"), json!({}));
-        if let Some(p) = self.deployment.servers.process(i) {
-            p.kill();
-        }
+        self.deployment.servers.kill(i);
         f
     }
 
@@ -661,7 +656,7 @@ impl<'a> Ctx<'a> {
         restarted
     }
 
-    /// Runs a command on redis-server `i` (as an administrator would).
+    /// Runs a command on redis-server `i` (as an administrator would); its reply as text.
     ///
     /// # Cancel safety
     ///
@@ -670,13 +665,8 @@ impl<'a> Ctx<'a> {
     /// # Errors
     ///
     /// If the server is not a redis-server or does not answer.
-    pub async fn redis(&mut self, i: usize, args: &[&str]) -> io::Result<Resp> {
-        let server = self
-            .deployment
-            .servers
-            .redis(i)
-            .ok_or_else(|| io::Error::other(format!("server {i} is not a redis-server")))?;
-        server.command(args).await
+    pub async fn redis(&mut self, i: usize, args: &[&str]) -> io::Result<Option<String>> {
+        self.deployment.servers.redis(i, args).await
     }
 
     /// The redis key of the run's lock.
@@ -684,8 +674,8 @@ impl<'a> Ctx<'a> {
         format!("leasehold:{{{}}}:lock", self.lock)
     }
 
-    /// Expires the lock's key on redis-server `i` now, as a forward jump of that server's
-    /// clock past the lease would (libfaketime hangs redis-server).
+    /// Expires the lock's key on redis-server `i` now, as a forward jump of its clock would.
+    /// The jump would take the key past its lease; libfaketime hangs redis-server.
     ///
     /// # Cancel safety
     ///
@@ -710,13 +700,7 @@ impl<'a> Ctx<'a> {
     ///
     /// If the server's clock cannot be moved (libfaketime is not installed).
     pub fn jump_wall_clock(&mut self, i: usize, seconds: i64) -> io::Result<()> {
-        let clock = self.deployment.servers.wall_clock(i).ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::Unsupported,
-                format!("server {i}'s clock cannot be moved: is libfaketime installed?"),
-            )
-        })?;
-        clock.set_offset(seconds)?;
+        self.deployment.servers.set_wall_clock(i, seconds)?;
         self.instant(
             "clock-jump",
             &format!("server {i}"),
@@ -725,16 +709,17 @@ impl<'a> Ctx<'a> {
         Ok(())
     }
 
-    /// Holds back replication from the primary (bytes kept in the replication link), or
-    /// drops what was held back (`false`; the link stays closed: the primary is gone).
+    /// Holds back replication from the primary, or drops what was held back (`false`).
+    /// The bytes are kept in the replication link; once dropped, the link stays closed: the
+    /// primary is gone.
     pub fn hold_replication(&mut self, hold: bool) {
-        if let Servers::Replicated(pair) = &self.deployment.servers {
+        if let Some(link) = self.deployment.servers.replication() {
             if hold {
-                pair.link.cut(Direction::ToClient);
+                link.cut(Direction::ToClient);
             } else {
                 // Closed with what it held; left cut, so that nothing held can slip
                 // through while the connections close.
-                pair.link.reset();
+                link.reset();
             }
             self.instant(
                 if hold {
@@ -767,12 +752,13 @@ impl<'a> Ctx<'a> {
     }
 
     /// The servers, for scenario-specific administration.
-    pub fn deployment_servers(&mut self) -> &mut Servers {
-        &mut self.deployment.servers
+    pub fn deployment_servers(&mut self) -> &mut dyn Servers {
+        self.deployment.servers.as_mut()
     }
 
-    /// Undoes every fault still in place: resumes paused workers and servers, heals every
-    /// link, puts clocks back. Recorded as the end of each open fault.
+    /// Undoes every fault still in place.
+    /// It resumes paused workers and servers, heals every link, puts clocks back. Recorded
+    /// as the end of each open fault.
     pub(crate) async fn cleanup(&mut self) {
         for worker in std::mem::take(&mut self.paused_workers) {
             if let Some(i) = self.process_of(&worker) {
@@ -780,9 +766,7 @@ impl<'a> Ctx<'a> {
             }
         }
         for i in std::mem::take(&mut self.paused_servers) {
-            if let Some(p) = self.deployment.servers.process(i) {
-                p.resume();
-            }
+            self.deployment.servers.resume(i);
         }
         for proxies in &self.deployment.proxies {
             for p in proxies {

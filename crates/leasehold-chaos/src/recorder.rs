@@ -1,5 +1,5 @@
-//! A backend decorator that records every acquire, renewal and release as the server
-//! answered it: the server-side view of the history.
+//! A backend decorator that records every acquire, renewal and release as the server answered it.
+//! The server-side view of the history.
 //!
 //! It sits directly above the real backend (below the engine, and below any planted bug
 //! but those of a backend's own arithmetic), so the owner ids, tokens and leases it
@@ -52,8 +52,8 @@ impl Recorder {
         }
     }
 
-    /// The id of the session `liveness` belongs to (`<pid>.<n>`), following its
-    /// keep-alives from the first grant on (one follower per session).
+    /// The id of the session `liveness` belongs to (`<pid>.<n>`).
+    /// Its keep-alives are followed from the first grant on (one follower per session).
     fn follow(&self, liveness: &SessionLiveness) -> String {
         let mut sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((_, id, _)) = sessions.iter().find(|(l, _, _)| l == liveness) {
@@ -102,9 +102,9 @@ impl Recorder {
     }
 }
 
-/// A session's deadline and the server's own bound (instants of the system clock,
-/// `CLOCK_BOOTTIME` on Linux) on the collector's timeline; an ended session's deadline is
-/// now.
+/// A session's deadline and the server's own bound, on the collector's timeline.
+/// They are instants of the system clock (`CLOCK_BOOTTIME` on Linux); an ended session's
+/// deadline is now.
 fn session_expiry(sink: &Sink, liveness: &SessionLiveness) -> Expiry {
     let at = |instant: leasehold::clock::Instant| {
         sink.collector_time(u64::try_from(instant.since_origin().as_nanos()).unwrap_or(u64::MAX))
@@ -127,8 +127,9 @@ impl Drop for Recorder {
     }
 }
 
-/// The completion of one recorded call; if the call is dropped before it completes (the
-/// engine's timeout), its outcome is recorded as unknown.
+/// The completion of one recorded call.
+/// If the call is dropped before it completes (the engine's timeout), its outcome is
+/// recorded as unknown.
 struct Completion {
     sink: Sink,
     kind: Kind,

@@ -1,7 +1,7 @@
-//! The fenced resource: a process of its own that applies reads and writes carrying a
-//! fencing token, in `enforce` mode (refuse a token lower than the highest it accepted)
-//! or `observe` mode (accept everything and record). It logs every access to the
-//! collector before answering, in the order it applied them.
+//! The fenced resource: a process that applies reads and writes carrying a fencing token.
+//! It runs in `enforce` mode (refuse a token lower than the highest it accepted) or
+//! `observe` mode (accept everything and record). It logs every access to the collector
+//! before answering, in the order it applied them.
 //!
 //! Reads are fenced too: a read-modify-write workload reads under its token, and a read
 //! with a newer token makes every older holder's later write stale.
@@ -108,8 +108,8 @@ struct HoldTransaction {
 }
 
 impl HoldTransaction {
-    /// Whether `req`'s grant is still current, checked in its hold's transaction (opened
-    /// now if needed). A check that cannot be made refuses.
+    /// Whether `req`'s grant is still current, checked in its hold's transaction.
+    /// The transaction is opened now if needed. A check that cannot be made refuses.
     async fn holds(
         &mut self,
         check: &StillOwnerCheck,
@@ -177,8 +177,8 @@ struct State {
     highest: Option<u64>,
 }
 
-/// Runs the resource: prints `listening <addr>` on stdout, then serves until stdin closes
-/// (the runner dies or ends the run).
+/// Runs the resource: prints `listening <addr>`, then serves until stdin closes.
+/// It prints on stdout; stdin closes when the runner dies or ends the run.
 ///
 /// # Cancel safety
 ///
@@ -264,8 +264,8 @@ async fn connection(
     }
 }
 
-/// Applies `req`, unless its token is stale (enforce mode) or `still_owner` refused it
-/// (`checked`: the check's answer, if one was made).
+/// Applies `req`, unless its token is stale (enforce mode) or `still_owner` refused it.
+/// `checked`: the check's answer, if one was made.
 async fn apply(
     req: &ResourceRequest,
     state: &AsyncMutex<State>,
@@ -329,8 +329,8 @@ type Connection = (
     tokio::net::tcp::OwnedWriteHalf,
 );
 
-/// A worker's connection to the resource. Requests time out; a connection that failed is
-/// opened again on the next request.
+/// A worker's connection to the resource.
+/// Requests time out; a connection that failed is opened again on the next request.
 #[derive(Debug)]
 pub struct ResourceClient {
     addr: SocketAddr,
@@ -359,8 +359,7 @@ impl ResourceClient {
         }
     }
 
-    /// Sends `req`, waits for its answer; no answer within the timeout is
-    /// [`Access::Unknown`].
+    /// Sends `req`, waits for its answer; no answer within the timeout is [`Access::Unknown`].
     ///
     /// # Cancel safety
     ///

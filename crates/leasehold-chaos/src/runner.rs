@@ -1,5 +1,6 @@
-//! One run: start the servers (or take the user's), the collector, the fenced resource and
-//! the workers; play the scenario's seeded faults; stop everything; check the history.
+//! One run, from starting the servers to checking the history.
+//! Start the servers (or take the user's), the collector, the fenced resource and the
+//! workers; play the scenario's seeded faults; stop everything; check the history.
 
 use std::ffi::OsString;
 use std::io;
@@ -17,14 +18,15 @@ use tokio::process::{Child, Command};
 use crate::checks::{self, Check, Expect, RunInfo, Verdict};
 use crate::collector::Collector;
 use crate::deploy::{BackendSpec, Deployment};
+use crate::harness::Harness;
 use crate::history::{Event, History, Kind, Phase};
 use crate::nemesis::{Ctx, Schedule, Spawner, WorkerProcess};
 use crate::resource::{FenceMode, ResourceConfig, StillOwnerCheck, Workload};
 use crate::scenario::{Plan, Scenario, Setup};
 use crate::worker::WorkerConfig;
 
-/// How to start the checker's own processes (workers, the resource): a program and the
-/// arguments before `worker …` / `resource …`.
+/// How to start the checker's own processes (workers, the resource).
+/// A program and the arguments before `worker …` / `resource …`.
 #[derive(Debug, Clone)]
 pub struct Launcher {
     /// The program.
@@ -80,6 +82,8 @@ pub struct RunSpec {
     pub workload: Workload,
     /// The user's servers, instead of starting them.
     pub url: Option<String>,
+    /// What starts servers and links in-process workers (the `leasehold-chaos` program's).
+    pub harness: Option<&'static Harness>,
     /// A planted bug (the checker's own tests).
     pub bug: Option<String>,
     /// Where to keep the history (JSON lines), if anywhere.
@@ -189,8 +193,9 @@ impl RunReport {
         self.verdicts().iter().find(|v| v.check == check)
     }
 
-    /// The name of its history file: backend, scenario, seed, and what else sets the run
-    /// apart (a planted bug, observe mode, the set workload).
+    /// The name of its history file.
+    /// It is made of backend, scenario, seed, and what else sets the run apart (a planted
+    /// bug, observe mode, the set workload).
     pub fn history_name(&self) -> String {
         let mut name = format!("{}-{}-{}", self.backend, self.scenario, self.seed);
         for part in [
@@ -208,8 +213,8 @@ impl RunReport {
         name
     }
 
-    /// Writes its history (JSON lines) into `dir` (created if missing), unless it is kept
-    /// already; returns the file. A run that recorded nothing has no history to keep.
+    /// Writes its history (JSON lines) into `dir` (created if missing), unless it is kept already.
+    /// Returns the file. A run that recorded nothing has no history to keep.
     ///
     /// # Errors
     ///
@@ -240,9 +245,9 @@ impl RunReport {
     }
 }
 
-/// What `check` must show in a run of `setup` in `mode`: in observe mode the resource
-/// accepts what fencing would refuse, so where double grants are expected the resource's
-/// checks may fail too.
+/// What `check` must show in a run of `setup` in `mode`.
+/// In observe mode the resource accepts what fencing would refuse, so where double grants
+/// are expected the resource's checks may fail too.
 pub fn expectation(setup: &Setup, mode: FenceMode, check: Check) -> Expect {
     let weak = setup.expect(Check::C5) != Expect::Hold;
     match check {
@@ -323,29 +328,32 @@ pub async fn run(spec: &RunSpec, launcher: &Launcher) -> RunReport {
     report
 }
 
-/// The `leasehold chaos` command line that replays `spec`.
+/// The command line that replays `spec`.
+/// It is `leasehold chaos`, or the checker's own program where the run needs its harness.
 fn replay_command(spec: &RunSpec) -> String {
-    let mut cmd = format!(
-        "leasehold chaos --backend {} --scenario {} --seed {}",
+    let mut args = format!(
+        "--backend {} --scenario {} --seed {}",
         spec.backend.name, spec.scenario.name, spec.seed
     );
     if spec.mode == FenceMode::Observe {
-        cmd.push_str(" --mode observe");
+        args.push_str(" --mode observe");
     }
     if spec.workload == Workload::Set {
-        cmd.push_str(" --workload set");
+        args.push_str(" --workload set");
     }
     if let Some(url) = &spec.url {
-        cmd.push_str(&format!(" --url {}", leasehold::support::redact_url(url)));
+        args.push_str(&format!(" --url {}", leasehold::support::redact_url(url)));
     }
-    if let Some(bug) = &spec.bug {
+    match &spec.bug {
         // Planted bugs exist only in a build with the feature.
-        cmd = format!(
-            "cargo run -p leasehold-chaos --features planted-bugs,etcd -- {} --bug {bug}",
-            cmd.trim_start_matches("leasehold chaos ")
-        );
+        Some(bug) => format!(
+            "cargo run -p leasehold-chaos-harness --features planted-bugs,etcd -- {args} --bug {bug}"
+        ),
+        None if spec.backend.needs_harness(spec.url.is_some()) => {
+            format!("leasehold-chaos {args}")
+        }
+        None => format!("leasehold chaos {args}"),
     }
-    cmd
 }
 
 fn stats(history: &History, verdicts: &[Verdict], faults: usize) -> Stats {
@@ -428,6 +436,7 @@ async fn execute(
         setup.topology,
         setup.workers,
         spec.url.as_deref(),
+        spec.harness,
         ttl,
     )
     .await?;
@@ -642,8 +651,8 @@ async fn drive(
     played
 }
 
-/// The observer: the server's view of the lock, now and then, through a connection that
-/// bypasses every fault.
+/// The observer: the server's view of the lock, now and then, bypassing every fault.
+/// It looks through a connection of its own.
 struct Observer {
     client: leasehold::Client,
     lock: String,

@@ -1,5 +1,5 @@
-//! The fault scenarios of `safety.md` (1–25, and 28): what each injects, which backends it
-//! applies to, and what each check must show there.
+//! The fault scenarios of `safety.md` (1–25, and 28).
+//! What each injects, which backends it applies to, and what each check must show there.
 //!
 //! Unless a scenario says otherwise every check must hold. Where a backend cannot keep its
 //! promise under a fault (Redis restarted empty, an asynchronous failover, a clock jump on
@@ -14,7 +14,7 @@
 use std::io;
 use std::time::Duration;
 
-use leasehold_testkit::Direction;
+use leasehold_faultproxy::Direction;
 use rand::Rng;
 use serde_json::json;
 
@@ -46,11 +46,11 @@ pub struct Setup {
     pub request_timeout: f64,
     /// It needs control of the servers (so it cannot run against `--url`).
     pub needs_servers: bool,
-    /// Names each worker holds besides the lock for the whole run; the scenario reports
-    /// their losses.
+    /// Names each worker holds besides the lock for the whole run; their losses are reported.
     pub side_locks: u32,
-    /// The resource checks every access with `still_owner` (PostgreSQL), in a transaction
-    /// of its own per hold that the worker ends before releasing.
+    /// The resource checks every access with `still_owner` (PostgreSQL).
+    /// It does so in a transaction of its own per hold, which the worker ends before
+    /// releasing.
     pub still_owner: bool,
     /// What the checks must show, where not "hold".
     pub expect: Vec<(Check, Expect)>,
@@ -95,9 +95,10 @@ impl Setup {
         self
     }
 
-    /// A documented weakness: the double grant must be seen (C5: by the server's own
-    /// promises; C7: not linearizable); the holders may or may not have noticed in time
-    /// (C6); tokens stay ordered unless said otherwise.
+    /// A documented weakness.
+    /// The double grant must be seen (C5: by the server's own promises; C7: not
+    /// linearizable); the holders may or may not have noticed in time (C6); tokens stay
+    /// ordered unless said otherwise.
     fn double_grant(mut self) -> Self {
         // A longer lease: the double grant must happen (and be seen) while the first
         // holder's lease is still promised, however loaded the machine is.
@@ -508,8 +509,8 @@ pub fn scenario(name: &str) -> Option<&'static Scenario> {
         .find(|s| s.name == name || s.id.to_string() == name)
 }
 
-/// Redlock with two waiters whose queue places differ per node can leave each with a
-/// minority until the holder's lease ends everywhere: for the double grant to be certain
+/// Redlock with two waiters can leave each with a minority until the holder's lease ends.
+/// That happens when their queue places differ per node: for the double grant to be certain
 /// when a majority forgets the holder, one worker waits.
 fn one_waiter(b: &BackendSpec, setup: Setup) -> Setup {
     if b.name == "redlock" {
@@ -557,9 +558,10 @@ async fn waiter(ctx: &mut Ctx<'_>) -> io::Result<String> {
     ctx.waiter(LIMIT).await.ok_or_else(|| none_found("waiter"))
 }
 
-/// Cuts `worker` off, both ways: a server that forgets a grant does not tell its holder,
-/// and a holder that cannot reach the server learns nothing before its own deadline. The
-/// scenario heals it (or the run's clean-up does).
+/// Cuts `worker` off, both ways.
+/// A server that forgets a grant does not tell its holder, and a holder that cannot reach
+/// the server learns nothing before its own deadline. The scenario heals it (or the run's
+/// clean-up does).
 fn isolate(ctx: &mut Ctx<'_>, worker: &str) {
     ctx.link(worker, Link::Cut(Direction::Both));
 }
@@ -923,7 +925,6 @@ async fn evict(ctx: &mut Ctx<'_>) -> io::Result<()> {
     );
     let info = ctx.redis(0, &["INFO", "memory"]).await?;
     let used: u64 = info
-        .text()
         .and_then(|t| {
             t.lines()
                 .find_map(|l| l.strip_prefix("used_memory:"))
@@ -941,7 +942,7 @@ async fn evict(ctx: &mut Ctx<'_>) -> io::Result<()> {
             ctx.redis(0, &["SET", &name, &filler, "EX", "3600"]).await?;
         }
         let exists = ctx.redis(0, &["EXISTS", &key]).await?;
-        if matches!(exists, leasehold_testkit::probe::Resp::Integer(0)) {
+        if exists.as_deref() == Some("0") {
             evicted = true;
             break;
         }
@@ -1012,9 +1013,10 @@ async fn holder_crash(ctx: &mut Ctx<'_>) -> io::Result<()> {
     Ok(())
 }
 
-/// The holder stops inside the transaction in which the resource checks its accesses with
-/// `still_owner`, for three leases: the next grant must wait for that transaction (or
-/// answer busy), and nothing else may wait for it — every worker's other names stay held.
+/// The holder stops for three leases inside its `still_owner` transaction at the resource.
+/// The resource checks its accesses with `still_owner` in that transaction: the next grant
+/// must wait for it (or answer busy), and nothing else may wait for it — every worker's
+/// other names stay held.
 async fn paused_fenced_writer(ctx: &mut Ctx<'_>) -> io::Result<()> {
     // Stopped between an access and the end of its hold: its transaction is open (a hold
     // that ended just before the stop does not count; try another).

@@ -1,6 +1,7 @@
-//! A movable address: a TCP forwarder whose target can be switched, as a floating IP or a
-//! Sentinel-aware proxy would after a failover. Switching closes every open connection,
-//! so clients reconnect to the new target.
+//! A movable address.
+//! A TCP forwarder whose target can be switched, as a floating IP or a Sentinel-aware proxy
+//! would after a failover. Switching closes every open connection, so clients reconnect to
+//! the new target.
 
 use std::io;
 use std::net::SocketAddr;

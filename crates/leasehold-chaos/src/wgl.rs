@@ -51,8 +51,9 @@ pub struct Call<O> {
 pub enum Outcome {
     /// An order was found.
     Linearizable,
-    /// No order exists. `stuck` is the operation (an index into the input) that no order
-    /// could place; `prefix` the longest sequence of operations that could be placed.
+    /// No order exists.
+    /// `stuck` is the operation (an index into the input) that no order could place;
+    /// `prefix` the longest sequence of operations that could be placed.
     NotLinearizable {
         /// The operation that could not be placed after the longest prefix.
         stuck: usize,
@@ -184,9 +185,9 @@ pub fn check<M: Model>(model: &M, history: &[Call<M::Op>], budget: u64) -> Outco
 /// A partition's key and its calls.
 pub type Part<K, O> = (K, Vec<Call<O>>);
 
-/// Checks each partition of `history` (by `key`) on its own: a history of independent
-/// objects is linearizable if and only if each object's is. Returns the first failure and
-/// the partition it was found in.
+/// Checks each partition of `history` (by `key`) on its own.
+/// A history of independent objects is linearizable if and only if each object's is.
+/// Returns the first failure and the partition it was found in.
 pub fn check_partitioned<M: Model, K: Ord + Clone>(
     model: &M,
     history: Vec<(K, Call<M::Op>)>,

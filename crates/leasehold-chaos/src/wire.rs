@@ -21,7 +21,7 @@ use crate::history::{Event, Kind, Phase};
 pub enum Up {
     /// The first message: who is speaking.
     Hello {
-        /// `w1`, `resource`, …
+        /// The process's name, such as `w1` or `resource`.
         process: String,
         /// Its pid.
         pid: u32,
@@ -39,8 +39,8 @@ pub enum Up {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Down {
-    /// The answer to hello: the collector's clock origin (`CLOCK_BOOTTIME`, ns), so that a
-    /// process can put instants of its own on the collector's timeline.
+    /// The answer to hello: the collector's clock origin (`CLOCK_BOOTTIME`, ns).
+    /// With it a process can put instants of its own on the collector's timeline.
     Welcome {
         /// The run's origin.
         origin_ns: u64,
@@ -60,9 +60,9 @@ pub enum Down {
 pub enum Command {
     /// Finish the current hold (release), stop working and exit.
     Stop,
-    /// For workers sharing an in-process backend: inject a link fault between this worker
-    /// and the backend (`cut_to_server`, `cut_to_client`, `cut_both`, `heal`, `reset`), or
-    /// delay its replies.
+    /// For workers sharing an in-process backend: a link fault between this worker and it.
+    /// One of `cut_to_server`, `cut_to_client`, `cut_both`, `heal`, `reset`, or a delay of
+    /// its replies.
     Link {
         /// What to do.
         action: String,
@@ -109,8 +109,8 @@ pub struct ResourceReply {
     pub highest: Option<u64>,
 }
 
-/// Reads the collector's clock: `CLOCK_BOOTTIME` in nanoseconds (the clock leasehold's
-/// deadlines use, shared by every process of the machine).
+/// Reads the collector's clock: `CLOCK_BOOTTIME` in nanoseconds.
+/// It is the clock leasehold's deadlines use, shared by every process of the machine.
 pub fn boottime_ns() -> u64 {
     let ts = rustix::time::clock_gettime(rustix::time::ClockId::Boottime);
     u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
@@ -126,8 +126,9 @@ pub(crate) async fn send_line<W: AsyncWriteExt + Unpin, T: Serialize>(
     out.write_all(&line).await
 }
 
-/// A process's connection to the collector: stamps invokes synchronously, completions in
-/// the background, and passes commands on. Clones share the connection.
+/// A process's connection to the collector.
+/// It stamps invokes synchronously, completions in the background, and passes commands on.
+/// Clones share the connection.
 #[derive(Debug, Clone)]
 pub struct Sink {
     process: String,
@@ -137,8 +138,9 @@ pub struct Sink {
 }
 
 impl Sink {
-    /// Connects to the collector at `addr` as `process`; returns the sink and the commands
-    /// that will arrive. Operation ids start at `first_op`.
+    /// Connects to the collector at `addr` as `process`.
+    /// Returns the sink and the commands that will arrive. Operation ids start at
+    /// `first_op`.
     ///
     /// # Cancel safety
     ///
@@ -246,8 +248,9 @@ impl Sink {
         line
     }
 
-    /// Sends an invoke and waits until the collector stamped it: what follows happens
-    /// after the stamp. Returns the stamp (0 if the collector is gone).
+    /// Sends an invoke and waits until the collector stamped it.
+    /// What follows happens after the stamp. Returns the stamp (0 if the collector is
+    /// gone).
     ///
     /// # Cancel safety
     ///

@@ -1,12 +1,12 @@
-//! A worker process: locks through the real toolkit (`leasehold::connect_backend`,
-//! `Client`, `Mutex`), and under each guard reads and writes the fenced resource with the
-//! guard's token, reporting every step to the collector.
+//! A worker process: locks and, under each guard, reads and writes the fenced resource.
+//! It locks through the real toolkit (`leasehold::connect_backend`, `Client`, `Mutex`),
+//! uses the guard's token, and reports every step to the collector.
 //!
 //! Every backend call is recorded below the engine by a [`Recorder`]; the worker's own
 //! steps (lock, reads and writes with the result of `Guard::is_held`, unlock, the loss
 //! signal) are recorded around them. A process normally hosts one worker; the in-memory
-//! backend's workers share one process (they share its server), with a `Faulty` decorator
-//! per worker standing in for the network.
+//! backend's workers share one process (they share its server), with a link of the
+//! harness's per worker standing in for the network.
 
 use std::io;
 use std::net::SocketAddr;
@@ -14,14 +14,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold::backend::{Backend, Mode, Request};
-use leasehold::{Client, Error, LockName, LockOptions, OwnerId};
-use leasehold_core::faulty::{Faulty, Op};
+use leasehold::{Client, LockName, LockOptions, OwnerId};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};
 
+use crate::harness::{Link, LinkWorker};
 use crate::history::{Kind, Phase};
 use crate::recorder::Recorder;
 use crate::resource::{Access, ResourceClient, Workload};
@@ -62,19 +62,20 @@ pub struct WorkerConfig {
     /// Workers that spin on `try_lock` instead of waiting in `lock_timeout`.
     #[serde(default)]
     pub spin: Vec<String>,
-    /// Workers that also send releases the server must refuse: under a random owner id,
-    /// and under their own previous (superseded) owner id.
+    /// Workers that also send releases the server must refuse.
+    /// They send them under a random owner id, and under their own previous (superseded)
+    /// owner id.
     #[serde(default)]
     pub rogue: Vec<String>,
     /// A planted bug (checker tests only).
     #[serde(default)]
     pub bug: Option<String>,
-    /// Names this worker holds besides the lock, from its start to its end; a loss of one
-    /// is reported as a `lost` event of that name.
+    /// Names this worker holds besides the lock, from its start to its end.
+    /// A loss of one is reported as a `lost` event of that name.
     #[serde(default)]
     pub side_locks: u32,
-    /// The resource checks accesses with `still_owner` in a transaction per hold: the
-    /// worker tells it the hold is over (`end`) before releasing.
+    /// The resource checks accesses with `still_owner` in a transaction per hold.
+    /// The worker tells it the hold is over (`end`) before releasing.
     #[serde(default)]
     pub still_owner: bool,
     /// Seeds the worker's own choices (hold lengths, think times).
@@ -83,6 +84,9 @@ pub struct WorkerConfig {
 
 /// Runs the worker(s) of `config` until told to stop.
 ///
+/// In-process workers (the in-memory backend's) reach their server through a `link` of
+/// the harness's.
+///
 /// # Cancel safety
 ///
 /// Dropping the future drops the guards: their locks are released in the background, or
@@ -90,8 +94,9 @@ pub struct WorkerConfig {
 ///
 /// # Errors
 ///
-/// If the collector cannot be reached, or the configuration is invalid.
-pub async fn run(config: WorkerConfig) -> io::Result<()> {
+/// If the collector cannot be reached, the configuration is invalid, or in-process
+/// workers have no link.
+pub async fn run(config: WorkerConfig, link: Option<LinkWorker>) -> io::Result<()> {
     // Die with the runner, whatever happens to it.
     let _ = rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL));
     let options = LockOptions::builder()
@@ -105,6 +110,15 @@ pub async fn run(config: WorkerConfig) -> io::Result<()> {
     .map_err(io::Error::other)?;
     let bug = planted(config.bug.as_deref())?;
     let memory = config.url.starts_with("memory:");
+    let link = match (memory, link) {
+        (true, None) => {
+            return Err(io::Error::other(
+                "in-process workers need the harness's links (the leasehold-chaos program)",
+            ));
+        }
+        (true, link) => link,
+        (false, _) => None,
+    };
     let shared: Option<Arc<dyn Backend>> = if memory {
         Some(Arc::new(leasehold::memory::InMemory::new()))
     } else {
@@ -130,9 +144,9 @@ pub async fn run(config: WorkerConfig) -> io::Result<()> {
             host = Some(sink.clone());
         }
         let recorded: Arc<dyn Backend> = Arc::new(Recorder::new(real, sink.clone()));
-        let faulty = memory.then(|| Faulty::wrap(recorded.clone()));
-        let below_bug: Arc<dyn Backend> = match &faulty {
-            Some(f) => Arc::new(f.clone()),
+        let link = link.map(|link| link(recorded.clone()));
+        let below_bug: Arc<dyn Backend> = match &link {
+            Some(link) => link.backend(),
             None => recorded,
         };
         let top = wrap_bug(bug, below_bug, false);
@@ -161,7 +175,7 @@ pub async fn run(config: WorkerConfig) -> io::Result<()> {
             rounds: 0,
             last_owner: None,
         };
-        tasks.push(tokio::spawn(worker.run(commands, faulty)));
+        tasks.push(tokio::spawn(worker.run(commands, link)));
     }
     for task in tasks {
         let _ = task.await;
@@ -172,8 +186,8 @@ pub async fn run(config: WorkerConfig) -> io::Result<()> {
     Ok(())
 }
 
-/// Reports what the in-process server shows once every worker has stopped: the final
-/// inspection (C10) that an observer in another process cannot make.
+/// Reports what the in-process server shows once every worker has stopped.
+/// It is the final inspection (C10) that an observer in another process cannot make.
 async fn final_look(backend: &dyn Backend, lock: &str, sink: &Sink) {
     let Ok(name) = LockName::new(lock) else {
         return;
@@ -229,9 +243,11 @@ fn planted(name: Option<&str>) -> io::Result<PlantedBug> {
     }
 }
 
-/// Wraps `backend` in the planted bug if it belongs at this layer: below the recorder
-/// (`in_backend`) for a bug of the backend itself, above it for the others.
+/// Wraps `backend` in the planted bug if it belongs at this layer.
+/// A bug of the backend itself goes below the recorder (`in_backend`), the others above it.
 fn wrap_bug(bug: PlantedBug, backend: Arc<dyn Backend>, in_backend: bool) -> Arc<dyn Backend> {
+    #[cfg(not(feature = "planted-bugs"))]
+    let _ = in_backend;
     match bug {
         #[cfg(feature = "planted-bugs")]
         Some(bug) if bug.in_backend() == in_backend => bug.wrap(backend),
@@ -262,7 +278,11 @@ struct Worker {
 }
 
 impl Worker {
-    async fn run(mut self, mut commands: mpsc::UnboundedReceiver<Command>, faulty: Option<Faulty>) {
+    async fn run(
+        mut self,
+        mut commands: mpsc::UnboundedReceiver<Command>,
+        link: Option<Arc<dyn Link>>,
+    ) {
         let (stop_tx, stop) = watch::channel(false);
         let listener = tokio::spawn(async move {
             while let Some(command) = commands.recv().await {
@@ -271,8 +291,8 @@ impl Worker {
                         let _ = stop_tx.send(true);
                     }
                     Command::Link { action, delay_ms } => {
-                        if let Some(f) = &faulty {
-                            link_fault(f, &action, delay_ms);
+                        if let Some(link) = &link {
+                            link.apply(&action, delay_ms);
                         }
                     }
                 }
@@ -350,8 +370,8 @@ impl Worker {
         listener.abort();
     }
 
-    /// Takes the side names of the configuration (no `lock` events: they are not the
-    /// lock), each watched for its loss.
+    /// Takes the side names of the configuration, each watched for its loss.
+    /// They make no `lock` events: they are not the lock.
     async fn hold_side_locks(&self) -> Vec<(leasehold::Guard, tokio::task::JoinHandle<()>)> {
         let mut held = Vec::new();
         for i in 0..self.config.side_locks {
@@ -471,8 +491,8 @@ impl Worker {
         }
     }
 
-    /// One fenced access: stamped, then the guard checked, then sent. `None` ends the hold
-    /// (not held, refused, or no answer).
+    /// One fenced access: stamped, then the guard checked, then sent.
+    /// `None` ends the hold (not held, refused, or no answer).
     async fn access(&self, guard: &leasehold::Guard, kind: Kind, value: Value) -> Option<Value> {
         let op = self.sink.next_op();
         let token = guard.token().get();
@@ -521,8 +541,9 @@ impl Worker {
         }
     }
 
-    /// Releases the server must refuse: under a random owner id, and under this worker's
-    /// previous owner id (superseded by now, or released).
+    /// Releases the server must refuse.
+    /// They go under a random owner id, and under this worker's previous owner id
+    /// (superseded by now, or released).
     async fn rogue_releases(&self) {
         let Ok(name) = LockName::new(&self.config.lock) else {
             return;
@@ -538,25 +559,6 @@ impl Worker {
             );
             let timeout = Duration::from_millis(self.config.request_timeout_ms);
             let _ = tokio::time::timeout(timeout, self.client.backend().release(&request)).await;
-        }
-    }
-}
-
-/// A link fault between an in-process worker and its backend.
-fn link_fault(faulty: &Faulty, action: &str, delay_ms: u64) {
-    if action == "lose_reply" {
-        faulty.lose_next_reply(Op::Acquire);
-        return;
-    }
-    const OPS: [Op; 5] = [Op::Acquire, Op::Renew, Op::Release, Op::Wait, Op::Inspect];
-    for op in OPS {
-        match action {
-            "cut_to_server" | "cut_both" => faulty.hold_requests(op),
-            "cut_to_client" => faulty.hold_replies(op),
-            "delay" => faulty.delay_replies(op, Duration::from_millis(delay_ms)),
-            "heal" => faulty.resume(op),
-            "reset" => faulty.fail_next(op, Error::unavailable("connection reset by the nemesis")),
-            _ => {}
         }
     }
 }

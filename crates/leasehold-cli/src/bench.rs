@@ -45,8 +45,9 @@ impl Stats {
     }
 }
 
-/// Runs `tasks` concurrent loops for `duration`; each iteration calls the task's `cycle`,
-/// which acquires, releases, and returns how long the acquire took.
+/// Runs `tasks` concurrent loops for `duration`.
+/// Each iteration calls the task's `cycle`, which acquires, releases, and returns how long
+/// the acquire took.
 pub async fn cycles<C, F, Fut>(tasks: usize, duration: Duration, mut make: C) -> Stats
 where
     C: FnMut(usize) -> F,
@@ -77,9 +78,10 @@ where
     total
 }
 
-/// Measures hand-off `rounds` times: `hold` takes the lock; a waiter starts `wait_for_it`;
-/// once it waits, `let_go` releases; the sample is the time from the release call to the
-/// waiter holding the lock. `wait_for_it` releases before returning its instant.
+/// Measures hand-off `rounds` times.
+/// `hold` takes the lock; a waiter starts `wait_for_it`; once it waits, `let_go` releases;
+/// the sample is the time from the release call to the waiter holding the lock.
+/// `wait_for_it` releases before returning its instant.
 pub async fn handoffs<H, HF, G, W, WF, L, LF>(
     rounds: usize,
     mut hold: H,
@@ -179,9 +181,9 @@ pub struct BenchSpec {
     pub handoffs: usize,
 }
 
-/// Measures leasehold on the backend behind `connect` (each call a new connection):
-/// uncontended with one client, uncontended with N clients on N names, contended with N
-/// clients on one name, and hand-off.
+/// Measures leasehold on the backend behind `connect` (each call a new connection).
+/// It measures uncontended with one client, uncontended with N clients on N names,
+/// contended with N clients on one name, and hand-off.
 ///
 /// # Errors
 ///

@@ -1,5 +1,4 @@
-//! The `leasehold` command, as a library so that its run loop can be tested against any
-//! backend.
+//! The `leasehold` command, as a library so that its run loop can be tested against any backend.
 
 // The command's own parts, shared with its tests and the benches: not an API for users.
 #![allow(clippy::exhaustive_structs)]
@@ -24,8 +23,9 @@ pub mod exit {
     pub const BACKEND: u8 = 69;
     /// Not acquired: busy with `--no-wait`, or `--wait` ran out.
     pub const NOT_ACQUIRED: u8 = 75;
-    /// The lock was lost (or not renewed by `--grace` before its deadline) while the command
-    /// ran, and the command was stopped; or before it could start, and it was not started.
+    /// The lock was lost, or not renewed by `--grace` before its deadline.
+    /// If that happened while the command ran, the command was stopped; before it could
+    /// start, it was not started.
     pub const LOST: u8 = 80;
     /// The command exists but could not be started.
     pub const CANNOT_EXECUTE: u8 = 126;

@@ -37,9 +37,9 @@ enum Command {
     Run(RunArgs),
     /// Show holders, modes, tokens, remaining TTLs and waiters of locks.
     Inspect(InspectArgs),
-    /// Measure throughput and latency of the backend: uncontended and contended
-    /// acquire+release cycles, acquire latency, and hand-off from a release to the next
-    /// holder.
+    /// Measure throughput and latency of the backend.
+    /// Uncontended and contended acquire+release cycles, acquire latency, and hand-off from
+    /// a release to the next holder.
     Bench(BenchArgs),
     /// Run fault scenarios against a backend and check what every process saw.
     Chaos(leasehold_cli::chaos::ChaosArgs),
@@ -80,8 +80,7 @@ struct BenchArgs {
 
 #[derive(Debug, Args)]
 struct Connection {
-    /// Where the locks live: file:///dir, redis://host:port, ... (default: local file
-    /// locks).
+    /// Where the locks live: file:///dir, redis://host:port and so on (default: local file locks).
     #[arg(long, env = "LEASEHOLD_URL", hide_env_values = true)]
     url: Option<String>,
 }
@@ -90,9 +89,10 @@ struct Connection {
 struct RunArgs {
     #[command(flatten)]
     connection: Connection,
-    /// Lease length (default 30s); renewed every third of it while the command runs. Where
-    /// locks live by a session (etcd, ZooKeeper, PostgreSQL with mode=advisory) it is the
-    /// session's ttl (the URL's session_ttl or session_timeout, which must agree if given).
+    /// Lease length (default 30s); renewed every third of it while the command runs.
+    /// Where locks live by a session (etcd, ZooKeeper, PostgreSQL with mode=advisory) it is
+    /// the session's ttl (the URL's session_ttl or session_timeout, which must agree if
+    /// given).
     #[arg(long, value_parser = duration)]
     ttl: Option<Duration>,
     /// Wait at most this long for the lock (default: as long as it takes).
@@ -107,13 +107,13 @@ struct RunArgs {
     /// Hold one of N permits of a semaphore: up to N commands run at once.
     #[arg(long, value_name = "N")]
     permits: Option<u32>,
-    /// How long before the lease runs out, unrenewed, the command gets SIGTERM (SIGKILL
-    /// follows when it runs out); also how long it has after SIGTERM when leasehold is
-    /// interrupted. Must be shorter than the lease left after its first renewal is due
-    /// [default: 10s, or a third of a --ttl under 30s]
+    /// How long before the unrenewed lease runs out the command gets SIGTERM.
+    /// SIGKILL follows when it runs out; it is also how long the command has after SIGTERM
+    /// when leasehold is interrupted. Must be shorter than the lease left after its first
+    /// renewal is due [default: 10s, or a third of a --ttl under 30s]
     #[arg(long, value_parser = duration)]
     grace: Option<Duration>,
-    /// The lock's name: ASCII letters, digits and _ - . : @ + =
+    /// The lock's name (ASCII letters, digits, and _ - . : @ + =).
     name: String,
     /// The command to run, after `--`.
     #[arg(last = true, required = true, value_name = "COMMAND")]

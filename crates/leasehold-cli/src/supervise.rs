@@ -1,6 +1,6 @@
-//! The supervisor: a small process between `leasehold run` and the command, so that the
-//! command never outlives the lock, even when `leasehold run` itself is killed, frozen or
-//! starved.
+//! The supervisor: a small process between `leasehold run` and the command.
+//! With it the command never outlives the lock, even when `leasehold run` itself is killed,
+//! frozen or starved.
 //!
 //! `leasehold run` holds the lock and starts the supervisor (its own binary, hidden
 //! subcommand `__supervise`), handing it one end of a socket pair. Told to start, the
@@ -71,8 +71,9 @@ use crate::exit;
 pub struct Supervision {
     /// The supervisor's end of the socket pair (a descriptor number it inherited).
     pub channel: RawFd,
-    /// How long before the deadline SIGTERM comes; between SIGTERM and SIGKILL when ordered
-    /// to stop, or when the command left members of its group behind.
+    /// How long before the deadline SIGTERM comes.
+    /// It is also the time between SIGTERM and SIGKILL when ordered to stop, or when the
+    /// command left members of its group behind.
     pub grace: Duration,
     /// Between SIGTERM and SIGKILL when `leasehold run` is gone; zero: SIGKILL at once.
     pub orphan_grace: Duration,
@@ -80,9 +81,9 @@ pub struct Supervision {
     pub command: Vec<OsString>,
 }
 
-/// Runs the supervisor; returns the exit code to leave with (the command's own, 128 + N if
-/// it was killed by signal N, 126/127 if it could not be started, 80 if the lock ran out
-/// before it could start).
+/// Runs the supervisor; returns the exit code to leave with.
+/// That is the command's own, 128 + N if it was killed by signal N, 126/127 if it could not
+/// be started, 80 if the lock ran out before it could start.
 pub async fn supervise(spec: Supervision) -> u8 {
     // Taken first, so that an early return still closes it.
     let mut channel = match take_channel(spec.channel) {
@@ -244,8 +245,8 @@ fn take_channel(fd: RawFd) -> std::io::Result<UnixStream> {
     UnixStream::from_std(stream)
 }
 
-/// Reaps every child that has exited (the command, and as a subreaper the orphans of its
-/// group), noting the command's exit code.
+/// Reaps every child that has exited, noting the command's exit code.
+/// Those are the command and, as a subreaper, the orphans of its group.
 fn reap(command: Pid, status: &mut Option<u8>) {
     while let Ok(Some((pid, exited))) = rustix::process::wait(WaitOptions::NOHANG) {
         if pid == command {
@@ -258,8 +259,8 @@ fn reap(command: Pid, status: &mut Option<u8>) {
     }
 }
 
-/// Sends `signal` to the group; returns when to follow with SIGKILL: at `at`, or at the
-/// deadline if that comes first.
+/// Sends `signal` to the group; returns when to follow with SIGKILL.
+/// That is at `at`, or at the deadline if that comes first.
 fn stop(group: Pid, signal: Signal, at: Instant, deadline: Option<Instant>) -> Instant {
     let _ = kill_process_group(group, signal);
     deadline.map_or(at, |d| d.min(at))
@@ -276,8 +277,8 @@ pub enum Frame {
     Stop(i32),
     /// `P`: the command started, with this pid (and process group).
     Started(Pid),
-    /// `T`: the deadline is `--grace` away without a renewal: the group got SIGTERM and
-    /// gets SIGKILL at this deadline.
+    /// `T`: the deadline is `--grace` away without a renewal.
+    /// The group got SIGTERM and gets SIGKILL at this deadline.
     Stopping(Instant),
 }
 
@@ -318,8 +319,8 @@ impl Frame {
     }
 }
 
-/// A deadline as a frame's value: nanoseconds of its clock (saturated, short of
-/// [`NO_DEADLINE`], some 584 years after boot).
+/// A deadline as a frame's value: nanoseconds of its clock.
+/// It is saturated, short of [`NO_DEADLINE`], some 584 years after boot.
 fn deadline_value(deadline: Option<Instant>) -> u64 {
     deadline.map_or(NO_DEADLINE, |d| {
         u64::try_from(d.since_origin().as_nanos())
@@ -327,15 +328,16 @@ fn deadline_value(deadline: Option<Instant>) -> u64 {
     })
 }
 
-/// One end of the socket between `leasehold run` and the supervisor, sending and receiving
-/// [`Frame`]s.
+/// One end of the socket between `leasehold run` and the supervisor.
+/// It sends and receives [`Frame`]s.
 #[derive(Debug)]
 pub struct Channel {
     stream: UnixStream,
     /// Received bytes not yet made into a frame.
     inbox: Vec<u8>,
-    /// Frames not yet sent: written while [`next`](Channel::next) runs, never blocking the
-    /// caller on a peer that does not read.
+    /// Frames not yet sent.
+    /// They are written while [`next`](Channel::next) runs, never blocking the caller on a
+    /// peer that does not read.
     outbox: Vec<u8>,
     /// The other end is gone, or sent something that is not a frame.
     closed: bool,
@@ -352,7 +354,8 @@ impl Channel {
         }
     }
 
-    /// Queues `frame`; it is sent while [`next`](Channel::next) runs (or by
+    /// Queues `frame`.
+    /// It is sent while [`next`](Channel::next) runs (or by
     /// [`flush_now`](Channel::flush_now)).
     pub fn send(&mut self, frame: Frame) {
         if !self.closed {
@@ -365,8 +368,8 @@ impl Channel {
         !self.closed || self.inbox.len() >= FRAME
     }
 
-    /// Sends what is queued and returns the next frame received; `None` once the other end
-    /// is gone (and at once from then on).
+    /// Sends what is queued and returns the next frame received.
+    /// `None` once the other end is gone (and at once from then on).
     ///
     /// # Cancel safety
     ///

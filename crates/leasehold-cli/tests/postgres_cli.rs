@@ -1,5 +1,6 @@
-//! `leasehold run` against a real PostgreSQL: 20 processes at once on one name, a holder
-//! paused past its lease, and `--ttl` on advisory locks.
+//! `leasehold run` against a real PostgreSQL.
+//! 20 processes at once on one name, a holder paused past its lease, and `--ttl` on
+//! advisory locks.
 
 #![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 

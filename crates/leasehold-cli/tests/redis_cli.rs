@@ -1,5 +1,5 @@
-//! `leasehold run` against a real redis-server: 20 processes at once on one name, and a
-//! holder paused past its lease.
+//! `leasehold run` against a real redis-server.
+//! 20 processes at once on one name, and a holder paused past its lease.
 
 #![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 

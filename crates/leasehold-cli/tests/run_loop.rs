@@ -1,6 +1,6 @@
-//! The run loop of `leasehold run`, on the in-memory backend with injected faults: a lost
-//! lock stops the command's whole process group, signals are passed on, exit codes are as
-//! documented, and nothing is left on the server.
+//! The run loop of `leasehold run`, on the in-memory backend with injected faults.
+//! A lost lock stops the command's whole process group, signals are passed on, exit codes
+//! are as documented, and nothing is left on the server.
 
 #![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
@@ -96,9 +96,10 @@ async fn losing_the_lock_stops_the_command_and_exits_80() {
     assert!(gone(pid), "the command outlived the lock");
 }
 
-/// The grace fits inside the lease: a command that ignores SIGTERM gets it `grace` before
-/// the lease's deadline, while the lock is still held, and is killed by the deadline — not
-/// given a fresh grace once the loss is signalled.
+/// The grace fits inside the lease.
+/// A command that ignores SIGTERM gets it `grace` before the lease's deadline, while the
+/// lock is still held, and is killed by the deadline — not given a fresh grace once the
+/// loss is signalled.
 #[tokio::test]
 async fn a_command_ignoring_sigterm_gets_it_before_the_deadline_and_is_killed_by_it() {
     let faults = Faulty::new(InMemory::new());
@@ -142,8 +143,9 @@ async fn a_command_ignoring_sigterm_gets_it_before_the_deadline_and_is_killed_by
     assert!(gone(pid), "SIGKILL did not follow the ignored SIGTERM");
 }
 
-/// The command starts only if the lock is still held, with its grace still ahead: a grant
-/// whose reply came so late that its deadline is nearer than `grace` does not run it.
+/// The command starts only if the lock is still held, with its grace still ahead.
+/// A grant whose reply came so late that its deadline is nearer than `grace` does not run
+/// it.
 #[tokio::test]
 async fn a_grant_running_out_before_the_command_starts_does_not_start_it() {
     let server = InMemory::new();

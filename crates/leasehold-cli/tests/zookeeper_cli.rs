@@ -1,5 +1,6 @@
-//! `leasehold run` against a real ZooKeeper: 20 processes at once on one name, and a run
-//! paused past its session timeout while another takes the lock.
+//! `leasehold run` against a real ZooKeeper.
+//! 20 processes at once on one name, and a run paused past its session timeout while
+//! another takes the lock.
 
 #![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 

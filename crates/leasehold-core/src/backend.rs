@@ -119,8 +119,8 @@ pub struct Request {
     pub lock_delay: Option<Duration>,
     /// Data stored with the grant and shown by inspect (an election candidate's value).
     pub value: Option<Arc<[u8]>>,
-    /// Which of the client's current acquisitions this is: the client's base lane plus the
-    /// lowest index free among them when it began, the same in all of its requests. A
+    /// Which of the client's current acquisitions this is, the same in all of its requests.
+    /// It is the client's base lane plus the lowest index free among them when it began. A
     /// backend that spreads requests over several connections keeps one lane on one
     /// connection, so the server runs an acquisition's requests in the order they were
     /// sent, and a client that holds one lock at a time stays on one connection.
@@ -128,8 +128,9 @@ pub struct Request {
 }
 
 impl Request {
-    /// A request of `owner` for `name` in `mode` with a lease of `ttl`: not fair, not
-    /// waiting, no lock-delay, no value, lane 0 (set those fields as needed).
+    /// A request of `owner` for `name` in `mode` with a lease of `ttl`.
+    /// It is not fair, not waiting, with no lock-delay, no value, lane 0 (set those fields
+    /// as needed).
     pub fn new(name: LockName, owner: OwnerId, mode: Mode, ttl: Duration) -> Self {
         Self {
             name,
@@ -150,8 +151,8 @@ impl Request {
 pub enum Acquire {
     /// The lock is ours.
     Granted(Grant),
-    /// Someone incompatible holds or waits ahead; the hint lets [`Backend::wait`] notice the
-    /// next change.
+    /// Someone incompatible holds or waits ahead.
+    /// The hint lets [`Backend::wait`] notice the next change.
     Busy(WaitHint),
 }
 
@@ -175,24 +176,24 @@ impl Grant {
 /// How long a server keeps a grant (or a renewal) without hearing from its owner.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Expiry {
-    /// This long from when the server applied the request. May be longer than asked when
-    /// the server rounds up; never shorter. The engine renews the grant.
+    /// This long from when the server applied the request.
+    /// May be longer than asked when the server rounds up; never shorter. The engine renews
+    /// the grant.
     After(Duration),
-    /// Until released or until the holding process dies (the OS drops the lock); nothing to
-    /// renew.
+    /// Until released or until the holding process dies (the OS drops the lock); nothing to renew.
     Never,
-    /// As long as the backend's session lives (an etcd lease, a ZooKeeper session kept
-    /// alive for all the client's grants at once); the engine renews nothing and follows
-    /// the session.
+    /// As long as the backend's session lives; the engine renews nothing and follows the session.
+    /// The session is an etcd lease or a ZooKeeper session, kept alive for all the client's
+    /// grants at once.
     Session(SessionLiveness),
 }
 
 /// Whether a session is alive, and until when it can be counted on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Liveness {
-    /// Alive until at least this instant of [`SystemClock`](crate::clock::SystemClock),
-    /// unless kept alive further; the backend computes it conservatively (from when its
-    /// last keep-alive was sent, minus a drift allowance).
+    /// Alive until at least this instant of [`SystemClock`](crate::clock::SystemClock).
+    /// That holds unless it is kept alive further; the backend computes it conservatively
+    /// (from when its last keep-alive was sent, minus a drift allowance).
     Alive {
         /// The session's local deadline.
         until: Instant,
@@ -213,8 +214,8 @@ pub enum Liveness {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ServerView {
-    /// The server heard from the session at or after this instant of
-    /// [`SystemClock`](crate::clock::SystemClock).
+    /// The server heard from the session at or after this instant of the system clock.
+    /// The clock is [`SystemClock`](crate::clock::SystemClock).
     pub heard: Instant,
     /// The session's ttl as the server granted it.
     pub ttl: Duration,
@@ -232,8 +233,9 @@ impl ServerView {
     }
 }
 
-/// What a [`SessionKeeper`] publishes: the session's liveness, whether its link is down,
-/// and what the server knows of it (if the backend says).
+/// What a [`SessionKeeper`] publishes.
+/// The session's liveness, whether its link is down, and what the server knows of it (if
+/// the backend says).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Published {
     liveness: Liveness,
@@ -241,8 +243,9 @@ struct Published {
     server: Option<ServerView>,
 }
 
-/// The engine's view of a backend session: it changes when the backend keeps the session
-/// alive, suspends it or loses it. Session deadlines are on the system clock.
+/// The engine's view of a backend session.
+/// It changes when the backend keeps the session alive, suspends it or loses it. Session
+/// deadlines are on the system clock.
 #[derive(Debug, Clone)]
 pub struct SessionLiveness(watch::Receiver<Published>);
 
@@ -252,22 +255,22 @@ impl SessionLiveness {
         self.0.borrow().liveness
     }
 
-    /// Whether the session is suspended (in jeopardy): its link to the server is down, so
-    /// its grants still count only until the deadline, unless a keep-alive gets through
+    /// Whether the session is suspended (in jeopardy): its link to the server is down.
+    /// Its grants still count only until the deadline, unless a keep-alive gets through
     /// before it. Always `false` once the session ended.
     pub fn is_suspended(&self) -> bool {
         let published = *self.0.borrow();
         published.suspended && matches!(published.liveness, Liveness::Alive { .. })
     }
 
-    /// What the server was last shown to know of the session (see [`ServerView`]), if the
-    /// backend says.
+    /// What the server was last shown to know of the session, if the backend says.
+    /// See [`ServerView`].
     pub fn server_view(&self) -> Option<ServerView> {
         self.0.borrow().server
     }
 
-    /// Completes when the liveness changes (or at once if the keeper is gone, which ends
-    /// the session).
+    /// Completes when the liveness changes.
+    /// It completes at once if the keeper is gone, which ends the session.
     pub async fn changed(&mut self) {
         if self.0.changed().await.is_err() {
             std::future::pending::<()>().await;
@@ -297,16 +300,18 @@ impl SessionKeeper {
         }))
     }
 
-    /// Moves the session's deadline (a keep-alive was acknowledged) and ends a suspension
-    /// (the link works). Never revives an ended session, and never moves the deadline back.
+    /// Moves the session's deadline and ends a suspension.
+    /// A keep-alive was acknowledged, so the link works. Never revives an ended session,
+    /// and never moves the deadline back.
     pub fn alive_until(&self, until: Instant) {
         self.extend(until, None);
     }
 
-    /// As [`alive_until`](SessionKeeper::alive_until), for a keep-alive (or the session's
-    /// creation) that the server acknowledged, with what that shows of the server's view
-    /// (see [`ServerView`]; it never moves back either). Backends that know when the
-    /// server last heard from the session call this rather than `alive_until`.
+    /// As [`alive_until`](SessionKeeper::alive_until), with what the server was shown.
+    /// It is for a keep-alive (or the session's creation) that the server acknowledged,
+    /// with what that shows of the server's view (see [`ServerView`]; it never moves back
+    /// either). Backends that know when the server last heard from the session call this
+    /// rather than `alive_until`.
     pub fn kept_alive(&self, until: Instant, server: ServerView) {
         self.extend(until, Some(server));
     }
@@ -331,8 +336,8 @@ impl SessionKeeper {
             });
     }
 
-    /// Suspends the session: its link to the server is down (a disconnect, an overdue
-    /// keep-alive). The deadline stays; grants are lost at it unless
+    /// Suspends the session: its link to the server is down (a disconnect, an overdue keep-alive).
+    /// The deadline stays; grants are lost at it unless
     /// [`alive_until`](SessionKeeper::alive_until) reports a keep-alive first, and the loss
     /// reason is then [`LossReason::Disconnected`].
     pub fn suspend(&self) {
@@ -396,8 +401,9 @@ pub enum Release {
     NotHeld,
 }
 
-/// Opaque data a backend hands out with a busy answer or a [`LockState`] and gets back in
-/// [`Backend::wait`]: a version number, a revision, a key to watch.
+/// Opaque data a backend hands out and gets back in [`Backend::wait`].
+/// It comes with a busy answer or a [`LockState`]: a version number, a revision, a key to
+/// watch.
 #[derive(Clone, Default)]
 pub struct WaitHint(Option<Arc<dyn Any + Send + Sync>>);
 
@@ -445,8 +451,8 @@ pub struct Holder {
 }
 
 impl Holder {
-    /// A holder `owner` in `mode` with `token`; no expiry known, no value (set those
-    /// fields as needed).
+    /// A holder `owner` in `mode` with `token`.
+    /// It has no expiry known, no value (set those fields as needed).
     pub fn new(owner: OwnerId, mode: Mode, token: FencingToken) -> Self {
         Self {
             owner,
@@ -487,8 +493,9 @@ impl Waiter {
     }
 }
 
-/// What the server knows about one name: holders of both sets, queued waiters in queue
-/// order, and a hint for waiting on the next change.
+/// What the server knows about one name.
+/// Holders of both sets, queued waiters in queue order, and a hint for waiting on the next
+/// change.
 #[derive(Debug, Clone, Default)]
 #[non_exhaustive]
 pub struct LockState {
@@ -506,18 +513,19 @@ pub struct LockState {
 pub enum TokenDurability {
     /// Replicated by consensus: survive crashes and failover of a minority (etcd, ZooKeeper).
     Consensus,
-    /// Stored durably on one server or disk: survive restarts of it, not the loss of its
-    /// storage (PostgreSQL, the file backend on a persistent directory).
+    /// Stored durably on one server or disk: they survive restarts, not the loss of its storage.
+    /// PostgreSQL, the file backend on a persistent directory.
     Durable,
-    /// Kept while the server keeps its data; a restart without persistence or an async
-    /// failover can lose them (the backend must detect and refuse going backwards).
+    /// Kept while the server keeps its data.
+    /// A restart without persistence or an async failover can lose them (the backend must
+    /// detect and refuse going backwards).
     WhileServerKeepsData,
     /// Kept in this process only (the in-memory backend).
     Process,
 }
 
-/// What a backend can do. The engine checks requests against it; docs and the conformance
-/// suite read it.
+/// What a backend can do.
+/// The engine checks requests against it; docs and the conformance suite read it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Capabilities {
@@ -539,10 +547,10 @@ pub struct Capabilities {
     pub permits: bool,
     /// `lock_delay` is honoured.
     pub lock_delay: bool,
-    /// `Some(ttl)` when grants are bound to one session of the client
-    /// ([`Expiry::Session`]) rather than renewed one by one: the session, kept alive for
-    /// all of them, lasts `ttl` without a keep-alive, and that is every grant's lease
-    /// length whatever a lock's options ask (a hold cap cannot stop one grant's renewal).
+    /// `Some(ttl)` when grants are bound to one session of the client ([`Expiry::Session`]).
+    /// Then they are not renewed one by one: the session, kept alive for all of them, lasts
+    /// `ttl` without a keep-alive, and that is every grant's lease length whatever a lock's
+    /// options ask (a hold cap cannot stop one grant's renewal).
     pub session_ttl: Option<Duration>,
 }
 
@@ -563,8 +571,8 @@ impl Capabilities {
         }
     }
 
-    /// Whether grants are bound to a session of the client (see
-    /// [`session_ttl`](Capabilities::session_ttl)).
+    /// Whether grants are bound to a session of the client.
+    /// See [`session_ttl`](Capabilities::session_ttl).
     pub fn has_sessions(&self) -> bool {
         self.session_ttl.is_some()
     }
@@ -593,15 +601,15 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// Holders, waiters and a wait hint for `name`.
     async fn inspect(&self, name: &LockName) -> Result<LockState>;
 
-    /// Called when the release of `req`'s grant or queue entry could not be confirmed:
-    /// the engine retried it while the session it lives by was healthy (see
+    /// Called when the release of `req`'s grant or queue entry could not be confirmed.
+    /// The engine retried it while the session it lives by was healthy (see
     /// [`session_liveness`](Backend::session_liveness)) and the server never answered, or
     /// it refused — or that session has ended meanwhile. A backend whose grants live by a
-    /// session must make sure this one does not stay alive under it, for instance by
-    /// ending the session (its other grants are lost with it) or by moving the grant to a
-    /// lease that expires; for a session that has ended already, by letting go of
-    /// whatever still keeps it open. The default does nothing: on a backend whose grants
-    /// expire, the engine keeps retrying the release until the grant's lease has ended.
+    /// session must make sure this one does not stay alive under it, for instance by ending
+    /// the session (its other grants are lost with it) or by moving the grant to a lease
+    /// that expires; for a session that has ended already, by letting go of whatever still
+    /// keeps it open. The default does nothing: on a backend whose grants expire, the
+    /// engine keeps retrying the release until the grant's lease has ended.
     async fn abandon(&self, req: &Request) -> Result<()> {
         let _ = req;
         Ok(())

@@ -11,8 +11,8 @@ use crate::name::LockName;
 use crate::options::LockOptions;
 use crate::sync::{Election, Mutex, RwLock, Semaphore};
 
-/// A connection to one lock backend, with the clock and default options every lock made
-/// from it uses. Cheap to clone; clones share everything.
+/// A connection to one lock backend, with the clock and default options its locks use.
+/// Cheap to clone; clones share everything.
 ///
 /// ```
 /// use leasehold_core::{Client, memory::InMemory};
@@ -70,8 +70,8 @@ impl Client {
         Ok(Mutex::new(self.ctx.clone(), LockName::new(name)?))
     }
 
-    /// A read-write lock: many readers or one writer; waiting writers are not starved on
-    /// backends with a queue.
+    /// A read-write lock: many readers or one writer.
+    /// Waiting writers are not starved on backends with a queue.
     ///
     /// # Errors
     ///
@@ -116,11 +116,11 @@ impl Client {
             .await
     }
 
-    /// Waits until every background release has finished: releases of dropped guards,
-    /// releases whose futures were cancelled or not answered, and clean-ups of cancelled
-    /// or timed-out acquisitions. On a backend whose grants live by a session, a release
-    /// retried through a suspension of the session finishes when the link is back, or at
-    /// the session's deadline at the latest.
+    /// Waits until every background release has finished.
+    /// Those are releases of dropped guards, releases whose futures were cancelled or not
+    /// answered, and clean-ups of cancelled or timed-out acquisitions. On a backend whose
+    /// grants live by a session, a release retried through a suspension of the session
+    /// finishes when the link is back, or at the session's deadline at the latest.
     ///
     /// # Cancel safety
     ///

@@ -79,9 +79,10 @@ pub trait Clock: Send + Sync + fmt::Debug + 'static {
 )]
 pub struct SystemClock;
 
-/// Longest single timer sleep of [`SystemClock::sleep_until`]. Tokio's timers run on a clock
-/// that stops during suspend; sleeping in slices bounds how late a deadline is noticed after
-/// a resume, while the deadline itself is always judged on the boot-time clock.
+/// Longest single timer sleep of [`SystemClock::sleep_until`].
+/// Tokio's timers run on a clock that stops during suspend; sleeping in slices bounds how
+/// late a deadline is noticed after a resume, while the deadline itself is always judged on
+/// the boot-time clock.
 const MAX_SLEEP_SLICE: Duration = Duration::from_secs(1);
 
 impl SystemClock {
@@ -153,8 +154,9 @@ mod manual {
     }
 
     impl ManualClock {
-        /// A clock standing at an arbitrary origin (one hour past zero, so that instants a little
-        /// before "now" are representable).
+        /// A clock standing at an arbitrary origin.
+        /// It starts one hour past zero, so that instants a little before "now" are
+        /// representable.
         pub fn new() -> Self {
             let (tx, _) = watch::channel(Instant::from_origin(Duration::from_secs(3600)));
             Self { now: Arc::new(tx) }
@@ -165,8 +167,8 @@ mod manual {
             self.now.send_modify(|now| *now = now.saturating_add(by));
         }
 
-        /// Moves the time to `to`; a ManualClock never goes backwards, so an earlier `to` is
-        /// ignored.
+        /// Moves the time to `to`.
+        /// A ManualClock never goes backwards, so an earlier `to` is ignored.
         pub fn set(&self, to: Instant) {
             self.now.send_if_modified(|now| {
                 if to > *now {

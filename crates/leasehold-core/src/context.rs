@@ -1,6 +1,7 @@
-//! The engine's runtime context: what every acquisition, lease, renewal and release of one
-//! client shares — the backend, the clock, the default options, the renewal schedule and
-//! the background tasks that [`Client::settle`](crate::Client::settle) waits for.
+//! The engine's runtime context: what every acquisition of one client shares.
+//! Its acquisitions, leases, renewals and releases share the backend, the clock, the
+//! default options, the renewal schedule and the background tasks that
+//! [`Client::settle`](crate::Client::settle) waits for.
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -62,8 +63,8 @@ impl Context {
         self.clock.now()
     }
 
-    /// Runs `request` with a time limit; no answer in time is [`Error::Timeout`] (an
-    /// unknown outcome).
+    /// Runs `request` with a time limit.
+    /// No answer in time is [`Error::Timeout`] (an unknown outcome).
     pub(crate) async fn call<T>(
         &self,
         limit: Duration,
@@ -74,8 +75,7 @@ impl Context {
             .unwrap_or(Err(Error::Timeout(limit)))
     }
 
-    /// Runs `task` in the background on `runtime`; [`settle`](Context::settle) waits for
-    /// it.
+    /// Runs `task` in the background on `runtime`; [`settle`](Context::settle) waits for it.
     pub(crate) fn spawn_background(
         &self,
         runtime: &Handle,
@@ -104,9 +104,9 @@ impl Context {
     }
 }
 
-/// The lane numbers of a client's current acquisitions (see
-/// [`Request::lane`](crate::backend::Request::lane)): each takes the lowest index free and
-/// gives it back when its lease is dropped, so the indexes in use stay as few as the
+/// The lane numbers of a client's current acquisitions.
+/// See [`Request::lane`](crate::backend::Request::lane): each takes the lowest index free
+/// and gives it back when its lease is dropped, so the indexes in use stay as few as the
 /// acquisitions. A lane is the client's base (random, so that clients sharing one backend
 /// spread over its connections) plus the index.
 #[derive(Debug, Default)]

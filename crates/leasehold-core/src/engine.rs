@@ -168,8 +168,8 @@ pub(crate) async fn acquire(
     }
 }
 
-/// Gives up an acquisition: releases what it may have left, now if that works, else in
-/// the background.
+/// Gives up an acquisition.
+/// It releases what it may have left, now if that works, else in the background.
 async fn give_up(leftover: PendingRelease, timeout: Duration) {
     if leftover.is_armed()
         && let Err(error) = leftover.run(timeout).await

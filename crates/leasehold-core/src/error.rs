@@ -8,19 +8,18 @@ use std::time::Duration;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum LossReason {
-    /// The local deadline passed without a successful renewal (server unreachable, paused,
-    /// too slow, or this process was paused).
+    /// The local deadline passed without a successful renewal.
+    /// The server was unreachable, paused or too slow, or this process was paused.
     Expired,
-    /// The server answered that the lock is no longer ours: it expired there, was
-    /// force-released, or the server lost its data.
+    /// The server answered that the lock is no longer ours.
+    /// It expired there, was force-released, or the server lost its data.
     NotOwner,
     /// The session the grant was bound to ended (etcd lease, ZooKeeper session).
     SessionEnded,
     /// The configured maximum hold time ran out, so renewal stopped.
     MaxHoldReached,
-    /// The session's link to the server went down (the guard was suspended) and no
-    /// keep-alive got through before the local deadline (ZooKeeper's jeopardy turned into
-    /// loss).
+    /// The session's link went down and no keep-alive got through before the local deadline.
+    /// The guard was suspended, and ZooKeeper's jeopardy turned into loss.
     Disconnected,
 }
 
@@ -46,8 +45,8 @@ impl fmt::Display for LossReason {
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// An argument was rejected before anything was sent: a bad name, duration, URL or
-    /// topology. Nothing changed on any server.
+    /// An argument was rejected before anything was sent: a bad name, duration, URL or topology.
+    /// Nothing changed on any server.
     #[error("invalid {what}: {reason}")]
     InvalidArgument {
         /// What was invalid ("lock name", "ttl", "url", ...).
@@ -60,8 +59,8 @@ pub enum Error {
     #[error("lock lost: {0}")]
     Lost(LossReason),
 
-    /// The server holds no grant (and no queue entry) for this owner: it was already
-    /// released, or it expired and nobody noticed until now.
+    /// The server holds no grant (and no queue entry) for this owner.
+    /// It was already released, or it expired and nobody noticed until now.
     #[error("the lock is not held by this owner")]
     NotHeld,
 
@@ -74,13 +73,13 @@ pub enum Error {
         feature: &'static str,
     },
 
-    /// The server did not answer in time. The outcome of the request is unknown: it may or
-    /// may not have been applied.
+    /// The server did not answer in time.
+    /// The outcome of the request is unknown: it may or may not have been applied.
     #[error("no answer from the backend within {0:?}; the outcome is unknown")]
     Timeout(Duration),
 
-    /// The backend could not be reached (connection refused, reset, DNS, ...). Retrying
-    /// later may help.
+    /// The backend could not be reached (connection refused, reset, DNS, ...).
+    /// Retrying later may help.
     #[error("backend unavailable: {message}")]
     Unavailable {
         /// What happened, with credentials redacted.
@@ -90,8 +89,8 @@ pub enum Error {
         source: Option<Arc<dyn std::error::Error + Send + Sync>>,
     },
 
-    /// The backend answered with an error (read-only replica, out of memory, unexpected data
-    /// under a lock key, ...).
+    /// The backend answered with an error.
+    /// A read-only replica, out of memory, unexpected data under a lock key, …
     #[error("backend error: {message}")]
     Backend {
         /// What happened, with credentials redacted.
@@ -139,8 +138,9 @@ impl Error {
         }
     }
 
-    /// Whether the request may or may not have been applied on the server: it timed out, or
-    /// the connection failed and nobody can tell whether the request went out.
+    /// Whether the request may or may not have been applied on the server.
+    /// It timed out, or the connection failed and nobody can tell whether the request went
+    /// out.
     ///
     /// An acquire with an unknown outcome must be resolved (adopted or released by owner),
     /// never ignored; leasehold's engine does this itself.

@@ -59,8 +59,7 @@ pub struct Faulty {
 #[derive(Default)]
 struct Faults {
     ops: Mutex<HashMap<Op, OpFaults>>,
-    /// Bumped on every call and every fault change; held calls and call-count waiters
-    /// watch it.
+    /// Bumped on every call and every fault change; held calls and call-count waiters watch it.
     changes: watch::Sender<u64>,
 }
 
@@ -101,14 +100,14 @@ impl Faulty {
         f(ops.entry(op).or_default())
     }
 
-    /// Calls of `op` wait before reaching the backend until [`resume`](Faulty::resume):
-    /// a dead link, nothing is applied while held.
+    /// Calls of `op` wait before reaching the backend until [`resume`](Faulty::resume).
+    /// That is a dead link: nothing is applied while held.
     pub fn hold_requests(&self, op: Op) {
         self.change(op, |f| f.hold_requests = true);
     }
 
-    /// Calls of `op` are applied by the backend, but their replies wait until
-    /// [`resume`](Faulty::resume): lost or late replies.
+    /// Calls of `op` are applied by the backend, but their replies wait.
+    /// They wait until [`resume`](Faulty::resume): lost or late replies.
     pub fn hold_replies(&self, op: Op) {
         self.change(op, |f| f.hold_replies = true);
     }
@@ -127,14 +126,14 @@ impl Faulty {
         });
     }
 
-    /// The next call of `op` fails with `error` without reaching the backend (queued: call
-    /// several times to fail several calls).
+    /// The next call of `op` fails with `error` without reaching the backend.
+    /// Failures queue: call it several times to fail several calls.
     pub fn fail_next(&self, op: Op, error: Error) {
         self.change(op, |f| f.fail_next.push_back(error));
     }
 
-    /// The next call of `op` is applied by the backend but its reply never comes: the
-    /// caller sees no answer (queued like [`fail_next`](Faulty::fail_next)).
+    /// The next call of `op` is applied by the backend but its reply never comes.
+    /// The caller sees no answer (queued like [`fail_next`](Faulty::fail_next)).
     pub fn lose_next_reply(&self, op: Op) {
         self.change(op, |f| f.lose_replies += 1);
     }

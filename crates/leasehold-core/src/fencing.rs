@@ -11,9 +11,10 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::sync::Mutex;
 
-/// A number attached to a grant, strictly increasing per lock name (and set: a mutex, a
-/// read-write lock and an election share one, a semaphore has its own; see
-/// [`backend`](crate::backend)) for grants that follow each other in real time.
+/// A number attached to a grant, strictly increasing per lock name.
+/// It increases per name (and set: a mutex, a read-write lock and an election share one, a
+/// semaphore has its own; see [`backend`](crate::backend)) for grants that follow each
+/// other in real time.
 ///
 /// How strong that promise is (does it survive a server restart? a failover?) depends on the
 /// backend; see [`Capabilities::tokens`](crate::backend::Capabilities::tokens).
@@ -62,9 +63,9 @@ impl StaleToken {
     }
 }
 
-/// An in-process fenced resource: it runs a write only if the write's token is not lower
-/// than the highest token it has accepted, and it keeps the order of the most recently
-/// accepted tokens.
+/// An in-process fenced resource.
+/// It runs a write only if the write's token is not lower than the highest token it has
+/// accepted, and it keeps the order of the most recently accepted tokens.
 ///
 /// Equal tokens are accepted: one holder may write many times under one grant. Its memory
 /// is bounded: counts, the highest token, and the last [`Fence::DEFAULT_HISTORY`] accepted
@@ -127,8 +128,8 @@ impl Fence {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Runs `write` if `token` is not older than the highest accepted token, atomically with
-    /// the check, and records the token.
+    /// Runs `write` if `token` is not older than the highest accepted token.
+    /// It does so atomically with the check, and records the token.
     ///
     /// # Errors
     ///
@@ -164,8 +165,9 @@ impl Fence {
         self.state().highest
     }
 
-    /// The most recently accepted tokens, in the order their writes were applied (at most
-    /// the fence's history length).
+    /// The most recently accepted tokens.
+    /// They are in the order their writes were applied (at most the fence's history
+    /// length).
     pub fn accepted(&self) -> Vec<FencingToken> {
         self.state().recent.iter().copied().collect()
     }

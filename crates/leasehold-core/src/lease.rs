@@ -28,8 +28,8 @@ use crate::watchdog::{Renewable, Renewing, Slot};
 /// Where a lease stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum State {
-    /// Held until `deadline` (`None`: no expiry) unless renewed; `capped` once renewal
-    /// stopped at the hold cap, so the deadline is final.
+    /// Held until `deadline` (`None`: no expiry) unless renewed.
+    /// `capped` once renewal stopped at the hold cap, so the deadline is final.
     Held {
         deadline: Option<Instant>,
         capped: bool,
@@ -40,8 +40,9 @@ pub(crate) enum State {
     Released,
 }
 
-/// Why a lease that reached its deadline was lost: its hold cap, a suspended session
-/// (its link down), or a deadline that passed without a renewal.
+/// Why a lease that reached its deadline was lost.
+/// Its hold cap, a suspended session (its link down), or a deadline that passed without a
+/// renewal.
 fn at_deadline(capped: bool, session: Option<&SessionLiveness>) -> LossReason {
     if capped {
         LossReason::MaxHoldReached
@@ -52,8 +53,8 @@ fn at_deadline(capped: bool, session: Option<&SessionLiveness>) -> LossReason {
     }
 }
 
-/// A held state of a lease bound to `session` takes the session's deadline, or is lost
-/// when the session ended.
+/// A held state of a lease bound to `session` takes the session's deadline, or is lost.
+/// It is lost when the session ended.
 fn with_session(state: State, session: Option<&SessionLiveness>) -> State {
     match (state, session.map(SessionLiveness::current)) {
         (State::Held { capped, .. }, Some(Liveness::Alive { until })) => State::Held {
@@ -65,8 +66,8 @@ fn with_session(state: State, session: Option<&SessionLiveness>) -> State {
     }
 }
 
-/// The local deadline of a lease of length `granted` whose request was sent at `sent`, or
-/// `None` if the drift allowance leaves nothing of it.
+/// The local deadline of a lease of length `granted` whose request was sent at `sent`.
+/// It is `None` if the drift allowance leaves nothing of it.
 pub(crate) fn local_deadline(
     options: &LockOptions,
     sent: Instant,
@@ -75,8 +76,9 @@ pub(crate) fn local_deadline(
     sent.checked_add(options.validity(granted)?)
 }
 
-/// The shared state of one grant. Guards (one per reentrant hold) point at it; the
-/// client's renewal schedule holds it weakly.
+/// The shared state of one grant.
+/// Guards (one per reentrant hold) point at it; the client's renewal schedule holds it
+/// weakly.
 #[derive(Debug)]
 pub(crate) struct Lease {
     pub(crate) ctx: Arc<Context>,
@@ -86,28 +88,29 @@ pub(crate) struct Lease {
     /// When the granting request was sent.
     pub(crate) acquired_at: Instant,
     state: std::sync::Mutex<State>,
-    /// Notified on every change of `state` (loss signals and a renewal in progress wait on
-    /// it). One `Notify` rather than a watch channel: a lease is made and ended per
-    /// acquisition, and nobody may be listening.
+    /// Notified on every change of `state` (loss signals and a renewal in progress wait on it).
+    /// One `Notify` rather than a watch channel: a lease is made and ended per acquisition,
+    /// and nobody may be listening.
     changed: Notify,
     holds: AtomicUsize,
     /// The runtime the lease was granted on: a guard dropped outside of it releases there.
     pub(crate) runtime: Option<Handle>,
     /// Its place in the client's renewal schedule.
     slot: std::sync::Mutex<Option<Slot>>,
-    /// The backend session the grant lives by, if it is bound to one: then the session's
-    /// deadline is the lease's.
+    /// The backend session the grant lives by, if it is bound to one.
+    /// Then the session's deadline is the lease's.
     session: Option<SessionLiveness>,
-    /// When the last request that could extend the grant on the server was sent, and the
-    /// lease length it was granted: the server keeps the grant no longer than their sum.
+    /// When the last request that could extend the grant was sent, and the lease it was granted.
+    /// The server keeps the grant no longer than their sum.
     extended: std::sync::Mutex<(Instant, Duration)>,
     /// The acquisition's lane (`request.lane`), the client's until the lease is dropped.
     _lane: LaneHold,
 }
 
 impl Lease {
-    /// A lease for a grant whose request was sent at `sent`, with one hold; `None` if its
-    /// deadline has already passed (the reply came too late to be of use).
+    /// A lease for a grant whose request was sent at `sent`, with one hold.
+    /// It is `None` if its deadline has already passed (the reply came too late to be of
+    /// use).
     pub(crate) fn new(
         ctx: Arc<Context>,
         request: Request,
@@ -169,8 +172,8 @@ impl Lease {
         *self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Changes the state with `change`, which says whether it changed anything; wakes the
-    /// waiters if it did.
+    /// Changes the state with `change`, which says whether it changed anything.
+    /// It wakes the waiters if it did.
     fn update(&self, change: impl FnOnce(&mut State) -> bool) -> bool {
         let changed = change(&mut self.state.lock().unwrap_or_else(|e| e.into_inner()));
         if changed {
@@ -179,8 +182,8 @@ impl Lease {
         changed
     }
 
-    /// The state, with a passed deadline read as lost even before a renewal marks it,
-    /// and a session's deadline or end taken into account.
+    /// The state, with a passed deadline read as lost even before a renewal marks it.
+    /// A session's deadline or end is taken into account too.
     ///
     /// A loss found this way is recorded: once a reader saw the lease lost, it stays lost,
     /// whatever a session's late keep-alive says afterwards.
@@ -208,8 +211,8 @@ impl Lease {
         matches!(self.state(), State::Held { .. })
     }
 
-    /// Whether the lease is held but its session is suspended (its link to the server is
-    /// down): held until the deadline, lost then unless the session is restored first.
+    /// Whether the lease is held but its session is suspended (its link to the server is down).
+    /// It is held until the deadline, lost then unless the session is restored first.
     pub(crate) fn is_suspended(&self) -> bool {
         self.session
             .as_ref()
@@ -225,8 +228,8 @@ impl Lease {
         }
     }
 
-    /// Time left until the local deadline: `Duration::MAX` for a lease without expiry, zero
-    /// once lost or released.
+    /// Time left until the local deadline.
+    /// `Duration::MAX` for a lease without expiry, zero once lost or released.
     pub(crate) fn remaining(&self) -> Duration {
         match self.state() {
             State::Held { deadline: None, .. } => Duration::MAX,
@@ -238,9 +241,9 @@ impl Lease {
         }
     }
 
-    /// Applies a renewal whose request was sent at `sent`. Returns whether the lease is
-    /// still held; a renewal that arrives after the deadline (or after a loss) changes
-    /// nothing and marks the lease lost.
+    /// Applies a renewal whose request was sent at `sent`.
+    /// Returns whether the lease is still held; a renewal that arrives after the deadline
+    /// (or after a loss) changes nothing and marks the lease lost.
     pub(crate) fn extend(&self, sent: Instant, expiry: Expiry) -> bool {
         let now = self.now();
         let options = &self.options;
@@ -267,8 +270,8 @@ impl Lease {
         self.is_held()
     }
 
-    /// Renewal stopped at the hold cap: the current deadline is final, and reaching it
-    /// counts as [`LossReason::MaxHoldReached`].
+    /// Renewal stopped at the hold cap: the current deadline is final.
+    /// Reaching it counts as [`LossReason::MaxHoldReached`].
     pub(crate) fn cap(&self) {
         self.update(|state| match state {
             State::Held { capped, .. } if !*capped => {
@@ -279,8 +282,9 @@ impl Lease {
         });
     }
 
-    /// Marks the lease lost for `reason` unless it already ended. A lease whose deadline
-    /// passed is recorded as lost at its deadline, whatever `reason` says.
+    /// Marks the lease lost for `reason` unless it already ended.
+    /// A lease whose deadline passed is recorded as lost at its deadline, whatever `reason`
+    /// says.
     pub(crate) fn mark_lost(&self, reason: LossReason) {
         let now = self.now();
         let changed = self.update(|state| match *state {
@@ -301,9 +305,9 @@ impl Lease {
         }
     }
 
-    /// Ends the lease on release: takes it off the renewal schedule, stops a renewal in
-    /// progress, and returns the state it ended in (`Held` if it was still held, else how
-    /// it was lost).
+    /// Ends the lease on release, and returns the state it ended in.
+    /// It takes the lease off the renewal schedule and stops a renewal in progress; the
+    /// state is `Held` if it was still held, else how it was lost.
     pub(crate) fn finish(&self) -> State {
         let before = self.state();
         self.update(|state| {
@@ -317,8 +321,9 @@ impl Lease {
         before
     }
 
-    /// A release of this grant by owner, armed: dropped unconfirmed, it goes on in the
-    /// background until the server confirms or the grant's lease or session has ended.
+    /// A release of this grant by owner, armed.
+    /// Dropped unconfirmed, it goes on in the background until the server confirms or the
+    /// grant's lease or session has ended.
     pub(crate) fn pending_release(&self) -> PendingRelease {
         let (sent, granted) = *self.extended.lock().unwrap_or_else(|e| e.into_inner());
         PendingRelease::new(
@@ -331,8 +336,8 @@ impl Lease {
         .bound_to(self.session.clone())
     }
 
-    /// Starts renewing the lease, if it expires: the first renewal is due
-    /// `renew_every` after its grant was requested.
+    /// Starts renewing the lease, if it expires.
+    /// The first renewal is due `renew_every` after its grant was requested.
     pub(crate) fn start_renewals(self: &Arc<Self>) {
         if self.session.is_some() || self.deadline().is_none() {
             return;
@@ -355,8 +360,8 @@ impl Lease {
         }
     }
 
-    /// A future that completes with the state once it is no longer "held until `seen`": a
-    /// renewal or a session keep-alive moved the deadline, or the lease ended. A deadline
+    /// A future that completes with the state once it is no longer "held until `seen`".
+    /// A renewal or a session keep-alive moved the deadline, or the lease ended. A deadline
     /// that passes while nobody reads the state is not noticed here (that is
     /// [`lost`](Lease::lost)'s); read after it, it is. Owns what it needs.
     pub(crate) fn changed_from(
@@ -388,8 +393,8 @@ impl Lease {
         }
     }
 
-    /// A future that completes when the lease is lost; it never completes if the lease is
-    /// released first. Owns what it needs.
+    /// A future that completes when the lease is lost.
+    /// It never completes if the lease is released first. Owns what it needs.
     pub(crate) fn lost(self: &Arc<Self>) -> impl Future<Output = LossReason> + Send + 'static {
         let lease = self.clone();
         let mut session = self.session.clone();
@@ -467,8 +472,8 @@ impl Renewable for Lease {
 }
 
 impl Lease {
-    /// One renewal, retried until it succeeds or the lease is lost or released. Returns
-    /// when the next renewal is due, if any.
+    /// One renewal, retried until it succeeds or the lease is lost or released.
+    /// Returns when the next renewal is due, if any.
     ///
     /// - The renewal is the backend's owner-checked compare-and-extend; "not owner" ends
     ///   the lease at once.

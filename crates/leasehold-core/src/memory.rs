@@ -1,5 +1,4 @@
-//! The in-memory backend: the reference semantics of the [`Backend`] contract, in one
-//! process.
+//! The in-memory backend: the reference semantics of the [`Backend`] contract, in one process.
 //!
 //! It implements everything — expiring leases on its own [`Clock`], FIFO queues with
 //! expiring entries, shared mode, permits, lock-delay, push wake-ups — exactly as the
@@ -115,8 +114,7 @@ impl Entry {
         hint(&self.version)
     }
 
-    /// Drops expired holders and queue entries of both sets; returns whether anything
-    /// changed.
+    /// Drops expired holders and queue entries of both sets; returns whether anything changed.
     fn purge(&mut self, now: Instant) -> bool {
         let mut changed = false;
         for set in &mut self.sets {
@@ -163,9 +161,9 @@ fn hint(version: &watch::Sender<u64>) -> WaitHint {
     WaitHint::new(*version.borrow())
 }
 
-/// Whether a request in `mode` may be granted beside `holders` (in grant order) and before
-/// the queued `ahead` claim their places, by the contract's one rule
-/// ([`support::queue`](crate::support::queue)).
+/// Whether a request in `mode` may be granted beside `holders`, before the queued `ahead`.
+/// `holders` are in grant order, and `ahead` have not claimed their places yet; the rule is
+/// the contract's one rule ([`support::queue`](crate::support::queue)).
 fn compatible(holders: &[Held], ahead: &[Queued], mode: Mode) -> bool {
     let holders: Vec<Mode> = holders.iter().map(|h| h.mode).collect();
     let ahead: Vec<Mode> = ahead.iter().map(|q| q.mode).collect();

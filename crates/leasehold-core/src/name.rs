@@ -30,8 +30,8 @@ use crate::error::{Error, Result};
 pub struct LockName(Arc<str>);
 
 impl LockName {
-    /// The longest accepted name, in bytes. Short enough to be a file name with a suffix on
-    /// every common file system.
+    /// The longest accepted name, in bytes.
+    /// Short enough to be a file name with a suffix on every common file system.
     pub const MAX_LEN: usize = 200;
 
     /// Validates `name`.
@@ -113,8 +113,8 @@ impl TryFrom<&str> for LockName {
     }
 }
 
-/// The identity of one acquisition, stored by the server as the holder's (or waiter's)
-/// value. Every release and renewal is checked against it.
+/// The identity of one acquisition, stored by the server as the holder's (or waiter's) value.
+/// Every release and renewal is checked against it.
 ///
 /// A fresh id is made for every acquisition: `<pid in hex>-<128 random bits in hex>`, so it
 /// says which process holds a lock and never repeats. Only characters valid in a

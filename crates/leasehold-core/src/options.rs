@@ -4,13 +4,15 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 
-/// The longest lease, lock-delay, hold cap or request timeout accepted: long enough for any
-/// real use, short enough that adding it to a clock reading can never overflow.
+/// The longest lease, lock-delay, hold cap or request timeout accepted.
+/// It is long enough for any real use, short enough that adding it to a clock reading can
+/// never overflow.
 pub const MAX_DURATION: Duration = Duration::from_secs(366 * 24 * 3600);
 
-/// How a lock is held: lease length, renewal cadence, clock-drift allowance, fairness,
-/// lock-delay, hold cap and request timeout. Built and validated by [`LockOptions::builder`];
-/// invalid values are rejected, never silently replaced.
+/// How a lock is held.
+/// Lease length, renewal cadence, clock-drift allowance, fairness, lock-delay, hold cap and
+/// request timeout. Built and validated by [`LockOptions::builder`]; invalid values are
+/// rejected, never silently replaced.
 ///
 /// ```
 /// use std::time::Duration;
@@ -40,13 +42,13 @@ pub struct LockOptions {
     request_timeout: Duration,
 }
 
-/// The lease length of locks whose options do not set one (on backends whose grants live
-/// by a session, the session's ttl applies instead).
+/// The lease length of locks whose options do not set one.
+/// On backends whose grants live by a session, the session's ttl applies instead.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
 
 impl Default for LockOptions {
-    /// A 30 s lease renewed every 10 s, 1 % + 2 ms drift allowance, the backend's natural
-    /// fairness, no lock-delay, no hold cap, 5 s request timeout.
+    /// A 30 s lease renewed every 10 s, 1 % + 2 ms drift allowance, the backend's natural fairness.
+    /// No lock-delay, no hold cap, 5 s request timeout.
     fn default() -> Self {
         Self {
             ttl: None,
@@ -72,28 +74,26 @@ impl LockOptions {
         LockOptionsBuilder(self.clone())
     }
 
-    /// The lease length asked of the server: the one set, or [`DEFAULT_TTL`]. The server
-    /// may round it up (e.g. etcd leases are whole seconds); deadlines always use the
-    /// length it actually granted.
+    /// The lease length asked of the server: the one set, or [`DEFAULT_TTL`].
+    /// The server may round it up (e.g. etcd leases are whole seconds); deadlines always
+    /// use the length it actually granted.
     pub fn ttl(&self) -> Duration {
         self.ttl.unwrap_or(DEFAULT_TTL)
     }
 
-    /// The lease length set with [`LockOptionsBuilder::ttl`], if one was. A backend whose
-    /// grants live by a session refuses a lock whose set ttl differs from the session's,
-    /// rather than silently using the session's.
+    /// The lease length set with [`LockOptionsBuilder::ttl`], if one was.
+    /// A backend whose grants live by a session refuses a lock whose set ttl differs from
+    /// the session's, rather than silently using the session's.
     pub fn chosen_ttl(&self) -> Option<Duration> {
         self.ttl
     }
 
-    /// How often the watchdog renews a lease: the configured interval, or a third of the
-    /// lease.
+    /// How often the watchdog renews a lease: the configured interval, or a third of the lease.
     pub fn renew_every(&self) -> Duration {
         self.renew_every.unwrap_or(self.ttl() / 3)
     }
 
-    /// The fraction of a lease subtracted from it to allow for clocks running at different
-    /// rates.
+    /// The fraction of a lease subtracted from it to allow for clocks running at different rates.
     pub fn drift_factor(&self) -> f64 {
         self.drift_factor
     }
@@ -103,14 +103,14 @@ impl LockOptions {
         self.drift_margin
     }
 
-    /// `Some(true)`: first come, first served (fails on a backend that cannot queue);
+    /// `Some(true)`: first come, first served (fails on a backend that cannot queue).
     /// `Some(false)`: no queue; `None`: the backend's natural behaviour.
     pub fn fair(&self) -> Option<bool> {
         self.fair
     }
 
-    /// After a holder's lease expires without a release, the lock stays closed this long
-    /// (Chubby's lock-delay). A normal release opens it at once.
+    /// How long the lock stays closed after a holder's lease expires without a release.
+    /// This is Chubby's lock-delay. A normal release opens it at once.
     pub fn lock_delay(&self) -> Option<Duration> {
         self.lock_delay
     }
@@ -120,15 +120,16 @@ impl LockOptions {
         self.max_hold
     }
 
-    /// The longest wait for any single answer from the backend. A request without an answer
-    /// in time has an unknown outcome, which the engine resolves.
+    /// The longest wait for any single answer from the backend.
+    /// A request without an answer in time has an unknown outcome, which the engine
+    /// resolves.
     pub fn request_timeout(&self) -> Duration {
         self.request_timeout
     }
 
-    /// The part of a lease of length `granted` that the holder may count on, measured from
-    /// the moment the request was sent: `granted - (granted * drift_factor + drift_margin)`.
-    /// `None` when nothing is left.
+    /// The part of a lease of length `granted` that the holder may count on.
+    /// It is measured from the moment the request was sent: `granted - (granted *
+    /// drift_factor + drift_margin)`. `None` when nothing is left.
     pub fn validity(&self, granted: Duration) -> Option<Duration> {
         let drift = granted.mul_f64(self.drift_factor) + self.drift_margin;
         granted.checked_sub(drift).filter(|v| !v.is_zero())
@@ -210,8 +211,8 @@ impl LockOptionsBuilder {
         self
     }
 
-    /// Leaves the lease length unset: [`DEFAULT_TTL`], or the session's on a backend whose
-    /// grants live by one.
+    /// Leaves the lease length unset.
+    /// It is then [`DEFAULT_TTL`], or the session's on a backend whose grants live by one.
     pub fn default_ttl(mut self) -> Self {
         self.0.ttl = None;
         self

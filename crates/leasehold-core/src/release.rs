@@ -1,5 +1,5 @@
-//! Releasing by owner until the server confirms it — in the foreground for about one
-//! request timeout, then in the background.
+//! Releasing by owner until the server confirms it.
+//! It is done in the foreground for about one request timeout, then in the background.
 //!
 //! Whatever an acquisition or a guard may have left on the server (a grant, a queue entry,
 //! a grant whose reply never came) is a [`PendingRelease`] from before the request that
@@ -46,13 +46,14 @@ pub(crate) const FIRST_RETRY_PAUSE: Duration = Duration::from_millis(20);
 /// The longest pause between two attempts.
 pub(crate) const MAX_RETRY_PAUSE: Duration = Duration::from_secs(1);
 
-/// How many request timeouts the background keeps retrying the release of a grant that
-/// does not expire on its own (under a healthy session, if it lives by one) before it
-/// abandons it.
+/// How many request timeouts a release of a grant that never expires is retried.
+/// The background keeps retrying for that long (under a healthy session, if the grant lives
+/// by one) before it abandons the grant.
 const ABANDON_AFTER_TIMEOUTS: u32 = 2;
 
-/// Consecutive failures of one request: how long to pause before the next try, and when
-/// to give up (after failing for longer than `budget`).
+/// Consecutive failures of one request.
+/// They say how long to pause before the next try, and when to give up (after failing for
+/// longer than `budget`).
 #[derive(Debug, Default)]
 pub(crate) struct Failures {
     since: Option<Instant>,
@@ -60,8 +61,8 @@ pub(crate) struct Failures {
 }
 
 impl Failures {
-    /// The pause before the next try after a failure at `now`, or `None` once failing has
-    /// lasted `budget`.
+    /// The pause before the next try after a failure at `now`.
+    /// It is `None` once failing has lasted `budget`.
     pub(crate) fn next(&mut self, now: Instant, budget: Duration) -> Option<Duration> {
         let since = *self.since.get_or_insert(now);
         if now.saturating_duration_since(since) >= budget {
@@ -72,14 +73,15 @@ impl Failures {
     }
 }
 
-/// A release by owner that has not been confirmed yet. Dropped while armed, it is sent
-/// from the drop (see [`start_here`]) and goes on in the background.
+/// A release by owner that has not been confirmed yet.
+/// Dropped while armed, it is sent from the drop (see [`start_here`]) and goes on in the
+/// background.
 #[derive(Debug)]
 pub(crate) struct PendingRelease {
     ctx: Arc<Context>,
     request: Request,
-    /// On a backend whose grants expire: when the grant (or queue entry) has surely ended
-    /// on the server, so that nothing is left to release.
+    /// On a backend whose grants expire: when the grant has surely ended on the server.
+    /// After that (for a queue entry too) nothing is left to release.
     lease_end: Option<Instant>,
     /// The session the grant lives by, if known (else the backend's is asked).
     session: Option<SessionLiveness>,
@@ -88,10 +90,11 @@ pub(crate) struct PendingRelease {
 }
 
 impl PendingRelease {
-    /// A release of `request`, armed. `last_sent` is when the last request that could
-    /// create or extend the grant was sent, and `granted` the lease length it asked or was
-    /// given: on a backend whose grants expire, the server keeps the grant no longer than
-    /// `last_sent + granted`, plus one request timeout for a request still on its way.
+    /// A release of `request`, armed.
+    /// `last_sent` is when the last request that could create or extend the grant was sent,
+    /// and `granted` the lease length it asked or was given: on a backend whose grants
+    /// expire, the server keeps the grant no longer than `last_sent + granted`, plus one
+    /// request timeout for a request still on its way.
     pub(crate) fn new(
         ctx: &Arc<Context>,
         request: Request,
@@ -111,8 +114,8 @@ impl PendingRelease {
         pending
     }
 
-    /// Arms the release again: a request that may create or extend the grant for
-    /// `granted` is sent at `sent`.
+    /// Arms the release again: a request that may create or extend the grant is sent.
+    /// It is sent at `sent` and may extend it for `granted`.
     pub(crate) fn sent(&mut self, sent: Instant, granted: Duration) {
         let caps = &self.ctx.capabilities;
         self.armed = true;
@@ -122,8 +125,8 @@ impl PendingRelease {
         });
     }
 
-    /// The grant lives by `session`: a suspension of it delays abandoning the grant, and
-    /// its end abandons it at once.
+    /// The grant lives by `session`.
+    /// A suspension of it delays abandoning the grant, and its end abandons it at once.
     pub(crate) fn bound_to(mut self, session: Option<SessionLiveness>) -> Self {
         self.session = session;
         self
@@ -139,8 +142,8 @@ impl PendingRelease {
         self.armed
     }
 
-    /// Releases now, retrying failures that may pass for about one request timeout. An
-    /// answer confirms the release; an error leaves it to the background.
+    /// Releases now, retrying failures that may pass for about one request timeout.
+    /// An answer confirms the release; an error leaves it to the background.
     ///
     /// # Cancel safety
     ///
@@ -175,13 +178,13 @@ impl Drop for PendingRelease {
     }
 }
 
-/// Polls `task` once here, so that its first attempt is sent before the drop returns: on
-/// a backend that answers one connection (or session) in order, the client's later
+/// Polls `task` once here, so that its first attempt is sent before the drop returns.
+/// On a backend that answers one connection (or session) in order, the client's later
 /// requests there come after it, and a lock dropped and taken again at once finds itself
 /// free. Returns whether the task finished. Only on a thread of `runtime` that is not
-/// unwinding (elsewhere the runtime may be gone, and a panic here would abort), outside
-/// the task's budget (a spent budget would stop it before it sends), and with a panic
-/// kept in, as it would be in a task.
+/// unwinding (elsewhere the runtime may be gone, and a panic here would abort), outside the
+/// task's budget (a spent budget would stop it before it sends), and with a panic kept in,
+/// as it would be in a task.
 fn start_here(
     runtime: &Handle,
     task: Pin<&mut (impl Future<Output = ()> + ?Sized)>,
@@ -202,8 +205,9 @@ fn start_here(
     }
 }
 
-/// Releases `request`, retrying failures that may pass (a refused connection, a failover)
-/// for about `timeout`; a release is owner-checked, so a retry is harmless.
+/// Releases `request`, retrying failures that may pass for about `timeout`.
+/// Such failures are a refused connection or a failover; a release is owner-checked, so a
+/// retry is harmless.
 async fn release(ctx: &Context, request: &Request, timeout: Duration) -> Result<Release> {
     let mut failures = Failures::default();
     loop {
@@ -239,8 +243,7 @@ enum Health {
     Healthy { until: Instant },
     /// Its link is down; it ends at its deadline unless a keep-alive gets through first.
     Suspended,
-    /// Ended, or past its deadline: its grants are gone with it, or go once nothing keeps
-    /// it open.
+    /// Ended, or past its deadline: its grants are gone with it, or go once nothing keeps it open.
     Ended,
 }
 
@@ -271,8 +274,8 @@ struct Retry {
     /// How long they fail in all before a grant is abandoned under a flapping session.
     limit: Duration,
     started: Instant,
-    /// Since when releases sent under a healthy session have failed, and the session's
-    /// deadline when the first of them failed.
+    /// Since when releases under a healthy session have failed, and the session's deadline then.
+    /// The deadline is the one when the first of them failed.
     healthy: Option<(Instant, Instant)>,
 }
 
@@ -301,14 +304,15 @@ impl Retry {
             .is_some_and(SessionLiveness::is_suspended)
     }
 
-    /// Whether the session the grant lives by is to be asked of the backend: it may live
-    /// by one, and the grant's own is not known (an acquisition whose grant never came).
+    /// Whether the session the grant lives by is to be asked of the backend.
+    /// It is when the grant may live by one and its own is not known (an acquisition whose
+    /// grant never came).
     fn needs_session(&self) -> bool {
         self.has_sessions && self.lease_end.is_none() && self.session.is_none()
     }
 
-    /// What to do after a release sent at `sent` (while the session was `suspended`, if
-    /// the grant lives by one) failed at `now`: refused, or with an unknown outcome.
+    /// What to do after a release sent at `sent` failed at `now`: refused, or with no answer.
+    /// `suspended`: the session was, if the grant lives by one.
     fn failed(&mut self, sent: Instant, suspended: bool, refused: bool, now: Instant) -> Then {
         if let Some(end) = self.lease_end {
             return if now >= end {
@@ -353,9 +357,9 @@ impl Retry {
     }
 }
 
-/// Retries the release until the server confirms it or nothing is left to release; gives
-/// the grant up to the backend ([`Backend::abandon`](crate::Backend::abandon)) when `retry`
-/// says so.
+/// Retries the release until the server confirms it or nothing is left to release.
+/// It gives the grant up to the backend ([`Backend::abandon`](crate::Backend::abandon))
+/// when `retry` says so.
 async fn in_background(ctx: Arc<Context>, request: Request, mut retry: Retry) {
     let timeout = ctx.options.request_timeout();
     let mut pause = FIRST_RETRY_PAUSE;

@@ -30,8 +30,8 @@ pub(crate) trait Renewable: Send + Sync + 'static {
     /// Whether it is still worth renewing.
     fn is_held(&self) -> bool;
 
-    /// Renews once, retrying until that succeeds or the lease ends; resolves to when the
-    /// next renewal is due, if any.
+    /// Renews once, retrying until that succeeds or the lease ends.
+    /// It resolves to when the next renewal is due, if any.
     fn renew(self: Arc<Self>) -> Renewing;
 
     /// Records its place in the schedule; returns the previous one.
@@ -79,8 +79,7 @@ impl Watchdog {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Renews `lease` at `at`, and then whenever its renewal says, until it is released or
-    /// lost.
+    /// Renews `lease` at `at`, and then whenever its renewal says, until it is released or lost.
     pub(crate) fn schedule(self: &Arc<Self>, lease: &Arc<dyn Renewable>, at: Instant) {
         if !lease.is_held() {
             return;
@@ -145,8 +144,8 @@ impl Drop for Watchdog {
     }
 }
 
-/// The timer task: sleeps until the next renewal is due, starts it, and goes back to
-/// sleep. Ends when the client is gone.
+/// The timer task: sleeps until the next renewal is due, starts it, and goes back to sleep.
+/// Ends when the client is gone.
 async fn run(watchdog: Weak<Watchdog>, changed: Arc<Notify>, clock: Arc<dyn Clock>) {
     loop {
         let Some(dog) = watchdog.upgrade() else {

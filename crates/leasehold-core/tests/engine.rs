@@ -1,5 +1,5 @@
-//! The engine, watchdog and deadline rules, on the in-memory backend and a manual clock:
-//! every instant below is exact, and nothing waits on real time except request timeouts.
+//! The engine, watchdog and deadline rules, on the in-memory backend and a manual clock.
+//! Every instant below is exact, and nothing waits on real time except request timeouts.
 
 #![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
@@ -14,8 +14,8 @@ use leasehold_core::{Client, Error, Guard, LockName, LockOptions, LossReason, Ow
 const MS: Duration = Duration::from_millis(1);
 const SEC: Duration = Duration::from_secs(1);
 
-/// A server and two clients on one manual clock. `client` reaches the server through
-/// `faults`; `other` reaches it directly.
+/// A server and two clients on one manual clock.
+/// `client` reaches the server through `faults`; `other` reaches it directly.
 struct Rig {
     clock: ManualClock,
     server: InMemory,

@@ -6,9 +6,9 @@ use std::time::Duration;
 use leasehold_core::Error;
 use tonic::Code;
 
-/// Maps an etcd-client error, without credentials: unreachable members are
-/// [`Error::Unavailable`] (retryable), a deadline is [`Error::Timeout`] (unknown outcome),
-/// anything else [`Error::Backend`].
+/// Maps an etcd-client error, without credentials.
+/// Unreachable members are [`Error::Unavailable`] (retryable), a deadline is
+/// [`Error::Timeout`] (unknown outcome), anything else [`Error::Backend`].
 pub(crate) fn map_error(error: etcd_client::Error, doing: &str) -> Error {
     use etcd_client::Error as E;
     match &error {

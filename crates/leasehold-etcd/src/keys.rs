@@ -20,11 +20,11 @@ use std::collections::{BTreeSet, HashMap};
 use leasehold_core::backend::Mode;
 use leasehold_core::{LockName, OwnerId};
 
-/// The value of a lock-delay marker starts with this, then the owner. A marker is put
-/// beside a grant of a request with a lock-delay, bound to the session's delay lease
-/// (which outlives the session's own by the delay), and deleted with the key on release;
-/// a marker whose owner has no key left in the queue means its holder vanished without
-/// releasing, and closes the queue until it expires.
+/// The value of a lock-delay marker starts with this, then the owner.
+/// A marker is put beside a grant of a request with a lock-delay, bound to the session's
+/// delay lease (which outlives the session's own by the delay), and deleted with the key on
+/// release; a marker whose owner has no key left in the queue means its holder vanished
+/// without releasing, and closes the queue until it expires.
 pub(crate) const MARKER: &[u8] = b"d ";
 
 /// Where keys live: the prefix as given (none, or `P`, which puts every key under `P/`).
@@ -59,8 +59,8 @@ impl Layout {
         }
     }
 
-    /// The prefixes under which every key of `name` lives: its contender directory and
-    /// `<name>#` (permits and markers).
+    /// The prefixes under which every key of `name` lives.
+    /// They are its contender directory and `<name>#` (permits and markers).
     pub(crate) fn all_of(&self, name: &LockName) -> [String; 2] {
         let root = &self.root;
         [format!("{root}{name}/"), format!("{root}{name}#")]
@@ -81,18 +81,18 @@ impl Layout {
     }
 }
 
-/// The two directories of one set of a name: contenders (holders and waiters) and their
-/// lock-delay markers.
+/// The two directories of one set of a name.
+/// Contenders (holders and waiters) and their lock-delay markers.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct Set {
     pub(crate) dir: String,
     pub(crate) markers: String,
 }
 
-/// The keys this backend has placed or is placing, by owner: what a release needs to
-/// remove exactly its own key. An entry lives from the acquisition's first request to the
-/// answer of its release (or the end of its session, for an abandoned one), so the table
-/// holds the client's current acquisitions and nothing else.
+/// The keys this backend has placed or is placing, by owner.
+/// A release needs it to remove exactly its own key. An entry lives from the acquisition's
+/// first request to the answer of its release (or the end of its session, for an abandoned
+/// one), so the table holds the client's current acquisitions and nothing else.
 #[derive(Debug, Default)]
 pub(crate) struct Keys {
     pub(crate) by_owner: HashMap<OwnerId, Placed>,
@@ -108,8 +108,9 @@ pub(crate) struct Placed {
     pub(crate) lease: i64,
     /// Its create revision, once an answer showed it (unknown after a lost reply).
     pub(crate) revision: Option<i64>,
-    /// Puts of this key sent and not (yet) answered: while any is, one may still land, and
-    /// removing the key must bump the session's fence (see [`Layout::anchor`]).
+    /// Puts of this key sent and not (yet) answered.
+    /// While any is, one may still land, and removing the key must bump the session's fence
+    /// (see [`Layout::anchor`]).
     pub(crate) unanswered_puts: u32,
 }
 
@@ -183,9 +184,10 @@ impl Keys {
         }
     }
 
-    /// Forgets the owner's key; its slot is free again. That is safe whatever is still in
-    /// flight: a late delete compares the key's create revision (a new key in the slot has
-    /// another), and a late put the session's fence (bumped when it was given up).
+    /// Forgets the owner's key; its slot is free again.
+    /// That is safe whatever is still in flight: a late delete compares the key's create
+    /// revision (a new key in the slot has another), and a late put the session's fence
+    /// (bumped when it was given up).
     pub(crate) fn forget(&mut self, owner: &OwnerId) -> Option<Placed> {
         let placed = self.by_owner.remove(owner)?;
         let at = (placed.lease, placed.set.dir.clone());
@@ -198,8 +200,8 @@ impl Keys {
         Some(placed)
     }
 
-    /// Forgets the owner's key if nothing of it can be on the server: no answer showed it
-    /// and no put of it is unanswered.
+    /// Forgets the owner's key if nothing of it can be on the server.
+    /// That is if no answer showed it and no put of it is unanswered.
     pub(crate) fn forget_if_unseen(&mut self, owner: &OwnerId) {
         if self
             .by_owner

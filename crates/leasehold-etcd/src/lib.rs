@@ -1,5 +1,19 @@
-//! leasehold's etcd backend: every grant committed by a Raft majority, and the same lock as
-//! etcd's own on the same name.
+//! leasehold's etcd backend: grants committed by a Raft majority, the same lock as etcd's.
+//!
+//! The crate, one concern per file:
+//!
+//! - `lib.rs`: this map, the design in brief, the exports.
+//! - `options.rs`: [`EtcdOptions`], and the URL that sets them.
+//! - `transport.rs`: one HTTP/2 connection at a time, to one member; TLS for `etcds://`.
+//! - `connection.rs`: [`EtcdBackend`]: the connection, the session it owns, its keys.
+//! - `session.rs`: the session lease, kept alive for every lock; suspended, lost.
+//! - `keys.rs`: the key layout, and the keys this client has placed.
+//! - `requests.rs`: every transaction the backend sends, shaped once.
+//! - `reply.rs`: what keys say: values written, queues read, foreign contenders.
+//! - `backend.rs`: the [`Backend`](leasehold_core::Backend) operations as etcd requests.
+//! - `error.rs`: etcd-client errors as leasehold errors.
+//!
+//! The design:
 //!
 //! - **One session per backend**: one lease, kept alive by a keep-alive stream, shared by
 //!   every lock, permit and candidacy; guards follow the session and are lost when it ends

@@ -1,5 +1,5 @@
-//! The session: one etcd lease per backend, kept alive by a keep-alive stream, shared by
-//! every lock, permit and candidacy of that backend.
+//! The session: one etcd lease per backend, kept alive by a keep-alive stream.
+//! It is shared by every lock, permit and candidacy of that backend.
 //!
 //! The session's deadline is the moment the last acknowledged keep-alive was *sent*, plus
 //! the lease's ttl, minus a drift allowance. It is suspended while its link is down (a
@@ -23,8 +23,8 @@ use tokio::task::JoinHandle;
 use crate::error::map_error;
 use crate::keys::Layout;
 
-/// How long after sending an acknowledged keep-alive a lease of `ttl` is counted on: the
-/// ttl minus the drift allowance, 1 % of it + `margin`.
+/// How long after sending an acknowledged keep-alive a lease of `ttl` is counted on.
+/// The ttl minus the drift allowance, 1 % of it + `margin`.
 pub(crate) fn validity(ttl: Duration, margin: Duration) -> Duration {
     ttl.saturating_sub(ttl / 100 + margin)
 }
@@ -62,8 +62,8 @@ fn whole_seconds(ttl: Duration) -> i64 {
         .max(1)
 }
 
-/// Grants a lease of at least `ttl` (rounded up to whole seconds); returns its id and the
-/// ttl etcd granted, with the time the request was sent.
+/// Grants a lease of at least `ttl` (rounded up to whole seconds).
+/// It returns its id and the ttl etcd granted, with the time the request was sent.
 async fn grant(client: &Client, ttl: Duration, what: &str) -> Result<(i64, Duration, Instant)> {
     let asked = whole_seconds(ttl);
     let sent = SystemClock.now();
@@ -92,9 +92,10 @@ async fn grant(client: &Client, ttl: Duration, what: &str) -> Result<(i64, Durat
 }
 
 impl Session {
-    /// Grants a lease of `ttl` (rounded up to whole seconds), puts the session's fence
-    /// (where `layout` says) bound to it, and starts keeping it alive; the session is counted on until
-    /// the last acknowledged keep-alive's send time + ttl − (1 % + `margin`).
+    /// Grants a lease of `ttl` (rounded up to whole seconds) and starts keeping it alive.
+    /// It puts the session's fence (where `layout` says) bound to it; the session is
+    /// counted on until the last acknowledged keep-alive's send time + ttl − (1 % +
+    /// `margin`).
     ///
     /// # Errors
     ///
@@ -178,11 +179,11 @@ impl Session {
         self.fence.fetch_max(revision, Ordering::SeqCst);
     }
 
-    /// The lease for lock-delay markers of `delay`: its ttl is the session's plus a
-    /// keep-alive period plus the delay (whole seconds, rounded up), and it is kept alive
-    /// only while the session is. When the session's lease runs out, the markers outlive
-    /// the session's keys by at least the delay; a normal release deletes them with the
-    /// lock key.
+    /// The lease for lock-delay markers of `delay`.
+    /// Its ttl is the session's plus a keep-alive period plus the delay (whole seconds,
+    /// rounded up), and it is kept alive only while the session is. When the session's
+    /// lease runs out, the markers outlive the session's keys by at least the delay; a
+    /// normal release deletes them with the lock key.
     pub(crate) async fn delay_lease(&self, client: &Client, delay: Duration) -> Result<i64> {
         let secs = delay.as_secs() + u64::from(delay.subsec_nanos() > 0);
         let mut delays = self.delays.lock().await;
@@ -229,15 +230,17 @@ impl Session {
         self.keeper.liveness()
     }
 
-    /// Ends the session here: its guards are lost, and its lease is no longer kept alive
-    /// (etcd expires it within one ttl unless [`revoke`](Session::revoke)d first).
+    /// Ends the session here.
+    /// Its guards are lost, and its lease is no longer kept alive (etcd expires it within
+    /// one ttl unless [`revoke`](Session::revoke)d first).
     pub(crate) fn end(&self) {
         self.task.abort();
         self.keeper.end();
     }
 
-    /// Ends the session and revokes its leases: every key bound to them is deleted at once
-    /// (a close is a release of everything: no lock-delay follows it).
+    /// Ends the session and revokes its leases.
+    /// Every key bound to them is deleted at once (a close is a release of everything: no
+    /// lock-delay follows it).
     pub(crate) async fn close(&self, client: &Client) -> Result<()> {
         self.end();
         self.revoke(client).await
@@ -258,8 +261,9 @@ impl Session {
         first_error.map_or(Ok(()), Err)
     }
 
-    /// Stops keeping the session alive without revoking it: its keys stay until the lease
-    /// runs out (for a process handing its locks over to its own successor).
+    /// Stops keeping the session alive without revoking it.
+    /// Its keys stay until the lease runs out (for a process handing its locks over to its
+    /// own successor).
     pub(crate) async fn orphan(&self) {
         self.task.abort();
         for lease in self.delays.lock().await.values() {
@@ -284,16 +288,16 @@ fn cadence(ttl: Duration) -> Duration {
     (ttl / 3).max(Duration::from_millis(100))
 }
 
-/// How long a keep-alive sent `every` so often may go unanswered before the session
-/// counts as suspended: three tenths of that, a tenth of the ttl (as a ZooKeeper
-/// session's probe).
+/// How long a keep-alive sent `every` so often may go unanswered before the session is suspended.
+/// It is three tenths of that, a tenth of the ttl (as a ZooKeeper session's probe).
 fn overdue(every: Duration) -> Duration {
     every * 3 / 10
 }
 
-/// Keeps the lease alive: a keep-alive `every` so often on a keep-alive stream,
-/// re-opening the stream after errors, until the lease is gone or the deadline passes —
-/// or, for a lease that follows a session (`parent`), until that session has ended.
+/// Keeps the lease alive.
+/// It sends a keep-alive `every` so often on a keep-alive stream, re-opening the stream
+/// after errors, until the lease is gone or the deadline passes — or, for a lease that
+/// follows a session (`parent`), until that session has ended.
 ///
 /// The session is suspended while its link is down: a keep-alive unanswered for
 /// [`overdue`], the stream broken or not opened again. The next acknowledged keep-alive

@@ -1,7 +1,7 @@
-//! The connection to etcd: one HTTP/2 connection at a time, to one member, moving on to
-//! the next member each time it has to connect again (the member it used went away or
-//! stopped answering its keep-alive pings). Over TLS (`https://` endpoints) each member's
-//! certificate is checked against that member's own host name.
+//! The connection to etcd: one HTTP/2 connection at a time, to one member.
+//! It moves on to the next member each time it has to connect again (the member it used
+//! went away or stopped answering its keep-alive pings). Over TLS (`https://` endpoints)
+//! each member's certificate is checked against that member's own host name.
 //!
 //! The stream is offered to HTTP/2 without vectored writes. With vectored writes, h2
 //! sends any message over 256 bytes (a queueing transaction is a few hundred) with a
@@ -29,10 +29,10 @@ use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
 use tonic::transport::{Channel, Endpoint, Uri};
 
-/// A lazily connected channel to the members at `endpoints` (all `http://host:port`, or
-/// all `https://host:port` for TLS with `tls`), with HTTP/2 keep-alive pings every
-/// `keep_alive` (the connection is dropped when one goes unanswered as long) so that a
-/// paused member is left for the next one.
+/// A lazily connected channel to the members at `endpoints`.
+/// They are all `http://host:port`, or all `https://host:port` for TLS with `tls`; HTTP/2
+/// keep-alive pings go every `keep_alive` (the connection is dropped when one goes
+/// unanswered as long) so that a paused member is left for the next one.
 ///
 /// # Errors
 ///
@@ -79,8 +79,9 @@ pub(crate) fn channel(
     Ok(endpoint.connect_with_connector_lazy(connector))
 }
 
-/// TLS for every member: the CA certificates of `files` (or the system's), its client
-/// certificate if any, HTTP/2 by ALPN (which etcd's TLS port needs for gRPC).
+/// TLS for every member.
+/// The CA certificates of `files` (or the system's), its client certificate if any, HTTP/2
+/// by ALPN (which etcd's TLS port needs for gRPC).
 fn tls_connector(files: &TlsFiles) -> Result<TlsConnector> {
     let mut roots = RootCertStore::empty();
     match &files.ca {
@@ -208,8 +209,7 @@ impl tower_service::Service<Uri> for Members {
     }
 }
 
-/// A connection to a member, plain or TLS; it offers no vectored writes (see the module
-/// docs).
+/// A connection to a member, plain or TLS; it offers no vectored writes (see the module docs).
 enum Stream {
     Plain(TcpStream),
     Tls(Box<TlsStream<TcpStream>>),

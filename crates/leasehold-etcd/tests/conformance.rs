@@ -1,6 +1,6 @@
-//! The conformance suite against a real single-member etcd (one per test), every case
-//! included: a client loses its liveness the way an etcd client does, by a partition
-//! between it and the member (its connection goes through a fault proxy).
+//! The conformance suite against a real single-member etcd (one per test), every case included.
+//! A client loses its liveness the way an etcd client does, by a partition between it and
+//! the member (its connection goes through a fault proxy).
 
 #![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
@@ -15,9 +15,10 @@ use leasehold_testkit::{Deployment, Etcd, FaultProxy};
 /// Every client's session: 2 s (so that the cases that outlast a session ttl stay short).
 const SESSION: &str = "session_ttl=2s";
 
-/// The drift allowance of a client whose liveness is cut: its loss is due 0.62 s before
-/// etcd can expire its lease, enough for the case that checks, right after the loss
-/// signal, that the member still holds the lock — on a loaded two-core machine too.
+/// The drift allowance of a client whose liveness is cut.
+/// Its loss is due 0.62 s before etcd can expire its lease, enough for the case that
+/// checks, right after the loss signal, that the member still holds the lock — on a loaded
+/// two-core machine too.
 const MARGIN: &str = "drift_margin=600ms";
 
 struct EtcdDeployment {
@@ -31,8 +32,8 @@ impl Deployment for EtcdDeployment {
         Arc::new(EtcdBackend::connect(&url).await.unwrap())
     }
 
-    /// A client whose only way to the member is a fault proxy: a cut is a partition, its
-    /// session's keep-alives stop reaching etcd.
+    /// A client whose only way to the member is a fault proxy.
+    /// A cut is a partition: its session's keep-alives stop reaching etcd.
     async fn connect_cuttable(&self) -> Option<Cuttable> {
         let member = self.etcd.endpoints()[0].parse().unwrap();
         let proxy = FaultProxy::start(member).await.unwrap();

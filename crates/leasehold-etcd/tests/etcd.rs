@@ -524,9 +524,10 @@ async fn an_unanswered_keep_alive_suspends_the_session_and_the_next_answer_resum
     guard.release().await.unwrap();
 }
 
-/// A link cut for half the session (15 s of 30 s) while a guard is dropped and an
-/// acquisition of unknown outcome is given up: the releases go on until the link is back
-/// and then complete, and the session's other guard lives on through it, its key too.
+/// A link cut for half the session while a guard is dropped and an acquisition is given up.
+/// The cut lasts 15 s of 30 s, and the acquisition's outcome is unknown: the releases go on
+/// until the link is back and then complete, and the session's other guard lives on through
+/// it, its key too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_short_outage_ends_only_what_was_let_go_during_it() {
     let etcd = Etcd::start().await.unwrap();
@@ -579,8 +580,8 @@ async fn a_short_outage_ends_only_what_was_let_go_during_it() {
     kept.release().await.unwrap();
 }
 
-/// The engine abandons the grant of a dropped guard whose session has ended (its
-/// deadline passed while the link was down): that session is left to run out, not
+/// The engine abandons the grant of a dropped guard whose session has ended.
+/// Its deadline passed while the link was down: that session is left to run out, not
 /// revoked, so the lock-delay of a holder that vanished still holds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn abandoning_a_grant_of_an_ended_session_keeps_its_lock_delay() {
@@ -629,14 +630,15 @@ async fn job_within_named(client: &Client, name: &str, within: Duration) -> Guar
         .unwrap_or_else(|| panic!("{name} was not granted within {within:?}"))
 }
 
-/// How late the member sees what comes through the slow path: far longer than the client
-/// takes to leave that path (its pings go unanswered for 2 s) and finish its request
-/// through the other one.
+/// How late the member sees what comes through the slow path.
+/// It is far longer than the client takes to leave that path (its pings go unanswered for 2
+/// s) and finish its request through the other one.
 const LATE: Duration = Duration::from_secs(10);
 
-/// A client of `etcd` with two ways to its one member: the first through `slow` (a proxy
-/// that can delay what reaches the member, as a paused member would see it late), the
-/// second direct. It uses the first until that connection fails.
+/// A client of `etcd` with two ways to its one member.
+/// The first goes through `slow` (a proxy that can delay what reaches the member, as a
+/// paused member would see it late), the second is direct. It uses the first until that
+/// connection fails.
 async fn two_paths(etcd: &Etcd, slow: &FaultProxy) -> (EtcdBackend, Client) {
     let endpoints = [slow.addr().to_string(), etcd.endpoints()[0].clone()];
     let locks = backend(&endpoints, Duration::from_secs(20)).await;
@@ -648,8 +650,8 @@ async fn two_paths(etcd: &Etcd, slow: &FaultProxy) -> (EtcdBackend, Client) {
     (locks, client)
 }
 
-/// Waits until everything the slow path held has reached the member, and the member
-/// closed that connection after it: the late requests have been served.
+/// Waits until everything the slow path held has reached the member.
+/// The member has closed that connection after it: the late requests have been served.
 async fn until_delivered(slow: &FaultProxy) {
     let give_up = std::time::Instant::now() + LATE * 6;
     while slow.connections() > 0 {

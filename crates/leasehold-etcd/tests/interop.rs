@@ -1,6 +1,7 @@
-//! One name, one lock: leasehold's exclusive lock on a name and etcd's own lock on the same
-//! name (`concurrency.Mutex`, as `etcdctl lock` and the server's Lock RPC use it) exclude
-//! each other, in both directions, against the real `etcdctl` (Debian's `etcd-client`).
+//! One name, one lock: leasehold's and etcd's own exclude each other.
+//! leasehold's exclusive lock on a name and etcd's own lock on the same name
+//! (`concurrency.Mutex`, as `etcdctl lock` and the server's Lock RPC use it) exclude each
+//! other, in both directions, against the real `etcdctl` (Debian's `etcd-client`).
 
 #![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
@@ -44,8 +45,8 @@ fn etcdctl_lock(etcd: &Etcd, command: &[&str]) -> Child {
         .expect("etcdctl (Debian package etcd-client) runs")
 }
 
-/// Waits, without polling, until `check` holds for the state of `NAME` as `observer` sees
-/// it; fails the test with `what` after 30 s.
+/// Waits, without polling, until `check` holds for the state of `NAME` as `observer` sees it.
+/// It fails the test with `what` after 30 s.
 async fn until(observer: &Client, what: &str, check: impl Fn(&LockState) -> bool) -> LockState {
     let lock = LockName::new(NAME).unwrap();
     let wait = async {

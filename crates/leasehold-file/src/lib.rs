@@ -1,5 +1,11 @@
-//! leasehold's local embedded backend: cross-process locks on one host through OS file
-//! locks.
+//! leasehold's local embedded backend: cross-process locks on one host through file locks.
+//!
+//! The crate, one concern per file:
+//!
+//! - `lib.rs`: this map, [`FileBackend`] and its lock files, tokens and records.
+//! - `ofd.rs`: byte-range write locks owned by an open file description (the permits).
+//! - `registry.rs`: per-name state that lives exactly as long as someone holds a handle.
+//! - `notify.rs`: push wake-ups for waiters: one inotify watch on the lock directory.
 //!
 //! The kernel releases a file lock when the process holding it dies, however it dies, so
 //! grants here never expire and need no renewal: a holder keeps its lock until it releases
@@ -78,8 +84,9 @@ const TOKENS: &str = "#tokens";
 /// How many counters it holds.
 const TOKEN_SHARDS: u64 = 1024;
 
-/// The file-lock backend. Clones share their state; separate instances (in one process or
-/// many) on the same directory exclude each other through the kernel.
+/// The file-lock backend.
+/// Clones share their state; separate instances (in one process or many) on the same
+/// directory exclude each other through the kernel.
 ///
 /// ```
 /// use leasehold_core::Client;
@@ -106,8 +113,9 @@ struct Inner {
     semaphores: Registry<Semaphore>,
 }
 
-/// What this process holds and waits for, by owner id (unique per acquisition), across all
-/// instances: a record naming this process is live exactly while its owner is in here.
+/// What this process holds and waits for, by owner id (unique per acquisition).
+/// That is across all instances: a record naming this process is live exactly while its
+/// owner is in here.
 static STATE: LazyLock<Mutex<State>> = LazyLock::new(Mutex::default);
 
 #[derive(Debug, Default)]
@@ -124,8 +132,8 @@ struct Held {
     files: Files,
 }
 
-/// Descriptors of one acquisition. A waiter keeps them between tries, so that its tries do
-/// not close (and signal) anything.
+/// Descriptors of one acquisition.
+/// A waiter keeps them between tries, so that its tries do not close (and signal) anything.
 #[derive(Debug, Default)]
 struct Files {
     name: Option<LockName>,
@@ -135,8 +143,8 @@ struct Files {
     recorded: bool,
 }
 
-/// One acquisition's descriptor of `N#lock` or `N#gate`. Dropping it releases the lock; a
-/// sole holder deletes the file first.
+/// One acquisition's descriptor of `N#lock` or `N#gate`.
+/// Dropping it releases the lock; a sole holder deletes the file first.
 #[derive(Debug)]
 struct LockFile {
     path: PathBuf,
@@ -146,8 +154,7 @@ struct LockFile {
 }
 
 impl LockFile {
-    /// Opens (creating) for writing, so that closing it — or the holder's death — signals
-    /// waiters.
+    /// Opens (creating) for writing, so that closing it — or the holder's death — signals waiters.
     fn open(path: PathBuf) -> Result<Self> {
         let file = open_rw(&path)?;
         Ok(Self {
@@ -157,8 +164,8 @@ impl LockFile {
         })
     }
 
-    /// Takes the `flock` without waiting: `Ok(false)` if someone else holds it. A file that
-    /// was deleted since it was opened is replaced by the current one first.
+    /// Takes the `flock` without waiting: `Ok(false)` if someone else holds it.
+    /// A file that was deleted since it was opened is replaced by the current one first.
     fn try_lock(&mut self, exclusive: bool) -> Result<bool> {
         let op = if exclusive {
             FlockOperation::NonBlockingLockExclusive
@@ -212,9 +219,10 @@ impl Drop for PermitHold {
     }
 }
 
-/// This instance's side of one semaphore name: one descriptor of `N#sem` shared by all its
-/// permits and permit waiters (open-file-description locks of one description never
-/// conflict, so the permits it holds are kept apart in `held`).
+/// This instance's side of one semaphore name.
+/// It is one descriptor of `N#sem` shared by all its permits and permit waiters
+/// (open-file-description locks of one description never conflict, so the permits it holds
+/// are kept apart in `held`).
 #[derive(Debug)]
 struct Semaphore {
     path: PathBuf,
@@ -239,9 +247,10 @@ impl Semaphore {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Takes the lowest free permit below `limit`, if any. Each step skips a whole run of
-    /// taken permits (this instance's, or one other description's), so a try costs about
-    /// as many system calls as there are runs below the first free permit, not `limit`.
+    /// Takes the lowest free permit below `limit`, if any.
+    /// Each step skips a whole run of taken permits (this instance's, or one other
+    /// description's), so a try costs about as many system calls as there are runs below
+    /// the first free permit, not `limit`.
     #[cfg(target_os = "linux")]
     fn try_acquire(&self, limit: u64) -> Result<Option<u64>> {
         use crate::ofd::{self, Range};
@@ -297,8 +306,8 @@ impl Semaphore {
         })
     }
 
-    /// Gives back one permit and tells waiters (a byte-range unlock raises no file event,
-    /// so the file is touched).
+    /// Gives back one permit and tells waiters.
+    /// A byte-range unlock raises no file event, so the file is touched.
     fn release(&self, slot: u64) {
         let mut state = self.state();
         #[cfg(target_os = "linux")]
@@ -391,8 +400,8 @@ impl Slots {
     }
 }
 
-/// A duplicate (close-on-exec) of the descriptor through which this process holds the
-/// grant of `owner`, or `None` if it holds none.
+/// A duplicate of the descriptor through which this process holds the grant of `owner`.
+/// The duplicate is close-on-exec; `None` if the process holds none.
 ///
 /// A process that inherits it (clear close-on-exec on a copy, then start the process) keeps
 /// the kernel lock while it lives, even after this process has died; so `leasehold run`
@@ -562,9 +571,9 @@ impl FileBackend {
         Ok(file)
     }
 
-    /// Creates `#tokens` whole (written aside, then linked into place), every counter
-    /// starting above the highest per-name counter (`N#token`) of earlier versions, which are
-    /// then removed.
+    /// Creates `#tokens` whole (written aside, then linked into place).
+    /// Every counter starts above the highest per-name counter (`N#token`) of earlier
+    /// versions, which are then removed.
     fn create_tokens(&self) -> Result<()> {
         let dir = &self.inner.dir;
         let failed = |what: &str, e| io_error(&format!("{what} in {}", dir.display()), e);
@@ -698,8 +707,9 @@ impl FileBackend {
     }
 }
 
-/// The default lock directory: `$XDG_RUNTIME_DIR/leasehold` when the session has a runtime
-/// directory, otherwise `leasehold-<uid>` in the system temporary directory.
+/// The default lock directory.
+/// `$XDG_RUNTIME_DIR/leasehold` when the session has a runtime directory, otherwise
+/// `leasehold-<uid>` in the system temporary directory.
 pub fn default_dir() -> PathBuf {
     match std::env::var_os("XDG_RUNTIME_DIR") {
         Some(dir) if Path::new(&dir).is_dir() => Path::new(&dir).join("leasehold"),
@@ -957,8 +967,8 @@ mod tests {
 
     use super::*;
 
-    /// A temporary lock directory on a memory file system where there is one, so that 100,000
-    /// fsyncs of the fencing counter are cheap.
+    /// A temporary lock directory on a memory file system where there is one.
+    /// There, 100,000 fsyncs of the fencing counter are cheap.
     fn scratch_dir() -> tempfile::TempDir {
         match Path::new("/dev/shm") {
             shm if shm.is_dir() => tempfile::tempdir_in(shm).unwrap(),

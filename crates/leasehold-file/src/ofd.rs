@@ -57,8 +57,8 @@ fn fcntl(fd: impl AsFd, command: libc::c_int, lock: &mut libc::flock) -> io::Res
     }
 }
 
-/// Takes a write lock on `range` without waiting: `Ok(false)` if another description holds
-/// part of it.
+/// Takes a write lock on `range` without waiting.
+/// `Ok(false)` if another description holds part of it.
 pub(crate) fn try_lock(fd: impl AsFd, range: Range) -> io::Result<bool> {
     let mut lock = request(libc::F_WRLCK as libc::c_short, range)?;
     match fcntl(fd, libc::F_OFD_SETLK, &mut lock) {

@@ -51,8 +51,8 @@ impl<T> Registry<T> {
         entry
     }
 
-    /// The live entries of `names` (each once), for the caller to use after the map is
-    /// unlocked: an entry must never be dropped while its map is locked.
+    /// The live entries of `names` (each once), for the caller to use after the map is unlocked.
+    /// An entry must never be dropped while its map is locked.
     pub(crate) fn live(&self, names: &[String]) -> Vec<Arc<Entry<T>>> {
         let map = lock(&self.map);
         let mut live: Vec<Arc<Entry<T>>> = Vec::new();

@@ -1,5 +1,5 @@
-//! The conformance suite against the file backend: every client is a separate
-//! `FileBackend` instance on one temporary directory.
+//! The conformance suite against the file backend.
+//! Every client is a separate `FileBackend` instance on one temporary directory.
 
 #![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 

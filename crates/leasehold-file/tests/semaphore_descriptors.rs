@@ -1,5 +1,5 @@
-//! A semaphore of 100,000 permits with 100 waiters, under a low descriptor limit. A test
-//! binary of its own: it lowers `RLIMIT_NOFILE` for the whole process.
+//! A semaphore of 100,000 permits with 100 waiters, under a low descriptor limit.
+//! A test binary of its own: it lowers `RLIMIT_NOFILE` for the whole process.
 
 #![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 

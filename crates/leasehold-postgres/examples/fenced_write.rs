@@ -1,5 +1,5 @@
-//! A write that commits only while the lock is held: [`still_owner`] in the caller's own
-//! tokio-postgres transaction.
+//! A write that commits only while the lock is held.
+//! It uses [`still_owner`] in the caller's own tokio-postgres transaction.
 //!
 //! ```sh
 //! cargo run -p leasehold-postgres --example fenced_write        # starts its own PostgreSQL

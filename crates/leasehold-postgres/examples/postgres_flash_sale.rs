@@ -1,6 +1,6 @@
-//! The flash sale on PostgreSQL: five items, eight buyers, and the first two buyers to get
-//! the lock stall (a GC pause, a slow disk) for longer than the lock's lease. Three ways to
-//! sell from a `stock` row:
+//! The flash sale on PostgreSQL.
+//! Five items, eight buyers, and the first two buyers to get the lock stall (a GC pause, a
+//! slow disk) for longer than the lock's lease. Three ways to sell from a `stock` row:
 //!
 //! 1. **lock, no fence** — a leasehold lock, then `SELECT left`, then `UPDATE … SET left =
 //!    n - 1`. While a stalled buyer sleeps its lease runs out, others sell, and when it
@@ -100,8 +100,8 @@ async fn outcome(db: &tokio_postgres::Client, item: &str, tally: &Tally) -> Outc
     }
 }
 
-/// A buyer's own lock client (each buyer is its own process); the fault injector lets a
-/// stall stop its lease renewals too, as a real pause would.
+/// A buyer's own lock client (each buyer is its own process).
+/// The fault injector lets a stall stop its lease renewals too, as a real pause would.
 async fn buyer(url: &str) -> (Client, Faulty) {
     let faults = Faulty::wrap(Arc::new(PostgresBackend::connect(url).await.unwrap()));
     let client = Client::builder_from_arc(Arc::new(faults.clone()))

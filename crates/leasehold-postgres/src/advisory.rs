@@ -46,11 +46,11 @@ const IDLE_CONNECTIONS: usize = 8;
 /// How often an observer (inspect) polls when no message can come.
 const OBSERVER_POLL: Duration = Duration::from_millis(100);
 
-/// The part of a session ttl the client counts on: 10 % + 2 ms less. The server ends a
-/// silent session exactly one ttl after it went idle (`idle_session_timeout`), so unlike a
-/// lease whose expiry the server only applies when someone next asks, nothing else gives
-/// the client a head start; the 10 % is for the loss signal to reach the holder (a busy
-/// machine) before the server frees the lock.
+/// The part of a session ttl the client counts on: 10 % + 2 ms less.
+/// The server ends a silent session exactly one ttl after it went idle
+/// (`idle_session_timeout`), so unlike a lease whose expiry the server only applies when
+/// someone next asks, nothing else gives the client a head start; the 10 % is for the loss
+/// signal to reach the holder (a busy machine) before the server frees the lock.
 fn validity(ttl: Duration) -> Duration {
     ttl.saturating_sub(ttl / 10 + Duration::from_millis(2))
 }
@@ -88,8 +88,8 @@ struct Slot {
 
 #[derive(Debug, Clone)]
 enum State {
-    /// A statement may have run whose answer never came (the request was cancelled): ask
-    /// the session before anything else.
+    /// A statement may have run whose answer never came (the request was cancelled).
+    /// Ask the session before anything else.
     Unknown,
     /// Waiting in the server's lock queue.
     Waiting,
@@ -117,8 +117,8 @@ impl Slot {
         self.state.send_replace(state);
     }
 
-    /// Records the slot's task (a task replacing itself detaches; nothing else runs one
-    /// at the time).
+    /// Records the slot's task.
+    /// A task replacing itself detaches; nothing else runs one at the time.
     fn set_task(&self, task: JoinHandle<()>) {
         *self.task.lock().unwrap_or_else(|e| e.into_inner()) = Some(task);
     }
@@ -127,8 +127,8 @@ impl Slot {
         self.task.lock().unwrap_or_else(|e| e.into_inner()).take()
     }
 
-    /// The lock is held with `token`, counted on from `sent` (when the last statement of
-    /// the session was sent): starts the pings; the grant for the engine.
+    /// The lock is held with `token`: starts the pings, and returns the grant for the engine.
+    /// It is counted on from `sent`, when the last statement of the session was sent.
     fn held(self: &Arc<Self>, token: FencingToken, sent: Instant, ttl: Duration) -> Grant {
         let keeper = Arc::new(SessionKeeper::new(sent.saturating_add(validity(ttl))));
         self.set(State::Held(token, keeper.clone()));
@@ -153,11 +153,12 @@ impl Drop for Slot {
     }
 }
 
-/// Pings the session every third of `ttl`: each answer moves the session's deadline to the
-/// ping's send time plus the ttl (less the drift allowance). The session ends when the
-/// connection breaks, when an answer comes after the deadline (the server may have ended
-/// the session meanwhile), or when another server process answers (a transaction pool,
-/// which has given the lock's session to someone else).
+/// Pings the session every third of `ttl`.
+/// Each answer moves the session's deadline to the ping's send time plus the ttl (less the
+/// drift allowance). The session ends when the connection breaks, when an answer comes
+/// after the deadline (the server may have ended the session meanwhile), or when another
+/// server process answers (a transaction pool, which has given the lock's session to
+/// someone else).
 async fn keep_alive(conn: Arc<Conn>, pid: i32, keeper: Arc<SessionKeeper>, ttl: Duration) {
     let every = (ttl / 3).max(Duration::from_millis(1));
     loop {
@@ -443,8 +444,9 @@ impl Advisory {
         })
     }
 
-    /// Returns once the slot's blocking statement waits in the server's queue (`None`), or
-    /// has been granted (the grant) or failed (the error).
+    /// Returns once the slot's blocking statement waits in the server's queue, or is done.
+    /// It returns `None` while it waits, the grant if it was granted, the error if it
+    /// failed.
     async fn until_queued(&self, slot: &Slot) -> Result<Option<Grant>> {
         let mut state = slot.state.subscribe();
         loop {
@@ -512,8 +514,8 @@ impl Advisory {
         })
     }
 
-    /// Cancels the slot's blocking statement and waits for its outcome (granted meanwhile,
-    /// or cancelled).
+    /// Cancels the slot's blocking statement and waits for its outcome.
+    /// It was granted meanwhile, or cancelled.
     async fn cancel_wait(&self, slot: &Slot) -> Result<()> {
         slot.conn
             .client()

@@ -1,5 +1,5 @@
-//! Connections: how one is opened, the statements it has ready, and the small pool that
-//! lease-mode requests share.
+//! Connections: how one is opened, its prepared statements, the pool lease mode shares.
+//! The pool is small; every lease-mode request takes one of its connections.
 //!
 //! tokio-postgres pipelines the requests of many tasks on one connection, so the pool is a
 //! fixed handful of connections: a lock request takes the one of its lane (see
@@ -137,8 +137,9 @@ pub(crate) struct Conn {
     close: Arc<tokio::sync::Notify>,
     /// Whether it still answers.
     health: Health,
-    /// The task driving the connection: aborted on drop, which closes the socket even while
-    /// a statement is still running (tokio-postgres would otherwise wait for its answer).
+    /// The task driving the connection, aborted on drop.
+    /// That closes the socket even while a statement is still running (tokio-postgres would
+    /// otherwise wait for its answer).
     driver: tokio::task::JoinHandle<()>,
 }
 
@@ -149,8 +150,8 @@ impl Drop for Conn {
 }
 
 impl Conn {
-    /// A connection whose driver now runs in a task of its own, with no statement prepared
-    /// (each is then sent with its text).
+    /// A connection whose driver now runs in a task of its own.
+    /// It has no statement prepared (each is then sent with its text).
     pub(crate) fn start(client: Client, driver: Driver, connector: &Connector) -> Self {
         let (closed_tx, closed) = watch::channel(false);
         let close = Arc::new(tokio::sync::Notify::new());
@@ -176,8 +177,8 @@ impl Conn {
         }
     }
 
-    /// Closes the connection (the server ends its session, and frees whatever the session
-    /// held), even while a statement runs on it.
+    /// Closes the connection, even while a statement runs on it.
+    /// The server ends its session, and frees whatever the session held.
     pub(crate) fn close(&self) {
         self.close.notify_one();
     }
@@ -329,11 +330,12 @@ impl Pool {
         self.at(place).await
     }
 
-    /// The connection of `req`'s lane: every request of one acquisition goes on the same
-    /// connection, where the server runs them in the order they were sent, so that a late
-    /// acquire (sent before a release whose answer came first on another connection)
-    /// cannot be run after the release and leave a grant nobody owns. A client that holds
-    /// one lock at a time uses one connection; concurrent acquisitions spread over all.
+    /// The connection of `req`'s lane.
+    /// Every request of one acquisition goes on the same connection, where the server runs
+    /// them in the order they were sent, so that a late acquire (sent before a release
+    /// whose answer came first on another connection) cannot be run after the release and
+    /// leave a grant nobody owns. A client that holds one lock at a time uses one
+    /// connection; concurrent acquisitions spread over all.
     ///
     /// # Errors
     ///
@@ -365,9 +367,9 @@ fn first_value(messages: &[SimpleQueryMessage]) -> Option<&str> {
     })
 }
 
-/// Whether `a` and `b` (two connections to the same URL) go through a pool that hands a
-/// server session to another client between transactions (PgBouncer's
-/// `pool_mode = transaction`).
+/// Whether `a` and `b` go through a pool that hands sessions on between transactions.
+/// They are two connections to the same URL; such a pool (PgBouncer's `pool_mode =
+/// transaction`) hands a server session to another client between transactions.
 ///
 /// `a` asks for its server process; `b` opens a transaction and asks for its own; `a` asks
 /// again while `b`'s transaction is open. Straight to the server (or through a TCP proxy or a
@@ -395,12 +397,12 @@ pub(crate) async fn transaction_pooled(a: &Client, b: &Client) -> Result<bool> {
     Ok(first == other || first != again)
 }
 
-/// Whether a session keeps its state between its transactions and is told of
-/// notifications: a connection of its own listens on a channel made for this test, and
-/// `notifier` notifies it. A transaction pool (PgBouncer's `pool_mode = transaction`) has
-/// given the listening session back to the pool by then, and the message never reaches
-/// the listening client; directly, or through a session pool, it arrives within
-/// milliseconds. `false` after `limit` without it.
+/// Whether a session keeps its state between its transactions and is told of notifications.
+/// A connection of its own listens on a channel made for this test, and `notifier` notifies
+/// it. A transaction pool (PgBouncer's `pool_mode = transaction`) has given the listening
+/// session back to the pool by then, and the message never reaches the listening client;
+/// directly, or through a session pool, it arrives within milliseconds. `false` after
+/// `limit` without it.
 pub(crate) async fn notifications_arrive(
     connector: &Connector,
     notifier: &Client,

@@ -90,8 +90,8 @@ pub(crate) fn classify(code: &SqlState) -> Class {
     }
 }
 
-/// The error and its causes, `a: b: c` (tokio-postgres's own message leaves out why a
-/// handshake or a connection failed).
+/// The error and its causes, as `a: b: c`.
+/// tokio-postgres's own message leaves out why a handshake or a connection failed.
 fn with_causes(error: &tokio_postgres::Error) -> String {
     let mut text = error.to_string();
     let mut source = std::error::Error::source(error);

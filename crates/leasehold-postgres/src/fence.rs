@@ -1,5 +1,5 @@
-//! Fenced writes: the checks that keep a superseded holder's writes out of the data, in the
-//! caller's own transaction.
+//! Fenced writes: what keeps a superseded holder's writes out of the data.
+//! The checks run in the caller's own transaction.
 //!
 //! - [`still_owner`] — the condition that the guard's grant is still current, for the
 //!   `WHERE` of the caller's `UPDATE`/`DELETE`/`INSERT … SELECT`. It also locks the grant's
@@ -42,8 +42,8 @@ pub struct StillOwner {
     owner: String,
 }
 
-/// The condition that `guard` still holds its lock, for locks in the default schema
-/// (`leasehold`); use [`StillOwner::in_schema`] or
+/// The condition that `guard` still holds its lock, for locks in the default schema.
+/// That schema is `leasehold`; use [`StillOwner::in_schema`] or
 /// [`PostgresBackend::still_owner`](crate::PostgresBackend::still_owner) for another.
 ///
 /// Put [`condition`](StillOwner::condition) in the `WHERE` of a statement of the caller's
@@ -60,8 +60,9 @@ pub fn still_owner(guard: &Guard) -> StillOwner {
     StillOwner::new(DEFAULT_SCHEMA, guard)
 }
 
-/// A token as a `bigint` parameter. Tokens come from a `bigint` sequence, so they fit; one
-/// that does not is made one that matches no grant and no row.
+/// A token as a `bigint` parameter.
+/// Tokens come from a `bigint` sequence, so they fit; one that does not is made one that
+/// matches no grant and no row.
 pub fn token_param(token: FencingToken) -> i64 {
     i64::try_from(token.get()).unwrap_or(-1)
 }
@@ -74,9 +75,10 @@ impl StillOwner {
         fence
     }
 
-    /// The condition for a grant known by its parts, as its guard reports them — the lock's
-    /// name, the token and the owner id — for locks in the default schema: for a process
-    /// that checks writes on behalf of the holder (a service the holder sends them to).
+    /// The condition for a grant known by its parts, as its guard reports them.
+    /// Its parts are the lock's name, the token and the owner id; the locks are in the
+    /// default schema. It is for a process that checks writes on behalf of the holder (a
+    /// service the holder sends them to).
     pub fn of_grant(name: &str, token: FencingToken, owner: &str) -> Self {
         Self {
             schema: DEFAULT_SCHEMA.to_owned(),
@@ -98,8 +100,8 @@ impl StillOwner {
         Ok(self)
     }
 
-    /// The condition, `<schema>.holds($first, $first+1, $first+2)`: pass
-    /// [`name`](Self::name) as parameter `first`, then [`token`](Self::token) and
+    /// The condition, `<schema>.holds($first, $first+1, $first+2)`.
+    /// Pass [`name`](Self::name) as parameter `first`, then [`token`](Self::token) and
     /// [`owner`](Self::owner).
     pub fn condition(&self, first: usize) -> String {
         format!(
@@ -126,8 +128,9 @@ impl StillOwner {
     }
 }
 
-/// A fencing-token column for any table: a write carrying a token lower than the highest
-/// the row has accepted is refused (it changes no row).
+/// A fencing-token column for any table.
+/// A write carrying a token lower than the highest the row has accepted is refused (it
+/// changes no row).
 ///
 /// ```no_run
 /// # async fn example(guard: leasehold_core::Guard, db: &leasehold_postgres::tokio_postgres::Client)
@@ -181,8 +184,8 @@ impl TokenFence {
         &self.column
     }
 
-    /// Adds the column (`bigint NOT NULL DEFAULT 0`) to `table` (`name` or `schema.name`,
-    /// each 1–63 of `a-z 0-9 _`) if it is not there yet.
+    /// Adds the column (`bigint NOT NULL DEFAULT 0`) to `table` if it is not there yet.
+    /// `table` is `name` or `schema.name`, each 1–63 of `a-z 0-9 _`.
     ///
     /// # Cancel safety
     ///
@@ -212,8 +215,9 @@ impl TokenFence {
             .map_err(|e| map(e, "adding the fence column"))
     }
 
-    /// `<column> <= $param`: true when the write's token (parameter `param`) is not lower
-    /// than the highest the row has accepted.
+    /// `<column> <= $param`: the write's token is not lower than the row's highest.
+    /// It is true when the write's token (parameter `param`) is not lower than the highest
+    /// the row has accepted.
     pub fn condition(&self, param: usize) -> String {
         format!("{} <= ${param}", self.column)
     }

@@ -1,5 +1,22 @@
 //! leasehold's PostgreSQL backend: locks that live next to the data they protect.
 //!
+//! The crate, one concern per file:
+//!
+//! - `lib.rs`: this map, the exports, [`PostgresBackend`] choosing lease or advisory mode.
+//! - `options.rs`: [`PostgresOptions`], and the URL that sets them.
+//! - `connection.rs`: opening connections, their prepared statements, the small pool.
+//! - `tls.rs`: TLS for the `sslmode`s, with rustls.
+//! - `schema.rs`: the schema's tables and functions, made and migrated on first use.
+//! - `statements.rs`: every statement the backend sends, defined once.
+//! - `reply.rs`: replies decoded into typed values.
+//! - `lease.rs`: lease mode: a row per grant, its expiry on the server's clock.
+//! - `advisory.rs`: advisory mode: a session-level advisory lock per acquisition.
+//! - `wakeups.rs`: push wake-ups by LISTEN/NOTIFY.
+//! - `fence.rs`: fenced writes in the caller's own transaction.
+//! - `error.rs`: tokio-postgres errors as leasehold errors.
+//!
+//! The design:
+//!
 //! - **Lease mode** (the default): a row per grant in `<schema>.grants`, with its expiry
 //!   computed on the server's clock (`clock_timestamp()` + ttl) while the client keeps its
 //!   own, earlier, deadline from the moment it sent the request. A grant is one statement
@@ -61,12 +78,12 @@ use crate::lease::Lease;
 use crate::statements::Stmt;
 use crate::wakeups::{Wakeups, spawn_listener};
 
-/// How long a notification may take to arrive when finding out whether a transaction pool
-/// is in between (see [`connection::notifications_arrive`]).
+/// How long a notification may take to arrive, when looking for a transaction pool.
+/// That finds out whether a transaction pool is in between (see
+/// [`connection::notifications_arrive`]).
 const PROBE_LIMIT: Duration = Duration::from_secs(2);
 
-/// How often a backend drops what vanished holders left behind (see
-/// [`PostgresBackend::sweep`]).
+/// How often a backend drops what vanished holders left behind (see [`PostgresBackend::sweep`]).
 const SWEEP_EVERY: Duration = Duration::from_secs(60);
 /// The most names one sweep drops.
 const SWEEP_LIMIT: i32 = 1000;
@@ -111,8 +128,8 @@ enum Kind {
 }
 
 impl PostgresBackend {
-    /// Connects to the server at `url` (see the crate documentation), making the schema's
-    /// tables on first use.
+    /// Connects to the server at `url` (see the crate documentation).
+    /// It makes the schema's tables on first use.
     ///
     /// # Cancel safety
     ///
@@ -252,11 +269,12 @@ impl PostgresBackend {
         Ok(backend)
     }
 
-    /// Drops what vanished holders left behind: the rows of names whose grants and queue
-    /// entries have all expired (and whose lock-delay has ended) and nobody has touched
-    /// since, and advisory-mode rows of sessions that are gone. Every backend does this
-    /// once a minute on its own, up to 1 000 names at a time; names another transaction
-    /// holds are left for the next sweep. Returns how many names were dropped.
+    /// Drops what vanished holders left behind.
+    /// That is the rows of names whose grants and queue entries have all expired (and whose
+    /// lock-delay has ended) and nobody has touched since, and advisory-mode rows of
+    /// sessions that are gone. Every backend does this once a minute on its own, up to 1
+    /// 000 names at a time; names another transaction holds are left for the next sweep.
+    /// Returns how many names were dropped.
     ///
     /// # Cancel safety
     ///
@@ -279,14 +297,14 @@ impl PostgresBackend {
         &self.inner.options
     }
 
-    /// Whether a transaction-pooling proxy was found (or declared) between this client and
-    /// the server: then waiters poll instead of being woken.
+    /// Whether a transaction-pooling proxy was found (or declared) between client and server.
+    /// Then waiters poll instead of being woken.
     pub fn transaction_pooled(&self) -> bool {
         self.inner.pooled
     }
 
-    /// The condition for the caller's own statements that holds only while `guard` holds
-    /// its lock in this backend's schema (see [`still_owner`]).
+    /// The condition for the caller's statements that holds only while `guard` holds its lock.
+    /// That is in this backend's schema (see [`still_owner`]).
     pub fn still_owner(&self, guard: &leasehold_core::Guard) -> StillOwner {
         StillOwner::new(&self.inner.options.schema, guard)
     }

@@ -1,5 +1,5 @@
-//! Replies decoded into typed values. A reply of the wrong shape is an error, never a
-//! default.
+//! Replies decoded into typed values.
+//! A reply of the wrong shape is an error, never a default.
 
 use std::num::NonZeroU32;
 use std::sync::Arc;
@@ -43,8 +43,7 @@ pub(crate) enum Acquired {
         retry: Option<Duration>,
         /// How long this owner has been waiting (waiting requests only).
         waited: Option<Duration>,
-        /// An expired grant stays until the fenced write holding it ends, which sends no
-        /// message.
+        /// An expired grant stays until the fenced write holding it ends, which sends no message.
         blocked: bool,
     },
 }
@@ -111,8 +110,8 @@ pub(crate) fn lease_state(rows: &[Row]) -> Result<(Vec<Holder>, Vec<Waiter>)> {
     Ok((holders, waiters))
 }
 
-/// Holders and waiters of an advisory-mode inspect, holders first. Waiters that are not
-/// leasehold's (a session taking the same key by hand) are left out.
+/// Holders and waiters of an advisory-mode inspect, holders first.
+/// Waiters that are not leasehold's (a session taking the same key by hand) are left out.
 pub(crate) fn advisory_state(rows: &[Row]) -> Result<(Vec<Holder>, Vec<Waiter>)> {
     let doing = "inspect";
     let mut holders = Vec::new();

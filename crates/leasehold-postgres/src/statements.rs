@@ -1,5 +1,5 @@
-//! Every statement the backend sends, defined once: its SQL (with the schema written in)
-//! and the types of its parameters.
+//! Every statement the backend sends, defined once.
+//! Its SQL (with the schema written in) and the types of its parameters.
 //!
 //! On a connection of its own a statement is prepared once and then sent as Bind/Execute:
 //! one round trip. Through a transaction-pooling proxy, where a prepared statement may be

@@ -1,5 +1,5 @@
-//! Lease mode counts leases on the server's wall clock. What a jump of that clock does,
-//! with the server under libfaketime:
+//! Lease mode counts leases on the server's wall clock.
+//! What a jump of that clock does, with the server under libfaketime:
 //!
 //! - forward past a lease: the server takes the lease for expired and grants the lock to
 //!   another client while the holder's own (monotonic) deadline has not come. This is the
@@ -26,8 +26,8 @@ async fn database(url: &str) -> tokio_postgres::Client {
     client
 }
 
-/// Moves the server's wall clock `offset` seconds from the real one, and waits until the
-/// server reads it.
+/// Moves the server's wall clock `offset` seconds from the real one.
+/// It waits until the server reads it.
 async fn set_clock(control: &Path, db: &tokio_postgres::Client, offset: i64) {
     std::fs::write(control, format!("{offset:+}\n")).unwrap();
     let arrived = tokio::time::timeout(Duration::from_secs(30), async {

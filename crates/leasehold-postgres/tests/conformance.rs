@@ -22,8 +22,8 @@ impl Deployment for LeaseDeployment {
     }
 }
 
-/// Advisory mode with 2 s sessions; a client's liveness is cut by holding its connections'
-/// traffic in a fault proxy.
+/// Advisory mode with 2 s sessions.
+/// A client's liveness is cut by holding its connections' traffic in a fault proxy.
 struct AdvisoryDeployment {
     server: Postgres,
 }

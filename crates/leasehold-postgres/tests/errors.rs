@@ -1,6 +1,6 @@
-//! What PostgreSQL answers when things go wrong comes back as typed leasehold errors, never
-//! a panic, and nothing is lost: 55P03 (lock timeout), 57014 (statement timeout), 25006
-//! (read-only), 57P01 (session terminated mid-statement), 40P01 (deadlock), 40001
+//! What PostgreSQL answers when things go wrong comes back as typed leasehold errors.
+//! Never a panic, and nothing is lost: 55P03 (lock timeout), 57014 (statement timeout),
+//! 25006 (read-only), 57P01 (session terminated mid-statement), 40P01 (deadlock), 40001
 //! (serialization failure).
 
 #![allow(clippy::unwrap_used)] // test code: a failed step fails the test
@@ -287,11 +287,11 @@ async fn a_serialization_failure_is_a_retryable_error() {
     ));
 }
 
-/// Advisory mode: a statement timeout after `pg_try_advisory_lock` (the holders' table is
-/// locked by another transaction, so recording the holder waits) rolls the grant back but
-/// not the session's advisory lock. The retry under the same owner must not take it a
-/// second time: once the grant is released the lock is free, and the session holds no
-/// advisory lock.
+/// Advisory mode: a statement timeout after `pg_try_advisory_lock` rolls back only the grant.
+/// The holders' table is locked by another transaction, so recording the holder waits; the
+/// timeout rolls the grant back but not the session's advisory lock. The retry under the
+/// same owner must not take it a second time: once the grant is released the lock is free,
+/// and the session holds no advisory lock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_timed_out_advisory_grant_leaves_no_second_hold() {
     let server = Postgres::start().await.unwrap();

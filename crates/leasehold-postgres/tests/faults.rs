@@ -1,5 +1,6 @@
-//! PostgreSQL's own faults: a holder's connection terminated, the server killed and
-//! restarted during holds, an acquire whose reply is lost.
+//! PostgreSQL's own faults.
+//! A holder's connection terminated, the server killed and restarted during holds, an
+//! acquire whose reply is lost.
 
 #![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
@@ -29,8 +30,8 @@ fn lease(ttl: Duration) -> LockOptions {
     LockOptions::builder().ttl(ttl).build().unwrap()
 }
 
-/// Advisory mode: the holder's session terminated by an administrator ends its guard at
-/// once (not at the session's deadline), and the lock is free for the next.
+/// Advisory mode: a holder's session terminated by an administrator ends its guard at once.
+/// Not at the session's deadline, and the lock is free for the next.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_terminated_advisory_session_is_a_loss_at_once() {
     let server = Postgres::start().await.unwrap();
@@ -53,8 +54,9 @@ async fn a_terminated_advisory_session_is_a_loss_at_once() {
     assert!(next.unwrap().token() > guard.token());
 }
 
-/// Lease mode: every connection of the holder terminated; its renewals reconnect and the
-/// lease is kept, nobody else gets in meanwhile, and the wake-up connection comes back.
+/// Lease mode: every connection of the holder terminated.
+/// Its renewals reconnect and the lease is kept, nobody else gets in meanwhile, and the
+/// wake-up connection comes back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_survives_its_connections_being_terminated() {
     let server = Postgres::start().await.unwrap();
@@ -116,9 +118,9 @@ async fn a_lease_survives_its_connections_being_terminated() {
     assert!(next.token() > token);
 }
 
-/// Lease mode: the server killed (as `pg_ctl stop -m immediate`) and started again while
-/// locks are held: the leases go on (renewals reconnect), nobody else is granted a held
-/// lock, and tokens handed out afterwards are larger than every earlier one.
+/// Lease mode: the server killed (as `pg_ctl stop -m immediate`) and started again under locks.
+/// The leases go on (renewals reconnect), nobody else is granted a held lock, and tokens
+/// handed out afterwards are larger than every earlier one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leases_and_tokens_survive_a_server_restart() {
     let mut server = Postgres::start().await.unwrap();
@@ -179,8 +181,8 @@ async fn leases_and_tokens_survive_a_server_restart() {
     assert!(next.token() > token);
 }
 
-/// Advisory mode: a restart ends every session, so every guard is lost at once; the lock
-/// is then free and the next token larger.
+/// Advisory mode: a restart ends every session, so every guard is lost at once.
+/// The lock is then free and the next token larger.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_restart_ends_advisory_locks_and_tokens_still_grow() {
     let mut server = Postgres::start().await.unwrap();
@@ -206,9 +208,9 @@ fn impatient() -> LockOptions {
         .unwrap()
 }
 
-/// The reply to a grant is held back past the request timeout: the acquisition does not
-/// know whether it got the lock. Its retries, sent under the same owner, adopt the grant
-/// the server made: one holder, one token.
+/// The reply to a grant is held back past the request timeout.
+/// The acquisition does not know whether it got the lock. Its retries, sent under the same
+/// owner, adopt the grant the server made: one holder, one token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grant_whose_reply_was_lost_is_adopted() {
     let server = Postgres::start().await.unwrap();
@@ -244,8 +246,8 @@ async fn a_grant_whose_reply_was_lost_is_adopted() {
     );
 }
 
-/// An acquisition whose grant was made but whose replies, then requests too, are held
-/// back gives up; the grant it may hold is released by owner once the link heals, long
+/// An acquisition whose replies, then requests, are held back gives up; its grant is released.
+/// Its grant was made; the grant it may hold is released by owner once the link heals, long
 /// before its 30 s lease would have run out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acquisition_that_gave_up_leaves_nothing_behind() {
@@ -282,8 +284,9 @@ async fn an_acquisition_that_gave_up_leaves_nothing_behind() {
     );
 }
 
-/// Advisory mode: a waiter whose client vanished (its connections closed while it waited in
-/// the server's queue) leaves the queue, instead of being granted the lock first.
+/// Advisory mode: a waiter whose client vanished leaves the queue.
+/// Its connections closed while it waited in the server's queue; it leaves instead of being
+/// granted the lock first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_vanished_advisory_waiter_leaves_the_queue() {
     use leasehold_core::backend::{Acquire, Backend, Mode, Request};
@@ -321,8 +324,9 @@ async fn a_vanished_advisory_waiter_leaves_the_queue() {
     assert!(b.mutex("job").unwrap().try_lock().await.unwrap().is_some());
 }
 
-/// What holders and waiters that vanished left (rows nobody will release or touch again)
-/// is swept once it has expired; a lock-delay keeps its name until the delay is over.
+/// What vanished holders and waiters left is swept once it has expired.
+/// Those are rows nobody will release or touch again; a lock-delay keeps its name until the
+/// delay is over.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_vanished_holders_left_is_swept() {
     use leasehold_core::backend::{Acquire, Backend, Mode, Request};
@@ -389,9 +393,9 @@ async fn what_vanished_holders_left_is_swept() {
     assert_eq!(count("SELECT count(*) FROM leasehold.names").await, 0);
 }
 
-/// A pooled connection that goes dead without closing (its bytes held both ways, its socket
-/// open) is replaced after two requests in a row timed out on it: the acquisition that
-/// met it fails with an unknown outcome, the next one is served on a new connection.
+/// A pooled connection that goes dead without closing is replaced after two timeouts in a row.
+/// Its bytes are held both ways, its socket open: the acquisition that met it fails with an
+/// unknown outcome, the next one is served on a new connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_blackholed_connection_is_replaced_after_two_timeouts() {
     let server = Postgres::start().await.unwrap();

@@ -1,5 +1,5 @@
-//! Fenced writes: the caller's own statement, in its own transaction, changes data only
-//! while the guard holds its lock, and a later grant waits for that transaction; a token
+//! Fenced writes: the caller's own statement changes data only while the guard holds.
+//! It runs in its own transaction, and a later grant waits for that transaction; a token
 //! column refuses writes older than the newest the row accepted.
 
 #![allow(clippy::unwrap_used)] // test code: a failed step fails the test
@@ -41,8 +41,7 @@ async fn take_one(db: &impl tokio_postgres::GenericClient, fence: &StillOwner) -
         .unwrap()
 }
 
-/// Polls the server until `sql` (one boolean) is true: the state a step waits for lives
-/// there.
+/// Polls the server until `sql` (one boolean) is true: the state a step waits for lives there.
 async fn until(db: &tokio_postgres::Client, sql: &str) {
     let waited = tokio::time::timeout(Duration::from_secs(30), async {
         while !db.query_one(sql, &[]).await.unwrap().get::<_, bool>(0) {
@@ -60,8 +59,9 @@ fn short_lease() -> LockOptions {
         .unwrap()
 }
 
-/// A lease-mode holder's write goes in while it holds; after it stalled past its lease
-/// and another took the lock, the same write changes nothing, and the new holder's does.
+/// A lease-mode holder's write goes in while it holds.
+/// After it stalled past its lease and another took the lock, the same write changes
+/// nothing, and the new holder's does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_is_refused_after_the_lease_ran_out_and_the_lock_moved_on() {
     let server = Postgres::start().await.unwrap();
@@ -104,9 +104,9 @@ async fn a_write_is_refused_after_the_lease_ran_out_and_the_lock_moved_on() {
     next.release().await.unwrap();
 }
 
-/// A transaction that checked `still_owner` keeps the next grant waiting until it ends,
-/// even when the lease runs out on the server meanwhile: the write is ordered before it.
-/// The next request does not wait on the server for it (see
+/// A transaction that checked `still_owner` keeps the next grant waiting until it ends.
+/// It does so even when the lease runs out on the server meanwhile: the write is ordered
+/// before it. The next request does not wait on the server for it (see
 /// `a_paused_fenced_writer_stalls_no_other_lock`): it queues, and is granted after.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_next_grant_waits_for_the_fenced_transaction() {
@@ -164,8 +164,9 @@ async fn advisory(port: u16) -> PostgresBackend {
     PostgresBackend::connect(&url).await.unwrap()
 }
 
-/// Advisory mode: a holder cut off from the server loses its session (the server ends it
-/// after the session ttl), the lock moves on, and the holder's write is refused.
+/// Advisory mode: a holder cut off from the server loses its session and its writes.
+/// The server ends its session after the session ttl, the lock moves on, and the holder's
+/// write is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_advisory_holder_cut_off_cannot_write_after_the_lock_moved_on() {
     let server = Postgres::start().await.unwrap();
@@ -199,8 +200,8 @@ async fn an_advisory_holder_cut_off_cannot_write_after_the_lock_moved_on() {
     next.release().await.unwrap();
 }
 
-/// Advisory mode: when the holder's session ends while a fenced transaction is open, the
-/// next grant completes only after that transaction.
+/// Advisory mode: when the holder's session ends, the next grant waits for its fenced transaction.
+/// That is when the session ends while a fenced transaction is open.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_next_advisory_grant_waits_for_the_fenced_transaction() {
     let server = Postgres::start().await.unwrap();
@@ -238,8 +239,9 @@ async fn the_next_advisory_grant_waits_for_the_fenced_transaction() {
     next.release().await.unwrap();
 }
 
-/// A token column on any table: a write with a lower token than the row's is refused; the
-/// same token and newer ones go in.
+/// A token column on any table.
+/// A write with a lower token than the row's is refused; the same token and newer ones go
+/// in.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_token_column_refuses_older_tokens() {
     let server = Postgres::start().await.unwrap();
@@ -281,8 +283,8 @@ async fn a_token_column_refuses_older_tokens() {
     assert_eq!((row.get::<_, i64>(0), row.get::<_, i64>(1)), (12, 6));
 }
 
-/// After an asynchronous failover the sequence may hand a token out again: the grant that
-/// gets it does not let the earlier holder of the same token write.
+/// After an asynchronous failover the sequence may hand a token out again.
+/// The grant that gets it does not let the earlier holder of the same token write.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_token_handed_out_again_does_not_pass_for_the_other_grant() {
     let server = Postgres::start().await.unwrap();
@@ -323,10 +325,10 @@ async fn a_token_handed_out_again_does_not_pass_for_the_other_grant() {
     next.release().await.unwrap();
 }
 
-/// A fenced writer paused with its transaction open for three leases (safety.md scenario
-/// 28): another client holding ten other names loses none of them; its try for the
-/// blocked name answers busy, its sweep returns, and its waiting acquisition is granted
-/// once the transaction has ended, with a later token.
+/// A fenced writer paused with its transaction open for three leases (safety.md scenario 28).
+/// Another client holding ten other names loses none of them; its try for the blocked name
+/// answers busy, its sweep returns, and its waiting acquisition is granted once the
+/// transaction has ended, with a later token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_fenced_writer_stalls_no_other_lock() {
     let server = Postgres::start().await.unwrap();
@@ -395,9 +397,9 @@ async fn a_paused_fenced_writer_stalls_no_other_lock() {
     }
 }
 
-/// Advisory mode: a new grant replaces the rows of the holders it excludes, so it waits
-/// for a fenced transaction holding one, even when the old holder's server process id was
-/// given again to the new holder's session.
+/// Advisory mode: a new grant waits for a fenced transaction holding a holder it excludes.
+/// A new grant replaces the rows of the holders it excludes, so it waits, even when the old
+/// holder's server process id was given again to the new holder's session.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reused_pid_does_not_let_the_next_advisory_grant_skip_a_fenced_transaction() {
     let server = Postgres::start().await.unwrap();
@@ -471,10 +473,10 @@ async fn a_reused_pid_does_not_let_the_next_advisory_grant_skip_a_fenced_transac
     next.release().await.unwrap();
 }
 
-/// `still_owner` in a REPEATABLE READ or SERIALIZABLE transaction would judge the lease by
-/// the snapshot, which hides the renewals committed after it: a current holder's write
-/// would be refused. It goes in, or the condition refuses the isolation level with 0A000
-/// saying why; never a silent refusal.
+/// `still_owner` refuses REPEATABLE READ and SERIALIZABLE transactions.
+/// In one it would judge the lease by the snapshot, which hides the renewals committed
+/// after it: a current holder's write would be refused. It goes in, or the condition
+/// refuses the isolation level with 0A000 saying why; never a silent refusal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn still_owner_under_snapshot_isolation_is_not_a_silent_refusal() {
     use tokio_postgres::IsolationLevel;

@@ -1,5 +1,5 @@
-//! 100 contending waiters on one lock: served in arrival order, and each release wakes the
-//! next waiter only.
+//! 100 contending waiters on one lock.
+//! They are served in arrival order, and each release wakes the next waiter only.
 
 #![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 

@@ -1,5 +1,6 @@
-//! Through PgBouncer: lease mode works in transaction pooling (waiters poll), advisory mode
-//! is refused there (found out, or declared in the URL) and works through a session pool.
+//! Through PgBouncer.
+//! Lease mode works in transaction pooling (waiters poll), advisory mode is refused there
+//! (found out, or declared in the URL) and works through a session pool.
 
 #![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 

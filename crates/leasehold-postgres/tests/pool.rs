@@ -1,6 +1,6 @@
-//! Which pooled connection lease mode's requests take: one acquisition's requests always
-//! the same (the server then runs them in order); one lock at a time, always the first;
-//! concurrent acquisitions, all of them.
+//! Which pooled connection lease mode's requests take.
+//! One acquisition's requests always the same (the server then runs them in order); one
+//! lock at a time, always the first; concurrent acquisitions, all of them.
 
 #![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
@@ -9,8 +9,8 @@ use leasehold_postgres::PostgresBackend;
 use leasehold_postgres::tokio_postgres::{self, NoTls};
 use leasehold_testkit::Postgres;
 
-/// How many of the pooled connections of `application` ran a statement since `since` (the
-/// listening connection left out).
+/// How many of the pooled connections of `application` ran a statement since `since`.
+/// The listening connection is left out.
 async fn connections_used(
     db: &tokio_postgres::Client,
     application: &str,

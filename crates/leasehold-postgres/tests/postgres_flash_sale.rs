@@ -1,5 +1,5 @@
-//! The flash-sale example's three strategies, checked: the lock without a fence oversells,
-//! the atomic update and the fenced lock never do.
+//! The flash-sale example's three strategies, checked.
+//! The lock without a fence oversells, the atomic update and the fenced lock never do.
 
 #![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 

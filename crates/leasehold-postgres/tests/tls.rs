@@ -1,5 +1,5 @@
-//! TLS against a real PostgreSQL serving a certificate of a test CA (for 127.0.0.1 and
-//! localhost): each `sslmode` does what libpq's does.
+//! TLS against a real PostgreSQL serving a certificate of a test CA.
+//! The certificate is for 127.0.0.1 and localhost; each `sslmode` does what libpq's does.
 
 #![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 

@@ -1,5 +1,6 @@
-//! The flash sale: five items, eight buyers, and the first two buyers to get the lock stall
-//! (a GC pause, a slow disk) for longer than the lock's lease. Three ways to sell:
+//! The flash sale.
+//! Five items, eight buyers, and the first two buyers to get the lock stall (a GC pause, a
+//! slow disk) for longer than the lock's lease. Three ways to sell:
 //!
 //! 1. **naive** — `SET lock NX PX`, `GET stock`, `SET stock n-1`. While a stalled buyer
 //!    sleeps its lease expires, others sell, and when it wakes it writes back its stale

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use leasehold_core::Error;
 use redis::RedisError;
 
-/// Maps a Redis error to a leasehold error, without credentials. `name` is the lock (or
-/// what was being done) for the message.
+/// Maps a Redis error to a leasehold error, without credentials.
+/// `name` is the lock (or what was being done) for the message.
 pub(crate) fn map_error(error: RedisError, name: impl Display) -> Error {
     if error.is_connection_refusal() || error.is_io_error() || error.is_connection_dropped() {
         return Error::Unavailable {
@@ -48,8 +48,8 @@ pub(crate) fn map_error(error: RedisError, name: impl Display) -> Error {
     }
 }
 
-/// A reply that does not have the form leasehold's scripts give: not retryable, it means
-/// the server runs something else under these names.
+/// A reply that does not have the form leasehold's scripts give.
+/// It is not retryable: it means the server runs something else under these names.
 pub(crate) fn unexpected(what: &str, reply: impl std::fmt::Debug) -> Error {
     Error::backend(
         format!("redis: unexpected reply to {what}: {reply:?}"),

@@ -1,5 +1,6 @@
-//! The resource side of fencing, in Redis: writes that Redis itself refuses when they carry
-//! a token older than the highest it has accepted.
+//! The resource side of fencing, in Redis.
+//! Writes that Redis itself refuses when they carry a token older than the highest it has
+//! accepted.
 
 use std::fmt;
 
@@ -9,9 +10,10 @@ use redis::{FromRedisValue, Script, ToRedisArgs, Value};
 
 use crate::error::map_error;
 
-/// A fence kept in one Redis key: every operation through it states its fencing token, and
-/// one whose token is lower than the highest accepted so far is refused, atomically with the
-/// check (a Lua script). Equal tokens are accepted (one holder, many operations).
+/// A fence kept in one Redis key.
+/// Every operation through it states its fencing token, and one whose token is lower than
+/// the highest accepted so far is refused, atomically with the check (a Lua script). Equal
+/// tokens are accepted (one holder, many operations).
 ///
 /// Read through the fence as well as write: a new holder's first read registers its token,
 /// so that a superseded holder — one that read before and writes after — is refused. That

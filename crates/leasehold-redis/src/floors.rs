@@ -1,6 +1,6 @@
-//! Token floors: the highest fencing token this client has seen granted per name, to catch
-//! a server that hands out a token that is not new (it lost data: an empty restart, a
-//! failover to a lagging replica).
+//! Token floors: the highest fencing token this client has seen granted per name.
+//! They catch a server that hands out a token that is not new (it lost data: an empty
+//! restart, a failover to a lagging replica).
 //!
 //! A grant is compared only with the floor as it was when its request was *sent*: grants
 //! that finished after that may come from requests the server ran later (concurrent shared
@@ -27,8 +27,9 @@ pub(crate) struct Floor {
 }
 
 impl Floor {
-    /// The floor `token` granted to `owner` breaks, if any: a lower token, or the same token
-    /// for someone else (the same owner gets its own token again when it adopts a grant).
+    /// The floor `token` granted to `owner` breaks, if any.
+    /// A lower token, or the same token for someone else (the same owner gets its own token
+    /// again when it adopts a grant).
     pub(crate) fn broken_by(seen: Option<&Floor>, token: u64, owner: &OwnerId) -> Option<u64> {
         let seen = seen?;
         (token < seen.token || (token == seen.token && *owner != seen.owner)).then_some(seen.token)

@@ -1,5 +1,25 @@
 //! leasehold's Redis backend: `SET key owner NX PX ttl` done right.
 //!
+//! The crate, one concern per file:
+//!
+//! - `lib.rs`: this map, the design in brief, the exports.
+//! - `options.rs`: the backend's options and the URL parameters that set them.
+//! - `connection.rs`: connecting (RESP3, TLS), loading the scripts, replacing a dead link.
+//! - `script.rs`: the keys and arguments of every script call, named once (Lua in `lua/`).
+//! - `reply.rs`: the scripts' replies, decoded.
+//! - `error.rs`: Redis errors as leasehold errors.
+//! - `wakeups.rs`: push wake-ups from the lock's channel to this process's waiters.
+//! - `floors.rs`: the highest token seen granted per name, against servers that lost data.
+//! - `backend.rs`: [`RedisBackend`], the `Backend` of one server.
+//! - `node.rs`: one server as a Redlock node.
+//! - `redlock/mod.rs`: [`RedlockBackend`], one lock over N servers held by a majority.
+//! - `redlock/options.rs`: Redlock's options and URL parameters.
+//! - `redlock/connect.rs`: connecting to the nodes; refusing a server counted twice.
+//! - `redlock/quorum.rs`: the majority arithmetic, as pure functions.
+//! - `fence.rs`: the resource side of fencing, in Redis.
+//!
+//! The design:
+//!
 //! - **One round trip per uncontended grant**: one Lua script draws the lock's fencing
 //!   token and sets the lock key if absent (the owner id and token, with a PX expiry),
 //!   returning the token. The lock key is also the gate: it stays up while anyone reads,
@@ -26,15 +46,6 @@
 //! URL: `redis://[user:password@]host:port[/db][?prefix=P&replicas=N&replica_timeout=D&replicas_required=true]`;
 //! `rediss://…[&tls_ca=PATH&tls_cert=PATH&tls_key=PATH]` for TLS.
 //! See `docs/backends/redis.md` for what this backend guarantees and what it does not.
-//!
-//! The crate, one concern per file: `options.rs` (options and URL parameters),
-//! `connection.rs` (connecting, loading the scripts), `script.rs` (the keys and arguments
-//! of every script call, named once; the Lua is in `lua/`), `reply.rs` (decoding replies),
-//! `error.rs` (Redis errors as leasehold errors), `wakeups.rs` (push wake-ups),
-//! `floors.rs` (the highest token seen per name, against servers that lost data),
-//! `backend.rs` (the [`Backend`](leasehold_core::Backend) of one server), `node.rs` (one
-//! server as a Redlock node), `redlock/` (Redlock), `fence.rs` (the resource side of
-//! fencing).
 
 mod backend;
 mod connection;
@@ -52,6 +63,6 @@ pub use backend::RedisBackend;
 pub use options::{RedisOptions, ReplicaAck};
 pub use redlock::{RedlockBackend, RedlockOptions};
 
-/// The Redis client crate leasehold uses, for writing to the protected data with a
-/// [`fence::RedisFence`].
+/// The Redis client crate leasehold uses, for writing to the protected data.
+/// Write with a [`fence::RedisFence`].
 pub use redis;

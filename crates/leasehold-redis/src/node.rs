@@ -1,5 +1,5 @@
-//! One Redis server as a Redlock node: the requests Redlock makes of a node, and nothing
-//! else of the single-server backend.
+//! One Redis server as a Redlock node.
+//! The requests Redlock makes of a node, and nothing else of the single-server backend.
 
 use std::time::Duration;
 
@@ -20,8 +20,7 @@ pub(crate) struct Node {
 }
 
 impl Node {
-    /// Connects to the node at `url` and reads its run id, within the options' connect
-    /// timeout.
+    /// Connects to the node at `url` and reads its run id, within the options' connect timeout.
     pub(crate) async fn connect(url: &str, options: &RedisOptions) -> Result<Node> {
         let (redis, run_id) = RedisBackend::open(url, options.clone(), true).await?;
         let run_id = run_id.ok_or_else(|| crate::error::unexpected("INFO server", "no run id"))?;
@@ -49,8 +48,8 @@ impl Node {
         Duration::from_millis(millis_up(ttl))
     }
 
-    /// Grants `req` here or answers busy; a node that started less than `quarantine` ago
-    /// refuses (zero: no quarantine).
+    /// Grants `req` here or answers busy.
+    /// A node that started less than `quarantine` ago refuses (zero: no quarantine).
     ///
     /// Every grant comes with a token drawn from the node's counter now, also when
     /// `req.owner` holds here already (a retry adopting what an earlier attempt left): the
@@ -68,8 +67,8 @@ impl Node {
         self.redis.acquire_node(req, node).await
     }
 
-    /// Raises the name's counter to at least `floor` and records it as `req.owner`'s token
-    /// if it holds here (the fencing write-back).
+    /// Raises the name's counter to at least `floor`: the fencing write-back.
+    /// It also records it as `req.owner`'s token if it holds here.
     pub(crate) async fn raise(&self, req: &Request, floor: u64) -> Result<()> {
         self.redis.raise(req, floor).await
     }
@@ -94,8 +93,8 @@ impl Node {
         hint.get::<Ticket>().is_some()
     }
 
-    /// Whether waiting on this node's busy answer first needs a subscription (the first
-    /// [`wait`](Node::wait) makes it and returns).
+    /// Whether waiting on this node's busy answer first needs a subscription.
+    /// The first [`wait`](Node::wait) makes it and returns.
     pub(crate) fn must_subscribe(hint: &WaitHint) -> bool {
         hint.get::<Ticket>().is_some_and(|t| !t.subscribed())
     }

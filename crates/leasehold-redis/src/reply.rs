@@ -1,5 +1,6 @@
-//! The scripts' replies, decoded. A reply that does not have the expected form is an error
-//! ([`unexpected`]), never a default value.
+//! The scripts' replies, decoded.
+//! A reply that does not have the expected form is an error ([`unexpected`]), never a
+//! default value.
 
 use std::collections::HashMap;
 use std::num::NonZeroU32;
@@ -79,8 +80,8 @@ fn remaining(ms: i64) -> Option<Duration> {
     Some(Duration::from_millis(u64::try_from(ms).unwrap_or(0)))
 }
 
-/// The inspect script's reply (see `lua/inspect.lua`): the state, and when it may change on
-/// its own (the earliest expiry of a holder).
+/// The inspect script's reply (see `lua/inspect.lua`).
+/// The state, and when it may change on its own (the earliest expiry of a holder).
 pub(crate) fn inspected(reply: &Value) -> Result<(LockState, Option<Duration>)> {
     const WHAT: &str = "inspect";
     let Value::Array(parts) = reply else {

@@ -17,12 +17,12 @@ use leasehold_core::LockName;
 use leasehold_core::backend::{Mode, Request};
 use redis::Script;
 
-/// A key of one lock name: `<prefix>:{<name>}:<suffix>`. All keys of a name share the hash
-/// tag `{<name>}`, so they live in one Redis Cluster slot.
+/// A key of one lock name: `<prefix>:{<name>}:<suffix>`.
+/// All keys of a name share the hash tag `{<name>}`, so they live in one Redis Cluster
+/// slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Key {
-    /// The exclusive holder's value, and the gate of the acquire fast path (see
-    /// `lua/head.lua`).
+    /// The exclusive holder's value, and the gate of the acquire fast path (see `lua/head.lua`).
     Lock,
     /// Fair waiters: zset `<mode><owner>` → arrival.
     Queue,
@@ -97,8 +97,8 @@ impl Key {
     }
 }
 
-/// The last part of a name's wake-up channel, `<prefix>:{<name>}:wake`. A channel is not a
-/// key: scripts get it as an argument ([`Arg::Channel`]).
+/// The last part of a name's wake-up channel, `<prefix>:{<name>}:wake`.
+/// A channel is not a key: scripts get it as an argument ([`Arg::Channel`]).
 pub(crate) const WAKE: &str = "wake";
 
 /// An argument of a script call.
@@ -106,8 +106,9 @@ pub(crate) const WAKE: &str = "wake";
 pub(crate) enum Arg {
     /// The owner id.
     Owner,
-    /// Mode (`x`, `s`, `p`), then `1`/`0` for: fair, waiting, has a value, fresh token on
-    /// adoption (a Redlock node). `x1000`.
+    /// Mode (`x`, `s`, `p`), then `1`/`0` for each flag.
+    /// The flags are fair, waiting, has a value, fresh token on adoption (a Redlock node).
+    /// `x1000`.
     Flags,
     /// The lease in whole milliseconds.
     Ttl,
@@ -165,8 +166,9 @@ impl Arg {
     }
 }
 
-/// What one kind of call passes: `keys` in this order, then `args` in this order — the
-/// first `required` always, the others up to the last one that differs from its default.
+/// What one kind of call passes.
+/// `keys` in this order, then `args` in this order — the first `required` always, the
+/// others up to the last one that differs from its default.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Shape {
     pub(crate) keys: &'static [Key],
@@ -175,8 +177,9 @@ pub(crate) struct Shape {
 }
 
 impl Shape {
-    /// The Lua lines that name what a call of this shape passes; parts it does not pass are
-    /// named too (keys `nil`, arguments their defaults), so a body can test for them.
+    /// The Lua lines that name what a call of this shape passes.
+    /// Parts it does not pass are named too (keys `nil`, arguments their defaults), so a
+    /// body can test for them.
     pub(crate) fn bindings(&self) -> String {
         fn bind(out: &mut String, names: &[&str], values: &[String]) {
             if !names.is_empty() {
@@ -431,8 +434,9 @@ impl Calls {
         }
     }
 
-    /// The release of `req`: an exclusive one passes the keys its path may touch (with a
-    /// lock-delay its entries, with a value the stored value); others every key.
+    /// The release of `req`.
+    /// An exclusive one passes the keys its path may touch (with a lock-delay its entries,
+    /// with a value the stored value); others every key.
     pub(crate) fn release_of(&self, req: &Request) -> &Call {
         match req.mode {
             Mode::Exclusive if req.value.is_some() => &self.release_exclusive_valued,
@@ -442,8 +446,9 @@ impl Calls {
         }
     }
 
-    /// The renewal of `req`: an exclusive one the lock alone, or with its stored value and
-    /// lock-delay entries; others every key.
+    /// The renewal of `req`.
+    /// An exclusive one passes the lock alone, or with its stored value and lock-delay
+    /// entries; others every key.
     pub(crate) fn renew_of(&self, req: &Request) -> &Call {
         match req.mode {
             Mode::Exclusive if req.value.is_some() || req.lock_delay.is_some() => {
@@ -455,8 +460,9 @@ impl Calls {
     }
 }
 
-/// The keys of one lock name and its wake-up channel, kept as the channel's name
-/// `<prefix>:{<name>}:wake`: a call writes the keys it passes straight into its command.
+/// The keys of one lock name and its wake-up channel.
+/// They are kept as the channel's name `<prefix>:{<name>}:wake`: a call writes the keys it
+/// passes straight into its command.
 #[derive(Debug)]
 pub(crate) struct Keys {
     text: String,
@@ -632,8 +638,8 @@ mod tests {
         (args[3..3 + n].to_vec(), args[3 + n..].to_vec())
     }
 
-    /// What the generated Lua binds to `KEYS[i]` and `ARGV[i]`, read back from the text of
-    /// the script (not from the shape).
+    /// What the generated Lua binds to `KEYS[i]` and `ARGV[i]`.
+    /// It is read back from the text of the script (not from the shape).
     fn bound(call: &Call) -> (BTreeMap<usize, String>, BTreeMap<usize, String>) {
         let (mut keys, mut argv) = (BTreeMap::new(), BTreeMap::new());
         let header = call.shape.bindings();
@@ -755,9 +761,10 @@ mod tests {
         assert_eq!(sent(CALLS.renew_of(&delayed), &values).0.len(), 5);
     }
 
-    /// Bodies use names only: `KEYS[n]` and `ARGV[n]` appear in the generated bindings and
-    /// nowhere else, and every upper-case name a body uses (outside comments and strings) is
-    /// bound by the shape or defined by the body.
+    /// Bodies use names only.
+    /// `KEYS[n]` and `ARGV[n]` appear in the generated bindings and nowhere else, and every
+    /// upper-case name a body uses (outside comments and strings) is bound by the shape or
+    /// defined by the body.
     #[test]
     fn bodies_use_names_not_positions() {
         let bound: BTreeSet<&str> = Key::ALL

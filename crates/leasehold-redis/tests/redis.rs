@@ -115,9 +115,10 @@ async fn a_client_refuses_a_token_it_has_already_seen_and_repairs_the_counter() 
     assert_eq!(a.inspect("job").await.unwrap().holders.len(), 1);
 }
 
-/// A counter that lags (a replica promoted before the last increments reached it) still
-/// grants tokens above the ones handed out before, to a client that never saw them: tokens
-/// are never below the server's clock, so the fence refuses the superseded holder.
+/// A counter that lags still grants tokens above the ones handed out before.
+/// A replica promoted before the last increments reached it grants them to a client that
+/// never saw them: tokens are never below the server's clock, so the fence refuses the
+/// superseded holder.
 #[tokio::test]
 async fn a_lagging_counter_still_grants_tokens_above_earlier_ones_to_other_clients() {
     let server = Redis::start().await.unwrap();
@@ -377,8 +378,9 @@ async fn a_hundred_waiters_are_served_in_arrival_order() {
     );
 }
 
-/// A guard dropped sends its release script from the drop, ahead of the client's next
-/// command on the one connection: the lock taken again at once is free.
+/// A guard dropped sends its release script from the drop.
+/// It goes ahead of the client's next command on the one connection: the lock taken again
+/// at once is free.
 #[tokio::test]
 async fn a_dropped_guard_is_gone_before_the_clients_next_command() {
     let server = Redis::start().await.unwrap();
@@ -463,10 +465,11 @@ fn request(ttl: Duration, waiting: bool) -> Request {
     request
 }
 
-/// A holder's lease that ends while someone waits behind it: the lock key lives on for the
-/// waiter (it keeps the acquire fast path shut), with the holder's own lease end in its
-/// value. After that end the holder can neither renew nor release, nobody barges in ahead
-/// of the waiter, and the waiter gets the lock; the last release removes the key.
+/// A holder's lease that ends while someone waits behind it.
+/// The lock key lives on for the waiter (it keeps the acquire fast path shut), with the
+/// holder's own lease end in its value. After that end the holder can neither renew nor
+/// release, nobody barges in ahead of the waiter, and the waiter gets the lock; the last
+/// release removes the key.
 #[tokio::test]
 async fn a_lease_that_ends_while_others_wait_stays_ended() {
     let server = Redis::start().await.unwrap();
@@ -514,8 +517,9 @@ async fn a_lease_that_ends_while_others_wait_stays_ended() {
     );
 }
 
-/// A waiter whose own entry lasts far longer than the lease before it is told to try again
-/// when that lease ends (the key lives on for the waiter, so its expiry is no guide).
+/// A waiter is told to try again when the lease before it ends.
+/// Its own entry lasts far longer than that lease, and the key lives on for the waiter, so
+/// its expiry is no guide.
 #[tokio::test]
 async fn a_waiter_retries_when_the_lease_before_it_ends() {
     let server = Redis::start().await.unwrap();
@@ -543,9 +547,10 @@ async fn a_waiter_retries_when_the_lease_before_it_ends() {
     next.release().await.unwrap();
 }
 
-/// A waiter that gave up leaves the lock key behind as a gate (its release call does not
-/// see every key), which sends the next acquire down the full path; that grant replaces the
-/// gate, and from then on an uncontended cycle is two script calls again.
+/// A waiter that gave up leaves the lock key behind as a gate, until the next grant.
+/// Its release call does not see every key; the gate sends the next acquire down the full
+/// path, that grant replaces the gate, and from then on an uncontended cycle is two script
+/// calls again.
 #[tokio::test]
 async fn the_fast_path_comes_back_after_contention() {
     let server = Redis::start().await.unwrap();
@@ -590,9 +595,9 @@ async fn lock_channels(server: &Redis) -> usize {
     }
 }
 
-/// Wake-up state is kept per lock name only while something needs it: after observers of
-/// 100,000 distinct names and waiters on 1,000 more are done, the server has no
-/// subscription of ours left, and the client no wake-up state.
+/// Wake-up state is kept per lock name only while something needs it.
+/// After observers of 100,000 distinct names and waiters on 1,000 more are done, the server
+/// has no subscription of ours left, and the client no wake-up state.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn per_name_wakeup_state_returns_to_its_baseline() {
     const OBSERVED: usize = 100_000;
@@ -675,10 +680,11 @@ async fn per_name_wakeup_state_returns_to_its_baseline() {
     assert_eq!(subscriptions().await, before);
 }
 
-/// Connecting — the connection, loading the scripts, reading the configuration — is done
-/// within the connect timeout or fails: a server that answers each request after a second
-/// is refused by a 1.5 s connect timeout, since connecting takes at least two round trips
-/// (the handshake alone fits in the timeout).
+/// Connecting is done within the connect timeout or fails.
+/// Connecting is the connection, loading the scripts and reading the configuration: a
+/// server that answers each request after a second is refused by a 1.5 s connect timeout,
+/// since connecting takes at least two round trips (the handshake alone fits in the
+/// timeout).
 #[tokio::test]
 async fn connecting_is_bounded_by_the_connect_timeout() {
     let server = Redis::start().await.unwrap();
@@ -699,9 +705,9 @@ async fn connecting_is_bounded_by_the_connect_timeout() {
     }
 }
 
-/// Concurrent shared and permit grants of one client, on a multi-thread runtime, finish in
-/// any order: none of them is taken for a token regression (given back and granted again,
-/// or refused). Every try gets its grant in exactly one script call.
+/// Concurrent shared and permit grants of one client, on a multi-thread runtime.
+/// They finish in any order: none of them is taken for a token regression (given back and
+/// granted again, or refused). Every try gets its grant in exactly one script call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_grants_are_not_taken_for_lost_data() {
     const TRIES: usize = 2_000;
@@ -741,8 +747,8 @@ async fn concurrent_grants_are_not_taken_for_lost_data() {
     }
 }
 
-/// A Redis fence is one key holding the highest token it accepted: it does not grow with
-/// the writes that go through it.
+/// A Redis fence is one key holding the highest token it accepted.
+/// It does not grow with the writes that go through it.
 #[tokio::test]
 async fn a_fence_is_one_key_whatever_the_number_of_writes() {
     use leasehold_core::FencingToken;
@@ -779,10 +785,10 @@ async fn a_fence_is_one_key_whatever_the_number_of_writes() {
     );
 }
 
-/// A connection that goes silent without closing (a partition that drops packets) is
-/// replaced once requests have timed out on it with nothing coming back: the client
-/// serves requests again on a new connection, and the wake-up channels in use are
-/// subscribed on it.
+/// A connection that goes silent without closing is replaced once requests time out on it.
+/// That is a partition that drops packets; once requests have timed out on it with nothing
+/// coming back, the client serves requests again on a new connection, and the wake-up
+/// channels in use are subscribed on it.
 #[tokio::test]
 async fn a_blackholed_connection_is_replaced_after_requests_time_out() {
     let server = Redis::start().await.unwrap();

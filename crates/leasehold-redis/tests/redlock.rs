@@ -17,8 +17,8 @@ fn urls(servers: &[Redis]) -> Vec<String> {
     servers.iter().map(Redis::url).collect()
 }
 
-/// Nodes that grant at once after their start, and wait a second for a node's answer: on
-/// a loaded test machine a loopback answer can take longer than the 50 ms default, which
+/// Nodes that grant at once after their start, and wait a second for a node's answer.
+/// On a loaded test machine a loopback answer can take longer than the 50 ms default, which
 /// is meant for a quiet network. Tests of the node timeout set their own.
 fn no_quarantine() -> RedlockOptions {
     RedlockOptions::default()
@@ -476,9 +476,10 @@ async fn lock_channels(server: &Redis) -> usize {
     }
 }
 
-/// As for a single server: after observers of 100,000 distinct names and waiters on 300
-/// more are done, no node has a subscription of ours left, and the client no wake-up
-/// state (it kept one per name and node before).
+/// As for a single server, wake-up state is kept only while something needs it.
+/// After observers of 100,000 distinct names and waiters on 300 more are done, no node has
+/// a subscription of ours left, and the client no wake-up state (it kept one per name and
+/// node before).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn per_name_wakeup_state_returns_to_its_baseline_on_every_node() {
     const OBSERVED: usize = 100_000;
@@ -547,9 +548,9 @@ async fn per_name_wakeup_state_returns_to_its_baseline_on_every_node() {
     assert_eq!(backend.wakeup_channels(), 0);
 }
 
-/// One stalled node (SIGSTOP) does not hold up connecting while a majority answers; it is
-/// connected in the background once it answers again. (Its connect timeout is a minute:
-/// connecting that waited for it would not end within the test's bound.)
+/// One stalled node (SIGSTOP) does not hold up connecting while a majority answers.
+/// It is connected in the background once it answers again. (Its connect timeout is a
+/// minute: connecting that waited for it would not end within the test's bound.)
 #[tokio::test]
 async fn a_paused_node_does_not_hold_up_connecting() {
     let servers = redis_servers(3).await.unwrap();
@@ -620,8 +621,8 @@ async fn lock_value(server: &Redis, name: &str) -> Option<String> {
     }
 }
 
-/// Closes every connection through `link`, dropping the bytes it held, then heals it (new
-/// connections are refused meanwhile: the client reconnects at once).
+/// Closes every connection through `link`, dropping the bytes it held, then heals it.
+/// New connections are refused meanwhile: the client reconnects at once.
 async fn reset_and_heal(link: &FaultProxy) {
     link.refuse_new(true);
     link.reset();
@@ -648,12 +649,12 @@ async fn until_lock(server: &Redis, done: impl Fn(Option<&str>) -> bool) {
     }
 }
 
-/// A retry that adopts a grant an earlier attempt left on a node gets a token above every
-/// grant made meanwhile. Two link faults: O's first attempt reaches node A but its answer
-/// is lost; P then wins B and C with token 51, but its write-back to B is lost, so B's
-/// counter stays low. O's retry wins A (where its old grant holds token 6) and B (12):
-/// answering with the stored 6 made O's token 12, below P's 51, though O was granted
-/// after P.
+/// A retry that adopts a grant an earlier attempt left on a node gets a newer token.
+/// Its token is above every grant made meanwhile. Two link faults: O's first attempt
+/// reaches node A but its answer is lost; P then wins B and C with token 51, but its
+/// write-back to B is lost, so B's counter stays low. O's retry wins A (where its old grant
+/// holds token 6) and B (12): answering with the stored 6 made O's token 12, below P's 51,
+/// though O was granted after P.
 #[tokio::test]
 async fn a_retry_that_adopts_an_earlier_grant_gets_a_token_above_grants_made_since() {
     let servers = redis_servers(3).await.unwrap();

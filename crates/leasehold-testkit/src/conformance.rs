@@ -37,15 +37,17 @@ use leasehold_core::{
 
 use crate::proxy::{Direction, FaultProxy};
 
-/// A deployment under test: something that hands out independent connections to one lock
-/// service (a server, a cluster, a directory).
+/// A deployment under test.
+/// Something that hands out independent connections to one lock service (a server, a
+/// cluster, a directory).
 #[async_trait]
 pub trait Deployment: Send + Sync {
     /// A new connection, as a separate client process would open it.
     async fn connect(&self) -> Arc<dyn Backend>;
 
-    /// A new connection whose liveness a case can cut and restore, the way this backend
-    /// loses a client: `None` when its grants never expire (nothing to cut).
+    /// A new connection whose liveness a case can cut and restore.
+    /// It is cut the way this backend loses a client: `None` when its grants never expire
+    /// (nothing to cut).
     ///
     /// The default serves backends that renew each grant: renewals are held by a
     /// [`Faulty`] wrapper ([`RenewalSwitch`]). Backends whose grants live by a session
@@ -89,9 +91,10 @@ impl std::fmt::Debug for Cuttable {
     }
 }
 
-/// Cuts one client's liveness and gives it back: after [`cut`](LivenessSwitch::cut) its
-/// grants are no longer kept alive, so each is lost at its deadline and the server frees it
-/// at its lease's end; after [`restore`](LivenessSwitch::restore) the client works again.
+/// Cuts one client's liveness and gives it back.
+/// After [`cut`](LivenessSwitch::cut) its grants are no longer kept alive, so each is lost
+/// at its deadline and the server frees it at its lease's end; after
+/// [`restore`](LivenessSwitch::restore) the client works again.
 #[async_trait]
 pub trait LivenessSwitch: Send + Sync {
     /// Stops keeping the client's grants alive.
@@ -100,8 +103,8 @@ pub trait LivenessSwitch: Send + Sync {
     async fn restore(&self);
 }
 
-/// The liveness switch of a backend that renews each grant: renewals are held before they
-/// reach the server.
+/// The liveness switch of a backend that renews each grant.
+/// Renewals are held before they reach the server.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct RenewalSwitch(pub Faulty);
@@ -123,8 +126,9 @@ impl LivenessSwitch for RenewalSwitch {
     }
 }
 
-/// The liveness switch of a connection through a [`FaultProxy`]: a cut is a partition
-/// (both directions held, on open and new connections alike), a restore heals it.
+/// The liveness switch of a connection through a [`FaultProxy`].
+/// A cut is a partition (both directions held, on open and new connections alike), a
+/// restore heals it.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct ProxySwitch(pub Arc<FaultProxy>);
@@ -146,11 +150,13 @@ impl LivenessSwitch for ProxySwitch {
     }
 }
 
-/// When set (to anything), a case that cannot be tested on a deployment fails instead of
-/// being skipped. Skips for what a backend does not claim to do stay skips.
+/// When set (to anything), a case that cannot be tested fails instead of being skipped.
+/// That is a case that cannot be tested on a deployment. Skips for what a backend does not
+/// claim to do stay skips.
 pub const ALL_CASES_VAR: &str = "LEASEHOLD_CONFORMANCE_ALL";
 
-/// The one list of cases. It defines [`CASES`], the dispatcher and the exported
+/// The one list of cases.
+/// It defines [`CASES`], the dispatcher and the exported
 /// [`conformance_suite!`](crate::conformance_suite) macro from the same names, so a case
 /// cannot be left out of one of them.
 macro_rules! cases {
@@ -230,8 +236,8 @@ enum Skip {
 }
 
 impl Case<'_> {
-    /// Returns `true` after reporting the skip; panics instead for an untestable case when
-    /// every case must run.
+    /// Returns `true` after reporting the skip.
+    /// It panics instead for an untestable case when every case must run.
     fn skip(&self, caps: &Capabilities, why: Skip) -> bool {
         let (why, gap) = match why {
             Skip::NotClaimed(feature) => (format!("the backend does not claim {feature}"), false),
@@ -266,9 +272,10 @@ impl Case<'_> {
         (client_on(Arc::new(faults.clone()), options), faults)
     }
 
-    /// A client whose liveness can be cut, with a fault injector in front of it (for
-    /// counting calls); `None` after a skip when there is no such client. On a session
-    /// backend the options' ttl is left to the session.
+    /// A client whose liveness can be cut.
+    /// It has a fault injector in front of it (for counting calls); `None` after a skip
+    /// when there is no such client. On a session backend the options' ttl is left to the
+    /// session.
     async fn cuttable_client(
         &self,
         caps: &Capabilities,
@@ -291,8 +298,9 @@ impl Case<'_> {
     }
 }
 
-/// A client on `backend`; on a backend whose grants live by a session, the options' lease
-/// length is left to the session (a lock may not ask for another).
+/// A client on `backend`.
+/// On a backend whose grants live by a session, the options' lease length is left to the
+/// session (a lock may not ask for another).
 fn client_on(backend: Arc<dyn Backend>, options: LockOptions) -> Client {
     let options = if backend.capabilities().has_sessions() {
         options
@@ -318,8 +326,9 @@ fn lease(ttl: Duration) -> leasehold_core::LockOptionsBuilder {
         .request_timeout(Duration::from_secs(2))
 }
 
-/// The lease length that really applies to a grant asked for with `ttl`: the session's on
-/// a session backend, `ttl` rounded up to the backend's granularity elsewhere.
+/// The lease length that really applies to a grant asked for with `ttl`.
+/// The session's on a session backend, `ttl` rounded up to the backend's granularity
+/// elsewhere.
 fn effective_ttl(caps: &Capabilities, ttl: Duration) -> Duration {
     caps.session_ttl.unwrap_or(ttl.max(caps.ttl_granularity))
 }
@@ -360,9 +369,9 @@ async fn holders(client: &Client, name: &str) -> Vec<String> {
     state.holders.iter().map(|h| h.owner.to_string()).collect()
 }
 
-/// Many clients increment a counter under the lock, each write through a fence: the count
-/// is exact, nobody is ever inside together, and the tokens the resource accepted strictly
-/// increase.
+/// Many clients increment a counter under the lock, each write through a fence.
+/// The count is exact, nobody is ever inside together, and the tokens the resource accepted
+/// strictly increase.
 async fn exclusive_under_contention_with_a_fenced_counter(case: &Case<'_>) {
     const CLIENTS: usize = 4;
     const ROUNDS: u64 = 20;
@@ -400,8 +409,8 @@ async fn exclusive_under_contention_with_a_fenced_counter(case: &Case<'_>) {
     assert_eq!(fence.rejected(), 0);
 }
 
-/// `try_lock` on a held lock is `Ok(None)`, for another client and for another acquisition
-/// in the same client.
+/// `try_lock` on a held lock is `Ok(None)`.
+/// That holds for another client and for another acquisition in the same client.
 async fn try_lock_is_none_while_held(case: &Case<'_>) {
     let a = case.client().await;
     let b = case.client().await;
@@ -434,8 +443,9 @@ async fn a_wait_timeout_gives_none_and_leaves_nothing(case: &Case<'_>) {
     assert!(try_lock(&b, case.name).await.is_some());
 }
 
-/// Cancelling a waiting `lock()` removes its queue entry: nobody is left waiting, and the
-/// next request after a release is not stuck behind a ghost.
+/// Cancelling a waiting `lock()` removes its queue entry.
+/// Nobody is left waiting, and the next request after a release is not stuck behind a
+/// ghost.
 async fn a_cancelled_waiter_leaves_nothing_behind(case: &Case<'_>) {
     let a = case.client().await;
     let (b, faults) = case.faulty_client(options(Duration::from_secs(5))).await;
@@ -457,8 +467,9 @@ async fn a_cancelled_waiter_leaves_nothing_behind(case: &Case<'_>) {
     assert!(try_lock(&c, case.name).await.is_some());
 }
 
-/// A `try_lock` dropped while its request was on the server (the grant applied, the reply
-/// not yet read) leaves no grant behind: it is released by owner in the background.
+/// A `try_lock` dropped while its request was on the server leaves no grant behind.
+/// The grant was applied and the reply not yet read: it is released by owner in the
+/// background.
 async fn a_cancelled_try_lock_leaves_nothing_behind(case: &Case<'_>) {
     let (a, faults) = case.faulty_client(options(Duration::from_secs(30))).await;
     let b = case.client().await;
@@ -476,9 +487,10 @@ async fn a_cancelled_try_lock_leaves_nothing_behind(case: &Case<'_>) {
     assert!(try_lock(&b, case.name).await.is_some());
 }
 
-/// A release whose future is dropped before the server answered (a `select!`, a timeout,
-/// an aborted task) still frees the lock: what was not confirmed released is released in
-/// the background, and another client gets the lock long before the lease would run out.
+/// A release whose future is dropped before the server answered still frees the lock.
+/// Dropped by a `select!`, a timeout or an aborted task: what was not confirmed released is
+/// released in the background, and another client gets the lock long before the lease would
+/// run out.
 async fn a_cancelled_release_still_frees_the_lock(case: &Case<'_>) {
     let (a, faults) = case.faulty_client(options(Duration::from_secs(30))).await;
     let b = case.client().await;
@@ -495,9 +507,10 @@ async fn a_cancelled_release_still_frees_the_lock(case: &Case<'_>) {
     assert!(try_lock(&b, case.name).await.is_some());
 }
 
-/// A release the server never receives is retried in the background until the grant's
-/// lease has surely ended, and a backend whose grants live by a session does not keep an
-/// unreleased grant alive under it: once the background release gave up, the lock is free.
+/// A release the server never receives is retried until the grant's lease has surely ended.
+/// It is retried in the background, and a backend whose grants live by a session does not
+/// keep an unreleased grant alive under it: once the background release gave up, the lock
+/// is free.
 async fn an_unconfirmed_release_does_not_outlive_its_lease(case: &Case<'_>) {
     let probe = case.client().await;
     let caps = probe.capabilities().clone();
@@ -520,8 +533,8 @@ async fn an_unconfirmed_release_does_not_outlive_its_lease(case: &Case<'_>) {
     faults.resume(Op::Release);
 }
 
-/// A release by an owner that no longer holds the lock (a retried or duplicated release)
-/// deletes nothing of the next holder's.
+/// A release by an owner that no longer holds the lock deletes nothing of the next holder's.
+/// That is a retried or duplicated release.
 async fn a_stale_release_deletes_nothing(case: &Case<'_>) {
     let a = case.client().await;
     let b = case.client().await;
@@ -539,8 +552,8 @@ async fn a_stale_release_deletes_nothing(case: &Case<'_>) {
     second.release().await.unwrap();
 }
 
-/// A holder whose liveness was cut and whose lock went to another cannot release the new
-/// holder's lock: its release reports the loss and changes nothing.
+/// A holder whose liveness was cut cannot release the new holder's lock.
+/// Its lock went to another: its release reports the loss and changes nothing.
 async fn a_stale_guard_cannot_release_the_next_holders_lock(case: &Case<'_>) {
     let probe = case.client().await;
     let caps = probe.capabilities().clone();
@@ -572,8 +585,8 @@ async fn a_stale_guard_cannot_release_the_next_holders_lock(case: &Case<'_>) {
     next.release().await.unwrap();
 }
 
-/// With its liveness cut, the holder's loss signal fires while the server still holds the
-/// lock: the holder stops trusting its lock before anyone else can get it.
+/// With its liveness cut, the holder's loss signal fires while the server still holds the lock.
+/// The holder stops trusting its lock before anyone else can get it.
 async fn loss_is_signalled_before_the_server_expires_the_lock(case: &Case<'_>) {
     let probe = case.client().await;
     let caps = probe.capabilities().clone();
@@ -728,9 +741,10 @@ async fn a_semaphore_never_exceeds_its_permits(case: &Case<'_>) {
     assert!(tokens.windows(2).all(|w| w[0] < w[1]));
 }
 
-/// Permits of different limits on one name: each request counts with its own limit, and on
-/// a fair backend none overtakes a request queued before it, so grants and their tokens
-/// follow the queue (the contract's rule, `leasehold_core::support::queue`).
+/// Permits of different limits on one name.
+/// Each request counts with its own limit, and on a fair backend none overtakes a request
+/// queued before it, so grants and their tokens follow the queue (the contract's rule,
+/// `leasehold_core::support::queue`).
 async fn permits_of_mixed_limits_are_granted_in_queue_order(case: &Case<'_>) {
     let holder = case.client().await;
     let caps = holder.capabilities().clone();
@@ -792,8 +806,8 @@ async fn permits_of_mixed_limits_are_granted_in_queue_order(case: &Case<'_>) {
     three.release().await.unwrap();
 }
 
-/// Readers share; a writer excludes readers and writers; a reader arriving while a writer
-/// waits queues behind it.
+/// Readers share; a writer excludes readers and writers.
+/// A reader arriving while a writer waits queues behind it.
 async fn read_write_semantics_and_no_writer_starvation(case: &Case<'_>) {
     let a = case.client().await;
     let caps = a.capabilities().clone();
@@ -944,8 +958,8 @@ async fn inspect_reports_holders_and_waiters(case: &Case<'_>) {
     assert!(a.inspect(case.name).await.unwrap().holders.is_empty());
 }
 
-/// After a holder's lease expires without a release, the lock stays closed for the
-/// lock-delay; a normal release opens it at once.
+/// After a holder's lease expires without a release, the lock stays closed for the lock-delay.
+/// A normal release opens it at once.
 async fn lock_delay_keeps_an_expired_lock_closed(case: &Case<'_>) {
     let probe = case.client().await;
     let caps = probe.capabilities().clone();
@@ -1000,9 +1014,9 @@ async fn lock_delay_keeps_an_expired_lock_closed(case: &Case<'_>) {
     assert!(try_lock(&probe, case.name).await.is_some());
 }
 
-/// Every kind of grant — plain, with a lock-delay, with a stored value (a leader), shared,
-/// a permit — stays held through several renewals, well past its first lease, with its
-/// token (and value) unchanged on the server and nobody else let in.
+/// Every kind of grant stays held through several renewals, well past its first lease.
+/// Plain, with a lock-delay, with a stored value (a leader), shared, a permit — each keeps
+/// its token (and value) unchanged on the server, and nobody else is let in.
 async fn renewals_keep_every_kind_of_grant(case: &Case<'_>) {
     let probe = case.client().await;
     let caps = probe.capabilities().clone();

@@ -1,5 +1,6 @@
-//! Test infrastructure for leasehold: the conformance suite every backend must pass, real
-//! lock servers started on free loopback ports, and a TCP fault proxy.
+//! Test infrastructure for leasehold: the conformance suite, real servers, the fault proxy.
+//! The conformance suite is the one every backend must pass, the servers are real lock
+//! servers started on free loopback ports, and the TCP fault proxy is re-exported.
 //!
 //! Nothing here mocks a server. The in-memory backend is a real backend; Redis, etcd,
 //! ZooKeeper and PostgreSQL are the real programs from Debian's packages, started by
@@ -8,9 +9,10 @@
 pub mod conformance;
 pub mod probe;
 mod process;
-pub mod proxy;
 pub mod servers;
 
+/// The TCP fault proxy (the `leasehold-faultproxy` crate, which `leasehold chaos` uses too).
+pub use leasehold_faultproxy as proxy;
 pub use process::{ServerProcess, free_port};
 pub use proxy::{Direction, FaultProxy};
 pub use servers::{

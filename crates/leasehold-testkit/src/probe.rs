@@ -1,6 +1,5 @@
-//! Just enough of each server's protocol to tell whether it serves and to administer it
-//! from a test: RESP for Redis, HTTP/1.0 for etcd's health endpoint, four-letter words for
-//! ZooKeeper.
+//! Just enough of each server's protocol to tell whether it serves and to administer it.
+//! RESP for Redis, HTTP/1.0 for etcd's health endpoint, four-letter words for ZooKeeper.
 
 use std::io;
 use std::net::SocketAddr;
@@ -14,15 +13,15 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// A Redis reply, decoded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Resp {
-    /// `+OK`
+    /// A simple string: `+OK`.
     Simple(String),
     /// `-ERR ...`
     Error(String),
-    /// `:42`
+    /// An integer: `:42`.
     Integer(i64),
-    /// `$5 hello` (`None`: null bulk)
+    /// A bulk string: `$5 hello` (`None`: null bulk).
     Bulk(Option<Vec<u8>>),
-    /// `*2 ...` (`None`: null array)
+    /// An array: `*2 ...` (`None`: null array).
     Array(Option<Vec<Resp>>),
 }
 
@@ -46,8 +45,8 @@ pub async fn redis_command(addr: SocketAddr, args: &[&str]) -> io::Result<Resp> 
         .ok_or_else(|| io::Error::other("no reply from redis"))
 }
 
-/// Sends commands one after another on one connection (so that e.g. `WAIT` sees the
-/// writes before it) and reads every reply.
+/// Sends commands one after another on one connection and reads every reply.
+/// On one connection `WAIT`, for example, sees the writes before it.
 pub async fn redis_commands(addr: SocketAddr, commands: &[&[&str]]) -> io::Result<Vec<Resp>> {
     tokio::time::timeout(PROBE_TIMEOUT, async {
         let stream = TcpStream::connect(addr).await?;

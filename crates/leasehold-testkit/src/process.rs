@@ -1,6 +1,6 @@
-//! One server process started by a test: logs to a file, can be paused, resumed, killed and
-//! restarted with the same command line, and is killed when its handle drops or when the
-//! test process dies.
+//! One server process started by a test.
+//! It logs to a file, can be paused, resumed, killed and restarted with the same command
+//! line, and is killed when its handle drops or when the test process dies.
 
 use std::ffi::OsString;
 use std::fs::File;
@@ -36,8 +36,8 @@ impl ServerProcess {
         Self::start_as(label, program, args, Vec::new(), None, log)
     }
 
-    /// As [`start`](Self::start), with extra environment and optionally as another user
-    /// (`(uid, gid)`; needs root).
+    /// As [`start`](Self::start), with extra environment and optionally as another user.
+    /// The user is `(uid, gid)`; that needs root.
     pub(crate) fn start_as(
         label: &str,
         program: &Path,
@@ -207,8 +207,9 @@ pub(crate) async fn wait_ready(
     }
 }
 
-/// A loopback port nobody listens on right now. Another process may take it before the
-/// server binds it; server start-ups retry with a fresh port when that happens.
+/// A loopback port nobody listens on right now.
+/// Another process may take it before the server binds it; server start-ups retry with a
+/// fresh port when that happens.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())

@@ -21,8 +21,8 @@ use crate::layout::{self, Contender, Layout};
 use crate::options::{Target, ZooKeeperOptions, parse_url};
 use crate::session::{Session, acls};
 
-/// A client's connection to a ZooKeeper ensemble: one session for all its locks. Clones
-/// share the session.
+/// A client's connection to a ZooKeeper ensemble: one session for all its locks.
+/// Clones share the session.
 #[derive(Debug, Clone)]
 pub struct ZooKeeperBackend {
     inner: Arc<Inner>,
@@ -38,8 +38,8 @@ struct Inner {
     opening: AsyncMutex<()>,
     /// The node of each acquisition in progress or held.
     owners: Mutex<HashMap<OwnerId, Placed>>,
-    /// The epoch the first session found; a later session finding another one means the
-    /// ensemble lost its data.
+    /// The epoch the first session found.
+    /// A later session finding another one means the ensemble lost its data.
     epoch: Mutex<Option<String>>,
     wiped: AtomicBool,
     /// The negotiated session timeout, in milliseconds.
@@ -75,11 +75,11 @@ struct Placed {
     unsure: bool,
     /// It was answered busy at least once.
     waited: bool,
-    /// Its lock-delay marker, recorded before its create goes out: from then on it may
-    /// exist until a release deletes it.
+    /// Its lock-delay marker, recorded before its create goes out.
+    /// From then on it may exist until a release deletes it.
     marker: Option<Marker>,
-    /// The one node in its way was deleted, and nothing else can be (see
-    /// `layout::sole_blocker`): it holds, without listing the directory again.
+    /// The one node in its way was deleted, and nothing else can be (see `layout::sole_blocker`).
+    /// It holds, without listing the directory again.
     woken: bool,
 }
 
@@ -109,8 +109,8 @@ impl Placed {
 struct Hint {
     /// The session whose watches these are.
     session: i64,
-    /// The waiting acquisition whose only blocker is the one node watched (see
-    /// `layout::sole_blocker`): its deletion grants it.
+    /// The waiting acquisition whose only blocker is the one node watched.
+    /// See `layout::sole_blocker`: its deletion grants it.
     sole: Option<OwnerId>,
     /// Nodes whose deletion (or change) may matter.
     nodes: Vec<Watched>,
@@ -122,9 +122,9 @@ struct Hint {
 #[derive(Debug)]
 struct Watched {
     path: String,
-    /// The node was a permit waiter of ours when the directory was listed, so its data
-    /// version was 0 then: it is touched (its version moves) once it is granted, which
-    /// may happen before the watch is set.
+    /// The node was a permit waiter of ours when the directory was listed.
+    /// So its data version was 0 then: it is touched (its version moves) once it is
+    /// granted, which may happen before the watch is set.
     untouched: bool,
 }
 
@@ -137,8 +137,9 @@ impl Watched {
     }
 }
 
-/// How many times a create is retried when its directory vanishes between the mkdir and
-/// the create (ZooKeeper deletes empty container nodes).
+/// How many times a create is retried when its directory vanishes before it.
+/// The directory vanishes between the mkdir and the create when ZooKeeper deletes an empty
+/// container node.
 const CREATE_ATTEMPTS: usize = 5;
 
 impl ZooKeeperBackend {
@@ -173,8 +174,8 @@ impl ZooKeeperBackend {
         Self::open(target, options).await
     }
 
-    /// Connects to `servers` (`host:port` each), under `chroot` if given (created if
-    /// missing), with `options`.
+    /// Connects to `servers` (`host:port` each), under `chroot` if given (created if missing).
+    /// It uses `options`.
     ///
     /// # Cancel safety
     ///
@@ -216,8 +217,8 @@ impl ZooKeeperBackend {
         Ok(backend)
     }
 
-    /// The negotiated session timeout: every grant's lease length (the server may narrow
-    /// the one asked for to its own bounds).
+    /// The negotiated session timeout: every grant's lease length.
+    /// The server may narrow the one asked for to its own bounds.
     pub fn session_timeout(&self) -> Duration {
         let negotiated = self.inner.timeout_ms.load(Ordering::Relaxed);
         if negotiated == 0 {
@@ -227,22 +228,21 @@ impl ZooKeeperBackend {
         }
     }
 
-    /// ZooKeeper's id of the current session (the `ephemeralOwner` of its nodes), if one is
-    /// open.
+    /// ZooKeeper's id of the current session (the `ephemeralOwner` of its nodes), if one is open.
     pub fn session_id(&self) -> Option<i64> {
         self.current().map(|s| s.id)
     }
 
-    /// How many node events have woken a waiter of this backend so far (each is the
-    /// deletion or change of the one node a waiter watched): a diagnostic of hand-offs.
+    /// How many node events have woken a waiter of this backend so far: a diagnostic of hand-offs.
+    /// Each is the deletion or change of the one node a waiter watched.
     pub fn watch_events(&self) -> u64 {
         self.inner.watch_events.load(Ordering::Relaxed)
     }
 
-    /// Closes this client's session: every lock, permit and candidacy it holds is freed at
-    /// once (no lock-delay follows a close), its waiters give up their places, and its
-    /// guards are lost ([`LossReason::SessionEnded`]). A later acquisition opens a new
-    /// session.
+    /// Closes this client's session.
+    /// Every lock, permit and candidacy it holds is freed at once (no lock-delay follows a
+    /// close), its waiters give up their places, and its guards are lost
+    /// ([`LossReason::SessionEnded`]). A later acquisition opens a new session.
     ///
     /// # Cancel safety
     ///
@@ -264,8 +264,7 @@ impl ZooKeeperBackend {
         session.close().await
     }
 
-    /// Forgets every acquisition placed under the session `id`; returns their lock-delay
-    /// markers.
+    /// Forgets every acquisition placed under the session `id`; returns their lock-delay markers.
     fn forget_session(&self, id: i64) -> Vec<Marker> {
         let mut owners = self.owners();
         let markers = owners
@@ -363,8 +362,8 @@ impl ZooKeeperBackend {
         mode.with_acls(acls(self.inner.options.digest.is_some()))
     }
 
-    /// Creates the directory `dir` (a container node: the server deletes it once empty)
-    /// and any missing parent.
+    /// Creates the directory `dir` and any missing parent.
+    /// It is a container node: the server deletes it once empty.
     async fn make_dir(&self, client: &zk::Client, dir: &str) -> Result<()> {
         client
             .mkdir(dir, &self.create_options(zk::CreateMode::Container))
@@ -372,9 +371,9 @@ impl ZooKeeperBackend {
             .map_err(|e| map(e, &format!("creating {dir}")))
     }
 
-    /// Creates my node in `dir` and lists `dir`, back to back; records the node as the
-    /// owner's as soon as the create is answered (even if the listing is refused), and
-    /// returns its name and the listing.
+    /// Creates my node in `dir` and lists `dir`, back to back.
+    /// It records the node as the owner's as soon as the create is answered (even if the
+    /// listing is refused), and returns its name and the listing.
     async fn create_and_list(
         &self,
         client: &zk::Client,
@@ -416,10 +415,11 @@ impl ZooKeeperBackend {
         or_empty(client.list_children(dir).await, dir)
     }
 
-    /// Lists `dir` as the leader has it: after a `sync`, which a follower answers once it
-    /// has applied everything the leader committed before (a session's requests are
-    /// answered in order, so the listing waits for it). For searching for the node of a
-    /// create whose answer was lost, which another server may not have applied yet.
+    /// Lists `dir` as the leader has it.
+    /// It lists after a `sync`, which a follower answers once it has applied everything the
+    /// leader committed before (a session's requests are answered in order, so the listing
+    /// waits for it). For searching for the node of a create whose answer was lost, which
+    /// another server may not have applied yet.
     async fn list_synced(&self, client: &zk::Client, dir: &str) -> Result<Vec<String>> {
         let (synced, listed) = tokio::join!(client.sync(dir), client.list_children(dir));
         synced.map_err(|e| map(e, &format!("syncing {dir}")))?;
@@ -459,9 +459,9 @@ impl ZooKeeperBackend {
         Ok(deleted)
     }
 
-    /// Deletes the owner's node (and its lock-delay marker) by path and version; whether
-    /// a node was there. An owner whose create went unanswered has the directory swept for
-    /// nodes named after it. `session` is the current session.
+    /// Deletes the owner's node (and its lock-delay marker) by path and version.
+    /// Returns whether a node was there. An owner whose create went unanswered has the
+    /// directory swept for nodes named after it. `session` is the current session.
     async fn delete_node(
         &self,
         session: &Session,
@@ -541,8 +541,8 @@ impl ZooKeeperBackend {
         ))
     }
 
-    /// Finds the node of an unanswered create by its name and records it as the owner's:
-    /// the lowest such node, if several (the others are swept later).
+    /// Finds the node of an unanswered create by its name and records it as the owner's.
+    /// It takes the lowest such node, if several (the others are swept later).
     async fn adopt(
         &self,
         client: &zk::Client,
@@ -620,10 +620,10 @@ impl ZooKeeperBackend {
         )))
     }
 
-    /// Creates the lock-delay marker of `placed`'s grant, owned by the session of `delay`,
-    /// beside the granted node (which keeps the directory from vanishing). The marker is
-    /// recorded before its create goes out: a release deletes it whatever became of the
-    /// create (dropped, unanswered).
+    /// Creates the lock-delay marker of `placed`'s grant, owned by the session of `delay`.
+    /// It goes beside the granted node (which keeps the directory from vanishing). The
+    /// marker is recorded before its create goes out: a release deletes it whatever became
+    /// of the create (dropped, unanswered).
     async fn put_marker(
         &self,
         session: &Session,
@@ -659,8 +659,8 @@ impl ZooKeeperBackend {
     }
 }
 
-/// Deletes lock-delay markers on the lock-delay sessions that created them (best effort:
-/// one that stays goes when its session expires).
+/// Deletes lock-delay markers on the lock-delay sessions that created them.
+/// It is best effort: one that stays goes when its session expires.
 async fn delete_markers(session: &Session, markers: Vec<Marker>) {
     let deletes = markers.into_iter().filter_map(|marker| {
         let client = session.open_delay_client(marker.delay, marker.session)?;
@@ -700,8 +700,8 @@ fn default_limit(mode: Mode) -> Option<NonZeroU32> {
     }
 }
 
-/// The paths of the lock-delay markers among `children` of `dir` whose owner has no node in
-/// `queue`: a holder that vanished without releasing.
+/// The paths of the lock-delay markers among `children` of `dir` whose owner has no node.
+/// No node in `queue`: a holder that vanished without releasing.
 fn orphan_markers(children: &[String], queue: &[Contender], dir: &str) -> Vec<String> {
     children
         .iter()

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use leasehold_core::Error;
 use zookeeper_client as zk;
 
-/// Maps a client error met while `doing` something. Messages never carry credentials
-/// (the client's errors do not contain them).
+/// Maps a client error met while `doing` something.
+/// Messages never carry credentials (the client's errors do not contain them).
 pub(crate) fn map(error: zk::Error, doing: &str) -> Error {
     use zk::Error as E;
     let message = format!("zookeeper: {doing}: {error}");

@@ -1,5 +1,16 @@
 //! leasehold's ZooKeeper backend: ephemeral sequential nodes on one session.
 //!
+//! The crate, one concern per file:
+//!
+//! - `lib.rs`: this map, the design in brief, the exports.
+//! - `options.rs`: [`ZooKeeperOptions`], and the URL that sets them.
+//! - `session.rs`: the session serving every lock, and how far its guards can trust it.
+//! - `layout.rs`: where a lock's nodes live and how they are named.
+//! - `backend.rs`: [`ZooKeeperBackend`], the trait's operations as ZooKeeper requests.
+//! - `error.rs`: ZooKeeper's errors in leasehold's terms.
+//!
+//! The design:
+//!
 //! - **One session per backend** serves every lock, permit and candidacy (see
 //!   `docs/backends/zookeeper.md`): guards follow it — *suspended* while its link is down,
 //!   lost at the local deadline (when the leader is known to have last heard from the

@@ -1,6 +1,5 @@
-//! The conformance suite against a real standalone ZooKeeper (one per test), every case
-//! included: a client's liveness is cut by partitioning its session's link through a fault
-//! proxy.
+//! The conformance suite against a real standalone ZooKeeper (one per test), every case included.
+//! A client's liveness is cut by partitioning its session's link through a fault proxy.
 
 #![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 

@@ -1,6 +1,6 @@
-//! One name, one lock, across languages: leasehold's exclusive lock and a real Apache
-//! Curator process's `InterProcessMutex` on the same path exclude each other, in one FIFO
-//! queue, in both directions.
+//! One name, one lock, across languages.
+//! leasehold's exclusive lock and a real Apache Curator process's `InterProcessMutex` on
+//! the same path exclude each other, in one FIFO queue, in both directions.
 
 #![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 

@@ -1,7 +1,8 @@
-//! ZooKeeper-specific behaviour against real servers: lost create replies, jeopardy versus
-//! loss, a leader outage in an ensemble, a follower that lost its leader, FIFO hand-offs
-//! that wake one waiter each, token order within each set, close, a killed client,
-//! lock-delay markers and sessions, credentials and chroots, a wiped epoch.
+//! ZooKeeper-specific behaviour against real servers.
+//! Lost create replies, jeopardy versus loss, a leader outage in an ensemble, a follower
+//! that lost its leader, FIFO hand-offs that wake one waiter each, token order within each
+//! set, close, a killed client, lock-delay markers and sessions, credentials and chroots, a
+//! wiped epoch.
 
 #![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
@@ -203,9 +204,10 @@ async fn a_long_cut_loses_the_guard_at_its_deadline_before_anyone_else_gets_it()
     next.release().await.unwrap();
 }
 
-/// A link cut for half the session (15 s of 30 s) while a guard is dropped and an
-/// acquisition of unknown outcome is given up: the releases go on until the link is back
-/// and then complete, and the session's other guard lives on through it, its node too.
+/// A link cut for half the session while a guard is dropped and an acquisition is given up.
+/// The cut lasts 15 s of 30 s, and the acquisition's outcome is unknown: the releases go on
+/// until the link is back and then complete, and the session's other guard lives on through
+/// it, its node too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_short_outage_ends_only_what_was_let_go_during_it() {
     let zookeeper = ZooKeeper::start().await.unwrap();
@@ -432,8 +434,9 @@ async fn close_deletes_the_sessions_nodes_at_once() {
     );
 }
 
-/// A guard dropped sends its delete from the drop, ahead of the client's next request on
-/// the one session: the lock taken again at once is free, with nothing to wait for.
+/// A guard dropped sends its delete from the drop.
+/// It goes ahead of the client's next request on the one session: the lock taken again at
+/// once is free, with nothing to wait for.
 #[tokio::test]
 async fn a_dropped_guard_is_gone_before_the_clients_next_request() {
     let zookeeper = ZooKeeper::start().await.unwrap();
@@ -476,8 +479,8 @@ async fn a_holder_process() {
     std::future::pending::<()>().await;
 }
 
-/// Starts a process holding `name`, kills it with SIGKILL once it holds, and returns how
-/// long after the kill another client got the lock.
+/// Starts a process holding `name` and kills it with SIGKILL once it holds.
+/// Returns how long after the kill another client got the lock.
 async fn freed_after_kill(
     zookeeper: &ZooKeeper,
     url: &str,

@@ -1,7 +1,7 @@
-//! What the checks share: grants with the server's promises, holds with the workers'
-//! checks, faults, and the run's parameters — all derived once from a history — and the
-//! records the checks cannot use (a grant, guard or access without its token or owner),
-//! which fail the checks that would otherwise pass over them.
+//! What the checks share, derived once from a history.
+//! Grants with the server's promises, holds with the workers' checks, faults, and the run's
+//! parameters — and the records the checks cannot use (a grant, guard or access without its
+//! token or owner), which fail the checks that would otherwise pass over them.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -24,15 +24,15 @@ pub struct RunInfo {
     pub ttl_us: u64,
     /// The lock-delay, µs (0: none).
     pub lock_delay_us: u64,
-    /// How long after its holder vanished a waiter must have the lock, beyond the lease
-    /// and the lock-delay, µs.
+    /// How long after its holder vanished a waiter must have the lock, in µs.
+    /// That is beyond the lease and the lock-delay.
     pub recovery_slack_us: u64,
     /// `counter` or `set`.
     pub workload: String,
     /// `enforce` or `observe`.
     pub mode: String,
-    /// Copies of each lock the backend keeps (Redlock: one per node): a holder's release
-    /// may remove its own stale copies after it was superseded.
+    /// Copies of each lock the backend keeps (Redlock: one per node).
+    /// A holder's release may remove its own stale copies after it was superseded.
     pub copies: u32,
 }
 
@@ -71,20 +71,20 @@ pub struct Grant {
     pub expiry: Expiry,
     /// The session it is bound to (session backends).
     pub session: Option<String>,
-    /// Every answer that extended it: (invoked, answered, promised until). A grant or
-    /// renewal of lease `d` invoked at `i` was applied at `i` or later, so the server
-    /// promised to keep it until at least `i + d`.
+    /// Every answer that extended it: (invoked, answered, promised until).
+    /// A grant or renewal of lease `d` invoked at `i` was applied at `i` or later, so the
+    /// server promised to keep it until at least `i + d`.
     pub extensions: Vec<(u64, u64, u64)>,
-    /// The earliest moment it may have been given up by its holder: a release invoked
-    /// (answered released, or not answered), or, for grants that never expire, the
-    /// holding process killed.
+    /// The earliest moment it may have been given up by its holder.
+    /// That is a release invoked (answered released, or not answered), or, for grants that
+    /// never expire, the holding process killed.
     pub cut: u64,
-    /// When the server answered that the owner held nothing (a renewal answered lost, a
-    /// release answered not held).
+    /// When the server answered that the owner held nothing.
+    /// A renewal answered lost, or a release answered not held.
     pub denials: Vec<u64>,
-    /// For a grant bound to a session: the server's own bounds on it as they became
-    /// known, (when, until): the session ttl past the last keep-alive the server
-    /// acknowledged (`None` where the backend did not say).
+    /// For a grant bound to a session: the server's own bounds on it, as they became known.
+    /// Each is (when, until): the session ttl past the last keep-alive the server
+    /// acknowledged (`None` where the backend does not say).
     pub server_bounds: Vec<(u64, Option<u64>)>,
 }
 
@@ -104,10 +104,10 @@ impl Grant {
             .unwrap_or(0)
     }
 
-    /// The latest the server may keep the grant by what it had shown before `t`: the
-    /// promise of a lease counted from its request's send; for a session, the server's own
-    /// bound (not the client's deadline, which is the very thing C9 holds against it).
-    /// `None` for a session whose backend did not say.
+    /// The latest the server may keep the grant by what it had shown before `t`.
+    /// That is the promise of a lease counted from its request's send; for a session, the
+    /// server's own bound (not the client's deadline, which is the very thing C9 holds to
+    /// it). `None` for a session whose backend did not say.
     pub fn server_promise_before(&self, t: u64) -> Option<u64> {
         if !matches!(self.expiry, Expiry::Session { .. }) {
             return Some(self.promise_before(t));
@@ -124,8 +124,8 @@ impl Grant {
         Some(known.into_iter().flatten().max().unwrap_or(0))
     }
 
-    /// The end of the interval in which the grant was certainly held by the server's own
-    /// promises: the promise, or the cut if earlier.
+    /// Until when the grant was certainly held by the server's own promises.
+    /// That is the promise, or the cut if earlier.
     pub fn end(&self) -> u64 {
         self.promise().min(self.cut)
     }
@@ -162,8 +162,8 @@ pub struct Hold {
 }
 
 impl Hold {
-    /// The last moment the worker certainly believed it held: the invoke of its last
-    /// access that found the guard held (or the start).
+    /// The last moment the worker certainly believed it held.
+    /// That is the invoke of its last access that found the guard held (or the start).
     pub fn believed_until(&self) -> u64 {
         self.accesses
             .iter()
@@ -206,11 +206,12 @@ pub struct Facts {
     pub info: RunInfo,
     /// Whether anything ran: the runner started the run, or a worker took part.
     pub ran: bool,
-    /// The workers that took part (every process but the runner, the resource, the
-    /// nemesis and the observer).
+    /// The workers that took part.
+    /// Every process but the runner, the resource, the nemesis and the observer.
     pub workers: BTreeSet<String>,
-    /// Records the checks cannot use: a grant without a token, an owner or an expiry, a
-    /// guard without a token or an owner, an access under an owner no guard had.
+    /// Records the checks cannot use.
+    /// A grant without a token, an owner or an expiry, a guard without a token or an owner,
+    /// an access under an owner no guard had.
     pub incomplete: Vec<(Record, Violation)>,
     /// Grants, in the order they were first answered.
     pub grants: Vec<Grant>,

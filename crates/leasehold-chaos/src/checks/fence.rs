@@ -18,9 +18,9 @@ fn applied(history: &History) -> Vec<&Event> {
     log
 }
 
-/// C1: in the order the resource applied them, accepted tokens never decrease, and a
-/// token is only ever presented by one owner (the fence accepts equal tokens, so a token
-/// shared by two owners would let both through).
+/// C1: in the order the resource applied them, accepted tokens never decrease.
+/// And a token is only ever presented by one owner (the fence accepts equal tokens, so a
+/// token shared by two owners would let both through).
 pub(super) fn c1_fence_order(history: &History, facts: &Facts) -> Finding {
     let log = applied(history);
     if log.is_empty() {
@@ -79,9 +79,10 @@ pub(super) fn c1_fence_order(history: &History, facts: &Facts) -> Finding {
     Finding::measured(violations, format!("{accepted} accesses accepted")).breaking(broken)
 }
 
-/// C2: no access (read or write) is acknowledged as accepted when an access with a higher
-/// token had been acknowledged before it was invoked: the writer had been superseded, and
-/// its access was stale. Also counts the stale accesses the fence refused.
+/// C2: no access is accepted after an access with a higher token was acknowledged.
+/// No access (read or write) is acknowledged as accepted when an access with a higher token
+/// had been acknowledged before it was invoked: the writer had been superseded, and its
+/// access was stale. Also counts the stale accesses the fence refused.
 pub(super) fn c2_stale_access(history: &History, facts: &Facts) -> Finding {
     let mut ops = history.ops(Kind::Read);
     ops.extend(history.ops(Kind::Write));
@@ -159,9 +160,10 @@ pub(super) fn c2_stale_access(history: &History, facts: &Facts) -> Finding {
     .breaking(broken)
 }
 
-/// C4: every acknowledged write is in the final state. Counter: each write the resource
-/// accepted must have incremented what was there (otherwise it overwrote an increment it
-/// never read). Set: every acknowledged write's element is in the final set.
+/// C4: every acknowledged write is in the final state.
+/// Counter: each write the resource accepted must have incremented what was there
+/// (otherwise it overwrote an increment it never read). Set: every acknowledged write's
+/// element is in the final set.
 pub(super) fn c4_lost_writes(history: &History, facts: &Facts) -> Finding {
     let Some(last) = history.of(Kind::Final).rfind(|e| e.process == "resource") else {
         return Finding::nothing(facts, "the resource reported no final state");

@@ -1,13 +1,14 @@
-//! The server side: C3 (token order), C5 (double grants), C8 (release safety), C10
-//! (nothing left behind).
+//! The server side: C3, C5, C8 and C10.
+//! C3 (token order), C5 (double grants), C8 (release safety), C10 (nothing left behind).
 
 use serde_json::Value;
 
 use super::{Facts, Finding, Record, Violation, ms};
 use crate::history::{History, Kind, Phase};
 
-/// C3: every grant's token is its own (two owners never share one) and a grant answered
-/// before another was asked has the lower token.
+/// C3: every grant's token is its own, and tokens follow the grants' real-time order.
+/// Two owners never share one, and a grant answered before another was asked has the lower
+/// token.
 pub(super) fn c3_token_order(facts: &Facts) -> Finding {
     let incomplete = facts.incomplete(Record::Grant);
     if facts.grants.is_empty() && incomplete.is_empty() {
@@ -51,10 +52,10 @@ pub(super) fn c3_token_order(facts: &Facts) -> Finding {
     Finding::measured(violations, format!("{} grants", facts.grants.len())).breaking(incomplete)
 }
 
-/// C5: by the server's own promises (a grant of lease `d` asked at `i` is kept until at
-/// least `i + d` unless released; a session grant until the session's deadline, or the
-/// server's bound if earlier), no two owners held the lock at once. Also: no inspect
-/// showed two exclusive holders.
+/// C5: by the server's own promises, no two owners held the lock at once.
+/// A grant of lease `d` asked at `i` is kept until at least `i + d` unless released; a
+/// session grant until the session's deadline, or the server's bound if earlier. Also: no
+/// inspect showed two exclusive holders.
 pub(super) fn c5_double_grant(history: &History, facts: &Facts) -> Finding {
     let incomplete = facts.incomplete(Record::Grant);
     let mut violations = Vec::new();
@@ -148,11 +149,11 @@ pub(super) fn c5_double_grant(history: &History, facts: &Facts) -> Finding {
     .breaking(incomplete)
 }
 
-/// C8: a release answered "released" only for an owner id its own process acquired, and
-/// only while no other owner had been granted the lock since that owner's last grant or
-/// renewal: otherwise it removed someone else's lock. "Since" means certainly applied
-/// after it by the server (asked for after it was answered, or with a higher token where
-/// tokens follow the order of grants), not merely answered after it.
+/// C8: a release answered "released" only for an owner id its own process acquired.
+/// And only while no other owner had been granted the lock since that owner's last grant or
+/// renewal: otherwise it removed someone else's lock. "Since" means certainly applied after
+/// it by the server (asked for after it was answered, or with a higher token where tokens
+/// follow the order of grants), not merely answered after it.
 pub(super) fn c8_release_safety(history: &History, facts: &Facts) -> Finding {
     let releases = history.ops(Kind::Release);
     if releases.is_empty() {
@@ -242,9 +243,10 @@ pub(super) fn c8_release_safety(history: &History, facts: &Facts) -> Finding {
     )
 }
 
-/// C10: every acquire whose outcome was unknown was resolved by its owner (adopted by a
-/// later grant, or released), unless its process was killed; and after the run the
-/// server shows no holder and no waiter.
+/// C10: every unknown outcome was resolved, and the server is left empty.
+/// Every acquire whose outcome was unknown was resolved by its owner (adopted by a later
+/// grant, or released), unless its process was killed; and after the run the server shows
+/// no holder and no waiter.
 pub(super) fn c10_nothing_left(history: &History, facts: &Facts) -> Finding {
     let mut violations = Vec::new();
     let acquires = history.ops(Kind::Acquire);
@@ -470,10 +472,10 @@ mod tests {
         assert_eq!(findings(Check::C8, superseded), 1);
     }
 
-    /// The shape of a CI failure (postgres, expire-while-queued, seed 1, under load): the
-    /// server granted w2 token 1, the very first grant, and w2 was paused before it read
-    /// the answer; w1 was granted token 5 later; w2's answer came after its resume, between
-    /// w1's grant and w1's release. The answer was late, the grant was not new.
+    /// The shape of a CI failure (postgres, expire-while-queued, seed 1, under load).
+    /// The server granted w2 token 1, the very first grant, and w2 was paused before it
+    /// read the answer; w1 was granted token 5 later; w2's answer came after its resume,
+    /// between w1's grant and w1's release. The answer was late, the grant was not new.
     fn late_answered_first_grant() -> Vec<Event> {
         let mut h: Vec<Event> = grant("w2", 1, "b", 0, 2_493_000, 1, 1_000_000).into();
         // The others are granted once w2's lease has run out on the server.

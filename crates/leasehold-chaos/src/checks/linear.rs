@@ -38,9 +38,9 @@ pub enum LockOp {
         owner: u32,
         /// The answer.
         answer: Option<bool>,
-        /// "Released" may mean something other than the grant: its place in the queue
-        /// (the owner waited), or its own stale copies (a backend with several copies
-        /// of each lock).
+        /// "Released" may mean something other than the grant.
+        /// It may be its place in the queue (the owner waited), or its own stale copies (a
+        /// backend with several copies of each lock).
         queued: bool,
     },
 }
@@ -178,9 +178,9 @@ fn promise(expiry: Option<Expiry>, invoked: u64) -> u64 {
     expiry.unwrap_or(Expiry::Never).promise(invoked)
 }
 
-/// The lock history of `history`: backend calls per lock, with owners interned. Busy
-/// answers are left out (legal in every state, and they change nothing), as are calls that
-/// failed without being applied.
+/// The lock history of `history`: backend calls per lock, with owners interned.
+/// Busy answers are left out (legal in every state, and they change nothing), as are calls
+/// that failed without being applied.
 pub(crate) fn lock_calls(
     history: &History,
     facts: &Facts,

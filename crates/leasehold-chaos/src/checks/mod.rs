@@ -1,5 +1,4 @@
-//! The checks C1–C10 of `safety.md`: each a function over a history, each with a named
-//! verdict.
+//! The checks C1–C10 of `safety.md`: each a function over a history, each with a named verdict.
 //!
 //! A check finds violations (with when and who, for the report's timeline) and maybe a
 //! measure; a scenario says per check whether it must hold, must be violated (the fault
@@ -24,11 +23,10 @@ pub use linear::{LeaseMutex, LockCall, LockOp};
 /// One of the checks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum Check {
-    /// C1: the tokens the resource accepted never go backwards, and one token means one
-    /// owner.
+    /// C1: the tokens the resource accepted never go backwards, and one token means one owner.
     C1,
-    /// C2: no stale access acknowledged: none accepted after an access with a higher
-    /// token had been acknowledged.
+    /// C2: no stale access acknowledged.
+    /// None is accepted after an access with a higher token had been acknowledged.
     C2,
     /// C3: grants' tokens are unique and increase in real time.
     C3,
@@ -42,8 +40,7 @@ pub enum Check {
     C7,
     /// C8: no release removed another's lock.
     C8,
-    /// C9: loss noticed before the server could re-grant; recovery within TTL +
-    /// lock-delay.
+    /// C9: loss noticed before the server could re-grant; recovery within TTL + lock-delay.
     C9,
     /// C10: nothing left behind.
     C10,
@@ -149,10 +146,10 @@ impl Violation {
 pub struct Finding {
     /// Violations found.
     pub violations: Vec<Violation>,
-    /// Why the run cannot pass this check whatever the scenario expects: nothing to check
-    /// although workers ran (no grant, no guard, no access, no release, no final look),
-    /// or records it needs without a token or an owner. A check never passes by having
-    /// looked at nothing.
+    /// Why the run cannot pass this check whatever the scenario expects.
+    /// Nothing to check although workers ran (no grant, no guard, no access, no release, no
+    /// final look), or records it needs without a token or an owner. A check never passes
+    /// by having looked at nothing.
     pub broken: Vec<Violation>,
     /// A figure (`longest overlap 312 ms`, `3 stale writes refused`).
     pub measure: Option<String>,
@@ -178,8 +175,8 @@ impl Finding {
         }
     }
 
-    /// Nothing to check: a failure if anything ran (`what` is missing from a run), not
-    /// applicable to a history in which nothing ran.
+    /// Nothing to check: a failure if anything ran, not applicable if nothing did.
+    /// `what` is missing from a run; a history in which nothing ran has nothing to check.
     fn nothing(facts: &Facts, what: &str) -> Self {
         if !facts.ran {
             return Self::not_applicable("nothing ran");
@@ -195,8 +192,8 @@ impl Finding {
         }
     }
 
-    /// Broken as [`Finding::nothing`] says if `empty` (`what` is missing from a run in
-    /// which workers took part), otherwise as it is.
+    /// Broken as [`Finding::nothing`] says if `empty`, otherwise as it is.
+    /// `empty`: `what` is missing from a run in which workers took part.
     fn unless_empty(self, facts: &Facts, empty: bool, what: &str) -> Self {
         if !empty || !(facts.ran || self.violations.is_empty()) {
             return self;
@@ -238,8 +235,8 @@ pub enum Status {
     Fail,
     /// Violated as expected, and detected.
     Detected,
-    /// Expected to be violated, but no violation was seen: the scenario or the checker
-    /// failed to show the weakness.
+    /// Expected to be violated, but no violation was seen.
+    /// The scenario or the checker failed to show the weakness.
     Missed,
     /// Violated where the scenario allows it.
     Tolerated,
@@ -287,9 +284,9 @@ pub struct Verdict {
     pub violations: Vec<Violation>,
 }
 
-/// Combines a finding with what was expected. A broken finding (see [`Finding::broken`])
-/// fails whatever was expected: an expected violation is not "detected" by a check that
-/// had nothing to look at.
+/// Combines a finding with what was expected.
+/// A broken finding (see [`Finding::broken`]) fails whatever was expected: an expected
+/// violation is not "detected" by a check that had nothing to look at.
 pub fn judge(check: Check, finding: Finding, expected: Expect) -> Verdict {
     if let Some(first) = finding.broken.first() {
         let summary = format!(

@@ -3,10 +3,10 @@
 use super::{Facts, Finding, Record, Violation, ms};
 use crate::history::{Expiry, History, Kind, Phase};
 
-/// C6: no two workers believed they held the lock at the same time. A worker certainly
-/// believed it held from when it had its guard until the invoke of its last read or write
-/// that found the guard held (it checked `is_held` after that invoke was stamped). The
-/// overlap is measured.
+/// C6: no two workers believed they held the lock at the same time.
+/// A worker certainly believed it held from when it had its guard until the invoke of its
+/// last read or write that found the guard held (it checked `is_held` after that invoke was
+/// stamped). The overlap is measured.
 pub(super) fn c6_perceived_overlap(facts: &Facts) -> Finding {
     let mut incomplete = facts.incomplete(Record::Hold);
     if facts.holds.is_empty() && incomplete.is_empty() {
@@ -54,13 +54,14 @@ pub(super) fn c6_perceived_overlap(facts: &Facts) -> Finding {
     .breaking(incomplete)
 }
 
-/// C9: (a) a guard is never found held after its lease could have expired on the server
-/// (its last promise: a lease counted from its request's send; a session's ttl past the
-/// last keep-alive the server acknowledged — the server's bound, not the client's own
-/// deadline), nor after the server answered that the owner no longer holds it; (b) when
-/// a holder is killed, or paused past its lease, a waiting worker is granted the lock
-/// within the lease + lock-delay + slack (by the send of the request that was granted:
-/// an answer that came late is its link's or its worker's delay, not the lock's).
+/// C9: no guard is held past the server's promise, and a vanished holder's lock passes on in time.
+/// (a) A guard is never found held after its lease could have expired on the server (its
+/// last promise: a lease counted from its request's send; a session's ttl past the last
+/// keep-alive the server acknowledged — the server's bound, not the client's own deadline),
+/// nor after the server answered that the owner no longer holds it; (b) when a holder is
+/// killed, or paused past its lease, a waiting worker is granted the lock within the
+/// lease + lock-delay + slack (by the send of the request that was granted: an answer that
+/// came late is its link's or its worker's delay, not the lock's).
 pub(super) fn c9_loss_timing(history: &History, facts: &Facts) -> Finding {
     let mut broken = facts.incomplete(Record::Hold);
     let held = !(facts.holds.is_empty() && broken.is_empty());
@@ -261,8 +262,8 @@ mod tests {
         run(c, &h, &Facts::new(&h)).violations.len()
     }
 
-    /// w1 holds from 10 (lease 1000 from 0) and writes at 100 and 900; w2 has the lock
-    /// at 1100 and writes at 1200.
+    /// w1 holds from 10 (lease 1000 from 0) and writes at 100 and 900.
+    /// w2 has the lock at 1100 and writes at 1200.
     fn handover() -> Vec<Event> {
         let mut h: Vec<Event> = Vec::new();
         h.extend(grant("w1", 1, "a", 5, 0, 10, 1000));
@@ -315,9 +316,9 @@ mod tests {
         assert_eq!(findings(Check::C9, denied), 1);
     }
 
-    /// w1 is granted at 10 on session `s`, whose backend reports each keep-alive as
-    /// `(at, deadline the client counts on, server's bound)`; w1 writes at each of
-    /// `writes`, finding its guard held.
+    /// w1 is granted at 10 on session `s`, and writes at each of `writes`, finding its guard held.
+    /// The session's backend reports each keep-alive as `(at, deadline the client counts
+    /// on, server's bound)`.
     fn session_hold(keep_alives: &[(u64, u64, u64)], writes: &[u64]) -> Vec<Event> {
         // Built from JSON, as a recorded history is read.
         let session = |until: u64, server: u64| -> Expiry {

@@ -2,9 +2,7 @@
 
 use std::time::Duration;
 
-use leasehold_testkit::Etcd;
-
-use super::{BackendSpec, ServerClock, Servers, Topology, Traits, whole_seconds};
+use super::{BackendSpec, Home, ServerClock, Traits, whole_seconds};
 
 /// The registry entry.
 pub static SPEC: BackendSpec = BackendSpec {
@@ -22,14 +20,7 @@ pub static SPEC: BackendSpec = BackendSpec {
         restart_loses_locks: false,
     },
     ttl: Duration::from_millis(1000),
-    start: |topology| {
-        Box::pin(async move {
-            Ok(Servers::Etcd(match topology {
-                Topology::Cluster => Etcd::cluster(3).await?,
-                _ => Etcd::start().await?,
-            }))
-        })
-    },
+    home: Home::Servers,
     url: |eps, ttl| {
         format!(
             "etcd://{}?session_ttl={}s",
@@ -39,9 +30,9 @@ pub static SPEC: BackendSpec = BackendSpec {
     },
 };
 
-/// Whether the installed etcd revokes leases from a leader that was paused (a stale
-/// leader's revocations are forwarded to the new leader: etcd-io/etcd#12528, fixed by
-/// etcd-io/etcd#16822 in 3.4.28 and 3.5.11). Such an etcd can grant a lock twice when its
+/// Whether the installed etcd revokes leases from a leader that was paused.
+/// A stale leader's revocations are forwarded to the new leader: etcd-io/etcd#12528, fixed
+/// by etcd-io/etcd#16822 in 3.4.28 and 3.5.11. Such an etcd can grant a lock twice when its
 /// leader is paused past the session ttl.
 pub fn revokes_from_a_stale_leader() -> bool {
     static AFFECTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use super::{BackendSpec, ServerClock, Servers, Traits};
+use super::{BackendSpec, Home, ServerClock, Traits};
 
 /// The registry entry.
 pub static SPEC: BackendSpec = BackendSpec {
@@ -18,6 +18,6 @@ pub static SPEC: BackendSpec = BackendSpec {
         restart_loses_locks: false,
     },
     ttl: Duration::from_millis(1000),
-    start: |_| Box::pin(async { Ok(Servers::Dir(tempfile::tempdir()?)) }),
+    home: Home::Directory,
     url: |dir, _| format!("file://{}", dir.first().map_or("", String::as_str)),
 };

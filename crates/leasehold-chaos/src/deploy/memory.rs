@@ -1,9 +1,9 @@
-//! The in-memory backend: one server inside the worker process, shared by every worker of
-//! the run (they are tasks of that one process, with a `Faulty` link each).
+//! The in-memory backend: one server inside the worker process, shared by every worker.
+//! The workers of the run are tasks of that one process, with a link of the harness's each.
 
 use std::time::Duration;
 
-use super::{BackendSpec, ServerClock, Servers, Traits};
+use super::{BackendSpec, Home, ServerClock, Traits};
 
 /// The registry entry.
 pub static SPEC: BackendSpec = BackendSpec {
@@ -19,6 +19,6 @@ pub static SPEC: BackendSpec = BackendSpec {
         restart_loses_locks: true,
     },
     ttl: Duration::from_millis(1000),
-    start: |_| Box::pin(async { Ok(Servers::None) }),
+    home: Home::InProcess,
     url: |_, _| "memory:".into(),
 };

@@ -1,10 +1,11 @@
-//! Backends under test: the registry, the servers a run starts (or the user's), and the
-//! per-worker fault proxies in front of them.
+//! Backends under test.
+//! The registry, a run's servers (or the user's), and the fault proxies in front of them.
 //!
 //! A backend is one [`BackendSpec`]: its name, what it is made of (server processes, a
-//! network, leases or sessions), how to start its servers for a topology and how to build
-//! a URL from the endpoints a worker must go through. Adding a backend is one file here
-//! and one line in [`REGISTRY`].
+//! network, leases or sessions), where its locks live in a run the checker sets up itself,
+//! and how to build a URL from the endpoints a worker must go through. Adding a backend is
+//! one file here, one line in [`REGISTRY`] and, if it has servers, their start in the
+//! harness (`leasehold-chaos-harness`).
 
 pub mod etcd;
 pub mod file;
@@ -20,8 +21,9 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::time::Duration;
 
-use leasehold_testkit::{Etcd, FaultProxy, Postgres, Redis, ServerProcess, ZooKeeper};
+use leasehold_faultproxy::FaultProxy;
 
+use crate::harness::{Directory, Harness, NoServers, Servers};
 use crate::vip::Vip;
 
 /// The backends `leasehold chaos` knows.
@@ -40,10 +42,39 @@ pub fn backend(name: &str) -> Option<&'static BackendSpec> {
     REGISTRY.iter().copied().find(|b| b.name == name)
 }
 
-/// Whether this build of leasehold can connect to `spec`'s URLs (etcd needs the facade's
-/// `etcd` feature).
+/// Whether this build of leasehold can connect to `spec`'s URLs.
+///
+/// The etcd backend needs the facade's `etcd` feature.
 pub fn available(spec: &BackendSpec) -> bool {
     leasehold::supported_schemes().contains(&spec.scheme)
+}
+
+/// Why this program cannot run `spec`, if it cannot.
+///
+/// `url`: the user gives the servers. Without a harness, a backend on servers needs them
+/// given, and the in-memory backend cannot run.
+pub fn unavailable(spec: &BackendSpec, url: bool, harness: Option<&Harness>) -> Option<String> {
+    if !available(spec) {
+        return Some(format!(
+            "{}:// needs leasehold built with the `{}` feature",
+            spec.scheme, spec.name
+        ));
+    }
+    if harness.is_some() || !spec.needs_harness(url) {
+        return None;
+    }
+    Some(match spec.home {
+        Home::InProcess => format!(
+            "{}: its workers share one process over simulated links, which only the \
+             checker's own program (leasehold-chaos) has",
+            spec.name
+        ),
+        _ => format!(
+            "{}: this program starts no servers; give yours with --url (or run the \
+             checker's own program, leasehold-chaos, which starts its own)",
+            spec.name
+        ),
+    })
 }
 
 /// A boxed future (not `Send`: the testkit's server start-ups are not).
@@ -93,6 +124,17 @@ pub enum Topology {
     Evicting,
 }
 
+/// Where a backend's locks live in a run the checker sets up itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Home {
+    /// In the worker process, whose workers reach it through the harness's links.
+    InProcess,
+    /// A directory of the run's own.
+    Directory,
+    /// Server processes the harness starts.
+    Servers,
+}
+
 /// One entry of the registry.
 #[derive(Debug)]
 pub struct BackendSpec {
@@ -102,176 +144,38 @@ pub struct BackendSpec {
     pub scheme: &'static str,
     /// What it is made of.
     pub traits: Traits,
+    /// Where its locks live when the checker sets the run up.
+    pub home: Home,
     /// The lease (or session) a run asks for.
     pub ttl: Duration,
-    /// Starts the servers of a topology (in a directory of their own).
-    pub start: fn(Topology) -> BoxFuture<'static, io::Result<Servers>>,
-    /// The URL of the backend through `endpoints` (`host:port`, one per server), with the
-    /// lease `ttl` where the URL carries it.
+    /// The URL of the backend through `endpoints` (`host:port`, one per server).
+    /// It carries the lease `ttl` where the URL has one.
     pub url: fn(&[String], Duration) -> String,
 }
 
-/// Server processes of a run.
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum Servers {
-    /// Nothing to run: the in-memory backend lives in the worker process.
-    None,
-    /// A directory (the file backend).
-    Dir(tempfile::TempDir),
-    /// Independent redis-servers (one, or Redlock's nodes).
-    Redis(Vec<Redis>),
-    /// A primary (0) and its replica (1).
-    Replicated(Box<Replicated>),
-    /// An etcd cluster.
-    Etcd(Etcd),
-    /// A ZooKeeper ensemble.
-    ZooKeeper(ZooKeeper),
-    /// A PostgreSQL server, and its wall clock where libfaketime is installed.
-    Postgres(Postgres, Option<postgres::ServerWallClock>),
-}
-
-impl Servers {
-    /// The client addresses, one per server.
-    pub fn endpoints(&mut self) -> Vec<SocketAddr> {
-        match self {
-            Servers::None | Servers::Dir(_) => Vec::new(),
-            Servers::Redis(nodes) => nodes.iter().map(Redis::addr).collect(),
-            Servers::Replicated(pair) => vec![pair.primary.addr(), pair.replica.addr()],
-            Servers::Etcd(etcd) => etcd.members().iter().map(|m| m.addr()).collect(),
-            Servers::ZooKeeper(zk) => zk.servers().iter().map(|s| s.addr()).collect(),
-            Servers::Postgres(pg, _) => {
-                vec![std::net::SocketAddr::from(([127, 0, 0, 1], pg.port()))]
-            }
+impl BackendSpec {
+    /// Whether a run needs the harness: to start its servers, or to link in-process workers.
+    /// `url`: the user gives the servers.
+    pub fn needs_harness(&self, url: bool) -> bool {
+        match self.home {
+            Home::InProcess => true,
+            Home::Directory => false,
+            Home::Servers => !url,
         }
     }
-
-    /// How many server processes.
-    pub fn count(&mut self) -> usize {
-        self.endpoints().len()
-    }
-
-    /// Server `i`'s process.
-    pub fn process(&mut self, i: usize) -> Option<&mut ServerProcess> {
-        match self {
-            Servers::Redis(nodes) => nodes.get_mut(i).map(Redis::process),
-            Servers::Replicated(pair) => match i {
-                0 => Some(pair.primary.process()),
-                1 => Some(pair.replica.process()),
-                _ => None,
-            },
-            Servers::Etcd(etcd) => etcd.members().get_mut(i).map(|m| m.process()),
-            Servers::ZooKeeper(zk) => zk.servers().get_mut(i).map(|s| s.process()),
-            Servers::Postgres(pg, _) if i == 0 => Some(pg.process()),
-            _ => None,
-        }
-    }
-
-    /// Server `i`, if it is a redis-server.
-    pub fn redis(&self, i: usize) -> Option<&Redis> {
-        match self {
-            Servers::Redis(nodes) => nodes.get(i),
-            Servers::Replicated(pair) => match i {
-                0 => Some(&pair.primary),
-                1 => Some(&pair.replica),
-                _ => None,
-            },
-            _ => None,
-        }
-    }
-
-    /// Kills server `i` if it runs and starts it again (a redis-server without
-    /// persistence comes back empty); waits until it serves.
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropping the future may leave the server killed or starting.
-    ///
-    /// # Errors
-    ///
-    /// If it does not come back.
-    pub async fn restart(&mut self, i: usize) -> io::Result<()> {
-        match self {
-            Servers::Redis(nodes) => match nodes.get_mut(i) {
-                Some(n) => n.restart().await,
-                None => Ok(()),
-            },
-            Servers::Replicated(pair) => match i {
-                0 => pair.primary.restart().await,
-                _ => pair.replica.restart().await,
-            },
-            Servers::Etcd(etcd) => match etcd.members().get_mut(i) {
-                Some(m) => m.restart().await,
-                None => Ok(()),
-            },
-            Servers::ZooKeeper(zk) => match zk.servers().get_mut(i) {
-                Some(s) => s.restart().await,
-                None => Ok(()),
-            },
-            Servers::Postgres(pg, _) => pg.restart().await,
-            _ => Ok(()),
-        }
-    }
-
-    /// The index of the member that leads (etcd, ZooKeeper); 0 otherwise.
-    ///
-    /// # Cancel safety
-    ///
-    /// Read-only.
-    pub async fn leader(&mut self) -> usize {
-        match self {
-            Servers::Etcd(etcd) => etcd.leader().await.unwrap_or(0),
-            Servers::ZooKeeper(zk) => {
-                for (i, s) in zk.servers().iter().enumerate() {
-                    if s.mode().await.as_deref() == Some("leader") {
-                        return i;
-                    }
-                }
-                0
-            }
-            _ => 0,
-        }
-    }
-
-    /// Server `i`'s wall clock, where libfaketime can move it.
-    pub fn wall_clock(&self, i: usize) -> Option<&postgres::ServerWallClock> {
-        match self {
-            Servers::Postgres(_, clock) if i == 0 => clock.as_ref(),
-            _ => None,
-        }
-    }
-
-    /// The file backend's directory.
-    pub fn dir(&self) -> Option<&std::path::Path> {
-        match self {
-            Servers::Dir(dir) => Some(dir.path()),
-            _ => None,
-        }
-    }
-}
-
-/// A Redis primary and its asynchronous replica, replicating through a fault proxy.
-#[derive(Debug)]
-pub struct Replicated {
-    /// The primary.
-    pub primary: Redis,
-    /// The replica.
-    pub replica: Redis,
-    /// The replication link (the replica connects to the primary through it).
-    pub link: FaultProxy,
 }
 
 /// Builds a URL from the endpoints a worker goes through.
 type UrlFrom = Box<dyn Fn(&[String]) -> String + Send>;
 
-/// A run's backend: its servers (or the user's), and one fault proxy per worker and
-/// server in front of them.
+/// A run's backend: its servers (or the user's), and the fault proxies in front of them.
+/// There is one proxy per worker and server.
 #[derive(Debug)]
 pub struct Deployment {
     /// The backend.
     pub spec: &'static BackendSpec,
-    /// Its servers (`None` against the user's).
-    pub servers: Servers,
+    /// Its servers ([`NoServers`] against the user's).
+    pub servers: Box<dyn Servers>,
     /// The movable address in front of a replicated pair.
     pub vip: Option<Vip>,
     /// Per worker, one proxy per endpoint (empty without a network).
@@ -285,8 +189,10 @@ pub struct Deployment {
 }
 
 impl Deployment {
-    /// Starts `spec`'s servers for `topology` (or takes the user's `external` URL), and
-    /// proxies for `workers` workers.
+    /// Sets up where `spec`'s locks live for `topology`, and proxies for `workers` workers.
+    /// With an `external` URL, the user's servers are used.
+    ///
+    /// Servers are started by the `harness`.
     ///
     /// # Cancel safety
     ///
@@ -294,15 +200,17 @@ impl Deployment {
     ///
     /// # Errors
     ///
-    /// If a server or a proxy does not start, or the URL has no endpoints to proxy.
+    /// If a server or a proxy does not start, the URL has no endpoints to proxy, or servers
+    /// are needed and there is no harness to start them.
     pub async fn start(
         spec: &'static BackendSpec,
         topology: Topology,
         workers: usize,
         external: Option<&str>,
+        harness: Option<&Harness>,
         ttl: Duration,
     ) -> io::Result<Deployment> {
-        let (mut servers, base, build): (Servers, Vec<SocketAddr>, UrlFrom) = match external {
+        let (servers, base, build): (Box<dyn Servers>, Vec<SocketAddr>, UrlFrom) = match external {
             Some(url) => {
                 let (prefix, hosts, suffix) = split_endpoints(url);
                 let mut addrs = Vec::new();
@@ -314,13 +222,23 @@ impl Deployment {
                     addrs.push(addr);
                 }
                 (
-                    Servers::None,
+                    Box::new(NoServers),
                     addrs,
                     Box::new(move |eps: &[String]| format!("{prefix}{}{suffix}", eps.join(","))),
                 )
             }
             None => {
-                let mut servers = (spec.start)(topology).await?;
+                let mut servers: Box<dyn Servers> = match (spec.home, harness) {
+                    (Home::InProcess, _) => Box::new(NoServers),
+                    (Home::Directory, _) => Box::new(Directory(tempfile::tempdir()?)),
+                    (Home::Servers, Some(harness)) => (harness.start)(spec, topology).await?,
+                    (Home::Servers, None) => {
+                        return Err(io::Error::new(
+                            io::ErrorKind::Unsupported,
+                            unavailable(spec, false, None).unwrap_or_default(),
+                        ));
+                    }
+                };
                 let url = spec.url;
                 let endpoints = servers.endpoints();
                 let dir = servers.dir().map(|d| d.display().to_string());
@@ -331,10 +249,10 @@ impl Deployment {
                 (servers, endpoints, build)
             }
         };
-        // A replicated pair is reached through a movable address, at the primary.
-        let (vip, reach) = match &mut servers {
-            Servers::Replicated(pair) => {
-                let vip = Vip::start(pair.primary.addr()).await?;
+        // A replicated pair is reached through a movable address, at the primary (0).
+        let (vip, reach) = match (servers.replication(), base.first()) {
+            (Some(_), Some(primary)) => {
+                let vip = Vip::start(*primary).await?;
                 let addr = vip.addr();
                 (Some(vip), vec![addr])
             }
@@ -364,9 +282,9 @@ impl Deployment {
     }
 }
 
-/// Splits `scheme://[user@]h1:p1,h2:p2[/path][?query]` into the part before the hosts,
-/// the hosts, and the part after them. A URL without hosts (`memory:`, `file:///…`) has
-/// none.
+/// Splits `scheme://[user@]h1:p1,h2:p2[/path][?query]` around its hosts.
+/// The parts are what comes before the hosts, the hosts, and what comes after them. A URL
+/// without hosts (`memory:`, `file:///…`) has none.
 pub fn split_endpoints(url: &str) -> (String, Vec<String>, String) {
     let Some((scheme, rest)) = url.split_once("://") else {
         return (url.to_owned(), Vec::new(), String::new());
@@ -407,6 +325,18 @@ mod tests {
         );
         assert!(split_endpoints("file:///tmp/x").1.is_empty());
         assert!(split_endpoints("memory:").1.is_empty());
+    }
+
+    #[test]
+    fn a_backend_has_servers_exactly_where_the_harness_starts_them() {
+        for spec in REGISTRY {
+            assert_eq!(
+                spec.traits.servers,
+                spec.home == Home::Servers,
+                "{}",
+                spec.name
+            );
+        }
     }
 
     #[test]

@@ -2,9 +2,7 @@
 
 use std::time::Duration;
 
-use leasehold_testkit::redis_servers;
-
-use super::{BackendSpec, ServerClock, Servers, Traits};
+use super::{BackendSpec, Home, ServerClock, Traits};
 
 /// The registry entry.
 pub static SPEC: BackendSpec = BackendSpec {
@@ -20,6 +18,6 @@ pub static SPEC: BackendSpec = BackendSpec {
         restart_loses_locks: true,
     },
     ttl: Duration::from_millis(1000),
-    start: |_| Box::pin(async { Ok(Servers::Redis(redis_servers(3).await?)) }),
+    home: Home::Servers,
     url: |eps, _| format!("redlock://{}", eps.join(",")),
 };

@@ -2,9 +2,7 @@
 
 use std::time::Duration;
 
-use leasehold_testkit::ZooKeeper;
-
-use super::{BackendSpec, ServerClock, Servers, Topology, Traits};
+use super::{BackendSpec, Home, ServerClock, Traits};
 
 /// The registry entry.
 pub static SPEC: BackendSpec = BackendSpec {
@@ -21,14 +19,7 @@ pub static SPEC: BackendSpec = BackendSpec {
     },
     // Within the test servers' bounds (2 to 20 ticks of 200 ms).
     ttl: Duration::from_millis(1000),
-    start: |topology| {
-        Box::pin(async move {
-            Ok(Servers::ZooKeeper(match topology {
-                Topology::Cluster => ZooKeeper::ensemble(3).await?,
-                _ => ZooKeeper::start().await?,
-            }))
-        })
-    },
+    home: Home::Servers,
     url: |eps, ttl| {
         format!(
             "zk://{}?session_timeout={}ms",

@@ -1,7 +1,8 @@
-//! The HTML report: per run, the checks' verdicts and a timeline with one lane per worker
-//! — its holds with their tokens, the server's promise under each, losses, accesses
-//! accepted and refused — faults shaded across the lanes they hit, and violations marked.
-//! One self-contained file; the page draws the timelines itself (inline SVG).
+//! The HTML report: per run, the checks' verdicts and a timeline.
+//! The timeline has one lane per worker — its holds with their tokens, the server's promise
+//! under each, losses, accesses accepted and refused — faults shaded across the lanes they
+//! hit, and violations marked. One self-contained file; the page draws the timelines itself
+//! (inline SVG).
 
 use std::collections::{BTreeSet, HashMap};
 

@@ -1,5 +1,5 @@
-//! Reports: a terminal table (backend × scenario × check), JSON, a progress line, and an
-//! HTML page with a timeline per run.
+//! Reports: a terminal table, JSON, a progress line, and an HTML page.
+//! The table is backend × scenario × check; the page has a timeline per run.
 
 mod html;
 

@@ -9,9 +9,9 @@ use tokio::process::Command;
 
 pub(crate) const BIN: &str = env!("CARGO_BIN_EXE_leasehold");
 
-/// Starts 20 `leasehold run --url url` processes at once on one name, each doing a slow
-/// read-increment-write of a counter file; asserts the counter ends at exactly 20 and the
-/// tokens the commands saw, in the order they ran, strictly increase.
+/// Starts 20 `leasehold run --url url` processes at once on one name.
+/// Each does a slow read-increment-write of a counter file; the counter must end at exactly
+/// 20 and the tokens the commands saw, in the order they ran, strictly increase.
 pub(crate) async fn twenty_runs_share_a_counter(url: &str) {
     let dir = tempfile::tempdir().unwrap();
     let counter = dir.path().join("counter");
@@ -56,8 +56,8 @@ pub(crate) async fn twenty_runs_share_a_counter(url: &str) {
     );
 }
 
-/// The processes of process group `group` that are still running (zombies, which nobody
-/// may reap in a container whose init does not, are not running).
+/// The processes of process group `group` that are still running.
+/// Zombies, which nobody may reap in a container whose init does not, are not running.
 #[allow(dead_code, reason = "not every test file looks into process groups")]
 pub(crate) fn running_in_group(group: Pid) -> Vec<i32> {
     let mut running = Vec::new();
@@ -78,7 +78,7 @@ pub(crate) fn running_in_group(group: Pid) -> Vec<i32> {
     running
 }
 
-/// The fields of `/proc/<pid>/stat` after the command name: state, ppid, pgrp, …
+/// The fields of `/proc/<pid>/stat` after the command name (state, ppid, pgrp and so on).
 fn stat(pid: i32) -> Option<Vec<String>> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // pid (comm) state ppid pgrp …; comm may hold anything, so split after its `)`.
@@ -90,11 +90,11 @@ fn stat(pid: i32) -> Option<Vec<String>> {
 #[allow(dead_code, reason = "the file backend's tests have no lease to lose")]
 pub(crate) const PAUSED_TTL: Duration = Duration::from_secs(2);
 
-/// Runs `leasehold run --url url --ttl 2s --grace 1s` and freezes it (SIGSTOP) while its
-/// command runs. The command's supervisor, which is not frozen, stops the command's whole
-/// process group by the lease's deadline while the run is still frozen; another client is
-/// then granted the lock, with a larger token; and the run, resumed, exits 80. `url` must
-/// give the lock a 2 s lease or session.
+/// Runs `leasehold run --url url --ttl 2s --grace 1s`, frozen (SIGSTOP) while its command runs.
+/// The command's supervisor, which is not frozen, stops the command's whole process group
+/// by the lease's deadline while the run is still frozen; another client is then granted
+/// the lock, with a larger token; and the run, resumed, exits 80. `url` must give the lock
+/// a 2 s lease or session.
 #[allow(dead_code, reason = "the file backend's tests have no lease to lose")]
 pub(crate) async fn a_paused_run_has_its_command_stopped_by_the_deadline(url: &str) {
     // The command is its group's only process (`exec`).

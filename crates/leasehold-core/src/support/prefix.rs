@@ -2,8 +2,9 @@
 
 use crate::error::{Error, Result};
 
-/// Checks a backend's key prefix: 1–64 of `A-Z a-z 0-9 _ - . :` — no `/` and no hash-tag
-/// braces, so that names under it cannot reach into other prefixes.
+/// Checks a backend's key prefix.
+/// It is 1–64 of `A-Z a-z 0-9 _ - . :` — no `/` and no hash-tag braces, so that names under
+/// it cannot reach into other prefixes.
 ///
 /// # Errors
 ///

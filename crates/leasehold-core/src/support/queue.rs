@@ -78,9 +78,10 @@ pub fn last_holds<C: Contender>(queue: &[C]) -> bool {
     holding(queue).last().copied().unwrap_or(false)
 }
 
-/// Whether `me` may be granted now, on a backend that keeps its `holders` (in grant order)
-/// apart from the fair waiters queued `ahead` of it: it holds behind them all, and each of
-/// them would still hold were it granted after `me`.
+/// Whether `me` may be granted now, behind `holders` and before the waiters `ahead`.
+/// That is on a backend that keeps its `holders` (in grant order) apart from the fair
+/// waiters queued `ahead` of it: it holds behind them all, and each of them would still
+/// hold were it granted after `me`.
 pub fn may_hold<C: Contender>(holders: &[C], ahead: &[C], me: &C) -> bool {
     let line: Vec<Mode> = holders
         .iter()

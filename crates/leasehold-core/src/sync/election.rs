@@ -12,9 +12,9 @@ use crate::name::{LockName, OwnerId};
 use crate::options::LockOptions;
 use crate::sync::Guard;
 
-/// Leader election: candidates campaign with a value (an address, an id); one at a time
-/// leads. Leadership is the exclusive half of the name's lock, so a leader is lost exactly
-/// as a lock is, and its term is its fencing token.
+/// Leader election: candidates campaign with a value (an address, an id); one at a time leads.
+/// Leadership is the exclusive half of the name's lock, so a leader is lost exactly as a
+/// lock is, and its term is its fencing token.
 ///
 /// ```
 /// use leasehold_core::{Client, memory::InMemory};
@@ -89,8 +89,7 @@ impl Election {
         Ok(Leadership { guard, value })
     }
 
-    /// Campaigns for up to `wait`; `Ok(None)` if not elected in time (the candidacy is
-    /// withdrawn).
+    /// Campaigns for up to `wait`; `Ok(None)` if not elected in time (the candidacy is withdrawn).
     ///
     /// # Cancel safety
     ///
@@ -212,9 +211,10 @@ pub struct Observer {
 }
 
 impl Observer {
-    /// The first call returns the current leader (or `None`); each later call waits until
-    /// the leader differs from the one last returned, and returns the new one (`None` when
-    /// nobody leads). Changes that come and go between two calls may be skipped.
+    /// The first call returns the current leader (or `None`), later calls the next one.
+    /// Each later call waits until the leader differs from the one last returned, and
+    /// returns the new one (`None` when nobody leads). Changes that come and go between two
+    /// calls may be skipped.
     ///
     /// # Cancel safety
     ///

@@ -10,8 +10,8 @@ use crate::fencing::FencingToken;
 use crate::lease::{Lease, State};
 use crate::name::{LockName, OwnerId};
 
-/// Proof of holding a lock (or a read lock, a permit, a leadership): its fencing token, its
-/// remaining validity and its loss signal.
+/// Proof of holding a lock (or a read lock, a permit, a leadership).
+/// It carries its fencing token, its remaining validity and its loss signal.
 ///
 /// The guard is owned — `'static`, `Send`, movable across tasks — and ownership is the
 /// guard, never a thread. While it exists a watchdog renews its lease (on backends whose
@@ -57,8 +57,9 @@ impl Guard {
         &self.lease.request.name
     }
 
-    /// The fencing token of this grant. Pass it with every write to the protected resource,
-    /// which must refuse tokens lower than the highest it has seen.
+    /// The fencing token of this grant.
+    /// Pass it with every write to the protected resource, which must refuse tokens lower
+    /// than the highest it has seen.
     pub fn token(&self) -> FencingToken {
         self.lease.token
     }
@@ -78,25 +79,25 @@ impl Guard {
         self.lease.is_held()
     }
 
-    /// Whether the lock is held but in jeopardy: the backend's session lost its link to the
-    /// server (a ZooKeeper disconnect). The guard stays held until its deadline
-    /// ([`remaining`](Guard::remaining)) and is lost then — with
-    /// [`LossReason::Disconnected`] — unless the link comes back first; work that cannot be
-    /// undone is better not started while suspended. Always `false` on backends without
-    /// sessions, and once lost.
+    /// Whether the lock is held but in jeopardy.
+    /// The backend's session lost its link to the server (a ZooKeeper disconnect). The
+    /// guard stays held until its deadline ([`remaining`](Guard::remaining)) and is lost
+    /// then — with [`LossReason::Disconnected`] — unless the link comes back first; work
+    /// that cannot be undone is better not started while suspended. Always `false` on
+    /// backends without sessions, and once lost.
     pub fn is_suspended(&self) -> bool {
         self.lease.is_suspended()
     }
 
-    /// Time left until the local deadline (renewals move it). `Duration::MAX` on backends
-    /// whose grants do not expire; zero once lost.
+    /// Time left until the local deadline (renewals move it).
+    /// `Duration::MAX` on backends whose grants do not expire; zero once lost.
     pub fn remaining(&self) -> Duration {
         self.lease.remaining()
     }
 
-    /// The local deadline, on the client's [`Clock`](crate::clock::Clock): the lock counts
-    /// as held until then, unless a renewal (or the keep-alive of the session the grant
-    /// lives by) moves it. `Ok(None)` for a grant that does not expire.
+    /// The local deadline, on the client's [`Clock`](crate::clock::Clock).
+    /// The lock counts as held until then, unless a renewal (or the keep-alive of the
+    /// session the grant lives by) moves it. `Ok(None)` for a grant that does not expire.
     ///
     /// # Errors
     ///
@@ -105,8 +106,8 @@ impl Guard {
         held(self.lease.state())
     }
 
-    /// Completes when [`deadline`](Guard::deadline) no longer answers `Ok(seen)`: a
-    /// renewal or a session keep-alive moved the deadline, or the lease was lost. A
+    /// Completes when [`deadline`](Guard::deadline) no longer answers `Ok(seen)`.
+    /// A renewal or a session keep-alive moved the deadline, or the lease was lost. A
     /// deadline that passes unrenewed is [`lost`](Guard::lost)'s to report; this future
     /// notices it only if polled after it.
     ///
@@ -127,9 +128,9 @@ impl Guard {
         async move { held(changed.await) }
     }
 
-    /// Completes when the lease is lost: at its local deadline without a renewal, or as
-    /// soon as the server says it is no longer ours. Never completes while the lease is
-    /// held, nor after a release.
+    /// Completes when the lease is lost.
+    /// That is at its local deadline without a renewal, or as soon as the server says it is
+    /// no longer ours. Never completes while the lease is held, nor after a release.
     ///
     /// The future owns what it needs; it can be moved into another task.
     pub fn lost(&self) -> impl Future<Output = LossReason> + Send + 'static {
@@ -141,8 +142,9 @@ impl Guard {
         self.lease.holds()
     }
 
-    /// Runs `work` while the lock is held; if the lease is lost first, `work` is dropped
-    /// (cancelled at its next await point) and [`Error::Lost`] is returned.
+    /// Runs `work` while the lock is held.
+    /// If the lease is lost first, `work` is dropped (cancelled at its next await point)
+    /// and [`Error::Lost`] is returned.
     ///
     /// # Cancel safety
     ///
@@ -163,8 +165,8 @@ impl Guard {
         }
     }
 
-    /// Releases the lock and says how it went. Of reentrant holds, only the last one
-    /// releases on the server.
+    /// Releases the lock and says how it went.
+    /// Of reentrant holds, only the last one releases on the server.
     ///
     /// # Cancel safety
     ///

@@ -1,5 +1,5 @@
-//! The primitives: [`Mutex`], [`RwLock`], [`Semaphore`], [`Election`], all on the one
-//! engine, and their [`Guard`].
+//! The primitives, all on the one engine, and their [`Guard`].
+//! [`Mutex`], [`RwLock`], [`Semaphore`], [`Election`].
 //!
 //! Which one to use:
 //!

@@ -83,8 +83,8 @@ impl Mutex {
         self.target.acquire_forever(Mode::Exclusive, None).await
     }
 
-    /// Takes the lock if it is free now; `Ok(None)` if it is held (or, on a fair backend,
-    /// if others are queued for it).
+    /// Takes the lock if it is free now.
+    /// `Ok(None)` if it is held (or, on a fair backend, if others are queued for it).
     ///
     /// # Cancel safety
     ///
@@ -98,8 +98,9 @@ impl Mutex {
         self.target.acquire(Mode::Exclusive, None, Wait::No).await
     }
 
-    /// Waits up to `wait` for the lock; `Ok(None)` if it was not granted in time. Anything
-    /// the attempt left on the server (a queue entry) is released before returning.
+    /// Waits up to `wait` for the lock; `Ok(None)` if it was not granted in time.
+    /// Anything the attempt left on the server (a queue entry) is released before
+    /// returning.
     ///
     /// # Cancel safety
     ///
@@ -115,9 +116,8 @@ impl Mutex {
             .await
     }
 
-    /// Locks, runs `work` with the grant's fencing token while the lock is held, and
-    /// releases. If the lock is lost first, `work` is cancelled (dropped at its next await
-    /// point).
+    /// Locks, runs `work` with the grant's fencing token while the lock is held, and releases.
+    /// If the lock is lost first, `work` is cancelled (dropped at its next await point).
     ///
     /// Once `work` has completed, its output is returned even if the release then fails;
     /// such failures are logged.

@@ -8,10 +8,11 @@ use crate::lease::Lease;
 use crate::name::LockName;
 use crate::sync::Guard;
 
-/// An explicit identity for reentrant locking: a [`Mutex`](crate::Mutex) or
-/// [`RwLock`](crate::RwLock) bound to an `Owner` (with `owned_by`) grants again, without
-/// asking the server, while that owner already holds it, and counts the holds. The lock is
-/// released on the server when the last hold is released or dropped.
+/// An explicit identity for reentrant locking.
+/// A [`Mutex`](crate::Mutex) or [`RwLock`](crate::RwLock) bound to an `Owner` (with
+/// `owned_by`) grants again, without asking the server, while that owner already holds it,
+/// and counts the holds. The lock is released on the server when the last hold is released
+/// or dropped.
 ///
 /// Reentrancy is never tied to a thread or task: whoever has a clone of the `Owner` is the
 /// owner. An owner holding the write lock may take the read lock (it gets another hold of
@@ -45,8 +46,8 @@ impl Owner {
         Self::default()
     }
 
-    /// Another hold of `name` if this owner holds it in a mode that covers `mode`; an error
-    /// for a read-to-write upgrade; `None` otherwise.
+    /// Another hold of `name` if this owner holds it in a mode that covers `mode`.
+    /// An error for a read-to-write upgrade; `None` otherwise.
     pub(crate) fn reenter(&self, name: &LockName, mode: Mode) -> Result<Option<Guard>> {
         let holds = self.holds.lock().unwrap_or_else(|e| e.into_inner());
         let Some(lease) = holds.get(name).and_then(Weak::upgrade) else {

@@ -11,8 +11,8 @@ use crate::name::LockName;
 use crate::options::LockOptions;
 use crate::sync::Permit;
 
-/// A counting semaphore: at most `permits` holders at once. Each permit is its own lease
-/// with its own fencing token, renewed and lost on its own.
+/// A counting semaphore: at most `permits` holders at once.
+/// Each permit is its own lease with its own fencing token, renewed and lost on its own.
 ///
 /// A semaphore and a mutex of the same name are independent (see
 /// [`backend`](crate::backend) for the model). All users of one semaphore name should

@@ -1,5 +1,6 @@
-//! Connecting to the nodes: refusing configurations that break the quorum (one server
-//! counted twice), and reaching a majority without waiting for the rest.
+//! Connecting to the nodes.
+//! It refuses configurations that break the quorum (one server counted twice), and reaches
+//! a majority without waiting for the rest.
 //!
 //! Every node is connected by a task of its own that keeps trying (with backoff) until it
 //! succeeds or the backend is dropped; each attempt is bounded by the connect timeout. A
@@ -164,8 +165,8 @@ pub(super) async fn connect(
     Ok((nodes, warnings))
 }
 
-/// Connects node `i` at `url`, again and again until that succeeds or the nodes are gone,
-/// reporting each outcome.
+/// Connects node `i` at `url`, again and again until that succeeds or the nodes are gone.
+/// It reports each outcome.
 async fn keep_connecting(
     nodes: Weak<Nodes>,
     i: usize,

@@ -66,8 +66,8 @@ struct Inner {
 #[derive(Debug)]
 struct Hint {
     nodes: Vec<WaitHint>,
-    /// Upper bound of the random pause after a wake-up, so that competitors woken together
-    /// do not split the vote again.
+    /// Upper bound of the random pause after a wake-up.
+    /// With it competitors woken together do not split the vote again.
     jitter: Duration,
 }
 
@@ -121,14 +121,15 @@ impl RedlockBackend {
         })
     }
 
-    /// Configuration problems found on connecting (an even number of nodes, nodes not
-    /// connected yet).
+    /// Configuration problems found on connecting.
+    /// An even number of nodes, nodes not connected yet.
     pub fn warnings(&self) -> &[String] {
         &self.inner.warnings
     }
 
-    /// How many lock names this client keeps wake-up state (and a subscription) for, summed
-    /// over the nodes: see [`RedisBackend::wakeup_channels`](crate::RedisBackend::wakeup_channels).
+    /// How many lock names this client keeps wake-up state (and a subscription) for.
+    /// It is summed over the nodes: see
+    /// [`RedisBackend::wakeup_channels`](crate::RedisBackend::wakeup_channels).
     pub fn wakeup_channels(&self) -> usize {
         self.inner
             .nodes
@@ -142,8 +143,7 @@ impl RedlockBackend {
         self.inner.quorum
     }
 
-    /// Runs `call` on node `i`, bounded by the node timeout; an error if it is not
-    /// connected (yet).
+    /// Runs `call` on node `i`, bounded by the node timeout; an error if it is not connected (yet).
     async fn on<'a, T, F, Fut>(&'a self, i: usize, call: F) -> Result<T>
     where
         F: FnOnce(&'a Node) -> Fut,
@@ -174,9 +174,10 @@ impl RedlockBackend {
         join_all((0..self.inner.nodes.len()).map(|i| self.on(i, &call))).await
     }
 
-    /// Runs `call` on every node at once (each bounded by the node timeout) and returns as
-    /// soon as `enough` says the answers so far suffice, or all have answered. Requests
-    /// still under way when it returns go on; their effects are covered by the caller.
+    /// Runs `call` on every node at once, until the answers so far suffice or all have answered.
+    /// Each call is bounded by the node timeout; `enough` says when the answers suffice.
+    /// Requests still under way when it returns go on; their effects are covered by the
+    /// caller.
     async fn until<'a, T, F, Fut>(
         &'a self,
         call: F,
@@ -200,8 +201,8 @@ impl RedlockBackend {
         answers
     }
 
-    /// Releases on every node; errors are logged, a node that cannot be reached lets the
-    /// lease run out.
+    /// Releases on every node.
+    /// Errors are logged, a node that cannot be reached lets the lease run out.
     async fn release_everywhere(&self, req: &Request) -> Vec<Result<Release>> {
         let answers = self.each(|node| node.release(req)).await;
         for error in answers.iter().filter_map(|a| a.as_ref().err()) {
@@ -210,9 +211,10 @@ impl RedlockBackend {
         answers
     }
 
-    /// A busy answer. Waiters woken together retry after a random pause, so that they do
-    /// not split the vote: up to 1 ms after a plain wake-up, longer after a split vote
-    /// (some nodes granted, no majority).
+    /// A busy answer.
+    /// Waiters woken together retry after a random pause, so that they do not split the
+    /// vote: up to 1 ms after a plain wake-up, longer after a split vote (some nodes
+    /// granted, no majority).
     fn busy(&self, req: &Request, hints: Vec<WaitHint>, split: bool) -> Acquire {
         let jitter = if split {
             (req.ttl / 10).clamp(Duration::from_millis(1), Duration::from_millis(20))

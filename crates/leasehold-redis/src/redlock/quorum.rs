@@ -7,8 +7,8 @@ pub(crate) fn quorum(nodes: usize) -> usize {
     nodes / 2 + 1
 }
 
-/// What is left of a lease of `ttl` (as every node granted it) once `elapsed` has passed
-/// since the requests were sent, or `None` if nothing is.
+/// What is left of a lease of `ttl` once `elapsed` has passed since the requests were sent.
+/// `ttl` is as every node granted it; `None` if nothing is left.
 ///
 /// The engine counts the result from the send time and subtracts its drift allowance
 /// (`ttl × drift_factor + drift_margin`), so the holder's deadline is

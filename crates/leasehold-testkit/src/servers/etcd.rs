@@ -14,9 +14,9 @@ use crate::process::{ServerProcess, find_program, free_port, wait_ready};
 /// The election timeout of test members (their heartbeat is a tenth of it).
 const ELECTION_TIMEOUT: Duration = Duration::from_millis(200);
 
-/// An etcd cluster of one or more members on loopback, with short heartbeat and election
-/// timeouts. Health and metrics are served on a plain-HTTP port of their own, so that a
-/// member serving its clients over TLS is probed alike.
+/// An etcd cluster of one or more members on loopback, with short heartbeat and election timeouts.
+/// Health and metrics are served on a plain-HTTP port of their own, so that a member
+/// serving its clients over TLS is probed alike.
 #[derive(Debug)]
 pub struct Etcd {
     members: Vec<EtcdMember>,
@@ -52,9 +52,7 @@ impl Etcd {
         Self::launch(n, None, ELECTION_TIMEOUT).await
     }
 
-    /// A single member whose election timeout is `election` (its heartbeat a tenth of
-    /// it). etcd's minimum lease ttl is 1.5 election timeouts, rounded up to whole
-    /// seconds: a long election timeout makes a member that grants more than short ttls.
+    /// A single member whose election timeout is `election` (its heartbeat a tenth of it).
     ///
     /// # Errors
     ///
@@ -63,8 +61,8 @@ impl Etcd {
         Self::launch(1, None, election).await
     }
 
-    /// A single member that serves its clients over TLS only, with a certificate of a test
-    /// CA generated for it (see [`Etcd::tls_url`]).
+    /// A single member that serves its clients over TLS only.
+    /// It has a certificate of a test CA generated for it (see [`Etcd::tls_url`]).
     ///
     /// # Errors
     ///
@@ -161,8 +159,8 @@ impl Etcd {
         format!("etcd://{}", self.endpoints().join(","))
     }
 
-    /// `etcds://127.0.0.1:p?tls_ca=…` for a member started with [`Etcd::tls`]: its
-    /// endpoints, trusting the test CA.
+    /// `etcds://127.0.0.1:p?tls_ca=…` for a member started with [`Etcd::tls`].
+    /// Its endpoints, trusting the test CA.
     pub fn tls_url(&self) -> Option<String> {
         let ca = self.tls_file("ca.crt")?;
         Some(format!(
@@ -230,8 +228,8 @@ impl EtcdMember {
         &mut self.process
     }
 
-    /// Kills the member if it runs and starts it again with its data; waits until it is
-    /// healthy (which needs a quorum of the cluster up).
+    /// Kills the member if it runs and starts it again with its data.
+    /// It waits until it is healthy (which needs a quorum of the cluster up).
     ///
     /// # Errors
     ///

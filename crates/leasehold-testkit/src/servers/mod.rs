@@ -1,6 +1,6 @@
-//! Real lock servers for tests: redis-server, etcd, ZooKeeper and PostgreSQL from Debian's
-//! packages, each on free loopback ports with a temporary directory, ready when it really
-//! serves, and killed (by pid) when its handle drops.
+//! Real lock servers for tests: redis-server, etcd, ZooKeeper and PostgreSQL.
+//! They come from Debian's packages, each on free loopback ports with a temporary
+//! directory, ready when it really serves, and killed (by pid) when its handle drops.
 //!
 //! Every handle can pause (SIGSTOP) and resume (SIGCONT) its process, kill it, and restart
 //! it on the same ports. `./scripts/test` installs the packages.
@@ -57,9 +57,9 @@ pub enum ClientAuth {
     Required,
 }
 
-/// The files of a test certificate authority, written by `openssl` into a server's
-/// directory: the CA, the server's certificate (for 127.0.0.1 and localhost) and a client
-/// certificate, each with its key.
+/// The files of a test certificate authority, written by `openssl` into a server's directory.
+/// The CA, the server's certificate (for 127.0.0.1 and localhost) and a client certificate,
+/// each with its key.
 fn write_test_certificates(dir: &Path) -> io::Result<()> {
     let openssl = find_program("openssl", &[])?;
     let run = |args: &[&str]| -> io::Result<()> {

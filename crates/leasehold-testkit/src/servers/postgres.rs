@@ -25,17 +25,17 @@ impl PostgresBuilder {
         self
     }
 
-    /// Serves TLS (`ssl=on`) with a certificate of a test CA made for this server (for
-    /// 127.0.0.1 and localhost; see [`Postgres::ca_file`]).
+    /// Serves TLS (`ssl=on`) with a certificate of a test CA made for this server.
+    /// The certificate is for 127.0.0.1 and localhost; see [`Postgres::ca_file`].
     pub fn tls(mut self) -> Self {
         self.tls = true;
         self
     }
 
-    /// Runs the server under libfaketime: its wall clock is the real one moved by the
-    /// offset written in `control` (`+0`, `+3600`, `-1h`, ...), read again at every clock
-    /// reading (so a jump reaches every server process at once). Its monotonic clock is left
-    /// alone.
+    /// Runs the server under libfaketime.
+    /// Its wall clock is the real one moved by the offset written in `control` (`+0`,
+    /// `+3600`, `-1h`, ...), read again at every clock reading (so a jump reaches every
+    /// server process at once). Its monotonic clock is left alone.
     pub fn faketime(mut self, control: &Path) -> Self {
         self.faketime = Some(control.to_owned());
         self
@@ -66,8 +66,8 @@ fn libfaketime() -> io::Result<PathBuf> {
         })
 }
 
-/// A PostgreSQL server on a free loopback port (`trust` authentication, user `postgres`),
-/// running as the `postgres` user when the tests run as root. `fsync` is off: committed
+/// A PostgreSQL server on a free loopback port (`trust` authentication, user `postgres`).
+/// It runs as the `postgres` user when the tests run as root. `fsync` is off: committed
 /// data survives killing the server, not the machine.
 #[derive(Debug)]
 pub struct Postgres {
@@ -78,8 +78,8 @@ pub struct Postgres {
 }
 
 impl Postgres {
-    /// Starts a server from a data directory copied from a template made once per machine
-    /// (`initdb` is the slow part).
+    /// Starts a server from a data directory copied from a template made once per machine.
+    /// `initdb` is the slow part.
     ///
     /// # Errors
     ///
@@ -216,9 +216,9 @@ impl Postgres {
         self.dir.path().join("ca.crt")
     }
 
-    /// Stops the server as `pg_ctl stop -m immediate` does (every process at once, no
-    /// checkpoint) and starts it again with its data, which it recovers from its log. After
-    /// a SIGKILL of the postmaster it starts once the old backends are gone.
+    /// Stops the server as `pg_ctl stop -m immediate` does and starts it again with its data.
+    /// Every process stops at once, with no checkpoint; the server recovers its data from
+    /// its log. After a SIGKILL of the postmaster it starts once the old backends are gone.
     ///
     /// # Errors
     ///
@@ -279,7 +279,7 @@ fn postgres_bin() -> io::Result<PathBuf> {
     })
 }
 
-/// `(uid, gid)` of the `postgres` user when running as root (PostgreSQL refuses root);
+/// `(uid, gid)` of the `postgres` user when running as root (PostgreSQL refuses root).
 /// `None` when not root.
 fn postgres_user() -> io::Result<Option<(u32, u32)>> {
     if !rustix::process::getuid().is_root() {
@@ -312,8 +312,9 @@ fn chown(path: &Path, uid: u32, gid: u32) -> io::Result<()> {
     .map_err(io::Error::from)
 }
 
-/// The initdb'd template data directory, made once per machine under an exclusive file
-/// lock so that concurrent test processes do not race.
+/// The initdb'd template data directory.
+/// It is made once per machine under an exclusive file lock so that concurrent test
+/// processes do not race.
 fn postgres_template(bin: &Path, user: Option<(u32, u32)>) -> io::Result<PathBuf> {
     let version = bin
         .parent()
@@ -369,13 +370,14 @@ fn postgres_template(bin: &Path, user: Option<(u32, u32)>) -> io::Result<PathBuf
 pub enum PoolMode {
     /// A server session per client session.
     Session,
-    /// A server session per transaction: session state (LISTEN, session advisory locks,
-    /// named prepared statements) does not survive a transaction.
+    /// A server session per transaction.
+    /// Session state (LISTEN, session advisory locks, named prepared statements) does not
+    /// survive a transaction.
     Transaction,
 }
 
-/// A PgBouncer in front of a [`Postgres`], on a free loopback port (`trust`
-/// authentication), running as the `postgres` user when the tests run as root.
+/// A PgBouncer in front of a [`Postgres`], on a free loopback port (`trust` authentication).
+/// It runs as the `postgres` user when the tests run as root.
 #[derive(Debug)]
 pub struct PgBouncer {
     process: ServerProcess,

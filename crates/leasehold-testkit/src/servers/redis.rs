@@ -34,8 +34,9 @@ impl RedisBuilder {
         self
     }
 
-    /// Also serves TLS on a second port, with a certificate of a test CA generated for this
-    /// server (see [`Redis::tls_url`]); the plain port stays for administration.
+    /// Also serves TLS on a second port.
+    /// It has a certificate of a test CA generated for this server (see
+    /// [`Redis::tls_url`]); the plain port stays for administration.
     pub fn tls(mut self, clients: ClientAuth) -> Self {
         self.tls = Some(clients);
         self
@@ -162,8 +163,8 @@ impl Redis {
         self.tls_port
     }
 
-    /// `rediss://127.0.0.1:tls-port?tls_ca=…` for a server built with
-    /// [`RedisBuilder::tls`]: the TLS port, trusting the test CA.
+    /// `rediss://127.0.0.1:tls-port?tls_ca=…` for a server built with [`RedisBuilder::tls`].
+    /// The TLS port, trusting the test CA.
     pub fn tls_url(&self) -> Option<String> {
         let ca = self.tls_file("ca.crt")?;
         Some(format!(
@@ -242,8 +243,8 @@ impl Redis {
         self.process.kill();
     }
 
-    /// Kills the server if it runs and starts it again on the same port. Without
-    /// persistence it comes back empty.
+    /// Kills the server if it runs and starts it again on the same port.
+    /// Without persistence it comes back empty.
     ///
     /// # Errors
     ///

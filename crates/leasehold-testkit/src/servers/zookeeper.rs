@@ -36,8 +36,8 @@ impl ZooKeeper {
         Self::ensemble(1).await
     }
 
-    /// An ensemble of `n` servers (`n == 1`: standalone), returned once its election has
-    /// settled: one leader, the others following it.
+    /// An ensemble of `n` servers (`n == 1`: standalone), returned once its election has settled.
+    /// One leader, the others following it.
     ///
     /// # Errors
     ///
@@ -208,10 +208,11 @@ const CURATOR_CLASSPATH: &[&str] = &[
 /// The driver's source: a line protocol over stdin/stdout (see the file).
 const CURATOR_DRIVER: &str = include_str!("CuratorDriver.java");
 
-/// A separate Java process running Apache Curator (5.x, Debian's `libcurator-recipes-java`)
-/// against a ZooKeeper ensemble: Curator's `InterProcessMutex`, driven one command at a
-/// time, and a benchmark loop. The driver is compiled with `javac` on first use (cached
-/// under the temporary directory, by the hash of its source). Killed when dropped.
+/// A separate Java process running Apache Curator against a ZooKeeper ensemble.
+/// Curator is 5.x, Debian's `libcurator-recipes-java`: its `InterProcessMutex`, driven one
+/// command at a time, and a benchmark loop. The driver is compiled with `javac` on first
+/// use (cached under the temporary directory, by the hash of its source). Killed when
+/// dropped.
 #[derive(Debug)]
 pub struct Curator {
     child: tokio::process::Child,
@@ -220,8 +221,8 @@ pub struct Curator {
 }
 
 impl Curator {
-    /// Starts a Curator client connected to `connect` (`host:port,...[/chroot]`) with a
-    /// session of `session_timeout`, once it is connected.
+    /// Starts a Curator client connected to `connect`, once it is connected.
+    /// `connect` is `host:port,...[/chroot]`; the session is of `session_timeout`.
     ///
     /// # Errors
     ///

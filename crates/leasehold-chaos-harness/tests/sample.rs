@@ -1,6 +1,7 @@
-//! The CI sample: every scenario once on every backend, with its short schedule. Each
-//! must come out as the scenario states: no violation where the backend promises safety,
-//! the violation detected where it does not (and fencing still refusing stale writes).
+//! The CI sample: every scenario once on every backend, with its short schedule.
+//! Each must come out as the scenario states: no violation where the backend promises
+//! safety, the violation detected where it does not (and fencing still refusing stale
+//! writes).
 //!
 //! The long run (≥ 1,000 seeded runs per backend) is documented in `docs/guarantees.md`.
 
@@ -41,8 +42,9 @@ fn sample_postgres() {
     common::sample("postgres");
 }
 
-/// Against the user's servers (`--url`): what needs no control of the servers runs, through
-/// fault proxies in front of them; the rest is skipped, saying why.
+/// Against the user's servers (`--url`), without a harness as in the `leasehold` command.
+/// What needs no control of the servers runs, through fault proxies in front of them; the
+/// rest is skipped, saying why.
 #[test]
 fn against_a_users_server_only_faults_that_need_no_control_run() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
@@ -51,6 +53,7 @@ fn against_a_users_server_only_faults_that_need_no_control_run() {
     for scenario in ["full-partition", "restart-empty"] {
         let mut spec = common::spec("redis", scenario, 1);
         spec.url = Some(redis.url());
+        spec.harness = None;
         runs.push(common::run(&spec));
     }
     common::assert_good("full-partition against a user's server", &mut runs[..1]);
@@ -71,8 +74,9 @@ fn against_a_users_server_only_faults_that_need_no_control_run() {
     }
 }
 
-/// In observe mode the resource accepts what fencing would refuse: under a double grant the
-/// stale holder's accesses get through (C1, C2), where in enforce mode they were refused.
+/// In observe mode the resource accepts what fencing would refuse.
+/// Under a double grant the stale holder's accesses get through (C1, C2), where in enforce
+/// mode they were refused.
 #[test]
 fn observe_mode_shows_what_fencing_prevents() {
     use leasehold_chaos::checks::Check;

@@ -1,5 +1,6 @@
-//! Runs of the checker from its tests: the `leasehold-chaos` program of this build is the
-//! worker and the resource.
+//! Runs of the checker from its tests.
+//! The `leasehold-chaos` program of this build is the worker and the resource, and the
+//! harness starts the servers.
 
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used)]
 
@@ -25,27 +26,30 @@ pub fn spec(backend: &str, scenario: &str, seed: u64) -> RunSpec {
         mode: FenceMode::Enforce,
         workload: Workload::Counter,
         url: None,
+        harness: Some(&leasehold_chaos_harness::HARNESS),
         bug: None,
         history_dir: history_dir(),
     }
 }
 
-/// Where every run keeps its history: `LEASEHOLD_CHAOS_HISTORY` if set (otherwise only
-/// failing runs keep theirs, in [`failures_dir`]).
+/// Where every run keeps its history.
+/// `LEASEHOLD_CHAOS_HISTORY` if set (otherwise only failing runs keep theirs, in
+/// [`failures_dir`]).
 pub fn history_dir() -> Option<PathBuf> {
     std::env::var_os("LEASEHOLD_CHAOS_HISTORY").map(PathBuf::from)
 }
 
-/// Where a failing run keeps its history: `LEASEHOLD_CHAOS_HISTORY` if set, else
-/// `chaos-failures` in Cargo's directory for integration tests' files (`target/tmp`),
-/// which outlives the test.
+/// Where a failing run keeps its history.
+/// `LEASEHOLD_CHAOS_HISTORY` if set, else `chaos-failures` in Cargo's directory for
+/// integration tests' files (`target/tmp`), which outlives the test.
 pub fn failures_dir() -> PathBuf {
     history_dir()
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("chaos-failures"))
 }
 
-/// Keeps the history of `report`, a run that made a test fail, and says where, with the
-/// command that replays the run (also printed at once, in case the test goes on).
+/// Keeps the history of `report`, a run that made a test fail, and says where.
+/// It says it with the command that replays the run (printed at once too, in case the test
+/// goes on).
 pub fn kept(report: &mut RunReport) -> String {
     let line = match report.keep_history(&failures_dir()) {
         Ok(path) => format!(
@@ -73,8 +77,8 @@ pub fn fail(what: &str, runs: &mut [RunReport]) -> ! {
     panic!("{what}\n{table}\n{}", kept.join("\n"));
 }
 
-/// Fails the test unless every run of `reports` came out as its scenario expects, keeping
-/// the histories of those that did not (see [`kept`]).
+/// Fails the test unless every run of `reports` came out as its scenario expects.
+/// The histories of those that did not are kept (see [`kept`]).
 pub fn assert_good(what: &str, reports: &mut [RunReport]) {
     if reports.iter().all(RunReport::is_good) {
         return;
@@ -97,8 +101,8 @@ pub fn run(spec: &RunSpec) -> RunReport {
     runtime.block_on(runner::run(spec, &launcher()))
 }
 
-/// Every scenario once on `backend` (seed 1), two at a time (runs mostly wait): each must
-/// come out as it expects.
+/// Every scenario once on `backend` (seed 1), two at a time (runs mostly wait).
+/// Each must come out as it expects.
 pub fn sample(backend: &str) {
     let next = std::sync::atomic::AtomicUsize::new(0);
     let mut reports: Vec<RunReport> = std::thread::scope(|scope| {

@@ -1,6 +1,6 @@
-//! The HTML report in a real browser: headless Debian `chromium` loads the page of a real
-//! run, the page draws one lane per worker without a script error, and a screenshot is
-//! taken.
+//! The HTML report in a real browser.
+//! Headless Debian `chromium` loads the page of a real run, the page draws one lane per
+//! worker without a script error, and a screenshot is taken.
 
 mod common;
 

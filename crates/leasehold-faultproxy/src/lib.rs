@@ -1,11 +1,16 @@
-//! A TCP fault proxy: put it between a client and a server to delay traffic, cut one or
-//! both directions while leaving the sockets open (of every connection, or only of those
-//! open now: a blackholed link the client could replace), reset every connection, or
-//! refuse new ones.
+//! A TCP fault proxy that delays, cuts, resets or refuses a client's connections.
+//!
+//! Put it between clients and a server to delay traffic, cut one or both directions while
+//! leaving the sockets open (of every connection, or only of those open now: a blackholed
+//! link the client could replace), reset every connection, or refuse new ones.
 //!
 //! Cutting a direction holds its bytes rather than dropping them, as TCP would during a
 //! partition: when the link heals they arrive, late. That is what makes late replies,
 //! one-way partitions and "the request was applied but the reply never came" reproducible.
+//!
+//! It is a product crate: `leasehold chaos` puts one in front of each server for each
+//! worker, also in front of a user's own servers (`--url`). The testkit re-exports it for
+//! the backends' tests.
 
 use std::io;
 use std::net::SocketAddr;
@@ -41,8 +46,8 @@ struct Link {
 struct Faults {
     to_server: Link,
     to_client: Link,
-    /// Connections numbered below `.0` (those open when it was set) are cut in the
-    /// directions `.1` says (to server, to client).
+    /// Connections numbered below `.0` (those open when it was set) are cut.
+    /// They are cut in the directions `.1` says (to server, to client).
     open_cut: Option<(u64, (bool, bool))>,
     refuse: bool,
     /// Bumped by `reset`: connections from an earlier generation are closed with RST.
@@ -126,8 +131,8 @@ impl FaultProxy {
         });
     }
 
-    /// Holds every byte in `direction` until [`heal`](FaultProxy::heal); sockets stay
-    /// open, nobody is told.
+    /// Holds every byte in `direction` until [`heal`](FaultProxy::heal).
+    /// Sockets stay open, nobody is told.
     pub fn cut(&self, direction: Direction) {
         self.faults.send_modify(|f| {
             for link in f.links(direction) {
@@ -136,9 +141,9 @@ impl FaultProxy {
         });
     }
 
-    /// Holds every byte in `direction` of the connections open now until
-    /// [`heal`](FaultProxy::heal), as a link that went dead under a client that could open
-    /// another: connections made from now on pass.
+    /// Holds every byte in `direction` of the open connections until [`heal`](FaultProxy::heal).
+    /// That is a link that went dead under a client that could open another: connections
+    /// made from now on pass.
     pub fn cut_open(&self, direction: Direction) {
         let before = self.accepted.load(Ordering::SeqCst);
         let (to_server, to_client) = match direction {
@@ -255,9 +260,9 @@ async fn futures_join(a: impl Future<Output = ()>, b: impl Future<Output = ()>) 
     tokio::join!(a, b);
 }
 
-/// Copies one direction until its source closes (then passes the close on): a reader stamps
-/// chunks as they arrive, a writer delivers each at its stamp plus the delay, and not while
-/// the direction is cut.
+/// Copies one direction until its source closes (then passes the close on).
+/// A reader stamps chunks as they arrive, a writer delivers each at its stamp plus the
+/// delay, and not while the direction is cut.
 async fn pump(
     mut from: OwnedReadHalf,
     mut to: OwnedWriteHalf,

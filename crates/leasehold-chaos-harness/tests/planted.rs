@@ -1,6 +1,6 @@
-//! The checker is itself tested: each deliberately broken lock variant (see
-//! `leasehold_chaos::bugs`) must be caught by a check within a few seeds, under the
-//! scenario that exposes it, on a real Redis — and the session bugs on a real ZooKeeper
+//! The checker is itself tested: each deliberately broken lock variant must be caught.
+//! Each (see `leasehold_chaos::bugs`) must be caught by a check within a few seeds, under
+//! the scenario that exposes it, on a real Redis — and the session bugs on a real ZooKeeper
 //! and a real etcd.
 
 mod common;
@@ -10,15 +10,16 @@ use leasehold_chaos::checks::{Check, Status};
 use leasehold_chaos::resource::FenceMode;
 use leasehold_chaos::runner::RunReport;
 
-/// Runs `scenario` on Redis with `bug` planted, seeds 1..=`seeds`, until a check fails
-/// that the scenario says must hold; returns the checks that caught it.
+/// Runs `scenario` on Redis with `bug` planted until a check fails that must hold.
+/// It tries seeds 1..=`seeds` and returns the checks that caught the bug; a check fails
+/// that the scenario says must hold.
 fn caught(bug: Bug, scenario: &str, seeds: u64) -> Vec<Check> {
     caught_in(bug, scenario, seeds, FenceMode::Enforce)
 }
 
-/// As [`caught`], with the resource in `mode`. In observe mode a stale holder's writes are
-/// accepted, so it goes on holding (and renewing) where a refused write would have ended
-/// its hold.
+/// As [`caught`], with the resource in `mode`.
+/// In observe mode a stale holder's writes are accepted, so it goes on holding (and
+/// renewing) where a refused write would have ended its hold.
 fn caught_in(bug: Bug, scenario: &str, seeds: u64, mode: FenceMode) -> Vec<Check> {
     caught_on("redis", bug, scenario, seeds, mode)
 }

@@ -16,7 +16,7 @@ use leasehold_core::{Error, LockName, LossReason, OwnerId, Result};
 
 use crate::connection::EtcdBackend;
 use crate::error::map_error;
-use crate::keys::Placed;
+use crate::registry::Placed;
 use crate::reply::{Entry, decode, encode, queue_of, ranges, token};
 use crate::requests::{self, AcquireShape, Fence};
 use crate::session::Session;
@@ -90,10 +90,6 @@ impl EtcdBackend {
             .is_none_or(|kv| kv.create_revision() != created))
     }
 
-    fn forget(&self, owner: &OwnerId) {
-        self.keys().forget(owner);
-    }
-
     /// Whether the fence `read` shows is the one `session` put under: if it moved, notes
     /// where it is; if it is gone, the session's lease is gone on the server and the
     /// session ends here too.
@@ -116,9 +112,9 @@ impl EtcdBackend {
     async fn acquire_once(&self, req: &Request) -> Result<Step> {
         let session = self.session().await?;
         let set = self.set(&req.name, req.mode);
-        let placed = self.keys().place(&req.owner, &set, session.id);
+        let placed = self.registry().place(&req.owner, &set, session.id);
         if placed.lease != session.id {
-            self.forget(&req.owner);
+            self.registry().forget(&req.owner);
             if placed.revision.is_some() {
                 // Queued under a session that has ended: the key went with it.
                 return Err(Error::Lost(LossReason::SessionEnded));
@@ -142,7 +138,7 @@ impl EtcdBackend {
         let txn = requests::acquire(shape, &placed, &value, fence);
         let puts = shape != AcquireShape::Woken;
         if puts {
-            self.keys().put_sent(&req.owner);
+            self.registry().put_sent(&req.owner);
         }
         let answer = self
             .kv()
@@ -157,14 +153,14 @@ impl EtcdBackend {
             ));
         };
         if puts {
-            self.keys().put_answered(&req.owner);
+            self.registry().put_answered(&req.owner);
         }
         let responses = answer.op_responses();
         match (shape, answer.succeeded()) {
             (AcquireShape::Woken, false) => {
                 // The key is gone: its lease expired (or someone deleted it) while we
                 // waited.
-                self.forget(&req.owner);
+                self.registry().forget(&req.owner);
                 Err(Error::Lost(LossReason::SessionEnded))
             }
             // The queue was empty and the transaction's one write put the key: it holds,
@@ -178,7 +174,7 @@ impl EtcdBackend {
             (AcquireShape::Try, false) => {
                 let [contenders, markers, fence] = reads(&responses)?;
                 if !self.fence_held(&session, fence) {
-                    self.keys().forget_if_unseen(&req.owner);
+                    self.registry().forget_if_unseen(&req.owner);
                     return Ok(Step::Again);
                 }
                 self.settle(&session, &placed, req, contenders, markers, revision)
@@ -200,7 +196,7 @@ impl EtcdBackend {
                 }
                 let [fence] = reads(&responses)?;
                 self.fence_held(&session, fence);
-                self.keys().forget_if_unseen(&req.owner);
+                self.registry().forget_if_unseen(&req.owner);
                 Ok(Step::Again)
             }
         }
@@ -225,14 +221,14 @@ impl EtcdBackend {
             .position(|e| !e.foreign && e.owner == req.owner)
         else {
             // A try that found the queue occupied: nothing was written.
-            self.keys().forget_if_unseen(&req.owner);
+            self.registry().forget_if_unseen(&req.owner);
             return Ok(Step::Done(Acquire::Busy(WaitHint::new(
                 Hint::deletions_under(dir, from),
             ))));
         };
         let mine = &queue[me];
         // From now on a release removes it, whatever happens here.
-        self.keys().record(&req.owner, mine.revision);
+        self.registry().record(&req.owner, mine.revision);
         if mine.lease != session.id || mine.key != placed.key().as_bytes() {
             return Err(Error::backend(
                 format!(
@@ -264,15 +260,15 @@ impl EtcdBackend {
     /// lock-delay) if it is still the one this acquisition wrote, and forgets it; `None` if
     /// the owner has no key, else whether a key was removed. An acquisition with a put
     /// that was never answered also moves its session's fence in the same transaction (see
-    /// [`Layout::anchor`](crate::keys::Layout::anchor)).
+    /// [`Layout::anchor`](crate::layout::Layout::anchor)).
     async fn remove(&self, req: &Request, doing: &str) -> Result<Option<bool>> {
-        let Some(placed) = self.keys().by_owner.get(&req.owner).cloned() else {
+        let Some(placed) = self.registry().get(&req.owner) else {
             return Ok(None);
         };
         let bump = placed.unanswered_puts > 0;
         if placed.revision.is_none() && !bump {
             // No put of it was ever applied.
-            self.forget(&req.owner);
+            self.registry().forget(&req.owner);
             return Ok(Some(false));
         }
         let anchor = bump.then(|| self.inner.layout.anchor(placed.lease));
@@ -289,7 +285,7 @@ impl EtcdBackend {
         }
         let removed = answer.succeeded()
             && matches!(answer.op_responses().first(), Some(TxnOpResponse::Delete(d)) if d.deleted() > 0);
-        self.forget(&req.owner);
+        self.registry().forget(&req.owner);
         Ok(Some(removed))
     }
 
@@ -302,7 +298,7 @@ impl EtcdBackend {
         req: &Request,
         revision: i64,
     ) -> Result<Step> {
-        self.keys().record(&req.owner, revision);
+        self.registry().record(&req.owner, revision);
         let token = token(revision)?;
         if let Some(delay) = req.lock_delay {
             self.put_marker(session, placed, &req.owner, revision, delay)
@@ -339,7 +335,7 @@ impl EtcdBackend {
             Ok(())
         } else {
             // The key is gone: the session's lease ran out since the grant.
-            self.forget(owner);
+            self.registry().forget(owner);
             Err(Error::Lost(LossReason::SessionEnded))
         }
     }
@@ -415,7 +411,7 @@ impl Backend for EtcdBackend {
 
     async fn renew(&self, req: &Request) -> Result<Renewal> {
         // Grants live by the session; this only says whether the key is still ours.
-        let Some(placed) = self.keys().by_owner.get(&req.owner).cloned() else {
+        let Some(placed) = self.registry().get(&req.owner) else {
             return Ok(Renewal::Lost(LossReason::NotOwner));
         };
         let found = self
@@ -575,7 +571,7 @@ impl Backend for EtcdBackend {
     /// lease, so nothing else ends it. A session that has ended already is left to run out
     /// (its lock-delay markers keep their delay).
     async fn abandon(&self, req: &Request) -> Result<()> {
-        let Some(placed) = self.keys().forget(&req.owner) else {
+        let Some(placed) = self.registry().forget(&req.owner) else {
             return Ok(());
         };
         if placed.revision.is_none() && placed.unanswered_puts == 0 {

@@ -1,5 +1,5 @@
-//! The backend value: one connection to the cluster, the session it owns, and the keys it
-//! has placed. Its [`Backend`](leasehold_core::Backend) methods are in `backend.rs`.
+//! The backend value: one connection to the cluster, the session it owns, and the entries
+//! it has placed. Its [`Backend`](leasehold_core::Backend) methods are in `backend.rs`.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -10,8 +10,9 @@ use leasehold_core::{Error, Guard, LockName, Result};
 use tokio::sync::Mutex as AsyncMutex;
 
 use crate::error::map_error;
-use crate::keys::{Keys, Layout, Placed, Set};
+use crate::layout::{Layout, Set};
 use crate::options::{EtcdOptions, parse_url};
+use crate::registry::Registry;
 use crate::session::Session;
 use crate::transport;
 
@@ -30,7 +31,7 @@ pub(crate) struct Inner {
     pub(crate) options: EtcdOptions,
     pub(crate) layout: Layout,
     session: AsyncMutex<Option<Arc<Session>>>,
-    keys: Mutex<Keys>,
+    registry: Mutex<Registry>,
 }
 
 impl std::fmt::Debug for Inner {
@@ -99,7 +100,7 @@ impl EtcdBackend {
                 layout: Layout::new(&options.prefix),
                 options,
                 session: AsyncMutex::new(None),
-                keys: Mutex::new(Keys::default()),
+                registry: Mutex::new(Registry::default()),
             }),
         })
     }
@@ -238,15 +239,18 @@ impl EtcdBackend {
     pub fn still_owner(&self, guard: &Guard) -> Compare {
         // A released guard compares its queue directory, a key that never exists.
         let key = self
-            .keys()
-            .by_owner
+            .registry()
             .get(guard.owner())
-            .map_or_else(|| self.set(guard.name(), guard.mode()).dir, Placed::key);
+            .map_or_else(|| self.set(guard.name(), guard.mode()).dir, |p| p.key());
         let revision = i64::try_from(guard.token().get()).unwrap_or(i64::MAX);
         Compare::create_revision(key, CompareOp::Equal, revision)
     }
 
-    pub(crate) fn keys(&self) -> std::sync::MutexGuard<'_, Keys> {
-        self.inner.keys.lock().unwrap_or_else(|e| e.into_inner())
+    /// The entries this backend has placed.
+    pub(crate) fn registry(&self) -> std::sync::MutexGuard<'_, Registry> {
+        self.inner
+            .registry
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
 }

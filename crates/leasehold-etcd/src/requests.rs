@@ -2,7 +2,8 @@
 
 use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp};
 
-use crate::keys::{MARKER, Placed};
+use crate::layout::MARKER;
+use crate::registry::Placed;
 
 /// The end of the range of keys starting with `prefix`.
 pub(crate) fn prefix_end(prefix: &str) -> Vec<u8> {
@@ -38,7 +39,7 @@ pub(crate) enum AcquireShape {
 }
 
 /// A session's fence: its key, and the mod revision a put requires (see
-/// [`Layout::anchor`](crate::keys::Layout::anchor)).
+/// [`Layout::anchor`](crate::layout::Layout::anchor)).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Fence<'a> {
     pub(crate) key: &'a str,

@@ -195,7 +195,7 @@ impl Backend for ZooKeeperBackend {
                 "zookeeper: the node of this acquisition in {dir} is gone"
             )));
         };
-        let holds = reply::holding(&queue, reply::default_limit(req.mode));
+        let holds = reply::holding(&queue, req.mode);
         let orphans = markers::orphans(&children, &queue, &dir);
         if holds[me] && orphans.is_empty() {
             return self.granted(&session, req, &holds[me + 1..]).await;
@@ -336,27 +336,16 @@ impl Backend for ZooKeeperBackend {
         let session = self.session().await?;
         let client = &session.client;
         let layout = &self.inner.layout;
-        let permit = Mode::Permit {
-            limit: NonZeroU32::MIN,
-        };
-        let (lock_dir, permit_dir) = (layout.dir(name, Mode::Exclusive), layout.dir(name, permit));
-        let (locks, permits) = tokio::join!(
-            client.list_children(&lock_dir),
-            client.list_children(&permit_dir)
-        );
-        let sets = [
-            (lock_dir.clone(), or_empty(locks, &lock_dir)?, None),
-            (
-                permit_dir.clone(),
-                or_empty(permits, &permit_dir)?,
-                Some(NonZeroU32::MIN),
-            ),
-        ];
+        // A foreign contender in the permit set takes one permit.
+        let limit = NonZeroU32::MIN;
+        let sets =
+            [Mode::Exclusive, Mode::Permit { limit }].map(|mode| (layout.dir(name, mode), mode));
+        let listings = join_all(sets.iter().map(|(dir, _)| client.list_children(dir))).await;
         let mut state = LockState::default();
         let mut watched = Vec::new();
-        for (dir, children, limit) in sets {
-            let queue = reply::queue(&children);
-            let holds = reply::holding(&queue, limit);
+        for ((dir, mode), listed) in sets.iter().zip(listings) {
+            let queue = reply::queue(&or_empty(listed, dir)?);
+            let holds = reply::holding(&queue, *mode);
             let paths: Vec<String> = queue
                 .iter()
                 .zip(&holds)
@@ -378,7 +367,7 @@ impl Backend for ZooKeeperBackend {
                     Some(Err(zk::Error::NoNode)) | None => continue,
                     Some(Err(e)) => return Err(map(e, "reading a holder")),
                 };
-                if limit.is_none() {
+                if !mode.is_permit() {
                     watched.push(format!("{dir}/{}", contender.node));
                 }
                 let token = reply::token(stat.czxid)?;
@@ -396,6 +385,7 @@ impl Backend for ZooKeeperBackend {
                 );
             }
         }
+        let [(lock_dir, _), _] = sets;
         let children = watched.is_empty().then_some(lock_dir);
         state.hint = WaitHint::new(Hint {
             session: session.id,

@@ -2,8 +2,8 @@
 //! there is none or the last one ended; its epoch checked), and the entries it has
 //! placed. Its [`Backend`](leasehold_core::Backend) methods are in `backend.rs`.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use leasehold_core::{Error, Result};
@@ -34,8 +34,7 @@ pub(crate) struct Inner {
     registry: Mutex<Registry>,
     /// The epoch the first session found; a later session finding another one means the
     /// ensemble lost its data.
-    epoch: Mutex<Option<String>>,
-    wiped: AtomicBool,
+    epoch: OnceLock<String>,
     /// The negotiated session timeout, in milliseconds.
     timeout_ms: AtomicU64,
     /// Node events that woke a waiter.
@@ -103,8 +102,7 @@ impl ZooKeeperBackend {
                 session: Mutex::new(None),
                 opening: AsyncMutex::new(()),
                 registry: Mutex::new(Registry::default()),
-                epoch: Mutex::new(None),
-                wiped: AtomicBool::new(false),
+                epoch: OnceLock::new(),
                 timeout_ms: AtomicU64::new(0),
                 watch_events: AtomicU64::new(0),
             }),
@@ -201,15 +199,12 @@ impl ZooKeeperBackend {
 
     /// The live session, opened now if there is none or the last one ended.
     pub(crate) async fn session(&self) -> Result<Arc<Session>> {
-        if let Some(session) = self.current()
-            && session.is_alive()
-        {
+        let live = || self.current().filter(|s| s.is_alive());
+        if let Some(session) = live() {
             return self.unwiped(session);
         }
         let _opening = self.inner.opening.lock().await;
-        if let Some(session) = self.current()
-            && session.is_alive()
-        {
+        if let Some(session) = live() {
             return self.unwiped(session);
         }
         if let Some(old) = self.slot().take() {
@@ -229,7 +224,7 @@ impl ZooKeeperBackend {
                 drop(taken);
             }
         };
-        let (session, epoch) = Session::open(
+        let session = Session::open(
             self.inner.target.clone(),
             self.inner.options.clone(),
             self.inner.layout.root(),
@@ -237,16 +232,9 @@ impl ZooKeeperBackend {
         )
         .await?;
         let session = Arc::new(session);
-        {
-            let mut known = self.inner.epoch.lock().unwrap_or_else(|e| e.into_inner());
-            match known.as_deref() {
-                None => *known = Some(epoch),
-                Some(before) if before == epoch => {}
-                Some(before) => {
-                    tracing::error!(before, now = %epoch, "zookeeper: the epoch node changed: the ensemble lost its data");
-                    self.inner.wiped.store(true, Ordering::SeqCst);
-                }
-            }
+        let first = self.inner.epoch.get_or_init(|| session.epoch.clone());
+        if *first != session.epoch {
+            tracing::error!(before = %first, now = %session.epoch, "zookeeper: the epoch node changed: the ensemble lost its data");
         }
         let ms = u64::try_from(session.timeout.as_millis()).unwrap_or(u64::MAX);
         self.inner.timeout_ms.store(ms, Ordering::Relaxed);
@@ -254,8 +242,14 @@ impl ZooKeeperBackend {
         self.unwiped(session)
     }
 
+    /// `session`, unless the epoch it found is not the first session's.
     fn unwiped(&self, session: Arc<Session>) -> Result<Arc<Session>> {
-        if self.inner.wiped.load(Ordering::SeqCst) {
+        if self
+            .inner
+            .epoch
+            .get()
+            .is_some_and(|first| *first != session.epoch)
+        {
             return Err(Error::backend(
                 format!(
                     "zookeeper: {} was created anew since this client connected: the ensemble \

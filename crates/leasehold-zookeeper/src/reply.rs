@@ -5,8 +5,6 @@
 //! `<uuid>__lock__`) is a foreign contender: an exclusive holder or waiter like any other,
 //! ordered by its sequence number. A child without a sequence number is no contender.
 
-use std::num::NonZeroU32;
-
 use leasehold_core::backend::Mode;
 use leasehold_core::{Error, FencingToken, OwnerId, Result};
 use zookeeper_client as zk;
@@ -87,14 +85,14 @@ pub(crate) fn queue(children: &[String]) -> Vec<Contender> {
 /// Which contenders of a queue hold, by the contract's one rule
 /// ([`leasehold_core::support::queue`]): the holders are a prefix of the queue, each
 /// permit counting with its own limit, so contenders become holders in queue order, the
-/// order of their nodes' czxids, their tokens. A foreign contender in a permit set counts
-/// with `default_limit`.
-pub(crate) fn holding(queue: &[Contender], default_limit: Option<NonZeroU32>) -> Vec<bool> {
+/// order of their nodes' czxids, their tokens. `set` is the mode of a request to the set:
+/// in a permit set, a foreign contender counts as a permit with that request's limit.
+pub(crate) fn holding(queue: &[Contender], set: Mode) -> Vec<bool> {
     let modes: Vec<Mode> = queue
         .iter()
-        .map(|c| match (c.mode, default_limit) {
-            (Mode::Permit { .. }, _) | (_, None) => c.mode,
-            (_, Some(limit)) => Mode::Permit { limit },
+        .map(|c| match (c.mode, set) {
+            (Mode::Permit { .. }, _) | (_, Mode::Exclusive | Mode::Shared) => c.mode,
+            (_, Mode::Permit { .. }) => set,
         })
         .collect();
     leasehold_core::support::queue::holding(&modes)
@@ -146,14 +144,6 @@ pub(crate) fn sole_blocker(queue: &[Contender], me: usize) -> bool {
     blockers == 1
 }
 
-/// The permit limit a foreign contender of `mode`'s set counts with.
-pub(crate) fn default_limit(mode: Mode) -> Option<NonZeroU32> {
-    match mode {
-        Mode::Permit { limit } => Some(limit),
-        Mode::Exclusive | Mode::Shared => None,
-    }
-}
-
 /// A listing, with a missing directory read as empty.
 pub(crate) fn or_empty(
     listed: std::result::Result<Vec<String>, zk::Error>,
@@ -179,6 +169,8 @@ pub(crate) fn token(czxid: i64) -> Result<FencingToken> {
 
 #[cfg(test)]
 mod tests {
+    use std::num::NonZeroU32;
+
     use super::*;
     use crate::layout::node_prefix;
 
@@ -261,7 +253,7 @@ mod tests {
         assert_eq!(sorted.iter().map(|c| c.seq).collect::<Vec<_>>(), [3, 9]);
 
         let lock = q(&[s, s, x, s, x]);
-        let holds = holding(&lock, None);
+        let holds = holding(&lock, x);
         assert_eq!(holds, [true, true, false, false, false]);
         let watched = |me| -> Vec<i64> {
             in_the_way(&lock, &holds, me)
@@ -280,7 +272,7 @@ mod tests {
             limit: NonZeroU32::new(2).unwrap(),
         };
         let permits = q(&[p, p, p, p]);
-        let holds = holding(&permits, None);
+        let holds = holding(&permits, p);
         assert_eq!(holds, [true, true, false, false]);
         // The first waiter watches every holder; the next one the waiter before it.
         let seqs = |v: Vec<(&Contender, bool)>| v.iter().map(|(c, _)| c.seq).collect::<Vec<_>>();
@@ -316,14 +308,14 @@ mod tests {
             name("o", p, 2),
             name("o2", p, 3),
         ]);
-        assert_eq!(holding(&foreign, NonZeroU32::new(2)), [true, true, false]);
+        assert_eq!(holding(&foreign, p), [true, true, false]);
         // A permit never overtakes a waiting one, whatever the limits: holders are a prefix.
         let limit = |n| Mode::Permit {
             limit: NonZeroU32::new(n).unwrap(),
         };
         let mixed = q(&[limit(2), limit(2), limit(1), limit(4)]);
-        assert_eq!(holding(&mixed, None), [true, true, false, false]);
+        assert_eq!(holding(&mixed, limit(4)), [true, true, false, false]);
         let mixed = q(&[limit(1), limit(4)]);
-        assert_eq!(holding(&mixed, None), [true, true]);
+        assert_eq!(holding(&mixed, limit(4)), [true, true]);
     }
 }

@@ -136,6 +136,8 @@ pub(crate) struct Session {
     pub(crate) id: i64,
     /// The negotiated session timeout.
     pub(crate) timeout: Duration,
+    /// The epoch found in (or written to) the epoch node when it was opened.
+    pub(crate) epoch: String,
     keeper: Arc<SessionKeeper>,
     task: JoinHandle<()>,
     /// Lock-delay sessions, by band (see [`delay_band`]).
@@ -196,8 +198,7 @@ async fn connect(
 }
 
 impl Session {
-    /// Opens a session and makes sure `root` (the epoch node) exists; returns the session
-    /// and the epoch found in (or written to) `root`.
+    /// Opens a session and makes sure `root` (the epoch node) exists.
     ///
     /// `on_end` is called with the session's id when it ends by itself (deadline, expiry):
     /// the owner lets go of it then, so that it closes and its nodes go.
@@ -206,7 +207,7 @@ impl Session {
         options: Arc<ZooKeeperOptions>,
         root: &str,
         on_end: impl FnOnce(i64) + Send + 'static,
-    ) -> Result<(Session, String)> {
+    ) -> Result<Session> {
         // The leader creates the session after this instant, and counts on it for a
         // whole timeout from then.
         let opened = SystemClock.now();
@@ -233,28 +234,23 @@ impl Session {
         ));
         let id = client.session_id().0;
         tracing::debug!(session = %format_args!("{id:x}"), ?timeout, ensemble, "zookeeper session opened");
-        Ok((
-            Session {
-                client,
-                id,
-                timeout,
-                keeper,
-                task,
-                delays: Arc::new(std::sync::Mutex::new(HashMap::new())),
-                delay_opening: AsyncMutex::new(()),
-                target,
-                options,
-            },
+        Ok(Session {
+            client,
+            id,
+            timeout,
             epoch,
-        ))
+            keeper,
+            task,
+            delays: Arc::new(std::sync::Mutex::new(HashMap::new())),
+            delay_opening: AsyncMutex::new(()),
+            target,
+            options,
+        })
     }
 
-    /// Whether the session can still be counted on.
+    /// Whether the session can still be counted on: its local deadline is ahead.
     pub(crate) fn is_alive(&self) -> bool {
-        match self.keeper.current() {
-            Liveness::Alive { until } => SystemClock.now() < until,
-            Liveness::Ended => false,
-        }
+        !self.remaining().is_zero()
     }
 
     /// Time left until the local deadline (zero once ended).

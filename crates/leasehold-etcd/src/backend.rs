@@ -257,19 +257,19 @@ impl EtcdBackend {
     }
 
     /// Removes the owner's key (with its lock-delay marker, if the request has a
-    /// lock-delay) if it is still the one this acquisition wrote, and forgets it; `None` if
-    /// the owner has no key, else whether a key was removed. An acquisition with a put
+    /// lock-delay) if it is still the one this acquisition wrote, and forgets it; whether
+    /// a key was removed. An acquisition with a put
     /// that was never answered also moves its session's fence in the same transaction (see
     /// [`Layout::anchor`](crate::layout::Layout::anchor)).
-    async fn remove(&self, req: &Request, doing: &str) -> Result<Option<bool>> {
+    async fn remove(&self, req: &Request, doing: &str) -> Result<Release> {
         let Some(placed) = self.registry().get(&req.owner) else {
-            return Ok(None);
+            return Ok(Release::NotHeld);
         };
         let bump = placed.unanswered_puts > 0;
         if placed.revision.is_none() && !bump {
             // No put of it was ever applied.
             self.registry().forget(&req.owner);
-            return Ok(Some(false));
+            return Ok(Release::NotHeld);
         }
         let anchor = bump.then(|| self.inner.layout.anchor(placed.lease));
         let value = encode(req.mode, &req.owner, req.value.as_deref());
@@ -286,7 +286,11 @@ impl EtcdBackend {
         let removed = answer.succeeded()
             && matches!(answer.op_responses().first(), Some(TxnOpResponse::Delete(d)) if d.deleted() > 0);
         self.registry().forget(&req.owner);
-        Ok(Some(removed))
+        Ok(if removed {
+            Release::Released
+        } else {
+            Release::NotHeld
+        })
     }
 
     /// The grant of `placed`, whose key holds at create revision `revision`: recorded, with
@@ -433,12 +437,7 @@ impl Backend for EtcdBackend {
     }
 
     async fn release(&self, req: &Request) -> Result<Release> {
-        let removed = self.remove(req, "releasing").await?;
-        Ok(if removed == Some(true) {
-            Release::Released
-        } else {
-            Release::NotHeld
-        })
+        self.remove(req, "releasing").await
     }
 
     async fn wait(&self, _name: &LockName, hint: &WaitHint, max: Duration) -> Result<()> {

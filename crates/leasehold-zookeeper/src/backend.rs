@@ -263,13 +263,9 @@ impl Backend for ZooKeeperBackend {
         };
         // Any session may delete a node; the path names only this owner's.
         let session = self.session().await?;
-        let deleted = self.delete_node(&session, &req.owner, &placed).await?;
+        let released = self.delete_node(&session, &req.owner, &placed).await?;
         self.registry().forget(&req.owner);
-        Ok(if deleted {
-            Release::Released
-        } else {
-            Release::NotHeld
-        })
+        Ok(released)
     }
 
     async fn wait(&self, _name: &LockName, hint: &WaitHint, max: Duration) -> Result<()> {

@@ -3,7 +3,7 @@
 //! and the owner-checked delete of a node (with its lock-delay marker).
 
 use futures_util::future::join_all;
-use leasehold_core::backend::Request;
+use leasehold_core::backend::{Release, Request};
 use leasehold_core::{Error, OwnerId, Result};
 use zookeeper_client as zk;
 
@@ -117,22 +117,24 @@ impl ZooKeeperBackend {
     }
 
     /// Deletes the owner's node (and its lock-delay marker) by path and version; whether
-    /// a node was there. An owner whose create went unanswered has the directory swept for
+    /// a node was there to delete. An owner whose create went unanswered has the directory swept for
     /// nodes named after it. `session` is the current session.
     pub(crate) async fn delete_node(
         &self,
         session: &Session,
         owner: &OwnerId,
         placed: &Placed,
-    ) -> Result<bool> {
+    ) -> Result<Release> {
         let client = &session.client;
         let Some((node, path)) = placed.node_path() else {
             let children = self.list_synced(client, &placed.dir).await?;
             let mode_prefix = format!("{owner}-");
-            return Ok(self
-                .sweep(client, &placed.dir, &children, &mode_prefix, None)
-                .await?
-                > 0);
+            let swept = self.sweep(client, &placed.dir, &children, &mode_prefix, None);
+            return Ok(if swept.await? > 0 {
+                Release::Released
+            } else {
+                Release::NotHeld
+            });
         };
         // The marker is deleted on the session that creates it, so that the delete is
         // ordered after a create still on its way. Only the placed session's lock-delay
@@ -176,13 +178,13 @@ impl ZooKeeperBackend {
                 None => client.delete(&path, Some(version)).await,
             };
             match answer {
-                Ok(()) => return Ok(true),
-                Err(zk::Error::NoNode) => return Ok(false),
+                Ok(()) => return Ok(Release::Released),
+                Err(zk::Error::NoNode) => return Ok(Release::NotHeld),
                 Err(zk::Error::BadVersion) => {
                     // Our node (the path names our owner id) at a version we lost track of.
                     match client.check_stat(&path).await {
                         Ok(Some(stat)) => version = stat.version,
-                        Ok(None) => return Ok(false),
+                        Ok(None) => return Ok(Release::NotHeld),
                         Err(e) => return Err(map(e, "releasing")),
                     }
                 }

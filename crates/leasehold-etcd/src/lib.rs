@@ -13,6 +13,8 @@
 //! - `error.rs`: etcd errors as leasehold errors;
 //! - `backend.rs`: the [`Backend`](leasehold_core::Backend) implementation.
 //!
+//! How it works:
+//!
 //! - **One session per backend**: one lease, kept alive by a keep-alive stream, shared by
 //!   every lock, permit and candidacy; guards follow the session and are lost when it ends
 //!   (`session.rs`). [`EtcdBackend::close`] revokes it, [`EtcdBackend::orphan`] stops

@@ -12,6 +12,8 @@
 //! - `error.rs`: ZooKeeper errors as leasehold errors;
 //! - `backend.rs`: the [`Backend`](leasehold_core::Backend) implementation.
 //!
+//! How it works:
+//!
 //! - **One session per backend** serves every lock, permit and candidacy (see
 //!   `docs/backends/zookeeper.md`): guards follow it — *suspended* while its link is down,
 //!   lost at the local deadline (when the leader is known to have last heard from the

@@ -158,7 +158,10 @@ impl Backend for ZooKeeperBackend {
                 .or(placed);
         }
         let (node, children) = match placed.as_ref().and_then(Placed::node) {
-            Some(node) => (node.name.clone(), self.list(client, &dir).await?),
+            Some(node) => {
+                let listed = client.list_children(&dir).await;
+                (node.name.clone(), or_empty(listed, &dir)?)
+            }
             None => {
                 self.registry().creating(&req.owner, session.id, &dir);
                 match self.create_and_list(client, req, &dir).await {

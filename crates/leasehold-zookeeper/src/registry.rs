@@ -135,14 +135,9 @@ impl Registry {
 
     /// Forgets every entry placed under the session `id`; returns their lock-delay markers.
     pub(crate) fn forget_session(&mut self, id: i64) -> Vec<Marker> {
-        let mut markers = Vec::new();
-        self.by_owner.retain(|_, placed| {
-            if placed.session != id {
-                return true;
-            }
-            markers.extend(placed.node().and_then(|n| n.marker.clone()));
-            false
-        });
-        markers
+        let forgotten = self.by_owner.extract_if(|_, placed| placed.session == id);
+        forgotten
+            .filter_map(|(_, placed)| placed.node().and_then(|n| n.marker.clone()))
+            .collect()
     }
 }

@@ -24,15 +24,6 @@ impl ZooKeeperBackend {
         mode.with_acls(acls(self.inner.options.digest.is_some()))
     }
 
-    /// Creates the directory `dir` (a container node: the server deletes it once empty)
-    /// and any missing parent.
-    async fn make_dir(&self, client: &zk::Client, dir: &str) -> Result<()> {
-        client
-            .mkdir(dir, &self.create_options(zk::CreateMode::Container))
-            .await
-            .map_err(|e| map(e, &format!("creating {dir}")))
-    }
-
     /// Creates my node in `dir` and lists `dir`, back to back; records the node as the
     /// owner's as soon as the create is answered (even if the listing is refused), and
     /// returns its name and the listing.
@@ -58,7 +49,12 @@ impl ZooKeeperBackend {
                     let listed = listed.map_err(|e| map(e, &format!("listing {dir}")))?;
                     return Ok((name, listed));
                 }
-                Err(zk::Error::NoNode) => self.make_dir(client, dir).await?,
+                // The directory (a container node: the server deletes it once empty), and
+                // any missing parent, is created when a create needs it.
+                Err(zk::Error::NoNode) => client
+                    .mkdir(dir, &self.create_options(zk::CreateMode::Container))
+                    .await
+                    .map_err(|e| map(e, &format!("creating {dir}")))?,
                 Err(e) => return Err(map(e, &format!("creating a node in {dir}"))),
             }
         }
@@ -66,11 +62,6 @@ impl ZooKeeperBackend {
             format!("zookeeper: {dir} keeps vanishing before a node can be created in it"),
             true,
         ))
-    }
-
-    /// Lists `dir` (empty if it does not exist).
-    pub(crate) async fn list(&self, client: &zk::Client, dir: &str) -> Result<Vec<String>> {
-        or_empty(client.list_children(dir).await, dir)
     }
 
     /// Lists `dir` as the leader has it: after a `sync`, which a follower answers once it

@@ -1,5 +1,5 @@
-//! The [`Backend`] implementation: each operation as etcd requests, and their answers' meaning.
-//! The operations are acquire, renew, release, wait, inspect and abandon.
+//! The [`Backend`] implementation: acquire, renew, release, wait, inspect and abandon as
+//! etcd requests, and what their answers mean.
 
 use std::collections::HashMap;
 use std::num::NonZeroU32;
@@ -16,7 +16,7 @@ use leasehold_core::{Error, LockName, LossReason, OwnerId, Result};
 
 use crate::connection::EtcdBackend;
 use crate::error::map_error;
-use crate::keys::Placed;
+use crate::registry::Placed;
 use crate::reply::{Entry, decode, encode, queue_of, ranges, token};
 use crate::requests::{self, AcquireShape, Fence};
 use crate::session::Session;
@@ -67,15 +67,14 @@ enum Step {
     Again,
 }
 
-/// How often an acquire is sent again because the session's fence moved meanwhile.
-/// Only an acquisition that gave up after an unanswered put moves it.
+/// How often an acquire is sent again because the session's fence moved meanwhile (only
+/// an acquisition that gave up after an unanswered put moves it).
 const ATTEMPTS: usize = 4;
 
 impl EtcdBackend {
-    /// Whether what `hint` watches may have changed since it was read.
-    /// That is now that a watch created at revision `now` is in place: a single key is
-    /// looked up (gone or created again); a range counts as changed if anything was written
-    /// since the read.
+    /// Whether what `hint` watches may have changed since it was read, now that a watch
+    /// created at revision `now` is in place: a single key is looked up (gone or created
+    /// again); a range counts as changed if anything was written since the read.
     async fn moved(&self, hint: &Hint, now: i64) -> Result<bool> {
         let (Some(created), Some(key)) = (hint.created, hint.keys.first()) else {
             return Ok(now >= hint.from);
@@ -91,13 +90,9 @@ impl EtcdBackend {
             .is_none_or(|kv| kv.create_revision() != created))
     }
 
-    fn forget(&self, owner: &OwnerId) {
-        self.keys().forget(owner);
-    }
-
-    /// Whether the fence `read` shows is the one `session` put under.
-    /// If it moved, notes where it is; if it is gone, the session's lease is gone on the
-    /// server and the session ends here too.
+    /// Whether the fence `read` shows is the one `session` put under: if it moved, notes
+    /// where it is; if it is gone, the session's lease is gone on the server and the
+    /// session ends here too.
     fn fence_held(&self, session: &Session, read: &GetResponse) -> bool {
         match read.kvs().first() {
             Some(kv) if kv.mod_revision() == session.fence() => true,
@@ -117,9 +112,9 @@ impl EtcdBackend {
     async fn acquire_once(&self, req: &Request) -> Result<Step> {
         let session = self.session().await?;
         let set = self.set(&req.name, req.mode);
-        let placed = self.keys().place(&req.owner, &set, session.id);
+        let placed = self.registry().place(&req.owner, &set, session.id);
         if placed.lease != session.id {
-            self.forget(&req.owner);
+            self.registry().forget(&req.owner);
             if placed.revision.is_some() {
                 // Queued under a session that has ended: the key went with it.
                 return Err(Error::Lost(LossReason::SessionEnded));
@@ -143,7 +138,7 @@ impl EtcdBackend {
         let txn = requests::acquire(shape, &placed, &value, fence);
         let puts = shape != AcquireShape::Woken;
         if puts {
-            self.keys().put_sent(&req.owner);
+            self.registry().put_sent(&req.owner);
         }
         let answer = self
             .kv()
@@ -158,14 +153,14 @@ impl EtcdBackend {
             ));
         };
         if puts {
-            self.keys().put_answered(&req.owner);
+            self.registry().put_answered(&req.owner);
         }
         let responses = answer.op_responses();
         match (shape, answer.succeeded()) {
             (AcquireShape::Woken, false) => {
                 // The key is gone: its lease expired (or someone deleted it) while we
                 // waited.
-                self.forget(&req.owner);
+                self.registry().forget(&req.owner);
                 Err(Error::Lost(LossReason::SessionEnded))
             }
             // The queue was empty and the transaction's one write put the key: it holds,
@@ -179,7 +174,7 @@ impl EtcdBackend {
             (AcquireShape::Try, false) => {
                 let [contenders, markers, fence] = reads(&responses)?;
                 if !self.fence_held(&session, fence) {
-                    self.keys().forget_if_unseen(&req.owner);
+                    self.registry().forget_if_unseen(&req.owner);
                     return Ok(Step::Again);
                 }
                 self.settle(&session, &placed, req, contenders, markers, revision)
@@ -201,14 +196,14 @@ impl EtcdBackend {
                 }
                 let [fence] = reads(&responses)?;
                 self.fence_held(&session, fence);
-                self.keys().forget_if_unseen(&req.owner);
+                self.registry().forget_if_unseen(&req.owner);
                 Ok(Step::Again)
             }
         }
     }
 
-    /// What the queue read `contenders` (with `markers`) means for `placed`, read at `revision`.
-    /// A grant, a place to wait from, or busy.
+    /// What the queue read `contenders` (with `markers`) means for `placed`, read at
+    /// `revision`: a grant, a place to wait from, or busy.
     async fn settle(
         &self,
         session: &Session,
@@ -226,14 +221,14 @@ impl EtcdBackend {
             .position(|e| !e.foreign && e.owner == req.owner)
         else {
             // A try that found the queue occupied: nothing was written.
-            self.keys().forget_if_unseen(&req.owner);
+            self.registry().forget_if_unseen(&req.owner);
             return Ok(Step::Done(Acquire::Busy(WaitHint::new(
                 Hint::deletions_under(dir, from),
             ))));
         };
         let mine = &queue[me];
         // From now on a release removes it, whatever happens here.
-        self.keys().record(&req.owner, mine.revision);
+        self.registry().record(&req.owner, mine.revision);
         if mine.lease != session.id || mine.key != placed.key().as_bytes() {
             return Err(Error::backend(
                 format!(
@@ -261,20 +256,20 @@ impl EtcdBackend {
         Ok(Step::Done(Acquire::Busy(WaitHint::new(hint))))
     }
 
-    /// Removes the owner's key if it is still the one this acquisition wrote, and forgets it.
-    /// The key goes with its lock-delay marker, if the request has a lock-delay; `None` if
-    /// the owner has no key, else whether a key was removed. An acquisition with a put that
-    /// was never answered also moves its session's fence in the same transaction (see
-    /// [`Layout::anchor`](crate::keys::Layout::anchor)).
-    async fn remove(&self, req: &Request, doing: &str) -> Result<Option<bool>> {
-        let Some(placed) = self.keys().by_owner.get(&req.owner).cloned() else {
-            return Ok(None);
+    /// Removes the owner's key (with its lock-delay marker, if the request has a
+    /// lock-delay) if it is still the one this acquisition wrote, and forgets it; whether
+    /// a key was removed. An acquisition with a put
+    /// that was never answered also moves its session's fence in the same transaction (see
+    /// [`Layout::anchor`](crate::layout::Layout::anchor)).
+    async fn remove(&self, req: &Request, doing: &str) -> Result<Release> {
+        let Some(placed) = self.registry().get(&req.owner) else {
+            return Ok(Release::NotHeld);
         };
         let bump = placed.unanswered_puts > 0;
         if placed.revision.is_none() && !bump {
             // No put of it was ever applied.
-            self.forget(&req.owner);
-            return Ok(Some(false));
+            self.registry().forget(&req.owner);
+            return Ok(Release::NotHeld);
         }
         let anchor = bump.then(|| self.inner.layout.anchor(placed.lease));
         let value = encode(req.mode, &req.owner, req.value.as_deref());
@@ -290,13 +285,16 @@ impl EtcdBackend {
         }
         let removed = answer.succeeded()
             && matches!(answer.op_responses().first(), Some(TxnOpResponse::Delete(d)) if d.deleted() > 0);
-        self.forget(&req.owner);
-        Ok(Some(removed))
+        self.registry().forget(&req.owner);
+        Ok(if removed {
+            Release::Released
+        } else {
+            Release::NotHeld
+        })
     }
 
-    /// The grant of `placed`, whose key holds at create revision `revision`.
-    /// It is recorded, with its lock-delay marker put first if the request has a
-    /// lock-delay.
+    /// The grant of `placed`, whose key holds at create revision `revision`: recorded, with
+    /// its lock-delay marker put first if the request has a lock-delay.
     async fn granted(
         &self,
         session: &Session,
@@ -304,7 +302,7 @@ impl EtcdBackend {
         req: &Request,
         revision: i64,
     ) -> Result<Step> {
-        self.keys().record(&req.owner, revision);
+        self.registry().record(&req.owner, revision);
         let token = token(revision)?;
         if let Some(delay) = req.lock_delay {
             self.put_marker(session, placed, &req.owner, revision, delay)
@@ -316,8 +314,8 @@ impl EtcdBackend {
         ))))
     }
 
-    /// Puts the lock-delay marker of a grant, if its key is still the one granted.
-    /// The grant is reported only after this, so no holder ever works without its marker.
+    /// Puts the lock-delay marker of a grant, if its key is still the one granted; the
+    /// grant is reported only after this, so no holder ever works without its marker.
     async fn put_marker(
         &self,
         session: &Session,
@@ -341,7 +339,7 @@ impl EtcdBackend {
             Ok(())
         } else {
             // The key is gone: the session's lease ran out since the grant.
-            self.forget(owner);
+            self.registry().forget(owner);
             Err(Error::Lost(LossReason::SessionEnded))
         }
     }
@@ -417,7 +415,7 @@ impl Backend for EtcdBackend {
 
     async fn renew(&self, req: &Request) -> Result<Renewal> {
         // Grants live by the session; this only says whether the key is still ours.
-        let Some(placed) = self.keys().by_owner.get(&req.owner).cloned() else {
+        let Some(placed) = self.registry().get(&req.owner) else {
             return Ok(Renewal::Lost(LossReason::NotOwner));
         };
         let found = self
@@ -439,12 +437,7 @@ impl Backend for EtcdBackend {
     }
 
     async fn release(&self, req: &Request) -> Result<Release> {
-        let removed = self.remove(req, "releasing").await?;
-        Ok(if removed == Some(true) {
-            Release::Released
-        } else {
-            Release::NotHeld
-        })
+        self.remove(req, "releasing").await
     }
 
     async fn wait(&self, _name: &LockName, hint: &WaitHint, max: Duration) -> Result<()> {
@@ -569,16 +562,15 @@ impl Backend for EtcdBackend {
             .map(|session| session.liveness())
     }
 
-    /// Ends the session that holds the owner's key.
-    /// That is if an answer showed that key or a put of it may still land: every guard of
-    /// the session is lost with it (signalled as [`LossReason::SessionEnded`]), its lease
-    /// is revoked (or, if etcd cannot be reached, no longer kept alive, so it runs out
-    /// within one session ttl), and later grants get a new session. A key whose release
-    /// could not be confirmed is bound to the session's lease, so nothing else ends it. A
-    /// session that has ended already is left to run out (its lock-delay markers keep their
-    /// delay).
+    /// Ends the session that holds the owner's key, if an answer showed that key or a put
+    /// of it may still land: every guard of the session is lost with it (signalled as
+    /// [`LossReason::SessionEnded`]), its lease is revoked (or, if etcd cannot be reached,
+    /// no longer kept alive, so it runs out within one session ttl), and later grants get
+    /// a new session. A key whose release could not be confirmed is bound to the session's
+    /// lease, so nothing else ends it. A session that has ended already is left to run out
+    /// (its lock-delay markers keep their delay).
     async fn abandon(&self, req: &Request) -> Result<()> {
-        let Some(placed) = self.keys().forget(&req.owner) else {
+        let Some(placed) = self.registry().forget(&req.owner) else {
             return Ok(());
         };
         if placed.revision.is_none() && placed.unanswered_puts == 0 {

@@ -1,5 +1,5 @@
-//! The backend value: one connection to the cluster, its session, the keys it has placed.
-//! Its [`Backend`](leasehold_core::Backend) methods are in `backend.rs`.
+//! The backend value: one connection to the cluster, the session it owns, and the entries
+//! it has placed. Its [`Backend`](leasehold_core::Backend) methods are in `backend.rs`.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -10,14 +10,14 @@ use leasehold_core::{Error, Guard, LockName, Result};
 use tokio::sync::Mutex as AsyncMutex;
 
 use crate::error::map_error;
-use crate::keys::{Keys, Layout, Placed, Set};
+use crate::layout::{Layout, Set};
 use crate::options::{EtcdOptions, parse_url};
+use crate::registry::Registry;
 use crate::session::Session;
 use crate::transport;
 
-/// How often an idle connection is pinged.
-/// It is also how long a ping may go unanswered before the connection is given up for the
-/// next member.
+/// How often an idle connection is pinged, and how long a ping may go unanswered before
+/// the connection is given up for the next member.
 pub(crate) const KEEP_ALIVE: Duration = Duration::from_secs(2);
 
 /// A client's connection to an etcd cluster. Clones share the connection and the session.
@@ -31,7 +31,7 @@ pub(crate) struct Inner {
     pub(crate) options: EtcdOptions,
     pub(crate) layout: Layout,
     session: AsyncMutex<Option<Arc<Session>>>,
-    keys: Mutex<Keys>,
+    registry: Mutex<Registry>,
 }
 
 impl std::fmt::Debug for Inner {
@@ -73,8 +73,8 @@ impl EtcdBackend {
         Self::connect_with(&endpoints, options).await
     }
 
-    /// Connects to `endpoints` (`http://host:port` each, or `https://host:port` each for TLS).
-    /// It is one connection, to the first member, moving on to the next whenever it must
+    /// Connects to `endpoints` (`http://host:port` each, or `https://host:port` each for
+    /// TLS): one connection, to the first member, moving on to the next whenever it must
     /// connect again (the member went away or left a keep-alive ping unanswered for 2 s).
     ///
     /// # Cancel safety
@@ -114,7 +114,7 @@ impl EtcdBackend {
                 layout: Layout::new(&options.prefix),
                 options,
                 session: AsyncMutex::new(None),
-                keys: Mutex::new(Keys::default()),
+                registry: Mutex::new(Registry::default()),
             }),
         })
     }
@@ -159,9 +159,8 @@ impl EtcdBackend {
         self.inner.session.lock().await.clone()
     }
 
-    /// Ends this client's session and revokes its lease.
-    /// Every lock it holds is freed at once, and its guards are lost. A later acquisition
-    /// starts a new session.
+    /// Ends this client's session and revokes its lease: every lock it holds is freed at
+    /// once, and its guards are lost. A later acquisition starts a new session.
     ///
     /// # Cancel safety
     ///
@@ -179,9 +178,9 @@ impl EtcdBackend {
         }
     }
 
-    /// Ends the session with lease `lease` and revokes it, if it is the current one and alive.
-    /// Its guards are lost. One that has ended already is left to run out, so that its
-    /// lock-delay markers keep their delay.
+    /// Ends the session with lease `lease` if it is the current one and still alive (its
+    /// guards are lost) and revokes it. One that has ended already is left to run out, so
+    /// that its lock-delay markers keep their delay.
     ///
     /// # Errors
     ///
@@ -218,8 +217,8 @@ impl EtcdBackend {
         }
     }
 
-    /// The ttl of the current session, if a session has started.
-    /// It is the configured one rounded up to whole seconds, as etcd granted it.
+    /// The ttl of the current session (the configured one rounded up to whole seconds,
+    /// as etcd granted it), if a session has started.
     ///
     /// # Cancel safety
     ///
@@ -232,8 +231,8 @@ impl EtcdBackend {
         self.current_session().await.map(|s| s.ttl)
     }
 
-    /// Stops keeping this client's session alive without revoking it.
-    /// Its locks stay held until the lease runs out (and its guards are lost then).
+    /// Stops keeping this client's session alive without revoking it: its locks stay held
+    /// until the lease runs out (and its guards are lost then).
     ///
     /// # Cancel safety
     ///
@@ -248,21 +247,24 @@ impl EtcdBackend {
         }
     }
 
-    /// A comparison that holds while `guard`'s lock is still held.
-    /// Its key exists with the revision the grant created. Put it in your own etcd
-    /// transaction so that a write happens only while the lock is held.
+    /// A comparison that holds while `guard`'s lock is still held: its key exists with the
+    /// revision the grant created. Put it in your own etcd transaction so that a write
+    /// happens only while the lock is held.
     pub fn still_owner(&self, guard: &Guard) -> Compare {
         // A released guard compares its queue directory, a key that never exists.
         let key = self
-            .keys()
-            .by_owner
+            .registry()
             .get(guard.owner())
-            .map_or_else(|| self.set(guard.name(), guard.mode()).dir, Placed::key);
+            .map_or_else(|| self.set(guard.name(), guard.mode()).dir, |p| p.key());
         let revision = i64::try_from(guard.token().get()).unwrap_or(i64::MAX);
         Compare::create_revision(key, CompareOp::Equal, revision)
     }
 
-    pub(crate) fn keys(&self) -> std::sync::MutexGuard<'_, Keys> {
-        self.inner.keys.lock().unwrap_or_else(|e| e.into_inner())
+    /// The entries this backend has placed.
+    pub(crate) fn registry(&self) -> std::sync::MutexGuard<'_, Registry> {
+        self.inner
+            .registry
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
 }

@@ -15,11 +15,25 @@
 //!
 //! The design:
 //!
+//! The crate, one concern per file:
+//! - `options.rs`: options and URL parameters;
+//! - `transport.rs`: the connection to one member at a time, with TLS;
+//! - `connection.rs`: the backend value, connecting, the session in use;
+//! - `session.rs`: one session lease, its keep-alives, liveness, fence and lock-delay leases;
+//! - `layout.rs`: where entries (keys) live and how they are named;
+//! - `registry.rs`: the entries this client has placed, by owner;
+//! - `requests.rs`: the transactions: acquire, remove, put a marker, read;
+//! - `reply.rs`: what keys say: values, the queue a read returns, tokens;
+//! - `error.rs`: etcd errors as leasehold errors;
+//! - `backend.rs`: the [`Backend`](leasehold_core::Backend) implementation.
+//!
+//! How it works:
+//!
 //! - **One session per backend**: one lease, kept alive by a keep-alive stream, shared by
 //!   every lock, permit and candidacy; guards follow the session and are lost when it ends
 //!   (`session.rs`). [`EtcdBackend::close`] revokes it, [`EtcdBackend::orphan`] stops
 //!   renewing it.
-//! - **Keys where etcd's lock recipe puts them** (`keys.rs`): the exclusive and shared
+//! - **Keys where etcd's lock recipe puts them** (`layout.rs`): the exclusive and shared
 //!   contenders of lock `N` are `N/<lease>.<slot>` (under `<prefix>/` with a prefix), the
 //!   directory etcd's `concurrency.Mutex` — `etcdctl lock N`, the Lock RPC — uses. Both
 //!   order contenders by create revision and the oldest holds, so each excludes the other;
@@ -67,8 +81,9 @@
 mod backend;
 mod connection;
 mod error;
-mod keys;
+mod layout;
 mod options;
+mod registry;
 mod reply;
 mod requests;
 mod session;

@@ -12,7 +12,7 @@ use leasehold_core::backend::Mode;
 use leasehold_core::support::queue::Contender;
 use leasehold_core::{Error, FencingToken, OwnerId, Result};
 
-use crate::keys::{MARKER, is_ours};
+use crate::layout::{MARKER, is_ours};
 
 /// One holder or waiter, from a queue read.
 #[derive(Debug)]

@@ -21,7 +21,7 @@ use tokio::sync::Mutex as AsyncMutex;
 use tokio::task::JoinHandle;
 
 use crate::error::map_error;
-use crate::keys::Layout;
+use crate::layout::Layout;
 
 /// How long after sending an acknowledged keep-alive a lease of `ttl` is counted on.
 /// The ttl minus the drift allowance, 1 % of it + `margin`.
@@ -41,7 +41,7 @@ pub(crate) struct Session {
     task: JoinHandle<()>,
     /// Lock-delay leases, by delay in whole seconds (see [`Session::delay_lease`]).
     delays: AsyncMutex<HashMap<u64, Lease>>,
-    /// The fence key (see [`Layout::anchor`](crate::keys::Layout::anchor)).
+    /// The fence key (see [`Layout::anchor`](crate::layout::Layout::anchor)).
     pub(crate) anchor: String,
     /// The fence key's mod revision as last seen: every put of a contender key compares it.
     fence: AtomicI64,

@@ -9,36 +9,29 @@ use zookeeper_client as zk;
 /// Messages never carry credentials (the client's errors do not contain them).
 pub(crate) fn map(error: zk::Error, doing: &str) -> Error {
     use zk::Error as E;
-    let message = format!("zookeeper: {doing}: {error}");
-    match error {
+    let mut message = format!("zookeeper: {doing}: {error}");
+    // `None`: an unknown outcome or a lost session, which the next request may not meet.
+    let retryable = match error {
         // The request may or may not have been applied: an unknown outcome. The client
         // fails the requests in flight with a custom error when it gives the connection
         // up (no byte from the server for 2/5 of the session timeout, a broken socket).
-        E::ConnectionLoss | E::Timeout | E::NoHosts | E::Custom(_) => Error::Unavailable {
-            message,
-            source: Some(Arc::new(error)),
-        },
+        E::ConnectionLoss | E::Timeout | E::NoHosts | E::Custom(_) => None,
         // The session is gone: a new one is started for the next request.
-        E::SessionExpired | E::SessionMoved | E::ClientClosed => Error::Unavailable {
+        E::SessionExpired | E::SessionMoved | E::ClientClosed => None,
+        E::NoAuth | E::AuthFailed => {
+            message.push_str(" (check the URL's credentials and the ACL of the lock's path)");
+            Some(false)
+        }
+        E::Throttled => Some(true),
+        _ => Some(false),
+    };
+    let source = Some(Arc::new(error) as _);
+    match retryable {
+        None => Error::Unavailable { message, source },
+        Some(retryable) => Error::Backend {
             message,
-            source: Some(Arc::new(error)),
-        },
-        E::NoAuth | E::AuthFailed => Error::Backend {
-            message: format!(
-                "{message} (check the URL's credentials and the ACL of the lock's path)"
-            ),
-            retryable: false,
-            source: Some(Arc::new(error)),
-        },
-        E::Throttled => Error::Backend {
-            message,
-            retryable: true,
-            source: Some(Arc::new(error)),
-        },
-        _ => Error::Backend {
-            message,
-            retryable: false,
-            source: Some(Arc::new(error)),
+            retryable,
+            source,
         },
     }
 }

@@ -1,15 +1,18 @@
 //! leasehold's ZooKeeper backend: ephemeral sequential nodes on one session.
 //!
 //! The crate, one concern per file:
+//! - `options.rs`: options and URL parameters;
+//! - `connection.rs`: the backend value, connecting, the session in use, the epoch check;
+//! - `session.rs`: one session, its probes and liveness, and its lock-delay sessions;
+//! - `layout.rs`: where entries (nodes) live and how they are named;
+//! - `registry.rs`: the entries this client has placed, by owner, and their states;
+//! - `requests.rs`: node requests: create and list, adopt, sweep, owner-checked delete;
+//! - `reply.rs`: what a listing says: the queue, who holds, whom a waiter watches;
+//! - `markers.rs`: lock-delay markers;
+//! - `error.rs`: ZooKeeper errors as leasehold errors;
+//! - `backend.rs`: the [`Backend`](leasehold_core::Backend) implementation.
 //!
-//! - `lib.rs`: this map, the design in brief, the exports.
-//! - `options.rs`: [`ZooKeeperOptions`], and the URL that sets them.
-//! - `session.rs`: the session serving every lock, and how far its guards can trust it.
-//! - `layout.rs`: where a lock's nodes live and how they are named.
-//! - `backend.rs`: [`ZooKeeperBackend`], the trait's operations as ZooKeeper requests.
-//! - `error.rs`: ZooKeeper's errors in leasehold's terms.
-//!
-//! The design:
+//! How it works:
 //!
 //! - **One session per backend** serves every lock, permit and candidacy (see
 //!   `docs/backends/zookeeper.md`): guards follow it — *suspended* while its link is down,
@@ -42,10 +45,15 @@
 //! See `docs/backends/zookeeper.md`.
 
 mod backend;
+mod connection;
 mod error;
 mod layout;
+mod markers;
 mod options;
+mod registry;
+mod reply;
+mod requests;
 mod session;
 
-pub use backend::ZooKeeperBackend;
+pub use connection::ZooKeeperBackend;
 pub use options::ZooKeeperOptions;

@@ -1,6 +1,5 @@
-//! The session: one ZooKeeper session per backend, and the task that watches it.
-//! The session serves every lock, permit and candidacy of that backend; the task tells its
-//! guards how far it can be trusted.
+//! The session: one ZooKeeper session per backend, serving every lock, permit and
+//! candidacy of that backend, and the task that tells its guards how far it can be trusted.
 //!
 //! - **Alive**: a probe goes out every tenth of the negotiated session timeout (it also
 //!   keeps the session alive: the client library pings only an idle connection). The probe
@@ -44,8 +43,8 @@ fn validity(timeout: Duration) -> Duration {
     timeout.saturating_sub(timeout / 100 + Duration::from_millis(2))
 }
 
-/// How often the session is probed.
-/// It is also how long a probe may go unanswered before the session counts as suspended.
+/// How often the session is probed, and how long a probe may go unanswered before the
+/// session counts as suspended.
 fn cadence(timeout: Duration) -> Duration {
     (timeout / 10).max(Duration::from_millis(10))
 }
@@ -86,8 +85,8 @@ struct Heard {
 }
 
 impl Heard {
-    /// `opened`: before the session was created.
-    /// The leader created it, and then counts on it for a whole timeout.
+    /// `opened`: before the session was created (by the leader, which then counts on it
+    /// for a whole timeout).
     fn new(opened: Instant, lag: Duration) -> Self {
         Self {
             lag,
@@ -96,8 +95,8 @@ impl Heard {
         }
     }
 
-    /// Records that a probe sent at `sent` was acknowledged.
-    /// Returns the instant the leader is known to have heard from the session at or after.
+    /// Records that a probe sent at `sent` was acknowledged; returns the instant the leader
+    /// is known to have heard from the session at or after.
     fn acknowledged(&mut self, sent: Instant) -> Instant {
         if self.lag.is_zero() {
             self.proven = self.proven.max(sent);
@@ -137,6 +136,8 @@ pub(crate) struct Session {
     pub(crate) id: i64,
     /// The negotiated session timeout.
     pub(crate) timeout: Duration,
+    /// The epoch found in (or written to) the epoch node when it was opened.
+    pub(crate) epoch: String,
     keeper: Arc<SessionKeeper>,
     task: JoinHandle<()>,
     /// Lock-delay sessions, by band (see [`delay_band`]).
@@ -147,8 +148,8 @@ pub(crate) struct Session {
     options: Arc<ZooKeeperOptions>,
 }
 
-/// Connects a client to `target`'s servers with a session of `timeout`.
-/// It enters the chroot (creating it if missing).
+/// Connects a client to `target`'s servers with a session of `timeout`, enters the chroot
+/// (creating it if missing).
 async fn connect(
     target: &Target,
     options: &ZooKeeperOptions,
@@ -199,7 +200,6 @@ async fn connect(
 
 impl Session {
     /// Opens a session and makes sure `root` (the epoch node) exists.
-    /// Returns the session and the epoch found in (or written to) `root`.
     ///
     /// `on_end` is called with the session's id when it ends by itself (deadline, expiry):
     /// the owner lets go of it then, so that it closes and its nodes go.
@@ -208,7 +208,7 @@ impl Session {
         options: Arc<ZooKeeperOptions>,
         root: &str,
         on_end: impl FnOnce(i64) + Send + 'static,
-    ) -> Result<(Session, String)> {
+    ) -> Result<Session> {
         // The leader creates the session after this instant, and counts on it for a
         // whole timeout from then.
         let opened = SystemClock.now();
@@ -235,28 +235,23 @@ impl Session {
         ));
         let id = client.session_id().0;
         tracing::debug!(session = %format_args!("{id:x}"), ?timeout, ensemble, "zookeeper session opened");
-        Ok((
-            Session {
-                client,
-                id,
-                timeout,
-                keeper,
-                task,
-                delays: Arc::new(std::sync::Mutex::new(HashMap::new())),
-                delay_opening: AsyncMutex::new(()),
-                target,
-                options,
-            },
+        Ok(Session {
+            client,
+            id,
+            timeout,
             epoch,
-        ))
+            keeper,
+            task,
+            delays: Arc::new(std::sync::Mutex::new(HashMap::new())),
+            delay_opening: AsyncMutex::new(()),
+            target,
+            options,
+        })
     }
 
-    /// Whether the session can still be counted on.
+    /// Whether the session can still be counted on: its local deadline is ahead.
     pub(crate) fn is_alive(&self) -> bool {
-        match self.keeper.current() {
-            Liveness::Alive { until } => SystemClock.now() < until,
-            Liveness::Ended => false,
-        }
+        !self.remaining().is_zero()
     }
 
     /// Time left until the local deadline (zero once ended).
@@ -272,10 +267,9 @@ impl Session {
         self.keeper.liveness()
     }
 
-    /// Ends the session here: its guards are lost.
-    /// The session itself closes (its nodes go at once) when the last user of this value
-    /// drops it; the lock-delay sessions are left to expire, so that their markers keep the
-    /// delay.
+    /// Ends the session here: its guards are lost. The session itself closes (its nodes go
+    /// at once) when the last user of this value drops it; the lock-delay sessions are left
+    /// to expire, so that their markers keep the delay.
     pub(crate) fn end(&self) {
         // A session past its deadline keeps it: its guards say why they were lost.
         if self.is_alive() {
@@ -286,10 +280,10 @@ impl Session {
         self.delay_sessions().clear();
     }
 
-    /// The client of the lock-delay session for `delay` (see [`DelaySession`]).
-    /// It is opened now if there is none, for creating a marker under it: the marker is
-    /// counted (until [`marker_deleted`](Session::marker_deleted)) unless it was already,
-    /// under the session `counted`.
+    /// The client of the lock-delay session for `delay` (see [`DelaySession`]), opened now
+    /// if there is none, for creating a marker under it: the marker is counted (until
+    /// [`marker_deleted`](Session::marker_deleted)) unless it was already, under the
+    /// session `counted`.
     pub(crate) async fn delay_client(
         &self,
         delay: Duration,
@@ -327,8 +321,8 @@ impl Session {
         Ok(client)
     }
 
-    /// The client of the lock-delay session `id` (for `delay`), if it is still open.
-    /// Otherwise its markers are gone, or go when it expires.
+    /// The client of the lock-delay session `id` (for `delay`) if it is still open (else
+    /// its markers are gone, or go when it expires).
     pub(crate) fn open_delay_client(&self, delay: Duration, id: i64) -> Option<zk::Client> {
         self.delay_sessions()
             .get(&delay_band(delay))
@@ -336,7 +330,8 @@ impl Session {
             .map(|open| open.client.clone())
     }
 
-    /// A marker created under the lock-delay session `id` (for `delay`) is known to be gone.
+    /// A marker created under the lock-delay session `id` (for `delay`) is known to be
+    /// gone.
     pub(crate) fn marker_deleted(&self, delay: Duration, id: i64) {
         if let Some(open) = self
             .delay_sessions()
@@ -354,10 +349,9 @@ impl Session {
         lock_delays(&self.delays)
     }
 
-    /// Ends the session and closes it: its nodes are deleted at once.
-    /// The lock-delay sessions are dropped (the caller deletes their markers first: a close
-    /// is a release, not a vanishing). Waits up to the connect timeout for the server to
-    /// confirm.
+    /// Ends the session and closes it: its nodes are deleted at once. The lock-delay
+    /// sessions are dropped (the caller deletes their markers first: a close is a release,
+    /// not a vanishing). Waits up to the connect timeout for the server to confirm.
     pub(crate) async fn close(self: Arc<Self>) -> Result<()> {
         let mut state = self.client.state_watcher();
         self.end();
@@ -392,10 +386,9 @@ fn lock_delays(
     delays.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The lock-delay a marker keeps for `delay`.
-/// It is rounded up to whole milliseconds and then to one of four steps per doubling (4, 5,
-/// 6 or 7 × a power of two milliseconds: at most a quarter longer), so that the delays in
-/// use share a few lock-delay sessions.
+/// The lock-delay a marker keeps for `delay`: rounded up to whole milliseconds and then to
+/// one of four steps per doubling (4, 5, 6 or 7 × a power of two milliseconds: at most a
+/// quarter longer), so that the delays in use share a few lock-delay sessions.
 pub(crate) fn delay_band(delay: Duration) -> Duration {
     let mut ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
     if !delay.subsec_nanos().is_multiple_of(1_000_000) {
@@ -409,14 +402,14 @@ pub(crate) fn delay_band(delay: Duration) -> Duration {
     Duration::from_millis(ms.div_ceil(step).saturating_mul(step))
 }
 
-/// A lock-delay session: the owner of the markers of one band of delays.
-/// See [`delay_band`]. Its timeout is the main session's plus the delay, plus its probe
+/// A lock-delay session: the owner of the lock-delay markers of one band of delays (see
+/// [`delay_band`]). Its timeout is the main session's plus the delay, plus its probe
 /// cadence (a twentieth of it): it is probed that often while the main session lives, so
 /// when both go silent (the process died, the link broke) its markers outlive the main
-/// session's nodes by the delay, less at most one server tick (ZooKeeper rounds expiries up
-/// to its tick). It is detached: dropping it leaves it to expire rather than closing it.
-/// Once none of this client's markers is under it for a main session timeout, it is dropped
-/// (it holds nothing: its expiry changes nothing).
+/// session's nodes by the delay, less at most one server tick (ZooKeeper rounds expiries
+/// up to its tick). It is detached: dropping it leaves it to expire rather than closing
+/// it. Once none of this client's markers is under it for a main session timeout, it is
+/// dropped (it holds nothing: its expiry changes nothing).
 #[derive(Debug)]
 struct DelaySession {
     client: zk::Client,
@@ -548,8 +541,8 @@ async fn follow(
 
 /// How a session ended.
 enum Ended {
-    /// Its local deadline passed.
-    /// Its guards are lost at it (as disconnected if it was suspended), and it is given up.
+    /// Its local deadline passed: its guards are lost at it (as disconnected if it was
+    /// suspended), and it is given up.
     Deadline(&'static str),
     /// The server or this client ended it: its guards are lost at once.
     Gone(String),

@@ -282,9 +282,10 @@ pub struct ConnectOptions {
 }
 
 impl ConnectOptions {
-    /// The session ttl: every grant's lease; a URL that sets another is refused. The backend
-    /// may refuse it too, or round it up (etcd: whole seconds; ZooKeeper: into the server's
-    /// bounds): the one granted is its [`Capabilities::session_ttl`](crate::Capabilities).
+    /// The session ttl: every grant's lease; a URL that sets another is refused.
+    /// The backend may refuse it too, or round it up (etcd: whole seconds; ZooKeeper: into
+    /// the server's bounds): the one granted is its
+    /// [`Capabilities::session_ttl`](crate::Capabilities).
     ///
     /// # Errors
     ///

@@ -18,11 +18,11 @@
 use leasehold_core::LockName;
 use leasehold_core::backend::Mode;
 
-/// The value of a lock-delay marker starts with this, then the owner. A marker is put
-/// beside a grant of a request with a lock-delay, bound to the session's delay lease
-/// (which outlives the session's own by the delay), and deleted with the key on release;
-/// a marker whose owner has no key left in the queue means its holder vanished without
-/// releasing, and closes the queue until it expires.
+/// The value of a lock-delay marker starts with this, then the owner.
+/// A marker is put beside a grant of a request with a lock-delay, bound to the session's
+/// delay lease (which outlives the session's own by the delay), and deleted with the key on
+/// release; a marker whose owner has no key left in the queue means its holder vanished
+/// without releasing, and closes the queue until it expires.
 pub(crate) const MARKER: &[u8] = b"d ";
 
 /// Where keys live: the prefix as given (none, or `P`, which puts every key under `P/`).

@@ -1,21 +1,7 @@
 //! leasehold's etcd backend: grants committed by a Raft majority, the same lock as etcd's.
 //!
 //! The crate, one concern per file:
-//!
-//! - `lib.rs`: this map, the design in brief, the exports.
-//! - `options.rs`: [`EtcdOptions`], and the URL that sets them.
-//! - `transport.rs`: one HTTP/2 connection at a time, to one member; TLS for `etcds://`.
-//! - `connection.rs`: [`EtcdBackend`]: the connection, the session it owns, its keys.
-//! - `session.rs`: the session lease, kept alive for every lock; suspended, lost.
-//! - `keys.rs`: the key layout, and the keys this client has placed.
-//! - `requests.rs`: every transaction the backend sends, shaped once.
-//! - `reply.rs`: what keys say: values written, queues read, foreign contenders.
-//! - `backend.rs`: the [`Backend`](leasehold_core::Backend) operations as etcd requests.
-//! - `error.rs`: etcd-client errors as leasehold errors.
-//!
-//! The design:
-//!
-//! The crate, one concern per file:
+//! - `lib.rs`: this map, how it works in brief, the exports;
 //! - `options.rs`: options and URL parameters;
 //! - `transport.rs`: the connection to one member at a time, with TLS;
 //! - `connection.rs`: the backend value, connecting, the session in use;

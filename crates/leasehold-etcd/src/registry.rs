@@ -91,9 +91,10 @@ impl Registry {
         }
     }
 
-    /// Forgets the owner's key; its slot is free again. That is safe whatever is still in
-    /// flight: a late delete compares the key's create revision (a new key in the slot has
-    /// another), and a late put the session's fence (bumped when it was given up).
+    /// Forgets the owner's key; its slot is free again.
+    /// That is safe whatever is still in flight: a late delete compares the key's create
+    /// revision (a new key in the slot has another), and a late put the session's fence
+    /// (bumped when it was given up).
     pub(crate) fn forget(&mut self, owner: &OwnerId) -> Option<Placed> {
         let placed = self.by_owner.remove(owner)?;
         let at = (placed.lease, placed.set.dir.clone());

@@ -34,8 +34,7 @@ impl Contender for Entry {
     }
 }
 
-/// A key's value: the mode (`x`, `s`, `p<limit>`), a space, the owner, a newline, the
-/// stored value.
+/// A key's value: the mode (`x`, `s`, `p<limit>`), a space, the owner, a newline, the stored value.
 pub(crate) fn encode(mode: Mode, owner: &OwnerId, value: Option<&[u8]>) -> Vec<u8> {
     let mode = match mode {
         Mode::Exclusive => "x".to_owned(),
@@ -54,8 +53,7 @@ pub(crate) fn decode(dir: &str, kv: &KeyValue) -> Entry {
     entry(dir, kv.key(), kv.value(), kv.lease(), kv.create_revision())
 }
 
-/// The entry of the key `key` in `dir` with `value`, bound to `lease`, created at
-/// `revision`.
+/// The entry of the key `key` in `dir` with `value`, bound to `lease`, created at `revision`.
 fn entry(dir: &str, key: &[u8], value: &[u8], lease: i64, revision: i64) -> Entry {
     let ours = is_ours(dir, key).then(|| decode_value(value)).flatten();
     let (mode, owner, value, foreign) = match ours {

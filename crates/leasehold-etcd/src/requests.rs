@@ -25,8 +25,8 @@ pub(crate) fn sorted(dir: &str) -> GetOptions {
 /// Which acquire transaction to send.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum AcquireShape {
-    /// Woken from waiting: the key must still be there (and so its lease alive); never
-    /// re-queue. Reads the queue.
+    /// Woken from waiting: the key must still be there (and so its lease alive); never re-queue.
+    /// Reads the queue.
     Woken,
     /// A try for the exclusive lock: put only if the queue is empty; one round trip either
     /// way (a busy try writes nothing).

@@ -198,9 +198,10 @@ impl PostgresOptions {
         Ok(self)
     }
 
-    /// Advisory mode: how long a held lock's connection may stay silent. The server ends a
-    /// session idle that long (`idle_session_timeout`), which frees its locks, and the
-    /// client counts the lock as lost when its connection has not answered for that long.
+    /// Advisory mode: how long a held lock's connection may stay silent.
+    /// The server ends a session idle that long (`idle_session_timeout`), which frees its
+    /// locks, and the client counts the lock as lost when its connection has not answered
+    /// for that long.
     ///
     /// # Errors
     ///

@@ -117,8 +117,7 @@ impl RedisBackend {
         Ok((Self { inner }, connected.run_id))
     }
 
-    /// Configuration problems found on connecting (an eviction policy that can delete lock
-    /// keys).
+    /// Configuration problems found on connecting (an eviction policy that can delete lock keys).
     pub fn warnings(&self) -> &[String] {
         &self.inner.warnings
     }

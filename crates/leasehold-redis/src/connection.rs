@@ -122,8 +122,7 @@ impl Connection {
         self.health.silence()
     }
 
-    /// A request sent at `since` timed out: counts as given up on if nothing was answered
-    /// since.
+    /// A request sent at `since` timed out: counts as given up on if nothing was answered since.
     pub(crate) fn given_up(&self, since: Silence) {
         self.health.given_up(since);
     }

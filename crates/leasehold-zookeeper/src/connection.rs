@@ -15,8 +15,8 @@ use crate::options::{Target, ZooKeeperOptions, parse_url};
 use crate::registry::Registry;
 use crate::session::Session;
 
-/// A client's connection to a ZooKeeper ensemble: one session for all its locks. Clones
-/// share the session.
+/// A client's connection to a ZooKeeper ensemble: one session for all its locks.
+/// Clones share the session.
 #[derive(Debug, Clone)]
 pub struct ZooKeeperBackend {
     pub(crate) inner: Arc<Inner>,
@@ -136,8 +136,7 @@ impl ZooKeeperBackend {
         }
     }
 
-    /// ZooKeeper's id of the current session (the `ephemeralOwner` of its nodes), if one is
-    /// open.
+    /// ZooKeeper's id of the current session (the `ephemeralOwner` of its nodes), if one is open.
     pub fn session_id(&self) -> Option<i64> {
         self.current().map(|s| s.id)
     }

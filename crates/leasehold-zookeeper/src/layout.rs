@@ -28,8 +28,7 @@ use std::num::NonZeroU32;
 use leasehold_core::backend::Mode;
 use leasehold_core::{LockName, OwnerId};
 
-/// What every contender's name ends with before the sequence number (Curator's
-/// `lockName`).
+/// What every contender's name ends with before the sequence number (Curator's `lockName`).
 const LOCK_SUFFIX: &str = "-lock-";
 
 /// The paths of the nodes of this client's locks.

@@ -1,6 +1,7 @@
 //! leasehold's ZooKeeper backend: ephemeral sequential nodes on one session.
 //!
 //! The crate, one concern per file:
+//! - `lib.rs`: this map, how it works in brief, the exports;
 //! - `options.rs`: options and URL parameters;
 //! - `connection.rs`: the backend value, connecting, the session in use, the epoch check;
 //! - `session.rs`: one session, its probes and liveness, and its lock-delay sessions;

@@ -27,8 +27,9 @@ impl Default for ZooKeeperOptions {
     }
 }
 
-/// The shortest and longest session timeout asked for. The server narrows it further to
-/// its own bounds (2 to 20 ticks by default); the negotiated timeout is the one used.
+/// The shortest and longest session timeout asked for.
+/// The server narrows it further to its own bounds (2 to 20 ticks by default); the
+/// negotiated timeout is the one used.
 const SESSION_TIMEOUT_RANGE: (Duration, Duration) =
     (Duration::from_millis(100), Duration::from_secs(3_600));
 

@@ -267,9 +267,10 @@ impl Session {
         self.keeper.liveness()
     }
 
-    /// Ends the session here: its guards are lost. The session itself closes (its nodes go
-    /// at once) when the last user of this value drops it; the lock-delay sessions are left
-    /// to expire, so that their markers keep the delay.
+    /// Ends the session here: its guards are lost.
+    /// The session itself closes (its nodes go at once) when the last user of this value
+    /// drops it; the lock-delay sessions are left to expire, so that their markers keep the
+    /// delay.
     pub(crate) fn end(&self) {
         // A session past its deadline keeps it: its guards say why they were lost.
         if self.is_alive() {
@@ -330,8 +331,7 @@ impl Session {
             .map(|open| open.client.clone())
     }
 
-    /// A marker created under the lock-delay session `id` (for `delay`) is known to be
-    /// gone.
+    /// A marker created under the lock-delay session `id` (for `delay`) is known to be gone.
     pub(crate) fn marker_deleted(&self, delay: Duration, id: i64) {
         if let Some(open) = self
             .delay_sessions()
@@ -349,9 +349,10 @@ impl Session {
         lock_delays(&self.delays)
     }
 
-    /// Ends the session and closes it: its nodes are deleted at once. The lock-delay
-    /// sessions are dropped (the caller deletes their markers first: a close is a release,
-    /// not a vanishing). Waits up to the connect timeout for the server to confirm.
+    /// Ends the session and closes it: its nodes are deleted at once.
+    /// The lock-delay sessions are dropped (the caller deletes their markers first: a close
+    /// is a release, not a vanishing). Waits up to the connect timeout for the server to
+    /// confirm.
     pub(crate) async fn close(self: Arc<Self>) -> Result<()> {
         let mut state = self.client.state_watcher();
         self.end();

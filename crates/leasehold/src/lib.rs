@@ -1,5 +1,4 @@
-//! leasehold: distributed locks that stay correct when networks, processes and clocks
-//! misbehave.
+//! leasehold: distributed locks that stay correct when networks, processes and clocks misbehave.
 //!
 //! One async API over every backend, a fencing token on every grant, and a loss signal
 //! that fires no later than the server could give the lock to someone else.

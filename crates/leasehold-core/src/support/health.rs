@@ -71,8 +71,7 @@ impl Health {
     }
 }
 
-/// How many answers a connection had given when a request was sent (see
-/// [`Health::given_up`]).
+/// How many answers a connection had given when a request was sent (see [`Health::given_up`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Silence(u64);
 

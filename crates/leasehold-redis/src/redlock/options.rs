@@ -23,8 +23,7 @@ url_params! {
     }
 }
 
-/// Options of a [`RedlockBackend`](crate::RedlockBackend) (also settable as URL query
-/// parameters).
+/// Options of a [`RedlockBackend`](crate::RedlockBackend) (also settable as URL query parameters).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RedlockOptions {
     pub(super) redis: RedisOptions,

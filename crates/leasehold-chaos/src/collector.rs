@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
@@ -47,6 +48,8 @@ struct Shared {
     origin_ns: u64,
     log: Mutex<Log>,
     view: watch::Sender<LiveView>,
+    /// How many events were recorded: bumped by each.
+    recorded: watch::Sender<u64>,
     clients: Mutex<HashMap<String, mpsc::UnboundedSender<Down>>>,
 }
 
@@ -81,6 +84,7 @@ impl Collector {
             origin_ns: boottime_ns(),
             log: Mutex::default(),
             view: watch::Sender::new(LiveView::default()),
+            recorded: watch::Sender::new(0),
             clients: Mutex::default(),
         });
         let task = tokio::spawn(accept(listener, shared.clone()));
@@ -128,6 +132,33 @@ impl Collector {
         History::new(log.events.clone())
     }
 
+    /// Waits until an event of `kind` has been recorded, for at most `limit`; whether one
+    /// was.
+    ///
+    /// # Cancel safety
+    ///
+    /// It only reads.
+    pub async fn until_recorded(&self, kind: Kind, limit: Duration) -> bool {
+        let mut recorded = self.shared.recorded.subscribe();
+        let seen = async {
+            loop {
+                recorded.borrow_and_update();
+                if self.has_recorded(kind) {
+                    return;
+                }
+                if recorded.changed().await.is_err() {
+                    return std::future::pending().await;
+                }
+            }
+        };
+        tokio::time::timeout(limit, seen).await.is_ok()
+    }
+
+    fn has_recorded(&self, kind: Kind) -> bool {
+        let log = self.shared.log.lock().unwrap_or_else(|e| e.into_inner());
+        log.events.iter().any(|e| e.kind == Some(kind))
+    }
+
     /// How many events so far.
     pub fn len(&self) -> usize {
         self.shared
@@ -171,6 +202,7 @@ impl Shared {
         log.seq += 1;
         self.view.send_if_modified(|view| update(view, &event));
         log.events.push(event);
+        self.recorded.send_replace(log.seq);
         t
     }
 }

@@ -594,7 +594,12 @@ async fn drive(
     // Workers that share one process with their server (memory) report its final state
     // themselves: an observer here would look at a server of its own.
     let observer = if spec.backend.traits.processes {
-        Observer::start(collector, &deployment.observer_url, lock, ttl).await
+        Some(Observer::start(
+            collector,
+            &deployment.observer_url,
+            lock,
+            ttl,
+        ))
     } else {
         None
     };
@@ -652,11 +657,23 @@ async fn drive(
 }
 
 /// The observer: the server's view of the lock, now and then, bypassing every fault.
-/// It looks through a connection of its own.
+/// It looks through a connection of its own, made again until it works (a loaded server may
+/// take longer to accept one than a connect timeout).
 struct Observer {
-    client: leasehold::Client,
+    url: String,
     lock: String,
     task: tokio::task::JoinHandle<()>,
+}
+
+/// How long the observer gives a connection to the server.
+const OBSERVER_CONNECT: Duration = Duration::from_secs(10);
+
+/// A connection to `url` within [`OBSERVER_CONNECT`], if one can be made.
+async fn observer_client(url: &str) -> Option<leasehold::Client> {
+    tokio::time::timeout(OBSERVER_CONNECT, leasehold::connect(url))
+        .await
+        .ok()?
+        .ok()
 }
 
 /// An inspection's holders and waiters, as recorded (`last`: the final one, for C10).
@@ -676,57 +693,59 @@ pub(crate) fn holders_value(state: &leasehold::LockState, last: bool) -> Value {
 }
 
 impl Observer {
-    async fn start(
-        collector: &Collector,
-        url: &str,
-        lock: &str,
-        ttl: Duration,
-    ) -> Option<Observer> {
-        let client = tokio::time::timeout(Duration::from_secs(10), leasehold::connect(url))
-            .await
-            .ok()?
-            .ok()?;
-        let probe = client.clone();
-        let name = lock.to_owned();
+    fn start(collector: &Collector, url: &str, lock: &str, ttl: Duration) -> Observer {
         let every = (ttl / 4).max(Duration::from_millis(100));
         let record = collector.handle();
-        let task = tokio::spawn(async move {
-            loop {
-                if let Ok(Ok(state)) =
-                    tokio::time::timeout(Duration::from_secs(1), probe.inspect(&name)).await
-                {
-                    record.record(
-                        Event::new("observer", Kind::Inspect, Phase::Info)
-                            .lock(name.clone())
-                            .value(holders_value(&state, false)),
-                    );
+        let (url, name) = (url.to_owned(), lock.to_owned());
+        let task = tokio::spawn({
+            let url = url.clone();
+            let name = name.clone();
+            async move {
+                let mut client = None;
+                loop {
+                    if client.is_none() {
+                        client = observer_client(&url).await;
+                    }
+                    if let Some(probe) = &client
+                        && let Ok(Ok(state)) =
+                            tokio::time::timeout(Duration::from_secs(1), probe.inspect(&name)).await
+                    {
+                        record.record(
+                            Event::new("observer", Kind::Inspect, Phase::Info)
+                                .lock(name.clone())
+                                .value(holders_value(&state, false)),
+                        );
+                    }
+                    tokio::time::sleep(every).await;
                 }
-                tokio::time::sleep(every).await;
             }
         });
-        Some(Observer {
-            client,
-            lock: lock.to_owned(),
+        Observer {
+            url,
+            lock: name,
             task,
-        })
+        }
     }
 
+    /// The final look, through a connection made now.
     async fn finish(self, collector: &Collector) {
         self.task.abort();
         for _ in 0..5 {
-            match tokio::time::timeout(Duration::from_secs(2), self.client.inspect(&self.lock))
-                .await
-            {
-                Ok(Ok(state)) => {
-                    collector.record(
-                        Event::new("observer", Kind::Inspect, Phase::Info)
-                            .lock(self.lock.clone())
-                            .value(holders_value(&state, true)),
-                    );
-                    return;
+            let looked = match observer_client(&self.url).await {
+                Some(client) => {
+                    tokio::time::timeout(Duration::from_secs(2), client.inspect(&self.lock)).await
                 }
-                _ => tokio::time::sleep(Duration::from_millis(200)).await,
+                None => continue,
+            };
+            if let Ok(Ok(state)) = looked {
+                collector.record(
+                    Event::new("observer", Kind::Inspect, Phase::Info)
+                        .lock(self.lock.clone())
+                        .value(holders_value(&state, true)),
+                );
+                return;
             }
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
 }
@@ -742,12 +761,10 @@ async fn resource_final(collector: &Collector, mut resource: Resource) {
         value: Value::Null,
     };
     let _ = client.call(&request).await;
-    // The final event travels on the resource's own connection: wait for it.
-    for _ in 0..100 {
-        if collector.history().of(Kind::Final).next().is_some() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    // The final event travels on the resource's own connection: wait for it (a resource
+    // that died sends none).
+    collector
+        .until_recorded(Kind::Final, Duration::from_secs(10))
+        .await;
     let _ = resource.child.kill().await;
 }

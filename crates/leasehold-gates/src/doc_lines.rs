@@ -15,7 +15,6 @@
 pub const PENDING: &[(&str, &str)] = &[
     ("crates/leasehold/src/lib.rs", "the URL layer"),
     ("crates/leasehold-cli/src/run.rs", "the URL layer"),
-    ("crates/leasehold-postgres/src/options.rs", "the URL layer"),
     (
         "crates/leasehold-core/src/support/tls.rs",
         "the wake-up board and TLS",

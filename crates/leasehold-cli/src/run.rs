@@ -51,14 +51,14 @@ pub struct RunSpec {
     pub wait: WaitFor,
     /// Lease options (ttl).
     pub options: LockOptions,
-    /// How long before the lease's deadline the command gets SIGTERM (SIGKILL follows at
-    /// the deadline); between SIGTERM and SIGKILL when leasehold is interrupted. Must fit
-    /// in the lease (see [`check_grace`]).
+    /// How long before the lease's deadline the command gets SIGTERM.
+    /// SIGKILL follows at the deadline. When leasehold is interrupted, it is the time
+    /// between SIGTERM and SIGKILL. Must fit in the lease (see [`check_grace`]).
     pub grace: Duration,
     /// The command and its arguments.
     pub command: Vec<OsString>,
-    /// The `leasehold` binary, started as the command's supervisor (see
-    /// [`supervise`](crate::supervise)).
+    /// The `leasehold` binary, started as the command's supervisor.
+    /// See [`supervise`](crate::supervise).
     pub supervisor: PathBuf,
 }
 
@@ -67,10 +67,11 @@ pub fn default_grace(ttl: Duration) -> Duration {
     (ttl / 3).min(Duration::from_secs(10))
 }
 
-/// Checks that `grace` fits in the lease `options` ask for on a backend with
-/// `capabilities`: the command gets SIGTERM `grace` before the lease's deadline, so the
-/// lease must be renewed before then, and its first renewal is due a third of the way in.
-/// Grants that do not expire (the file backend) have no deadline to fit into.
+/// Checks that `grace` fits in the lease `options` ask for.
+/// The command gets SIGTERM `grace` before the lease's deadline, so the lease must be
+/// renewed before then, and its first renewal is due a third of the way in. A backend whose
+/// `capabilities` say its grants do not expire (the file backend) has no deadline to fit
+/// into.
 ///
 /// # Errors
 ///
@@ -104,8 +105,8 @@ pub fn check_grace(
     ))
 }
 
-/// Acquires as `spec` says, runs the command while the lock is held, and returns the exit
-/// code to leave with (see [`exit`]).
+/// Acquires as `spec` says and runs the command while the lock is held.
+/// Returns the exit code to leave with (see [`exit`]).
 ///
 /// `client` must keep its deadlines on [`SystemClock`](leasehold::clock::SystemClock) (as
 /// [`leasehold::connect`] does): the command's supervisor compares them with its own
@@ -157,9 +158,9 @@ pub async fn run(
     hold(client, spec, guard, interrupted).await
 }
 
-/// Runs the command while `guard` (acquired from `client` as `spec` says) holds the lock,
-/// releases it, and returns the exit code to leave with; `client` and `interrupted` as for
-/// [`run`].
+/// Runs the command while `guard` holds the lock, releases it, and returns the exit code.
+/// `guard` was acquired from `client` as `spec` says; the exit code is the one to leave
+/// with; `client` and `interrupted` are as for [`run`].
 ///
 /// The command starts only if the lock is still held, with more than the grace left, right
 /// before it starts. From then on its supervisor has the lease's deadline, and every later
@@ -269,8 +270,8 @@ pub async fn hold(
 
 /// Why the supervisor is not running the command.
 enum Started {
-    /// The lock was lost, or its deadline was less than the grace away, when the command
-    /// was to start: it was not started.
+    /// The command was not started: at its start the lock was lost, or about to be.
+    /// About to be: its deadline was less than the grace away.
     Lost,
     /// It exited at once with this code (the command could not be started; it said why).
     Exited(u8),
@@ -309,9 +310,9 @@ struct Supervisor {
 }
 
 impl Supervisor {
-    /// Starts the supervisor and has it start the command, if the lock is still held with
-    /// more than the grace left (`Err(Lost)` if not, `Err(Exited)` if the command could
-    /// not be started).
+    /// Starts the supervisor and has it start the command, if the lock is still held.
+    /// It must be held with more than the grace left (`Err(Lost)` if not, `Err(Exited)` if
+    /// the command could not be started).
     async fn start(
         spec: &RunSpec,
         guard: &Guard,
@@ -422,8 +423,8 @@ impl Supervisor {
         }
     }
 
-    /// Has the supervisor stop the command's group: `signal`, then SIGKILL after `grace`
-    /// (or at the lease's deadline, if that comes first).
+    /// Has the supervisor stop the command's group: `signal`, then SIGKILL after `grace`.
+    /// SIGKILL comes at the lease's deadline instead, if that comes first.
     async fn stop(&mut self, signal: Signal, grace: Duration) {
         self.channel.send(Frame::Stop(signal.as_raw()));
         // The supervisor keeps the grace period; this is only in case it cannot.
@@ -493,8 +494,8 @@ async fn acquire(client: &Client, spec: &RunSpec) -> leasehold::Result<Option<Gu
     }
 }
 
-/// Releases, reporting what a user should know: a loss noticed only now, or a server that
-/// had lost the grant.
+/// Releases the lock, reporting what a user should know.
+/// That is a loss noticed only now, or a server that had lost the grant.
 async fn release(guard: Guard) {
     let name = guard.name().clone();
     match guard.release().await {

@@ -272,8 +272,9 @@ impl LockOptionsBuilder {
     }
 }
 
-/// How to connect, beyond what a URL says: the session ttl of a backend whose grants live by
-/// a session (etcd, ZooKeeper, PostgreSQL advisory locks); other backends ignore it.
+/// How to connect, beyond what a URL says: the session ttl.
+/// Only a backend whose grants live by a session (etcd, ZooKeeper, PostgreSQL advisory
+/// locks) uses it; the others ignore it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ConnectOptions {
@@ -305,8 +306,8 @@ impl ConnectOptions {
         Ok(self)
     }
 
-    /// For a backend: the session ttl to use when its URL sets `in_url` with the parameter
-    /// `param`; `None` for the backend's default.
+    /// For a backend: the session ttl to use, given the one its URL sets (`in_url`).
+    /// `param` names the URL parameter that sets it; `None` means the backend's default.
     ///
     /// # Errors
     ///

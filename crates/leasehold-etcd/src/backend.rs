@@ -1,5 +1,5 @@
-//! The [`Backend`] implementation: acquire, renew, release, wait, inspect and abandon as
-//! etcd requests, and what their answers mean.
+//! The [`Backend`] implementation: acquire, renew, release, wait, inspect and abandon.
+//! Each is sent as etcd requests, and this module says what their answers mean.
 
 use std::collections::HashMap;
 use std::num::NonZeroU32;
@@ -67,14 +67,14 @@ enum Step {
     Again,
 }
 
-/// How often an acquire is sent again because the session's fence moved meanwhile (only
-/// an acquisition that gave up after an unanswered put moves it).
+/// How often an acquire is sent again because the session's fence moved meanwhile.
+/// Only an acquisition that gave up after an unanswered put moves it.
 const ATTEMPTS: usize = 4;
 
 impl EtcdBackend {
-    /// Whether what `hint` watches may have changed since it was read, now that a watch
-    /// created at revision `now` is in place: a single key is looked up (gone or created
-    /// again); a range counts as changed if anything was written since the read.
+    /// Whether what `hint` watches may have changed from its read to a watch at `now`.
+    /// The watch, created at revision `now`, is in place: a single key is looked up (gone
+    /// or created again); a range counts as changed if anything was written since the read.
     async fn moved(&self, hint: &Hint, now: i64) -> Result<bool> {
         let (Some(created), Some(key)) = (hint.created, hint.keys.first()) else {
             return Ok(now >= hint.from);
@@ -90,9 +90,9 @@ impl EtcdBackend {
             .is_none_or(|kv| kv.create_revision() != created))
     }
 
-    /// Whether the fence `read` shows is the one `session` put under: if it moved, notes
-    /// where it is; if it is gone, the session's lease is gone on the server and the
-    /// session ends here too.
+    /// Whether the fence `read` shows is the one `session` put under.
+    /// If it moved, notes where it is; if it is gone, the session's lease is gone on the
+    /// server and the session ends here too.
     fn fence_held(&self, session: &Session, read: &GetResponse) -> bool {
         match read.kvs().first() {
             Some(kv) if kv.mod_revision() == session.fence() => true,
@@ -202,8 +202,8 @@ impl EtcdBackend {
         }
     }
 
-    /// What the queue read `contenders` (with `markers`) means for `placed`, read at
-    /// `revision`: a grant, a place to wait from, or busy.
+    /// What a queue read means for `placed`: a grant, a place to wait from, or busy.
+    /// The read, at `revision`, gave `contenders` (with `markers`).
     async fn settle(
         &self,
         session: &Session,
@@ -256,10 +256,10 @@ impl EtcdBackend {
         Ok(Step::Done(Acquire::Busy(WaitHint::new(hint))))
     }
 
-    /// Removes the owner's key (with its lock-delay marker, if the request has a
-    /// lock-delay) if it is still the one this acquisition wrote, and forgets it; whether
-    /// a key was removed. An acquisition with a put
-    /// that was never answered also moves its session's fence in the same transaction (see
+    /// Removes and forgets the owner's key if it is still the one this acquisition wrote.
+    /// Its lock-delay marker goes with it, if the request has a lock-delay. Returns whether
+    /// a key was removed. An acquisition with a put that was never answered also moves its
+    /// session's fence in the same transaction (see
     /// [`Layout::anchor`](crate::layout::Layout::anchor)).
     async fn remove(&self, req: &Request, doing: &str) -> Result<Release> {
         let Some(placed) = self.registry().get(&req.owner) else {
@@ -293,8 +293,9 @@ impl EtcdBackend {
         })
     }
 
-    /// The grant of `placed`, whose key holds at create revision `revision`: recorded, with
-    /// its lock-delay marker put first if the request has a lock-delay.
+    /// Records the grant of `placed`, whose key holds at create revision `revision`.
+    /// Its lock-delay marker is put before the grant is returned, if the request has a
+    /// lock-delay.
     async fn granted(
         &self,
         session: &Session,
@@ -314,8 +315,8 @@ impl EtcdBackend {
         ))))
     }
 
-    /// Puts the lock-delay marker of a grant, if its key is still the one granted; the
-    /// grant is reported only after this, so no holder ever works without its marker.
+    /// Puts the lock-delay marker of a grant, if its key is still the one granted.
+    /// The grant is reported only after this, so no holder ever works without its marker.
     async fn put_marker(
         &self,
         session: &Session,
@@ -562,13 +563,13 @@ impl Backend for EtcdBackend {
             .map(|session| session.liveness())
     }
 
-    /// Ends the session that holds the owner's key, if an answer showed that key or a put
-    /// of it may still land: every guard of the session is lost with it (signalled as
-    /// [`LossReason::SessionEnded`]), its lease is revoked (or, if etcd cannot be reached,
-    /// no longer kept alive, so it runs out within one session ttl), and later grants get
-    /// a new session. A key whose release could not be confirmed is bound to the session's
-    /// lease, so nothing else ends it. A session that has ended already is left to run out
-    /// (its lock-delay markers keep their delay).
+    /// Ends the session that holds the owner's key, if that key may be on the server.
+    /// It may be if an answer showed it or a put of it may still land. Every guard of the
+    /// session is lost with it (signalled as [`LossReason::SessionEnded`]), its lease is
+    /// revoked (or, if etcd cannot be reached, no longer kept alive, so it runs out within
+    /// one session ttl), and later grants get a new session. A key whose release could not
+    /// be confirmed is bound to the session's lease, so nothing else ends it. A session
+    /// that has ended already is left to run out (its lock-delay markers keep their delay).
     async fn abandon(&self, req: &Request) -> Result<()> {
         let Some(placed) = self.registry().forget(&req.owner) else {
             return Ok(());

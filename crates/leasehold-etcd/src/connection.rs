@@ -1,5 +1,6 @@
-//! The backend value: one connection to the cluster, the session it owns, and the entries
-//! it has placed. Its [`Backend`](leasehold_core::Backend) methods are in `backend.rs`.
+//! The backend value: one connection to the cluster, and the session it owns.
+//! It also keeps the entries it has placed. Its [`Backend`](leasehold_core::Backend)
+//! methods are in `backend.rs`.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -16,8 +17,8 @@ use crate::registry::Registry;
 use crate::session::Session;
 use crate::transport;
 
-/// How often an idle connection is pinged, and how long a ping may go unanswered before
-/// the connection is given up for the next member.
+/// How often an idle connection is pinged, and how long a ping may go unanswered.
+/// After that the connection is given up for the next member.
 pub(crate) const KEEP_ALIVE: Duration = Duration::from_secs(2);
 
 /// A client's connection to an etcd cluster. Clones share the connection and the session.
@@ -58,8 +59,8 @@ impl EtcdBackend {
         Self::connect_url(url, &leasehold_core::ConnectOptions::default()).await
     }
 
-    /// Connects to the cluster at `url`, with the session ttl `connect` asks for (a URL
-    /// that sets another is refused).
+    /// Connects to the cluster at `url`, with the session ttl `connect` asks for.
+    /// A URL that sets another is refused.
     ///
     /// # Cancel safety
     ///
@@ -73,9 +74,10 @@ impl EtcdBackend {
         Self::connect_with(&endpoints, options).await
     }
 
-    /// Connects to `endpoints` (`http://host:port` each, or `https://host:port` each for
-    /// TLS): one connection, to the first member, moving on to the next whenever it must
-    /// connect again (the member went away or left a keep-alive ping unanswered for 2 s).
+    /// Connects to `endpoints`, each `http://host:port` (or `https://host:port` for TLS).
+    /// There is one connection at a time: to the first member, then to the next whenever it
+    /// must connect again (the member went away or left a keep-alive ping unanswered for
+    /// 2 s).
     ///
     /// # Cancel safety
     ///
@@ -159,8 +161,8 @@ impl EtcdBackend {
         self.inner.session.lock().await.clone()
     }
 
-    /// Ends this client's session and revokes its lease: every lock it holds is freed at
-    /// once, and its guards are lost. A later acquisition starts a new session.
+    /// Ends this client's session and revokes its lease, freeing all its locks at once.
+    /// Its guards are lost. A later acquisition starts a new session.
     ///
     /// # Cancel safety
     ///
@@ -178,9 +180,9 @@ impl EtcdBackend {
         }
     }
 
-    /// Ends the session with lease `lease` if it is the current one and still alive (its
-    /// guards are lost) and revokes it. One that has ended already is left to run out, so
-    /// that its lock-delay markers keep their delay.
+    /// Ends and revokes the session with lease `lease`, if it is current and still alive.
+    /// Its guards are lost. One that has ended already is left to run out, so that its
+    /// lock-delay markers keep their delay.
     ///
     /// # Errors
     ///
@@ -217,8 +219,8 @@ impl EtcdBackend {
         }
     }
 
-    /// The ttl of the current session (the configured one rounded up to whole seconds,
-    /// as etcd granted it), if a session has started.
+    /// The ttl of the current session as etcd granted it, if a session has started.
+    /// That is the configured one rounded up to whole seconds.
     ///
     /// # Cancel safety
     ///
@@ -231,8 +233,8 @@ impl EtcdBackend {
         self.current_session().await.map(|s| s.ttl)
     }
 
-    /// Stops keeping this client's session alive without revoking it: its locks stay held
-    /// until the lease runs out (and its guards are lost then).
+    /// Stops keeping this client's session alive, without revoking it.
+    /// Its locks stay held until the lease runs out (and its guards are lost then).
     ///
     /// # Cancel safety
     ///
@@ -247,9 +249,9 @@ impl EtcdBackend {
         }
     }
 
-    /// A comparison that holds while `guard`'s lock is still held: its key exists with the
-    /// revision the grant created. Put it in your own etcd transaction so that a write
-    /// happens only while the lock is held.
+    /// A comparison that holds while `guard`'s lock is still held.
+    /// It checks that the lock's key exists with the revision the grant created. Put it in
+    /// your own etcd transaction so that a write happens only while the lock is held.
     pub fn still_owner(&self, guard: &Guard) -> Compare {
         // A released guard compares its queue directory, a key that never exists.
         let key = self

@@ -57,8 +57,8 @@ impl Layout {
         }
     }
 
-    /// The prefixes under which every key of `name` lives: its contender directory and
-    /// `<name>#` (permits and markers).
+    /// The prefixes of every key of `name`: its contender directory and `<name>#`.
+    /// The second holds its permits and markers.
     pub(crate) fn all_of(&self, name: &LockName) -> [String; 2] {
         let root = &self.root;
         [format!("{root}{name}/"), format!("{root}{name}#")]
@@ -79,8 +79,8 @@ impl Layout {
     }
 }
 
-/// The two directories of one set of a name: contenders (holders and waiters) and their
-/// lock-delay markers.
+/// The two directories of one set of a name: contenders and their lock-delay markers.
+/// The contenders are its holders and waiters.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct Set {
     pub(crate) dir: String,

@@ -18,8 +18,9 @@ pub struct EtcdOptions {
 }
 
 impl Default for EtcdOptions {
-    /// No prefix (lock `N` is etcd's lock `N`), a 10 s session with a drift allowance of
-    /// 1 % + 2 ms, 5 s to connect, the system's CA certificates for TLS.
+    /// No prefix, a 10 s session, 5 s to connect, the system's CA certificates for TLS.
+    /// Without a prefix, lock `N` is etcd's lock `N`; the session's drift allowance is
+    /// 1 % + 2 ms.
     fn default() -> Self {
         Self {
             prefix: String::new(),
@@ -33,11 +34,12 @@ impl Default for EtcdOptions {
 }
 
 impl EtcdOptions {
-    /// The key prefix: the keys of lock `N` live under `<prefix>/N/` (and `<prefix>/N#…`),
-    /// so leasehold's lock `N` is etcd's lock `<prefix>/N` (`etcdctl lock <prefix>/N`, a Go
-    /// `concurrency.NewMutex(session, "<prefix>/N")`). Without a prefix (the default) it is
-    /// etcd's lock `N`. One or more segments of 1–64 of `A-Z a-z 0-9 _ - . :`, separated by
-    /// `/`, with an optional leading `/` (as in `/locks`): at most 200 bytes.
+    /// The key prefix: leasehold's lock `N` is then etcd's lock `<prefix>/N`.
+    /// That is the lock of `etcdctl lock <prefix>/N` and of a Go
+    /// `concurrency.NewMutex(session, "<prefix>/N")`, since the keys of lock `N` live under
+    /// `<prefix>/N/` (and `<prefix>/N#…`). Without a prefix (the default) it is etcd's lock
+    /// `N`. One or more segments of 1–64 of `A-Z a-z 0-9 _ - . :`, separated by `/`, with
+    /// an optional leading `/` (as in `/locks`): at most 200 bytes.
     ///
     /// # Errors
     ///
@@ -66,12 +68,12 @@ impl EtcdOptions {
         Ok(self)
     }
 
-    /// The session lease's ttl: how long after the client stops keeping it alive (it
-    /// crashed, it is partitioned) its locks are freed, and how soon a guard learns that
-    /// the session is gone. It is every grant's lease: a lock cannot ask for another ttl.
-    /// etcd leases are whole seconds: a fraction is rounded up. A cluster whose minimum
-    /// lease ttl is longer refuses to start the session (the first acquisition fails with
-    /// [`Error::InvalidArgument`]) rather than silently holding locks longer.
+    /// The session lease's ttl, every grant's lease (a lock cannot ask for another ttl).
+    /// It says how long after the client stops keeping the lease alive (it crashed, it is
+    /// partitioned) its locks are freed, and how soon a guard learns that the session is
+    /// gone. etcd leases are whole seconds: a fraction is rounded up. A cluster whose
+    /// minimum lease ttl is longer refuses to start the session (the first acquisition
+    /// fails with [`Error::InvalidArgument`]) rather than silently holding locks longer.
     ///
     /// # Errors
     ///
@@ -87,12 +89,13 @@ impl EtcdOptions {
         Ok(self)
     }
 
-    /// The fixed part of the session's drift allowance: a guard counts on its session until
-    /// the last acknowledged keep-alive's send time + ttl − (1 % of the ttl + this margin),
-    /// and is lost then, before etcd can expire the lease (which it does no earlier than
-    /// the ttl after receiving that keep-alive). The default, 2 ms, suits a client whose
-    /// clock runs true; give more for a client that may be descheduled for a while right
-    /// when its loss is due. At most half the session ttl (checked on connecting).
+    /// The fixed part of the session's drift allowance, on top of 1 % of the ttl.
+    /// A guard counts on its session until the last acknowledged keep-alive's send time +
+    /// ttl − (1 % of the ttl + this margin), and is lost then, before etcd can expire the
+    /// lease (which it does no earlier than the ttl after receiving that keep-alive). The
+    /// default, 2 ms, suits a client whose clock runs true; give more for a client that may
+    /// be descheduled for a while right when its loss is due. At most half the session ttl
+    /// (checked on connecting).
     pub fn drift_margin(mut self, margin: Duration) -> Self {
         self.drift_margin = margin;
         self
@@ -131,9 +134,9 @@ impl EtcdOptions {
         self
     }
 
-    /// For TLS (`https://` endpoints): the CA certificates to trust instead of the
-    /// system's, and a client certificate for members that ask for one
-    /// (`--client-cert-auth`).
+    /// The CA certificates and client certificate for TLS (`https://` endpoints).
+    /// The CA certificates are trusted instead of the system's; the client certificate is
+    /// shown to members that ask for one (`--client-cert-auth`).
     pub fn tls(mut self, files: TlsFiles) -> Self {
         self.tls = files;
         self
@@ -153,8 +156,8 @@ url_params! {
     }
 }
 
-/// Splits `etcd://[user:pass@]h1:p1,h2:p2[?params]` into endpoints and options, with the
-/// session ttl `connect` asks for.
+/// Splits `etcd://[user:pass@]h1:p1,h2:p2[?params]` into endpoints and options.
+/// The options take the session ttl `connect` asks for.
 pub(crate) fn parse_url(url: &str, connect: &ConnectOptions) -> Result<(Vec<String>, EtcdOptions)> {
     let url = ParsedUrl::parse(
         url,

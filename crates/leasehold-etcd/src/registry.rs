@@ -1,8 +1,7 @@
-//! The registry: the key this backend has placed, or is placing, for each acquisition, by
-//! owner — what a release needs to remove exactly its own key. An entry lives from the
-//! acquisition's first request to the answer of its release (or the end of its session,
-//! for an abandoned one), so the registry holds the client's current acquisitions and
-//! nothing else.
+//! The registry: by owner, the key each acquisition has placed or is placing.
+//! A release needs it to remove exactly its own key. An entry lives from the acquisition's
+//! first request to the answer of its release (or the end of its session, for an abandoned
+//! one), so the registry holds the client's current acquisitions and nothing else.
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -26,8 +25,9 @@ pub(crate) struct Placed {
     pub(crate) lease: i64,
     /// Its create revision, once an answer showed it (unknown after a lost reply).
     pub(crate) revision: Option<i64>,
-    /// Puts of this key sent and not (yet) answered: while any is, one may still land, and
-    /// removing the key must bump the session's fence (see [`Layout::anchor`](crate::layout::Layout::anchor)).
+    /// Puts of this key sent and not (yet) answered.
+    /// While any is, one may still land, and removing the key must bump the session's fence
+    /// (see [`Layout::anchor`](crate::layout::Layout::anchor)).
     pub(crate) unanswered_puts: u32,
 }
 
@@ -107,8 +107,8 @@ impl Registry {
         Some(placed)
     }
 
-    /// Forgets the owner's key if nothing of it can be on the server: no answer showed it
-    /// and no put of it is unanswered.
+    /// Forgets the owner's key if nothing of it can be on the server.
+    /// Nothing can be when no answer showed it and no put of it is unanswered.
     pub(crate) fn forget_if_unseen(&mut self, owner: &OwnerId) {
         if self
             .by_owner

@@ -71,9 +71,10 @@ fn entry(dir: &str, key: &[u8], value: &[u8], lease: i64, revision: i64) -> Entr
     }
 }
 
-/// The owner shown for a foreign contender: `foreign:<lease>` (the lease id in hex, as
-/// etcd's lock recipe names its key), or `foreign:r<create revision>` for a key without a
-/// lease. Owner ids this backend writes never look like that.
+/// The owner shown for a foreign contender, which names its lease or create revision.
+/// It is `foreign:<lease>` (the lease id in hex, as etcd's lock recipe names its key), or
+/// `foreign:r<create revision>` for a key without a lease. Owner ids this backend writes
+/// never look like that.
 fn foreign_owner(lease: i64, revision: i64) -> OwnerId {
     let label = if lease != 0 {
         format!("foreign:{lease:x}")
@@ -125,9 +126,10 @@ fn decode_value(value: &[u8]) -> Option<Decoded> {
     ))
 }
 
-/// The queue in the contender read `contenders` of `dir`, oldest first, and the oldest
-/// lock-delay marker in `markers` that keeps it closed: one whose owner has no key in the
-/// queue (anything in the marker directory that is not a marker of a queued owner counts).
+/// The queue of `dir`, oldest first, and the lock-delay marker keeping it closed, if any.
+/// The queue is the contender read `contenders`; the marker is the oldest in `markers`
+/// whose owner has no key in the queue (anything in the marker directory that is not a
+/// marker of a queued owner counts).
 pub(crate) fn queue_of(
     dir: &str,
     contenders: &GetResponse,

@@ -28,18 +28,18 @@ pub(crate) enum AcquireShape {
     /// Woken from waiting: the key must still be there (and so its lease alive); never re-queue.
     /// Reads the queue.
     Woken,
-    /// A try for the exclusive lock: put only if the queue is empty; one round trip either
-    /// way (a busy try writes nothing).
+    /// A try for the exclusive lock: put only if the queue is empty.
+    /// It takes one round trip either way (a busy try writes nothing).
     Try,
-    /// Take an empty queue with a bare put (nothing to read back); otherwise join the
-    /// queue and read it. If the put of an unanswered attempt already landed, putting the
-    /// key again keeps its create revision (its place in the queue), and its watchers
-    /// ignore puts.
+    /// Take an empty queue with a bare put; otherwise join the queue and read it.
+    /// The bare put reads nothing back. If the put of an unanswered attempt already landed,
+    /// putting the key again keeps its create revision (its place in the queue), and its
+    /// watchers ignore puts.
     Join,
 }
 
-/// A session's fence: its key, and the mod revision a put requires (see
-/// [`Layout::anchor`](crate::layout::Layout::anchor)).
+/// A session's fence: its key, and the mod revision a put requires.
+/// See [`Layout::anchor`](crate::layout::Layout::anchor).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Fence<'a> {
     pub(crate) key: &'a str,
@@ -61,8 +61,8 @@ fn empty(dir: &str) -> Compare {
     Compare::create_revision(dir, CompareOp::Equal, 0).with_range(prefix_end(dir))
 }
 
-/// The acquire transaction of `placed`'s key, written with `value` bound to its session's
-/// lease, only while `fence` holds. Its answers:
+/// The acquire transaction of `placed`'s key, which writes only while `fence` holds.
+/// The key's value is `value`, bound to its session's lease. Its answers:
 ///
 /// - succeeded (`Try`, `Join`): the queue was empty, the key was put and holds;
 /// - succeeded (`Woken`): the key is there; reads [contenders, markers];
@@ -120,11 +120,12 @@ pub(crate) fn acquire(shape: AcquireShape, placed: &Placed, value: &[u8], fence:
     }
 }
 
-/// Removes `placed`'s key (and its lock-delay marker, if `marker`) if it is still the one
-/// this acquisition wrote: the key's create revision when an answer showed it, else its
-/// value (which names the acquisition's owner). Succeeds, with the delete's answer first,
-/// when it removed the key. With `bump`, the fence of the key's session is moved too,
-/// whatever else happens, so that no put of this acquisition can land afterwards.
+/// Removes `placed`'s key if it is still the one this acquisition wrote.
+/// Its lock-delay marker goes too, if `marker`. The key is recognised by its create
+/// revision when an answer showed it, else by its value (which names the acquisition's
+/// owner). Succeeds, with the delete's answer first, when it removed the key. With `bump`,
+/// the fence of the key's session is moved too, whatever else happens, so that no put of
+/// this acquisition can land afterwards.
 pub(crate) fn remove(placed: &Placed, value: &[u8], marker: bool, bump: Option<&str>) -> Txn {
     let key = placed.key();
     let ours = match placed.revision {
@@ -152,8 +153,8 @@ pub(crate) fn remove(placed: &Placed, value: &[u8], marker: bool, bump: Option<&
     Txn::new().when([ours]).and_then(then).or_else(otherwise)
 }
 
-/// Puts the lock-delay marker of `placed` for `owner`, bound to the delay lease `lease`,
-/// if its key is still the one created at `revision`.
+/// Puts the lock-delay marker of `placed` for `owner`, bound to the delay lease `lease`.
+/// The put happens only if the key is still the one created at `revision`.
 pub(crate) fn put_marker(placed: &Placed, owner: &str, revision: i64, lease: i64) -> Txn {
     let mut value = MARKER.to_vec();
     value.extend_from_slice(owner.as_bytes());

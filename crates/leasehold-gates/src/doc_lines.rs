@@ -13,16 +13,6 @@
 /// Each is `(path from the workspace root, the part)`. The gate skips them, and fails when
 /// one of them keeps the rule (or is gone): take it off the list then.
 pub const PENDING: &[(&str, &str)] = &[
-    ("crates/leasehold/src/lib.rs", "the URL layer"),
-    ("crates/leasehold-cli/src/run.rs", "the URL layer"),
-    ("crates/leasehold-etcd/src/options.rs", "the URL layer"),
-    ("crates/leasehold-postgres/src/options.rs", "the URL layer"),
-    ("crates/leasehold-redis/src/options.rs", "the URL layer"),
-    (
-        "crates/leasehold-redis/src/redlock/options.rs",
-        "the URL layer",
-    ),
-    ("crates/leasehold-zookeeper/src/options.rs", "the URL layer"),
     (
         "crates/leasehold-core/src/support/tls.rs",
         "the wake-up board and TLS",

@@ -146,8 +146,9 @@ impl PostgresBackend {
         Self::connect_with(PostgresOptions::from_url(url)?).await
     }
 
-    /// Connects to the server at `url`; in advisory mode with the session ttl `connect`
-    /// asks for (a URL that sets another is refused).
+    /// Connects to the server at `url`.
+    /// In advisory mode the session ttl is the one `connect` asks for (a URL that sets
+    /// another is refused).
     ///
     /// # Cancel safety
     ///

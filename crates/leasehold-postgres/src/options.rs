@@ -26,12 +26,12 @@ pub enum Pooling {
     /// Find out when connecting (see `docs/backends/postgres.md`).
     #[default]
     Auto,
-    /// Nothing that hands a connection's session to another client: the server itself, a
-    /// TCP proxy, or a pooler in session mode.
+    /// Nothing hands a connection's session to another client.
+    /// The client talks to the server itself, a TCP proxy, or a pooler in session mode.
     Session,
-    /// A pooler in transaction (or statement) mode, such as PgBouncer's
-    /// `pool_mode = transaction`: no session state survives a transaction, so no LISTEN, no
-    /// named prepared statements and no session advisory locks.
+    /// A pooler in transaction or statement mode: no session state survives a transaction.
+    /// So none of LISTEN, named prepared statements or session advisory locks can be used.
+    /// PgBouncer's `pool_mode = transaction` is one.
     Transaction,
 }
 
@@ -40,8 +40,8 @@ pub enum Pooling {
 pub enum SslMode {
     /// Plain TCP.
     Disable,
-    /// TLS if the server offers it, plain TCP otherwise; the certificate is not checked
-    /// (libpq's default).
+    /// TLS if the server offers it, plain TCP otherwise; the certificate is not checked.
+    /// This is libpq's default.
     #[default]
     Prefer,
     /// TLS; the certificate is not checked.
@@ -60,8 +60,8 @@ impl SslMode {
 }
 
 url_params! {
-    /// The URL parameters of `postgres://` and `postgresql://`, each setting the option of
-    /// its name (`target_session_attrs`: `read_write`).
+    /// The URL parameters of `postgres://` and `postgresql://`.
+    /// Each sets the option of its name; `target_session_attrs` sets `read_write`.
     enum Param {
         Schema = "schema",
         Mode = "mode",
@@ -104,9 +104,9 @@ pub const DEFAULT_SCHEMA: &str = "leasehold";
 const MAX_SCHEMA_LEN: usize = 58;
 
 impl PostgresOptions {
-    /// Options for `user` on `host:port`, database `dbname`, with the defaults: schema
-    /// `leasehold`, lease mode, pooling found out on connect, 2 pooled connections, a 10 s
-    /// session ttl (advisory mode), 5 s to connect, `sslmode=prefer`.
+    /// Options for `user` on `host:port`, database `dbname`, with the defaults.
+    /// The defaults: schema `leasehold`, lease mode, pooling found out on connect, 2 pooled
+    /// connections, a 10 s session ttl (advisory mode), 5 s to connect, `sslmode=prefer`.
     pub fn new(host: &str, port: u16, user: &str, dbname: &str) -> Self {
         Self {
             hosts: vec![(host.to_owned(), port)],
@@ -136,8 +136,8 @@ impl PostgresOptions {
         parse_url(url, &ConnectOptions::default())
     }
 
-    /// Another host to try, in order, when the ones before it cannot be reached (or, with
-    /// [`read_write`](Self::read_write), are read-only standbys).
+    /// Another host to try, in order, when the ones before it cannot be reached.
+    /// With [`read_write`](Self::read_write), also when they are read-only standbys.
     pub fn add_host(mut self, host: &str, port: u16) -> Self {
         self.hosts.push((host.to_owned(), port));
         self
@@ -149,8 +149,9 @@ impl PostgresOptions {
         self
     }
 
-    /// The schema holding the lock tables and functions: 1–58 of `a-z 0-9 _`, not starting
-    /// with a digit. Locks of different schemas are independent.
+    /// The schema holding the lock tables and functions.
+    /// Its name is 1–58 of `a-z 0-9 _`, not starting with a digit. Locks of different
+    /// schemas are independent.
     ///
     /// # Errors
     ///

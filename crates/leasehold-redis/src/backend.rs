@@ -41,8 +41,8 @@ impl Drop for Inner {
     }
 }
 
-/// Drops and unsubscribes wake-up channels nobody has used for a while, as long as the
-/// backend lives (see `wakeups.rs`). Holds the backend only while it sweeps.
+/// Drops and unsubscribes wake-up channels nobody has used for a while (see `wakeups.rs`).
+/// It runs as long as the backend lives, and holds the backend only while it sweeps.
 async fn sweep_unused_channels(inner: Weak<Inner>, wakeups: Arc<Wakeups>) {
     while let Some(due) = wakeups.next_sweep().await {
         tokio::time::sleep_until(due).await;
@@ -61,10 +61,10 @@ async fn sweep_unused_channels(inner: Weak<Inner>, wakeups: Arc<Wakeups>) {
 pub(crate) struct NodeAcquire {
     /// How long after its start the node refuses grants, in ms (0: not at all).
     pub(crate) quarantine_ms: u64,
-    /// A Redlock node: an owner that holds already gets a fresh token rather than its
-    /// stored one, and tokens come from the node's counter alone, not raised to its clock
-    /// (Redlock's majority compares the nodes' counters, which clocks would set apart on
-    /// every grant).
+    /// A Redlock node, whose tokens come from its counter alone, fresh on every grant.
+    /// An owner that holds already gets a fresh token rather than its stored one, and
+    /// tokens are not raised to the node's clock (Redlock's majority compares the nodes'
+    /// counters, which clocks would set apart on every grant).
     pub(crate) redlock: bool,
 }
 
@@ -97,9 +97,9 @@ impl RedisBackend {
         Ok(Self::open(url, options, false).await?.0)
     }
 
-    /// Connects to `url` (within the options' connect timeout); as a Redlock node
-    /// (`node`), also reads the server's run id, and counts only the requests Redlock says
-    /// it gave up on as unanswered (see [`Connection`]).
+    /// Connects to `url`, within the options' connect timeout.
+    /// As a Redlock node (`node`), it also reads the server's run id, and counts only the
+    /// requests Redlock says it gave up on as unanswered (see [`Connection`]).
     pub(crate) async fn open(
         url: &str,
         options: RedisOptions,
@@ -127,9 +127,10 @@ impl RedisBackend {
         &self.inner.conn
     }
 
-    /// How many lock names this client keeps wake-up state (and a subscription) for: those
-    /// with a waiter or an observer in this process, and for about a second those whose
-    /// last one left. For monitoring: it does not grow with the names ever locked.
+    /// How many lock names this client keeps wake-up state (and a subscription) for.
+    /// They are the names with a waiter or an observer in this process, and for about a
+    /// second those whose last one left. For monitoring: it does not grow with the names
+    /// ever locked.
     pub fn wakeup_channels(&self) -> usize {
         self.inner.wakeups.channels()
     }
@@ -168,8 +169,9 @@ impl RedisBackend {
         self.acquire_once(req, &keys, node).await
     }
 
-    /// Raises the name's fencing counter to at least `floor`, and makes it the token of
-    /// `req.owner`'s grant if it holds one (a repair here, Redlock's write-back).
+    /// Raises the name's fencing counter to at least `floor`.
+    /// If `req.owner` holds a grant, the raised counter becomes its token too (a repair
+    /// here, Redlock's write-back).
     pub(crate) async fn raise(&self, req: &Request, floor: u64) -> Result<()> {
         let keys = self.keys(&req.name);
         let values = Values {
@@ -191,8 +193,9 @@ impl RedisBackend {
         self.inner.floors.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// One acquire, and the floor it must not break: the highest token seen granted before
-    /// its request was sent (see `floors.rs`).
+    /// One acquire, and the floor it must not break.
+    /// The floor is the highest token seen granted before its request was sent (see
+    /// `floors.rs`).
     async fn acquire_checked(&self, req: &Request, keys: &Keys) -> Result<(Acquire, Option<u64>)> {
         let seen = self.floors().get(&req.name);
         let answer = self.acquire_once(req, keys, NodeAcquire::default()).await?;

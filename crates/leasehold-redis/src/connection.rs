@@ -1,6 +1,7 @@
-//! The connection to one Redis server: RESP3, multiplexed, reconnecting, TLS for
-//! `rediss://`, push messages routed to the wake-ups; scripts loaded and the eviction
-//! policy checked on connecting; replaced when it stops answering without closing.
+//! The connection to one Redis server: RESP3, multiplexed, reconnecting.
+//! It uses TLS for `rediss://` and routes push messages to the wake-ups; connecting loads
+//! the scripts and checks the eviction policy; it is replaced when it stops answering
+//! without closing.
 //!
 //! redis-rs reconnects a connection that fails or closes, but not one that stays open and
 //! silent (a partition that drops packets, a peer gone without a reset). [`Connection`]
@@ -46,14 +47,13 @@ pub(crate) struct Connection {
     health: Health,
     /// Whether a request dropped unanswered counts as given up on (not on a Redlock node).
     drops_count: bool,
-    /// Held while the connection is being replaced (one replacement at a time), with when
-    /// the last one was made.
+    /// When the connection was last replaced; held while it is replaced (one at a time).
     replaced: tokio::sync::Mutex<Option<std::time::Instant>>,
 }
 
 impl Connection {
-    /// `connected`, to `url` with `options`, its push messages routed to `wakeups`; a
-    /// request dropped unanswered counts as given up on if `drops_count`.
+    /// `connected`, to `url` with `options`, its push messages routed to `wakeups`.
+    /// A request dropped unanswered counts as given up on if `drops_count`.
     pub(crate) fn new(
         connected: ConnectionManager,
         url: &str,
@@ -85,8 +85,9 @@ impl Connection {
             .clone()
     }
 
-    /// The connection to send a request on, replaced first if it stalled, and the
-    /// request's report to its health.
+    /// The connection to send a request on, replaced first if it stalled.
+    /// The request reports to the connection's health through
+    /// [`query`](Connection::query).
     ///
     /// # Cancel safety
     ///
@@ -127,8 +128,9 @@ impl Connection {
         self.health.given_up(since);
     }
 
-    /// Opens a new connection, subscribes the wake-up channels in use on it, puts it in
-    /// place of the stalled one and wakes every waiter (messages may have been lost).
+    /// Puts a new connection in place of the stalled one, and wakes every waiter.
+    /// The new one is opened and the wake-up channels in use are subscribed on it first;
+    /// waiters are woken because messages may have been lost.
     async fn replace(&self) -> Result<()> {
         let mut replaced = self.replaced.lock().await;
         let limit = self.options.connect_limit();
@@ -154,8 +156,9 @@ impl Connection {
     }
 }
 
-/// Connects to `url`, loads every script, reads the eviction policy and, with `run_id`,
-/// the server's run id — all within the options' connect timeout, or fails.
+/// Connects to `url` within the options' connect timeout, or fails.
+/// Within that time it also loads every script, reads the eviction policy and, with
+/// `run_id`, the server's run id.
 pub(crate) async fn connect(
     url: &str,
     options: &RedisOptions,

@@ -32,8 +32,8 @@ impl Node {
         self.redis.connection().silence()
     }
 
-    /// A request sent at `since` got no answer within the node timeout: after a few in a
-    /// row with nothing answered, the node's connection is replaced.
+    /// A request sent at `since` got no answer within the node timeout.
+    /// After a few in a row with nothing answered, the node's connection is replaced.
     pub(crate) fn timed_out(&self, since: Silence) {
         self.redis.connection().given_up(since);
     }

@@ -7,8 +7,8 @@ use leasehold_core::support::url::{ParsedUrl, UrlParam, url_params};
 use leasehold_core::{Error, Result};
 
 url_params! {
-    /// The URL parameters of `redis://` and `rediss://`, each setting the option of its name
-    /// (`replicas`, `replica_timeout`, `replicas_required`: a [`ReplicaAck`]).
+    /// The URL parameters of `redis://` and `rediss://`, each setting the option it names.
+    /// `replicas`, `replica_timeout` and `replicas_required` set a [`ReplicaAck`].
     pub(crate) enum Param {
         Prefix = "prefix",
         Replicas = "replicas",
@@ -29,14 +29,16 @@ pub struct ReplicaAck {
     pub replicas: u32,
     /// How long to wait for them.
     pub timeout: Duration,
-    /// `true`: a grant not acknowledged in time is released and the acquire fails with a
-    /// retryable error. `false`: it is kept and a warning is logged.
+    /// Whether a grant not acknowledged in time is given back.
+    /// `true`: it is released and the acquire fails with a retryable error. `false`: it is
+    /// kept and a warning is logged.
     pub required: bool,
 }
 
 impl ReplicaAck {
-    /// `replicas` must acknowledge each grant within `timeout`; `required` says whether a
-    /// grant that is not acknowledged in time is given back (see the fields).
+    /// `replicas` must acknowledge each grant within `timeout`.
+    /// `required` says whether a grant that is not acknowledged in time is given back (see
+    /// the fields).
     pub fn new(replicas: u32, timeout: Duration, required: bool) -> Self {
         Self {
             replicas,
@@ -56,8 +58,8 @@ pub struct RedisOptions {
 }
 
 impl Default for RedisOptions {
-    /// Prefix `leasehold`, no replica acknowledgement, 5 s connect timeout, the system's
-    /// CA certificates for `rediss://`.
+    /// Prefix `leasehold`, no replica acknowledgement, 5 s connect timeout.
+    /// For `rediss://`, the system's CA certificates.
     fn default() -> Self {
         Self {
             prefix: "leasehold".into(),
@@ -102,8 +104,9 @@ impl RedisOptions {
         Ok(self)
     }
 
-    /// How long connecting may take: the connection, loading the scripts and reading the
-    /// server's configuration, together.
+    /// How long connecting may take, all of it together.
+    /// Connecting opens the connection, loads the scripts and reads the server's
+    /// configuration.
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self
@@ -115,8 +118,8 @@ impl RedisOptions {
         self
     }
 
-    /// For `rediss://`: show this client certificate (PEM) and key (PEM) to servers that ask
-    /// for one (`tls-auth-clients yes`).
+    /// For `rediss://`: a client certificate (PEM) and key (PEM) for servers that ask.
+    /// Servers ask for one with `tls-auth-clients yes`.
     pub fn tls_client(mut self, certificate: Vec<u8>, key: Vec<u8>) -> Self {
         self.tls.client = Some((certificate, key));
         self

@@ -1,5 +1,5 @@
-//! The [`Backend`] implementation: acquire, renew, release, wait, inspect and abandon as
-//! ZooKeeper requests, and what their answers mean.
+//! The [`Backend`] implementation: acquire, renew, release, wait, inspect and abandon.
+//! Each is sent as ZooKeeper requests, and this module says what their answers mean.
 
 use std::num::NonZeroU32;
 use std::sync::Arc;
@@ -28,8 +28,8 @@ use crate::session::Session;
 struct Hint {
     /// The session whose watches these are.
     session: i64,
-    /// The waiting acquisition whose only blocker is the one node watched (see
-    /// `reply::sole_blocker`): its deletion grants it.
+    /// The waiting acquisition whose one blocker is the node watched, if any.
+    /// The node's deletion grants it (see `reply::sole_blocker`).
     sole: Option<OwnerId>,
     /// Nodes whose deletion (or change) may matter.
     nodes: Vec<Watched>,
@@ -41,9 +41,9 @@ struct Hint {
 #[derive(Debug)]
 struct Watched {
     path: String,
-    /// The node was a permit waiter of ours when the directory was listed, so its data
-    /// version was 0 then: it is touched (its version moves) once it is granted, which
-    /// may happen before the watch is set.
+    /// The node was a permit waiter of ours, at data version 0, when it was listed.
+    /// It is touched (its version moves) once it is granted, which may happen before the
+    /// watch is set.
     untouched: bool,
 }
 
@@ -57,8 +57,8 @@ impl Watched {
 }
 
 impl ZooKeeperBackend {
-    /// The grant of my node, after its lock-delay marker is in place; `behind`: whether
-    /// each contender after it holds.
+    /// The grant of my node, after its lock-delay marker is in place.
+    /// `behind` says whether each contender after it holds.
     async fn granted(&self, session: &Session, req: &Request, behind: &[bool]) -> Result<Acquire> {
         // Forgotten meanwhile: its session was closed.
         let lost = || Error::Lost(LossReason::SessionEnded);

@@ -1,6 +1,7 @@
-//! The backend value: the connection to the ensemble, the session in use (opened when
-//! there is none or the last one ended; its epoch checked), and the entries it has
-//! placed. Its [`Backend`](leasehold_core::Backend) methods are in `backend.rs`.
+//! The backend value: the connection to the ensemble, and the session in use.
+//! A session is opened when there is none or the last one ended, and its epoch is checked.
+//! The value also keeps the entries it has placed. Its
+//! [`Backend`](leasehold_core::Backend) methods are in `backend.rs`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -32,8 +33,8 @@ pub(crate) struct Inner {
     opening: AsyncMutex<()>,
     /// The node of each acquisition in progress or held.
     registry: Mutex<Registry>,
-    /// The epoch the first session found; a later session finding another one means the
-    /// ensemble lost its data.
+    /// The epoch the first session found.
+    /// A later session finding another one means the ensemble lost its data.
     epoch: OnceLock<String>,
     /// The negotiated session timeout, in milliseconds.
     timeout_ms: AtomicU64,
@@ -68,8 +69,9 @@ impl ZooKeeperBackend {
         Self::connect_url(url, &ConnectOptions::default()).await
     }
 
-    /// Connects to the ensemble at `url`, asking for the session timeout `connect` sets as
-    /// its session ttl (a URL that sets another is refused).
+    /// Connects to the ensemble at `url`, with the session ttl `connect` asks for.
+    /// That ttl is the session timeout asked of the server; a URL that sets another is
+    /// refused.
     ///
     /// # Cancel safety
     ///
@@ -83,8 +85,8 @@ impl ZooKeeperBackend {
         Self::open(target, options).await
     }
 
-    /// Connects to `servers` (`host:port` each), under `chroot` if given (created if
-    /// missing), with `options`.
+    /// Connects to `servers` (`host:port` each) with `options`, under `chroot` if given.
+    /// The chroot is created if missing.
     ///
     /// # Cancel safety
     ///
@@ -125,8 +127,8 @@ impl ZooKeeperBackend {
         Ok(backend)
     }
 
-    /// The negotiated session timeout: every grant's lease length (the server may narrow
-    /// the one asked for to its own bounds).
+    /// The negotiated session timeout, which is every grant's lease length.
+    /// The server may narrow the one asked for to its own bounds.
     pub fn session_timeout(&self) -> Duration {
         let negotiated = self.inner.timeout_ms.load(Ordering::Relaxed);
         if negotiated == 0 {
@@ -141,16 +143,18 @@ impl ZooKeeperBackend {
         self.current().map(|s| s.id)
     }
 
-    /// How many node events have woken a waiter of this backend so far (each is the
-    /// deletion or change of the one node a waiter watched): a diagnostic of hand-offs.
+    /// How many node events have woken a waiter of this backend so far.
+    /// Each is the deletion or change of the one node a waiter watched: a diagnostic of
+    /// hand-offs.
     pub fn watch_events(&self) -> u64 {
         self.inner.watch_events.load(Ordering::Relaxed)
     }
 
-    /// Closes this client's session: every lock, permit and candidacy it holds is freed at
-    /// once (no lock-delay follows a close), its waiters give up their places, and its
-    /// guards are lost ([`LossReason::SessionEnded`](leasehold_core::LossReason::SessionEnded)). A later acquisition opens a new
-    /// session.
+    /// Closes this client's session, freeing every lock, permit and candidacy it holds.
+    /// They are freed at once (no lock-delay follows a close), its waiters give up their
+    /// places, and its guards are lost
+    /// ([`LossReason::SessionEnded`](leasehold_core::LossReason::SessionEnded)). A later
+    /// acquisition opens a new session.
     ///
     /// # Cancel safety
     ///
@@ -172,12 +176,12 @@ impl ZooKeeperBackend {
         session.close().await
     }
 
-    /// Ends the session `id`, if it is still the one in use, and closes it in the
-    /// background: every guard on it is lost, and its nodes go. A release that could not
-    /// be confirmed is still a release: no lock-delay follows it (`marker`, the lock-delay
-    /// marker of an acquisition forgotten already), nor the others closed with it (as for
-    /// `close`). Markers that cannot be deleted now go when their sessions expire: no
-    /// later than after a crash.
+    /// Ends the session `id` if it is still in use, and closes it in the background.
+    /// Every guard on it is lost, and its nodes go. A release that could not be confirmed
+    /// is still a release: no lock-delay follows it (`marker`, the lock-delay marker of an
+    /// acquisition forgotten already), nor the others closed with it (as for `close`).
+    /// Markers that cannot be deleted now go when their sessions expire: no later than
+    /// after a crash.
     pub(crate) async fn end_session(&self, id: i64, marker: Option<Marker>) {
         let _opening = self.inner.opening.lock().await;
         let Some(taken) = self.slot().take_if(|s| s.id == id) else {

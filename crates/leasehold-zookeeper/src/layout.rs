@@ -59,17 +59,18 @@ impl Layout {
     }
 }
 
-/// The name (without the sequence number) of `owner`'s node in `mode`; `delayed` when the
-/// grant will have a lock-delay marker (a `d` after the mode: a waiter behind it knows that
-/// its deletion may leave the lock closed).
+/// The name (without the sequence number) of `owner`'s node in `mode`.
+/// With `delayed` (the grant will have a lock-delay marker), a `d` follows the mode: a
+/// waiter behind it knows that its deletion may leave the lock closed.
 pub(crate) fn node_prefix(owner: &OwnerId, mode: Mode, delayed: bool) -> String {
     let delayed = if delayed { "d" } else { "" };
     format!("{owner}-{}{delayed}{LOCK_SUFFIX}", mode_token(mode))
 }
 
-/// The "sequence number" of every lock-delay marker: higher than any ZooKeeper gives, and
-/// after every real one when compared as text (Curator's way), so that a marker is always
-/// last in its directory's queue for any recipe that counts it as a contender.
+/// The "sequence number" of every lock-delay marker, which puts it last in its queue.
+/// It is higher than any ZooKeeper gives, and after every real one when compared as text
+/// (Curator's way), so that a marker is always last in its directory's queue for any recipe
+/// that counts it as a contender.
 const MARKER_SEQ: &str = "9999999999";
 
 /// The name of the lock-delay marker of `owner`'s grant, in its set's directory.
@@ -94,8 +95,8 @@ fn mode_token(mode: Mode) -> String {
     }
 }
 
-/// The owner, mode and lock-delay flag of a node name without its sequence number, if
-/// [`node_prefix`] wrote it.
+/// The owner, mode and lock-delay flag in a node name without its sequence number.
+/// `None` unless [`node_prefix`] wrote it.
 pub(crate) fn parse_node_prefix(head: &str) -> Option<(OwnerId, Mode, bool)> {
     let (owner, token) = head.strip_suffix(LOCK_SUFFIX)?.rsplit_once('-')?;
     let (token, delayed) = match token.strip_suffix('d') {

@@ -1,7 +1,7 @@
-//! Lock-delay markers: a grant with a lock-delay also creates an ephemeral marker beside
-//! its node, owned by a lock-delay session whose timeout is longer by the delay (see
-//! `session.rs`). A marker whose owner has no node left closes the lock until that session
-//! expires; a release deletes it with the node.
+//! Lock-delay markers: one beside the node of each grant with a lock-delay.
+//! The marker is ephemeral, owned by a lock-delay session whose timeout is longer by the
+//! delay (see `session.rs`). A marker whose owner has no node left closes the lock until
+//! that session expires; a release deletes it with the node.
 
 use std::time::Duration;
 
@@ -31,10 +31,10 @@ pub(crate) struct Marker {
 }
 
 impl ZooKeeperBackend {
-    /// Creates the lock-delay marker of `placed`'s grant, owned by the session of `delay`,
-    /// beside the granted node (which keeps the directory from vanishing). The marker is
-    /// recorded before its create goes out: a release deletes it whatever became of the
-    /// create (dropped, unanswered).
+    /// Creates the lock-delay marker of `placed`'s grant, owned by the session of `delay`.
+    /// The marker is created beside the granted node (which keeps the directory from
+    /// vanishing), and recorded before its create goes out: a release deletes it whatever
+    /// became of the create (dropped, unanswered).
     pub(crate) async fn put_marker(
         &self,
         session: &Session,
@@ -73,8 +73,8 @@ impl ZooKeeperBackend {
     }
 }
 
-/// Deletes lock-delay markers on the lock-delay sessions that created them (best effort:
-/// one that stays goes when its session expires).
+/// Deletes lock-delay markers on the lock-delay sessions that created them.
+/// This is best effort: one that stays goes when its session expires.
 pub(crate) async fn delete(session: &Session, markers: Vec<Marker>) {
     let deletes = markers.into_iter().filter_map(|marker| {
         let client = session.open_delay_client(marker.delay, marker.session)?;
@@ -92,8 +92,8 @@ pub(crate) async fn delete(session: &Session, markers: Vec<Marker>) {
     join_all(deletes).await;
 }
 
-/// The paths of the lock-delay markers among `children` of `dir` whose owner has no node in
-/// `queue`: a holder that vanished without releasing.
+/// The paths of the lock-delay markers of holders that vanished without releasing.
+/// They are the markers among `children` of `dir` whose owner has no node in `queue`.
 pub(crate) fn orphans(children: &[String], queue: &[Contender], dir: &str) -> Vec<String> {
     children
         .iter()

@@ -34,8 +34,8 @@ const SESSION_TIMEOUT_RANGE: (Duration, Duration) =
     (Duration::from_millis(100), Duration::from_secs(3_600));
 
 impl ZooKeeperOptions {
-    /// The directory of the locks under the chroot: a lock's nodes are children of
-    /// `/<prefix>/<name>` (see the crate docs). 1–64 of `A-Z a-z 0-9 _ - . :`.
+    /// The directory of the locks under the chroot: 1–64 of `A-Z a-z 0-9 _ - . :`.
+    /// A lock's nodes are children of `/<prefix>/<name>` (see the crate docs).
     ///
     /// # Errors
     ///
@@ -52,10 +52,10 @@ impl ZooKeeperOptions {
         Ok(self)
     }
 
-    /// The session timeout to ask the server for: how long after this client goes silent
-    /// (crashed, partitioned, paused) the server ends its session and frees its locks, and
-    /// so every lock's lease length. The server may narrow it to its own bounds; the
-    /// negotiated timeout is used (see [`ZooKeeperBackend::session_timeout`]).
+    /// The session timeout to ask the server for, and so every lock's lease length.
+    /// It is how long after this client goes silent (crashed, partitioned, paused) the
+    /// server ends its session and frees its locks. The server may narrow it to its own
+    /// bounds; the negotiated timeout is used (see [`ZooKeeperBackend::session_timeout`]).
     ///
     /// # Errors
     ///
@@ -87,9 +87,9 @@ impl ZooKeeperOptions {
         Ok(self)
     }
 
-    /// Authenticate with ZooKeeper's `digest` scheme as `user`: the nodes this client
-    /// creates are then readable and writable by that identity only (ZooKeeper's
-    /// `CREATOR_ALL_ACL`), and it can use lock directories protected for it.
+    /// Authenticate with ZooKeeper's `digest` scheme as `user`.
+    /// The nodes this client creates are then readable and writable by that identity only
+    /// (ZooKeeper's `CREATOR_ALL_ACL`), and it can use lock directories protected for it.
     pub fn digest(mut self, user: &str, password: &str) -> Self {
         self.digest = Some((user.into(), Secret::new(password)));
         self
@@ -113,16 +113,16 @@ pub(crate) struct Target {
 }
 
 impl Target {
-    /// The connect string of the servers, without the chroot (the chroot is created if
-    /// missing and entered after connecting).
+    /// The connect string of the servers, without the chroot.
+    /// The chroot is created if missing and entered after connecting.
     pub(crate) fn connect_string(&self) -> String {
         self.hosts.join(",")
     }
 }
 
-/// Splits `zk://[user:pass@]h1:p1[,h2:p2…][/chroot][?params]` (or `zookeeper://…`) into
-/// the servers, the chroot and the options, with the session timeout `connect` asks for.
-/// Every message hides the password.
+/// Splits a `zk://` or `zookeeper://` URL into the servers, the chroot and the options.
+/// The URL is `zk://[user:pass@]h1:p1[,h2:p2…][/chroot][?params]`; the options take the
+/// session timeout `connect` asks for. Every message hides the password.
 pub(crate) fn parse_url(url: &str, connect: &ConnectOptions) -> Result<(Target, ZooKeeperOptions)> {
     let url = ParsedUrl::parse(
         url,
@@ -163,8 +163,8 @@ pub(crate) fn parse_url(url: &str, connect: &ConnectOptions) -> Result<(Target, 
     Ok((Target { hosts, chroot }, options))
 }
 
-/// A chroot as ZooKeeper accepts it: `/` then components that are not empty, `.` or `..`,
-/// of printable ASCII, not under the reserved `/zookeeper`.
+/// A chroot as ZooKeeper accepts it, not under the reserved `/zookeeper`.
+/// It is `/` followed by components that are not empty, `.` or `..`, of printable ASCII.
 fn check_chroot(chroot: &str) -> std::result::Result<String, String> {
     let components: Vec<&str> = chroot.split('/').skip(1).collect();
     let bad = components.iter().find(|c| {

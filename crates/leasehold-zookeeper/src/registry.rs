@@ -1,7 +1,7 @@
-//! The registry: the node this backend has placed, or is placing, for each acquisition, by
-//! owner — what a release needs to delete exactly its own node. An entry lives from the
-//! acquisition's first create to the answer of its release (or the end of its session),
-//! so the registry holds the client's current acquisitions and nothing else.
+//! The registry: by owner, the node each acquisition has placed or is placing.
+//! A release needs it to delete exactly its own node. An entry lives from the acquisition's
+//! first create to the answer of its release (or the end of its session), so the registry
+//! holds the client's current acquisitions and nothing else.
 
 use std::collections::HashMap;
 
@@ -42,8 +42,9 @@ pub(crate) enum Stage {
     Queued,
     /// Answered busy at least once.
     Waiting,
-    /// Waiting, and the one node in its way was deleted with nothing else able to get in
-    /// its way (see `reply::sole_blocker`): it holds, without listing the directory again.
+    /// Waiting, and holding now that the one node in its way was deleted.
+    /// Nothing else was able to get in its way (see `reply::sole_blocker`), so it holds
+    /// without listing the directory again.
     Woken,
     /// Granted.
     Granted,
@@ -59,8 +60,8 @@ pub(crate) struct Node {
     /// Its data version.
     pub(crate) version: i32,
     pub(crate) stage: Stage,
-    /// Its grant's lock-delay marker, recorded before the marker's create goes out: from
-    /// then on it may exist until a release deletes it.
+    /// Its grant's lock-delay marker, recorded before the marker's create goes out.
+    /// From then on it may exist until a release deletes it.
     pub(crate) marker: Option<Marker>,
 }
 
@@ -98,8 +99,9 @@ impl Registry {
         self.by_owner.get(owner).cloned()
     }
 
-    /// Records that the owner's create is about to go out in `dir` under `session`: if the
-    /// future is dropped or the answer is lost, a release still finds the node by its name.
+    /// Records that the owner's create is about to go out in `dir` under `session`.
+    /// If the future is dropped or the answer is lost, a release still finds the node by
+    /// its name.
     pub(crate) fn creating(&mut self, owner: &OwnerId, session: i64, dir: &str) {
         let dir = dir.to_owned();
         let state = State::Creating;
@@ -113,8 +115,8 @@ impl Registry {
         );
     }
 
-    /// Records the owner's node (its create was answered, or the node found), unless the
-    /// entry was forgotten meanwhile.
+    /// Records the owner's node, unless the entry was forgotten meanwhile.
+    /// The node's create was answered, or the node was found.
     pub(crate) fn created(&mut self, owner: &OwnerId, node: Node) {
         if let Some(placed) = self.by_owner.get_mut(owner) {
             placed.state = State::Created(node);

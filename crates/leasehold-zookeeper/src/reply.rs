@@ -1,5 +1,5 @@
-//! What a directory listing says: its contenders in queue order, who holds, and whom each
-//! waiter watches; and a holder's token.
+//! What a directory listing says, and a holder's token.
+//! A listing gives its contenders in queue order, who holds, and whom each waiter watches.
 //!
 //! A child whose name is not one this backend writes (Curator's `_c_<uuid>-lock-`, kazoo's
 //! `<uuid>__lock__`) is a foreign contender: an exclusive holder or waiter like any other,
@@ -34,8 +34,8 @@ impl leasehold_core::support::queue::Contender for Contender {
 }
 
 impl Contender {
-    /// Reads a child's name; `None` for a child without a sequence number (not a
-    /// contender of any queue recipe).
+    /// Reads a child's name; `None` for a child without a sequence number.
+    /// Such a child is not a contender of any queue recipe.
     pub(crate) fn parse(node: &str) -> Option<Contender> {
         let digits = node.len() - node.trim_end_matches(|c: char| c.is_ascii_digit()).len();
         // ZooKeeper writes at least ten digits.
@@ -57,8 +57,8 @@ impl Contender {
         })
     }
 
-    /// The owner to show for it: ours, or the name without its sequence number for a
-    /// foreign one (Curator's `_c_<uuid>-lock-`).
+    /// The owner to show for it: ours, or a foreign one's name without its sequence number.
+    /// A foreign name is, for example, Curator's `_c_<uuid>-lock-`.
     pub(crate) fn shown_owner(&self) -> OwnerId {
         if let Some(owner) = &self.owner {
             return owner.clone();
@@ -70,8 +70,8 @@ impl Contender {
     }
 }
 
-/// The contenders of a directory (its lock-delay markers left out), in queue order (by
-/// sequence number).
+/// The contenders of a directory, in queue order (by sequence number).
+/// Its lock-delay markers are left out.
 pub(crate) fn queue(children: &[String]) -> Vec<Contender> {
     let mut queue: Vec<Contender> = children
         .iter()
@@ -82,11 +82,12 @@ pub(crate) fn queue(children: &[String]) -> Vec<Contender> {
     queue
 }
 
-/// Which contenders of a queue hold, by the contract's one rule
-/// ([`leasehold_core::support::queue`]): the holders are a prefix of the queue, each
-/// permit counting with its own limit, so contenders become holders in queue order, the
-/// order of their nodes' czxids, their tokens. `set` is the mode of a request to the set:
-/// in a permit set, a foreign contender counts as a permit with that request's limit.
+/// Which contenders of a queue hold, by the contract's one rule.
+/// By that rule ([`leasehold_core::support::queue`]) the holders are a prefix of the
+/// queue, each permit counting with its own limit, so contenders become holders in queue
+/// order, the order of their nodes' czxids, their tokens. `set` is the mode of a request to
+/// the set: in a permit set, a foreign contender counts as a permit with that request's
+/// limit.
 pub(crate) fn holding(queue: &[Contender], set: Mode) -> Vec<bool> {
     let modes: Vec<Mode> = queue
         .iter()
@@ -98,9 +99,9 @@ pub(crate) fn holding(queue: &[Contender], set: Mode) -> Vec<bool> {
     leasehold_core::support::queue::holding(&modes)
 }
 
-/// The contenders whose change may let the one at `me` hold, and so the only ones it
-/// watches: a writer or a reader — the one in its way
-/// ([`blocker`](leasehold_core::support::queue::blocker)); a permit — the one just before it
+/// The contenders whose change may let the one at `me` hold: the only ones it watches.
+/// A writer or a reader watches the one in its way
+/// ([`blocker`](leasehold_core::support::queue::blocker)); a permit the one just before it
 /// while that one waits too (it touches its node when it is granted, see
 /// `Backend::acquire`), or every holder when it is the first to wait.
 ///
@@ -126,11 +127,11 @@ pub(crate) fn in_the_way<'q>(
     }
 }
 
-/// Whether the deletion of the one node the contender at `me` watches makes it a holder,
-/// with nothing to check: a writer second in line, or a reader behind exactly one writer,
-/// when no node ahead of it has a lock-delay marker (the going of such a node, the blocker
-/// or a reader holding beside it, may close the lock). Nodes created later come after
-/// `me`, so nothing else can get in the way.
+/// Whether the contender at `me` holds, with nothing to check, once its watched node goes.
+/// It does for a writer second in line, or a reader behind exactly one writer, when no node
+/// ahead of it has a lock-delay marker (the going of such a node, the blocker or a reader
+/// holding beside it, may close the lock). Nodes created later come after `me`, so nothing
+/// else can get in the way.
 pub(crate) fn sole_blocker(queue: &[Contender], me: usize) -> bool {
     let ahead = &queue[..me];
     if ahead.iter().any(|c| c.delayed) {

@@ -1,6 +1,7 @@
-//! The node requests the backend sends: the create of an acquisition's node with the
-//! listing of its directory, the search for the node of a create whose answer was lost,
-//! and the owner-checked delete of a node (with its lock-delay marker).
+//! The node requests the backend sends: create and list, search, and owner-checked delete.
+//! The create of an acquisition's node goes with the listing of its directory; the search
+//! finds the node of a create whose answer was lost; the delete of a node is owner-checked
+//! (and takes its lock-delay marker with it).
 
 use futures_util::future::join_all;
 use leasehold_core::backend::{Release, Request};
@@ -14,8 +15,8 @@ use crate::registry::{Node, Placed};
 use crate::reply::{self, or_empty};
 use crate::session::{Session, acls};
 
-/// How many times a create is retried when its directory vanishes between the mkdir and
-/// the create (ZooKeeper deletes empty container nodes).
+/// How many times a create is retried when its directory vanishes after the mkdir.
+/// ZooKeeper deletes empty container nodes, so that can happen before the create.
 const CREATE_ATTEMPTS: usize = 5;
 
 impl ZooKeeperBackend {
@@ -24,9 +25,9 @@ impl ZooKeeperBackend {
         mode.with_acls(acls(self.inner.options.digest.is_some()))
     }
 
-    /// Creates my node in `dir` and lists `dir`, back to back; records the node as the
-    /// owner's as soon as the create is answered (even if the listing is refused), and
-    /// returns its name and the listing.
+    /// Creates my node in `dir` and lists `dir`, back to back.
+    /// Returns the node's name and the listing; the node is recorded as the owner's as soon
+    /// as the create is answered (even if the listing is refused).
     pub(crate) async fn create_and_list(
         &self,
         client: &zk::Client,
@@ -64,10 +65,11 @@ impl ZooKeeperBackend {
         ))
     }
 
-    /// Lists `dir` as the leader has it: after a `sync`, which a follower answers once it
-    /// has applied everything the leader committed before (a session's requests are
-    /// answered in order, so the listing waits for it). For searching for the node of a
-    /// create whose answer was lost, which another server may not have applied yet.
+    /// Lists `dir` as the leader has it, after a `sync`.
+    /// A follower answers the `sync` once it has applied everything the leader committed
+    /// before (a session's requests are answered in order, so the listing waits for it).
+    /// For searching for the node of a create whose answer was lost, which another server
+    /// may not have applied yet.
     async fn list_synced(&self, client: &zk::Client, dir: &str) -> Result<Vec<String>> {
         let (synced, listed) = tokio::join!(client.sync(dir), client.list_children(dir));
         synced.map_err(|e| map(e, &format!("syncing {dir}")))?;
@@ -107,9 +109,9 @@ impl ZooKeeperBackend {
         Ok(deleted)
     }
 
-    /// Deletes the owner's node (and its lock-delay marker) by path and version; whether
-    /// a node was there to delete. An owner whose create went unanswered has the directory swept for
-    /// nodes named after it. `session` is the current session.
+    /// Deletes the owner's node (and its lock-delay marker) by path and version.
+    /// Returns whether a node was there to delete. An owner whose create went unanswered
+    /// has the directory swept for nodes named after it. `session` is the current session.
     pub(crate) async fn delete_node(
         &self,
         session: &Session,
@@ -188,8 +190,8 @@ impl ZooKeeperBackend {
         ))
     }
 
-    /// Finds the node of an unanswered create by its name and records it as the owner's:
-    /// the lowest such node, if several (the others are swept later).
+    /// Finds the node of an unanswered create by its name and records it as the owner's.
+    /// If there are several, it takes the lowest (the others are swept later).
     pub(crate) async fn adopt(
         &self,
         client: &zk::Client,

@@ -1,5 +1,5 @@
-//! The session: one ZooKeeper session per backend, serving every lock, permit and
-//! candidacy of that backend, and the task that tells its guards how far it can be trusted.
+//! The session, one per backend, and the task that tells its guards how far to trust it.
+//! One ZooKeeper session serves every lock, permit and candidacy of the backend.
 //!
 //! - **Alive**: a probe goes out every tenth of the negotiated session timeout (it also
 //!   keeps the session alive: the client library pings only an idle connection). The probe
@@ -43,8 +43,8 @@ fn validity(timeout: Duration) -> Duration {
     timeout.saturating_sub(timeout / 100 + Duration::from_millis(2))
 }
 
-/// How often the session is probed, and how long a probe may go unanswered before the
-/// session counts as suspended.
+/// How often the session is probed, and how long a probe may go unanswered.
+/// After that the session counts as suspended.
 fn cadence(timeout: Duration) -> Duration {
     (timeout / 10).max(Duration::from_millis(10))
 }
@@ -85,8 +85,8 @@ struct Heard {
 }
 
 impl Heard {
-    /// `opened`: before the session was created (by the leader, which then counts on it
-    /// for a whole timeout).
+    /// The record of a session created after `opened`.
+    /// The leader created it, and from then on counts on it for a whole timeout.
     fn new(opened: Instant, lag: Duration) -> Self {
         Self {
             lag,
@@ -95,8 +95,8 @@ impl Heard {
         }
     }
 
-    /// Records that a probe sent at `sent` was acknowledged; returns the instant the leader
-    /// is known to have heard from the session at or after.
+    /// Records that a probe sent at `sent` was acknowledged.
+    /// Returns the instant the leader is known to have heard from the session at or after.
     fn acknowledged(&mut self, sent: Instant) -> Instant {
         if self.lag.is_zero() {
             self.proven = self.proven.max(sent);
@@ -148,8 +148,8 @@ pub(crate) struct Session {
     options: Arc<ZooKeeperOptions>,
 }
 
-/// Connects a client to `target`'s servers with a session of `timeout`, enters the chroot
-/// (creating it if missing).
+/// Connects a client to `target`'s servers with a session of `timeout`.
+/// It enters the chroot, creating it if missing.
 async fn connect(
     target: &Target,
     options: &ZooKeeperOptions,
@@ -281,10 +281,10 @@ impl Session {
         self.delay_sessions().clear();
     }
 
-    /// The client of the lock-delay session for `delay` (see [`DelaySession`]), opened now
-    /// if there is none, for creating a marker under it: the marker is counted (until
-    /// [`marker_deleted`](Session::marker_deleted)) unless it was already, under the
-    /// session `counted`.
+    /// The client of the lock-delay session for `delay`, for creating a marker under it.
+    /// The session (see [`DelaySession`]) is opened now if there is none. The marker is
+    /// counted (until [`marker_deleted`](Session::marker_deleted)) unless it was already,
+    /// under the session `counted`.
     pub(crate) async fn delay_client(
         &self,
         delay: Duration,
@@ -322,8 +322,8 @@ impl Session {
         Ok(client)
     }
 
-    /// The client of the lock-delay session `id` (for `delay`) if it is still open (else
-    /// its markers are gone, or go when it expires).
+    /// The client of the lock-delay session `id` (for `delay`), if it is still open.
+    /// Else its markers are gone, or go when it expires.
     pub(crate) fn open_delay_client(&self, delay: Duration, id: i64) -> Option<zk::Client> {
         self.delay_sessions()
             .get(&delay_band(delay))
@@ -387,9 +387,10 @@ fn lock_delays(
     delays.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The lock-delay a marker keeps for `delay`: rounded up to whole milliseconds and then to
-/// one of four steps per doubling (4, 5, 6 or 7 × a power of two milliseconds: at most a
-/// quarter longer), so that the delays in use share a few lock-delay sessions.
+/// The lock-delay a marker keeps for `delay`, rounded up to one of a few steps.
+/// It is rounded up to whole milliseconds and then to one of four steps per doubling (4, 5,
+/// 6 or 7 × a power of two milliseconds: at most a quarter longer), so that the delays in
+/// use share a few lock-delay sessions.
 pub(crate) fn delay_band(delay: Duration) -> Duration {
     let mut ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
     if !delay.subsec_nanos().is_multiple_of(1_000_000) {
@@ -403,14 +404,14 @@ pub(crate) fn delay_band(delay: Duration) -> Duration {
     Duration::from_millis(ms.div_ceil(step).saturating_mul(step))
 }
 
-/// A lock-delay session: the owner of the lock-delay markers of one band of delays (see
-/// [`delay_band`]). Its timeout is the main session's plus the delay, plus its probe
-/// cadence (a twentieth of it): it is probed that often while the main session lives, so
-/// when both go silent (the process died, the link broke) its markers outlive the main
-/// session's nodes by the delay, less at most one server tick (ZooKeeper rounds expiries
-/// up to its tick). It is detached: dropping it leaves it to expire rather than closing
-/// it. Once none of this client's markers is under it for a main session timeout, it is
-/// dropped (it holds nothing: its expiry changes nothing).
+/// A lock-delay session: the owner of the lock-delay markers of one band of delays.
+/// Bands come from [`delay_band`]. Its timeout is the main session's plus the delay, plus
+/// its probe cadence (a twentieth of it): it is probed that often while the main session
+/// lives, so when both go silent (the process died, the link broke) its markers outlive the
+/// main session's nodes by the delay, less at most one server tick (ZooKeeper rounds
+/// expiries up to its tick). It is detached: dropping it leaves it to expire rather than
+/// closing it. Once none of this client's markers is under it for a main session timeout,
+/// it is dropped (it holds nothing: its expiry changes nothing).
 #[derive(Debug)]
 struct DelaySession {
     client: zk::Client,
@@ -542,8 +543,8 @@ async fn follow(
 
 /// How a session ended.
 enum Ended {
-    /// Its local deadline passed: its guards are lost at it (as disconnected if it was
-    /// suspended), and it is given up.
+    /// Its local deadline passed: its guards are lost at it, and it is given up.
+    /// They are lost as disconnected if it was suspended.
     Deadline(&'static str),
     /// The server or this client ended it: its guards are lost at once.
     Gone(String),

@@ -59,9 +59,9 @@ pub async fn connect(url: &str) -> Result<Client> {
     connect_with(url, ConnectOptions::default()).await
 }
 
-/// Connects to the lock service at `url` (see [`connect`]) with `options` that are not URL
-/// text: the session ttl of etcd, ZooKeeper (its session timeout) and PostgreSQL advisory
-/// locks. The ttl granted is the client's
+/// Connects to the lock service at `url` (see [`connect`]) with `options` not in the URL.
+/// `options` hold the session ttl of etcd, ZooKeeper (its session timeout) and PostgreSQL
+/// advisory locks. The ttl granted is the client's
 /// [`capabilities().session_ttl`](Capabilities::session_ttl).
 ///
 /// # Cancel safety
@@ -76,8 +76,8 @@ pub async fn connect_with(url: &str, options: ConnectOptions) -> Result<Client> 
     Ok(Client::builder_from_arc(open(url, &options).await?).build())
 }
 
-/// The backend behind `url`, for use with [`Client::builder_from_arc`] (to choose the
-/// clock or default options).
+/// The backend behind `url`, for use with [`Client::builder_from_arc`].
+/// A client built that way can choose its clock or default options.
 ///
 /// # Cancel safety
 ///
@@ -90,9 +90,10 @@ pub async fn connect_backend(url: &str) -> Result<Arc<dyn Backend>> {
     open(url, &ConnectOptions::default()).await
 }
 
-/// Every URL scheme, with the cargo feature that builds its backend in and whether this
-/// build has it: the one table that [`connect`] (and the table in its docs) and
-/// [`supported_schemes`] follow. The first scheme of a row is the one listed.
+/// The one table of URL schemes, which [`connect`] and [`supported_schemes`] follow.
+/// Each row has a backend's schemes, the cargo feature that builds the backend in, and
+/// whether this build has it; the table in [`connect`]'s docs follows it too. The first
+/// scheme of a row is the one listed.
 const SCHEMES: &[(&[&str], &str, bool)] = &[
     (&["memory"], "", true),
     (&["file"], "file", cfg!(feature = "file")),

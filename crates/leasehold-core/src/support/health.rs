@@ -1,5 +1,5 @@
-//! Noticing a connection that stopped answering without closing (a blackhole): the kind of
-//! broken connection a client library never learns about from its socket.
+//! Noticing a blackholed connection: one that stopped answering without closing.
+//! A client library never learns about that kind of broken connection from its socket.
 //!
 //! A partition that drops packets, or a peer that went away without a reset, leaves a TCP
 //! connection open and silent: requests go out, nothing comes back, and no error ever
@@ -11,8 +11,8 @@
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-/// How many requests in a row may be given up on, with nothing heard from the connection
-/// meanwhile, before it counts as stalled.
+/// How many requests in a row may be given up on before a connection counts as stalled.
+/// Only those given up on with nothing heard from the connection meanwhile count.
 pub const STALLS_BEFORE_REPLACING: u32 = 2;
 
 /// What one connection has answered, and how many requests went unanswered since.
@@ -30,9 +30,9 @@ impl Health {
         Self::default()
     }
 
-    /// A request is being sent: call [`InFlight::answered`] when its answer (or an error
-    /// from the connection) comes. Dropped without it, the request counts as given up on
-    /// (unless made [`uncounted`](InFlight::uncounted)).
+    /// A request is being sent: call [`InFlight::answered`] when its answer comes.
+    /// An error from the connection is an answer too. Dropped without that call, the
+    /// request counts as given up on (unless made [`uncounted`](InFlight::uncounted)).
     pub fn request(&self) -> InFlight<'_> {
         InFlight {
             health: self,
@@ -54,8 +54,9 @@ impl Health {
         }
     }
 
-    /// Whether [`STALLS_BEFORE_REPLACING`] requests in a row were given up on while the
-    /// connection said nothing: replace it.
+    /// Whether the connection stalled, and should be replaced.
+    /// Stalled: [`STALLS_BEFORE_REPLACING`] requests in a row were given up on while it
+    /// said nothing.
     pub fn is_stalled(&self) -> bool {
         self.stalls.load(Ordering::Acquire) >= STALLS_BEFORE_REPLACING
     }
@@ -86,9 +87,10 @@ pub struct InFlight<'a> {
 }
 
 impl InFlight<'_> {
-    /// Dropped unanswered, this request does not count: its caller may drop it for reasons
-    /// of its own (Redlock stops waiting for the nodes it no longer needs) and reports the
-    /// requests it gave up on itself ([`Health::given_up`]).
+    /// Makes this request not count if it is dropped unanswered.
+    /// Its caller may drop it for reasons of its own (Redlock stops waiting for the nodes
+    /// it no longer needs) and reports the requests it gave up on itself
+    /// ([`Health::given_up`]).
     pub fn uncounted(mut self) -> Self {
         self.counted = false;
         self

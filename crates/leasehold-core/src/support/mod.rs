@@ -1,5 +1,7 @@
-//! Helpers for backend implementors: who holds in a queue, connections that stopped
-//! answering, URLs, TLS files, key prefixes, credentials kept out of messages.
+//! Helpers for backend implementors, one concern per module.
+//!
+//! The concerns: who holds in a queue, connections that stopped answering, URLs, TLS files,
+//! key prefixes, credentials kept out of messages.
 
 pub mod health;
 mod prefix;

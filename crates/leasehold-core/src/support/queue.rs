@@ -57,13 +57,13 @@ pub fn holding<C: Contender>(queue: &[C]) -> Vec<bool> {
         .collect()
 }
 
-/// The contender whose going may let the waiting one at `me` hold — the only one it needs to
-/// watch, so that a release wakes one waiter, not all. An exclusive contender waits for the
-/// one just before it, a shared one for the nearest exclusive one before it; `None` when
-/// nothing before it is in its way. A permit may hold once any contender before it goes
-/// (each counts against its limit): `None` too, meaning every contender before it — a
-/// backend may narrow that (ZooKeeper watches the waiter just before it, which marks its
-/// node when it is granted).
+/// The one contender whose going may let the waiting one at `me` hold.
+/// The waiter watches only that one, so that a release wakes one waiter, not all. An
+/// exclusive contender waits for the one just before it, a shared one for the nearest
+/// exclusive one before it; `None` when nothing before it is in its way. A permit may hold
+/// once any contender before it goes (each counts against its limit): `None` too, meaning
+/// every contender before it — a backend may narrow that (ZooKeeper watches the waiter just
+/// before it, which marks its node when it is granted).
 pub fn blocker<C: Contender>(queue: &[C], me: usize) -> Option<usize> {
     let before = queue.get(..me)?;
     match queue[me].mode() {

@@ -1,5 +1,6 @@
-//! One reader for every backend's URL: scheme, credentials, hosts, path, and query
-//! parameters named by one table per backend ([`url_params!`](crate::support::url_params)).
+//! One reader for every backend's URL: scheme, credentials, hosts, path and parameters.
+//! The query parameters are named by one table per backend
+//! ([`url_params!`](crate::support::url_params)).
 //!
 //! `scheme://[user[:password]@]host[:port][,host[:port]…][/path][?name=value&…]`: the `url`
 //! crate reads one host per authority, so the authority is split here, on its last `@` and
@@ -15,9 +16,9 @@ use std::time::Duration;
 
 use crate::{Error, Result, parse_duration};
 
-/// `url` with any password replaced by `***`: in the user-info part
-/// (`redis://user:secret@host` → `redis://user:***@host`) and in `password=` query
-/// parameters. Every error and log message that shows a URL goes through this.
+/// `url` with any password replaced by `***`, in the user info or a `password=` parameter.
+/// For example `redis://user:secret@host` becomes `redis://user:***@host`. Every error and
+/// log message that shows a URL goes through this.
 ///
 /// ```
 /// use leasehold_core::support::redact_url;
@@ -66,8 +67,9 @@ impl fmt::Debug for Secret {
     }
 }
 
-/// `scheme://userinfo@hosts/path?query` as written: the scheme (`None` without `://`, and
-/// then all before `?` is the path), the user info, the hosts, the path and the query.
+/// `scheme://userinfo@hosts/path?query` as written, in its five parts.
+/// In order: the scheme (`None` without `://`, and then all before `?` is the path), the
+/// user info, the hosts, the path and the query.
 type Split<'a> = (
     Option<&'a str>,
     Option<&'a str>,
@@ -97,8 +99,8 @@ pub fn scheme(url: &str) -> Option<String> {
     (!scheme.is_empty() && scheme.chars().all(valid)).then(|| scheme.to_ascii_lowercase())
 }
 
-/// A backend's URL parameters, each with its name in URLs: what
-/// [`url_params!`](crate::support::url_params) implements from one list.
+/// A backend's URL parameters, each with its name in URLs.
+/// [`url_params!`](crate::support::url_params) implements it from one list.
 pub trait UrlParam: Copy + fmt::Debug + 'static {
     /// Every parameter, in the order messages list them.
     const ALL: &'static [Self];
@@ -112,8 +114,9 @@ pub trait UrlParam: Copy + fmt::Debug + 'static {
     }
 }
 
-/// Defines a backend's URL parameters from one list: `enum Param { Prefix = "prefix", … }`
-/// and its [`UrlParam`] implementation, for [`ParsedUrl::params`].
+/// Defines a backend's URL parameters and their [`UrlParam`] implementation from one list.
+/// The list reads `enum Param { Prefix = "prefix", … }`; [`ParsedUrl::params`] reads a
+/// URL's parameters as values of that enum.
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __url_params {
@@ -140,8 +143,9 @@ macro_rules! __url_params {
 #[doc(inline)]
 pub use crate::__url_params as url_params;
 
-/// One host of a URL: its name or address, percent-decoded (IPv6 without the brackets),
-/// and its port if given. `Display` writes it as the URL does (`h:1`, `[::1]:2`).
+/// One host of a URL: its name or address, and its port if given.
+/// The name is percent-decoded (an IPv6 address without the brackets). `Display` writes the
+/// host as the URL does (`h:1`, `[::1]:2`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Host {
@@ -208,8 +212,8 @@ impl fmt::Debug for ParsedUrl {
 }
 
 impl ParsedUrl {
-    /// Splits `url`, whose scheme must be one of `schemes` (lower case); `form` is what
-    /// messages say is expected (`"redis://host:port"`).
+    /// Splits `url`, whose scheme must be one of `schemes` (lower case).
+    /// `form` is what messages say is expected (`"redis://host:port"`).
     ///
     /// # Errors
     ///
@@ -265,8 +269,7 @@ impl ParsedUrl {
         decode_bytes(&self.path).map_err(|reason| self.invalid(reason))
     }
 
-    /// The URL of `host` under `scheme`, with the same credentials and path as given, and no
-    /// parameters.
+    /// `host`'s URL under `scheme`: the same credentials and path as given, no parameters.
     pub fn with_host(&self, scheme: &str, host: &Host) -> String {
         let userinfo = self.userinfo.as_ref().map(|info| format!("{info}@"));
         format!(

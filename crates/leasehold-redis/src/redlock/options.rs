@@ -8,8 +8,9 @@ use leasehold_core::{Error, Result};
 use crate::options::RedisOptions;
 
 url_params! {
-    /// The URL parameters of `redlock://`, each setting the option of its name; `tls=true`
-    /// makes every node `rediss://`, and the `tls_*` files are as for `rediss://`.
+    /// The URL parameters of `redlock://`, each setting the option of its name.
+    /// `tls=true` makes every node `rediss://`, and the `tls_*` files are as for
+    /// `rediss://`.
     pub(crate) enum Param {
         Prefix = "prefix",
         ConnectTimeout = "connect_timeout",
@@ -33,8 +34,8 @@ pub struct RedlockOptions {
 }
 
 impl Default for RedlockOptions {
-    /// 50 ms per node, fencing write-back on, quarantine = each request's ttl, key prefix
-    /// `leasehold`.
+    /// 50 ms per node, fencing write-back on, quarantine = each request's ttl.
+    /// The key prefix is `leasehold`.
     fn default() -> Self {
         Self {
             redis: RedisOptions::default(),
@@ -68,20 +69,20 @@ impl RedlockOptions {
         Ok(self)
     }
 
+    /// Whether to write a grant's token back to a majority, so tokens strictly increase.
     /// `true` (the default): unless a majority already stands at the grant's token, write
-    /// it back to a majority before the grant is used, so tokens strictly increase.
-    /// `false`: never a second round, but tokens taken from different majorities may go
-    /// backwards; do not fence with them.
+    /// it back to a majority before the grant is used. `false`: never a second round, but
+    /// tokens taken from different majorities may go backwards; do not fence with them.
     pub fn fencing(mut self, fencing: bool) -> Self {
         self.fencing = fencing;
         self
     }
 
-    /// How long a node refuses grants after it (re)started: it may have lost locks (an
-    /// empty restart, or a snapshot older than the last grants). Must be at least the
-    /// longest lease any client uses on these nodes; by default each request's own ttl.
-    /// Zero turns the check off (then restart nodes only after the longest lease, or run
-    /// them with `appendfsync always`).
+    /// How long a node refuses grants after it (re)started, as it may have lost locks.
+    /// It may have restarted empty, or from a snapshot older than the last grants. Must be
+    /// at least the longest lease any client uses on these nodes; by default each request's
+    /// own ttl. Zero turns the check off (then restart nodes only after the longest lease,
+    /// or run them with `appendfsync always`).
     pub fn quarantine(mut self, quarantine: Duration) -> Self {
         self.quarantine = Some(quarantine);
         self

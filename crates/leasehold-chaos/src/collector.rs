@@ -132,8 +132,9 @@ impl Collector {
         History::new(log.events.clone())
     }
 
-    /// Waits until an event of `kind` has been recorded, for at most `limit`; whether one
-    /// was.
+    /// Waits until an event of `kind` is recorded, for at most `limit`.
+    ///
+    /// Returns whether one was.
     ///
     /// # Cancel safety
     ///

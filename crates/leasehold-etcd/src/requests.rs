@@ -65,10 +65,10 @@ fn empty(dir: &str) -> Compare {
 /// The key's value is `value`, bound to its session's lease. Its answers:
 ///
 /// - succeeded (`Try`, `Join`): the queue was empty, the key was put and holds;
-/// - succeeded (`Woken`): the key is there; reads [contenders, markers];
-/// - failed (`Try`): nothing written; reads [contenders, markers, fence];
+/// - succeeded (`Woken`): the key is there; reads `[contenders, markers]`;
+/// - failed (`Try`): nothing written; reads `[contenders, markers, fence]`;
 /// - failed (`Join`): one nested transaction, which succeeded — the key was put; reads
-///   [put, contenders, markers] — or failed — nothing written; reads [fence];
+///   `[put, contenders, markers]` — or failed — nothing written; reads `[fence]`;
 /// - failed (`Woken`): the key is gone.
 ///
 /// A put whose fence moved writes nothing: the fence read says where it is now (or that

@@ -795,9 +795,8 @@ async fn a_blackholed_connection_is_replaced_after_requests_time_out() {
         .request_timeout(Duration::from_secs(1))
         .build()
         .unwrap();
-    let client = Client::builder(RedisBackend::connect(&url).await.unwrap())
-        .options(options)
-        .build();
+    let faults = Faulty::wrap(Arc::new(RedisBackend::connect(&url).await.unwrap()));
+    let client = Client::builder(faults.clone()).options(options).build();
     let other = client_of(&server).await;
     let held = other.mutex("blackholed").unwrap().lock().await.unwrap();
     // A waiter subscribed to the name's wake-ups through the connection before it broke;
@@ -806,7 +805,9 @@ async fn a_blackholed_connection_is_replaced_after_requests_time_out() {
         let mutex = client.mutex("blackholed").unwrap();
         tokio::spawn(async move { mutex.lock_timeout(Duration::from_secs(15)).await })
     };
-    until_waiting(&server, "blackholed").await;
+    // Subscribed (its first wait) and asleep (its second): no request of it is on the way
+    // when the link breaks.
+    faults.until_calls(Op::Wait, 2).await;
 
     proxy.cut_open(Direction::Both);
     // The first request times out with nothing heard back (its clean-up too); the next is
@@ -826,21 +827,4 @@ async fn a_blackholed_connection_is_replaced_after_requests_time_out() {
 
 async fn client_of(server: &Redis) -> Client {
     client(server, Duration::from_secs(5)).await
-}
-
-/// Waits until the server shows a waiter entry of `name`.
-async fn until_waiting(server: &Redis, name: &str) {
-    let observer = RedisBackend::connect(&server.url()).await.unwrap();
-    let lock = LockName::new(name).unwrap();
-    loop {
-        let state = observer.inspect(&lock).await.unwrap();
-        if !state.waiters.is_empty() {
-            return;
-        }
-        // Waiter entries are written by the acquire script; the inspect's hint wakes on
-        // the next change of the name.
-        let _ = observer
-            .wait(&lock, &state.hint, Duration::from_secs(1))
-            .await;
-    }
 }

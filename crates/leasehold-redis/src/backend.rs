@@ -49,10 +49,8 @@ async fn sweep_unused_channels(inner: Weak<Inner>, wakeups: Arc<Wakeups>) {
         let Some(inner) = inner.upgrade() else {
             return;
         };
-        let mut conn = inner.conn.current();
         let limit = inner.conn.options().connect_limit();
-        drop(inner);
-        wakeups.sweep(&mut conn, limit).await;
+        wakeups.sweep(&inner.conn, limit).await;
     }
 }
 
@@ -353,11 +351,10 @@ impl Backend for RedisBackend {
         };
         if !ticket.subscribed() {
             // Subscribe, then let the caller try again with the subscription in place.
-            let mut conn = self.inner.conn.for_request().await?;
             return self
                 .inner
                 .wakeups
-                .subscribe(&mut conn, &ticket.channel)
+                .subscribe(&self.inner.conn, &ticket.channel)
                 .await;
         }
         self.inner.wakeups.wait(ticket, max).await;

@@ -33,6 +33,8 @@ use redis::{PushInfo, PushKind, Value};
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
+use crate::connection::Connection;
+
 /// How long a channel nobody uses stays subscribed.
 pub(crate) const LINGER: Duration = Duration::from_secs(1);
 
@@ -62,6 +64,9 @@ struct State {
     strays: Vec<Arc<str>>,
     /// The sweep is parked until a channel goes unused.
     sweep_parked: bool,
+    /// Bumped when the connection is replaced: a `SUBSCRIBE` sent before is not on the
+    /// new one.
+    generation: u64,
     /// Stamps channels, so that a ticket of a dropped channel is not mistaken for one of a
     /// channel made again under the same name (0: never subscribed).
     epochs: u64,
@@ -207,16 +212,20 @@ impl Wakeups {
     /// others asked for meanwhile. Until it is subscribed, a channel has no state here:
     /// messages on it are dropped and its waiters are not registered.
     ///
+    /// The connection is taken once it is this call's turn; if it was replaced meanwhile,
+    /// the channels are strays and the caller looks again (and subscribes on the new one).
+    ///
     /// # Cancel safety
     ///
     /// If the future is dropped after the `SUBSCRIBE` went out, its channels are
     /// unsubscribed by a later sweep (unless needed again meanwhile); if before, the channel
     /// goes with the next `SUBSCRIBE`, and is swept once unused.
-    pub(crate) async fn subscribe(
-        &self,
-        conn: &mut ConnectionManager,
-        channel: &str,
-    ) -> Result<()> {
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unavailable`] if the `SUBSCRIBE` fails, or a stalled connection cannot be
+    /// replaced.
+    pub(crate) async fn subscribe(&self, connection: &Connection, channel: &str) -> Result<()> {
         {
             let mut state = self.state();
             if state.channels.contains_key(channel) {
@@ -225,7 +234,7 @@ impl Wakeups {
             state.pending.push(Arc::from(channel));
         }
         let _order = self.order.lock().await;
-        let batch: Vec<Arc<str>> = {
+        let (batch, generation) = {
             let mut state = self.state();
             if state.channels.contains_key(channel) {
                 // Subscribed by the SUBSCRIBE of someone who asked at the same time.
@@ -239,8 +248,9 @@ impl Wakeups {
                 // Taken by a SUBSCRIBE that failed: ask again.
                 batch.push(Arc::from(channel));
             }
-            batch
+            (batch, state.generation)
         };
+        let mut conn = connection.for_request().await?;
         // Strays unless the subscription is confirmed.
         let mut strays = Strays {
             wakeups: self,
@@ -253,8 +263,14 @@ impl Wakeups {
                 message: format!("redis: subscribing to wake-ups failed: {e}"),
                 source: Some(Arc::new(e)),
             })?;
-        let batch = std::mem::take(&mut strays.channels);
         let mut state = self.state();
+        if state.generation != generation {
+            // The connection was replaced meanwhile: whether they are subscribed on the new
+            // one is not known, so they are strays; the caller looks again.
+            drop(state);
+            return Ok(());
+        }
+        let batch = std::mem::take(&mut strays.channels);
         let now = Instant::now();
         for name in batch {
             state.epochs += 1;
@@ -332,13 +348,13 @@ impl Wakeups {
         }
     }
 
-    /// Drops the channels unused for [`LINGER`] and unsubscribes them (and the strays),
-    /// each `UNSUBSCRIBE` bounded by `limit`. Channels whose `UNSUBSCRIBE` failed are tried
-    /// again by the next sweep.
-    pub(crate) async fn sweep(&self, conn: &mut ConnectionManager, limit: Duration) {
+    /// Drops the channels unused for [`LINGER`] and unsubscribes them (and the strays) on
+    /// `connection`, each `UNSUBSCRIBE` bounded by `limit`. Channels whose `UNSUBSCRIBE`
+    /// failed are tried again by the next sweep.
+    pub(crate) async fn sweep(&self, connection: &Connection, limit: Duration) {
         let _order = self.order.lock().await;
         let now = Instant::now();
-        let names: Vec<Arc<str>> = {
+        let (names, mut conn) = {
             let mut state = self.state();
             let state = &mut *state;
             // Names asked for by subscribers that were cancelled before their SUBSCRIBE
@@ -356,7 +372,9 @@ impl Wakeups {
                 }
                 !drop
             });
-            names
+            // Taken with the names: a replacement either came before, and subscribed them
+            // on this connection, or comes after and finds them gone (see `replaced`).
+            (names, connection.current())
         };
         for (i, batch) in names.chunks(UNSUBSCRIBE_BATCH).enumerate() {
             let batch: Vec<&str> = batch.iter().map(|name| &**name).collect();
@@ -447,21 +465,48 @@ impl Wakeups {
     ///
     /// Dropped, the new connection is not used (its subscriptions go with it).
     ///
+    /// Returns the channels subscribed: pass them to [`replaced`](Wakeups::replaced) when
+    /// `conn` takes the old one's place.
+    ///
     /// # Errors
     ///
     /// [`Error::Unavailable`] if the `SUBSCRIBE` fails.
-    pub(crate) async fn subscribe_all(&self, conn: &mut ConnectionManager) -> Result<()> {
+    pub(crate) async fn subscribe_all(
+        &self,
+        conn: &mut ConnectionManager,
+    ) -> Result<Vec<Arc<str>>> {
         let names: Vec<Arc<str>> = self.state().channels.keys().cloned().collect();
         if names.is_empty() {
-            return Ok(());
+            return Ok(names);
         }
-        let names: Vec<&str> = names.iter().map(|name| &**name).collect();
-        conn.subscribe(&names)
+        let listed: Vec<&str> = names.iter().map(|name| &**name).collect();
+        conn.subscribe(&listed)
             .await
             .map_err(|e| Error::Unavailable {
                 message: format!("redis: subscribing to wake-ups on a new connection failed: {e}"),
                 source: Some(Arc::new(e)),
-            })
+            })?;
+        Ok(names)
+    }
+
+    /// Puts the new connection in place (`swap`), on which [`subscribe_all`] subscribed
+    /// `subscribed`: those dropped since are strays there, for the sweep to unsubscribe.
+    ///
+    /// [`subscribe_all`]: Wakeups::subscribe_all
+    pub(crate) fn replaced(&self, subscribed: Vec<Arc<str>>, swap: impl FnOnce()) {
+        let mut state = self.state();
+        swap();
+        state.generation += 1;
+        let before = state.strays.len();
+        let dropped: Vec<Arc<str>> = subscribed
+            .into_iter()
+            .filter(|name| !state.channels.contains_key(name))
+            .collect();
+        state.strays.extend(dropped);
+        if state.strays.len() > before && std::mem::take(&mut state.sweep_parked) {
+            drop(state);
+            self.idle.notify_one();
+        }
     }
 
     /// After a reconnection messages may have been lost: everyone re-checks.

@@ -11,4 +11,6 @@ pub mod wakeups;
 
 pub use prefix::check_key_prefix;
 pub use redact::redact_url;
+#[cfg(feature = "tls")]
+pub use tls::ServerCheck;
 pub use tls::TlsFiles;

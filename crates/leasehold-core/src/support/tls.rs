@@ -1,4 +1,5 @@
-//! TLS material from URL parameters, shared by the backends that speak TLS.
+//! TLS material from URL parameters, shared by the backends that speak TLS; with the `tls`
+//! feature, the rustls client configuration built from it.
 
 use crate::{Error, Result};
 
@@ -83,6 +84,181 @@ impl TlsFiles {
     }
 }
 
+/// How a TLS client checks the server's certificate (with the `tls` feature).
+#[cfg(feature = "tls")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ServerCheck {
+    /// Signed by a trusted CA, for the host connected to.
+    Full,
+    /// Signed by a trusted CA, whatever host it names.
+    Chain,
+    /// Not checked: the connection is encrypted, and the handshake's own signatures are
+    /// still verified.
+    None,
+}
+
+#[cfg(feature = "tls")]
+impl TlsFiles {
+    /// A rustls client configuration: the server's certificate checked as `check` says,
+    /// against the CAs of `tls_ca` (or the system's); the client certificate if there is
+    /// one. Its crypto provider (ring) is given to it, not installed for the process.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] naming the parameter whose file holds no usable
+    /// certificate or key.
+    pub fn client_config(&self, check: ServerCheck) -> Result<rustls::ClientConfig> {
+        use std::sync::Arc;
+
+        use rustls::client::WebPkiServerVerifier;
+        use rustls::client::danger::ServerCertVerifier;
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+        use self::lenient::Lenient;
+
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| Error::invalid("tls", e.to_string()))?;
+        let verifier: Arc<dyn ServerCertVerifier> = match check {
+            ServerCheck::None => Arc::new(Lenient {
+                chain: None,
+                provider,
+            }),
+            ServerCheck::Chain | ServerCheck::Full => {
+                let webpki = WebPkiServerVerifier::builder_with_provider(
+                    Arc::new(self.roots()?),
+                    provider.clone(),
+                )
+                .build()
+                .map_err(|e| Error::invalid("tls_ca", e.to_string()))?;
+                match check {
+                    ServerCheck::Full => webpki,
+                    _ => Arc::new(Lenient {
+                        chain: Some(webpki),
+                        provider,
+                    }),
+                }
+            }
+        };
+        let builder = builder
+            .dangerous()
+            .with_custom_certificate_verifier(verifier);
+        let Some((certificate, key)) = &self.client else {
+            return Ok(builder.with_no_client_auth());
+        };
+        let chain = CertificateDer::pem_slice_iter(certificate)
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| Error::invalid("tls_cert", format!("{e:?}")))?;
+        if chain.is_empty() {
+            return Err(Error::invalid("tls_cert", "no PEM certificate in it"));
+        }
+        let key = PrivateKeyDer::from_pem_slice(key)
+            .map_err(|e| Error::invalid("tls_key", format!("{e:?}")))?;
+        builder
+            .with_client_auth_cert(chain, key)
+            .map_err(|e| Error::invalid("tls_cert", e.to_string()))
+    }
+
+    /// The CAs of `tls_ca`, or the system's.
+    fn roots(&self) -> Result<rustls::RootCertStore> {
+        use rustls::pki_types::CertificateDer;
+        use rustls::pki_types::pem::PemObject;
+
+        let mut roots = rustls::RootCertStore::empty();
+        let Some(pem) = &self.ca else {
+            roots.add_parsable_certificates(rustls_native_certs::load_native_certs().certs);
+            return Ok(roots);
+        };
+        for certificate in CertificateDer::pem_slice_iter(pem) {
+            let certificate =
+                certificate.map_err(|e| Error::invalid("tls_ca", format!("{e:?}")))?;
+            roots
+                .add(certificate)
+                .map_err(|e| Error::invalid("tls_ca", e.to_string()))?;
+        }
+        if roots.is_empty() {
+            return Err(Error::invalid("tls_ca", "no PEM certificate in it"));
+        }
+        Ok(roots)
+    }
+}
+
+#[cfg(feature = "tls")]
+mod lenient {
+    use std::sync::Arc;
+
+    use rustls::client::WebPkiServerVerifier;
+    use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+    use rustls::crypto::CryptoProvider;
+    use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+    use rustls::{CertificateError, DigitallySignedStruct, Error, SignatureScheme};
+
+    /// A check short of [`ServerCheck::Full`](super::ServerCheck::Full): the chain without
+    /// the name (`chain`), or nothing but the handshake's signatures.
+    #[derive(Debug)]
+    pub(super) struct Lenient {
+        pub(super) chain: Option<Arc<WebPkiServerVerifier>>,
+        pub(super) provider: Arc<CryptoProvider>,
+    }
+
+    impl ServerCertVerifier for Lenient {
+        fn verify_server_cert(
+            &self,
+            end_entity: &CertificateDer<'_>,
+            intermediates: &[CertificateDer<'_>],
+            server_name: &ServerName<'_>,
+            ocsp_response: &[u8],
+            now: UnixTime,
+        ) -> Result<ServerCertVerified, Error> {
+            let Some(chain) = &self.chain else {
+                return Ok(ServerCertVerified::assertion());
+            };
+            match chain.verify_server_cert(
+                end_entity,
+                intermediates,
+                server_name,
+                ocsp_response,
+                now,
+            ) {
+                Err(Error::InvalidCertificate(
+                    CertificateError::NotValidForName
+                    | CertificateError::NotValidForNameContext { .. },
+                )) => Ok(ServerCertVerified::assertion()),
+                other => other,
+            }
+        }
+
+        fn verify_tls12_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, Error> {
+            let algorithms = &self.provider.signature_verification_algorithms;
+            rustls::crypto::verify_tls12_signature(message, cert, dss, algorithms)
+        }
+
+        fn verify_tls13_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, Error> {
+            let algorithms = &self.provider.signature_verification_algorithms;
+            rustls::crypto::verify_tls13_signature(message, cert, dss, algorithms)
+        }
+
+        fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+            self.provider
+                .signature_verification_algorithms
+                .supported_schemes()
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -116,5 +292,29 @@ mod tests {
         assert!(err.to_string().contains("rediss://"), "{err}");
         assert!(TlsFiles::default().check(false, "rediss").is_ok());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[cfg(feature = "tls")]
+    #[test]
+    fn a_client_configuration_names_the_file_that_holds_nothing_usable() {
+        let what = |files: &TlsFiles, check| match files.client_config(check) {
+            Err(Error::InvalidArgument { what, .. }) => what,
+            other => panic!("{:?}", other.map(|_| "a configuration")),
+        };
+        // (The system's CAs, which a check without `tls_ca` reads, are the system's affair.)
+        assert!(TlsFiles::default().client_config(ServerCheck::None).is_ok());
+        let files = TlsFiles {
+            ca: Some(b"not a certificate".to_vec()),
+            ..TlsFiles::default()
+        };
+        assert_eq!(what(&files, ServerCheck::Full), "tls_ca");
+        assert_eq!(what(&files, ServerCheck::Chain), "tls_ca");
+        // Without a check the CAs are not read.
+        assert!(files.client_config(ServerCheck::None).is_ok());
+        let files = TlsFiles {
+            client: Some((b"no certificate".to_vec(), b"no key".to_vec())),
+            ..TlsFiles::default()
+        };
+        assert_eq!(what(&files, ServerCheck::None), "tls_cert");
     }
 }

@@ -168,13 +168,7 @@ impl Wakeups {
             wakeups: self,
             channels: batch,
         };
-        let names: Vec<&str> = strays.channels.iter().map(|name| &**name).collect();
-        conn.subscribe(&names)
-            .await
-            .map_err(|e| Error::Unavailable {
-                message: format!("redis: subscribing to wake-ups failed: {e}"),
-                source: Some(Arc::new(e)),
-            })?;
+        send_subscribe(&mut conn, &strays.channels, "").await?;
         let state = self.state();
         if state.generation != generation {
             // The connection was replaced meanwhile: whether they are subscribed on the new
@@ -286,13 +280,7 @@ impl Wakeups {
         if names.is_empty() {
             return Ok(names);
         }
-        let listed: Vec<&str> = names.iter().map(|name| &**name).collect();
-        conn.subscribe(&listed)
-            .await
-            .map_err(|e| Error::Unavailable {
-                message: format!("redis: subscribing to wake-ups on a new connection failed: {e}"),
-                source: Some(Arc::new(e)),
-            })?;
+        send_subscribe(conn, &names, " on a new connection").await?;
         Ok(names)
     }
 
@@ -318,6 +306,21 @@ impl Wakeups {
     pub(crate) fn wake_all(&self) {
         self.board.wake_all();
     }
+}
+
+/// Sends one `SUBSCRIBE` of `names` on `conn` (`place` says where, in an error).
+async fn send_subscribe(
+    conn: &mut ConnectionManager,
+    names: &[Arc<str>],
+    place: &str,
+) -> Result<()> {
+    let names: Vec<&str> = names.iter().map(|name| &**name).collect();
+    conn.subscribe(&names)
+        .await
+        .map_err(|e| Error::Unavailable {
+            message: format!("redis: subscribing to wake-ups{place} failed: {e}"),
+            source: Some(Arc::new(e)),
+        })
 }
 
 /// Channels whose subscription is not confirmed (yet): strays if dropped so.

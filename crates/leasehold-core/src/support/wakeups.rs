@@ -262,11 +262,6 @@ impl Shared {
 }
 
 impl Ticket {
-    /// The name it waits on.
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
     /// Returns when the name was woken for this ticket's owner, or for everyone, since the
     /// ticket was taken; or after `limit`.
     ///

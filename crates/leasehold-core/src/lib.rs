@@ -7,8 +7,9 @@
 //! - [`backend::Backend`] — the narrow trait a lock server implements.
 //! - [`memory::InMemory`] — the reference backend, in process.
 //! - [`fencing::Fence`] — the resource-side token check, in process.
-//! - [`support`] — helpers for backend implementors (URLs, TLS files, key prefixes,
-//!   redaction).
+//! - [`support`] — helpers for backend implementors (the queue rule, the per-name wake-up
+//!   board, stalled connections, URLs, TLS files and, with the `tls` feature, their rustls
+//!   configuration, key prefixes, redaction).
 //! - `faulty::Faulty` — fault injection around any backend, and `clock::ManualClock` — time
 //!   moved by hand (both with the `test-util` feature).
 //!

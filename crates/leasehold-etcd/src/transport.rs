@@ -18,11 +18,9 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use hyper_util::rt::TokioIo;
-use leasehold_core::support::TlsFiles;
+use leasehold_core::support::{ServerCheck, TlsFiles};
 use leasehold_core::{Error, Result};
-use rustls::RootCertStore;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
@@ -83,46 +81,7 @@ pub(crate) fn channel(
 /// The CA certificates of `files` (or the system's), its client certificate if any, HTTP/2
 /// by ALPN (which etcd's TLS port needs for gRPC).
 fn tls_connector(files: &TlsFiles) -> Result<TlsConnector> {
-    let mut roots = RootCertStore::empty();
-    match &files.ca {
-        Some(pem) => {
-            for certificate in CertificateDer::pem_slice_iter(pem) {
-                let certificate =
-                    certificate.map_err(|e| Error::invalid("tls_ca", format!("{e:?}")))?;
-                roots
-                    .add(certificate)
-                    .map_err(|e| Error::invalid("tls_ca", e.to_string()))?;
-            }
-            if roots.is_empty() {
-                return Err(Error::invalid("tls_ca", "no PEM certificate in it"));
-            }
-        }
-        None => {
-            roots.add_parsable_certificates(rustls_native_certs::load_native_certs().certs);
-        }
-    }
-    let builder = rustls::ClientConfig::builder_with_provider(
-        rustls::crypto::ring::default_provider().into(),
-    )
-    .with_safe_default_protocol_versions()
-    .map_err(|e| Error::invalid("tls", e.to_string()))?
-    .with_root_certificates(roots);
-    let mut config = match &files.client {
-        None => builder.with_no_client_auth(),
-        Some((certificate, key)) => {
-            let chain = CertificateDer::pem_slice_iter(certificate)
-                .collect::<std::result::Result<Vec<_>, _>>()
-                .map_err(|e| Error::invalid("tls_cert", format!("{e:?}")))?;
-            if chain.is_empty() {
-                return Err(Error::invalid("tls_cert", "no PEM certificate in it"));
-            }
-            let key = PrivateKeyDer::from_pem_slice(key)
-                .map_err(|e| Error::invalid("tls_key", format!("{e:?}")))?;
-            builder
-                .with_client_auth_cert(chain, key)
-                .map_err(|e| Error::invalid("tls_cert", e.to_string()))?
-        }
-    };
+    let mut config = files.client_config(ServerCheck::Full)?;
     config.alpn_protocols = vec![b"h2".to_vec()];
     Ok(TlsConnector::from(Arc::new(config)))
 }

@@ -73,10 +73,11 @@ use leasehold_core::backend::{
     Acquire, Backend, Capabilities, Expiry, Grant, Holder, LockState, Mode, Release, Renewal,
     Request, TokenDurability, WaitHint, Waiter,
 };
+use leasehold_core::support::wakeups::Ticket;
 use leasehold_core::{Error, FencingToken, LockName, LossReason, OwnerId, Result};
 use rustix::fs::{FlockOperation, flock};
 
-use crate::notify::{Notifier, Version};
+use crate::notify::Notifier;
 use crate::registry::{Entry, Registry};
 
 /// The file of the fencing counters.
@@ -931,7 +932,7 @@ impl Backend for FileBackend {
     }
 
     async fn wait(&self, _name: &LockName, hint: &WaitHint, max: Duration) -> Result<()> {
-        self.inner.notifier.wait(hint.get::<Version>(), max).await;
+        self.inner.notifier.wait(hint.get::<Ticket>(), max).await;
         Ok(())
     }
 

@@ -4,72 +4,57 @@
 //! the kernel when the holder dies — raises `IN_CLOSE_WRITE` for that file; a release that
 //! deletes the lock file raises `IN_DELETE`, and a released permit touches the semaphore
 //! file (`IN_ATTRIB`). Holder records being written or deleted raise events too, which is
-//! what election observers need. Each event bumps a version counter of the lock name it
-//! belongs to; a waiter reads the counter *before* it tries the lock and sleeps until the
-//! counter moves, so a release between the try and the sleep is never missed.
+//! what election observers need. Each event wakes every waiter of the lock name it belongs
+//! to; a waiter takes its ticket *before* it tries the lock and sleeps until woken, so a
+//! release between the try and the sleep is never missed.
 //!
-//! A name has a counter only while a [`Version`] of it exists (a waiter's or an inspector's
-//! wait hint): events for other names are dropped, and a process that locks millions of
-//! distinct names keeps counters only for those it is waiting on.
+//! A name has state only while a [`Ticket`] of it exists (a waiter's or an inspector's wait
+//! hint, on the backend's wake-up board, `leasehold_core::support::wakeups`): events for
+//! other names are dropped, and a process that locks millions of distinct names keeps
+//! state only for those it is waiting on.
 //!
 //! Waiters keep their own descriptors open between tries, so a failed try of a waiter raises
 //! nothing and waking does not cascade.
 
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::watch;
+use leasehold_core::support::wakeups::{Board, Ticket};
 
-use crate::registry::{Entry, Registry};
-
-type Names = Registry<watch::Sender<u64>>;
-
-/// Per-name version counters, bumped by file events in the lock directory.
+/// The wake-up board of a lock directory, woken by its file events.
 #[derive(Debug)]
 pub(crate) struct Notifier {
-    names: Names,
+    board: Board,
     #[cfg(target_os = "linux")]
     reader: linux::Reader,
 }
 
-/// A name's version as seen before a try; keeps the name's counter alive while it exists.
-#[derive(Debug)]
-pub(crate) struct Version {
-    counter: Arc<Entry<watch::Sender<u64>>>,
-    seen: u64,
-}
-
 impl Notifier {
     pub(crate) fn new(dir: &Path) -> std::io::Result<Self> {
-        let names = Registry::new();
+        let board = Board::new();
         Ok(Self {
             #[cfg(target_os = "linux")]
-            reader: linux::Reader::new(dir, names.clone())?,
-            names,
+            reader: linux::Reader::new(dir, board.clone())?,
+            board,
         })
     }
 
-    /// How many names have a counter now.
+    /// How many names have state now.
     #[cfg(test)]
     pub(crate) fn tracked_names(&self) -> usize {
-        self.names.len()
+        self.board.len()
     }
 
-    /// The current version of `name`, watched for as long as the result lives. Read it
-    /// before trying the lock.
-    pub(crate) fn version(&self, name: &str) -> Version {
+    /// A ticket of `name`, watched for as long as it lives. Take it before trying the lock.
+    pub(crate) fn version(&self, name: &str) -> Ticket {
         #[cfg(target_os = "linux")]
         self.reader.ensure_running();
-        let counter = self
-            .names
-            .get_or_insert_with(name, || watch::Sender::new(0));
-        let seen = *counter.borrow();
-        Version { counter, seen }
+        self.board.ticket(name, None)
     }
 
-    /// Returns when the version differs from `seen` (`None`: at once), or after `max`.
-    pub(crate) async fn wait(&self, seen: Option<&Version>, max: Duration) {
+    /// Returns when `seen`'s name changed since it was taken (`None`: at once), or after
+    /// `max`.
+    pub(crate) async fn wait(&self, seen: Option<&Ticket>, max: Duration) {
         #[cfg(target_os = "linux")]
         let max = if self.reader.ensure_running() {
             max
@@ -79,14 +64,9 @@ impl Notifier {
         };
         #[cfg(not(target_os = "linux"))]
         let max = max.min(Duration::from_millis(50));
-        let Some(seen) = seen else {
-            return;
-        };
-        let mut rx = seen.counter.subscribe();
-        if seen.seen != *rx.borrow_and_update() {
-            return;
+        if let Some(seen) = seen {
+            seen.wait(max).await;
         }
-        let _ = tokio::time::timeout(max, rx.changed()).await;
     }
 }
 
@@ -97,19 +77,18 @@ mod linux {
     use std::path::Path;
     use std::sync::{Arc, Mutex};
 
+    use leasehold_core::support::wakeups::{Board, EVERYONE};
     use rustix::fs::inotify;
     use rustix::io::Errno;
     use tokio::io::unix::AsyncFd;
     use tokio::task::JoinHandle;
-
-    use super::Names;
 
     /// The inotify descriptor and the task reading it (started inside a runtime, and
     /// restarted if that runtime went away).
     #[derive(Debug)]
     pub(super) struct Reader {
         fd: Option<Arc<OwnedFd>>,
-        names: Names,
+        board: Board,
         task: Mutex<Option<JoinHandle<()>>>,
     }
 
@@ -122,7 +101,7 @@ mod linux {
     }
 
     impl Reader {
-        pub(super) fn new(dir: &Path, names: Names) -> std::io::Result<Self> {
+        pub(super) fn new(dir: &Path, board: Board) -> std::io::Result<Self> {
             let watch = || -> rustix::io::Result<OwnedFd> {
                 let fd =
                     inotify::init(inotify::CreateFlags::NONBLOCK | inotify::CreateFlags::CLOEXEC)?;
@@ -147,7 +126,7 @@ mod linux {
             };
             Ok(Self {
                 fd,
-                names,
+                board,
                 task: Mutex::new(None),
             })
         }
@@ -170,7 +149,7 @@ mod linux {
             let Ok(async_fd) = (unsafe { AsyncFd::register(Fd(fd.clone())) }) else {
                 return false;
             };
-            let names = self.names.clone();
+            let board = self.board.clone();
             *task = Some(runtime.spawn(async move {
                 let mut buf = [MaybeUninit::<u8>::uninit(); 4096];
                 loop {
@@ -200,9 +179,9 @@ mod linux {
                             }
                         }
                     }
-                    // Names nobody waits on have no counter: their events are dropped.
-                    for counter in names.live(&touched) {
-                        counter.send_modify(|v| *v += 1);
+                    // Names nobody waits on have no state: their events are dropped.
+                    for name in &touched {
+                        board.wake(name, [EVERYONE]);
                     }
                 }
             }));

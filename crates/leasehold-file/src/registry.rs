@@ -1,8 +1,8 @@
 //! Per-name state that lives exactly as long as someone holds a handle to it.
 //!
-//! A registry maps a lock name to a shared [`Entry`]. Whoever needs the state — a waiter's
-//! wait hint, a permit holder — keeps an `Arc` of the entry; when the last one is dropped the
-//! entry leaves the map. So a process that locks millions of distinct names keeps state
+//! A registry maps a lock name to a shared [`Entry`]. Whoever needs the state — a permit
+//! holder — keeps an `Arc` of the entry; when the last one is dropped the entry leaves the
+//! map. So a process that locks millions of distinct names keeps state
 //! only for the names in use right now.
 
 use std::collections::HashMap;
@@ -51,34 +51,10 @@ impl<T> Registry<T> {
         entry
     }
 
-    /// The live entries of `names` (each once), for the caller to use after the map is unlocked.
-    /// An entry must never be dropped while its map is locked.
-    pub(crate) fn live(&self, names: &[String]) -> Vec<Arc<Entry<T>>> {
-        let map = lock(&self.map);
-        let mut live: Vec<Arc<Entry<T>>> = Vec::new();
-        for name in names {
-            if let Some(entry) = map.get(name).and_then(Weak::upgrade)
-                && !live.iter().any(|e| Arc::ptr_eq(e, &entry))
-            {
-                live.push(entry);
-            }
-        }
-        drop(map);
-        live
-    }
-
     /// How many names have state now.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         lock(&self.map).len()
-    }
-}
-
-impl<T> Clone for Registry<T> {
-    fn clone(&self) -> Self {
-        Self {
-            map: self.map.clone(),
-        }
     }
 }
 
@@ -129,7 +105,6 @@ mod tests {
         let a = registry.get_or_insert_with("a", || 1);
         let again = registry.get_or_insert_with("a", || 2);
         assert_eq!(**again, 1);
-        assert_eq!(registry.live(&["a".into(), "b".into()]).len(), 1);
         drop(a);
         assert_eq!(registry.len(), 1);
         drop(again);

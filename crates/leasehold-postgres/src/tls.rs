@@ -11,15 +11,9 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use leasehold_core::support::TlsFiles;
-use leasehold_core::{Error, Result};
-use rustls::DigitallySignedStruct;
-use rustls::RootCertStore;
-use rustls::client::WebPkiServerVerifier;
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::crypto::CryptoProvider;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use leasehold_core::Result;
+use leasehold_core::support::{ServerCheck, TlsFiles};
+use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_postgres::Socket;
 use tokio_postgres::tls::{ChannelBinding, MakeTlsConnect, TlsConnect};
@@ -43,170 +37,17 @@ impl Tls {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] for files that hold no usable certificate or key.
+    /// [`Error::InvalidArgument`](leasehold_core::Error::InvalidArgument) for files that
+    /// hold no usable certificate or key.
     pub(crate) fn new(mode: SslMode, files: &TlsFiles) -> Result<Self> {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
-            .with_safe_default_protocol_versions()
-            .map_err(|e| Error::invalid("tls", e.to_string()))?;
-        let verifier: Arc<dyn ServerCertVerifier> = if mode.verifies() {
-            let webpki = WebPkiServerVerifier::builder_with_provider(
-                Arc::new(roots(files)?),
-                provider.clone(),
-            )
-            .build()
-            .map_err(|e| Error::invalid("tls_ca", e.to_string()))?;
-            if mode == SslMode::VerifyFull {
-                webpki
-            } else {
-                Arc::new(AnyName(webpki))
-            }
-        } else {
-            Arc::new(Unchecked(provider))
-        };
-        let builder = builder
-            .dangerous()
-            .with_custom_certificate_verifier(verifier);
-        let config = match &files.client {
-            None => builder.with_no_client_auth(),
-            Some((certificate, key)) => {
-                let chain = CertificateDer::pem_slice_iter(certificate)
-                    .collect::<std::result::Result<Vec<_>, _>>()
-                    .map_err(|e| Error::invalid("tls_cert", format!("{e:?}")))?;
-                if chain.is_empty() {
-                    return Err(Error::invalid("tls_cert", "no PEM certificate in it"));
-                }
-                let key = PrivateKeyDer::from_pem_slice(key)
-                    .map_err(|e| Error::invalid("tls_key", format!("{e:?}")))?;
-                builder
-                    .with_client_auth_cert(chain, key)
-                    .map_err(|e| Error::invalid("tls_cert", e.to_string()))?
-            }
+        let check = match mode {
+            SslMode::VerifyFull => ServerCheck::Full,
+            _ if mode.verifies() => ServerCheck::Chain,
+            _ => ServerCheck::None,
         };
         Ok(Self {
-            config: Arc::new(config),
+            config: Arc::new(files.client_config(check)?),
         })
-    }
-}
-
-/// The CAs of `files`, or the system's.
-fn roots(files: &TlsFiles) -> Result<RootCertStore> {
-    let mut roots = RootCertStore::empty();
-    match &files.ca {
-        Some(pem) => {
-            for certificate in CertificateDer::pem_slice_iter(pem) {
-                let certificate =
-                    certificate.map_err(|e| Error::invalid("tls_ca", format!("{e:?}")))?;
-                roots
-                    .add(certificate)
-                    .map_err(|e| Error::invalid("tls_ca", e.to_string()))?;
-            }
-            if roots.is_empty() {
-                return Err(Error::invalid("tls_ca", "no PEM certificate in it"));
-            }
-        }
-        None => {
-            roots.add_parsable_certificates(rustls_native_certs::load_native_certs().certs);
-        }
-    }
-    Ok(roots)
-}
-
-/// `verify-ca`: the chain is checked, the name is not.
-#[derive(Debug)]
-struct AnyName(Arc<WebPkiServerVerifier>);
-
-impl ServerCertVerifier for AnyName {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        server_name: &ServerName<'_>,
-        ocsp_response: &[u8],
-        now: UnixTime,
-    ) -> std::result::Result<ServerCertVerified, rustls::Error> {
-        match self
-            .0
-            .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
-        {
-            Err(rustls::Error::InvalidCertificate(
-                rustls::CertificateError::NotValidForName
-                | rustls::CertificateError::NotValidForNameContext { .. },
-            )) => Ok(ServerCertVerified::assertion()),
-            other => other,
-        }
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.0.supported_verify_schemes()
-    }
-}
-
-/// `prefer` and `require`: encrypted, the certificate not checked (the handshake's own
-/// signatures still are).
-#[derive(Debug)]
-struct Unchecked(Arc<CryptoProvider>);
-
-impl ServerCertVerifier for Unchecked {
-    fn verify_server_cert(
-        &self,
-        _: &CertificateDer<'_>,
-        _: &[CertificateDer<'_>],
-        _: &ServerName<'_>,
-        _: &[u8],
-        _: UnixTime,
-    ) -> std::result::Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
     }
 }
 

@@ -3,18 +3,19 @@
 //! election's leader) notify `<name> <owner> <owner>…` — whom they let in — or `<name> *`,
 //! in their own transaction, so the message leaves when the change commits.
 //!
-//! A waiter registers (takes a [`Ticket`]) *before* its request is sent: a message that
-//! arrives between the server's answer and the wait is not missed. Per-name state lives only
-//! while a ticket for the name does.
+//! A waiter takes a [`Ticket`] on the backend's wake-up board (`support::wakeups`) *before*
+//! its request is sent: a message that arrives between the server's answer and the wait is
+//! not missed. Per-name state lives only while a ticket for the name does.
 //!
 //! Where LISTEN is impossible (a transaction-pooling proxy) or the listening connection is
 //! down, waits fall back to polling: soon at first, less often the longer the owner waits.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use futures_util::StreamExt;
+use leasehold_core::support::wakeups::Board;
+pub(crate) use leasehold_core::support::wakeups::Ticket;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_postgres::AsyncMessage;
@@ -30,189 +31,56 @@ const LONGEST_RECONNECT_PAUSE: Duration = Duration::from_secs(2);
 /// The wake-up state of one backend.
 #[derive(Debug)]
 pub(crate) struct Wakeups {
-    names: Mutex<HashMap<Arc<str>, Entry>>,
-    /// Whether the listening connection listens, and how many times it has started to.
-    listener: watch::Sender<Listener>,
-}
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-struct Listener {
-    listening: bool,
-    /// Bumped on every (re)start: messages sent meanwhile may be lost, so every waiter
-    /// looks again.
-    generation: u64,
-}
-
-/// One name's messages so far.
-#[derive(Debug)]
-struct Entry {
-    tickets: usize,
-    versions: watch::Sender<Versions>,
-}
-
-#[derive(Debug, Clone, Default)]
-struct Versions {
-    /// Bumped by `*` messages.
-    everyone: u64,
-    /// Bumped by messages naming the owner; an owner is here while it has a ticket.
-    owners: HashMap<Arc<str>, (u64, usize)>,
-}
-
-/// What a waiter knew before its request was sent. Dropping it forgets the registration.
-#[derive(Debug)]
-pub(crate) struct Ticket {
-    wakeups: Arc<Wakeups>,
-    name: Arc<str>,
-    owner: Option<Arc<str>>,
-    everyone: u64,
-    mine: u64,
-    generation: u64,
+    board: Board,
+    /// Whether the listening connection listens.
+    listening: watch::Sender<bool>,
 }
 
 impl Wakeups {
     pub(crate) fn new() -> Arc<Self> {
         Arc::new(Self {
-            names: Mutex::default(),
-            listener: watch::Sender::new(Listener::default()),
+            board: Board::new(),
+            listening: watch::Sender::new(false),
         })
-    }
-
-    fn names(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, Entry>> {
-        self.names.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Completes when the listening connection listens.
     pub(crate) async fn until_listening(&self) {
-        let mut listener = self.listener.subscribe();
-        let _ = listener.wait_for(|l| l.listening).await;
+        let mut listening = self.listening.subscribe();
+        let _ = listening.wait_for(|l| *l).await;
     }
 
     /// Registers `owner` (or an observer: `None`) as waiting for `name`; call before the
     /// request is sent.
-    pub(crate) fn ticket(self: &Arc<Self>, name: &str, owner: Option<&str>) -> Ticket {
-        let generation = self.listener.borrow().generation;
-        let key: Arc<str> = Arc::from(name);
-        let mut names = self.names();
-        let entry = names.entry(key.clone()).or_insert_with(|| Entry {
-            tickets: 0,
-            versions: watch::Sender::new(Versions::default()),
-        });
-        entry.tickets += 1;
-        let owner: Option<Arc<str>> = owner.map(Arc::from);
-        let mut mine = 0;
-        entry.versions.send_modify(|v| {
-            if let Some(owner) = &owner {
-                let (version, tickets) = v.owners.entry(owner.clone()).or_insert((0, 0));
-                *tickets += 1;
-                mine = *version;
-            }
-        });
-        let everyone = entry.versions.borrow().everyone;
-        Ticket {
-            wakeups: self.clone(),
-            name: key,
-            owner,
-            everyone,
-            mine,
-            generation,
-        }
-    }
-
-    fn forget(&self, ticket: &Ticket) {
-        let mut names = self.names();
-        let Some(entry) = names.get_mut(&ticket.name) else {
-            return;
-        };
-        if let Some(owner) = &ticket.owner {
-            entry.versions.send_if_modified(|v| {
-                if let Some((_, tickets)) = v.owners.get_mut(owner) {
-                    *tickets -= 1;
-                    if *tickets == 0 {
-                        v.owners.remove(owner);
-                    }
-                }
-                false
-            });
-        }
-        entry.tickets -= 1;
-        if entry.tickets == 0 {
-            names.remove(&ticket.name);
-        }
+    pub(crate) fn ticket(&self, name: &str, owner: Option<&str>) -> Ticket {
+        self.board.ticket(name, owner)
     }
 
     /// A message from the channel: `<name> *` or `<name> <owner>…`.
     fn deliver(&self, payload: &str) {
         let mut parts = payload.split(' ');
-        let Some(name) = parts.next() else {
-            return;
-        };
-        let names = self.names();
-        let Some(entry) = names.get(name) else {
-            return;
-        };
-        entry.versions.send_if_modified(|v| {
-            let mut changed = false;
-            for owner in parts {
-                if owner == "*" {
-                    v.everyone += 1;
-                    changed = true;
-                } else if let Some((version, _)) = v.owners.get_mut(owner) {
-                    *version += 1;
-                    changed = true;
-                }
-            }
-            changed
-        });
+        if let Some(name) = parts.next() {
+            self.board.wake(name, parts);
+        }
     }
 
+    /// The listening connection started or stopped: every waiter looks again (messages
+    /// sent meanwhile may be lost; without it, waiters poll).
     fn set_listening(&self, listening: bool) {
-        self.listener.send_modify(|l| {
-            l.listening = listening;
-            if listening {
-                l.generation += 1;
-            }
-        });
+        self.listening.send_replace(listening);
+        self.board.wake_all();
     }
 
     /// Returns when a message for the ticket's owner (or for everyone) arrived after the
     /// ticket was taken, the listening connection restarted, or `limit` passed. Without a
     /// listening connection, `limit` is at most `poll`.
     pub(crate) async fn wait(&self, ticket: &Ticket, limit: Duration, poll: Duration) {
-        let mut listener = self.listener.subscribe();
-        let current = *listener.borrow_and_update();
-        if current.generation != ticket.generation {
-            return;
-        }
-        let limit = if current.listening {
+        let limit = if *self.listening.borrow() {
             limit
         } else {
             limit.min(poll)
         };
-        let Some(mut versions) = self
-            .names()
-            .get(&ticket.name)
-            .map(|e| e.versions.subscribe())
-        else {
-            return;
-        };
-        let woken = versions.wait_for(|v| {
-            v.everyone != ticket.everyone
-                || ticket
-                    .owner
-                    .as_ref()
-                    .is_some_and(|o| v.owners.get(o).is_some_and(|(n, _)| *n != ticket.mine))
-        });
-        tokio::select! {
-            _ = woken => {}
-            _ = listener.changed() => {}
-            () = tokio::time::sleep(limit) => {}
-        }
-    }
-}
-
-impl Drop for Ticket {
-    fn drop(&mut self) {
-        self.wakeups.forget(self);
+        ticket.wait(limit).await;
     }
 }
 
@@ -316,7 +184,7 @@ mod tests {
             .await
             .expect("b was woken by *");
         drop((a, b));
-        assert!(wakeups.names().is_empty(), "state left after the tickets");
+        assert!(wakeups.board.is_empty(), "state left after the tickets");
     }
 
     #[tokio::test]

@@ -1,7 +1,7 @@
 -- acquire, the fast path: a call of its own (LOCK, TOKEN; OWNER, TTL and a Redlock
--- QUARANTINE), made for an exclusive request without a value or lock-delay that has not
--- been waiting. Answers as acquire.lua does: the token; 0 if the name is not simply free
--- (the client makes the full call); busy during a Redlock quarantine.
+-- QUARANTINE), made for an exclusive request without a value or lock-delay on a name its
+-- client is not waiting on already. Answers as acquire.lua does: the token; 0 if the name
+-- is not simply free (the client makes the full call); busy during a Redlock quarantine.
 -- @token
 -- @quarantine
 

@@ -17,7 +17,7 @@ use crate::floors::{Floor, Floors};
 use crate::options::{RedisOptions, ReplicaAck, parse_url};
 use crate::reply::{self, Acquired};
 use crate::script::{CALLS, Call, Keys, Values, millis_up};
-use crate::wakeups::{Router, Seen, Ticket, Wakeups};
+use crate::wakeups::{Hint, Router, Wakeups};
 
 /// A Redis server holding locks. Clones share one multiplexed connection.
 #[derive(Debug, Clone)]
@@ -49,10 +49,8 @@ async fn sweep_unused_channels(inner: Weak<Inner>, wakeups: Arc<Wakeups>) {
         let Some(inner) = inner.upgrade() else {
             return;
         };
-        let mut conn = inner.conn.current();
         let limit = inner.conn.options().connect_limit();
-        drop(inner);
-        wakeups.sweep(&mut conn, limit).await;
+        wakeups.sweep(&inner.conn, limit).await;
     }
 }
 
@@ -105,7 +103,7 @@ impl RedisBackend {
         options: RedisOptions,
         node: bool,
     ) -> Result<(Self, Option<String>)> {
-        let wakeups = Arc::new(Wakeups::default());
+        let wakeups = Arc::new(Wakeups::new());
         let connected = connection::connect(url, &options, Router(wakeups.clone()), node).await?;
         let inner = Arc::new(Inner {
             conn: Connection::new(connected.conn, url, options, wakeups.clone(), !node),
@@ -210,28 +208,27 @@ impl RedisBackend {
 
     /// One acquire round trip (two when the fast path does not apply).
     async fn acquire_once(&self, req: &Request, keys: &Keys, node: NodeAcquire) -> Result<Acquire> {
-        // Read the wake-up versions before the request leaves, so that a release published
+        // Register for wake-ups before the request leaves, so that a release published
         // after the script ran cannot be missed. Only a request that will wait records
         // anything (no state per name for try_lock).
-        let owner = req.owner.as_str();
         let channel = keys.channel();
-        let seen = if req.waiting {
-            self.inner.wakeups.seen(channel, Some(owner))
-        } else {
-            Seen::default()
-        };
+        let ticket = req
+            .waiting
+            .then(|| self.inner.wakeups.ticket(channel, Some(req.owner.as_str())))
+            .flatten();
         let values = Values {
             quarantine_ms: node.quarantine_ms,
             fresh_token: node.redlock,
             ..Values::of(req)
         };
-        // An exclusive request that has not been busy yet tries the fast path first, with
-        // only the keys it touches; if the name is not simply free, the script says so and
-        // the full call follows.
+        // An exclusive request tries the fast path first, with only the keys it touches,
+        // unless this client waits on the name already (it is subscribed to it: the name
+        // is contended); if the name is not simply free, the script says so and the full
+        // call follows.
         let fast = req.mode == Mode::Exclusive
             && req.lock_delay.is_none()
             && req.value.is_none()
-            && !seen.waited;
+            && ticket.is_none();
         let (fast_call, full_call) = CALLS.acquire_of(node.redlock);
         let mut answer = Acquired::NotFast;
         if fast {
@@ -241,21 +238,14 @@ impl RedisBackend {
             answer = reply::acquired(self.run(full_call, keys, &values).await?);
         }
         match answer {
-            Acquired::Granted(token) => {
-                if seen.registered {
-                    self.inner.wakeups.forget(channel, owner);
-                }
-                Ok(Acquire::Granted(Grant::new(
-                    FencingToken::new(token),
-                    Expiry::After(Duration::from_millis(millis_up(req.ttl))),
-                )))
-            }
+            Acquired::Granted(token) => Ok(Acquire::Granted(Grant::new(
+                FencingToken::new(token),
+                Expiry::After(Duration::from_millis(millis_up(req.ttl))),
+            ))),
             Acquired::Busy(_) if !req.waiting => Ok(Acquire::Busy(WaitHint::none())),
-            Acquired::Busy(retry) => {
-                let mut ticket = seen.ticket(channel, Some(owner));
-                ticket.retry = retry;
-                Ok(Acquire::Busy(WaitHint::new(ticket)))
-            }
+            Acquired::Busy(retry) => Ok(Acquire::Busy(WaitHint::new(Hint::new(
+                channel, ticket, retry,
+            )))),
             Acquired::NotFast => Err(crate::error::unexpected("acquire", 0)),
         }
     }
@@ -345,9 +335,6 @@ impl Backend for RedisBackend {
 
     async fn release(&self, req: &Request) -> Result<Release> {
         let keys = self.keys(&req.name);
-        self.inner
-            .wakeups
-            .forget(keys.channel(), req.owner.as_str());
         Ok(if self.release_script(req, &keys).await? {
             Release::Released
         } else {
@@ -356,26 +343,24 @@ impl Backend for RedisBackend {
     }
 
     async fn wait(&self, _name: &LockName, hint: &WaitHint, max: Duration) -> Result<()> {
-        let Some(ticket) = hint.get::<Ticket>() else {
+        let Some(hint) = hint.get::<Hint>() else {
             return Ok(());
         };
-        if !ticket.subscribed() {
+        if !hint.subscribed() {
             // Subscribe, then let the caller try again with the subscription in place.
-            let mut conn = self.inner.conn.for_request().await?;
             return self
                 .inner
                 .wakeups
-                .subscribe(&mut conn, &ticket.channel)
+                .subscribe(&self.inner.conn, hint.channel())
                 .await;
         }
-        self.inner.wakeups.wait(ticket, max).await;
+        self.inner.wakeups.wait(hint, max).await;
         Ok(())
     }
 
     async fn inspect(&self, name: &LockName) -> Result<LockState> {
         let keys = self.keys(name);
-        let channel = keys.channel();
-        let mut ticket = self.inner.wakeups.seen(channel, None).ticket(channel, None);
+        let ticket = self.inner.wakeups.ticket(keys.channel(), None);
         let probe = Request::new(
             name.clone(),
             OwnerId::parse("inspect").unwrap_or_else(|_| OwnerId::generate()),
@@ -384,8 +369,7 @@ impl Backend for RedisBackend {
         );
         let reply: redis::Value = self.run(&CALLS.inspect, &keys, &Values::of(&probe)).await?;
         let (mut state, retry) = reply::inspected(&reply)?;
-        ticket.retry = retry;
-        state.hint = WaitHint::new(ticket);
+        state.hint = WaitHint::new(Hint::new(keys.channel(), ticket, retry));
         Ok(state)
     }
 }

@@ -147,8 +147,10 @@ impl Connection {
         )
         .await?
         .conn;
-        self.wakeups.subscribe_all(&mut fresh).await?;
-        *self.current.write().unwrap_or_else(|e| e.into_inner()) = fresh;
+        let subscribed = self.wakeups.subscribe_all(&mut fresh).await?;
+        self.wakeups.replaced(subscribed, || {
+            *self.current.write().unwrap_or_else(|e| e.into_inner()) = fresh;
+        });
         *replaced = Some(std::time::Instant::now());
         self.health.reset();
         self.wakeups.wake_all();

@@ -10,7 +10,7 @@ use leasehold_core::{LockName, Result};
 use crate::backend::{NodeAcquire, RedisBackend};
 use crate::options::RedisOptions;
 use crate::script::millis_up;
-use crate::wakeups::Ticket;
+use crate::wakeups::Hint;
 
 /// A Redlock node.
 #[derive(Debug, Clone)]
@@ -88,15 +88,15 @@ impl Node {
         self.redis.inspect(name).await
     }
 
-    /// Whether this node's busy answer can be waited on (it carries a wake-up ticket).
+    /// Whether this node's busy answer can be waited on (it carries a wake-up hint).
     pub(crate) fn can_wait(hint: &WaitHint) -> bool {
-        hint.get::<Ticket>().is_some()
+        hint.get::<Hint>().is_some()
     }
 
     /// Whether waiting on this node's busy answer first needs a subscription.
     /// The first [`wait`](Node::wait) makes it and returns.
     pub(crate) fn must_subscribe(hint: &WaitHint) -> bool {
-        hint.get::<Ticket>().is_some_and(|t| !t.subscribed())
+        hint.get::<Hint>().is_some_and(|h| !h.subscribed())
     }
 
     /// How many lock names this node's connection keeps wake-up state for.

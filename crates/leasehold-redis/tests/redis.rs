@@ -829,3 +829,66 @@ async fn a_blackholed_connection_is_replaced_after_requests_time_out() {
     let woken = waiting.await.unwrap().unwrap();
     assert!(woken.is_some(), "the waiter was not woken");
 }
+
+/// A connection replaced while a wake-up channel it had is being dropped keeps no
+/// subscription of it: the sweep that drops the channel unsubscribes it where it is
+/// subscribed now (the new connection), not only on the connection it started with.
+#[tokio::test]
+async fn a_replaced_connection_keeps_no_subscription_of_a_dropped_channel() {
+    /// How long a channel nobody uses stays subscribed (`wakeups::LINGER`).
+    const LINGER: Duration = Duration::from_secs(1);
+    let server = Redis::start().await.unwrap();
+    let proxy = FaultProxy::start(server.addr()).await.unwrap();
+    let backend = RedisBackend::connect(&format!("redis://127.0.0.1:{}", proxy.port()))
+        .await
+        .unwrap();
+    let name = |name: &str| LockName::new(name).unwrap();
+    // An observer of "left" subscribes to it (its first wait) and is gone: the channel
+    // is unused from now on, and swept a linger later.
+    let state = backend.inspect(&name("left")).await.unwrap();
+    backend
+        .wait(&name("left"), &state.hint, Duration::from_secs(1))
+        .await
+        .unwrap();
+    drop(state);
+    assert_eq!(lock_channels(&server).await, 1);
+    // The connection goes silent while an observer of "stuck" subscribes through it: its
+    // SUBSCRIBE holds the subscriptions' order until the link heals.
+    let stuck = backend.inspect(&name("stuck")).await.unwrap();
+    proxy.cut_open(Direction::Both);
+    let subscribing = {
+        let backend = backend.clone();
+        tokio::spawn(async move {
+            backend
+                .wait(&name("stuck"), &stuck.hint, Duration::from_secs(1))
+                .await
+        })
+    };
+    // The sweep of "left" is due now: it starts, and waits behind that SUBSCRIBE. (Only
+    // the old code's race needs this pause to show; the outcome must not depend on it.)
+    tokio::time::sleep(LINGER + LINGER / 2).await;
+    // Two requests given up on in silence; the third goes out on a new connection, with
+    // "left" (not swept yet) subscribed on it.
+    let probe = name("probe");
+    for _ in 0..2 {
+        let given_up = tokio::time::timeout(Duration::from_millis(200), backend.inspect(&probe));
+        assert!(given_up.await.is_err());
+    }
+    backend.inspect(&probe).await.unwrap();
+    // The old connection answers again: the SUBSCRIBE completes, the sweep goes on.
+    proxy.heal();
+    subscribing.await.unwrap().unwrap();
+    let deadline = tokio::time::Instant::now() + 30 * LINGER;
+    loop {
+        let left = lock_channels(&server).await;
+        if left == 0 && backend.wakeup_channels() == 0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{left} lock channels are still subscribed, {} known to the client",
+            backend.wakeup_channels()
+        );
+        tokio::time::sleep(LINGER / 10).await;
+    }
+}

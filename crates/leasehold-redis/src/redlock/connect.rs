@@ -19,7 +19,7 @@ use leasehold_core::{Error, Result};
 use tokio::sync::mpsc;
 
 use super::options::RedlockOptions;
-use super::quorum::quorum;
+use super::quorum::Majority;
 use crate::node::Node;
 
 /// The first pause between connection attempts of a node, doubled up to [`MAX_PAUSE`].
@@ -82,7 +82,8 @@ pub(super) async fn connect(
     }
     refuse_same_address(urls).await?;
     let n = urls.len();
-    let quorum = quorum(n);
+    let majority = Majority::of(n);
+    let quorum = majority.quorum();
     let mut warnings = Vec::new();
     if n.is_multiple_of(2) {
         warnings.push(format!(
@@ -126,8 +127,8 @@ pub(super) async fn connect(
         }
         Ok(())
     };
-    while connected(&outcome) < quorum {
-        if n - failed(&outcome) < quorum {
+    while !majority.reached(connected(&outcome)) {
+        if majority.out_of_reach(failed(&outcome)) {
             return Err(Error::unavailable(format!(
                 "only {} of {n} redis nodes are reachable; a majority ({quorum}) is needed",
                 connected(&outcome)

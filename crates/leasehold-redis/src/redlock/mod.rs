@@ -42,11 +42,11 @@ use leasehold_core::backend::{
     Acquire, Backend, Capabilities, Expiry, Grant, Holder, LockState, Release, Renewal, Request,
     TokenDurability, WaitHint, Waiter,
 };
-use leasehold_core::{Error, FencingToken, LockName, LossReason, OwnerId, Result};
+use leasehold_core::{Error, LockName, LossReason, OwnerId, Result};
 
 use crate::node::Node;
 pub use options::RedlockOptions;
-use quorum::{out_of_reach, quorum, validity};
+use quorum::{Majority, validity};
 
 /// Locks held by a majority of independent Redis masters.
 #[derive(Debug, Clone)]
@@ -57,7 +57,7 @@ pub struct RedlockBackend {
 #[derive(Debug)]
 struct Inner {
     nodes: Arc<connect::Nodes>,
-    quorum: usize,
+    majority: Majority,
     options: RedlockOptions,
     warnings: Vec<String>,
 }
@@ -113,7 +113,7 @@ impl RedlockBackend {
         }
         Ok(Self {
             inner: Arc::new(Inner {
-                quorum: quorum(urls.len()),
+                majority: Majority::of(urls.len()),
                 nodes,
                 options,
                 warnings,
@@ -140,7 +140,7 @@ impl RedlockBackend {
 
     /// The number of nodes that must agree.
     pub fn quorum(&self) -> usize {
-        self.inner.quorum
+        self.inner.majority.quorum()
     }
 
     /// Runs `call` on node `i`, bounded by the node timeout; an error if it is not connected (yet).
@@ -255,7 +255,7 @@ impl Backend for RedlockBackend {
     async fn acquire(&self, req: &Request) -> Result<Acquire> {
         let node_req = Self::node_request(req);
         let quarantine = self.inner.options.quarantine.unwrap_or(req.ttl);
-        let quorum = self.inner.quorum;
+        let majority = self.inner.majority;
         let started = std::time::Instant::now();
         // Done as soon as a majority granted: a node that grants later grants to the same
         // owner, and renewal and release reach every node.
@@ -263,11 +263,12 @@ impl Backend for RedlockBackend {
             .until(
                 |node| node.acquire(&node_req, quarantine),
                 |answers| {
-                    answers
-                        .iter()
-                        .filter(|(_, a)| matches!(a, Ok(Acquire::Granted(_))))
-                        .count()
-                        >= quorum
+                    majority.reached(
+                        answers
+                            .iter()
+                            .filter(|(_, a)| matches!(a, Ok(Acquire::Granted(_))))
+                            .count(),
+                    )
                 },
             )
             .await;
@@ -291,25 +292,25 @@ impl Backend for RedlockBackend {
                 Err(_) => to_release.push(i),
             }
         }
-        if tokens.len() >= self.inner.quorum
-            && let Some(&token) = tokens.iter().max()
-        {
-            // A majority whose counters already stand at the token needs no write-back:
-            // the write-back would leave the same state (the next grant's majority meets
-            // one of them, whose INCR goes above the token).
-            let at_max = tokens.iter().filter(|&&t| t == token).count();
-            let written = if self.inner.options.fencing && at_max < quorum {
+        // A majority whose counters already stand at the token needs no write-back: the
+        // write-back would leave the same state (the next grant's majority meets one of
+        // them, whose INCR goes above the token).
+        if let Some((token, write_back)) = majority.granted(&tokens) {
+            let written = if self.inner.options.fencing && write_back {
+                let ok = |answers: &[(usize, Result<()>)]| {
+                    answers.iter().filter(|(_, a)| a.is_ok()).count()
+                };
                 let raised = self
                     .until(
                         |node| node.raise(&node_req, token.get()),
-                        |answers| answers.iter().filter(|(_, a)| a.is_ok()).count() >= quorum,
+                        |answers| majority.reached(ok(answers)),
                     )
                     .await;
-                raised.iter().filter(|(_, a)| a.is_ok()).count()
+                ok(&raised)
             } else {
                 self.inner.nodes.len()
             };
-            if written >= quorum
+            if majority.reached(written)
                 && let Some(left) = validity(Node::lease(req.ttl), started.elapsed())
             {
                 return Ok(Acquire::Granted(Grant::new(token, Expiry::After(left))));
@@ -317,7 +318,7 @@ impl Backend for RedlockBackend {
         }
         // Not granted: give back every part, also where the answer was lost. Without enough
         // answers it is not contention but an outage: release everywhere.
-        if answered < self.inner.quorum || tokens.len() >= self.inner.quorum {
+        if majority.release_everywhere(answered, tokens.len()) {
             self.release_everywhere(&node_req).await;
         } else {
             let node_req = &node_req;
@@ -328,11 +329,11 @@ impl Backend for RedlockBackend {
             )
             .await;
         }
-        if answered < self.inner.quorum {
+        if !majority.reached(answered) {
             return Err(Error::unavailable(format!(
                 "only {answered} of {} redis nodes answered; a majority ({}) is needed",
                 self.inner.nodes.len(),
-                self.inner.quorum
+                majority.quorum()
             )));
         }
         Ok(self.busy(req, hints, !tokens.is_empty()))
@@ -350,11 +351,12 @@ impl Backend for RedlockBackend {
             .iter()
             .filter(|a| matches!(a, Ok(Renewal::Lost(_))))
             .count();
-        if renewed >= self.inner.quorum {
+        let majority = self.inner.majority;
+        if majority.reached(renewed) {
             let left = validity(Node::lease(req.ttl), started.elapsed());
             return Ok(Renewal::Renewed(Expiry::After(left.unwrap_or_default())));
         }
-        if out_of_reach(self.inner.nodes.len(), gone) {
+        if majority.out_of_reach(gone) {
             // Too few nodes still hold it for a majority ever to renew again.
             return Ok(Renewal::Lost(LossReason::NotOwner));
         }
@@ -362,7 +364,7 @@ impl Backend for RedlockBackend {
             "only {renewed} of {} redis nodes renewed {}; a majority ({}) is needed",
             self.inner.nodes.len(),
             req.name,
-            self.inner.quorum
+            majority.quorum()
         )))
     }
 
@@ -447,28 +449,30 @@ impl Backend for RedlockBackend {
                 Err(_) => hints.push(WaitHint::none()),
             }
         }
-        let quorum = self.inner.quorum;
+        let majority = self.inner.majority;
         let mut state = LockState::new(WaitHint::new(Hint {
             nodes: hints,
             jitter: Duration::ZERO,
         }));
         state.waiters = waiters;
-        for (_, mut copies) in holders {
-            if copies.len() < quorum {
-                continue;
-            }
+        for (_, copies) in holders {
             // Held until fewer than a majority of nodes hold it; its token is the one a
             // majority holds (the grant wrote it back to at least a majority; a node that
             // granted late may hold a token of its own).
-            copies.sort_by_key(|h| std::cmp::Reverse(h.remaining));
-            let remaining = copies[quorum - 1].remaining;
-            let mut tokens: Vec<FencingToken> = copies.iter().map(|h| h.token).collect();
-            tokens.sort_by_key(|t| std::cmp::Reverse(*t));
-            let token = tokens[quorum - 1];
-            let mut first = copies.swap_remove(0);
-            first.remaining = remaining;
-            first.token = token;
-            state.holders.push(first);
+            let (Some(remaining), Some(token)) = (
+                majority.held_by_majority(copies.iter().map(|h| h.remaining)),
+                majority.held_by_majority(copies.iter().map(|h| h.token)),
+            ) else {
+                continue;
+            };
+            if let Some(mut longest) = copies
+                .into_iter()
+                .min_by_key(|h| std::cmp::Reverse(h.remaining))
+            {
+                longest.remaining = remaining;
+                longest.token = token;
+                state.holders.push(longest);
+            }
         }
         state.holders.sort_by_key(|h| h.token);
         Ok(state)

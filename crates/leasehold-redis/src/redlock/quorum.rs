@@ -1,10 +1,63 @@
-//! Redlock's majority arithmetic, as pure functions.
+//! Redlock's majority arithmetic, as pure functions: every count of nodes that Redlock
+//! compares with a majority is compared here, and nowhere else.
 
 use std::time::Duration;
 
-/// How many of `nodes` must agree: a strict majority, `nodes / 2 + 1`.
-pub(crate) fn quorum(nodes: usize) -> usize {
-    nodes / 2 + 1
+use leasehold_core::FencingToken;
+
+/// The nodes of one Redlock deployment, as far as counting them goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Majority {
+    nodes: usize,
+}
+
+impl Majority {
+    /// The majority of `nodes` nodes.
+    pub(crate) fn of(nodes: usize) -> Self {
+        Self { nodes }
+    }
+
+    /// How many nodes must agree: a strict majority, `nodes / 2 + 1`.
+    pub(crate) fn quorum(self) -> usize {
+        self.nodes / 2 + 1
+    }
+
+    /// Whether `agreeing` nodes are enough.
+    pub(crate) fn reached(self, agreeing: usize) -> bool {
+        agreeing >= self.quorum()
+    }
+
+    /// Whether `refused` nodes saying no (or being gone) leave too few for a majority ever
+    /// to say yes.
+    pub(crate) fn out_of_reach(self, refused: usize) -> bool {
+        refused > self.nodes - self.quorum().min(self.nodes)
+    }
+
+    /// The token of an attempt granted on the nodes that answered `tokens`, if they are a
+    /// majority: the highest of them; and whether it must be written back to a majority
+    /// first (fewer than a majority stand at it already).
+    pub(crate) fn granted(self, tokens: &[FencingToken]) -> Option<(FencingToken, bool)> {
+        let highest = *tokens.iter().max()?;
+        let at_highest = tokens.iter().filter(|&&t| t == highest).count();
+        self.reached(tokens.len())
+            .then_some((highest, !self.reached(at_highest)))
+    }
+
+    /// Whether an attempt that was not granted, with `answered` nodes answering and
+    /// `granted` of them granting, gives back on every node rather than only where a grant
+    /// exists or may exist: so after an outage (too few answered) and after a majority
+    /// granted too late or could not be written back.
+    pub(crate) fn release_everywhere(self, answered: usize, granted: usize) -> bool {
+        !self.reached(answered) || self.reached(granted)
+    }
+
+    /// What a majority of the nodes reach at least, from one value per node that reports
+    /// it: the `quorum`-th highest; `None` if fewer than a majority report one.
+    pub(crate) fn held_by_majority<T: Ord>(self, values: impl IntoIterator<Item = T>) -> Option<T> {
+        let mut values: Vec<T> = values.into_iter().collect();
+        values.sort_unstable_by(|a, b| b.cmp(a));
+        values.into_iter().nth(self.quorum() - 1)
+    }
 }
 
 /// What is left of a lease of `ttl` once `elapsed` has passed since the requests were sent.
@@ -17,27 +70,78 @@ pub(crate) fn validity(ttl: Duration, elapsed: Duration) -> Option<Duration> {
     ttl.checked_sub(elapsed).filter(|left| !left.is_zero())
 }
 
-/// Whether `refused` of `nodes` saying no leaves too few for a majority ever to say yes.
-pub(crate) fn out_of_reach(nodes: usize, refused: usize) -> bool {
-    refused > nodes - quorum(nodes).min(nodes)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn a_quorum_is_a_strict_majority() {
+        let quorum = |n| Majority::of(n).quorum();
         assert_eq!(
             (1..=7).map(quorum).collect::<Vec<_>>(),
             [1, 2, 2, 3, 3, 4, 4]
         );
         for n in 1..=9 {
+            let majority = Majority::of(n);
+            let q = majority.quorum();
             // Two quorums always share a node, and a quorum survives n - quorum failures.
-            assert!(2 * quorum(n) > n, "{n}");
-            assert!(!out_of_reach(n, n - quorum(n)));
-            assert!(out_of_reach(n, n - quorum(n) + 1));
+            assert!(2 * q > n, "{n}");
+            assert!(majority.reached(q) && !majority.reached(q - 1), "{n}");
+            assert!(!majority.out_of_reach(n - q));
+            assert!(majority.out_of_reach(n - q + 1));
         }
+    }
+
+    #[test]
+    fn a_grant_takes_the_highest_token_and_writes_it_back_unless_a_majority_has_it() {
+        let t = |tokens: &[u64]| {
+            tokens
+                .iter()
+                .map(|&t| FencingToken::new(t))
+                .collect::<Vec<_>>()
+        };
+        let five = Majority::of(5);
+        assert_eq!(five.granted(&t(&[])), None);
+        assert_eq!(five.granted(&t(&[9, 9])), None, "two of five");
+        assert_eq!(
+            five.granted(&t(&[7, 9, 9])),
+            Some((FencingToken::new(9), true)),
+            "only two of five stand at 9"
+        );
+        assert_eq!(
+            five.granted(&t(&[9, 7, 9, 9])),
+            Some((FencingToken::new(9), false))
+        );
+        assert_eq!(
+            Majority::of(1).granted(&t(&[4])),
+            Some((FencingToken::new(4), false))
+        );
+    }
+
+    #[test]
+    fn a_failed_attempt_gives_back_everywhere_after_an_outage_or_a_majority() {
+        let three = Majority::of(3);
+        // Contention: the one node that granted (or did not answer) is released alone.
+        assert!(!three.release_everywhere(3, 1));
+        assert!(!three.release_everywhere(2, 0));
+        // Too few answered: an outage.
+        assert!(three.release_everywhere(1, 1));
+        // A majority granted, but too late or without its write-back.
+        assert!(three.release_everywhere(3, 2));
+    }
+
+    #[test]
+    fn a_majority_holds_what_its_quorum_th_highest_reports() {
+        let three = Majority::of(3);
+        assert_eq!(three.held_by_majority([5]), None);
+        assert_eq!(three.held_by_majority([5, 9]), Some(5));
+        assert_eq!(three.held_by_majority([9, 5, 7]), Some(7));
+        // `None` (no time reported) counts lowest.
+        assert_eq!(three.held_by_majority([None, Some(3)]), Some(None));
+        assert_eq!(
+            three.held_by_majority([Some(3), None, Some(8)]),
+            Some(Some(3))
+        );
     }
 
     #[test]

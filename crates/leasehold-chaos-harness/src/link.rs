@@ -7,7 +7,7 @@ use std::time::Duration;
 use leasehold::Error;
 use leasehold::backend::Backend;
 use leasehold_chaos::harness::Link;
-use leasehold_core::faulty::{Faulty, Op};
+use leasehold_testkit::faulty::{Faulty, Op};
 
 /// A link around `backend`.
 pub(crate) fn link(backend: Arc<dyn Backend>) -> Arc<dyn Link> {

@@ -8,11 +8,11 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use leasehold::faulty::{Faulty, Op};
 use leasehold::memory::InMemory;
 use leasehold::{Client, LockOptions};
 use leasehold_cli::exit;
 use leasehold_cli::run::{Hold, RunSpec, WaitFor, hold, run};
+use leasehold_testkit::faulty::{Faulty, Op};
 use rustix::process::{Pid, test_kill_process};
 use tokio::sync::oneshot;
 

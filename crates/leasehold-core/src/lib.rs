@@ -10,8 +10,8 @@
 //! - [`support`] — helpers for backend implementors (the queue rule, the per-name wake-up
 //!   board, stalled connections, URLs, TLS files and, with the `tls` feature, their rustls
 //!   configuration, key prefixes, redaction).
-//! - `faulty::Faulty` — fault injection around any backend, and `clock::ManualClock` — time
-//!   moved by hand (both with the `test-util` feature).
+//! - `clock::ManualClock` — time moved by hand (with the `test-util` feature); fault
+//!   injection around any backend is the testkit's `Faulty`.
 //!
 //! Everything is built once, on one engine: waiting, fairness, reentrancy, the watchdog,
 //! loss signals and scoped runs behave the same on every backend.
@@ -34,8 +34,6 @@ pub mod clock;
 mod context;
 mod engine;
 mod error;
-#[cfg(any(test, feature = "test-util"))]
-pub mod faulty;
 pub mod fencing;
 mod lease;
 pub mod memory;

@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use leasehold_core::backend::{Backend, Mode, Request};
 use leasehold_core::clock::{Clock, ManualClock};
-use leasehold_core::faulty::{Faulty, Op};
 use leasehold_core::memory::InMemory;
 use leasehold_core::{Client, Error, Guard, LockName, LockOptions, LossReason, Owner};
+use leasehold_testkit::faulty::{Faulty, Op};
 
 const MS: Duration = Duration::from_millis(1);
 const SEC: Duration = Duration::from_secs(1);

@@ -23,10 +23,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use leasehold_core::faulty::{Faulty, Op};
 use leasehold_core::{Client, LockOptions};
 use leasehold_postgres::tokio_postgres::{self, NoTls};
 use leasehold_postgres::{PostgresBackend, still_owner};
+use leasehold_testkit::faulty::{Faulty, Op};
 
 pub const STOCK: u64 = 5;
 pub const BUYERS: u64 = 8;

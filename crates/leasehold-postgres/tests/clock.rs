@@ -14,11 +14,11 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use leasehold_core::faulty::{Faulty, Op};
 use leasehold_core::{Client, LockOptions, LossReason};
 use leasehold_postgres::tokio_postgres::{self, NoTls};
 use leasehold_postgres::{PostgresBackend, still_owner};
 use leasehold_testkit::Postgres;
+use leasehold_testkit::faulty::{Faulty, Op};
 
 async fn database(url: &str) -> tokio_postgres::Client {
     let (client, connection) = tokio_postgres::connect(url, NoTls).await.unwrap();

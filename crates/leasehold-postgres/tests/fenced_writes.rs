@@ -7,12 +7,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold_core::faulty::{Faulty, Op};
 use leasehold_core::{Client, LockOptions};
 use leasehold_postgres::fence::{TokenFence, token_param};
 use leasehold_postgres::tokio_postgres::{self, NoTls};
 use leasehold_postgres::{PostgresBackend, StillOwner, still_owner};
 use leasehold_testkit::conformance::{LivenessSwitch, ProxySwitch};
+use leasehold_testkit::faulty::{Faulty, Op};
 use leasehold_testkit::{FaultProxy, Postgres};
 
 async fn database(url: &str) -> tokio_postgres::Client {

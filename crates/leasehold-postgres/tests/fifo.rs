@@ -6,10 +6,10 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use leasehold_core::faulty::{Faulty, Op};
 use leasehold_core::{Client, LockOptions};
 use leasehold_postgres::PostgresBackend;
 use leasehold_testkit::Postgres;
+use leasehold_testkit::faulty::{Faulty, Op};
 
 const WAITERS: usize = 100;
 const CLIENTS: usize = 4;

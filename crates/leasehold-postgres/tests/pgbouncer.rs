@@ -8,9 +8,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use leasehold_core::faulty::{Faulty, Op};
 use leasehold_core::{Client, Error, Fence};
 use leasehold_postgres::PostgresBackend;
+use leasehold_testkit::faulty::{Faulty, Op};
 use leasehold_testkit::servers::PoolMode;
 use leasehold_testkit::{PgBouncer, Postgres};
 

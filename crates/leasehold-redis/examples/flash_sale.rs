@@ -22,11 +22,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use leasehold_core::faulty::{Faulty, Op};
 use leasehold_core::{Client, LockOptions};
 use leasehold_redis::RedisBackend;
 use leasehold_redis::fence::RedisFence;
 use leasehold_redis::redis::{self, AsyncCommands, aio::ConnectionManager};
+use leasehold_testkit::faulty::{Faulty, Op};
 
 pub const STOCK: u64 = 5;
 pub const BUYERS: u64 = 8;

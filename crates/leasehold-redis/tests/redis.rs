@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use leasehold_core::backend::{Acquire, Backend, Mode, Release, Renewal, Request};
-use leasehold_core::faulty::{Faulty, Op};
 use leasehold_core::{Client, Error, LockName, LockOptions, LossReason, OwnerId};
 use leasehold_redis::{RedisBackend, RedisOptions, ReplicaAck};
+use leasehold_testkit::faulty::{Faulty, Op};
 use leasehold_testkit::probe::Resp;
 use leasehold_testkit::{Direction, FaultProxy, Redis, RedisReplicated};
 

@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use leasehold_core::backend::{Acquire, Backend, Mode, Release, Request};
-use leasehold_core::faulty::{Faulty, Op};
 use leasehold_core::{Client, Error, Fence, LockName, LockOptions, OwnerId};
 use leasehold_redis::{RedlockBackend, RedlockOptions};
+use leasehold_testkit::faulty::{Faulty, Op};
 use leasehold_testkit::probe::Resp;
 use leasehold_testkit::{Direction, FaultProxy, Redis, redis_servers};
 

@@ -28,9 +28,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
+use crate::faulty::{Faulty, Op};
 use async_trait::async_trait;
 use leasehold_core::backend::{Backend, Mode, Release, Request};
-use leasehold_core::faulty::{Faulty, Op};
 use leasehold_core::{
     Capabilities, Client, Error, Fence, FencingToken, LockName, LockOptions, Owner,
 };

@@ -1,12 +1,14 @@
-//! Test infrastructure for leasehold: the conformance suite, real servers, the fault proxy.
+//! Test infrastructure for leasehold: the conformance suite, real servers, fault injection.
 //! The conformance suite is the one every backend must pass, the servers are real lock
-//! servers started on free loopback ports, and the TCP fault proxy is re-exported.
+//! servers started on free loopback ports, [`faulty::Faulty`] injects faults between the
+//! engine and any backend, and the TCP fault proxy is re-exported.
 //!
 //! Nothing here mocks a server. The in-memory backend is a real backend; Redis, etcd,
 //! ZooKeeper and PostgreSQL are the real programs from Debian's packages, started by
 //! [`servers`] in temporary directories and stopped (by pid) when their handle drops.
 
 pub mod conformance;
+pub mod faulty;
 pub mod probe;
 mod process;
 pub mod servers;

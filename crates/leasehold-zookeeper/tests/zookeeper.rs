@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use leasehold_core::faulty::{Faulty, Op};
 use leasehold_core::{Client, Error, Fence, LockOptions, LossReason};
+use leasehold_testkit::faulty::{Faulty, Op};
 use leasehold_testkit::{Direction, FaultProxy, ZooKeeper};
 use leasehold_zookeeper::ZooKeeperBackend;
 use zookeeper_client as zk;

@@ -15,11 +15,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::sync::watch;
 
-use crate::backend::{
+use leasehold_core::backend::{
     Acquire, Backend, Capabilities, LockState, Release, Renewal, Request, SessionLiveness, WaitHint,
 };
-use crate::error::{Error, Result};
-use crate::name::LockName;
+use leasehold_core::{Error, LockName, Result};
 
 /// A backend operation, for [`Faulty`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -14,10 +14,6 @@
 /// one of them keeps the rule (or is gone): take it off the list then.
 pub const PENDING: &[(&str, &str)] = &[
     (
-        "crates/leasehold-core/src/support/tls.rs",
-        "the wake-up board and TLS",
-    ),
-    (
         "crates/leasehold-file/src/notify.rs",
         "the wake-up board and TLS",
     ),

@@ -18,14 +18,6 @@ pub const PENDING: &[(&str, &str)] = &[
         "the wake-up board and TLS",
     ),
     (
-        "crates/leasehold-postgres/src/tls.rs",
-        "the wake-up board and TLS",
-    ),
-    (
-        "crates/leasehold-postgres/src/wakeups.rs",
-        "the wake-up board and TLS",
-    ),
-    (
         "crates/leasehold-redis/src/wakeups.rs",
         "the wake-up board and TLS",
     ),

@@ -1,5 +1,6 @@
-//! TLS for `sslmode=prefer|require|verify-ca|verify-full`, with rustls (ring as the crypto
-//! provider, given to each connection rather than installed for the process).
+//! TLS for `sslmode=prefer|require|verify-ca|verify-full`, with rustls.
+//! Its crypto provider is ring, given to each connection rather than installed for the
+//! process.
 //!
 //! As libpq does: `prefer` and `require` encrypt without checking the server's certificate,
 //! `verify-ca` checks that a trusted CA signed it, `verify-full` also that it names the host.

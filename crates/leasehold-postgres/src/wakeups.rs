@@ -1,7 +1,8 @@
-//! Push wake-ups by LISTEN/NOTIFY: one connection per backend listens on the schema's
-//! channel; the statements that release a lock (or let a group of waiters in, or change an
-//! election's leader) notify `<name> <owner> <owner>…` — whom they let in — or `<name> *`,
-//! in their own transaction, so the message leaves when the change commits.
+//! Push wake-ups by LISTEN/NOTIFY, on one listening connection per backend.
+//! That connection listens on the schema's channel. The statements that release a lock (or
+//! let a group of waiters in, or change an election's leader) notify
+//! `<name> <owner> <owner>…` — whom they let in — or `<name> *`, in their own transaction,
+//! so the message leaves when the change commits.
 //!
 //! A waiter takes a [`Ticket`] on the backend's wake-up board (`support::wakeups`) *before*
 //! its request is sent: a message that arrives between the server's answer and the wait is
@@ -50,8 +51,8 @@ impl Wakeups {
         let _ = listening.wait_for(|l| *l).await;
     }
 
-    /// Registers `owner` (or an observer: `None`) as waiting for `name`; call before the
-    /// request is sent.
+    /// Registers `owner` (or an observer: `None`) as waiting for `name`.
+    /// Call it before the request is sent.
     pub(crate) fn ticket(&self, name: &str, owner: Option<&str>) -> Ticket {
         self.board.ticket(name, owner)
     }
@@ -64,16 +65,17 @@ impl Wakeups {
         }
     }
 
-    /// The listening connection started or stopped: every waiter looks again (messages
-    /// sent meanwhile may be lost; without it, waiters poll).
+    /// The listening connection started or stopped: every waiter looks again.
+    /// Messages sent meanwhile may be lost; without the connection, waiters poll.
     fn set_listening(&self, listening: bool) {
         self.listening.send_replace(listening);
         self.board.wake_all();
     }
 
-    /// Returns when a message for the ticket's owner (or for everyone) arrived after the
-    /// ticket was taken, the listening connection restarted, or `limit` passed. Without a
-    /// listening connection, `limit` is at most `poll`.
+    /// Returns when the ticket's owner may look again, or when `limit` passed.
+    /// The owner looks again when a message for it (or for everyone) arrived after the
+    /// ticket was taken, or the listening connection restarted. Without a listening
+    /// connection, `limit` is at most `poll`.
     pub(crate) async fn wait(&self, ticket: &Ticket, limit: Duration, poll: Duration) {
         let limit = if *self.listening.borrow() {
             limit
@@ -89,8 +91,8 @@ pub(crate) fn poll_pause(waited: Option<Duration>) -> Duration {
     waited.map_or(FIRST_POLL, |w| (w / 4).clamp(FIRST_POLL, LONGEST_POLL))
 }
 
-/// The listening connection: connects, listens on `channel`, delivers messages; on any
-/// failure starts over after a pause. Ends when the backend is gone.
+/// Starts the listening connection, which connects, listens on `channel` and delivers.
+/// On any failure it starts over after a pause. It ends when the backend is gone.
 pub(crate) fn spawn_listener(
     wakeups: &Arc<Wakeups>,
     connector: Arc<Connector>,

@@ -1,7 +1,7 @@
-//! Push wake-ups: the release script publishes on the lock's channel whom it wakes (the
-//! owners at the head of the queue, or `*` for everyone); the connection's RESP3 push
-//! messages land on the backend's wake-up board (`support::wakeups`) and wake exactly those
-//! waiters of this process.
+//! Push wake-ups: the release script names whom it wakes, and only those waiters wake.
+//! It publishes them on the lock's channel (the owners at the head of the queue, or `*` for
+//! everyone); the connection's RESP3 push messages land on the backend's wake-up board
+//! (`support::wakeups`), which wakes exactly those waiters of this process.
 //!
 //! A lock is known here by its wake-up channel, `<prefix>:{<name>}:wake`, the name the
 //! scripts are passed to publish on. A channel has state on the board exactly while it is
@@ -60,12 +60,12 @@ pub(crate) struct Wakeups {
 struct State {
     /// Channels waiting for a `SUBSCRIBE`: whoever sends the next one names them all.
     pending: Vec<Arc<str>>,
-    /// Channels the server may have us subscribed to although they have no state: a
-    /// `SUBSCRIBE` whose answer never came, an `UNSUBSCRIBE` that failed. The sweep
-    /// unsubscribes them.
+    /// Channels the server may have us subscribed to although they have no state.
+    /// They come from a `SUBSCRIBE` whose answer never came, or an `UNSUBSCRIBE` that
+    /// failed. The sweep unsubscribes them.
     strays: Vec<Arc<str>>,
-    /// Bumped when the connection is replaced: a `SUBSCRIBE` sent before is not on the
-    /// new one.
+    /// Bumped when the connection is replaced.
+    /// A `SUBSCRIBE` sent before is not on the new connection.
     generation: u64,
 }
 
@@ -115,17 +115,18 @@ impl Wakeups {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Registers `owner` (or an observer, `None`) as waiting on `channel`, before its
-    /// request is sent. Messages arrive only on a subscribed channel: only there is a
-    /// ticket taken. An unsubscribed channel costs nothing here; the first wait subscribes
-    /// and has the request retried.
+    /// Registers `owner` (or an observer, `None`) as waiting on `channel`.
+    /// Call it before the request is sent. Messages arrive only on a subscribed channel:
+    /// only there is a ticket taken. An unsubscribed channel costs nothing here; the first
+    /// wait subscribes and has the request retried.
     pub(crate) fn ticket(&self, channel: &str, owner: Option<&str>) -> Option<Ticket> {
         self.board.ticket_if_present(channel, owner)
     }
 
-    /// Subscribes to `channel` (unless that is done already), together with the channels
-    /// others asked for meanwhile. Until it is subscribed, a channel has no state here:
-    /// messages on it are dropped and its waiters are not registered.
+    /// Subscribes to `channel` unless that is done already.
+    /// The channels others asked for meanwhile go in the same `SUBSCRIBE`. Until it is
+    /// subscribed, a channel has no state here: messages on it are dropped and its waiters
+    /// are not registered.
     ///
     /// The connection is taken once it is this call's turn; if it was replaced meanwhile,
     /// the channels are strays and the caller looks again (and subscribes on the new one).
@@ -181,8 +182,9 @@ impl Wakeups {
         Ok(())
     }
 
-    /// Returns when a message for the hint's owner (or for everyone) arrived after the
-    /// hint was taken, or after `max` (or the hint's retry, if sooner).
+    /// Returns when a message for the hint's owner or everyone arrived, or after `max`.
+    /// Only a message since the hint was taken counts; the hint's retry cuts `max` short
+    /// if it is sooner.
     pub(crate) async fn wait(&self, hint: &Hint, max: Duration) {
         if let Some(ticket) = &hint.ticket {
             ticket
@@ -191,9 +193,9 @@ impl Wakeups {
         }
     }
 
-    /// Drops the channels unused for [`LINGER`] and unsubscribes them (and the strays) on
-    /// `connection`, each `UNSUBSCRIBE` bounded by `limit`. Channels whose `UNSUBSCRIBE`
-    /// failed are tried again by the next sweep.
+    /// Drops the channels unused for [`LINGER`], and unsubscribes them on `connection`.
+    /// The strays are unsubscribed too, each `UNSUBSCRIBE` bounded by `limit`. Channels
+    /// whose `UNSUBSCRIBE` failed are tried again by the next sweep.
     pub(crate) async fn sweep(&self, connection: &Connection, limit: Duration) {
         let _order = self.order.lock().await;
         let (names, mut conn) = {
@@ -228,8 +230,8 @@ impl Wakeups {
         }
     }
 
-    /// When the next sweep has something to do, waiting until a channel goes unused if
-    /// none is; `None` once [`close`](Wakeups::close)d.
+    /// When the next sweep has something to do; `None` once [`close`](Wakeups::close)d.
+    /// If no channel is unused and there are no strays, it waits until there is one.
     pub(crate) async fn next_sweep(&self) -> Option<Instant> {
         loop {
             let strayed = self.strayed.notified();
@@ -255,19 +257,19 @@ impl Wakeups {
         self.board.len()
     }
 
-    /// Subscribes every channel in use on `conn`, a new connection that replaces the one
-    /// they were subscribed on. Without waiting for [`order`](Wakeups::order): nothing else
-    /// is sent on `conn` yet, and a `SUBSCRIBE` or `UNSUBSCRIBE` stuck on the connection
-    /// being replaced holds it. A channel subscribed there after this took the list is
-    /// not on `conn`: its waiters come back to the server on their own (every third of
-    /// the lease), as after any lost message.
+    /// Subscribes every channel in use on `conn`, a new connection to replace the old one.
+    /// Returns the channels subscribed: pass them to [`replaced`](Wakeups::replaced) when
+    /// `conn` takes the old one's place.
+    ///
+    /// It does not wait for [`order`](Wakeups::order): nothing else is sent on `conn` yet,
+    /// and a `SUBSCRIBE` or `UNSUBSCRIBE` stuck on the connection being replaced holds it.
+    /// A channel subscribed there after this took the list is not on `conn`: its waiters
+    /// come back to the server on their own (every third of the lease), as after any lost
+    /// message.
     ///
     /// # Cancel safety
     ///
     /// Dropped, the new connection is not used (its subscriptions go with it).
-    ///
-    /// Returns the channels subscribed: pass them to [`replaced`](Wakeups::replaced) when
-    /// `conn` takes the old one's place.
     ///
     /// # Errors
     ///
@@ -284,8 +286,9 @@ impl Wakeups {
         Ok(names)
     }
 
-    /// Puts the new connection in place (`swap`), on which [`subscribe_all`] subscribed
-    /// `subscribed`: those dropped since are strays there, for the sweep to unsubscribe.
+    /// Puts the new connection in place (`swap`); its stale channels go to the sweep.
+    /// [`subscribe_all`] subscribed `subscribed` on it: those dropped since are strays
+    /// there, for the sweep to unsubscribe.
     ///
     /// [`subscribe_all`]: Wakeups::subscribe_all
     pub(crate) fn replaced(&self, subscribed: Vec<Arc<str>>, swap: impl FnOnce()) {

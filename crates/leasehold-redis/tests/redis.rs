@@ -830,9 +830,10 @@ async fn a_blackholed_connection_is_replaced_after_requests_time_out() {
     assert!(woken.is_some(), "the waiter was not woken");
 }
 
-/// A connection replaced while a wake-up channel it had is being dropped keeps no
-/// subscription of it: the sweep that drops the channel unsubscribes it where it is
-/// subscribed now (the new connection), not only on the connection it started with.
+/// Replacing a connection while a wake-up channel is being dropped leaves no subscription.
+/// The channel was subscribed on the old connection; the sweep that drops it unsubscribes
+/// it where it is subscribed now (the new connection), not only on the connection it
+/// started with.
 #[tokio::test]
 async fn a_replaced_connection_keeps_no_subscription_of_a_dropped_channel() {
     /// How long a channel nobody uses stays subscribed (`wakeups::LINGER`).

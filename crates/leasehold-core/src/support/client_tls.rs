@@ -1,5 +1,5 @@
-//! The rustls client configuration of the backends that speak TLS with rustls themselves
-//! (etcd, PostgreSQL), built from their [`TlsFiles`]: the `tls` feature.
+//! The rustls client configuration, built from [`TlsFiles`]: the `tls` feature.
+//! It serves the backends that speak TLS with rustls themselves (etcd, PostgreSQL).
 
 use std::sync::Arc;
 
@@ -21,15 +21,16 @@ pub enum ServerCheck {
     Full,
     /// Signed by a trusted CA, whatever host it names.
     Chain,
-    /// Not checked: the connection is encrypted, and the handshake's own signatures are
-    /// still verified.
+    /// Not checked; the connection is still encrypted.
+    /// The handshake's own signatures are still verified.
     None,
 }
 
 impl TlsFiles {
-    /// A rustls client configuration: the server's certificate checked as `check` says,
-    /// against the CAs of `tls_ca` (or the system's); the client certificate if there is
-    /// one. Its crypto provider (ring) is given to it, not installed for the process.
+    /// A rustls client configuration that checks the server's certificate as `check` says.
+    /// The check is against the CAs of `tls_ca` (or the system's); the client certificate
+    /// is shown if there is one. Its crypto provider (ring) is given to it, not installed
+    /// for the process.
     ///
     /// # Errors
     ///
@@ -95,8 +96,9 @@ impl TlsFiles {
     }
 }
 
-/// A check short of [`ServerCheck::Full`]: the chain without the name (`chain`), or nothing
-/// but the handshake's signatures.
+/// A check short of [`ServerCheck::Full`].
+/// It checks the chain without the name (`chain`), or nothing but the handshake's
+/// signatures.
 #[derive(Debug)]
 struct Lenient {
     chain: Option<Arc<WebPkiServerVerifier>>,

@@ -2,9 +2,9 @@
 
 use crate::{Error, Result};
 
-/// What a TLS connection trusts and shows beyond the defaults, as PEM contents: CA
-/// certificates to trust instead of the system's, and a client certificate with its key
-/// for servers that ask for one. Its `Debug` never shows the contents.
+/// What a TLS connection trusts and shows beyond the defaults, as PEM contents.
+/// It holds CA certificates to trust instead of the system's, and a client certificate
+/// with its key for servers that ask for one. Its `Debug` never shows the contents.
 #[derive(Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct TlsFiles {
@@ -32,8 +32,8 @@ impl TlsFiles {
         *self == Self::default()
     }
 
-    /// Reads the file of a `tls_ca`, `tls_cert` or `tls_key` URL parameter now; `false`
-    /// if `param` is none of them.
+    /// Reads the file of a `tls_ca`, `tls_cert` or `tls_key` URL parameter now.
+    /// Returns `false` if `param` is none of them.
     ///
     /// # Errors
     ///
@@ -58,8 +58,9 @@ impl TlsFiles {
         Ok(true)
     }
 
-    /// Checks the files against the connection: none without TLS (`tls_scheme` names the
-    /// URL scheme that has it), and a client certificate only with its key.
+    /// Checks the files against the connection.
+    /// There may be none without TLS (`tls_scheme` names the URL scheme that has it), and a
+    /// client certificate only with its key.
     ///
     /// # Errors
     ///

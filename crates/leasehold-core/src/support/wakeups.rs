@@ -1,5 +1,6 @@
-//! The per-name wake-up board of a backend with push wake-ups: who in this process waits
-//! on which lock name, woken by name and owner, or everyone at once.
+//! The per-name wake-up board of a backend with push wake-ups.
+//! It knows who in this process waits on which lock name, and wakes them by name and owner,
+//! or everyone at once.
 //!
 //! A backend whose server announces changes (a Redis channel, PostgreSQL `NOTIFY`, an
 //! inotify event) keeps one [`Board`]. A waiter takes a [`Ticket`] for its name *before*
@@ -69,8 +70,8 @@ impl Entry {
     }
 }
 
-/// A waiter's place on the board: what it has seen of its name, and its registration,
-/// which ends when the ticket is dropped.
+/// A waiter's place on the board: what it has seen of its name, and its registration.
+/// The registration ends when the ticket is dropped.
 pub struct Ticket {
     shared: Arc<Shared>,
     name: Arc<str>,
@@ -95,8 +96,9 @@ impl Board {
         }
     }
 
-    /// Registers `owner` (`None`: an observer, woken only for everyone) as waiting on
-    /// `name` from now on: take it before the request whose answer it waits on is sent.
+    /// Registers `owner` as waiting on `name` from now on.
+    /// `None` is an observer, woken only for everyone. Take the ticket before the request
+    /// whose answer it waits on is sent.
     pub fn ticket(&self, name: &str, owner: Option<&str>) -> Ticket {
         let mut names = self.shared.names();
         let name = names
@@ -105,16 +107,17 @@ impl Board {
         self.shared.register(&mut names, name, owner)
     }
 
-    /// As [`ticket`](Board::ticket), but only if `name` has state already (on a lingering
-    /// board: it was [inserted](Board::insert) and not swept since); `None` otherwise.
+    /// As [`ticket`](Board::ticket), but `None` unless `name` has state already.
+    /// On a lingering board, a name has state if it was [inserted](Board::insert) and not
+    /// swept since.
     pub fn ticket_if_present(&self, name: &str, owner: Option<&str>) -> Option<Ticket> {
         let mut names = self.shared.names();
         let name = names.get_key_value(name)?.0.clone();
         Some(self.shared.register(&mut names, name, owner))
     }
 
-    /// Makes state for `names` that nobody waits on yet, on a lingering board (where it
-    /// lingers until swept); names that have state keep it.
+    /// Makes state for `names` that nobody waits on yet; names that have state keep it.
+    /// It is for a lingering board, where the new state lingers until swept.
     pub fn insert(&self, names: impl IntoIterator<Item = Arc<str>>) {
         let now = Instant::now();
         let mut map = self.shared.names();
@@ -130,8 +133,8 @@ impl Board {
         self.shared.names().contains_key(name)
     }
 
-    /// Wakes the waiters of `name` that `whom` names: owner ids, or [`EVERYONE`]. Those
-    /// not registered here are not woken (nothing is kept for them).
+    /// Wakes the waiters of `name` that `whom` names: owner ids, or [`EVERYONE`].
+    /// Those not registered here are not woken (nothing is kept for them).
     pub fn wake<'a>(&self, name: &str, whom: impl IntoIterator<Item = &'a str>) {
         let names = self.shared.names();
         let Some(entry) = names.get(name) else {
@@ -187,9 +190,9 @@ impl Board {
         swept
     }
 
-    /// When the next [`sweep`](Board::sweep) has a name to drop, waiting until a name goes
-    /// unused if none is; `None` once the board is [closed](Board::close), or at once on a
-    /// board that does not linger.
+    /// When the next [`sweep`](Board::sweep) has a name to drop.
+    /// If no name is unused, it waits until one goes unused. It returns `None` once the
+    /// board is [closed](Board::close), or at once on a board that does not linger.
     ///
     /// # Cancel safety
     ///
@@ -262,8 +265,8 @@ impl Shared {
 }
 
 impl Ticket {
-    /// Returns when the name was woken for this ticket's owner, or for everyone, since the
-    /// ticket was taken; or after `limit`.
+    /// Returns when the name is woken for the ticket's owner or everyone, or after `limit`.
+    /// Only a wake-up since the ticket was taken counts.
     ///
     /// # Cancel safety
     ///
@@ -343,8 +346,8 @@ mod tests {
 
     const LONG: Duration = Duration::from_secs(3600);
 
-    /// Whether `ticket`'s wait returns before `LONG` (on paused time: without a timer
-    /// firing first, it returns at once or never).
+    /// Whether `ticket`'s wait returns before `LONG`.
+    /// On paused time, without a timer firing first, it returns at once or never.
     async fn woken(ticket: &Ticket) -> bool {
         let started = Instant::now();
         ticket.wait(LONG).await;

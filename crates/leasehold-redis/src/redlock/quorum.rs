@@ -1,5 +1,6 @@
-//! Redlock's majority arithmetic, as pure functions: every count of nodes that Redlock
-//! compares with a majority is compared here, and nowhere else.
+//! Redlock's majority arithmetic, as pure functions.
+//! Every count of nodes that Redlock compares with a majority is compared here, and nowhere
+//! else.
 
 use std::time::Duration;
 
@@ -27,15 +28,16 @@ impl Majority {
         agreeing >= self.quorum()
     }
 
-    /// Whether `refused` nodes saying no (or being gone) leave too few for a majority ever
-    /// to say yes.
+    /// Whether `refused` nodes leave too few for a majority ever to say yes.
+    /// A node refuses by saying no, or by being gone.
     pub(crate) fn out_of_reach(self, refused: usize) -> bool {
         refused > self.nodes - self.quorum().min(self.nodes)
     }
 
-    /// The token of an attempt granted on the nodes that answered `tokens`, if they are a
-    /// majority: the highest of them; and whether it must be written back to a majority
-    /// first (fewer than a majority stand at it already).
+    /// The token of an attempt granted by a majority, and whether to write it back first.
+    /// `tokens` are the answers of the nodes that granted; `None` unless they are a
+    /// majority. The token is the highest of them; it must be written back to a majority
+    /// first when fewer than a majority stand at it already.
     pub(crate) fn granted(self, tokens: &[FencingToken]) -> Option<(FencingToken, bool)> {
         let highest = *tokens.iter().max()?;
         let at_highest = tokens.iter().filter(|&&t| t == highest).count();
@@ -43,16 +45,18 @@ impl Majority {
             .then_some((highest, !self.reached(at_highest)))
     }
 
-    /// Whether an attempt that was not granted, with `answered` nodes answering and
-    /// `granted` of them granting, gives back on every node rather than only where a grant
-    /// exists or may exist: so after an outage (too few answered) and after a majority
-    /// granted too late or could not be written back.
+    /// Whether an attempt that was not granted gives back on every node.
+    /// Otherwise it gives back only where a grant exists or may exist. Of its nodes,
+    /// `answered` answered and `granted` granted; it gives back everywhere after an outage
+    /// (too few answered) and after a majority granted too late or could not be written
+    /// back.
     pub(crate) fn release_everywhere(self, answered: usize, granted: usize) -> bool {
         !self.reached(answered) || self.reached(granted)
     }
 
-    /// What a majority of the nodes reach at least, from one value per node that reports
-    /// it: the `quorum`-th highest; `None` if fewer than a majority report one.
+    /// What a majority of the nodes reach at least: the `quorum`-th highest of `values`.
+    /// `values` holds one value per node that reports it; `None` if fewer than a majority
+    /// report one.
     pub(crate) fn held_by_majority<T: Ord>(self, values: impl IntoIterator<Item = T>) -> Option<T> {
         let mut values: Vec<T> = values.into_iter().collect();
         values.sort_unstable_by(|a, b| b.cmp(a));

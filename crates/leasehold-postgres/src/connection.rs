@@ -254,31 +254,6 @@ impl Conn {
             n => Err(undecodable(doing, format!("{n} rows instead of one"))),
         }
     }
-
-    /// Runs `stmt`, which changes rows; how many.
-    pub(crate) async fn execute(
-        &self,
-        stmt: Stmt,
-        params: &[&(dyn ToSql + Sync)],
-        doing: &str,
-    ) -> Result<u64> {
-        let in_flight = self.health.request();
-        let changed = match &self.prepared {
-            Some(prepared) => self.client.execute(&prepared[stmt.index()], params).await,
-            None => {
-                let typed: Vec<_> = params
-                    .iter()
-                    .zip(stmt.types())
-                    .map(|(p, t)| (*p, t.clone()))
-                    .collect();
-                self.client
-                    .execute_typed(&self.sql[stmt.index()], &typed)
-                    .await
-            }
-        };
-        in_flight.answered();
-        changed.map_err(|e| map(e, doing))
-    }
 }
 
 /// A fixed number of connections, chosen by lane or in turn.

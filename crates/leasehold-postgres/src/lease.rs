@@ -130,15 +130,16 @@ impl Lease {
         let conn = self.pool.get_for(req).await?;
         let ttl = millis(req.ttl);
         let renewed = conn
-            .execute(
+            .query(
                 Stmt::Renew,
                 &[&req.name.as_str(), &req.owner.as_str(), &ttl],
                 "renew",
             )
             .await?;
-        Ok(match renewed {
-            0 => Renewal::Lost(LossReason::NotOwner),
-            _ => Renewal::Renewed(Expiry::After(Duration::from_millis(ttl.unsigned_abs()))),
+        Ok(if renewed.is_empty() {
+            Renewal::Lost(LossReason::NotOwner)
+        } else {
+            Renewal::Renewed(Expiry::After(Duration::from_millis(ttl.unsigned_abs())))
         })
     }
 

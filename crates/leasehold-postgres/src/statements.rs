@@ -13,7 +13,7 @@ use tokio_postgres::types::Type;
 pub(crate) enum Stmt {
     /// Lease mode: grant or busy (see `acquire` in `sql/v1.sql`).
     Acquire,
-    /// Lease mode: owner-checked extension of a live lease; affects one row or none.
+    /// Lease mode: owner-checked extension of a live lease; answers one row or none.
     Renew,
     /// Lease mode: owner-checked removal of a grant or queue entry.
     Release,
@@ -65,7 +65,7 @@ impl Stmt {
             }
             Stmt::Renew => {
                 "UPDATE @schema@.grants SET expires = clock_timestamp() + $3 * interval '1 millisecond' \
-                 WHERE name = $1 AND owner = $2 AND expires > clock_timestamp()"
+                 WHERE name = $1 AND owner = $2 AND expires > clock_timestamp() RETURNING true"
             }
             Stmt::Release => "SELECT @schema@.release($1, $2)",
             Stmt::Inspect => {

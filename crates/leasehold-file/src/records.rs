@@ -1,0 +1,148 @@
+//! `N#who-OWNER`: the record of a holder or waiter, which is what `inspect` reads.
+//!
+//! A record holds the pid, mode, state, token and value of one acquisition, one `key=value`
+//! a line. It is written under a temporary name and renamed into place, and removed on
+//! release; records of dead processes are removed by whoever reads them.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use leasehold_core::backend::{Mode, Request};
+use leasehold_core::{FencingToken, LockName, OwnerId, Result};
+
+use crate::FileBackend;
+use crate::directory::io_error;
+
+impl FileBackend {
+    pub(crate) fn write_record(&self, req: &Request, held: Option<FencingToken>) -> Result<()> {
+        let mut record = format!(
+            "pid={}\nmode={}\nstate={}\n",
+            std::process::id(),
+            mode_text(req.mode),
+            if held.is_some() { "held" } else { "waiting" },
+        );
+        if let Some(token) = held {
+            record.push_str(&format!("token={token}\n"));
+        }
+        if let Some(value) = &req.value {
+            record.push_str(&format!("value={}\n", hex(value)));
+        }
+        let path = self.record_path(&req.name, &req.owner);
+        // Written under a temporary name and renamed, so a reader never sees half a record.
+        let tmp = self.path(&req.name, &format!("tmp-{}", req.owner));
+        std::fs::write(&tmp, record)
+            .and_then(|()| std::fs::rename(&tmp, &path))
+            .map_err(|e| io_error(&format!("writing {}", path.display()), e))
+    }
+
+    fn record_path(&self, name: &LockName, owner: &OwnerId) -> PathBuf {
+        self.path(name, &format!("who-{owner}"))
+    }
+
+    pub(crate) fn remove_record(&self, name: &LockName, owner: &OwnerId) {
+        let _ = std::fs::remove_file(self.record_path(name, owner));
+    }
+
+    /// Records of `name`, with records of dead processes removed.
+    pub(crate) fn records(&self, name: &LockName) -> Result<Vec<(OwnerId, Record)>> {
+        let prefix = format!("{name}#who-");
+        let entries = std::fs::read_dir(&self.inner.dir)
+            .map_err(|e| io_error(&format!("listing {}", self.inner.dir.display()), e))?;
+        let mut records = Vec::new();
+        for entry in entries.flatten() {
+            let file_name = entry.file_name();
+            let Some(owner) = file_name.to_str().and_then(|f| f.strip_prefix(&prefix)) else {
+                continue;
+            };
+            let Ok(owner) = OwnerId::parse(owner) else {
+                continue;
+            };
+            let Ok(text) = std::fs::read_to_string(entry.path()) else {
+                continue;
+            };
+            let Some(record) = Record::parse(&text) else {
+                continue;
+            };
+            if self.is_stale(&owner, &record) {
+                let _ = std::fs::remove_file(entry.path());
+                continue;
+            }
+            records.push((owner, record));
+        }
+        records.sort_by_key(|(_, r)| r.token.map(FencingToken::get).unwrap_or(u64::MAX));
+        Ok(records)
+    }
+
+    fn is_stale(&self, owner: &OwnerId, record: &Record) -> bool {
+        if record.pid == std::process::id() {
+            let state = self.state();
+            return !state.held.contains_key(owner) && !state.waiting.contains_key(owner);
+        }
+        let Some(pid) = rustix::process::Pid::from_raw(record.pid as i32) else {
+            return true;
+        };
+        rustix::process::test_kill_process(pid) == Err(rustix::io::Errno::SRCH)
+    }
+}
+
+fn mode_text(mode: Mode) -> String {
+    match mode {
+        Mode::Exclusive => "exclusive".into(),
+        Mode::Shared => "shared".into(),
+        Mode::Permit { limit } => format!("permit/{limit}"),
+    }
+}
+
+fn parse_mode(text: &str) -> Option<Mode> {
+    match text {
+        "exclusive" => Some(Mode::Exclusive),
+        "shared" => Some(Mode::Shared),
+        _ => {
+            let limit = text.strip_prefix("permit/")?.parse().ok()?;
+            Some(Mode::Permit { limit })
+        }
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(text: &str) -> Option<Vec<u8>> {
+    if !text.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+/// A holder or waiter record, as written by [`FileBackend::write_record`].
+#[derive(Debug)]
+pub(crate) struct Record {
+    pid: u32,
+    pub(crate) mode: Mode,
+    pub(crate) held: bool,
+    pub(crate) token: Option<FencingToken>,
+    pub(crate) value: Option<Vec<u8>>,
+}
+
+impl Record {
+    fn parse(text: &str) -> Option<Record> {
+        let fields: HashMap<&str, &str> = text.lines().filter_map(|l| l.split_once('=')).collect();
+        Some(Record {
+            pid: fields.get("pid")?.parse().ok()?,
+            mode: parse_mode(fields.get("mode")?)?,
+            held: *fields.get("state")? == "held",
+            token: match fields.get("token") {
+                Some(t) => Some(FencingToken::new(t.parse().ok()?)),
+                None => None,
+            },
+            value: match fields.get("value") {
+                Some(v) => Some(unhex(v)?),
+                None => None,
+            },
+        })
+    }
+}

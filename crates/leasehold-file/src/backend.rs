@@ -8,10 +8,10 @@ use leasehold_core::backend::{
     TokenDurability, WaitHint, Waiter,
 };
 use leasehold_core::support::wakeups::Ticket;
-use leasehold_core::{FencingToken, LockName, LossReason, Result};
+use leasehold_core::{LockName, LossReason, Result};
 
 use crate::FileBackend;
-use crate::acquisitions::Held;
+use crate::acquisitions::{Acquisition, Files, Status, acquisitions};
 use crate::tokens::next_token;
 
 #[async_trait]
@@ -27,74 +27,43 @@ impl Backend for FileBackend {
     async fn acquire(&self, req: &Request) -> Result<Acquire> {
         // Read the version before trying, so a release right after the try still wakes us.
         let version = self.inner.notifier.version(req.name.as_str());
-        let mut files = {
-            let mut state = self.state();
-            if let Some(held) = state.held.get(&req.owner) {
-                return Ok(Acquire::Granted(Grant::new(held.token, Expiry::Never)));
+        let earlier = {
+            let mut acquisitions = acquisitions();
+            if let Some(Status::Held(token)) = acquisitions.get(&req.owner).map(|a| a.status) {
+                return Ok(Acquire::Granted(Grant::new(token, Expiry::Never)));
             }
-            state.waiting.remove(&req.owner).unwrap_or_default()
+            acquisitions.remove(&req.owner)
         };
-        files.name = Some(req.name.clone());
-        // An owner goes into `STATE` before its record is written: `inspect` deletes a
-        // record of this process whose owner is not in there.
-        if !self.try_lock(req, &mut files)? {
+        // A waiter that tries again wrote its record the first time.
+        let recorded = earlier.is_some();
+        let mut files = earlier.map(|a| a.files).unwrap_or_default();
+        if !files.try_lock(self, req)? {
             if req.waiting {
-                let unrecorded = !files.recorded;
-                files.recorded = true;
-                self.state().waiting.insert(req.owner.clone(), files);
-                if unrecorded && let Err(error) = self.write_record(req, None) {
-                    let waiting = self.state().waiting.remove(&req.owner);
-                    drop(waiting);
-                    return Err(error);
-                }
+                self.enter(req, Status::Waiting, files, !recorded)?;
             }
             return Ok(Acquire::Busy(WaitHint::new(version)));
         }
         // The kernel lock is ours; on any error below, dropping `files` gives it back.
         let token = next_token(&self.inner.dir, &req.name).await?;
-        self.state().held.insert(
-            req.owner.clone(),
-            Held {
-                name: req.name.clone(),
-                token,
-                files,
-            },
-        );
-        if let Err(error) = self.write_record(req, Some(token)) {
-            let held = self.state().held.remove(&req.owner);
-            drop(held);
-            return Err(error);
-        }
+        self.enter(req, Status::Held(token), files, true)?;
         Ok(Acquire::Granted(Grant::new(token, Expiry::Never)))
     }
 
     async fn renew(&self, req: &Request) -> Result<Renewal> {
-        Ok(if self.state().held.contains_key(&req.owner) {
-            Renewal::Renewed(Expiry::Never)
-        } else {
-            Renewal::Lost(LossReason::NotOwner)
+        Ok(match acquisitions().get(&req.owner).map(|a| a.status) {
+            Some(Status::Held(_)) => Renewal::Renewed(Expiry::Never),
+            _ => Renewal::Lost(LossReason::NotOwner),
         })
     }
 
     async fn release(&self, req: &Request) -> Result<Release> {
-        let (held, waiting) = {
-            let mut state = self.state();
-            (
-                state.held.remove(&req.owner),
-                state.waiting.remove(&req.owner),
-            )
-        };
-        let name = held
-            .as_ref()
-            .map(|h| h.name.clone())
-            .or_else(|| waiting.as_ref().and_then(|w| w.name.clone()));
-        let Some(name) = name else {
+        let Some(acquisition) = acquisitions().remove(&req.owner) else {
             return Ok(Release::NotHeld);
         };
         // Remove the record first: once the descriptors close, the next holder may write
         // its own.
-        self.remove_record(&name, &req.owner);
-        drop((held, waiting));
+        self.remove_record(&acquisition.name, &req.owner);
+        drop(acquisition);
         Ok(Release::Released)
     }
 
@@ -107,21 +76,37 @@ impl Backend for FileBackend {
         let version = self.inner.notifier.version(name.as_str());
         let mut state = LockState::new(WaitHint::new(version));
         for (owner, record) in self.records(name)? {
-            if record.held {
-                state.holders.push(
-                    Holder::new(
-                        owner,
-                        record.mode,
-                        record.token.unwrap_or(FencingToken::new(0)),
-                    )
-                    .with_remaining(None)
-                    .with_value(record.value.map(Into::into)),
-                );
-            } else {
-                state.waiters.push(Waiter::new(owner, record.mode));
+            match record.status {
+                Status::Held(token) => state.holders.push(
+                    Holder::new(owner, record.mode, token).with_value(record.value.map(Into::into)),
+                ),
+                Status::Waiting => state.waiters.push(Waiter::new(owner, record.mode)),
             }
         }
+        state.holders.sort_by_key(|holder| holder.token);
         Ok(state)
+    }
+}
+
+impl FileBackend {
+    /// Enters `req`'s acquisition as `status`, then writes its record if `write`.
+    /// An acquisition goes in before its record is written: `inspect` deletes a record of
+    /// this process whose owner is not in there. On error it is taken out again, and
+    /// dropping its `files` gives back their kernel locks.
+    fn enter(&self, req: &Request, status: Status, files: Files, write: bool) -> Result<()> {
+        let name = req.name.clone();
+        let acquisition = Acquisition {
+            name,
+            status,
+            files,
+        };
+        acquisitions().insert(req.owner.clone(), acquisition);
+        if write && let Err(error) = self.write_record(req, status) {
+            let acquisition = acquisitions().remove(&req.owner);
+            drop(acquisition);
+            return Err(error);
+        }
+        Ok(())
     }
 }
 

@@ -124,6 +124,15 @@ pub(crate) fn is_linked(file: &File, path: &Path) -> Result<bool> {
     }
 }
 
+/// The value in `slot`, opened by `open` if there is none yet.
+pub(crate) fn reuse<T>(slot: &mut Option<T>, open: impl FnOnce() -> Result<T>) -> Result<&mut T> {
+    let value = match slot.take() {
+        Some(value) => value,
+        None => open()?,
+    };
+    Ok(slot.insert(value))
+}
+
 /// A failed file operation as a leasehold error: `what` failed, and why.
 pub(crate) fn io_error(what: &str, error: std::io::Error) -> Error {
     Error::Backend {

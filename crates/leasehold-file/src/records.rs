@@ -11,18 +11,16 @@ use leasehold_core::backend::{Mode, Request};
 use leasehold_core::{FencingToken, LockName, OwnerId, Result};
 
 use crate::FileBackend;
+use crate::acquisitions::{Status, acquisitions};
 use crate::directory::io_error;
 
 impl FileBackend {
-    pub(crate) fn write_record(&self, req: &Request, held: Option<FencingToken>) -> Result<()> {
-        let mut record = format!(
-            "pid={}\nmode={}\nstate={}\n",
-            std::process::id(),
-            mode_text(req.mode),
-            if held.is_some() { "held" } else { "waiting" },
-        );
-        if let Some(token) = held {
-            record.push_str(&format!("token={token}\n"));
+    /// Writes (or replaces) the record of `req`, saying `status`.
+    pub(crate) fn write_record(&self, req: &Request, status: Status) -> Result<()> {
+        let mut record = format!("pid={}\nmode={}\n", std::process::id(), req.mode);
+        match status {
+            Status::Waiting => record.push_str("state=waiting\n"),
+            Status::Held(token) => record.push_str(&format!("state=held\ntoken={token}\n")),
         }
         if let Some(value) = &req.value {
             record.push_str(&format!("value={}\n", hex(value)));
@@ -43,7 +41,7 @@ impl FileBackend {
         let _ = std::fs::remove_file(self.record_path(name, owner));
     }
 
-    /// Records of `name`, with records of dead processes removed.
+    /// Records of `name`, with records of dead acquisitions removed.
     pub(crate) fn records(&self, name: &LockName) -> Result<Vec<(OwnerId, Record)>> {
         let prefix = format!("{name}#who-");
         let entries = std::fs::read_dir(&self.inner.dir)
@@ -69,27 +67,18 @@ impl FileBackend {
             }
             records.push((owner, record));
         }
-        records.sort_by_key(|(_, r)| r.token.map(FencingToken::get).unwrap_or(u64::MAX));
         Ok(records)
     }
 
+    /// Whether `record` is left over by an acquisition that is gone, or a process that is.
     fn is_stale(&self, owner: &OwnerId, record: &Record) -> bool {
         if record.pid == std::process::id() {
-            let state = self.state();
-            return !state.held.contains_key(owner) && !state.waiting.contains_key(owner);
+            return !acquisitions().contains_key(owner);
         }
         let Some(pid) = rustix::process::Pid::from_raw(record.pid as i32) else {
             return true;
         };
         rustix::process::test_kill_process(pid) == Err(rustix::io::Errno::SRCH)
-    }
-}
-
-fn mode_text(mode: Mode) -> String {
-    match mode {
-        Mode::Exclusive => "exclusive".into(),
-        Mode::Shared => "shared".into(),
-        Mode::Permit { limit } => format!("permit/{limit}"),
     }
 }
 
@@ -123,8 +112,7 @@ fn unhex(text: &str) -> Option<Vec<u8>> {
 pub(crate) struct Record {
     pid: u32,
     pub(crate) mode: Mode,
-    pub(crate) held: bool,
-    pub(crate) token: Option<FencingToken>,
+    pub(crate) status: Status,
     pub(crate) value: Option<Vec<u8>>,
 }
 
@@ -134,10 +122,9 @@ impl Record {
         Some(Record {
             pid: fields.get("pid")?.parse().ok()?,
             mode: parse_mode(fields.get("mode")?)?,
-            held: *fields.get("state")? == "held",
-            token: match fields.get("token") {
-                Some(t) => Some(FencingToken::new(t.parse().ok()?)),
-                None => None,
+            status: match *fields.get("state")? {
+                "held" => Status::Held(FencingToken::new(fields.get("token")?.parse().ok()?)),
+                _ => Status::Waiting,
             },
             value: match fields.get("value") {
                 Some(v) => Some(unhex(v)?),

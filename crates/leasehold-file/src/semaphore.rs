@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use leasehold_core::{Error, Result};
 
 #[cfg(target_os = "linux")]
-use crate::directory::{io_error, is_linked, open_rw};
+use crate::directory::{io_error, is_linked, open_rw, reuse};
 #[cfg(target_os = "linux")]
 use crate::ofd;
 use crate::registry::Entry;
@@ -70,7 +70,7 @@ impl Semaphore {
         let mut guard = self.state();
         let SemaphoreState { file: open, held } = &mut *guard;
         loop {
-            let file = crate::acquisitions::reuse(open, || open_rw(&self.path))?;
+            let file = reuse(open, || open_rw(&self.path))?;
             let mut slot = 0;
             let found = loop {
                 if slot >= limit {

@@ -27,23 +27,27 @@ impl Backend for FileBackend {
     async fn acquire(&self, req: &Request) -> Result<Acquire> {
         // Read the version before trying, so a release right after the try still wakes us.
         let version = self.inner.notifier.version(req.name.as_str());
-        let earlier = {
+        let (mut files, recorded) = {
             let mut acquisitions = acquisitions();
-            if let Some(Status::Held(token)) = acquisitions.get(&req.owner).map(|a| a.status) {
-                return Ok(Acquire::Granted(Grant::new(token, Expiry::Never)));
+            match acquisitions.get_mut(&req.owner) {
+                Some(earlier) => match earlier.status {
+                    Status::Held(token) => {
+                        return Ok(Acquire::Granted(Grant::new(token, Expiry::Never)));
+                    }
+                    // A waiter trying again stays in, so that its record stays live.
+                    Status::Waiting => (std::mem::take(&mut earlier.files), true),
+                },
+                None => (Files::default(), false),
             }
-            acquisitions.remove(&req.owner)
         };
-        // A waiter that tries again wrote its record the first time.
-        let recorded = earlier.is_some();
-        let mut files = earlier.map(|a| a.files).unwrap_or_default();
         if !files.try_lock(self, req)? {
             if req.waiting {
                 self.enter(req, Status::Waiting, files, !recorded)?;
             }
             return Ok(Acquire::Busy(WaitHint::new(version)));
         }
-        // The kernel lock is ours; on any error below, dropping `files` gives it back.
+        // The kernel lock is ours; on any error below, dropping `files` gives it back (a
+        // waiter stays in until it is released).
         let token = next_token(&self.inner.dir, &req.name).await?;
         self.enter(req, Status::Held(token), files, true)?;
         Ok(Acquire::Granted(Grant::new(token, Expiry::Never)))

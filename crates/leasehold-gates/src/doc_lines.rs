@@ -18,10 +18,6 @@ pub const PENDING: &[(&str, &str)] = &[
         "the wake-up board and TLS",
     ),
     (
-        "crates/leasehold-file/src/notify.rs",
-        "the wake-up board and TLS",
-    ),
-    (
         "crates/leasehold-postgres/src/tls.rs",
         "the wake-up board and TLS",
     ),

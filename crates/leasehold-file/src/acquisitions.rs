@@ -15,7 +15,7 @@ use rustix::fs::FlockOperation;
 use crate::FileBackend;
 use crate::directory::{io_error, reuse};
 use crate::lock_files::{LockFile, try_flock};
-use crate::semaphore::{PermitHold, Semaphore};
+use crate::semaphore::PermitHold;
 
 /// This process's acquisitions, by owner id (unique per acquisition).
 static ACQUISITIONS: LazyLock<Mutex<HashMap<OwnerId, Acquisition>>> = LazyLock::new(Mutex::default);
@@ -94,10 +94,7 @@ impl Files {
             Mode::Permit { limit } => {
                 let permit = reuse(&mut self.permit, || {
                     Ok(PermitHold {
-                        semaphore: backend
-                            .inner
-                            .semaphores
-                            .get_or_insert_with(name.as_str(), || Semaphore::new(path("sem"))),
+                        semaphore: backend.inner.semaphores.get(name, path("sem")),
                         slot: None,
                     })
                 })?;

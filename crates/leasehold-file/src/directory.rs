@@ -9,8 +9,7 @@ use std::sync::Arc;
 use leasehold_core::{Error, LockName, Result};
 
 use crate::notify::Notifier;
-use crate::registry::Registry;
-use crate::semaphore::Semaphore;
+use crate::semaphore::Semaphores;
 
 /// The file-lock backend.
 /// Clones share their state; separate instances (in one process or many) on the same
@@ -38,7 +37,7 @@ pub(crate) struct Inner {
     pub(crate) dir: PathBuf,
     pub(crate) notifier: Notifier,
     /// This instance's semaphores in use, by name.
-    pub(crate) semaphores: Registry<Semaphore>,
+    pub(crate) semaphores: Semaphores,
 }
 
 impl FileBackend {
@@ -66,7 +65,7 @@ impl FileBackend {
             inner: Arc::new(Inner {
                 dir,
                 notifier,
-                semaphores: Registry::new(),
+                semaphores: Semaphores::default(),
             }),
         })
     }

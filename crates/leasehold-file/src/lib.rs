@@ -10,7 +10,6 @@
 //! - `ofd.rs`: byte-range write locks owned by an open file description (the permits).
 //! - `tokens.rs`: `#tokens`, the fencing counters of all names.
 //! - `records.rs`: `N#who-OWNER`, a holder's or waiter's record for `inspect`.
-//! - `registry.rs`: per-name state that lives exactly as long as someone holds a handle.
 //! - `notify.rs`: push wake-ups for waiters: one inotify watch on the lock directory.
 //! - `backend.rs`: the [`Backend`](leasehold_core::Backend) implementation.
 //!
@@ -56,7 +55,6 @@ mod notify;
 #[cfg(target_os = "linux")]
 mod ofd;
 mod records;
-mod registry;
 mod semaphore;
 mod tokens;
 

@@ -3,26 +3,51 @@
 //! The locks are Linux open-file-description locks (`ofd.rs`). All permits and permit
 //! waiters of one name in one [`FileBackend`](crate::FileBackend) share one descriptor of
 //! `N#sem`, however many permits the semaphore has; locks of one description never
-//! conflict, so the permits it holds are kept apart in memory.
+//! conflict, so the permits it holds are kept apart in memory. That state lives only while
+//! a permit or permit waiter of the name needs it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
-use leasehold_core::{Error, Result};
+use leasehold_core::{Error, LockName, Result};
 
 #[cfg(target_os = "linux")]
 use crate::directory::{io_error, is_linked, open_rw, reuse};
 #[cfg(target_os = "linux")]
 use crate::ofd;
-use crate::registry::Entry;
+
+/// This instance's semaphores in use, by name.
+#[derive(Debug, Default)]
+pub(crate) struct Semaphores(Arc<ByName>);
+
+type ByName = Mutex<HashMap<LockName, Weak<Semaphore>>>;
+
+impl Semaphores {
+    /// The semaphore of `name`, made on the file at `path` if there is none.
+    pub(crate) fn get(&self, name: &LockName, path: PathBuf) -> Arc<Semaphore> {
+        let mut by_name = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(semaphore) = by_name.get(name).and_then(Weak::upgrade) {
+            return semaphore;
+        }
+        // A dead entry still here is being dropped; its drop leaves the new one alone.
+        let semaphore = Arc::new(Semaphore {
+            name: name.clone(),
+            path,
+            by_name: Arc::downgrade(&self.0),
+            state: Mutex::default(),
+        });
+        by_name.insert(name.clone(), Arc::downgrade(&semaphore));
+        semaphore
+    }
+}
 
 /// A permit taken or wanted through this instance's semaphore of a name.
 #[derive(Debug)]
 pub(crate) struct PermitHold {
-    pub(crate) semaphore: Arc<Entry<Semaphore>>,
+    pub(crate) semaphore: Arc<Semaphore>,
     pub(crate) slot: Option<u64>,
 }
 
@@ -35,9 +60,12 @@ impl Drop for PermitHold {
 }
 
 /// This instance's side of one semaphore name: its descriptor and the permits it holds.
+/// It leaves its [`Semaphores`] when its last permit or waiter drops it.
 #[derive(Debug)]
 pub(crate) struct Semaphore {
+    name: LockName,
     path: PathBuf,
+    by_name: Weak<ByName>,
     state: Mutex<SemaphoreState>,
 }
 
@@ -48,13 +76,6 @@ struct SemaphoreState {
 }
 
 impl Semaphore {
-    pub(crate) fn new(path: PathBuf) -> Self {
-        Self {
-            path,
-            state: Mutex::default(),
-        }
-    }
-
     fn state(&self) -> MutexGuard<'_, SemaphoreState> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -152,18 +173,29 @@ impl Semaphore {
 
 impl Drop for Semaphore {
     fn drop(&mut self) {
+        if let Some(by_name) = self.by_name.upgrade() {
+            let mut by_name = by_name.lock().unwrap_or_else(|e| e.into_inner());
+            // Only if no newer semaphore took the name meanwhile.
+            if by_name
+                .get(&self.name)
+                .is_some_and(|s| s.strong_count() == 0)
+            {
+                by_name.remove(&self.name);
+            }
+        }
         // The last permit and waiter of this instance are gone: delete the file if nobody
         // holds a permit on it, holding all of it meanwhile.
-        let state = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
         #[cfg(target_os = "linux")]
-        if let Some(file) = state.file.take()
-            && state.held.is_empty()
-            && ofd::try_lock(&file, ofd::Range::new(0, 0)).unwrap_or(false)
-            && is_linked(&file, &self.path).unwrap_or(false)
         {
-            let _ = std::fs::remove_file(&self.path);
+            let state = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
+            if let Some(file) = &state.file
+                && state.held.is_empty()
+                && ofd::try_lock(file, ofd::Range::new(0, 0)).unwrap_or(false)
+                && is_linked(file, &self.path).unwrap_or(false)
+            {
+                let _ = std::fs::remove_file(&self.path);
+            }
         }
-        state.file = None;
     }
 }
 
@@ -211,5 +243,30 @@ impl Slots {
 
     fn is_empty(&self) -> bool {
         self.0.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // test code: a failed step fails the test
+
+    use super::*;
+
+    #[test]
+    fn a_semaphore_leaves_with_its_last_handle() {
+        let semaphores = Semaphores::default();
+        let count = || semaphores.0.lock().unwrap().len();
+        let name = LockName::new("a").unwrap();
+        let a = semaphores.get(&name, "a#sem".into());
+        let again = semaphores.get(&name, "b#sem".into());
+        assert!(Arc::ptr_eq(&a, &again));
+        drop(a);
+        assert_eq!(count(), 1);
+        drop(again);
+        assert_eq!(count(), 0);
+        assert_eq!(
+            semaphores.get(&name, "c#sem".into()).path,
+            PathBuf::from("c#sem")
+        );
     }
 }

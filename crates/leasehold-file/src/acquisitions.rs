@@ -115,10 +115,9 @@ impl Files {
 /// by every permit of that name in the same [`FileBackend`]).
 pub fn held_descriptor(owner: &OwnerId) -> Option<std::io::Result<OwnedFd>> {
     let acquisitions = acquisitions();
-    let held = acquisitions.get(owner)?;
-    if held.status == Status::Waiting {
-        return None;
-    }
+    let held = acquisitions
+        .get(owner)
+        .filter(|a| a.status != Status::Waiting)?;
     if let Some(lock) = &held.files.lock {
         return Some(lock.file.try_clone().map(OwnedFd::from));
     }

@@ -25,8 +25,8 @@ impl Backend for FileBackend {
     }
 
     async fn acquire(&self, req: &Request) -> Result<Acquire> {
-        // Read the version before trying, so a release right after the try still wakes us.
-        let version = self.inner.notifier.version(req.name.as_str());
+        // Take the ticket before trying, so a release right after the try still wakes us.
+        let ticket = self.inner.notifier.ticket(req.name.as_str());
         let (mut files, recorded) = {
             let mut acquisitions = acquisitions();
             match acquisitions.get_mut(&req.owner) {
@@ -44,7 +44,7 @@ impl Backend for FileBackend {
             if req.waiting {
                 self.enter(req, Status::Waiting, files, !recorded)?;
             }
-            return Ok(Acquire::Busy(WaitHint::new(version)));
+            return Ok(Acquire::Busy(WaitHint::new(ticket)));
         }
         // The kernel lock is ours; on any error below, dropping `files` gives it back (a
         // waiter stays in until it is released).
@@ -77,8 +77,8 @@ impl Backend for FileBackend {
     }
 
     async fn inspect(&self, name: &LockName) -> Result<LockState> {
-        let version = self.inner.notifier.version(name.as_str());
-        let mut state = LockState::new(WaitHint::new(version));
+        let ticket = self.inner.notifier.ticket(name.as_str());
+        let mut state = LockState::new(WaitHint::new(ticket));
         for (owner, record) in self.records(name)? {
             match record.status {
                 Status::Held(token) => state.holders.push(
@@ -117,8 +117,6 @@ impl FileBackend {
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)] // test code: a failed step fails the test
-
-    use std::time::Duration;
 
     use std::path::Path;
 

@@ -36,7 +36,6 @@ pub struct FileBackend {
 pub(crate) struct Inner {
     pub(crate) dir: PathBuf,
     pub(crate) notifier: Notifier,
-    /// This instance's semaphores in use, by name.
     pub(crate) semaphores: Semaphores,
 }
 

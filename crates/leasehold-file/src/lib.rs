@@ -27,15 +27,13 @@
 //! - **Permit** `K` of a semaphore is a write lock on byte `K` of `N#sem`.
 //! - **Tokens** come from `#tokens`, 1024 fsynced counters shared by hash of the name.
 //! - **Records** `N#who-OWNER` (pid, mode, token, value) are what `inspect` reads.
-//! - **Clean-up**: a lock file is deleted by its last holder while it still holds it, so the
-//!   directory holds files only for names in use, plus the counters. Do not delete lock
-//!   files by hand while locks are in use.
+//! - **Clean-up**: the last holder of a lock file deletes it, so the directory holds files
+//!   only for names in use, plus the counters.
 //!
 //! Guarantees:
 //!
 //! - Mutual exclusion between all processes (and all clients in one process) using the same
 //!   directory on one host, for as long as nobody deletes the lock files by hand.
-//! - A holder that dies releases at once: no TTL to wait out.
 //! - Fencing tokens strictly increase per name for as long as the `#tokens` file survives:
 //!   across process restarts always; across reboots only if the directory is on persistent
 //!   storage (the default directory under `$XDG_RUNTIME_DIR` is usually a tmpfs, reset at

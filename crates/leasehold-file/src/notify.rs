@@ -46,7 +46,7 @@ impl Notifier {
     }
 
     /// A ticket of `name`, watched for as long as it lives. Take it before trying the lock.
-    pub(crate) fn version(&self, name: &str) -> Ticket {
+    pub(crate) fn ticket(&self, name: &str) -> Ticket {
         #[cfg(target_os = "linux")]
         self.reader.ensure_running();
         self.board.ticket(name, None)

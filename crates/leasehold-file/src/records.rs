@@ -5,10 +5,11 @@
 //! release; records of dead processes are removed by whoever reads them.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use leasehold_core::backend::{Mode, Request};
 use leasehold_core::{FencingToken, LockName, OwnerId, Result};
+use rustix::io::Errno;
 
 use crate::FileBackend;
 use crate::acquisitions::{Status, acquisitions};
@@ -49,16 +50,11 @@ impl FileBackend {
         let mut records = Vec::new();
         for entry in entries.flatten() {
             let file_name = entry.file_name();
-            let Some(owner) = file_name.to_str().and_then(|f| f.strip_prefix(&prefix)) else {
+            let owner = file_name.to_str().and_then(|f| f.strip_prefix(&prefix));
+            let Some(owner) = owner.and_then(|owner| OwnerId::parse(owner).ok()) else {
                 continue;
             };
-            let Ok(owner) = OwnerId::parse(owner) else {
-                continue;
-            };
-            let Ok(text) = std::fs::read_to_string(entry.path()) else {
-                continue;
-            };
-            let Some(record) = Record::parse(&text) else {
+            let Some(record) = Record::read(&entry.path()) else {
                 continue;
             };
             if self.is_stale(&owner, &record) {
@@ -75,10 +71,8 @@ impl FileBackend {
         if record.pid == std::process::id() {
             return !acquisitions().contains_key(owner);
         }
-        let Some(pid) = rustix::process::Pid::from_raw(record.pid as i32) else {
-            return true;
-        };
-        rustix::process::test_kill_process(pid) == Err(rustix::io::Errno::SRCH)
+        rustix::process::Pid::from_raw(record.pid as i32)
+            .is_none_or(|pid| rustix::process::test_kill_process(pid) == Err(Errno::SRCH))
     }
 }
 
@@ -117,7 +111,9 @@ pub(crate) struct Record {
 }
 
 impl Record {
-    fn parse(text: &str) -> Option<Record> {
+    /// The record in the file at `path`; `None` if there is none, or it does not parse.
+    fn read(path: &Path) -> Option<Record> {
+        let text = std::fs::read_to_string(path).ok()?;
         let fields: HashMap<&str, &str> = text.lines().filter_map(|l| l.split_once('=')).collect();
         Some(Record {
             pid: fields.get("pid")?.parse().ok()?,

@@ -107,11 +107,8 @@ fn create(dir: &Path) -> Result<()> {
         legacy.push(entry.path());
     }
     static ASIDE: AtomicU64 = AtomicU64::new(0);
-    let aside = dir.join(format!(
-        "{TOKENS}-{}-{}",
-        std::process::id(),
-        ASIDE.fetch_add(1, Ordering::Relaxed)
-    ));
+    let (pid, n) = (std::process::id(), ASIDE.fetch_add(1, Ordering::Relaxed));
+    let aside = dir.join(format!("{TOKENS}-{pid}-{n}"));
     let counters: Vec<u8> = (0..TOKEN_SHARDS)
         .flat_map(|_| floor.to_le_bytes())
         .collect();

@@ -144,15 +144,8 @@ mod tests {
         let client = Client::new(backend.clone());
         let rival = Client::new(FileBackend::open(dir.path()).unwrap());
         // Once, so that the notifier's reader and the runtime's own descriptors exist.
-        client
-            .mutex("warm-up")
-            .unwrap()
-            .lock()
-            .await
-            .unwrap()
-            .release()
-            .await
-            .unwrap();
+        let warm_up = client.mutex("warm-up").unwrap().lock().await.unwrap();
+        warm_up.release().await.unwrap();
         let descriptors = open_descriptors();
         for i in 0..100_000 {
             let name = format!("order-{i}");

@@ -46,14 +46,14 @@ impl Notifier {
     }
 
     /// A ticket of `name`, watched for as long as it lives. Take it before trying the lock.
-    pub(crate) fn version(&self, name: &str) -> Ticket {
+    pub(crate) fn ticket(&self, name: &str) -> Ticket {
         #[cfg(target_os = "linux")]
         self.reader.ensure_running();
         self.board.ticket(name, None)
     }
 
-    /// Returns when `seen`'s name changed since it was taken (`None`: at once), or after
-    /// `max`.
+    /// Returns when `seen`'s name changed since it was taken, or after `max`.
+    /// Without a ticket it returns at once.
     pub(crate) async fn wait(&self, seen: Option<&Ticket>, max: Duration) {
         #[cfg(target_os = "linux")]
         let max = if self.reader.ensure_running() {
@@ -73,7 +73,7 @@ impl Notifier {
 #[cfg(target_os = "linux")]
 mod linux {
     use std::mem::MaybeUninit;
-    use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+    use std::os::fd::OwnedFd;
     use std::path::Path;
     use std::sync::{Arc, Mutex};
 
@@ -83,21 +83,13 @@ mod linux {
     use tokio::io::unix::AsyncFd;
     use tokio::task::JoinHandle;
 
-    /// The inotify descriptor and the task reading it (started inside a runtime, and
-    /// restarted if that runtime went away).
+    /// The inotify descriptor and the task reading it.
+    /// The task is started inside a runtime, and restarted if that runtime went away.
     #[derive(Debug)]
     pub(super) struct Reader {
         fd: Option<Arc<OwnedFd>>,
         board: Board,
         task: Mutex<Option<JoinHandle<()>>>,
-    }
-
-    struct Fd(Arc<OwnedFd>);
-
-    impl AsRawFd for Fd {
-        fn as_raw_fd(&self) -> RawFd {
-            self.0.as_raw_fd()
-        }
     }
 
     impl Reader {
@@ -143,10 +135,10 @@ mod linux {
             if task.as_ref().is_some_and(|t| !t.is_finished()) {
                 return true;
             }
-            // SAFETY: `Fd` holds a clone of the `Arc<OwnedFd>`, so the descriptor stays open
-            // and unchanged for as long as the `AsyncFd` owns it.
+            // SAFETY: the `AsyncFd` owns a clone of the `Arc<OwnedFd>`, so the descriptor
+            // stays open and unchanged for as long as it does.
             #[allow(unsafe_code)]
-            let Ok(async_fd) = (unsafe { AsyncFd::register(Fd(fd.clone())) }) else {
+            let Ok(async_fd) = (unsafe { AsyncFd::register(fd.clone()) }) else {
                 return false;
             };
             let board = self.board.clone();
@@ -157,7 +149,7 @@ mod linux {
                         return;
                     };
                     let mut touched = Vec::new();
-                    let mut reader = inotify::Reader::new(&*async_fd.get_ref().0, &mut buf);
+                    let mut reader = inotify::Reader::new(async_fd.get_ref(), &mut buf);
                     loop {
                         match reader.next() {
                             Ok(event) => {

@@ -115,3 +115,61 @@ async fn a_directory_that_is_a_file_is_refused() {
         Err(Error::Unavailable { .. } | Error::Backend { .. })
     ));
 }
+
+/// An inspection while a waiter tries again leaves the waiter's record alone.
+/// It must not take the waiter for the leftover of a gone acquisition: later inspections
+/// still list it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspecting_while_a_waiter_tries_again_keeps_its_record() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+    use leasehold_core::backend::{Acquire, Backend, Mode, Request};
+    use leasehold_core::{LockName, OwnerId};
+
+    let dir = tempfile::tempdir().unwrap();
+    let backend = FileBackend::open(dir.path()).unwrap();
+    let name = LockName::new("job").unwrap();
+    let request = |waiting| {
+        let ttl = Duration::from_secs(30);
+        let mut req = Request::new(name.clone(), OwnerId::generate(), Mode::Exclusive, ttl);
+        req.waiting = waiting;
+        req
+    };
+    let holder = request(false);
+    let waiter = request(true);
+    assert!(matches!(
+        backend.acquire(&holder).await.unwrap(),
+        Acquire::Granted(_)
+    ));
+    assert!(matches!(
+        backend.acquire(&waiter).await.unwrap(),
+        Acquire::Busy(_)
+    ));
+    // Inspections on a worker thread while this thread's waiter tries again and again.
+    let inspections = Arc::new(AtomicUsize::new(0));
+    let done = Arc::new(AtomicBool::new(false));
+    let inspector = tokio::spawn({
+        let (backend, name) = (backend.clone(), name.clone());
+        let (inspections, done) = (inspections.clone(), done.clone());
+        async move {
+            while !done.load(Ordering::Relaxed) {
+                backend.inspect(&name).await.unwrap();
+                inspections.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    });
+    while inspections.load(Ordering::Relaxed) < 1000 {
+        assert!(matches!(
+            backend.acquire(&waiter).await.unwrap(),
+            Acquire::Busy(_)
+        ));
+    }
+    done.store(true, Ordering::Relaxed);
+    inspector.await.unwrap();
+    let state = backend.inspect(&name).await.unwrap();
+    assert_eq!(state.holders.len(), 1);
+    assert_eq!(state.waiters.len(), 1, "the waiter's record was deleted");
+    backend.release(&waiter).await.unwrap();
+    backend.release(&holder).await.unwrap();
+}

@@ -84,15 +84,8 @@ async fn a_100_000_permit_semaphore_with_100_waiters_under_a_low_descriptor_limi
             .await
             .unwrap();
     }
-    assert!(
-        latecomer
-            .semaphore("pool", PERMITS)
-            .unwrap()
-            .try_acquire()
-            .await
-            .unwrap()
-            .is_none()
-    );
+    let latecomers_pool = latecomer.semaphore("pool", PERMITS).unwrap();
+    assert!(latecomers_pool.try_acquire().await.unwrap().is_none());
     assert!(
         open_descriptors() <= descriptors + 8,
         "descriptors per waiter"
@@ -110,13 +103,7 @@ async fn a_100_000_permit_semaphore_with_100_waiters_under_a_low_descriptor_limi
     }
     assert_eq!(waiter_holds.load(Ordering::SeqCst), WAITERS);
     assert!(
-        latecomer
-            .semaphore("pool", PERMITS)
-            .unwrap()
-            .try_acquire()
-            .await
-            .unwrap()
-            .is_none(),
+        latecomers_pool.try_acquire().await.unwrap().is_none(),
         "a permit more than the limit"
     );
 

@@ -38,7 +38,8 @@ pub enum Op {
 /// A backend decorator that injects faults. Clones share the faults.
 ///
 /// ```
-/// use leasehold_core::{Client, Error, faulty::{Faulty, Op}, memory::InMemory};
+/// use leasehold_core::{Client, Error, memory::InMemory};
+/// use leasehold_testkit::faulty::{Faulty, Op};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> leasehold_core::Result<()> {
 /// let faulty = Faulty::new(InMemory::new());

@@ -390,7 +390,7 @@ async fn keep_alive(
                 return end("no keep-alive was acknowledged in time");
             }
             sent = SystemClock.now();
-            if sender.send().await.is_err() {
+            if sender.send().is_err() {
                 keeper.suspend();
                 continue 'stream;
             }

@@ -156,7 +156,7 @@ impl Rpc {
     ) -> Result<(KeepAlive, Streaming<LeaseKeepAliveResponse>), Status> {
         let (sender, requests) = mpsc::channel(1);
         let keep_alive = KeepAlive { id, sender };
-        keep_alive.send().await?;
+        keep_alive.send()?;
         let answers = self
             .lease()
             .lease_keep_alive(ReceiverStream::new(requests))
@@ -197,16 +197,16 @@ pub(crate) struct KeepAlive {
 }
 
 impl KeepAlive {
-    /// Sends one keep-alive.
+    /// Sends one keep-alive, without waiting.
     ///
     /// # Errors
     ///
-    /// If the stream has ended.
-    pub(crate) async fn send(&self) -> Result<(), Status> {
+    /// If the stream has ended, or has not yet taken the keep-alive before this one (a
+    /// stalled connection): open a new stream.
+    pub(crate) fn send(&self) -> Result<(), Status> {
         self.sender
-            .send(LeaseKeepAliveRequest { id: self.id })
-            .await
-            .map_err(|_| Status::unavailable("the keep-alive stream ended"))
+            .try_send(LeaseKeepAliveRequest { id: self.id })
+            .map_err(|_| Status::unavailable("the keep-alive stream takes no more requests"))
     }
 }
 

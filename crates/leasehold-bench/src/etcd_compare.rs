@@ -8,8 +8,8 @@
 //! machine these ratios move by about 1 % from round to round, the separate rows' by 20 %.
 //!
 //! ```sh
-//! cargo run --release -p leasehold-bench --bin etcd-compare             # starts its own etcd
-//! cargo run --release -p leasehold-bench --bin etcd-compare -- --url etcd://127.0.0.1:2379 --duration 5s --json
+//! cargo run --release -p leasehold-bench --features etcd-client --bin etcd-compare             # starts its own etcd
+//! cargo run --release -p leasehold-bench --features etcd-client --bin etcd-compare -- --url etcd://127.0.0.1:2379 --duration 5s --json
 //! ```
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark: failures should be loud

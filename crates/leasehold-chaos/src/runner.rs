@@ -347,7 +347,7 @@ fn replay_command(spec: &RunSpec) -> String {
     match &spec.bug {
         // Planted bugs exist only in a build with the feature.
         Some(bug) => format!(
-            "cargo run -p leasehold-chaos-harness --features planted-bugs,etcd -- {args} --bug {bug}"
+            "cargo run -p leasehold-chaos-harness --features planted-bugs -- {args} --bug {bug}"
         ),
         None if spec.backend.needs_harness(spec.url.is_some()) => {
             format!("leasehold-chaos {args}")

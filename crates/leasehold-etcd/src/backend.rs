@@ -6,7 +6,6 @@ use std::num::NonZeroU32;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use etcd_client::{GetOptions, GetResponse, TxnOpResponse, WatchFilterType, WatchOptions};
 use leasehold_core::backend::{
     Acquire, Backend, Capabilities, Expiry, Grant, Holder, LockState, Mode, Release, Renewal,
     Request, SessionLiveness, TokenDurability, WaitHint, Waiter,
@@ -19,6 +18,9 @@ use crate::error::map_error;
 use crate::registry::Placed;
 use crate::reply::{Entry, decode, encode, queue_of, ranges, token};
 use crate::requests::{self, AcquireShape, Fence};
+use crate::rpc::{
+    FilterType, OpAnswer, RangeRequest, RangeResponse, ResponseOp, WatchCreateRequest,
+};
 use crate::session::Session;
 
 /// What a busy request hands to `wait`: what to watch, and what it looked like when read.
@@ -79,25 +81,29 @@ impl EtcdBackend {
         let (Some(created), Some(key)) = (hint.created, hint.keys.first()) else {
             return Ok(now >= hint.from);
         };
+        let read = RangeRequest {
+            keys_only: true,
+            ..requests::get(key.clone())
+        };
         let now = self
-            .kv()
-            .get(key.clone(), Some(GetOptions::new().with_keys_only()))
+            .rpc()
+            .range(read)
             .await
             .map_err(|e| map_error(e, "watching"))?;
         Ok(now
-            .kvs()
+            .kvs
             .first()
-            .is_none_or(|kv| kv.create_revision() != created))
+            .is_none_or(|kv| kv.create_revision != created))
     }
 
     /// Whether the fence `read` shows is the one `session` put under.
     /// If it moved, notes where it is; if it is gone, the session's lease is gone on the
     /// server and the session ends here too.
-    fn fence_held(&self, session: &Session, read: &GetResponse) -> bool {
-        match read.kvs().first() {
-            Some(kv) if kv.mod_revision() == session.fence() => true,
+    fn fence_held(&self, session: &Session, read: &RangeResponse) -> bool {
+        match read.kvs.first() {
+            Some(kv) if kv.mod_revision == session.fence() => true,
             Some(kv) => {
-                session.saw_fence(kv.mod_revision());
+                session.saw_fence(kv.mod_revision);
                 false
             }
             None => {
@@ -141,22 +147,23 @@ impl EtcdBackend {
             self.registry().put_sent(&req.owner);
         }
         let answer = self
-            .kv()
+            .rpc()
             .txn(txn)
             .await
             .map_err(|e| map_error(e, "acquiring"))?;
-        let Some(revision) = answer.header().map(|h| h.revision()).filter(|r| *r > 0) else {
+        let revision = answer.revision();
+        if revision <= 0 {
             // The put stays unanswered: a retry adopts it, a give-up removes it by value.
             return Err(Error::backend(
                 "etcd: an acquire was answered without its revision",
                 true,
             ));
-        };
+        }
         if puts {
             self.registry().put_answered(&req.owner);
         }
-        let responses = answer.op_responses();
-        match (shape, answer.succeeded()) {
+        let responses = answer.responses;
+        match (shape, answer.succeeded) {
             (AcquireShape::Woken, false) => {
                 // The key is gone: its lease expired (or someone deleted it) while we
                 // waited.
@@ -181,20 +188,23 @@ impl EtcdBackend {
                     .await
             }
             (_, false) => {
-                let Some(TxnOpResponse::Txn(joined)) = responses.first() else {
+                let Some(ResponseOp {
+                    response: Some(OpAnswer::ResponseTxn(joined)),
+                }) = responses.first()
+                else {
                     return Err(Error::backend(
                         "etcd: a queueing transaction was answered without its nested one",
                         false,
                     ));
                 };
-                let responses = joined.op_responses();
-                if joined.succeeded() {
-                    let [contenders, markers] = reads(&responses)?;
+                let responses = &joined.responses;
+                if joined.succeeded {
+                    let [contenders, markers] = reads(responses)?;
                     return self
                         .settle(&session, &placed, req, contenders, markers, revision)
                         .await;
                 }
-                let [fence] = reads(&responses)?;
+                let [fence] = reads(responses)?;
                 self.fence_held(&session, fence);
                 self.registry().forget_if_unseen(&req.owner);
                 Ok(Step::Again)
@@ -209,8 +219,8 @@ impl EtcdBackend {
         session: &Session,
         placed: &Placed,
         req: &Request,
-        contenders: &GetResponse,
-        markers: &GetResponse,
+        contenders: &RangeResponse,
+        markers: &RangeResponse,
         revision: i64,
     ) -> Result<Step> {
         let dir = &placed.set.dir;
@@ -274,17 +284,19 @@ impl EtcdBackend {
         let anchor = bump.then(|| self.inner.layout.anchor(placed.lease));
         let value = encode(req.mode, &req.owner, req.value.as_deref());
         let txn = requests::remove(&placed, &value, req.lock_delay.is_some(), anchor.as_deref());
-        let answer = self.kv().txn(txn).await.map_err(|e| map_error(e, doing))?;
+        let answer = self.rpc().txn(txn).await.map_err(|e| map_error(e, doing))?;
         if bump
-            && let Some(revision) = answer.header().map(|h| h.revision())
             && let Some(session) = self.current_session().await
             && session.id == placed.lease
         {
             // The fence moved at this transaction's revision (or is gone with the lease).
-            session.saw_fence(revision);
+            session.saw_fence(answer.revision());
         }
-        let removed = answer.succeeded()
-            && matches!(answer.op_responses().first(), Some(TxnOpResponse::Delete(d)) if d.deleted() > 0);
+        let removed = answer.succeeded
+            && matches!(
+                answer.responses.first().and_then(|r| r.response.as_ref()),
+                Some(OpAnswer::ResponseDeleteRange(d)) if d.deleted > 0
+            );
         self.registry().forget(&req.owner);
         Ok(if removed {
             Release::Released
@@ -325,9 +337,9 @@ impl EtcdBackend {
         revision: i64,
         delay: Duration,
     ) -> Result<()> {
-        let lease = session.delay_lease(&self.inner.client, delay).await?;
+        let lease = session.delay_lease(&self.inner.rpc, delay).await?;
         let answer = self
-            .kv()
+            .rpc()
             .txn(requests::put_marker(
                 placed,
                 owner.as_str(),
@@ -336,7 +348,7 @@ impl EtcdBackend {
             ))
             .await
             .map_err(|e| map_error(e, "marking a grant for lock-delay"))?;
-        if answer.succeeded() {
+        if answer.succeeded {
             Ok(())
         } else {
             // The key is gone: the session's lease ran out since the grant.
@@ -351,16 +363,16 @@ impl EtcdBackend {
             return Ok(None);
         }
         let answer = self
-            .client()
-            .lease_time_to_live(lease, None)
+            .rpc()
+            .lease_time_to_live(lease)
             .await
             .map_err(|e| map_error(e, "inspecting a lease"))?;
-        match u64::try_from(answer.ttl()) {
+        match u64::try_from(answer.ttl) {
             Ok(left) => Ok(Some(Duration::from_secs(left))),
             // A lease that expired since the read: etcd answers -1.
-            Err(_) if answer.ttl() == -1 => Ok(Some(Duration::ZERO)),
+            Err(_) if answer.ttl == -1 => Ok(Some(Duration::ZERO)),
             Err(_) => Err(Error::backend(
-                format!("etcd: lease {lease:x} has {} s left", answer.ttl()),
+                format!("etcd: lease {lease:x} has {} s left", answer.ttl),
                 false,
             )),
         }
@@ -372,7 +384,7 @@ impl EtcdBackend {
 /// # Errors
 ///
 /// [`Error::Backend`] if the answer does not hold them.
-fn reads<const N: usize>(responses: &[TxnOpResponse]) -> Result<[&GetResponse; N]> {
+fn reads<const N: usize>(responses: &[ResponseOp]) -> Result<[&RangeResponse; N]> {
     ranges(responses).try_into().map_err(|found: Vec<_>| {
         Error::backend(
             format!(
@@ -420,16 +432,16 @@ impl Backend for EtcdBackend {
             return Ok(Renewal::Lost(LossReason::NotOwner));
         };
         let found = self
-            .kv()
-            .get(placed.key(), None)
+            .rpc()
+            .range(requests::get(placed.key()))
             .await
             .map_err(|e| map_error(e, "checking a key"))?;
         let session = self.current_session().await;
-        match (found.kvs().first(), session) {
+        match (found.kvs.first(), session) {
             (Some(kv), Some(session))
-                if kv.lease() == session.id
+                if kv.lease == session.id
                     && session.is_alive()
-                    && placed.revision == Some(kv.create_revision()) =>
+                    && placed.revision == Some(kv.create_revision) =>
             {
                 Ok(Renewal::Renewed(Expiry::Session(session.liveness())))
             }
@@ -445,46 +457,52 @@ impl Backend for EtcdBackend {
         let Some(hint) = hint.get::<Hint>() else {
             return Ok(());
         };
-        let Some((first, more)) = hint.keys.split_first() else {
+        if hint.keys.is_empty() {
             return Ok(());
-        };
+        }
         // The watch starts at the current revision, not at `hint.from`: etcd serves a watch
         // that starts in the past from a catch-up loop that runs every 100 ms, one that
         // starts now at once. What changed before the watch was in place is looked up once
         // it is: etcd fixes a new watch's start revision before it registers it, and a
         // write in between also leaves it to the catch-up loop.
-        let mut options = WatchOptions::new();
-        if hint.prefix {
-            options = options.with_prefix();
-        }
-        if hint.deletes_only {
-            options = options.with_filters([WatchFilterType::NoPut]);
-        }
+        let watches = hint
+            .keys
+            .iter()
+            .map(|key| WatchCreateRequest {
+                key: key.clone(),
+                range_end: if hint.prefix {
+                    requests::prefix_end(key)
+                } else {
+                    Vec::new()
+                },
+                filters: if hint.deletes_only {
+                    vec![FilterType::Noput.into()]
+                } else {
+                    Vec::new()
+                },
+                ..WatchCreateRequest::default()
+            })
+            .collect();
         let watched = async {
             let mut stream = self
-                .client()
-                .watch(first.clone(), Some(options.clone()))
+                .rpc()
+                .watch(watches)
                 .await
                 .map_err(|e| map_error(e, "watching"))?;
-            for key in more {
-                stream
-                    .watch(key.clone(), Some(options.clone()))
-                    .await
-                    .map_err(|e| map_error(e, "watching"))?;
-            }
             loop {
                 match stream
+                    .answers
                     .message()
                     .await
                     .map_err(|e| map_error(e, "watching"))?
                 {
-                    Some(answer) if answer.created() => {
-                        let now = answer.header().map_or(i64::MAX, |h| h.revision());
+                    Some(answer) if answer.created => {
+                        let now = answer.header.map_or(i64::MAX, |h| h.revision);
                         if self.moved(hint, now).await? {
                             return Ok(());
                         }
                     }
-                    Some(answer) if !answer.events().is_empty() || answer.canceled() => {
+                    Some(answer) if !answer.events.is_empty() || answer.canceled => {
                         return Ok(());
                     }
                     Some(_) => {}
@@ -510,11 +528,11 @@ impl Backend for EtcdBackend {
             .dir,
         ];
         let answer = self
-            .kv()
+            .rpc()
             .txn(requests::read_all(&dirs))
             .await
             .map_err(|e| map_error(e, "inspecting"))?;
-        let revision = answer.header().map_or(0, |h| h.revision());
+        let revision = answer.revision();
         let mut state = LockState::new(WaitHint::new(Hint {
             keys: self
                 .inner
@@ -527,11 +545,10 @@ impl Backend for EtcdBackend {
             created: None,
             from: revision + 1,
         }));
-        let responses = answer.op_responses();
-        let sets: [&GetResponse; 2] = reads(&responses)?;
+        let sets: [&RangeResponse; 2] = reads(&answer.responses)?;
         let mut left: HashMap<i64, Option<Duration>> = HashMap::new();
         for (dir, read) in dirs.iter().zip(sets) {
-            let queue: Vec<Entry> = read.kvs().iter().map(|kv| decode(dir, kv)).collect();
+            let queue: Vec<Entry> = read.kvs.iter().map(|kv| decode(dir, kv)).collect();
             for (entry, holds) in queue.iter().zip(holding(&queue)) {
                 if !holds {
                     state

@@ -5,7 +5,6 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use etcd_client::{Client, Compare, CompareOp, ConnectOptions, KvClient};
 use leasehold_core::backend::Mode;
 use leasehold_core::{Error, Guard, LockName, Result};
 use tokio::sync::Mutex as AsyncMutex;
@@ -14,12 +13,24 @@ use crate::error::map_error;
 use crate::layout::{Layout, Set};
 use crate::options::{EtcdOptions, parse_url};
 use crate::registry::Registry;
+use crate::rpc::Rpc;
 use crate::session::Session;
 use crate::transport;
 
 /// How often an idle connection is pinged, and how long a ping may go unanswered.
 /// After that the connection is given up for the next member.
 pub(crate) const KEEP_ALIVE: Duration = Duration::from_secs(2);
+
+/// The condition of a write fenced by a guard: `key` exists, created at `create_revision`.
+/// See [`EtcdBackend::still_owner`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StillOwner {
+    /// The lock's key.
+    pub key: Vec<u8>,
+    /// The revision that created it: the guard's fencing token.
+    pub create_revision: i64,
+}
 
 /// A client's connection to an etcd cluster. Clones share the connection and the session.
 #[derive(Debug, Clone)]
@@ -28,7 +39,7 @@ pub struct EtcdBackend {
 }
 
 pub(crate) struct Inner {
-    pub(crate) client: Client,
+    pub(crate) rpc: Rpc,
     pub(crate) options: EtcdOptions,
     pub(crate) layout: Layout,
     session: AsyncMutex<Option<Arc<Session>>>,
@@ -88,19 +99,18 @@ impl EtcdBackend {
     /// As for [`connect`](EtcdBackend::connect).
     pub async fn connect_with(endpoints: &[String], options: EtcdOptions) -> Result<Self> {
         options.check()?;
-        let mut connect = ConnectOptions::new();
-        if let Some((user, password)) = &options.user {
-            connect = connect.with_user(user, password.expose());
-        }
         let channel =
             transport::channel(endpoints, &options.tls, options.connect_timeout, KEEP_ALIVE)?;
         // The channel connects on first use: a status request makes the first use here, so
         // that an unreachable cluster or a refused certificate is reported by `connect`.
-        let client = tokio::time::timeout(options.connect_timeout, async {
-            let mut client =
-                Client::from_channel(etcd_client::Channel::Tonic(channel), Some(connect)).await?;
-            client.status().await?;
-            Ok(client)
+        let user = options
+            .user
+            .as_ref()
+            .map(|(user, password)| (user.as_str(), password.expose()));
+        let rpc = tokio::time::timeout(options.connect_timeout, async {
+            let rpc = Rpc::connect(channel, user).await?;
+            rpc.status().await?;
+            Ok(rpc)
         })
         .await
         .map_err(|_| {
@@ -112,7 +122,7 @@ impl EtcdBackend {
         .map_err(|e| map_error(e, "connecting"))?;
         Ok(Self {
             inner: Arc::new(Inner {
-                client,
+                rpc,
                 layout: Layout::new(&options.prefix),
                 options,
                 session: AsyncMutex::new(None),
@@ -121,13 +131,9 @@ impl EtcdBackend {
         })
     }
 
-    pub(crate) fn client(&self) -> Client {
-        self.inner.client.clone()
-    }
-
-    /// The key-value service alone: cheaper to clone per request than the whole client.
-    pub(crate) fn kv(&self) -> KvClient {
-        self.inner.client.kv_client()
+    /// The connection, for one request.
+    pub(crate) fn rpc(&self) -> &Rpc {
+        &self.inner.rpc
     }
 
     /// The directories of `name`'s set for `mode`.
@@ -145,7 +151,7 @@ impl EtcdBackend {
         }
         let options = &self.inner.options;
         let session = Session::start(
-            &self.inner.client,
+            &self.inner.rpc,
             options.session_ttl,
             options.drift_margin,
             &self.inner.layout,
@@ -175,7 +181,7 @@ impl EtcdBackend {
     pub async fn close(&self) -> Result<()> {
         let session = self.inner.session.lock().await.take();
         match session {
-            Some(session) => session.close(&self.inner.client).await,
+            Some(session) => session.close(&self.inner.rpc).await,
             None => Ok(()),
         }
     }
@@ -204,7 +210,7 @@ impl EtcdBackend {
             Some(session) => {
                 let revoked = tokio::time::timeout(
                     self.inner.options.connect_timeout,
-                    session.close(&self.inner.client),
+                    session.close(&self.inner.rpc),
                 )
                 .await;
                 match revoked {
@@ -249,17 +255,22 @@ impl EtcdBackend {
         }
     }
 
-    /// A comparison that holds while `guard`'s lock is still held.
-    /// It checks that the lock's key exists with the revision the grant created. Put it in
-    /// your own etcd transaction so that a write happens only while the lock is held.
-    pub fn still_owner(&self, guard: &Guard) -> Compare {
+    /// The comparison that holds while `guard`'s lock is still held.
+    /// Put it in your own etcd transaction so that a write happens only while the lock is
+    /// held: the lock's key must exist with the create revision of the grant. With the
+    /// etcd-client crate that is
+    /// `Compare::create_revision(c.key, CompareOp::Equal, c.create_revision)`; with
+    /// `etcdctl txn`, `create("<key>") = "<create_revision>"`.
+    pub fn still_owner(&self, guard: &Guard) -> StillOwner {
         // A released guard compares its queue directory, a key that never exists.
         let key = self
             .registry()
             .get(guard.owner())
             .map_or_else(|| self.set(guard.name(), guard.mode()).dir, |p| p.key());
-        let revision = i64::try_from(guard.token().get()).unwrap_or(i64::MAX);
-        Compare::create_revision(key, CompareOp::Equal, revision)
+        StillOwner {
+            key: key.into_bytes(),
+            create_revision: i64::try_from(guard.token().get()).unwrap_or(i64::MAX),
+        }
     }
 
     /// The entries this backend has placed.

@@ -4,6 +4,8 @@
 //! - `lib.rs`: this map, how it works in brief, the exports;
 //! - `options.rs`: options and URL parameters;
 //! - `transport.rs`: the connection to one member at a time, with TLS;
+//! - `rpc/mod.rs`: etcd's gRPC API: one handle that signs requests, transaction builders;
+//! - `rpc/etcdserverpb.rs`: its messages and clients, generated from `proto/etcd.proto`;
 //! - `connection.rs`: the backend value, connecting, the session in use;
 //! - `session.rs`: one session lease, its keep-alives, liveness, fence and lock-delay leases;
 //! - `layout.rs`: where entries (keys) live and how they are named;
@@ -72,8 +74,9 @@ mod options;
 mod registry;
 mod reply;
 mod requests;
+mod rpc;
 mod session;
 mod transport;
 
-pub use connection::EtcdBackend;
+pub use connection::{EtcdBackend, StillOwner};
 pub use options::EtcdOptions;

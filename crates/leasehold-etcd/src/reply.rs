@@ -7,12 +7,12 @@
 
 use std::sync::Arc;
 
-use etcd_client::{GetResponse, KeyValue, TxnOpResponse};
 use leasehold_core::backend::Mode;
 use leasehold_core::support::queue::Contender;
 use leasehold_core::{Error, FencingToken, OwnerId, Result};
 
 use crate::layout::{MARKER, is_ours};
+use crate::rpc::{KeyValue, OpAnswer, RangeResponse, ResponseOp};
 
 /// One holder or waiter, from a queue read.
 #[derive(Debug)]
@@ -50,7 +50,7 @@ pub(crate) fn encode(mode: Mode, owner: &OwnerId, value: Option<&[u8]>) -> Vec<u
 
 /// The entry of a key read from the contender directory `dir`.
 pub(crate) fn decode(dir: &str, kv: &KeyValue) -> Entry {
-    entry(dir, kv.key(), kv.value(), kv.lease(), kv.create_revision())
+    entry(dir, &kv.key, &kv.value, kv.lease, kv.create_revision)
 }
 
 /// The entry of the key `key` in `dir` with `value`, bound to `lease`, created at `revision`.
@@ -132,16 +132,16 @@ fn decode_value(value: &[u8]) -> Option<Decoded> {
 /// marker of a queued owner counts).
 pub(crate) fn queue_of(
     dir: &str,
-    contenders: &GetResponse,
-    markers: &GetResponse,
+    contenders: &RangeResponse,
+    markers: &RangeResponse,
 ) -> (Vec<Entry>, Option<(Vec<u8>, i64)>) {
-    let queue: Vec<Entry> = contenders.kvs().iter().map(|kv| decode(dir, kv)).collect();
+    let queue: Vec<Entry> = contenders.kvs.iter().map(|kv| decode(dir, kv)).collect();
     let closed_by = markers
-        .kvs()
+        .kvs
         .iter()
         .find(|kv| {
             let owner = kv
-                .value()
+                .value
                 .strip_prefix(MARKER)
                 .and_then(|owner| std::str::from_utf8(owner).ok());
             owner.is_none_or(|owner| {
@@ -150,16 +150,16 @@ pub(crate) fn queue_of(
                     .any(|e| !e.foreign && e.owner.as_str() == owner.trim_end())
             })
         })
-        .map(|kv| (kv.key().to_vec(), kv.create_revision()));
+        .map(|kv| (kv.key.clone(), kv.create_revision));
     (queue, closed_by)
 }
 
 /// The range reads among `responses`, in order.
-pub(crate) fn ranges(responses: &[TxnOpResponse]) -> Vec<&GetResponse> {
+pub(crate) fn ranges(responses: &[ResponseOp]) -> Vec<&RangeResponse> {
     responses
         .iter()
-        .filter_map(|r| match r {
-            TxnOpResponse::Get(get) => Some(get),
+        .filter_map(|r| match &r.response {
+            Some(OpAnswer::ResponseRange(read)) => Some(read),
             _ => None,
         })
         .collect()

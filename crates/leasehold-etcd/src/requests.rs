@@ -1,13 +1,15 @@
 //! The requests the backend sends: each a transaction (or a plain delete), shaped here.
 
-use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp};
-
 use crate::layout::MARKER;
 use crate::registry::Placed;
+use crate::rpc::{
+    Compare, CompareResult, DeleteRangeRequest, PutRequest, RangeRequest, RequestOp, SortOrder,
+    SortTarget, TargetUnion, TxnRequest, compare,
+};
 
 /// The end of the range of keys starting with `prefix`.
-pub(crate) fn prefix_end(prefix: &str) -> Vec<u8> {
-    let mut end = prefix.as_bytes().to_vec();
+pub(crate) fn prefix_end(prefix: impl AsRef<[u8]>) -> Vec<u8> {
+    let mut end = prefix.as_ref().to_vec();
     if let Some(last) = end.last_mut() {
         *last += 1;
     }
@@ -15,11 +17,60 @@ pub(crate) fn prefix_end(prefix: &str) -> Vec<u8> {
 }
 
 /// A read of the queue in `dir`, oldest create revision first.
-pub(crate) fn sorted(dir: &str) -> GetOptions {
-    GetOptions::new()
-        .with_prefix()
-        .with_sort(SortTarget::Create, SortOrder::Ascend)
-        .with_range(prefix_end(dir))
+pub(crate) fn sorted(dir: &str) -> RangeRequest {
+    RangeRequest {
+        key: dir.into(),
+        range_end: prefix_end(dir),
+        sort_order: SortOrder::Ascend.into(),
+        sort_target: SortTarget::Create.into(),
+        ..RangeRequest::default()
+    }
+}
+
+/// A read of the one key `key`.
+pub(crate) fn get(key: impl Into<Vec<u8>>) -> RangeRequest {
+    RangeRequest {
+        key: key.into(),
+        ..RangeRequest::default()
+    }
+}
+
+/// A transaction that runs `success` if every one of `compare` holds, else `failure`.
+fn txn(
+    compare: impl Into<Vec<Compare>>,
+    success: impl IntoIterator<Item = RequestOp>,
+    failure: impl IntoIterator<Item = RequestOp>,
+) -> TxnRequest {
+    TxnRequest {
+        compare: compare.into(),
+        success: success.into_iter().collect(),
+        failure: failure.into_iter().collect(),
+    }
+}
+
+/// A put of `key` bound to `lease`.
+fn put(key: impl Into<Vec<u8>>, value: Vec<u8>, lease: i64) -> RequestOp {
+    PutRequest {
+        key: key.into(),
+        value,
+        lease,
+        ..PutRequest::default()
+    }
+    .into()
+}
+
+/// A delete of the one key `key`.
+fn delete(key: impl Into<Vec<u8>>) -> RequestOp {
+    DeleteRangeRequest {
+        key: key.into(),
+        range_end: Vec::new(),
+    }
+    .into()
+}
+
+/// Whether `key` exists (`Equal` to 0: it does not).
+fn created(key: impl Into<Vec<u8>>, result: CompareResult, revision: i64) -> Compare {
+    compare(key, result, TargetUnion::CreateRevision(revision))
 }
 
 /// Which acquire transaction to send.
@@ -48,17 +99,24 @@ pub(crate) struct Fence<'a> {
 
 impl Fence<'_> {
     fn holds(self) -> Compare {
-        Compare::mod_revision(self.key, CompareOp::Equal, self.revision)
+        compare(
+            self.key,
+            CompareResult::Equal,
+            TargetUnion::ModRevision(self.revision),
+        )
     }
 
-    fn read(self) -> TxnOp {
-        TxnOp::get(self.key, None)
+    fn read(self) -> RequestOp {
+        get(self.key).into()
     }
 }
 
 /// Nothing under `dir`.
 fn empty(dir: &str) -> Compare {
-    Compare::create_revision(dir, CompareOp::Equal, 0).with_range(prefix_end(dir))
+    Compare {
+        range_end: prefix_end(dir),
+        ..created(dir, CompareResult::Equal, 0)
+    }
 }
 
 /// The acquire transaction of `placed`'s key, which writes only while `fence` holds.
@@ -73,49 +131,36 @@ fn empty(dir: &str) -> Compare {
 ///
 /// A put whose fence moved writes nothing: the fence read says where it is now (or that
 /// the session's lease is gone).
-pub(crate) fn acquire(shape: AcquireShape, placed: &Placed, value: &[u8], fence: Fence<'_>) -> Txn {
+pub(crate) fn acquire(
+    shape: AcquireShape,
+    placed: &Placed,
+    value: &[u8],
+    fence: Fence<'_>,
+) -> TxnRequest {
     let (key, set) = (placed.key(), &placed.set);
-    let reads = || {
-        [
-            TxnOp::get(set.dir.as_str(), Some(sorted(&set.dir))),
-            TxnOp::get(set.markers.as_str(), Some(sorted(&set.markers))),
-        ]
-    };
-    let put = || {
-        TxnOp::put(
-            key.as_str(),
-            value.to_vec(),
-            Some(PutOptions::new().with_lease(placed.lease)),
-        )
-    };
+    let reads = || -> [RequestOp; 2] { [sorted(&set.dir).into(), sorted(&set.markers).into()] };
+    let put_key = || put(key.as_str(), value.to_vec(), placed.lease);
     // The fence holds, and nothing is under the queue's directories: no holder, waiter or
     // lock-delay marker.
     let free = || [fence.holds(), empty(&set.dir), empty(&set.markers)];
     match shape {
-        AcquireShape::Woken => Txn::new()
-            .when([Compare::create_revision(
-                key.as_str(),
-                CompareOp::NotEqual,
-                0,
-            )])
-            .and_then(reads()),
+        AcquireShape::Woken => txn(
+            [created(key.as_str(), CompareResult::NotEqual, 0)],
+            reads(),
+            [],
+        ),
         AcquireShape::Try => {
             let [contenders, markers] = reads();
-            Txn::new()
-                .when(free())
-                .and_then([put()])
-                .or_else([contenders, markers, fence.read()])
+            txn(free(), [put_key()], [contenders, markers, fence.read()])
         }
         AcquireShape::Join => {
             let [contenders, markers] = reads();
-            let join = Txn::new()
-                .when([fence.holds()])
-                .and_then([put(), contenders, markers])
-                .or_else([fence.read()]);
-            Txn::new()
-                .when(free())
-                .and_then([put()])
-                .or_else([TxnOp::txn(join)])
+            let join = txn(
+                [fence.holds()],
+                [put_key(), contenders, markers],
+                [fence.read()],
+            );
+            txn(free(), [put_key()], [join.into()])
         }
     }
 }
@@ -126,58 +171,61 @@ pub(crate) fn acquire(shape: AcquireShape, placed: &Placed, value: &[u8], fence:
 /// owner). Succeeds, with the delete's answer first, when it removed the key. With `bump`,
 /// the fence of the key's session is moved too, whatever else happens, so that no put of
 /// this acquisition can land afterwards.
-pub(crate) fn remove(placed: &Placed, value: &[u8], marker: bool, bump: Option<&str>) -> Txn {
+pub(crate) fn remove(
+    placed: &Placed,
+    value: &[u8],
+    marker: bool,
+    bump: Option<&str>,
+) -> TxnRequest {
     let key = placed.key();
     let ours = match placed.revision {
-        Some(revision) => Compare::create_revision(key.as_str(), CompareOp::Equal, revision),
-        None => Compare::value(key.as_str(), CompareOp::Equal, value.to_vec()),
+        Some(revision) => created(key.as_str(), CompareResult::Equal, revision),
+        None => compare(
+            key.as_str(),
+            CompareResult::Equal,
+            TargetUnion::Value(value.to_vec()),
+        ),
     };
-    let mut then = vec![TxnOp::delete(key.as_str(), None)];
+    let mut then = vec![delete(key.as_str())];
     if marker {
-        then.push(TxnOp::delete(placed.marker(), None));
+        then.push(delete(placed.marker()));
     }
     let mut otherwise = Vec::new();
     if let Some(anchor) = bump {
         // The fence key keeps its value and lease; only its mod revision moves. A session
         // whose lease is gone has no fence left to move (and no put of it can land).
-        let moved = Txn::new()
-            .when([Compare::create_revision(anchor, CompareOp::NotEqual, 0)])
-            .and_then([TxnOp::put(
-                anchor,
-                Vec::new(),
-                Some(PutOptions::new().with_ignore_value().with_ignore_lease()),
-            )]);
-        then.push(TxnOp::txn(moved.clone()));
-        otherwise.push(TxnOp::txn(moved));
+        let touch = PutRequest {
+            key: anchor.into(),
+            ignore_value: true,
+            ignore_lease: true,
+            ..PutRequest::default()
+        };
+        let moved = txn(
+            [created(anchor, CompareResult::NotEqual, 0)],
+            [touch.into()],
+            [],
+        );
+        then.push(moved.clone().into());
+        otherwise.push(moved.into());
     }
-    Txn::new().when([ours]).and_then(then).or_else(otherwise)
+    txn([ours], then, otherwise)
 }
 
 /// Puts the lock-delay marker of `placed` for `owner`, bound to the delay lease `lease`.
 /// The put happens only if the key is still the one created at `revision`.
-pub(crate) fn put_marker(placed: &Placed, owner: &str, revision: i64, lease: i64) -> Txn {
+pub(crate) fn put_marker(placed: &Placed, owner: &str, revision: i64, lease: i64) -> TxnRequest {
     let mut value = MARKER.to_vec();
     value.extend_from_slice(owner.as_bytes());
-    Txn::new()
-        .when([Compare::create_revision(
-            placed.key(),
-            CompareOp::Equal,
-            revision,
-        )])
-        .and_then([TxnOp::put(
-            placed.marker(),
-            value,
-            Some(PutOptions::new().with_lease(lease)),
-        )])
+    txn(
+        [created(placed.key(), CompareResult::Equal, revision)],
+        [put(placed.marker(), value, lease)],
+        [],
+    )
 }
 
 /// Reads every queue in `dirs` in one transaction.
-pub(crate) fn read_all(dirs: &[String]) -> Txn {
-    Txn::new().and_then(
-        dirs.iter()
-            .map(|dir| TxnOp::get(dir.as_str(), Some(sorted(dir))))
-            .collect::<Vec<_>>(),
-    )
+pub(crate) fn read_all(dirs: &[String]) -> TxnRequest {
+    txn([], dirs.iter().map(|dir| sorted(dir).into()), [])
 }
 
 #[cfg(test)]

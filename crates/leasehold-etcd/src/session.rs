@@ -13,7 +13,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
-use etcd_client::{Client, PutOptions};
 use leasehold_core::backend::{Liveness, ServerView, SessionKeeper, SessionLiveness};
 use leasehold_core::clock::{Clock, Instant, SystemClock};
 use leasehold_core::{Error, Result};
@@ -22,6 +21,7 @@ use tokio::task::JoinHandle;
 
 use crate::error::map_error;
 use crate::layout::Layout;
+use crate::rpc::{PutRequest, Rpc};
 
 /// How long after sending an acknowledged keep-alive a lease of `ttl` is counted on.
 /// The ttl minus the drift allowance, 1 % of it + `margin`.
@@ -64,31 +64,30 @@ fn whole_seconds(ttl: Duration) -> i64 {
 
 /// Grants a lease of at least `ttl` (rounded up to whole seconds).
 /// It returns its id and the ttl etcd granted, with the time the request was sent.
-async fn grant(client: &Client, ttl: Duration, what: &str) -> Result<(i64, Duration, Instant)> {
+async fn grant(rpc: &Rpc, ttl: Duration, what: &str) -> Result<(i64, Duration, Instant)> {
     let asked = whole_seconds(ttl);
     let sent = SystemClock.now();
-    let granted = client
-        .clone()
-        .lease_grant(asked, None)
+    let granted = rpc
+        .lease_grant(asked)
         .await
         .map_err(|e| map_error(e, &format!("granting the {what}")))?;
-    if !granted.error().is_empty() {
+    if !granted.error.is_empty() {
         return Err(Error::backend(
-            format!("etcd refused the {what}: {}", granted.error()),
+            format!("etcd refused the {what}: {}", granted.error),
             true,
         ));
     }
-    let ttl = u64::try_from(granted.ttl())
+    let ttl = u64::try_from(granted.ttl)
         .ok()
         .filter(|t| *t > 0)
         .map(Duration::from_secs)
         .ok_or_else(|| {
             Error::backend(
-                format!("etcd granted the {what} a ttl of {} s", granted.ttl()),
+                format!("etcd granted the {what} a ttl of {} s", granted.ttl),
                 false,
             )
         })?;
-    Ok((granted.id(), ttl, sent))
+    Ok((granted.id, ttl, sent))
 }
 
 impl Session {
@@ -103,15 +102,15 @@ impl Session {
     /// is longer): the lease is revoked again, since locks would be held longer than the
     /// options say. Errors of the requests otherwise.
     pub(crate) async fn start(
-        client: &Client,
+        rpc: &Rpc,
         ttl: Duration,
         margin: Duration,
         layout: &Layout,
     ) -> Result<Session> {
-        let (id, granted, sent) = grant(client, ttl, "session lease").await?;
+        let (id, granted, sent) = grant(rpc, ttl, "session lease").await?;
         let anchor = layout.anchor(id);
         let revoke = async || {
-            let _ = client.clone().lease_revoke(id).await;
+            let _ = rpc.lease_revoke(id).await;
         };
         let asked = Duration::from_secs(whole_seconds(ttl).unsigned_abs());
         if granted != asked {
@@ -124,16 +123,16 @@ impl Session {
                 ),
             ));
         }
-        let put = client
-            .clone()
-            .put(
-                anchor.as_str(),
-                "leasehold session",
-                Some(PutOptions::new().with_lease(id)),
-            )
+        let put = rpc
+            .put(PutRequest {
+                key: anchor.clone().into_bytes(),
+                value: b"leasehold session".to_vec(),
+                lease: id,
+                ..PutRequest::default()
+            })
             .await;
         let fence = match put {
-            Ok(put) => put.header().map(|h| h.revision()).filter(|r| *r > 0),
+            Ok(revision) => Some(revision).filter(|r| *r > 0),
             Err(e) => {
                 revoke().await;
                 return Err(map_error(e, "starting a session"));
@@ -150,7 +149,7 @@ impl Session {
         let keeper = Arc::new(SessionKeeper::new(until));
         keeper.kept_alive(until, ServerView::new(sent, granted));
         let task = tokio::spawn(keep_alive(
-            client.clone(),
+            rpc.clone(),
             id,
             cadence(granted),
             margin,
@@ -184,7 +183,7 @@ impl Session {
     /// rounded up), and it is kept alive only while the session is. When the session's
     /// lease runs out, the markers outlive the session's keys by at least the delay; a
     /// normal release deletes them with the lock key.
-    pub(crate) async fn delay_lease(&self, client: &Client, delay: Duration) -> Result<i64> {
+    pub(crate) async fn delay_lease(&self, rpc: &Rpc, delay: Duration) -> Result<i64> {
         let secs = delay.as_secs() + u64::from(delay.subsec_nanos() > 0);
         let mut delays = self.delays.lock().await;
         if let Some(lease) = delays.get(&secs)
@@ -199,12 +198,12 @@ impl Session {
         // keep-alive may be that much older than the session's.
         let every = cadence(self.ttl);
         let total = self.ttl + every + Duration::from_secs(secs);
-        let (id, ttl, sent) = grant(client, total, "lock-delay lease").await?;
+        let (id, ttl, sent) = grant(rpc, total, "lock-delay lease").await?;
         let keeper = Arc::new(SessionKeeper::new(
             sent.saturating_add(validity(ttl, self.margin)),
         ));
         let task = tokio::spawn(keep_alive(
-            client.clone(),
+            rpc.clone(),
             id,
             every,
             self.margin,
@@ -241,20 +240,20 @@ impl Session {
     /// Ends the session and revokes its leases.
     /// Every key bound to them is deleted at once (a close is a release of everything: no
     /// lock-delay follows it).
-    pub(crate) async fn close(&self, client: &Client) -> Result<()> {
+    pub(crate) async fn close(&self, rpc: &Rpc) -> Result<()> {
         self.end();
-        self.revoke(client).await
+        self.revoke(rpc).await
     }
 
     /// Revokes the session's leases (see [`close`](Session::close)).
-    async fn revoke(&self, client: &Client) -> Result<()> {
+    async fn revoke(&self, rpc: &Rpc) -> Result<()> {
         let delays: Vec<i64> = self.delays.lock().await.values().map(|l| l.id).collect();
         // Every lease is tried: a delay lease left behind would close its locks after all.
         let mut first_error = None;
         for (id, what) in std::iter::once((self.id, "the session lease"))
             .chain(delays.into_iter().map(|id| (id, "a lock-delay lease")))
         {
-            if let Err(e) = client.clone().lease_revoke(id).await {
+            if let Err(e) = rpc.lease_revoke(id).await {
                 first_error.get_or_insert(map_error(e, &format!("revoking {what}")));
             }
         }
@@ -303,7 +302,7 @@ fn overdue(every: Duration) -> Duration {
 /// [`overdue`], the stream broken or not opened again. The next acknowledged keep-alive
 /// resumes it.
 async fn keep_alive(
-    client: Client,
+    rpc: Rpc,
     id: i64,
     every: Duration,
     margin: Duration,
@@ -335,8 +334,10 @@ async fn keep_alive(
         if left.is_zero() {
             return end("no keep-alive was acknowledged in time");
         }
-        let opened = tokio::time::timeout(left, client.clone().lease_keep_alive(id)).await;
-        let Ok(Ok((mut sender, mut stream))) = opened else {
+        // Opening the stream sends its first keep-alive.
+        let mut sent = SystemClock.now();
+        let opened = tokio::time::timeout(left, rpc.lease_keep_alive(id)).await;
+        let Ok(Ok((sender, mut stream))) = opened else {
             keeper.suspend();
             tokio::time::sleep(every.min(left) / 4).await;
             continue 'stream;
@@ -346,11 +347,6 @@ async fn keep_alive(
             let left = until.saturating_duration_since(SystemClock.now());
             if left.is_zero() {
                 return end("no keep-alive was acknowledged in time");
-            }
-            let sent = SystemClock.now();
-            if sender.keep_alive().await.is_err() {
-                keeper.suspend();
-                continue 'stream;
             }
             let wait = left.min(every);
             let answer = {
@@ -365,8 +361,8 @@ async fn keep_alive(
                 }
             };
             match answer {
-                Ok(Ok(Some(answer))) if answer.ttl() > 0 => {
-                    let granted = Duration::from_secs(u64::try_from(answer.ttl()).unwrap_or(0));
+                Ok(Ok(Some(answer))) if answer.ttl > 0 => {
+                    let granted = Duration::from_secs(u64::try_from(answer.ttl).unwrap_or(0));
                     keeper.kept_alive(
                         sent.saturating_add(validity(granted, margin)),
                         ServerView::new(sent, granted),
@@ -388,6 +384,15 @@ async fn keep_alive(
                     keeper.suspend();
                     continue 'stream;
                 }
+            }
+            let Some(until) = deadline() else { return };
+            if until <= SystemClock.now() {
+                return end("no keep-alive was acknowledged in time");
+            }
+            sent = SystemClock.now();
+            if sender.send().is_err() {
+                keeper.suspend();
+                continue 'stream;
             }
         }
     }

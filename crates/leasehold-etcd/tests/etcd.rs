@@ -5,7 +5,6 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use etcd_client::{Client as Etcd3, Txn, TxnOp};
 use leasehold_core::backend::{Backend, Mode, Request};
 use leasehold_core::{Client, Error, Guard, LockName, LockOptions, LossReason};
 use leasehold_etcd::{EtcdBackend, EtcdOptions};
@@ -31,16 +30,6 @@ async fn client(endpoints: &[String], session_ttl: Duration) -> Client {
     Client::builder(backend(endpoints, session_ttl).await)
         .options(options())
         .build()
-}
-
-/// A plain etcd-client connection to `etcd`, for looking at and writing keys directly.
-async fn raw(etcd: &Etcd) -> Etcd3 {
-    let endpoints: Vec<String> = etcd
-        .endpoints()
-        .iter()
-        .map(|e| format!("http://{e}"))
-        .collect();
-    Etcd3::connect(endpoints, None).await.unwrap()
 }
 
 /// The lock "job" for `client` within `within`; fails the test with `why` if not granted.
@@ -241,34 +230,40 @@ async fn the_owner_predicate_guards_writes_in_the_callers_own_transactions() {
     let etcd = Etcd::start().await.unwrap();
     let locks = backend(&etcd.endpoints(), Duration::from_secs(5)).await;
     let c = Client::builder(locks.clone()).options(options()).build();
-    let mut kv = raw(&etcd).await;
     let guard = c.mutex("ledger").unwrap().lock().await.unwrap();
-    let write = |value: &'static str| {
-        Txn::new()
-            .when([locks.still_owner(&guard)])
-            .and_then([TxnOp::put("ledger/balance", value, None)])
+    // etcdctl's transaction: the comparison, a blank line, the writes, a blank line.
+    let condition = locks.still_owner(&guard);
+    let write = |value: &str| {
+        format!(
+            "create(\"{}\") = \"{}\"\n\nput ledger/balance {value}\n\n\n",
+            String::from_utf8(condition.key.clone()).unwrap(),
+            condition.create_revision
+        )
     };
-    assert!(kv.txn(write("100")).await.unwrap().succeeded());
-    let stale = write("42");
+    let txn = async |input: String| etcd.etcdctl(&["txn"], &input).await.unwrap();
+    assert!(txn(write("100")).await.starts_with("SUCCESS"));
     guard.release().await.unwrap();
     assert!(
-        !kv.txn(stale).await.unwrap().succeeded(),
+        txn(write("42")).await.starts_with("FAILURE"),
         "a write after the release"
     );
-    let balance = kv.get("ledger/balance", None).await.unwrap();
-    assert_eq!(balance.kvs()[0].value(), b"100");
+    let balance = etcd
+        .etcdctl(&["get", "--print-value-only", "ledger/balance"], "")
+        .await
+        .unwrap();
+    assert_eq!(balance.trim_end(), "100");
 }
 
 /// The keys under `prefix`, as etcd has them.
-async fn keys_under(kv: &mut Etcd3, prefix: &str) -> Vec<String> {
-    let found = kv
-        .get(prefix, Some(etcd_client::GetOptions::new().with_prefix()))
+async fn keys_under(etcd: &Etcd, prefix: &str) -> Vec<String> {
+    let found = etcd
+        .etcdctl(&["get", "--prefix", "--keys-only", prefix], "")
         .await
         .unwrap();
     found
-        .kvs()
-        .iter()
-        .map(|k| k.key_str().unwrap().to_owned())
+        .lines()
+        .filter(|line| !line.is_empty())
+        .map(str::to_owned)
         .collect()
 }
 
@@ -332,9 +327,11 @@ async fn a_session_ttl_below_etcds_minimum_is_refused_not_lengthened() {
         "{refused:?}"
     );
     assert_eq!(locks.session_ttl().await, None, "no session was started");
-    let mut kv = raw(&etcd).await;
-    let leases = kv.leases().await.unwrap();
-    assert!(leases.leases().is_empty(), "the lease granted was revoked");
+    let leases = etcd.etcdctl(&["lease", "list"], "").await.unwrap();
+    assert!(
+        leases.starts_with("found 0 leases"),
+        "the lease granted was revoked: {leases}"
+    );
     // What etcd does grant works.
     let locks = backend(&etcd.endpoints(), Duration::from_secs(5)).await;
     let c = Client::new(locks);
@@ -386,19 +383,18 @@ async fn closing_the_session_frees_every_lock_at_once() {
 async fn a_busy_name_reuses_its_keys_instead_of_piling_up_deleted_ones() {
     let etcd = Etcd::start().await.unwrap();
     let c = client(&etcd.endpoints(), Duration::from_secs(5)).await;
-    let mut kv = raw(&etcd).await;
     let mut keys = std::collections::BTreeSet::new();
     let semaphore = c.semaphore("pool", 2).unwrap();
     for _ in 0..10 {
         let a = semaphore.acquire().await.unwrap();
         let b = semaphore.acquire().await.unwrap();
-        let now = keys_under(&mut kv, "pool#permits/").await;
+        let now = keys_under(&etcd, "pool#permits/").await;
         assert_eq!(now.len(), 2, "{now:?}");
         keys.extend(now);
         a.release().await.unwrap();
         b.release().await.unwrap();
     }
-    assert!(keys_under(&mut kv, "pool").await.is_empty());
+    assert!(keys_under(&etcd, "pool").await.is_empty());
     assert_eq!(keys.len(), 2, "keys used: {keys:?}");
 }
 
@@ -537,10 +533,9 @@ async fn a_short_outage_ends_only_what_was_let_go_during_it() {
         .unwrap();
     let a = client_through(&proxy, "30s").await;
     let b = client(&etcd.endpoints(), session).await;
-    let mut kv = raw(&etcd).await;
     let kept = a.mutex("kept").unwrap().lock().await.unwrap();
     let dropped = a.mutex("dropped").unwrap().lock().await.unwrap();
-    let kept_key = keys_under(&mut kv, "kept/").await;
+    let kept_key = keys_under(&etcd, "kept/").await;
     assert_eq!(kept_key.len(), 1);
 
     proxy.cut(Direction::Both);
@@ -569,9 +564,9 @@ async fn a_short_outage_ends_only_what_was_let_go_during_it() {
         kept.is_held() && !kept.is_suspended(),
         "the other guard did not survive the outage"
     );
-    assert_eq!(keys_under(&mut kv, "kept/").await, kept_key);
+    assert_eq!(keys_under(&etcd, "kept/").await, kept_key);
     for name in ["dropped", "tried"] {
-        let left = keys_under(&mut kv, &format!("{name}/")).await;
+        let left = keys_under(&etcd, &format!("{name}/")).await;
         assert!(left.is_empty(), "{name}: {left:?}");
         let next = b.mutex(name).unwrap().try_lock().await.unwrap();
         assert!(next.is_some(), "{name} is still held");
@@ -597,7 +592,6 @@ async fn abandoning_a_grant_of_an_ended_session_keeps_its_lock_delay() {
         .lock_delay(Duration::from_secs(30))
         .build()
         .unwrap();
-    let mut kv = raw(&etcd).await;
     let guard = a
         .mutex("delayed")
         .unwrap()
@@ -605,7 +599,7 @@ async fn abandoning_a_grant_of_an_ended_session_keeps_its_lock_delay() {
         .lock()
         .await
         .unwrap();
-    assert_eq!(keys_under(&mut kv, "delayed#delay/").await.len(), 1);
+    assert_eq!(keys_under(&etcd, "delayed#delay/").await.len(), 1);
     proxy.cut(Direction::Both);
     assert_eq!(guard.lost().await, LossReason::Disconnected);
     proxy.heal();
@@ -614,7 +608,7 @@ async fn abandoning_a_grant_of_an_ended_session_keeps_its_lock_delay() {
         .await
         .unwrap();
     assert_eq!(
-        keys_under(&mut kv, "delayed#delay/").await.len(),
+        keys_under(&etcd, "delayed#delay/").await.len(),
         1,
         "the lock-delay marker went with an abandoned session that had ended"
     );
@@ -692,8 +686,7 @@ async fn a_put_that_lands_after_its_acquisition_gave_up_leaves_nothing() {
     );
     // Then the first put reaches the member.
     until_delivered(&slow).await;
-    let mut kv = raw(&etcd).await;
-    let left = keys_under(&mut kv, "late/").await;
+    let left = keys_under(&etcd, "late/").await;
     let state = holder.inspect("late").await.unwrap();
     assert!(
         state.waiters.is_empty(),
@@ -720,9 +713,8 @@ async fn a_late_delete_removes_nothing_of_the_next_key_in_its_slot() {
         .await
         .unwrap();
     let (_, a) = two_paths(&etcd, &slow).await;
-    let mut kv = raw(&etcd).await;
     let first = a.mutex("slot").unwrap().lock().await.unwrap();
-    let first_key = keys_under(&mut kv, "slot/").await;
+    let first_key = keys_under(&etcd, "slot/").await;
     assert_eq!(first_key.len(), 1, "{first_key:?}");
     slow.set_delay(Direction::ToServer, LATE);
     let slowed_at = std::time::Instant::now();
@@ -733,7 +725,7 @@ async fn a_late_delete_removes_nothing_of_the_next_key_in_its_slot() {
     // the slots of unanswered deletes (they would pile up for the session's life).
     let second = a.mutex("slot").unwrap().lock().await.unwrap();
     assert_eq!(
-        keys_under(&mut kv, "slot/").await,
+        keys_under(&etcd, "slot/").await,
         first_key,
         "the slot was not reused"
     );
@@ -744,7 +736,7 @@ async fn a_late_delete_removes_nothing_of_the_next_key_in_its_slot() {
     // The first delete reaches the member: it compares the key's create revision, and the
     // key in the slot now is another.
     until_delivered(&slow).await;
-    assert_eq!(keys_under(&mut kv, "slot/").await, first_key);
+    assert_eq!(keys_under(&etcd, "slot/").await, first_key);
     assert_eq!(
         a.inspect("slot").await.unwrap().holders[0].owner,
         *second.owner()

@@ -6,6 +6,8 @@
 //! only, and never turns on another crate's `test-util` feature (core's test doubles,
 //! `Faulty` and `ManualClock`) outside of them — except through a feature of its own
 //! called `test-util`, which forwards the opt-in to its users' dev-dependencies.
+//! A product crate is publishable: not `publish = false`, and every workspace crate it
+//! depends on is named with a version as well as a path (a path alone cannot be published).
 
 use serde_json::Value;
 
@@ -19,6 +21,29 @@ pub const TEST_CRATES: &[&str] = &[
 
 /// The feature that turns on test doubles.
 pub const TEST_FEATURE: &str = "test-util";
+
+/// Build-time code generators that run `protoc`: none may be in a product crate's build.
+pub const RUN_PROTOC: &[&str] = &[
+    "prost-build",
+    "tonic-build",
+    "tonic-prost-build",
+    "protobuf-codegen",
+];
+
+/// The crates of `tree` that run `protoc` at build time, one message each.
+///
+/// `tree` is the output of `cargo tree --edges normal,build --prefix none` over the product
+/// crates: one package per line, its name first.
+pub fn protoc_builds(tree: &str) -> Vec<String> {
+    let mut found: Vec<String> = tree
+        .lines()
+        .filter_map(|line| line.split_whitespace().next())
+        .filter(|name| RUN_PROTOC.contains(name))
+        .map(|name| format!("{name} is built for a product crate: building it needs `protoc`"))
+        .collect();
+    found.dedup();
+    found
+}
 
 /// Breaches of the rule in `metadata`, one message each.
 ///
@@ -44,6 +69,11 @@ pub fn violations(metadata: &Value) -> Vec<String> {
         if TEST_CRATES.contains(&name) {
             continue;
         }
+        if package["publish"].as_array().is_some_and(Vec::is_empty) {
+            found.push(format!(
+                "{name} is `publish = false`, but a product crate must be publishable"
+            ));
+        }
         let dependencies = package["dependencies"]
             .as_array()
             .map_or(&[][..], Vec::as_slice);
@@ -53,6 +83,12 @@ pub fn violations(metadata: &Value) -> Vec<String> {
                 continue;
             }
             let on = dependency["name"].as_str().unwrap_or("?");
+            if dependency["path"].is_string() && dependency["req"].as_str() == Some("*") {
+                found.push(format!(
+                    "{name} depends on {on} by path alone: give it a version too, or it \
+                     cannot be published"
+                ));
+            }
             if TEST_CRATES.contains(&on) {
                 found.push(format!(
                     "{name} has a {kind} dependency on {on}, a test crate (a dev-dependency at most)"
@@ -150,6 +186,40 @@ mod tests {
             "{found:?}"
         );
         assert!(found[1].contains("feature `default`"), "{found:?}");
+    }
+
+    #[test]
+    fn an_unpublishable_product_crate_is_found() {
+        let mut on_chaos = dependency("leasehold-chaos", None, &[]);
+        on_chaos["path"] = "/work/crates/leasehold-chaos".into();
+        on_chaos["req"] = "*".into();
+        let cli = serde_json::json!({
+            "name": "leasehold-cli",
+            "publish": [],
+            "dependencies": [on_chaos],
+            "features": {},
+        });
+        let found = violations(&workspace(cli.clone()));
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert!(found[0].contains("publish = false"), "{found:?}");
+        assert!(
+            found[1].contains("leasehold-chaos by path alone"),
+            "{found:?}"
+        );
+        let mut fixed = cli;
+        fixed["publish"] = Value::Null;
+        fixed["dependencies"][0]["req"] = "^0.1.0".into();
+        assert_eq!(violations(&workspace(fixed)), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_protobuf_compiler_in_the_build_is_found() {
+        let tree = "leasehold-etcd v0.1.0 (/w/crates/leasehold-etcd)\nprost v0.14.4\n\
+                    etcd-client v0.21.1\ntonic-prost-build v0.14.5\nprost-build v0.14.4\n";
+        let found = protoc_builds(tree);
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert!(found[0].starts_with("tonic-prost-build"), "{found:?}");
+        assert!(protoc_builds("leasehold v0.1.0\nprost v0.14.4 (*)\n").is_empty());
     }
 
     #[test]

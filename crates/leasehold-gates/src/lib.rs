@@ -1,7 +1,8 @@
 //! Gates: checks of the conventions that drift when nothing checks them.
 //!
 //! - `lib.rs`: this map.
-//! - `deps.rs`: which crate may depend on which (product crates on no test crate).
+//! - `deps.rs`: which crate may depend on which (product crates on no test crate), and
+//!   what product crates need to build and publish.
 //! - `crate_map.rs`: each backend crate's doc opens with a map of its files.
 //! - `doc_lines.rs`: the first line of a doc comment ends a sentence.
 //! - `commits.rs`: commit subjects of at most 72 characters.

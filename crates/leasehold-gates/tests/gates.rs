@@ -35,7 +35,7 @@ fn fail_with(what: &str, found: &[String]) {
 }
 
 #[test]
-fn product_crates_depend_on_no_test_crate_nor_test_double() {
+fn product_crates_are_publishable_and_depend_on_no_test_crate_nor_test_double() {
     let out = Command::new(env!("CARGO"))
         .args([
             "metadata",
@@ -54,9 +54,44 @@ fn product_crates_depend_on_no_test_crate_nor_test_double() {
     );
     let metadata: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     fail_with(
-        "product crates must not depend on test crates or turn on test doubles \
+        "product crates must be publishable and must not depend on test crates or turn on test doubles \
          (docs/architecture.md, \"Which crate may depend on which\")",
         &deps::violations(&metadata),
+    );
+}
+
+#[test]
+fn product_crates_build_without_protoc() {
+    let mut args = vec![
+        "tree",
+        "--workspace",
+        "--edges",
+        "normal,build",
+        "--prefix",
+        "none",
+        "--offline",
+    ];
+    for test in deps::TEST_CRATES {
+        args.extend(["--exclude", test]);
+    }
+    let out = Command::new(env!("CARGO"))
+        .args(&args)
+        .current_dir(root())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "cargo tree: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let tree = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        tree.contains("leasehold-etcd"),
+        "the tree holds the product crates"
+    );
+    fail_with(
+        "product crates must build without `protoc` (check generated code in instead)",
+        &deps::protoc_builds(&tree),
     );
 }
 

@@ -44,7 +44,8 @@ pub fn backend(name: &str) -> Option<&'static BackendSpec> {
 
 /// Whether this build of leasehold can connect to `spec`'s URLs.
 ///
-/// The etcd backend needs the facade's `etcd` feature.
+/// Every backend is in the facade's default build; one built without a backend's feature
+/// cannot.
 pub fn available(spec: &BackendSpec) -> bool {
     leasehold::supported_schemes().contains(&spec.scheme)
 }

@@ -154,6 +154,38 @@ impl Etcd {
             .collect()
     }
 
+    /// Runs `etcdctl` (Debian package etcd-client) on this plain-text cluster.
+    /// It gets `args`, `input` on its standard input, and answers with what it printed:
+    /// an independent client, for looking at keys and writing them directly.
+    ///
+    /// # Errors
+    ///
+    /// If etcdctl cannot run or fails (its standard error is in the message).
+    pub async fn etcdctl(&self, args: &[&str], input: &str) -> io::Result<String> {
+        use tokio::io::AsyncWriteExt;
+        let mut child = tokio::process::Command::new("etcdctl")
+            .arg(format!("--endpoints={}", self.endpoints().join(",")))
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()?;
+        if let Some(mut stdin) = child.stdin.take() {
+            stdin.write_all(input.as_bytes()).await?;
+        }
+        let out = child.wait_with_output().await?;
+        if !out.status.success() {
+            return Err(io::Error::other(format!(
+                "etcdctl {}: {}: {}",
+                args.join(" "),
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        String::from_utf8(out.stdout).map_err(io::Error::other)
+    }
+
     /// `etcd://127.0.0.1:p1,127.0.0.1:p2,...`.
     pub fn url(&self) -> String {
         format!("etcd://{}", self.endpoints().join(","))

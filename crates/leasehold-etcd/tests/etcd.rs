@@ -164,6 +164,7 @@ async fn a_client_moves_on_to_the_next_member_when_its_member_pauses() {
     let client = client(&endpoints, Duration::from_secs(2)).await;
     let guard = job_within(&client, Duration::from_secs(5), "the lock was free").await;
     etcd.members()[0].process().pause();
+    let paused = Instant::now();
     // The session's keep-alives sit on the paused member longer than its lease lasts.
     tokio::time::timeout(Duration::from_secs(10), guard.lost())
         .await
@@ -172,13 +173,22 @@ async fn a_client_moves_on_to_the_next_member_when_its_member_pauses() {
     // lease of the old one has run out on the others. Requests already on the paused
     // member fail (unavailable) when its connection is given up; they are tried again.
     let give_up = tokio::time::Instant::now() + Duration::from_secs(20);
+    let mut attempts = Vec::new();
     let next = loop {
         let left = give_up.saturating_duration_since(tokio::time::Instant::now());
         assert!(
             !left.is_zero(),
-            "the client did not move on from the paused member"
+            "the client did not move on from the paused member; its attempts:\n{}",
+            attempts.join("\n")
         );
-        match client.mutex("job").unwrap().lock_timeout(left).await {
+        let started = paused.elapsed();
+        let attempt = client.mutex("job").unwrap().lock_timeout(left).await;
+        attempts.push(format!(
+            "{started:?} + {:?}: {:?}",
+            paused.elapsed() - started,
+            attempt.as_ref().map(|g| g.as_ref().map(Guard::token))
+        ));
+        match attempt {
             Ok(Some(next)) => break next,
             Ok(None) => {}
             Err(error) => assert!(error.is_retryable(), "{error}"),

@@ -1,6 +1,7 @@
 //! One server process started by a test.
 //! It logs to a file, can be paused, resumed, killed and restarted with the same command
-//! line, and is killed when its handle drops or when the test process dies.
+//! line, and is killed when its handle drops or when the test process dies. A test that
+//! fails shows the end of the logs of the servers it started.
 
 use std::ffi::OsString;
 use std::fs::File;
@@ -168,8 +169,17 @@ impl ServerProcess {
 }
 
 impl Drop for ServerProcess {
+    /// Kills the process, and shows the end of its log if the test is failing.
+    /// The test harness shows what a failed test wrote with its failure.
     fn drop(&mut self) {
         self.kill();
+        if std::thread::panicking() {
+            eprintln!(
+                "--- the end of the log of {} ---\n{}",
+                self.label,
+                self.log_tail()
+            );
+        }
     }
 }
 

@@ -52,6 +52,16 @@ impl Etcd {
         Self::launch(n, None, ELECTION_TIMEOUT).await
     }
 
+    /// A cluster of `n` members whose election timeout is `election`.
+    /// Their heartbeat is a tenth of it.
+    ///
+    /// # Errors
+    ///
+    /// If etcd is not installed or the cluster does not become healthy.
+    pub async fn cluster_with_election_timeout(n: usize, election: Duration) -> io::Result<Etcd> {
+        Self::launch(n, None, election).await
+    }
+
     /// A single member whose election timeout is `election` (its heartbeat a tenth of it).
     ///
     /// # Errors

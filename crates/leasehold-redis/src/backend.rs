@@ -17,6 +17,7 @@ use crate::floors::{Floor, Floors};
 use crate::options::{RedisOptions, ReplicaAck, parse_url};
 use crate::reply::{self, Acquired};
 use crate::script::{CALLS, Call, Keys, Values, millis_up};
+use crate::sentinel::{self, Address};
 use crate::wakeups::{Hint, Router, Wakeups};
 
 /// A Redis server holding locks. Clones share one multiplexed connection.
@@ -27,11 +28,13 @@ pub struct RedisBackend {
 
 #[derive(Debug)]
 struct Inner {
-    conn: Connection,
+    conn: Arc<Connection>,
     wakeups: Arc<Wakeups>,
     /// Per name: the highest token this client saw granted, and to whom.
     floors: Mutex<Floors>,
     warnings: Vec<String>,
+    /// Dropped with the backend: ends its watch of the sentinels.
+    _failovers: Option<tokio::sync::watch::Sender<()>>,
 }
 
 impl Drop for Inner {
@@ -103,16 +106,38 @@ impl RedisBackend {
         options: RedisOptions,
         node: bool,
     ) -> Result<(Self, Option<String>)> {
+        let address = Address::of(url)?;
         let wakeups = Arc::new(Wakeups::new());
-        let connected = connection::connect(url, &options, Router(wakeups.clone()), node).await?;
+        let connected =
+            connection::connect(&address, &options, Router(wakeups.clone()), node, None).await?;
+        let limit = options.connect_limit();
+        let (failovers, gone) = tokio::sync::watch::channel(());
+        let sentinels = match &address {
+            Address::Sentinel(sentinels) => Some(sentinels.clone()),
+            Address::Fixed(_) => None,
+        };
+        let (warnings, run_id) = (connected.warnings.clone(), connected.run_id.clone());
         let inner = Arc::new(Inner {
-            conn: Connection::new(connected.conn, url, options, wakeups.clone(), !node),
+            conn: Arc::new(Connection::new(
+                connected,
+                address,
+                options,
+                wakeups.clone(),
+                !node,
+            )),
             wakeups: wakeups.clone(),
             floors: Mutex::new(Floors::default()),
-            warnings: connected.warnings,
+            warnings,
+            _failovers: sentinels.is_some().then_some(failovers),
         });
         tokio::spawn(sweep_unused_channels(Arc::downgrade(&inner), wakeups));
-        Ok((Self { inner }, connected.run_id))
+        if let Some(sentinels) = sentinels {
+            let connection = Arc::downgrade(&inner.conn);
+            tokio::spawn(sentinel::watch_failovers(
+                sentinels, limit, gone, connection,
+            ));
+        }
+        Ok((Self { inner }, run_id))
     }
 
     /// Configuration problems found on connecting (an eviction policy that can delete lock keys).

@@ -11,9 +11,15 @@
 //! server that is only slow looks the same from here, so after one replacement the next
 //! waits at least a connect timeout. A Redlock node's requests are dropped on purpose once
 //! a majority has answered: there only the node timeouts Redlock reports count.
+//!
+//! Through Sentinel the connection is replaced as well when its server stops being the
+//! master (an answer `READONLY` or `MASTERDOWN`, a connection lost or refused), or when a
+//! sentinel names another master. The sentinels say where the master is (`sentinel.rs`).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use leasehold_core::support::health::{Health, Silence};
 use leasehold_core::support::redact_url;
@@ -21,16 +27,19 @@ use leasehold_core::{Error, Result};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{IntoConnectionInfo, ProtocolVersion, RedisError};
 
-use crate::error::map_error;
+use crate::error::{is_link_error, map_error};
 use crate::options::RedisOptions;
 use crate::reply;
 use crate::script::CALLS;
+use crate::sentinel::{Address, Sentinels};
 use crate::wakeups::{Router, Wakeups};
 
 /// A connection made and checked.
 #[derive(Debug)]
 pub(crate) struct Connected {
     pub(crate) conn: ConnectionManager,
+    /// The server: `host:port` through Sentinel, else the URL.
+    pub(crate) server: String,
     /// Configuration problems found (see [`RedisBackend::warnings`](crate::RedisBackend::warnings)).
     pub(crate) warnings: Vec<String>,
     /// The server's run id, if asked for.
@@ -41,7 +50,11 @@ pub(crate) struct Connected {
 #[derive(Debug)]
 pub(crate) struct Connection {
     current: RwLock<ConnectionManager>,
-    url: String,
+    address: Address,
+    /// The server connected to (see [`Connected::server`]).
+    serving: RwLock<String>,
+    /// Through Sentinel: the server may no longer be the master (see the module docs).
+    moved: AtomicBool,
     options: RedisOptions,
     wakeups: Arc<Wakeups>,
     health: Health,
@@ -52,18 +65,20 @@ pub(crate) struct Connection {
 }
 
 impl Connection {
-    /// `connected`, to `url` with `options`, its push messages routed to `wakeups`.
+    /// `connected`, to `address` with `options`, its push messages routed to `wakeups`.
     /// A request dropped unanswered counts as given up on if `drops_count`.
     pub(crate) fn new(
-        connected: ConnectionManager,
-        url: &str,
+        connected: Connected,
+        address: Address,
         options: RedisOptions,
         wakeups: Arc<Wakeups>,
         drops_count: bool,
     ) -> Self {
         Self {
-            current: RwLock::new(connected),
-            url: url.to_owned(),
+            current: RwLock::new(connected.conn),
+            address,
+            serving: RwLock::new(connected.server),
+            moved: AtomicBool::new(false),
             options,
             wakeups,
             health: Health::new(),
@@ -85,7 +100,8 @@ impl Connection {
             .clone()
     }
 
-    /// The connection to send a request on, replaced first if it stalled.
+    /// The connection to send a request on, replaced first if it has to be.
+    /// That is if it stalled, or through Sentinel if its server may no longer be the master.
     /// The request reports to the connection's health through
     /// [`query`](Connection::query).
     ///
@@ -95,12 +111,26 @@ impl Connection {
     ///
     /// # Errors
     ///
-    /// [`Error::Unavailable`] if a stalled connection cannot be replaced.
+    /// [`Error::Unavailable`] if the connection cannot be replaced.
     pub(crate) async fn for_request(&self) -> Result<ConnectionManager> {
-        if self.health.is_stalled() {
-            self.replace().await?;
+        if self.health.is_stalled() || self.moved.load(Ordering::SeqCst) {
+            self.replace(None).await?;
         }
         Ok(self.current())
+    }
+
+    /// A sentinel named `address` (`host:port`) as the master: the connection moves there.
+    /// It does so now if that is another server and it says it is the master; otherwise it
+    /// stays (a sentinel may be behind). A server that stops being the master is left
+    /// anyway at the next request.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped, the connection stays where it was.
+    pub(crate) async fn master_named(&self, address: String) {
+        if let Err(e) = self.replace(Some(address)).await {
+            tracing::debug!("redis sentinel: not moving to the server a sentinel named: {e}");
+        }
     }
 
     /// Sends `cmd` on the connection, noting whether an answer came.
@@ -115,6 +145,11 @@ impl Connection {
         }
         let answer = cmd.query_async(conn).await;
         in_flight.answered();
+        if let (Err(e), Address::Sentinel(_)) = (&answer, &self.address)
+            && (matches!(e.code(), Some("READONLY" | "MASTERDOWN")) || is_link_error(e))
+        {
+            self.moved.store(true, Ordering::SeqCst);
+        }
         answer
     }
 
@@ -129,55 +164,150 @@ impl Connection {
     }
 
     /// Puts a new connection in place of the stalled one, and wakes every waiter.
-    /// The new one is opened and the wake-up channels in use are subscribed on it first;
-    /// waiters are woken because messages may have been lost.
-    async fn replace(&self) -> Result<()> {
+    /// Through Sentinel also when the server may no longer be the master, or when
+    /// `announced` (a failover announcement's new master, `host:port`) is another server:
+    /// then only that one is tried. The new connection is opened and the wake-up channels
+    /// in use are subscribed on it first, within twice the connect timeout; waiters are
+    /// woken because messages may have been lost.
+    async fn replace(&self, announced: Option<String>) -> Result<()> {
         let mut replaced = self.replaced.lock().await;
         let limit = self.options.connect_limit();
-        if !self.health.is_stalled() || replaced.is_some_and(|at| at.elapsed() < limit) {
-            // Replaced by someone else meanwhile, or lately: wait for an answer or the time.
-            return Ok(());
-        }
-        tracing::warn!(url = %redact_url(&self.url), "redis: the connection stopped answering; opening a new one");
-        let mut fresh = connect(
-            &self.url,
-            &self.options,
-            Router(self.wakeups.clone()),
-            false,
-        )
-        .await?
-        .conn;
-        let subscribed = self.wakeups.subscribe_all(&mut fresh).await?;
+        let url = redact_url(self.address.url());
+        let moved = match &announced {
+            Some(address) if *address == self.serving() => return Ok(()),
+            Some(address) => {
+                tracing::info!(%url, %address, "redis sentinel: a sentinel named another master");
+                false
+            }
+            None => {
+                // Taken now: a signal that comes while this replacement runs asks for another.
+                let moved = self.moved.swap(false, Ordering::SeqCst);
+                let recently = replaced.is_some_and(|at| at.elapsed() < limit);
+                if moved {
+                    tracing::info!(%url, "redis sentinel: finding the master");
+                } else if !self.health.is_stalled() || recently {
+                    // Replaced by someone else meanwhile, or lately: wait for an answer or the time.
+                    return Ok(());
+                } else {
+                    tracing::warn!(%url, "redis: the connection stopped answering; opening a new one");
+                }
+                moved
+            }
+        };
+        let opening = async {
+            let push = Router(self.wakeups.clone());
+            let mut fresh = connect(&self.address, &self.options, push, false, announced).await?;
+            let subscribed =
+                tokio::time::timeout(limit, self.wakeups.subscribe_all(&mut fresh.conn))
+                    .await
+                    .map_err(|_| {
+                        Error::unavailable(format!(
+                            "redis: subscribing on a new connection to {url} timed out"
+                        ))
+                    })??;
+            Ok((fresh, subscribed))
+        };
+        let (fresh, subscribed) = match opening.await {
+            Ok(opened) => opened,
+            Err(e) => {
+                if moved {
+                    self.moved.store(true, Ordering::SeqCst);
+                }
+                return Err(e);
+            }
+        };
         self.wakeups.replaced(subscribed, || {
-            *self.current.write().unwrap_or_else(|e| e.into_inner()) = fresh;
+            *self.current.write().unwrap_or_else(|e| e.into_inner()) = fresh.conn;
         });
+        *self.serving.write().unwrap_or_else(|e| e.into_inner()) = fresh.server;
         *replaced = Some(std::time::Instant::now());
         self.health.reset();
         self.wakeups.wake_all();
         Ok(())
     }
+
+    /// The server the connection goes to: `host:port` through Sentinel, else the URL.
+    fn serving(&self) -> String {
+        self.serving
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
 }
 
-/// Connects to `url` within the options' connect timeout, or fails.
+/// Connects to the server at `address` within the options' connect timeout, or fails.
 /// Within that time it also loads every script, reads the eviction policy and, with
-/// `run_id`, the server's run id.
+/// `run_id`, the server's run id. Through Sentinel the server is a master the sentinels
+/// name, which must say it is one; with `announced` (`host:port`) only that server is tried.
 pub(crate) async fn connect(
+    address: &Address,
+    options: &RedisOptions,
+    push: Router,
+    run_id: bool,
+    announced: Option<String>,
+) -> Result<Connected> {
+    let limit = options.connect_limit();
+    let opener = Opener {
+        options,
+        push,
+        run_id,
+    };
+    match (address, announced) {
+        (Address::Fixed(url), _) => opener.open(url, limit, None).await,
+        (Address::Sentinel(sentinels), Some(address)) => {
+            sentinels.connect_announced(address, limit, &opener).await
+        }
+        (Address::Sentinel(sentinels), None) => sentinels.connect_master(limit, &opener).await,
+    }
+}
+
+/// What connecting to one server needs, besides where and how long.
+pub(crate) struct Opener<'a> {
+    options: &'a RedisOptions,
+    push: Router,
+    run_id: bool,
+}
+
+impl Opener<'_> {
+    /// Connects to the server at `url` within `limit`, as [`connect`] says.
+    /// Through Sentinel, `sentinels` checks that it is the master.
+    pub(crate) async fn open(
+        &self,
+        url: &str,
+        limit: Duration,
+        sentinels: Option<&Sentinels>,
+    ) -> Result<Connected> {
+        connect_url(
+            url,
+            self.options,
+            self.push.clone(),
+            self.run_id,
+            limit,
+            sentinels,
+        )
+        .await
+    }
+}
+
+/// What [`Opener::open`] does.
+async fn connect_url(
     url: &str,
     options: &RedisOptions,
     push: Router,
     run_id: bool,
+    limit: Duration,
+    sentinels: Option<&Sentinels>,
 ) -> Result<Connected> {
     let shown = redact_url(url);
     let client = client(url, options)?;
     let config = ConnectionManagerConfig::new()
         .set_push_sender(push)
         .set_automatic_resubscription()
-        .set_connection_timeout(Some(options.connect_limit()))
+        .set_connection_timeout(Some(limit))
         // A refused connection fails fast; later reconnects are retried per request.
         .set_number_of_retries(2)
         // Every request is bounded by the engine's request timeout instead.
         .set_response_timeout(None);
-    let limit = options.connect_limit();
     let connecting = async {
         let mut conn = client
             .get_connection_manager_with_config(config)
@@ -201,8 +331,12 @@ pub(crate) async fn connect(
             }
         );
         loaded?;
+        if let Some(sentinels) = sentinels {
+            sentinels.check_master(&mut conn, url).await?;
+        }
         Ok(Connected {
             conn,
+            server: url.to_owned(),
             warnings: warning?.into_iter().collect(),
             run_id: id.transpose()?,
         })

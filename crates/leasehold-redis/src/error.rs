@@ -9,7 +9,7 @@ use redis::RedisError;
 /// Maps a Redis error to a leasehold error, without credentials.
 /// `name` is the lock (or what was being done) for the message.
 pub(crate) fn map_error(error: RedisError, name: impl Display) -> Error {
-    if error.is_connection_refusal() || error.is_io_error() || error.is_connection_dropped() {
+    if is_link_error(&error) {
         return Error::Unavailable {
             message: format!("redis: {error}"),
             source: Some(Arc::new(error)),
@@ -46,6 +46,11 @@ pub(crate) fn map_error(error: RedisError, name: impl Display) -> Error {
         retryable,
         source: Some(Arc::new(error)),
     }
+}
+
+/// Whether `error` is the link's, not the server's answer: refused, dropped, I/O.
+pub(crate) fn is_link_error(error: &RedisError) -> bool {
+    error.is_connection_refusal() || error.is_io_error() || error.is_connection_dropped()
 }
 
 /// A reply that does not have the form leasehold's scripts give.

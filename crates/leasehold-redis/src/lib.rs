@@ -5,6 +5,7 @@
 //! - `lib.rs`: this map, the design in brief, the exports.
 //! - `options.rs`: the backend's options and the URL parameters that set them.
 //! - `connection.rs`: connecting (RESP3, TLS), loading the scripts, replacing a dead link.
+//! - `sentinel.rs`: a master found through Redis Sentinel, and followed across failovers.
 //! - `script.rs`: the keys and arguments of every script call, named once (Lua in `lua/`).
 //! - `reply.rs`: the scripts' replies, decoded.
 //! - `error.rs`: Redis errors as leasehold errors.
@@ -44,7 +45,9 @@
 //! - **Cluster-ready keys**: all keys of one lock share the hash tag `{name}`.
 //!
 //! URL: `redis://[user:password@]host:port[/db][?prefix=P&replicas=N&replica_timeout=D&replicas_required=true]`;
-//! `rediss://…[&tls_ca=PATH&tls_cert=PATH&tls_key=PATH]` for TLS.
+//! `rediss://…[&tls_ca=PATH&tls_cert=PATH&tls_key=PATH]` for TLS;
+//! `redis+sentinel://[user:password@]sentinel:port,…/master[/db][?…]` for a master that
+//! Redis Sentinel manages (the credentials and db are the master's).
 //! See `docs/backends/redis.md` for what this backend guarantees and what it does not.
 
 mod backend;
@@ -57,6 +60,7 @@ mod options;
 pub mod redlock;
 mod reply;
 mod script;
+mod sentinel;
 mod wakeups;
 
 pub use backend::RedisBackend;

@@ -6,8 +6,11 @@ use leasehold_core::support::TlsFiles;
 use leasehold_core::support::url::{ParsedUrl, UrlParam, url_params};
 use leasehold_core::{Error, Result};
 
+use crate::sentinel::SENTINEL_SCHEME;
+
 url_params! {
-    /// The URL parameters of `redis://` and `rediss://`, each setting the option it names.
+    /// The URL parameters of `redis://`, `rediss://` and `redis+sentinel://`, each setting
+    /// the option it names.
     /// `replicas`, `replica_timeout` and `replicas_required` set a [`ReplicaAck`].
     pub(crate) enum Param {
         Prefix = "prefix",
@@ -155,13 +158,20 @@ impl RedisOptions {
 }
 
 /// Splits leasehold's query parameters off a redis URL.
+/// The base is the URL without parameters: `redis://…`, `rediss://…` or
+/// `redis+sentinel://…` (see [`Address`](crate::sentinel::Address)).
 pub(crate) fn parse_url(url: &str) -> Result<(String, RedisOptions)> {
     let url = ParsedUrl::parse(
         url,
-        &["redis", "rediss"],
-        "redis://host:port or rediss://host:port",
+        &["redis", "rediss", SENTINEL_SCHEME],
+        "redis://host:port, rediss://host:port or redis+sentinel://host:port,…/master",
     )?;
-    let base = url.with_host(&url.scheme, &url.hosts(1..=1)?[0]);
+    let base = if url.scheme == SENTINEL_SCHEME {
+        let hosts: Vec<String> = url.hosts(1..)?.iter().map(ToString::to_string).collect();
+        url.with_address(&url.scheme, &hosts.join(","), &url.path()?)
+    } else {
+        url.with_host(&url.scheme, &url.hosts(1..=1)?[0])
+    };
     let mut options = RedisOptions::default();
     let mut ack = ReplicaAck::new(0, Duration::from_millis(100), true);
     for (param, value) in url.params::<Param>()? {
@@ -178,6 +188,9 @@ pub(crate) fn parse_url(url: &str) -> Result<(String, RedisOptions)> {
     }
     if ack.replicas > 0 {
         options = options.replicas(ack)?;
+    }
+    if url.scheme == SENTINEL_SCHEME && !options.tls.is_empty() {
+        return Err(url.invalid("TLS through Sentinel is not supported yet"));
     }
     Ok((base, options))
 }
@@ -206,6 +219,13 @@ mod tests {
             let err = parse_url(bad).unwrap_err();
             assert!(matches!(err, Error::InvalidArgument { .. }), "{bad}: {err}");
         }
+        let (base, options) =
+            parse_url("redis+sentinel://u:pw@h1:1,h2:2/main/3?prefix=app&replicas=1").unwrap();
+        assert_eq!(base, "redis+sentinel://u:pw@h1:1,h2:2/main/3");
+        assert_eq!(options.prefix, "app");
+        assert_eq!(options.replicas.map(|ack| ack.replicas), Some(1));
+        let err = parse_url("redis+sentinel://h:1/m?tls_ca=/dev/null").unwrap_err();
+        assert!(err.to_string().contains("TLS through Sentinel"), "{err}");
         let err = parse_url("redis://u:hunter2@h:1?nosuch=1").unwrap_err();
         assert!(!err.to_string().contains("hunter2"));
         // TLS files are read while parsing (see `TlsFiles`), and only go with rediss://.

@@ -271,12 +271,14 @@ impl ParsedUrl {
 
     /// `host`'s URL under `scheme`: the same credentials and path as given, no parameters.
     pub fn with_host(&self, scheme: &str, host: &Host) -> String {
+        self.with_address(scheme, &host.text, &self.path)
+    }
+
+    /// A URL with the same credentials as given, and `scheme`, `address` and `path`.
+    /// The address (`host:port`) and path are put in as they are; no parameters.
+    pub fn with_address(&self, scheme: &str, address: &str, path: &str) -> String {
         let userinfo = self.userinfo.as_ref().map(|info| format!("{info}@"));
-        format!(
-            "{scheme}://{}{host}{}",
-            userinfo.unwrap_or_default(),
-            self.path
-        )
+        format!("{scheme}://{}{address}{path}", userinfo.unwrap_or_default())
     }
 
     /// The query parameters as `P`s with their values, in the order given.

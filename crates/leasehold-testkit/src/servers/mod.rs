@@ -20,7 +20,9 @@ mod zookeeper;
 
 pub use etcd::{Etcd, EtcdMember};
 pub use postgres::{PgBouncer, PoolMode, Postgres, PostgresBuilder};
-pub use redis::{Redis, RedisBuilder, RedisReplicated, redis_servers};
+pub use redis::{
+    Redis, RedisBuilder, RedisReplicated, RedisSentinel, SENTINEL_MASTER, redis_servers,
+};
 pub use zookeeper::{Curator, ZooKeeper, ZooKeeperServer};
 
 /// How long a server may take to become ready.

@@ -1,4 +1,4 @@
-//! redis-server: single servers, Redlock sets, a replicated pair.
+//! redis-server: single servers, Redlock sets, a replicated pair, a Sentinel set-up.
 
 use std::io;
 use std::net::SocketAddr;
@@ -286,8 +286,16 @@ impl RedisReplicated {
     /// If either does not start or the link does not come up.
     pub async fn start() -> io::Result<Self> {
         let primary = Redis::start().await?;
+        let replica = Redis::replica_of(primary.port()).await?;
+        Ok(Self { primary, replica })
+    }
+}
+
+impl Redis {
+    /// A replica of the server on `primary_port`, once its link to it is up.
+    async fn replica_of(primary_port: u16) -> io::Result<Redis> {
         let mut replica = Redis::builder()
-            .config("replicaof", &format!("127.0.0.1 {}", primary.port()))
+            .config("replicaof", &format!("127.0.0.1 {primary_port}"))
             .start()
             .await?;
         let addr = replica.addr();
@@ -299,6 +307,263 @@ impl RedisReplicated {
                 .is_some_and(|info| info.contains("master_link_status:up"))
         })
         .await?;
-        Ok(Self { primary, replica })
+        Ok(replica)
     }
+}
+
+/// The name the sentinels of a [`RedisSentinel`] know their master by.
+pub const SENTINEL_MASTER: &str = "leasehold-master";
+
+/// A master, its replicas and the sentinels that watch it (Redis Sentinel), on loopback.
+/// Server 0 starts as the master. The sentinels see the master down after 1 s without an
+/// answer and need a majority of them to agree.
+#[derive(Debug)]
+pub struct RedisSentinel {
+    servers: Vec<Redis>,
+    sentinels: Vec<(ServerProcess, u16)>,
+    _dir: TempDir,
+}
+
+impl RedisSentinel {
+    /// A master with `replicas` replicas (their links up), watched by `sentinels`
+    /// sentinels that each know the master and its replicas.
+    ///
+    /// # Errors
+    ///
+    /// If a server or sentinel does not start, or the sentinels do not learn the set-up
+    /// in time.
+    pub async fn start(replicas: usize, sentinels: usize) -> io::Result<Self> {
+        let master = Redis::start().await?;
+        let master_port = master.port();
+        let mut servers = vec![master];
+        for _ in 0..replicas {
+            servers.push(Redis::replica_of(master_port).await?);
+        }
+        let dir = tempfile::tempdir()?;
+        let quorum = sentinels / 2 + 1;
+        let mut watching = Vec::with_capacity(sentinels);
+        for i in 0..sentinels {
+            let known = async |addr| {
+                let known = redis_command(addr, &["SENTINEL", "REPLICAS", SENTINEL_MASTER]);
+                matches!(known.await, Ok(Resp::Array(Some(r))) if r.len() == replicas)
+            };
+            watching.push(
+                start_sentinel(dir.path(), &format!("{i}"), master_port, quorum, known).await?,
+            );
+        }
+        Ok(Self {
+            servers,
+            sentinels: watching,
+            _dir: dir,
+        })
+    }
+
+    /// A sentinel of its own that names server `server` as the master (whatever it is),
+    /// with its port: one that is behind, for the clients to see through. Alone and with a
+    /// quorum of 2 it never fails anything over.
+    ///
+    /// # Errors
+    ///
+    /// If it does not start.
+    pub async fn stray_sentinel(&mut self, server: usize) -> io::Result<(ServerProcess, u16)> {
+        let port = self.servers[server].port();
+        let names = async |addr| {
+            let named = redis_command(
+                addr,
+                &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", SENTINEL_MASTER],
+            );
+            matches!(named.await, Ok(Resp::Array(Some(_))))
+        };
+        start_sentinel(self._dir.path(), "stray", port, 2, names).await
+    }
+
+    /// `redis+sentinel://127.0.0.1:p1,127.0.0.1:p2,…/leasehold-master`.
+    pub fn url(&self) -> String {
+        let sentinels: Vec<String> = self
+            .sentinels
+            .iter()
+            .map(|(_, port)| format!("127.0.0.1:{port}"))
+            .collect();
+        format!("redis+sentinel://{}/{SENTINEL_MASTER}", sentinels.join(","))
+    }
+
+    /// The servers: master and replicas (which is which changes with failovers).
+    pub fn servers(&mut self) -> &mut [Redis] {
+        &mut self.servers
+    }
+
+    /// The sentinels' processes.
+    pub fn sentinels(&mut self) -> impl Iterator<Item = &mut ServerProcess> {
+        self.sentinels.iter_mut().map(|(process, _)| process)
+    }
+
+    /// Waits until every sentinel knows every other one.
+    /// Sentinels find each other through the master (a hello every 2 s); until they do, a
+    /// master that fails is not failed over (no majority agrees it is down).
+    ///
+    /// # Errors
+    ///
+    /// If that does not happen within the start-up limit.
+    pub async fn until_sentinels_know_each_other(&self) -> io::Result<()> {
+        let started = std::time::Instant::now();
+        let others = self.sentinels.len() - 1;
+        'poll: loop {
+            for (_, port) in &self.sentinels {
+                let known =
+                    redis_command(loopback(*port), &["SENTINEL", "SENTINELS", SENTINEL_MASTER]);
+                if !matches!(known.await, Ok(Resp::Array(Some(s))) if s.len() == others) {
+                    if started.elapsed() > READY_LIMIT {
+                        return Err(io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            format!("the sentinels did not find each other within {READY_LIMIT:?}"),
+                        ));
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue 'poll;
+                }
+            }
+            return Ok(());
+        }
+    }
+
+    /// How many connections are subscribed to something on the sentinels (`CLIENT LIST`).
+    /// Sentinels subscribe to each other's hellos on the servers, not on one another, so
+    /// these are clients' connections.
+    ///
+    /// # Errors
+    ///
+    /// If a sentinel does not answer.
+    pub async fn subscribers(&self) -> io::Result<usize> {
+        let mut count = 0;
+        for (_, port) in &self.sentinels {
+            let clients = redis_command(loopback(*port), &["CLIENT", "LIST"])
+                .await?
+                .text()
+                .unwrap_or_default();
+            count += clients
+                .lines()
+                .filter(|client| !client.contains(" sub=0 ") || !client.contains(" psub=0 "))
+                .count();
+        }
+        Ok(count)
+    }
+
+    /// The server every sentinel of the set names as the master, once that server says it
+    /// is one.
+    ///
+    /// # Errors
+    ///
+    /// If that does not happen within the start-up limit.
+    pub async fn master(&self) -> io::Result<usize> {
+        self.master_other_than(None).await
+    }
+
+    /// Makes the first sentinel fail the master over to a replica (`SENTINEL FAILOVER`),
+    /// and waits until the sentinels name the new master and it says it is one.
+    /// Its index among [`servers`](RedisSentinel::servers).
+    ///
+    /// # Errors
+    ///
+    /// If the sentinel refuses, or the new master is not in place within the start-up limit.
+    pub async fn failover(&self) -> io::Result<usize> {
+        let old = self.master().await?;
+        let answer = redis_command(
+            loopback(self.sentinels[0].1),
+            &["SENTINEL", "FAILOVER", SENTINEL_MASTER],
+        )
+        .await?;
+        if let Resp::Error(e) = answer {
+            return Err(io::Error::other(format!("SENTINEL FAILOVER: {e}")));
+        }
+        self.master_other_than(Some(old)).await
+    }
+
+    /// Waits until every sentinel names one server other than `old` as the master, and it
+    /// says it is one.
+    ///
+    /// # Errors
+    ///
+    /// If that does not happen within the start-up limit.
+    pub async fn master_other_than(&self, old: Option<usize>) -> io::Result<usize> {
+        let started = std::time::Instant::now();
+        loop {
+            if let Some(master) = self.agreed_master().await
+                && Some(master) != old
+                && redis_command(self.servers[master].addr(), &["ROLE"])
+                    .await
+                    .ok()
+                    .is_some_and(|role| matches!(role, Resp::Array(Some(r)) if r.first().and_then(Resp::text).as_deref() == Some("master")))
+            {
+                return Ok(master);
+            }
+            if started.elapsed() > READY_LIMIT {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("the sentinels named no new master within {READY_LIMIT:?}"),
+                ));
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The server every sentinel names as the master, if they agree.
+    async fn agreed_master(&self) -> Option<usize> {
+        let mut named = None;
+        for (_, port) in &self.sentinels {
+            let answer = redis_command(
+                loopback(*port),
+                &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", SENTINEL_MASTER],
+            )
+            .await
+            .ok()?;
+            let Resp::Array(Some(address)) = answer else {
+                return None;
+            };
+            let port: u16 = address.get(1)?.text()?.parse().ok()?;
+            let index = self.servers.iter().position(|s| s.port() == port)?;
+            if named.is_some_and(|n| n != index) {
+                return None;
+            }
+            named = Some(index);
+        }
+        named
+    }
+}
+
+/// A sentinel watching the master on `master_port` under [`SENTINEL_MASTER`], its files in
+/// `dir` named after `name`, started once `ready` says so of its address.
+async fn start_sentinel(
+    dir: &Path,
+    name: &str,
+    master_port: u16,
+    quorum: usize,
+    mut ready: impl AsyncFnMut(SocketAddr) -> bool,
+) -> io::Result<(ServerProcess, u16)> {
+    let program = find_program("redis-server", &[])?;
+    with_retries(async || {
+        let port = free_port();
+        let config = dir.join(format!("sentinel-{name}.conf"));
+        std::fs::write(
+            &config,
+            format!(
+                "port {port}\nbind 127.0.0.1\nprotected-mode no\ndaemonize no\n\
+                 dir {dir}\nlogfile \"\"\n\
+                 sentinel monitor {SENTINEL_MASTER} 127.0.0.1 {master_port} {quorum}\n\
+                 sentinel down-after-milliseconds {SENTINEL_MASTER} 1000\n\
+                 sentinel failover-timeout {SENTINEL_MASTER} 5000\n\
+                 sentinel parallel-syncs {SENTINEL_MASTER} 1\n",
+                dir = dir.display()
+            ),
+        )?;
+        let mut process = ServerProcess::start(
+            &format!("redis-sentinel {name}"),
+            &program,
+            vec![config.into_os_string(), "--sentinel".into()],
+            dir.join(format!("sentinel-{name}.log")),
+        )?;
+        let addr = loopback(port);
+        wait_ready(&mut process, READY_LIMIT, async || ready(addr).await).await?;
+        Ok((process, port))
+    })
+    .await
 }

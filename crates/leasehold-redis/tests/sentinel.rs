@@ -1,0 +1,275 @@
+//! A master managed by Redis Sentinel: the conformance suite through the sentinels, and
+//! failovers — against 3 real sentinels watching a master and two replicas.
+
+#![allow(clippy::unwrap_used)] // test code: a failed step fails the test
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use leasehold_core::backend::Backend;
+use leasehold_core::{Client, Error, Guard, LockOptions, LossReason};
+use leasehold_redis::RedisBackend;
+use leasehold_redis::fence::RedisFence;
+use leasehold_testkit::probe::Resp;
+use leasehold_testkit::{Deployment, Redis, RedisSentinel, free_port};
+
+struct SentinelDeployment {
+    set: RedisSentinel,
+}
+
+#[async_trait]
+impl Deployment for SentinelDeployment {
+    async fn connect(&self) -> Arc<dyn Backend> {
+        Arc::new(RedisBackend::connect(&self.set.url()).await.unwrap())
+    }
+}
+
+mod conformance {
+    use super::{RedisSentinel, SentinelDeployment};
+    leasehold_testkit::conformance_suite!(async {
+        SentinelDeployment {
+            set: RedisSentinel::start(2, 3).await.expect("redis sentinel"),
+        }
+    });
+}
+
+/// The lease of the failover tests, far longer than a failover takes: renewals accepted
+/// by the old master while the new one is promoted never reach the new one, which counts
+/// from the last renewal it got.
+const TTL: Duration = Duration::from_secs(10);
+
+/// Waits for `times` renewals of `guard` that found its lock (its deadline moved).
+async fn renewed(guard: &Guard, times: usize) {
+    for _ in 0..times {
+        let seen = guard.deadline().unwrap();
+        tokio::time::timeout(guard.remaining(), guard.deadline_changed(seen))
+            .await
+            .expect("no renewal within the lease")
+            .expect("the lock was lost");
+    }
+}
+
+/// The keys of lock `name` on `server`.
+async fn lock_keys(server: &Redis, name: &str) -> Vec<String> {
+    match server
+        .command(&["KEYS", &format!("leasehold:{{{name}}}:*")])
+        .await
+        .unwrap()
+    {
+        Resp::Array(Some(keys)) => keys.iter().filter_map(Resp::text).collect(),
+        other => panic!("KEYS: {other:?}"),
+    }
+}
+
+async fn client(set: &RedisSentinel, ttl: Duration) -> Client {
+    client_of(&set.url(), ttl).await
+}
+
+async fn client_of(url: &str, ttl: Duration) -> Client {
+    let options = LockOptions::builder()
+        .ttl(ttl)
+        .request_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    Client::builder(RedisBackend::connect(url).await.unwrap())
+        .options(options)
+        .build()
+}
+
+/// `name` for `client` once the client has found the master: an answer of the old master
+/// (`READONLY`, a lost connection) is retryable and moves the client.
+async fn lock_after_failover(client: &Client, name: &str) -> Guard {
+    let mut errors = Vec::new();
+    for _ in 0..20 {
+        match client.mutex(name).unwrap().try_lock().await {
+            Ok(Some(guard)) => return guard,
+            Ok(None) => panic!("{name} is held"),
+            Err(error) if error.is_retryable() => errors.push(error.to_string()),
+            Err(error) => panic!("{error}"),
+        }
+    }
+    panic!("the client did not find the new master: {errors:#?}");
+}
+
+/// A client's role as its master sees it: the master's `ROLE`.
+async fn role(server: &Redis) -> String {
+    match server.command(&["ROLE"]).await.unwrap() {
+        Resp::Array(Some(role)) => role[0].text().unwrap(),
+        other => panic!("ROLE: {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_moves_the_client_and_a_replicated_lock_stays_held() {
+    let mut set = RedisSentinel::start(2, 3).await.unwrap();
+    // Every grant is acknowledged by both replicas (WAIT) before it is reported.
+    let a = client_of(&format!("{}?replicas=2&replica_timeout=5s", set.url()), TTL).await;
+    let guard = a.mutex("job").unwrap().lock().await.unwrap();
+    let old = set.master().await.unwrap();
+    let new = set.failover().await.unwrap();
+    assert_ne!(new, old);
+    // The same client finds the new master on its own; the lock came along.
+    let other = lock_after_failover(&a, "other").await;
+    assert!(other.token() > guard.token());
+    assert!(!lock_keys(&set.servers()[new], "other").await.is_empty());
+    assert!(a.mutex("job").unwrap().try_lock().await.unwrap().is_none());
+    // The holder's renewals reach the new master and find its lock (two: the first may
+    // have gone to the old master before it was demoted).
+    renewed(&guard, 2).await;
+    // The sentinels demote the old master once it reports in (no event to await: polled).
+    let give_up = std::time::Instant::now() + Duration::from_secs(60);
+    while role(&set.servers()[old]).await != "slave" {
+        assert!(
+            std::time::Instant::now() < give_up,
+            "the old master was not demoted"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Its renewals and requests meanwhile went to the new master: the lock is still held.
+    assert!(guard.is_held());
+    let b = client(&set, TTL).await;
+    assert!(b.mutex("job").unwrap().try_lock().await.unwrap().is_none());
+    let token = guard.token();
+    guard.release().await.unwrap();
+    let next = b.mutex("job").unwrap().try_lock().await.unwrap().unwrap();
+    assert!(next.token() > token);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_whose_grant_the_new_master_lacks_learns_it_and_its_writes_are_fenced() {
+    let mut set = RedisSentinel::start(2, 3).await.unwrap();
+    let resource = Redis::start().await.unwrap();
+    let mut resource_conn = leasehold_redis::redis::Client::open(resource.url())
+        .unwrap()
+        .get_connection_manager()
+        .await
+        .unwrap();
+    let fence = RedisFence::new("{stock}:fence");
+    let a = client(&set, TTL).await;
+    let guard = a.mutex("job").unwrap().lock().await.unwrap();
+    let written = fence
+        .set(&mut resource_conn, guard.token(), "{stock}:count", 1)
+        .await
+        .unwrap();
+    assert!(written.is_ok());
+    let new = set.failover().await.unwrap();
+    // What asynchronous replication can lose: the grant never reached the new master.
+    let keys = lock_keys(&set.servers()[new], "job").await;
+    let mut del = vec!["DEL"];
+    del.extend(keys.iter().map(String::as_str));
+    set.servers()[new].command(&del).await.unwrap();
+    // Another client takes the lock on the new master, with a higher token...
+    let b = client(&set, TTL).await;
+    let next = lock_after_failover(&b, "job").await;
+    assert!(next.token() > guard.token());
+    let written = fence
+        .set(&mut resource_conn, next.token(), "{stock}:count", 2)
+        .await
+        .unwrap();
+    assert!(written.is_ok());
+    // ...the old holder learns from its renewals that its lock is gone...
+    let lost = tokio::time::timeout(TTL * 3, guard.lost())
+        .await
+        .expect("the holder was not told");
+    assert!(
+        matches!(lost, LossReason::NotOwner | LossReason::Expired),
+        "{lost:?}"
+    );
+    assert!(!guard.is_held());
+    // ...and a write it still makes is refused by the resource.
+    let stale = fence
+        .set(&mut resource_conn, guard.token(), "{stock}:count", 3)
+        .await
+        .unwrap();
+    assert!(stale.is_err(), "the superseded holder wrote");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_killed_mid_hold_is_replaced_and_its_holder_and_waiter_carry_on() {
+    let mut set = RedisSentinel::start(2, 3).await.unwrap();
+    set.until_sentinels_know_each_other().await.unwrap();
+    // Longer than a failover the sentinels retry (after twice their failover timeout, 10 s).
+    let ttl = Duration::from_secs(30);
+    let a = client_of(&format!("{}?replicas=2&replica_timeout=5s", set.url()), ttl).await;
+    let b = client(&set, ttl).await;
+    let guard = a.mutex("job").unwrap().lock().await.unwrap();
+    let mutex = b.mutex("job").unwrap();
+    let waiting = tokio::spawn(async move { mutex.lock().await });
+    let give_up = std::time::Instant::now() + Duration::from_secs(30);
+    while a.inspect("job").await.unwrap().waiters.is_empty() {
+        assert!(
+            std::time::Instant::now() < give_up,
+            "the waiter never queued"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let old = set.master().await.unwrap();
+    set.servers()[old].kill();
+    // The sentinels agree it is down (after 1 s) and promote a replica.
+    let new = set.master_other_than(Some(old)).await.unwrap();
+    assert_ne!(new, old);
+    // The holder's renewal finds the new master (the old one is dead), and its lock there.
+    renewed(&guard, 1).await;
+    let token = guard.token();
+    guard.release().await.unwrap();
+    // The waiter is granted on the new master, with a higher token.
+    let next = tokio::time::timeout(ttl, waiting)
+        .await
+        .expect("the waiter was lost in the failover")
+        .unwrap()
+        .unwrap();
+    assert!(next.token() > token);
+}
+
+#[tokio::test]
+async fn a_sentinel_that_names_a_replica_is_seen_through() {
+    let mut set = RedisSentinel::start(1, 3).await.unwrap();
+    let master = set.master().await.unwrap();
+    let (_stray, port) = set.stray_sentinel(1 - master).await.unwrap();
+    // The stray sentinel is asked first: it names the replica, which says it is one.
+    let first = format!("redis+sentinel://127.0.0.1:{port},");
+    let url = set.url().replace("redis+sentinel://", &first);
+    let client = client_of(&url, TTL).await;
+    let guard = client.mutex("job").unwrap().lock().await.unwrap();
+    assert!(!lock_keys(&set.servers()[master], "job").await.is_empty());
+    guard.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_dropped_client_leaves_no_subscription_on_the_sentinels() {
+    let set = RedisSentinel::start(0, 2).await.unwrap();
+    let subscribed = async |n: usize| {
+        let give_up = std::time::Instant::now() + Duration::from_secs(30);
+        while set.subscribers().await.unwrap() != n {
+            assert!(std::time::Instant::now() < give_up, "never {n} subscribers");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    let backend = RedisBackend::connect(&set.url()).await.unwrap();
+    // It listens for failovers on one sentinel.
+    subscribed(1).await;
+    drop(backend);
+    subscribed(0).await;
+}
+
+#[tokio::test]
+async fn sentinels_that_cannot_be_reached_are_named_in_a_typed_error() {
+    let (p1, p2) = (free_port(), free_port());
+    let url = format!("redis+sentinel://127.0.0.1:{p1},127.0.0.1:{p2}/leasehold-master");
+    match RedisBackend::connect(&url).await {
+        Err(Error::Unavailable { message, .. }) => {
+            assert!(message.contains(&format!("127.0.0.1:{p1}")), "{message}");
+            assert!(message.contains(&format!("127.0.0.1:{p2}")), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let set = RedisSentinel::start(0, 1).await.unwrap();
+    let unknown = set.url().replace("leasehold-master", "nosuch");
+    match RedisBackend::connect(&unknown).await {
+        Err(Error::Unavailable { message, .. }) => {
+            assert!(message.contains("does not know nosuch"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+}

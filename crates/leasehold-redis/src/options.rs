@@ -9,8 +9,8 @@ use leasehold_core::{Error, Result};
 use crate::sentinel::SENTINEL_SCHEME;
 
 url_params! {
-    /// The URL parameters of `redis://`, `rediss://` and `redis+sentinel://`, each setting
-    /// the option it names.
+    /// The URL parameters of `redis://`, `rediss://` and `redis+sentinel://`.
+    /// Each sets the option it names.
     /// `replicas`, `replica_timeout` and `replicas_required` set a [`ReplicaAck`].
     pub(crate) enum Param {
         Prefix = "prefix",

@@ -25,8 +25,9 @@ use crate::connection::{Connected, Connection, Opener};
 /// The port of a sentinel given without one.
 const SENTINEL_PORT: u16 = 26379;
 
-/// How often the failover watcher checks, without an announcement, that its sentinel
-/// answers and names the master the connection uses.
+/// How often the failover watcher asks its sentinel where the master is.
+/// That is after this long without an announcement: it checks that the sentinel answers,
+/// and that it names the master the connection uses.
 const PROBE: Duration = Duration::from_secs(5);
 
 /// The scheme of a Sentinel URL.
@@ -173,8 +174,8 @@ impl Sentinels {
         )))
     }
 
-    /// Connects with `opener` to the server at `address` (`host:port`) only,
-    /// within `limit`: the new master a failover announcement or a sentinel named.
+    /// Connects with `opener` to the server at `address` (`host:port`) only.
+    /// It is the new master a failover announcement or a sentinel named; within `limit`.
     ///
     /// # Errors
     ///
@@ -195,8 +196,8 @@ impl Sentinels {
         }
     }
 
-    /// A connection to the master at `address` (`host:port`), made until `until`, with
-    /// `address` as its server; why not, as text.
+    /// A connection to the master at `address` (`host:port`), made until `until`.
+    /// Its server is `address`; an error says why not, as text.
     async fn try_open(
         &self,
         address: &str,
@@ -257,8 +258,8 @@ impl Sentinels {
         )))
     }
 
-    /// The new master's `host:port` if a `+switch-master` message (`name old-ip old-port
-    /// new-ip new-port`) is about this master.
+    /// The new master's `host:port`, if a `+switch-master` message is about this master.
+    /// The message is `name old-ip old-port new-ip new-port`.
     fn announced(&self, message: &str) -> Option<String> {
         match message.split(' ').collect::<Vec<_>>()[..] {
             [name, _, _, host, port] if name == self.master => Some(address(host, port)),
@@ -275,8 +276,8 @@ fn address(host: &str, port: &str) -> String {
     }
 }
 
-/// Tells `connection` of every server a sentinel names as the master, until `gone` says the
-/// backend was dropped.
+/// Tells `connection` of every server a sentinel names as the master.
+/// It runs until `gone` says the backend was dropped.
 /// It listens to one sentinel at a time for `+switch-master`, and after every [`PROBE`]
 /// without a message asks that sentinel where the master is (which also covers an
 /// announcement missed while it was not listening). A sentinel that does not answer within

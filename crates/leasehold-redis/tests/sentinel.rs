@@ -1,5 +1,5 @@
-//! A master managed by Redis Sentinel: the conformance suite through the sentinels, and
-//! failovers — against 3 real sentinels watching a master and two replicas.
+//! A master managed by Redis Sentinel: the conformance suite, and failovers.
+//! Against 3 real sentinels watching a master and two replicas.
 
 #![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
@@ -34,9 +34,9 @@ mod conformance {
     });
 }
 
-/// The lease of the failover tests, far longer than a failover takes: renewals accepted
-/// by the old master while the new one is promoted never reach the new one, which counts
-/// from the last renewal it got.
+/// The lease of the failover tests, far longer than a failover takes.
+/// Renewals accepted by the old master while the new one is promoted never reach the new
+/// one, which counts from the last renewal it got.
 const TTL: Duration = Duration::from_secs(10);
 
 /// Waits for `times` renewals of `guard` that found its lock (its deadline moved).
@@ -77,8 +77,9 @@ async fn client_of(url: &str, ttl: Duration) -> Client {
         .build()
 }
 
-/// `name` for `client` once the client has found the master: an answer of the old master
-/// (`READONLY`, a lost connection) is retryable and moves the client.
+/// `name` for `client` once the client has found the master.
+/// An answer of the old master (`READONLY`, a lost connection) is retryable and moves the
+/// client.
 async fn lock_after_failover(client: &Client, name: &str) -> Guard {
     let mut errors = Vec::new();
     for _ in 0..20 {

@@ -325,8 +325,8 @@ pub struct RedisSentinel {
 }
 
 impl RedisSentinel {
-    /// A master with `replicas` replicas (their links up), watched by `sentinels`
-    /// sentinels that each know the master and its replicas.
+    /// A master with `replicas` replicas, watched by `sentinels` sentinels.
+    /// It is ready when the replicas' links are up and every sentinel knows them.
     ///
     /// # Errors
     ///
@@ -358,9 +358,9 @@ impl RedisSentinel {
         })
     }
 
-    /// A sentinel of its own that names server `server` as the master (whatever it is),
-    /// with its port: one that is behind, for the clients to see through. Alone and with a
-    /// quorum of 2 it never fails anything over.
+    /// A sentinel of its own that names server `server` as the master, with its port.
+    /// Whatever that server is: a sentinel that is behind, for the clients to see through.
+    /// Alone and with a quorum of 2 it never fails anything over.
     ///
     /// # Errors
     ///
@@ -448,8 +448,8 @@ impl RedisSentinel {
         Ok(count)
     }
 
-    /// The server every sentinel of the set names as the master, once that server says it
-    /// is one.
+    /// The server every sentinel of the set names as the master.
+    /// It is returned once that server says it is one.
     ///
     /// # Errors
     ///
@@ -458,8 +458,8 @@ impl RedisSentinel {
         self.master_other_than(None).await
     }
 
-    /// Makes the first sentinel fail the master over to a replica (`SENTINEL FAILOVER`),
-    /// and waits until the sentinels name the new master and it says it is one.
+    /// Makes the first sentinel fail the master over to a replica (`SENTINEL FAILOVER`).
+    /// It waits until the sentinels name the new master and it says it is one.
     /// Its index among [`servers`](RedisSentinel::servers).
     ///
     /// # Errors
@@ -478,8 +478,8 @@ impl RedisSentinel {
         self.master_other_than(Some(old)).await
     }
 
-    /// Waits until every sentinel names one server other than `old` as the master, and it
-    /// says it is one.
+    /// Waits until every sentinel names one server other than `old` as the master.
+    /// And until that server says it is one.
     ///
     /// # Errors
     ///
@@ -530,8 +530,9 @@ impl RedisSentinel {
     }
 }
 
-/// A sentinel watching the master on `master_port` under [`SENTINEL_MASTER`], its files in
-/// `dir` named after `name`, started once `ready` says so of its address.
+/// A sentinel watching the master on `master_port` under [`SENTINEL_MASTER`].
+/// Its files are in `dir`, named after `name`; it is started once `ready` says so of its
+/// address.
 async fn start_sentinel(
     dir: &Path,
     name: &str,

@@ -118,13 +118,7 @@ impl RedisBackend {
         };
         let (warnings, run_id) = (connected.warnings.clone(), connected.run_id.clone());
         let inner = Arc::new(Inner {
-            conn: Arc::new(Connection::new(
-                connected,
-                address,
-                options,
-                wakeups.clone(),
-                !node,
-            )),
+            conn: Connection::new(connected, address, options, wakeups.clone(), !node),
             wakeups: wakeups.clone(),
             floors: Mutex::new(Floors::default()),
             warnings,

@@ -49,6 +49,8 @@ pub(crate) struct Connected {
 /// The connection a backend sends its requests on, replaced when it stalls.
 #[derive(Debug)]
 pub(crate) struct Connection {
+    /// Itself, for a replacement to run in a task of its own.
+    me: std::sync::Weak<Connection>,
     current: RwLock<ConnectionManager>,
     address: Address,
     /// The server connected to (see [`Connected::server`]).
@@ -73,8 +75,9 @@ impl Connection {
         options: RedisOptions,
         wakeups: Arc<Wakeups>,
         drops_count: bool,
-    ) -> Self {
-        Self {
+    ) -> Arc<Self> {
+        Arc::new_cyclic(|me| Self {
+            me: me.clone(),
             current: RwLock::new(connected.conn),
             address,
             serving: RwLock::new(connected.server),
@@ -84,7 +87,7 @@ impl Connection {
             health: Health::new(),
             drops_count,
             replaced: tokio::sync::Mutex::new(None),
-        }
+        })
     }
 
     /// The options it was made with.
@@ -107,14 +110,21 @@ impl Connection {
     ///
     /// # Cancel safety
     ///
-    /// Dropped while replacing, the old connection stays until the next request.
+    /// The replacement runs in a task of its own: a request that gives up (its timeout)
+    /// does not cut it short, and the requests after it find the new connection.
     ///
     /// # Errors
     ///
     /// [`Error::Unavailable`] if the connection cannot be replaced.
     pub(crate) async fn for_request(&self) -> Result<ConnectionManager> {
-        if self.health.is_stalled() || self.moved.load(Ordering::SeqCst) {
-            self.replace(None).await?;
+        if (self.health.is_stalled() || self.moved.load(Ordering::SeqCst))
+            && let Some(me) = self.me.upgrade()
+        {
+            tokio::spawn(async move { me.replace(None).await })
+                .await
+                .map_err(|e| {
+                    Error::unavailable(format!("redis: replacing the connection: {e}"))
+                })??;
         }
         Ok(self.current())
     }

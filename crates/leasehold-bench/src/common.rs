@@ -224,12 +224,7 @@ impl Rounds {
     /// both.
     #[allow(dead_code)] // not every comparison compares rates
     pub(crate) fn paired(&self, ours: &str, theirs: &str) -> f64 {
-        let ratios = self.ratios(ours, theirs);
-        match ratios.len() {
-            0 => f64::NAN,
-            n if n % 2 == 1 => ratios[n / 2],
-            n => (ratios[n / 2 - 1] + ratios[n / 2]) / 2.0,
-        }
+        median(self.ratios(ours, theirs))
     }
 
     /// The ratios behind [`paired`](Rounds::paired), one per round that has both rows.
@@ -249,5 +244,15 @@ impl Rounds {
             .collect();
         ratios.sort_by(f64::total_cmp);
         ratios
+    }
+}
+
+/// The median of `values` (NaN if there are none).
+pub(crate) fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    match values.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => values[n / 2],
+        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
     }
 }

@@ -19,7 +19,7 @@ use leasehold_testkit::RedisSentinel;
 use serde_json::json as j;
 
 mod common;
-use common::Args;
+use common::{Args, median};
 
 const ROUNDS: usize = 5;
 
@@ -62,15 +62,6 @@ async fn run(clients: &[Client], slug: &str, duration: Duration, master: u32) ->
     Run {
         server_cpu_per_cycle: spent / cycles,
         stats,
-    }
-}
-
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    match values.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => values[n / 2],
-        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
     }
 }
 

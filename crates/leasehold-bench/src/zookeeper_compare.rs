@@ -33,7 +33,7 @@ use serde_json::json as j;
 
 #[allow(dead_code)] // the rounds table of the other comparisons is not used here
 mod common;
-use common::Args;
+use common::{Args, median};
 
 const ROUNDS: usize = 10;
 /// How long each grant is held in the hand-off scenario.
@@ -320,15 +320,6 @@ impl Totals {
             ..Measure::default()
         }
         .spread()
-    }
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
     }
 }
 

@@ -139,7 +139,7 @@ if ok then
     if FAIR and rank then wake_next(MODE == 'p') end
   end
   if LOCK_DELAY > 0 then hold(delay, now + ttl + LOCK_DELAY, OWNER) end
-  if HAS_VALUE then redis.call('PUBLISH', CHANNEL, '*') end
+  if HAS_VALUE then redis.call(PUBLISH, CHANNEL, '*') end
   return token
 end
 

@@ -163,9 +163,9 @@ local function wake_next(permits)
     end
   end
   if #names == 0 then
-    redis.call('PUBLISH', CHANNEL, '*')
+    redis.call(PUBLISH, CHANNEL, '*')
   else
-    redis.call('PUBLISH', CHANNEL, table.concat(names, ' '))
+    redis.call(PUBLISH, CHANNEL, table.concat(names, ' '))
   end
 end
 

@@ -14,10 +14,11 @@ use redis::FromRedisValue;
 use crate::connection::{self, Connection};
 use crate::error::map_error;
 use crate::floors::{Floor, Floors};
+use crate::link::Address;
 use crate::options::{RedisOptions, ReplicaAck, parse_url};
 use crate::reply::{self, Acquired};
-use crate::script::{CALLS, Call, Keys, Values, millis_up};
-use crate::sentinel::{self, Address};
+use crate::script::{Call, Calls, Keys, Values, millis_up};
+use crate::sentinel;
 use crate::wakeups::{Hint, Router, Wakeups};
 
 /// A Redis server holding locks. Clones share one multiplexed connection.
@@ -114,7 +115,7 @@ impl RedisBackend {
         let (failovers, gone) = tokio::sync::watch::channel(());
         let sentinels = match &address {
             Address::Sentinel(sentinels) => Some(sentinels.clone()),
-            Address::Fixed(_) => None,
+            Address::Fixed(_) | Address::Cluster(_) => None,
         };
         let (warnings, run_id) = (connected.warnings.clone(), connected.run_id.clone());
         let inner = Arc::new(Inner {
@@ -150,6 +151,11 @@ impl RedisBackend {
     /// ever locked.
     pub fn wakeup_channels(&self) -> usize {
         self.inner.wakeups.channels()
+    }
+
+    /// The script calls for this backend's server (see [`Connection::calls`]).
+    fn calls(&self) -> &'static Calls {
+        self.inner.conn.calls()
     }
 
     fn keys(&self, name: &LockName) -> Keys {
@@ -195,13 +201,13 @@ impl RedisBackend {
             floor,
             ..Values::of(req)
         };
-        let _: i64 = self.run(&CALLS.raise, &keys, &values).await?;
+        let _: i64 = self.run(&self.calls().raise, &keys, &values).await?;
         Ok(())
     }
 
     /// Runs the release script for `req`: whether it removed something.
     async fn release_script(&self, req: &Request, keys: &Keys) -> Result<bool> {
-        let call = CALLS.release_of(req);
+        let call = self.calls().release_of(req);
         let answer: i64 = self.run(call, keys, &Values::of(req)).await?;
         reply::yes_or_no(answer, call.name)
     }
@@ -248,7 +254,7 @@ impl RedisBackend {
             && req.lock_delay.is_none()
             && req.value.is_none()
             && ticket.is_none();
-        let (fast_call, full_call) = CALLS.acquire_of(node.redlock);
+        let (fast_call, full_call) = self.calls().acquire_of(node.redlock);
         let mut answer = Acquired::NotFast;
         if fast {
             answer = reply::acquired(self.run(fast_call, keys, &values).await?);
@@ -273,10 +279,9 @@ impl RedisBackend {
         let mut conn = self.inner.conn.for_request().await?;
         let mut wait = redis::cmd("WAIT");
         wait.arg(ack.replicas).arg(millis_up(ack.timeout));
-        let acked: i64 = self
-            .inner
-            .conn
-            .query(&mut conn, &wait)
+        let keys = self.keys(&req.name);
+        let acked: i64 = conn
+            .query_at(keys.channel(), &wait)
             .await
             .map_err(|e| map_error(e, &req.name))?;
         if acked >= i64::from(ack.replicas) {
@@ -290,7 +295,6 @@ impl RedisBackend {
             tracing::warn!("{problem}; keeping it");
             return Ok(());
         }
-        let keys = self.keys(&req.name);
         self.release_script(req, &keys).await?;
         Err(Error::backend(format!("{problem}; released it"), true))
     }
@@ -343,7 +347,7 @@ impl Backend for RedisBackend {
 
     async fn renew(&self, req: &Request) -> Result<Renewal> {
         let keys = self.keys(&req.name);
-        let call = CALLS.renew_of(req);
+        let call = self.calls().renew_of(req);
         let renewed: i64 = self.run(call, &keys, &Values::of(req)).await?;
         Ok(if reply::yes_or_no(renewed, call.name)? {
             Renewal::Renewed(Expiry::After(Duration::from_millis(millis_up(req.ttl))))
@@ -386,7 +390,9 @@ impl Backend for RedisBackend {
             Mode::Exclusive,
             Duration::from_millis(1),
         );
-        let reply: redis::Value = self.run(&CALLS.inspect, &keys, &Values::of(&probe)).await?;
+        let reply: redis::Value = self
+            .run(&self.calls().inspect, &keys, &Values::of(&probe))
+            .await?;
         let (mut state, retry) = reply::inspected(&reply)?;
         state.hint = WaitHint::new(Hint::new(keys.channel(), ticket, retry));
         Ok(state)

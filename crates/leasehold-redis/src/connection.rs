@@ -21,23 +21,25 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use futures_util::future::join_all;
 use leasehold_core::support::health::{Health, Silence};
 use leasehold_core::support::redact_url;
 use leasehold_core::{Error, Result};
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{IntoConnectionInfo, ProtocolVersion, RedisError};
+use redis::aio::ConnectionManagerConfig;
+use redis::{ConnectionInfo, IntoConnectionInfo, ProtocolVersion, RedisError, TlsCertificates};
 
 use crate::error::{is_link_error, map_error};
+use crate::link::{Address, Link};
 use crate::options::RedisOptions;
 use crate::reply;
-use crate::script::CALLS;
-use crate::sentinel::{Address, Sentinels};
+use crate::script::Calls;
+use crate::sentinel::Sentinels;
 use crate::wakeups::{Router, Wakeups};
 
 /// A connection made and checked.
 #[derive(Debug)]
 pub(crate) struct Connected {
-    pub(crate) conn: ConnectionManager,
+    pub(crate) conn: Link,
     /// The server: `host:port` through Sentinel, else the URL.
     pub(crate) server: String,
     /// Configuration problems found (see [`RedisBackend::warnings`](crate::RedisBackend::warnings)).
@@ -51,7 +53,7 @@ pub(crate) struct Connected {
 pub(crate) struct Connection {
     /// Itself, for a replacement to run in a task of its own.
     me: std::sync::Weak<Connection>,
-    current: RwLock<ConnectionManager>,
+    current: RwLock<Link>,
     address: Address,
     /// The server connected to (see [`Connected::server`]).
     serving: RwLock<String>,
@@ -95,8 +97,13 @@ impl Connection {
         &self.options
     }
 
+    /// The script calls for its server: `SPUBLISH` in a Cluster, else `PUBLISH`.
+    pub(crate) fn calls(&self) -> &'static Calls {
+        self.address.calls()
+    }
+
     /// The connection as it is now.
-    pub(crate) fn current(&self) -> ConnectionManager {
+    pub(crate) fn current(&self) -> Link {
         self.current
             .read()
             .unwrap_or_else(|e| e.into_inner())
@@ -116,7 +123,7 @@ impl Connection {
     /// # Errors
     ///
     /// [`Error::Unavailable`] if the connection cannot be replaced.
-    pub(crate) async fn for_request(&self) -> Result<ConnectionManager> {
+    pub(crate) async fn for_request(&self) -> Result<Link> {
         if (self.health.is_stalled() || self.moved.load(Ordering::SeqCst))
             && let Some(me) = self.me.upgrade()
         {
@@ -146,7 +153,7 @@ impl Connection {
     /// Sends `cmd` on the connection, noting whether an answer came.
     pub(crate) async fn query<T: redis::FromRedisValue>(
         &self,
-        conn: &mut ConnectionManager,
+        conn: &mut Link,
         cmd: &redis::Cmd,
     ) -> redis::RedisResult<T> {
         let mut in_flight = self.health.request();
@@ -249,6 +256,7 @@ impl Connection {
 /// Within that time it also loads every script, reads the eviction policy and, with
 /// `run_id`, the server's run id. Through Sentinel the server is a master the sentinels
 /// name, which must say it is one; with `announced` (`host:port`) only that server is tried.
+/// A Cluster has no one run id: `run_id` (a Redlock node) is refused there.
 pub(crate) async fn connect(
     address: &Address,
     options: &RedisOptions,
@@ -261,6 +269,7 @@ pub(crate) async fn connect(
         options,
         push,
         run_id,
+        calls: address.calls(),
     };
     match (address, announced) {
         (Address::Fixed(url), _) => opener.open(url, limit, None).await,
@@ -268,6 +277,14 @@ pub(crate) async fn connect(
             sentinels.connect_announced(address, limit, &opener).await
         }
         (Address::Sentinel(sentinels), None) => sentinels.connect_master(limit, &opener).await,
+        (Address::Cluster(nodes), _) if run_id => Err(Error::invalid(
+            "url",
+            format!(
+                "{}: a Redlock node is one server, not a Redis Cluster",
+                redact_url(nodes.url())
+            ),
+        )),
+        (Address::Cluster(nodes), _) => nodes.connect(options, opener.push, address.calls()).await,
     }
 }
 
@@ -276,6 +293,7 @@ pub(crate) struct Opener<'a> {
     options: &'a RedisOptions,
     push: Router,
     run_id: bool,
+    calls: &'static Calls,
 }
 
 impl Opener<'_> {
@@ -287,31 +305,21 @@ impl Opener<'_> {
         limit: Duration,
         sentinels: Option<&Sentinels>,
     ) -> Result<Connected> {
-        connect_url(
-            url,
-            self.options,
-            self.push.clone(),
-            self.run_id,
-            limit,
-            sentinels,
-        )
-        .await
+        connect_url(url, self, limit, sentinels).await
     }
 }
 
 /// What [`Opener::open`] does.
 async fn connect_url(
     url: &str,
-    options: &RedisOptions,
-    push: Router,
-    run_id: bool,
+    opener: &Opener<'_>,
     limit: Duration,
     sentinels: Option<&Sentinels>,
 ) -> Result<Connected> {
     let shown = redact_url(url);
-    let client = client(url, options)?;
+    let client = client(url, opener.options)?;
     let config = ConnectionManagerConfig::new()
-        .set_push_sender(push)
+        .set_push_sender(opener.push.clone())
         .set_automatic_resubscription()
         .set_connection_timeout(Some(limit))
         // A refused connection fails fast; later reconnects are retried per request.
@@ -319,22 +327,24 @@ async fn connect_url(
         // Every request is bounded by the engine's request timeout instead.
         .set_response_timeout(None);
     let connecting = async {
-        let mut conn = client
-            .get_connection_manager_with_config(config)
-            .await
-            .map_err(|e| Error::Unavailable {
-                message: format!("cannot connect to redis at {shown}: {e}"),
-                source: Some(Arc::new(e)),
-            })?;
+        let mut conn = Link::Server(
+            client
+                .get_connection_manager_with_config(config)
+                .await
+                .map_err(|e| Error::Unavailable {
+                    message: format!("cannot connect to redis at {shown}: {e}"),
+                    source: Some(Arc::new(e)),
+                })?,
+        );
         // One round trip: the requests share the connection. The scripts are loaded up
         // front, so that even the first grant is one round trip (after a server restart
         // EVALSHA falls back to loading them again).
         let (mut config_conn, mut info_conn) = (conn.clone(), conn.clone());
         let (loaded, warning, id) = tokio::join!(
-            load_scripts(&mut conn),
+            load_scripts(&mut conn, opener.calls),
             eviction_warning(&mut config_conn),
             async {
-                match run_id {
+                match opener.run_id {
                     true => Some(server_run_id(&mut info_conn).await),
                     false => None,
                 }
@@ -364,57 +374,72 @@ async fn connect_url(
 
 /// The redis-rs client for `url`: RESP3 (push messages), TLS with the options' files.
 fn client(url: &str, options: &RedisOptions) -> Result<redis::Client> {
-    let shown = redact_url(url);
+    let info = connection_info(url, options)?;
+    match tls_certificates(options) {
+        None => redis::Client::open(info),
+        Some(certificates) => redis::Client::build_with_tls(info, certificates),
+    }
+    .map_err(|e| Error::invalid("url", format!("{}: {e}", redact_url(url))))
+}
+
+/// Where and how to connect for `url`: RESP3 (push messages); TLS checked against the options.
+pub(crate) fn connection_info(url: &str, options: &RedisOptions) -> Result<ConnectionInfo> {
     let info = url.into_connection_info().map_err(|e| {
         Error::invalid(
             "url",
-            format!("{shown}: {}", e.detail().unwrap_or("not a redis URL")),
+            format!(
+                "{}: {}",
+                redact_url(url),
+                e.detail().unwrap_or("not a redis URL")
+            ),
         )
     })?;
     let settings = info
         .redis_settings()
         .clone()
         .set_protocol(ProtocolVersion::RESP3);
-    let info = info.set_redis_settings(settings);
     if options.check_tls(url)? {
         install_crypto_provider();
     }
-    let tls = options.tls_files();
-    if tls.is_empty() {
-        redis::Client::open(info)
-    } else {
-        redis::Client::build_with_tls(
-            info,
-            redis::TlsCertificates {
-                client_tls: tls.client.clone().map(|(client_cert, client_key)| {
-                    redis::ClientTlsConfig {
-                        client_cert,
-                        client_key,
-                    }
-                }),
-                root_cert: tls.ca.clone(),
-            },
-        )
-    }
-    .map_err(|e| Error::invalid("url", format!("{shown}: {e}")))
+    Ok(info.set_redis_settings(settings))
 }
 
-/// Loads every script, in one round trip.
-async fn load_scripts(conn: &mut ConnectionManager) -> Result<()> {
-    let mut pipe = redis::pipe();
-    for call in CALLS.all() {
-        pipe.cmd("SCRIPT")
-            .arg("LOAD")
-            .arg(call.script_code())
-            .ignore();
+/// The options' TLS files as redis-rs takes them, if any are given.
+pub(crate) fn tls_certificates(options: &RedisOptions) -> Option<TlsCertificates> {
+    let tls = options.tls_files();
+    (!tls.is_empty()).then(|| TlsCertificates {
+        client_tls: tls
+            .client
+            .clone()
+            .map(|(client_cert, client_key)| redis::ClientTlsConfig {
+                client_cert,
+                client_key,
+            }),
+        root_cert: tls.ca.clone(),
+    })
+}
+
+/// Loads every script of `calls`: together, in one round trip on a server's connection;
+/// on every node of a Cluster (where `SCRIPT LOAD` goes to all of them).
+pub(crate) async fn load_scripts(conn: &mut Link, calls: &Calls) -> Result<()> {
+    let each = calls.all().into_iter().map(|call| {
+        let mut conn = conn.clone();
+        async move {
+            redis::cmd("SCRIPT")
+                .arg("LOAD")
+                .arg(call.script_code())
+                .query_async::<redis::Value>(&mut conn)
+                .await
+        }
+    });
+    for loaded in join_all(each).await {
+        loaded.map_err(|e| map_error(e, "(loading scripts)"))?;
     }
-    pipe.query_async::<()>(conn)
-        .await
-        .map_err(|e| map_error(e, "(loading scripts)"))
+    Ok(())
 }
 
 /// Describes a configuration in which the server may evict lock keys.
-async fn eviction_warning(conn: &mut ConnectionManager) -> Result<Option<String>> {
+async fn eviction_warning(conn: &mut Link) -> Result<Option<String>> {
     let config: std::result::Result<HashMap<String, String>, RedisError> = redis::cmd("CONFIG")
         .arg("GET")
         .arg("maxmemory*")
@@ -435,7 +460,7 @@ async fn eviction_warning(conn: &mut ConnectionManager) -> Result<Option<String>
 }
 
 /// The server's run id (`INFO server`): tells two addresses of one server apart.
-async fn server_run_id(conn: &mut ConnectionManager) -> Result<String> {
+async fn server_run_id(conn: &mut Link) -> Result<String> {
     let info: String = redis::cmd("INFO")
         .arg("server")
         .query_async(conn)

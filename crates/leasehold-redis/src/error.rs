@@ -18,7 +18,14 @@ pub(crate) fn map_error(error: RedisError, name: impl Display) -> Error {
     let code = error.code().unwrap_or("");
     let retryable = matches!(
         code,
-        "READONLY" | "LOADING" | "BUSY" | "TRYAGAIN" | "MASTERDOWN" | "CLUSTERDOWN"
+        "READONLY"
+            | "LOADING"
+            | "BUSY"
+            | "TRYAGAIN"
+            | "MASTERDOWN"
+            | "CLUSTERDOWN"
+            | "MOVED"
+            | "ASK"
     );
     let message = match code {
         "READONLY" => "the server is a read-only replica; point leasehold at the primary".into(),
@@ -36,9 +43,14 @@ pub(crate) fn map_error(error: RedisError, name: impl Display) -> Error {
             .detail()
             .unwrap_or("foreign value under a lock key")
             .into(),
-        "MOVED" | "ASK" | "CROSSSLOT" => {
-            "cluster redirection: connect to the node that serves the lock's slot".into()
-        }
+        "MOVED" | "ASK" => format!(
+            "lock {name}'s slot is served by another node ({code} {}): a Redis Cluster (connect \
+             with redis+cluster://) whose slot map changed faster than the client followed",
+            error.detail().unwrap_or("?")
+        ),
+        "TRYAGAIN" => format!("lock {name}'s slot is moving between Redis Cluster nodes"),
+        "CLUSTERDOWN" => "the Redis Cluster is down (a slot has no master)".into(),
+        "CROSSSLOT" => format!("the keys of lock {name} are not in one slot"),
         _ => error.to_string(),
     };
     Error::Backend {

@@ -5,7 +5,10 @@
 //! - `lib.rs`: this map, the design in brief, the exports.
 //! - `options.rs`: the backend's options and the URL parameters that set them.
 //! - `connection.rs`: connecting (RESP3, TLS), loading the scripts, replacing a dead link.
+//! - `link.rs`: where Redis is (a server, a Sentinel's master, a Cluster), and the link
+//!   requests go over.
 //! - `sentinel.rs`: a master found through Redis Sentinel, and followed across failovers.
+//! - `cluster.rs`: the nodes of a Redis Cluster, and connecting to them.
 //! - `script.rs`: the keys and arguments of every script call, named once (Lua in `lua/`).
 //! - `reply.rs`: the scripts' replies, decoded.
 //! - `error.rs`: Redis errors as leasehold errors.
@@ -42,19 +45,25 @@
 //!   observer needs them; every request, connecting included, has a deadline.
 //! - **Replica safety**: optionally `WAIT` for replicas to acknowledge each grant; a
 //!   warning when `maxmemory-policy` can evict lock keys.
-//! - **Cluster-ready keys**: all keys of one lock share the hash tag `{name}`.
+//! - **Redis Cluster**: all keys of one lock share the hash tag `{name}`, so each lock
+//!   lives in one slot and its scripts run on that slot's master; wake-ups use sharded
+//!   pub/sub (`SPUBLISH`/`SSUBSCRIBE`), so a release reaches only its own shard.
 //!
 //! URL: `redis://[user:password@]host:port[/db][?prefix=P&replicas=N&replica_timeout=D&replicas_required=true]`;
 //! `rediss://…[&tls_ca=PATH&tls_cert=PATH&tls_key=PATH]` for TLS;
 //! `redis+sentinel://[user:password@]sentinel:port,…/master[/db][?…]` for a master that
-//! Redis Sentinel manages (the credentials and db are the master's).
+//! Redis Sentinel manages (the credentials and db are the master's);
+//! `redis+cluster://[user:password@]node:port,…[?…]` (`rediss+cluster://` for TLS) for a
+//! Redis Cluster, of which it needs one node or more to learn the rest.
 //! See `docs/backends/redis.md` for what this backend guarantees and what it does not.
 
 mod backend;
+mod cluster;
 mod connection;
 mod error;
 pub mod fence;
 mod floors;
+mod link;
 mod node;
 mod options;
 pub mod redlock;

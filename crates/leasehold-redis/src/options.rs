@@ -6,10 +6,12 @@ use leasehold_core::support::TlsFiles;
 use leasehold_core::support::url::{ParsedUrl, UrlParam, url_params};
 use leasehold_core::{Error, Result};
 
+use crate::cluster::CLUSTER_SCHEMES;
 use crate::sentinel::SENTINEL_SCHEME;
 
 url_params! {
-    /// The URL parameters of `redis://`, `rediss://` and `redis+sentinel://`.
+    /// The URL parameters of `redis://`, `rediss://`, `redis+sentinel://` and
+    /// `redis+cluster://`.
     /// Each sets the option it names.
     /// `replicas`, `replica_timeout` and `replicas_required` set a [`ReplicaAck`].
     pub(crate) enum Param {
@@ -158,15 +160,24 @@ impl RedisOptions {
 }
 
 /// Splits leasehold's query parameters off a redis URL.
-/// The base is the URL without parameters: `redis://…`, `rediss://…` or
-/// `redis+sentinel://…` (see [`Address`](crate::sentinel::Address)).
+/// The base is the URL without parameters: `redis://…`, `rediss://…`,
+/// `redis+sentinel://…`, `redis+cluster://…` or `rediss+cluster://…` (see
+/// [`Address`](crate::link::Address)).
 pub(crate) fn parse_url(url: &str) -> Result<(String, RedisOptions)> {
     let url = ParsedUrl::parse(
         url,
-        &["redis", "rediss", SENTINEL_SCHEME],
-        "redis://host:port, rediss://host:port or redis+sentinel://host:port,…/master",
+        &[
+            "redis",
+            "rediss",
+            SENTINEL_SCHEME,
+            CLUSTER_SCHEMES[0],
+            CLUSTER_SCHEMES[1],
+        ],
+        "redis://host:port, rediss://host:port, redis+sentinel://host:port,…/master \
+         or redis+cluster://host:port,…",
     )?;
-    let base = if url.scheme == SENTINEL_SCHEME {
+    let many = url.scheme == SENTINEL_SCHEME || CLUSTER_SCHEMES.contains(&url.scheme.as_str());
+    let base = if many {
         let hosts: Vec<String> = url.hosts(1..)?.iter().map(ToString::to_string).collect();
         url.with_address(&url.scheme, &hosts.join(","), &url.path()?)
     } else {

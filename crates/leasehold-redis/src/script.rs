@@ -240,10 +240,6 @@ pub(crate) struct Call {
 }
 
 impl Call {
-    fn new(name: &'static str, shape: Shape, body: &str) -> Self {
-        Self::with(name, shape, "", body)
-    }
-
     /// A call whose script starts with the Lua lines `bindings` (after the shape's).
     fn with(name: &'static str, shape: Shape, bindings: &str, body: &str) -> Self {
         let mut text = shape.bindings();
@@ -328,82 +324,97 @@ pub(crate) struct Calls {
 
 const EXCLUSIVE_RELEASE_KEYS: [Key; 5] = [Key::Lock, Key::Queue, Key::Qexp, Key::Delay, Key::Xinfo];
 
-/// The calls, made (and their scripts hashed) once per process.
-pub(crate) static CALLS: LazyLock<Calls> = LazyLock::new(|| {
-    use Arg::*;
-    let acquire = include_str!("../lua/acquire.lua");
-    let renew = include_str!("../lua/renew.lua");
-    let release = include_str!("../lua/release.lua");
-    let all = &Key::ALL;
-    let shape = |keys, args, required| Shape {
-        keys,
-        args,
-        required,
-    };
-    let acquire_fast = include_str!("../lua/acquire_fast.lua");
-    let fast_shape = shape(&[Key::Lock, Key::Token], &[Owner, Ttl, Quarantine], 2);
-    let acquire_shape = shape(
-        all,
-        &[
-            Owner, Flags, Ttl, Channel, Limit, LockDelay, Value, Quarantine,
-        ],
-        4,
-    );
-    const CLOCK_FLOOR: &str = "local CLOCK_FLOOR = true\n";
-    const COUNTER_ONLY: &str = "local CLOCK_FLOOR = false\n";
-    Calls {
-        acquire_fast: Call::with("acquire (fast path)", fast_shape, CLOCK_FLOOR, acquire_fast),
-        acquire: Call::with("acquire", acquire_shape, CLOCK_FLOOR, acquire),
-        node_acquire_fast: Call::with(
-            "acquire (fast path)",
-            fast_shape,
-            COUNTER_ONLY,
-            acquire_fast,
-        ),
-        node_acquire: Call::with("acquire", acquire_shape, COUNTER_ONLY, acquire),
-        renew_exclusive: Call::new("renew", shape(&[Key::Lock], &[Owner, Ttl], 2), renew),
-        renew_exclusive_more: Call::new(
-            "renew",
-            shape(&EXCLUSIVE_RELEASE_KEYS, &[Owner, Ttl, LockDelay], 2),
-            renew,
-        ),
-        renew: Call::new(
-            "renew",
-            shape(all, &[Owner, Flags, Ttl, LockDelay], 3),
-            renew,
-        ),
-        release_exclusive: Call::new(
-            "release",
-            shape(&EXCLUSIVE_RELEASE_KEYS[..3], &[Owner, Channel], 2),
-            release,
-        ),
-        release_exclusive_delayed: Call::new(
-            "release",
-            shape(&EXCLUSIVE_RELEASE_KEYS[..4], &[Owner, Channel], 2),
-            release,
-        ),
-        release_exclusive_valued: Call::new(
-            "release",
-            shape(&EXCLUSIVE_RELEASE_KEYS, &[Owner, Channel], 2),
-            release,
-        ),
-        release: Call::new(
-            "release",
-            shape(all, &[Owner, Flags, Channel, Limit], 3),
-            release,
-        ),
-        inspect: Call::new(
-            "inspect",
-            shape(all, &[], 0),
-            include_str!("../lua/inspect.lua"),
-        ),
-        raise: Call::new(
-            "raise",
-            shape(all, &[Owner, Flags, Floor], 3),
-            include_str!("../lua/raise.lua"),
-        ),
+/// The calls for a server, made (and their scripts hashed) once per process.
+/// Their scripts publish wake-ups with `PUBLISH`.
+pub(crate) static CALLS: LazyLock<Calls> = LazyLock::new(|| Calls::new("PUBLISH"));
+
+/// The calls for a Redis Cluster: their scripts publish wake-ups with `SPUBLISH`, on the
+/// lock's own shard (the channel shares the lock's hash tag).
+pub(crate) static SHARDED_CALLS: LazyLock<Calls> = LazyLock::new(|| Calls::new("SPUBLISH"));
+
+impl Calls {
+    /// Every kind of call, its scripts publishing wake-ups with the command `publish`.
+    fn new(publish: &str) -> Calls {
+        use Arg::*;
+        let publish = format!("local PUBLISH = '{publish}'\n");
+        let call = |name, shape, body| Call::with(name, shape, &publish, body);
+        let with = |name, shape, bindings: &str, body| {
+            Call::with(name, shape, &format!("{publish}{bindings}"), body)
+        };
+        let acquire = include_str!("../lua/acquire.lua");
+        let renew = include_str!("../lua/renew.lua");
+        let release = include_str!("../lua/release.lua");
+        let all = &Key::ALL;
+        let shape = |keys, args, required| Shape {
+            keys,
+            args,
+            required,
+        };
+        let acquire_fast = include_str!("../lua/acquire_fast.lua");
+        let fast_shape = shape(&[Key::Lock, Key::Token], &[Owner, Ttl, Quarantine], 2);
+        let acquire_shape = shape(
+            all,
+            &[
+                Owner, Flags, Ttl, Channel, Limit, LockDelay, Value, Quarantine,
+            ],
+            4,
+        );
+        const CLOCK_FLOOR: &str = "local CLOCK_FLOOR = true\n";
+        const COUNTER_ONLY: &str = "local CLOCK_FLOOR = false\n";
+        Calls {
+            acquire_fast: with("acquire (fast path)", fast_shape, CLOCK_FLOOR, acquire_fast),
+            acquire: with("acquire", acquire_shape, CLOCK_FLOOR, acquire),
+            node_acquire_fast: with(
+                "acquire (fast path)",
+                fast_shape,
+                COUNTER_ONLY,
+                acquire_fast,
+            ),
+            node_acquire: with("acquire", acquire_shape, COUNTER_ONLY, acquire),
+            renew_exclusive: call("renew", shape(&[Key::Lock], &[Owner, Ttl], 2), renew),
+            renew_exclusive_more: call(
+                "renew",
+                shape(&EXCLUSIVE_RELEASE_KEYS, &[Owner, Ttl, LockDelay], 2),
+                renew,
+            ),
+            renew: call(
+                "renew",
+                shape(all, &[Owner, Flags, Ttl, LockDelay], 3),
+                renew,
+            ),
+            release_exclusive: call(
+                "release",
+                shape(&EXCLUSIVE_RELEASE_KEYS[..3], &[Owner, Channel], 2),
+                release,
+            ),
+            release_exclusive_delayed: call(
+                "release",
+                shape(&EXCLUSIVE_RELEASE_KEYS[..4], &[Owner, Channel], 2),
+                release,
+            ),
+            release_exclusive_valued: call(
+                "release",
+                shape(&EXCLUSIVE_RELEASE_KEYS, &[Owner, Channel], 2),
+                release,
+            ),
+            release: call(
+                "release",
+                shape(all, &[Owner, Flags, Channel, Limit], 3),
+                release,
+            ),
+            inspect: call(
+                "inspect",
+                shape(all, &[], 0),
+                include_str!("../lua/inspect.lua"),
+            ),
+            raise: call(
+                "raise",
+                shape(all, &[Owner, Flags, Floor], 3),
+                include_str!("../lua/raise.lua"),
+            ),
+        }
     }
-});
+}
 
 impl Calls {
     /// Every call (to load their scripts).

@@ -17,10 +17,10 @@ use futures_util::StreamExt;
 use leasehold_core::support::url::ParsedUrl;
 use leasehold_core::{Error, Result};
 use redis::AsyncConnectionConfig;
-use redis::aio::ConnectionManager;
 use tokio::time::Instant;
 
 use crate::connection::{Connected, Connection, Opener};
+use crate::link::Link;
 
 /// The port of a sentinel given without one.
 const SENTINEL_PORT: u16 = 26379;
@@ -32,37 +32,6 @@ const PROBE: Duration = Duration::from_secs(5);
 
 /// The scheme of a Sentinel URL.
 pub(crate) const SENTINEL_SCHEME: &str = "redis+sentinel";
-
-/// Where the server is: at a fixed URL, or wherever the sentinels say the master is.
-#[derive(Debug, Clone)]
-pub(crate) enum Address {
-    /// `redis://…` or `rediss://…`.
-    Fixed(String),
-    /// `redis+sentinel://…`.
-    Sentinel(Sentinels),
-}
-
-impl Address {
-    /// The address of the base URL `url` (no parameters; see `options::parse_url`).
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidArgument`] for a Sentinel URL without a valid master name.
-    pub(crate) fn of(url: &str) -> Result<Address> {
-        match leasehold_core::support::url::scheme(url).as_deref() {
-            Some(SENTINEL_SCHEME) => Sentinels::parse(url).map(Address::Sentinel),
-            _ => Ok(Address::Fixed(url.to_owned())),
-        }
-    }
-
-    /// The URL given, for messages (credentials are redacted where it is shown).
-    pub(crate) fn url(&self) -> &str {
-        match self {
-            Address::Fixed(url) => url,
-            Address::Sentinel(sentinels) => &sentinels.url,
-        }
-    }
-}
 
 /// The sentinels of one master.
 #[derive(Debug, Clone)]
@@ -80,7 +49,12 @@ pub(crate) struct Sentinels {
 }
 
 impl Sentinels {
-    fn parse(url: &str) -> Result<Sentinels> {
+    /// The sentinels of the base URL `url` (see `options::parse_url`).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for a URL without a valid master name.
+    pub(crate) fn parse(url: &str) -> Result<Sentinels> {
         let parsed = ParsedUrl::parse(
             url,
             &[SENTINEL_SCHEME],
@@ -113,6 +87,11 @@ impl Sentinels {
             db,
             parsed: std::sync::Arc::new(parsed),
         })
+    }
+
+    /// The URL as given.
+    pub(crate) fn url(&self) -> &str {
+        &self.url
     }
 
     /// Connects to the master with `opener`, within `limit` in all.
@@ -239,7 +218,7 @@ impl Sentinels {
     /// # Errors
     ///
     /// [`Error::Unavailable`] naming the role it has, for a sentinel that is behind.
-    pub(crate) async fn check_master(&self, conn: &mut ConnectionManager, url: &str) -> Result<()> {
+    pub(crate) async fn check_master(&self, conn: &mut Link, url: &str) -> Result<()> {
         let role: Vec<redis::Value> = redis::cmd("ROLE")
             .query_async(conn)
             .await
@@ -336,6 +315,7 @@ pub(crate) async fn watch_failovers(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::link::Address;
 
     #[test]
     fn sentinel_urls_name_the_sentinels_the_master_and_its_db() {

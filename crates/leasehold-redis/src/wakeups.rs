@@ -29,14 +29,15 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use leasehold_core::support::wakeups::{Board, Ticket};
+use leasehold_core::support::wakeups::{Board, EVERYONE, Ticket};
 use leasehold_core::{Error, Result};
-use redis::aio::{AsyncPushSender, ConnectionManager, SendError};
+use redis::aio::{AsyncPushSender, SendError};
 use redis::{PushInfo, PushKind, Value};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::connection::Connection;
+use crate::link::Link;
 
 /// How long a channel nobody uses stays subscribed.
 pub(crate) const LINGER: Duration = Duration::from_secs(1);
@@ -274,10 +275,7 @@ impl Wakeups {
     /// # Errors
     ///
     /// [`Error::Unavailable`] if the `SUBSCRIBE` fails.
-    pub(crate) async fn subscribe_all(
-        &self,
-        conn: &mut ConnectionManager,
-    ) -> Result<Vec<Arc<str>>> {
+    pub(crate) async fn subscribe_all(&self, conn: &mut Link) -> Result<Vec<Arc<str>>> {
         let names = self.board.names();
         if names.is_empty() {
             return Ok(names);
@@ -312,11 +310,7 @@ impl Wakeups {
 }
 
 /// Sends one `SUBSCRIBE` of `names` on `conn` (`place` says where, in an error).
-async fn send_subscribe(
-    conn: &mut ConnectionManager,
-    names: &[Arc<str>],
-    place: &str,
-) -> Result<()> {
+async fn send_subscribe(conn: &mut Link, names: &[Arc<str>], place: &str) -> Result<()> {
     let names: Vec<&str> = names.iter().map(|name| &**name).collect();
     conn.subscribe(&names)
         .await
@@ -356,11 +350,19 @@ fn text(value: &Value) -> Option<String> {
 impl AsyncPushSender for Router {
     fn send(&self, info: PushInfo) -> std::result::Result<(), SendError> {
         match info.kind {
-            PushKind::Message => {
+            PushKind::Message | PushKind::SMessage => {
                 if let [channel, payload, ..] = info.data.as_slice()
                     && let (Some(channel), Some(payload)) = (text(channel), text(payload))
                 {
                     self.0.board.wake(&channel, payload.split(' '));
+                }
+            }
+            // A Cluster node drops the sharded subscriptions of a slot it gives away: the
+            // channel's waiters ask again at once (the link follows the slot, and
+            // subscribes there again when it learns the new slot map).
+            PushKind::SUnsubscribe => {
+                if let Some(channel) = info.data.first().and_then(text) {
+                    self.0.board.wake(&channel, [EVERYONE]);
                 }
             }
             PushKind::Disconnection => self.0.wake_all(),

@@ -8,11 +8,16 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use leasehold_core::backend::Backend;
-use leasehold_core::{Client, Error, Guard, LockOptions, LossReason};
+use leasehold_core::{Client, Error};
 use leasehold_redis::RedisBackend;
-use leasehold_redis::fence::RedisFence;
 use leasehold_testkit::probe::Resp;
 use leasehold_testkit::{Deployment, Redis, RedisSentinel, free_port};
+
+mod common;
+use common::{
+    Resource, TTL, a_lost_grant_is_told_and_fenced, client_of, lock_after_failover, lock_keys,
+    renewed,
+};
 
 struct SentinelDeployment {
     set: RedisSentinel,
@@ -34,63 +39,8 @@ mod conformance {
     });
 }
 
-/// The lease of the failover tests, far longer than a failover takes on a loaded machine.
-/// Renewals accepted by the old master until the client moves never reach the new one,
-/// which counts from the last renewal it got (a 10 s lease did not always survive that).
-const TTL: Duration = Duration::from_secs(30);
-
-/// Waits for `times` renewals of `guard` that found its lock (its deadline moved).
-async fn renewed(guard: &Guard, times: usize) {
-    for _ in 0..times {
-        let seen = guard.deadline().unwrap();
-        tokio::time::timeout(guard.remaining(), guard.deadline_changed(seen))
-            .await
-            .expect("no renewal within the lease")
-            .expect("the lock was lost");
-    }
-}
-
-/// The keys of lock `name` on `server`.
-async fn lock_keys(server: &Redis, name: &str) -> Vec<String> {
-    match server
-        .command(&["KEYS", &format!("leasehold:{{{name}}}:*")])
-        .await
-        .unwrap()
-    {
-        Resp::Array(Some(keys)) => keys.iter().filter_map(Resp::text).collect(),
-        other => panic!("KEYS: {other:?}"),
-    }
-}
-
 async fn client(set: &RedisSentinel, ttl: Duration) -> Client {
     client_of(&set.url(), ttl).await
-}
-
-async fn client_of(url: &str, ttl: Duration) -> Client {
-    let options = LockOptions::builder()
-        .ttl(ttl)
-        .request_timeout(Duration::from_secs(2))
-        .build()
-        .unwrap();
-    Client::builder(RedisBackend::connect(url).await.unwrap())
-        .options(options)
-        .build()
-}
-
-/// `name` for `client` once the client has found the master.
-/// An answer of the old master (`READONLY`, a lost connection) is retryable and moves the
-/// client.
-async fn lock_after_failover(client: &Client, name: &str) -> Guard {
-    let mut errors = Vec::new();
-    for _ in 0..20 {
-        match client.mutex(name).unwrap().try_lock().await {
-            Ok(Some(guard)) => return guard,
-            Ok(None) => panic!("{name} is held"),
-            Err(error) if error.is_retryable() => errors.push(error.to_string()),
-            Err(error) => panic!("{error}"),
-        }
-    }
-    panic!("the client did not find the new master: {errors:#?}");
 }
 
 /// A client's role as its master sees it: the master's `ROLE`.
@@ -157,50 +107,13 @@ async fn a_failover_moves_the_client_and_a_replicated_lock_stays_held() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_whose_grant_the_new_master_lacks_learns_it_and_its_writes_are_fenced() {
     let mut set = RedisSentinel::start(2, 3).await.unwrap();
-    let resource = Redis::start().await.unwrap();
-    let mut resource_conn = leasehold_redis::redis::Client::open(resource.url())
-        .unwrap()
-        .get_connection_manager()
-        .await
-        .unwrap();
-    let fence = RedisFence::new("{stock}:fence");
+    let mut resource = Resource::start().await;
     let a = client(&set, TTL).await;
     let guard = a.mutex("job").unwrap().lock().await.unwrap();
-    let written = fence
-        .set(&mut resource_conn, guard.token(), "{stock}:count", 1)
-        .await
-        .unwrap();
-    assert!(written.is_ok());
+    assert!(resource.write(&guard, 1).await);
     let new = set.failover().await.unwrap();
-    // What asynchronous replication can lose: the grant never reached the new master.
-    let keys = lock_keys(&set.servers()[new], "job").await;
-    let mut del = vec!["DEL"];
-    del.extend(keys.iter().map(String::as_str));
-    set.servers()[new].command(&del).await.unwrap();
-    // Another client takes the lock on the new master, with a higher token...
     let b = client(&set, TTL).await;
-    let next = lock_after_failover(&b, "job").await;
-    assert!(next.token() > guard.token());
-    let written = fence
-        .set(&mut resource_conn, next.token(), "{stock}:count", 2)
-        .await
-        .unwrap();
-    assert!(written.is_ok());
-    // ...the old holder learns from its renewals that its lock is gone...
-    let lost = tokio::time::timeout(TTL * 3, guard.lost())
-        .await
-        .expect("the holder was not told");
-    assert!(
-        matches!(lost, LossReason::NotOwner | LossReason::Expired),
-        "{lost:?}"
-    );
-    assert!(!guard.is_held());
-    // ...and a write it still makes is refused by the resource.
-    let stale = fence
-        .set(&mut resource_conn, guard.token(), "{stock}:count", 3)
-        .await
-        .unwrap();
-    assert!(stale.is_err(), "the superseded holder wrote");
+    a_lost_grant_is_told_and_fenced(guard, &set.servers()[new], &b, &mut resource).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

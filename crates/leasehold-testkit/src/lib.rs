@@ -18,8 +18,8 @@ pub use leasehold_faultproxy as proxy;
 pub use process::{ServerProcess, free_port};
 pub use proxy::{Direction, FaultProxy};
 pub use servers::{
-    ClientAuth, Curator, Etcd, PgBouncer, Postgres, Redis, RedisReplicated, RedisSentinel,
-    ZooKeeper, redis_servers,
+    ClientAuth, Curator, Etcd, PgBouncer, Postgres, Redis, RedisCluster, RedisReplicated,
+    RedisSentinel, ZooKeeper, redis_servers,
 };
 
 use std::sync::Arc;

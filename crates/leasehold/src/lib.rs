@@ -40,6 +40,7 @@ pub use leasehold_zookeeper as zookeeper;
 /// | `memory:` | [`memory::InMemory`] — this process only (tests, examples) |
 /// | `redis://[user:pass@]host:port[/db][?prefix=…&replicas=N…]`, `rediss://…[?tls_ca=…]` | [`redis`] — one Redis server (`rediss`: TLS) |
 /// | `redis+sentinel://[user:pass@]s1:p1,s2:p2,s3:p3/master[/db][?…]` | [`redis`] — the master Redis Sentinel manages, followed across failovers |
+/// | `redis+cluster://[user:pass@]h1:p1[,h2:p2…][?…]`, `rediss+cluster://…[?tls_ca=…]` | [`redis`] — a Redis Cluster: each lock on its slot's master, `MOVED`/`ASK` followed (`rediss`: TLS) |
 /// | `redlock://[user:pass@]h1:p1,h2:p2,h3:p3[?node_timeout=…]` | [`redis::RedlockBackend`] — Redlock over independent Redis masters |
 /// | `etcd://[user:pass@]h1:p1[,h2:p2…][?session_ttl=…]`, `etcds://…[?tls_ca=…]` | `etcd::EtcdBackend` — an etcd cluster (feature `etcd`; `etcds`: TLS) |
 /// | `zk://[user:pass@]h1:p1[,h2:p2…][/chroot][?session_timeout=…]` | `zookeeper::ZooKeeperBackend` — a ZooKeeper ensemble (feature `zookeeper`, on by default) |
@@ -100,6 +101,11 @@ const SCHEMES: &[(&[&str], &str, bool)] = &[
     (&["file"], "file", cfg!(feature = "file")),
     (&["redis", "rediss"], "redis", cfg!(feature = "redis")),
     (&["redis+sentinel"], "redis", cfg!(feature = "redis")),
+    (
+        &["redis+cluster", "rediss+cluster"],
+        "redis",
+        cfg!(feature = "redis"),
+    ),
     (&["redlock"], "redis", cfg!(feature = "redis")),
     (&["etcd", "etcds"], "etcd", cfg!(feature = "etcd")),
     (
@@ -135,7 +141,9 @@ async fn open(url: &str, options: &ConnectOptions) -> Result<Arc<dyn Backend>> {
         #[cfg(feature = "file")]
         "file" => Arc::new(file::FileBackend::open(file_path(url)?)?),
         #[cfg(feature = "redis")]
-        "redis" | "redis+sentinel" => Arc::new(redis::RedisBackend::connect(url).await?),
+        "redis" | "redis+sentinel" | "redis+cluster" => {
+            Arc::new(redis::RedisBackend::connect(url).await?)
+        }
         #[cfg(feature = "redis")]
         "redlock" => Arc::new(redis::RedlockBackend::connect(url).await?),
         #[cfg(feature = "etcd")]

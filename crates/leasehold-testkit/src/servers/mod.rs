@@ -1,4 +1,5 @@
-//! Real lock servers for tests: redis-server, etcd, ZooKeeper and PostgreSQL.
+//! Real lock servers for tests: redis-server (alone, replicated, under Sentinel, as a
+//! Cluster), etcd, ZooKeeper and PostgreSQL.
 //! They come from Debian's packages, each on free loopback ports with a temporary
 //! directory, ready when it really serves, and killed (by pid) when its handle drops.
 //!
@@ -16,6 +17,7 @@ use crate::process::find_program;
 mod etcd;
 mod postgres;
 mod redis;
+mod redis_cluster;
 mod zookeeper;
 
 pub use etcd::{Etcd, EtcdMember};
@@ -23,6 +25,7 @@ pub use postgres::{PgBouncer, PoolMode, Postgres, PostgresBuilder};
 pub use redis::{
     Redis, RedisBuilder, RedisReplicated, RedisSentinel, SENTINEL_MASTER, redis_servers,
 };
+pub use redis_cluster::RedisCluster;
 pub use zookeeper::{Curator, ZooKeeper, ZooKeeperServer};
 
 /// How long a server may take to become ready.

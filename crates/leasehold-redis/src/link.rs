@@ -1,0 +1,166 @@
+//! Where Redis is ([`Address`]) and the link requests go over ([`Link`]).
+//!
+//! A link is one server's connection, or a Redis Cluster's: redis-rs's cluster connection
+//! routes each request to the master of its key's slot, follows `MOVED` and `ASK`, and
+//! refreshes the slot map on its own. What differs between the two is said here once:
+//! wake-up channels are subscribed with `SSUBSCRIBE` in a Cluster (sharded pub/sub: a
+//! release publishes on its own shard, not to every node), one channel per command since
+//! they lie in different slots; and `WAIT` goes to the master of the lock's slot.
+
+use futures_util::future::join_all;
+use leasehold_core::Result;
+use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
+
+use crate::cluster::{CLUSTER_SCHEMES, ClusterNodes};
+use crate::script::{CALLS, Calls, SHARDED_CALLS};
+use crate::sentinel::{SENTINEL_SCHEME, Sentinels};
+
+/// Where the server is.
+#[derive(Debug, Clone)]
+pub(crate) enum Address {
+    /// `redis://…` or `rediss://…`.
+    Fixed(String),
+    /// `redis+sentinel://…`: wherever the sentinels say the master is.
+    Sentinel(Sentinels),
+    /// `redis+cluster://…` or `rediss+cluster://…`: the masters of a Redis Cluster.
+    Cluster(ClusterNodes),
+}
+
+impl Address {
+    /// The address of the base URL `url` (no parameters; see `options::parse_url`).
+    ///
+    /// # Errors
+    ///
+    /// [`leasehold_core::Error::InvalidArgument`] for a Sentinel URL without a valid
+    /// master name, or a Cluster URL with a path.
+    pub(crate) fn of(url: &str) -> Result<Address> {
+        match leasehold_core::support::url::scheme(url).as_deref() {
+            Some(SENTINEL_SCHEME) => Sentinels::parse(url).map(Address::Sentinel),
+            Some(scheme) if CLUSTER_SCHEMES.contains(&scheme) => {
+                ClusterNodes::parse(url).map(Address::Cluster)
+            }
+            _ => Ok(Address::Fixed(url.to_owned())),
+        }
+    }
+
+    /// The URL given, for messages (credentials are redacted where it is shown).
+    pub(crate) fn url(&self) -> &str {
+        match self {
+            Address::Fixed(url) => url,
+            Address::Sentinel(sentinels) => sentinels.url(),
+            Address::Cluster(nodes) => nodes.url(),
+        }
+    }
+
+    /// The script calls for it: a Cluster's publish wake-ups with `SPUBLISH`.
+    pub(crate) fn calls(&self) -> &'static Calls {
+        match self {
+            Address::Cluster(_) => &SHARDED_CALLS,
+            Address::Fixed(_) | Address::Sentinel(_) => &CALLS,
+        }
+    }
+}
+
+/// The link requests go over: one server's connection, or a Cluster's.
+/// Clones share the link.
+#[derive(Clone)]
+pub(crate) enum Link {
+    Server(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl std::fmt::Debug for Link {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Link::Server(conn) => conn.fmt(f),
+            Link::Cluster(_) => f.write_str("ClusterConnection"),
+        }
+    }
+}
+
+impl Link {
+    /// Subscribes to the wake-up `channels` (`SUBSCRIBE`; `SSUBSCRIBE` in a Cluster).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped, some of the channels may be subscribed and others not.
+    pub(crate) async fn subscribe(&mut self, channels: &[&str]) -> RedisResult<()> {
+        match self {
+            Link::Server(conn) => conn.subscribe(channels).await,
+            Link::Cluster(conn) => {
+                let each = channels.iter().map(|channel| {
+                    let mut conn = conn.clone();
+                    async move { conn.ssubscribe(channel).await }
+                });
+                join_all(each).await.into_iter().collect()
+            }
+        }
+    }
+
+    /// Unsubscribes from the wake-up `channels`, as [`subscribe`](Link::subscribe) subscribed.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped, some of the channels may stay subscribed.
+    pub(crate) async fn unsubscribe(&mut self, channels: &[&str]) -> RedisResult<()> {
+        match self {
+            Link::Server(conn) => conn.unsubscribe(channels).await,
+            Link::Cluster(conn) => {
+                let each = channels.iter().map(|channel| {
+                    let mut conn = conn.clone();
+                    async move { conn.sunsubscribe(channel).await }
+                });
+                join_all(each).await.into_iter().collect()
+            }
+        }
+    }
+
+    /// Sends `cmd` to the server that holds `key`: in a Cluster the master of its slot.
+    /// For a command without keys that must reach that server (`WAIT`).
+    pub(crate) async fn query_at<T: redis::FromRedisValue>(
+        &mut self,
+        key: &str,
+        cmd: &Cmd,
+    ) -> RedisResult<T> {
+        match self {
+            Link::Server(conn) => cmd.query_async(conn).await,
+            Link::Cluster(conn) => {
+                let route = Route::with_key(key, SlotAddr::Master);
+                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
+                let value = conn.route_command(cmd.clone(), routing).await?;
+                T::from_redis_value(value).map_err(Into::into)
+            }
+        }
+    }
+}
+
+impl ConnectionLike for Link {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Link::Server(conn) => conn.req_packed_command(cmd),
+            Link::Cluster(conn) => conn.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Link::Server(conn) => conn.req_packed_commands(pipeline, offset, count),
+            Link::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Link::Server(conn) => conn.get_db(),
+            Link::Cluster(conn) => conn.get_db(),
+        }
+    }
+}

@@ -1,0 +1,245 @@
+//! A Redis Cluster: the conformance suite, slots that move, and failovers.
+//! Against a real cluster of 3 masters and 3 replicas.
+
+#![allow(clippy::unwrap_used)] // test code: a failed step fails the test
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use leasehold_core::backend::Backend;
+use leasehold_core::{Client, Error};
+use leasehold_redis::{RedisBackend, RedlockBackend, RedlockOptions};
+use leasehold_testkit::probe::Resp;
+use leasehold_testkit::{Deployment, RedisCluster, free_port};
+
+mod common;
+use common::{Resource, TTL, a_lost_grant_is_told_and_fenced, client_of, lock_keys, renewed};
+
+struct ClusterDeployment {
+    cluster: RedisCluster,
+}
+
+#[async_trait]
+impl Deployment for ClusterDeployment {
+    async fn connect(&self) -> Arc<dyn Backend> {
+        Arc::new(RedisBackend::connect(&self.cluster.url()).await.unwrap())
+    }
+}
+
+mod conformance {
+    use super::{ClusterDeployment, RedisCluster};
+    leasehold_testkit::conformance_suite!(async {
+        ClusterDeployment {
+            cluster: RedisCluster::start(3, 1).await.expect("redis cluster"),
+        }
+    });
+}
+
+async fn client(cluster: &RedisCluster, ttl: Duration) -> Client {
+    client_of(&cluster.url(), ttl).await
+}
+
+/// A lock's keys and its wake-up channel live on its slot's master alone: the release
+/// reaches the waiter through sharded pub/sub on that master, not by a broadcast.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_is_woken_through_its_locks_shard() {
+    let cluster = RedisCluster::start(3, 1).await.unwrap();
+    let (holder, waiter) = (
+        client(&cluster, Duration::from_secs(30)).await,
+        client(&cluster, Duration::from_secs(30)).await,
+    );
+    let slot = cluster.slot_of("{shard}").await.unwrap();
+    let master = cluster.master_of(slot).await.unwrap();
+    let guard = holder.mutex("shard").unwrap().lock().await.unwrap();
+    let waiting = tokio::spawn(async move {
+        waiter
+            .mutex("shard")
+            .unwrap()
+            .lock()
+            .await
+            .map(|g| g.token())
+    });
+    // The waiter's subscription is on the slot's master, and nowhere else.
+    let channel = "leasehold:{shard}:wake";
+    let subscribers = async |server: usize| match cluster
+        .server(server)
+        .command(&["PUBSUB", "SHARDNUMSUB", channel])
+        .await
+        .unwrap()
+    {
+        Resp::Array(Some(parts)) => parts.get(1).cloned(),
+        other => panic!("PUBSUB SHARDNUMSUB: {other:?}"),
+    };
+    // Nothing to await from outside the server: ask until the waiter has subscribed.
+    while subscribers(master).await != Some(Resp::Integer(1)) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for other in (0..6).filter(|&s| s != master) {
+        assert_eq!(
+            subscribers(other).await,
+            Some(Resp::Integer(0)),
+            "server {other}"
+        );
+    }
+    let first = guard.token();
+    guard.release().await.unwrap();
+    let second = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the waiter was not woken (a wait slice is 10 s)")
+        .unwrap()
+        .unwrap();
+    assert!(second > first);
+}
+
+/// A held lock's slot moves to another master while a client waits for it and a third
+/// keeps trying: nobody else gets it meanwhile, the holder's renewals follow the slot,
+/// and the release on the new master wakes the waiter, which gets a higher token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_whose_slot_moves_stays_held_and_its_waiter_is_served() {
+    let cluster = RedisCluster::start(3, 1).await.unwrap();
+    let ttl = Duration::from_secs(6);
+    let (holder, waiter, prober) = (
+        client(&cluster, ttl).await,
+        client(&cluster, ttl).await,
+        client(&cluster, ttl).await,
+    );
+    let guard = holder.mutex("moving").unwrap().lock().await.unwrap();
+    let slot = cluster.slot_of("{moving}").await.unwrap();
+    let from = cluster.master_of(slot).await.unwrap();
+    let to = (0..3).find(|&m| m != from).unwrap();
+    let waiting = tokio::spawn(async move {
+        let guard = waiter.mutex("moving").unwrap().lock().await.unwrap();
+        (guard.token(), guard.release().await)
+    });
+    // Nothing to await from outside: ask until the waiter is queued.
+    while holder.inspect("moving").await.unwrap().waiters.is_empty() {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let probing = async {
+        loop {
+            // Errors are allowed while the slot moves (TRYAGAIN, ASK); a grant is not.
+            if let Ok(Some(stolen)) = prober.mutex("moving").unwrap().try_lock().await {
+                panic!("granted token {} while held", stolen.token());
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    let moving = async {
+        cluster.begin_migration(slot, from, to).await.unwrap();
+        let moved = cluster.migrate_keys(slot, from, to).await.unwrap();
+        cluster.end_migration(slot, to).await.unwrap();
+        moved
+    };
+    let moved = tokio::select! {
+        moved = moving => moved,
+        () = probing => unreachable!("the prober stops only by panicking"),
+    };
+    assert!(moved > 0, "the lock's keys were not on its slot's master");
+    assert_eq!(cluster.master_of(slot).await.unwrap(), to);
+    assert!(lock_keys(cluster.server(from), "moving").await.is_empty());
+    // Renewals reach the new master and find the lock.
+    renewed(&guard, 2).await;
+    assert!(
+        prober
+            .mutex("moving")
+            .unwrap()
+            .try_lock()
+            .await
+            .unwrap()
+            .is_none(),
+        "the lock was free after its slot moved"
+    );
+    let first = guard.token();
+    guard.release().await.unwrap();
+    let (second, released) = tokio::time::timeout(Duration::from_secs(20), waiting)
+        .await
+        .expect("the waiter was not served after the slot moved")
+        .unwrap();
+    released.unwrap();
+    assert!(second > first);
+}
+
+/// The master of a held lock's slot dies; the cluster promotes its replica. The holder's
+/// grant was acknowledged by the replica (`WAIT`), so it survives: the holder's renewals
+/// find it on the new master, and its release there serves the waiter with a higher token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_killed_mid_hold_is_replaced_and_its_holder_and_waiter_carry_on() {
+    let mut cluster = RedisCluster::start(3, 1).await.unwrap();
+    let a = client_of(
+        &format!("{}?replicas=1&replica_timeout=5s", cluster.url()),
+        TTL,
+    )
+    .await;
+    let b = client(&cluster, TTL).await;
+    let guard = a.mutex("job").unwrap().lock().await.unwrap();
+    let mutex = b.mutex("job").unwrap();
+    let waiting = tokio::spawn(async move { mutex.lock().await });
+    // Nothing to await from outside: ask until the waiter is queued.
+    while a.inspect("job").await.unwrap().waiters.is_empty() {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let slot = cluster.slot_of("{job}").await.unwrap();
+    let old = cluster.master_of(slot).await.unwrap();
+    cluster.servers()[old].kill();
+    let new = cluster.master_other_than(slot, old).await.unwrap();
+    assert!(!lock_keys(cluster.server(new), "job").await.is_empty());
+    // The holder's renewal finds the new master (the old one is dead), and its lock there.
+    renewed(&guard, 1).await;
+    let token = guard.token();
+    guard.release().await.unwrap();
+    let next = tokio::time::timeout(TTL, waiting)
+        .await
+        .expect("the waiter was lost in the failover")
+        .unwrap()
+        .unwrap();
+    assert!(next.token() > token);
+}
+
+/// A failover to a replica that lacks a grant (what asynchronous replication can lose):
+/// another client gets the lock on the new master with a higher token, the old holder
+/// learns from its renewals that its lock is gone, and the fence refuses its writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_whose_grant_the_new_master_lacks_learns_it_and_its_writes_are_fenced() {
+    let mut cluster = RedisCluster::start(3, 1).await.unwrap();
+    let mut resource = Resource::start().await;
+    let a = client(&cluster, TTL).await;
+    let guard = a.mutex("job").unwrap().lock().await.unwrap();
+    assert!(resource.write(&guard, 1).await);
+    let slot = cluster.slot_of("{job}").await.unwrap();
+    let new = cluster.failover(slot).await.unwrap();
+    let b = client(&cluster, TTL).await;
+    a_lost_grant_is_told_and_fenced(guard, cluster.server(new), &b, &mut resource).await;
+}
+
+/// Bad input is a typed error: a db in a Cluster URL, TLS files without TLS, a Cluster as
+/// a Redlock node, and nodes that cannot be reached.
+#[tokio::test]
+async fn bad_cluster_urls_are_typed_errors() {
+    for url in [
+        "redis+cluster://127.0.0.1:1/3",
+        "redis+cluster://127.0.0.1:1?tls_ca=/dev/null",
+        "redis+cluster://",
+    ] {
+        let error = RedisBackend::connect(url).await.unwrap_err();
+        assert!(
+            matches!(error, Error::InvalidArgument { .. }),
+            "{url}: {error}"
+        );
+    }
+    let error = RedlockBackend::connect_nodes(
+        &["redis+cluster://127.0.0.1:1".to_owned()],
+        RedlockOptions::default(),
+    )
+    .await
+    .unwrap_err();
+    assert!(error.to_string().contains("not a Redis Cluster"), "{error}");
+    let (p1, p2) = (free_port(), free_port());
+    let error = RedisBackend::connect(&format!(
+        "redis+cluster://127.0.0.1:{p1},127.0.0.1:{p2}?connect_timeout=2s"
+    ))
+    .await
+    .unwrap_err();
+    assert!(matches!(error, Error::Unavailable { .. }), "{error}");
+    assert!(error.to_string().contains(&p1.to_string()), "{error}");
+}

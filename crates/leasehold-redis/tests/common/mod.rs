@@ -1,0 +1,135 @@
+//! What the failover tests of Sentinel and Cluster share: clients, waits and the fenced
+//! resource of a superseded holder.
+
+#![allow(dead_code)] // each test binary uses its own part of it
+
+use std::time::Duration;
+
+use leasehold_core::{Client, Guard, LockOptions, LossReason};
+use leasehold_redis::RedisBackend;
+use leasehold_redis::fence::RedisFence;
+use leasehold_redis::redis::aio::ConnectionManager;
+use leasehold_testkit::Redis;
+use leasehold_testkit::probe::Resp;
+
+/// The lease of the failover tests, far longer than a failover takes on a loaded machine.
+/// Renewals accepted by the old master until the client moves never reach the new one,
+/// which counts from the last renewal it got (a 10 s lease did not always survive that).
+pub(crate) const TTL: Duration = Duration::from_secs(30);
+
+/// A client of `url` with leases of `ttl`, whose requests may take (and fail) for up to
+/// a third of `ttl` or 5 s. The engine retries a request that fails for up to one request
+/// timeout: long enough for a failover on a loaded machine.
+pub(crate) async fn client_of(url: &str, ttl: Duration) -> Client {
+    let options = LockOptions::builder()
+        .ttl(ttl)
+        .request_timeout((ttl / 3).min(Duration::from_secs(5)))
+        .build()
+        .unwrap();
+    Client::builder(RedisBackend::connect(url).await.unwrap())
+        .options(options)
+        .build()
+}
+
+/// Waits for `times` renewals of `guard` that found its lock (its deadline moved).
+pub(crate) async fn renewed(guard: &Guard, times: usize) {
+    for _ in 0..times {
+        let seen = guard.deadline().unwrap();
+        tokio::time::timeout(guard.remaining(), guard.deadline_changed(seen))
+            .await
+            .expect("no renewal within the lease")
+            .expect("the lock was lost");
+    }
+}
+
+/// The keys of lock `name` on `server`.
+pub(crate) async fn lock_keys(server: &Redis, name: &str) -> Vec<String> {
+    match server
+        .command(&["KEYS", &format!("leasehold:{{{name}}}:*")])
+        .await
+        .unwrap()
+    {
+        Resp::Array(Some(keys)) => keys.iter().filter_map(Resp::text).collect(),
+        other => panic!("KEYS: {other:?}"),
+    }
+}
+
+/// `name` for `client` once the client has found the new master.
+/// An answer of the old master (`READONLY`, `MOVED`, a lost connection) is retryable and
+/// moves the client.
+pub(crate) async fn lock_after_failover(client: &Client, name: &str) -> Guard {
+    let mut errors = Vec::new();
+    for _ in 0..20 {
+        match client.mutex(name).unwrap().try_lock().await {
+            Ok(Some(guard)) => return guard,
+            Ok(None) => panic!("{name} is held"),
+            Err(error) if error.is_retryable() => errors.push(error.to_string()),
+            Err(error) => panic!("{error}"),
+        }
+    }
+    panic!("the client did not find the new master: {errors:#?}");
+}
+
+/// A resource on a Redis of its own, written through a [`RedisFence`].
+pub(crate) struct Resource {
+    _server: Redis,
+    conn: ConnectionManager,
+    fence: RedisFence,
+}
+
+impl Resource {
+    pub(crate) async fn start() -> Resource {
+        let server = Redis::start().await.unwrap();
+        let conn = leasehold_redis::redis::Client::open(server.url())
+            .unwrap()
+            .get_connection_manager()
+            .await
+            .unwrap();
+        Resource {
+            _server: server,
+            conn,
+            fence: RedisFence::new("{stock}:fence"),
+        }
+    }
+
+    /// Writes `value` with `guard`'s token: whether the fence let it through.
+    pub(crate) async fn write(&mut self, guard: &Guard, value: i64) -> bool {
+        self.fence
+            .set(&mut self.conn, guard.token(), "{stock}:count", value)
+            .await
+            .unwrap()
+            .is_ok()
+    }
+}
+
+/// The end of a failover to `new_master`, a replica that lacks `guard`'s grant (what
+/// asynchronous replication can lose; the test deletes it there): `other` gets the lock
+/// with a higher token and writes, the old holder learns from its renewals that its lock
+/// is gone, and the resource refuses its writes.
+pub(crate) async fn a_lost_grant_is_told_and_fenced(
+    guard: Guard,
+    new_master: &Redis,
+    other: &Client,
+    resource: &mut Resource,
+) {
+    let name = guard.name().to_string();
+    let keys = lock_keys(new_master, &name).await;
+    let mut del = vec!["DEL"];
+    del.extend(keys.iter().map(String::as_str));
+    new_master.command(&del).await.unwrap();
+    let next = lock_after_failover(other, &name).await;
+    assert!(next.token() > guard.token());
+    assert!(resource.write(&next, 2).await);
+    let lost = tokio::time::timeout(TTL * 3, guard.lost())
+        .await
+        .expect("the holder was not told");
+    assert!(
+        matches!(lost, LossReason::NotOwner | LossReason::Expired),
+        "{lost:?}"
+    );
+    assert!(!guard.is_held());
+    assert!(
+        !resource.write(&guard, 3).await,
+        "the superseded holder wrote"
+    );
+}

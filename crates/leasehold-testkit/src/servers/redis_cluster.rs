@@ -2,12 +2,12 @@
 
 use std::io;
 
-use super::READY_LIMIT;
 use super::redis::Redis;
+use super::{READY_LIMIT, with_retries};
 use crate::probe::Resp;
-use crate::process::{find_program, wait_ready};
+use crate::process::{find_program, free_port, wait_ready};
 
-/// A Redis Cluster of real redis-servers with `cluster-enabled yes`.
+/// A Redis Cluster of real redis-servers with `cluster-enabled yes`, on loopback.
 /// Servers `0..masters` start as the masters (the slots split evenly between them), the
 /// rest as their replicas. A node is seen failing after 2 s without an answer
 /// (`cluster-node-timeout`), after which a replica of a failed master takes its place.
@@ -27,14 +27,18 @@ impl RedisCluster {
     pub async fn start(masters: usize, replicas: usize) -> io::Result<Self> {
         let mut servers = Vec::with_capacity(masters * (1 + replicas));
         for _ in 0..masters * (1 + replicas) {
-            servers.push(
+            // The cluster bus port is chosen too: Redis's default, the port + 10 000, is
+            // past 65 535 for a fifth of the ports Linux hands out (32768-60999).
+            let node = with_retries(async || {
                 Redis::builder()
                     .config("cluster-enabled", "yes")
                     .config("cluster-config-file", "nodes.conf")
                     .config("cluster-node-timeout", "2000")
+                    .config("cluster-port", &free_port().to_string())
                     .start()
-                    .await?,
-            );
+                    .await
+            });
+            servers.push(node.await?);
         }
         let cli = find_program("redis-cli", &[])?;
         let mut args = vec!["--cluster".to_owned(), "create".to_owned()];

@@ -4,8 +4,9 @@
 //! the link learns the rest from them (`CLUSTER SLOTS`). Every key of one lock shares the
 //! hash tag `{name}`, so a lock lives in one slot and each script runs on that slot's
 //! master. The link (redis-rs's cluster connection) follows `MOVED` and `ASK` and refreshes
-//! its slot map; its sharded subscriptions follow the slots. Connecting loads the scripts
-//! on every node, replicas included, so a promoted replica has them.
+//! its slot map. Sharded subscriptions go on a second cluster connection (see
+//! [`Link`]). Connecting loads the scripts on every node, replicas included, so a promoted
+//! replica has them.
 
 use leasehold_core::support::url::ParsedUrl;
 use leasehold_core::{Error, Result};
@@ -88,13 +89,14 @@ impl ClusterNodes {
             .map(|node| connection_info(node, options))
             .collect::<Result<Vec<_>>>()?;
         // Requests that meet a moving slot (`TRYAGAIN`) or a failover (`CLUSTERDOWN`) are
-        // retried after 20 ms, doubling to at most 500 ms, not redis-rs's default of 1.28 s
-        // or more: a slot move or a failover ends within a request timeout, which bounds
-        // every request anyway.
+        // retried after a random wait below 20 ms, 40 ms, … up to 500 ms, not redis-rs's
+        // 1.28 s or more: a slot move or a failover ends within a request timeout, which
+        // bounds every request anyway. Each node gets half the connect timeout, so that one
+        // silent node named in the URL does not use it all.
         let mut builder = ClusterClientBuilder::new(infos)
             .use_protocol(ProtocolVersion::RESP3)
             .push_sender(push)
-            .connection_timeout(limit)
+            .connection_timeout(limit / 2)
             .min_retry_wait(10)
             .max_retry_wait(500);
         if let Some(certificates) = tls_certificates(options) {
@@ -104,14 +106,16 @@ impl ClusterNodes {
             .build()
             .map_err(|e| Error::invalid("url", format!("{shown}: {e}")))?;
         let connecting = async {
-            let conn = client
-                .get_async_connection()
-                .await
-                .map_err(|e| Error::Unavailable {
-                    message: format!("cannot connect to the redis cluster at {shown}: {e}"),
-                    source: Some(std::sync::Arc::new(e)),
-                })?;
-            let mut link = Link::Cluster(conn);
+            let (commands, subscriptions) =
+                tokio::try_join!(client.get_async_connection(), client.get_async_connection())
+                    .map_err(|e| Error::Unavailable {
+                        message: format!("cannot connect to the redis cluster at {shown}: {e}"),
+                        source: Some(std::sync::Arc::new(e)),
+                    })?;
+            let mut link = Link::Cluster {
+                commands,
+                subscriptions,
+            };
             load_scripts(&mut link, calls).await?;
             Ok(Connected {
                 conn: link,

@@ -5,7 +5,8 @@
 //! refreshes the slot map on its own. What differs between the two is said here once:
 //! wake-up channels are subscribed with `SSUBSCRIBE` in a Cluster (sharded pub/sub: a
 //! release publishes on its own shard, not to every node), one channel per command since
-//! they lie in different slots; and `WAIT` goes to the master of the lock's slot.
+//! they lie in different slots, on a cluster connection of their own; and `WAIT` goes to
+//! the master of the lock's slot.
 
 use futures_util::future::join_all;
 use leasehold_core::Result;
@@ -69,14 +70,20 @@ impl Address {
 #[derive(Clone)]
 pub(crate) enum Link {
     Server(ConnectionManager),
-    Cluster(ClusterConnection),
+    /// A Cluster's sharded subscriptions go on connections of their own: a node that gives
+    /// a slot away sends an unasked `sunsubscribe`, which redis-rs takes for the answer to
+    /// the oldest request on that connection. There it can only answer a subscription.
+    Cluster {
+        commands: ClusterConnection,
+        subscriptions: ClusterConnection,
+    },
 }
 
 impl std::fmt::Debug for Link {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Link::Server(conn) => conn.fmt(f),
-            Link::Cluster(_) => f.write_str("ClusterConnection"),
+            Link::Cluster { .. } => f.write_str("ClusterConnection"),
         }
     }
 }
@@ -90,9 +97,9 @@ impl Link {
     pub(crate) async fn subscribe(&mut self, channels: &[&str]) -> RedisResult<()> {
         match self {
             Link::Server(conn) => conn.subscribe(channels).await,
-            Link::Cluster(conn) => {
+            Link::Cluster { subscriptions, .. } => {
                 let each = channels.iter().map(|channel| {
-                    let mut conn = conn.clone();
+                    let mut conn = subscriptions.clone();
                     async move { conn.ssubscribe(channel).await }
                 });
                 join_all(each).await.into_iter().collect()
@@ -108,9 +115,9 @@ impl Link {
     pub(crate) async fn unsubscribe(&mut self, channels: &[&str]) -> RedisResult<()> {
         match self {
             Link::Server(conn) => conn.unsubscribe(channels).await,
-            Link::Cluster(conn) => {
+            Link::Cluster { subscriptions, .. } => {
                 let each = channels.iter().map(|channel| {
-                    let mut conn = conn.clone();
+                    let mut conn = subscriptions.clone();
                     async move { conn.sunsubscribe(channel).await }
                 });
                 join_all(each).await.into_iter().collect()
@@ -127,10 +134,10 @@ impl Link {
     ) -> RedisResult<T> {
         match self {
             Link::Server(conn) => cmd.query_async(conn).await,
-            Link::Cluster(conn) => {
+            Link::Cluster { commands, .. } => {
                 let route = Route::with_key(key, SlotAddr::Master);
                 let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
-                let value = conn.route_command(cmd.clone(), routing).await?;
+                let value = commands.route_command(cmd.clone(), routing).await?;
                 T::from_redis_value(value).map_err(Into::into)
             }
         }
@@ -141,7 +148,7 @@ impl ConnectionLike for Link {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             Link::Server(conn) => conn.req_packed_command(cmd),
-            Link::Cluster(conn) => conn.req_packed_command(cmd),
+            Link::Cluster { commands, .. } => commands.req_packed_command(cmd),
         }
     }
 
@@ -153,14 +160,14 @@ impl ConnectionLike for Link {
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
             Link::Server(conn) => conn.req_packed_commands(pipeline, offset, count),
-            Link::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
+            Link::Cluster { commands, .. } => commands.req_packed_commands(pipeline, offset, count),
         }
     }
 
     fn get_db(&self) -> i64 {
         match self {
             Link::Server(conn) => conn.get_db(),
-            Link::Cluster(conn) => conn.get_db(),
+            Link::Cluster { commands, .. } => commands.get_db(),
         }
     }
 }

@@ -26,6 +26,7 @@
 //! replaced, the channels in use are subscribed on the new one; those dropped meanwhile
 //! are unsubscribed there by the next sweep.
 
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -68,6 +69,9 @@ struct State {
     /// Bumped when the connection is replaced.
     /// A `SUBSCRIBE` sent before is not on the new connection.
     generation: u64,
+    /// Channels with state whose subscription a Cluster node dropped (it gave their slot
+    /// away): no ticket is taken on them until they are subscribed again.
+    dropped: HashSet<Arc<str>>,
 }
 
 /// What a busy request or an inspect hands to [`Wakeups::wait`].
@@ -121,7 +125,15 @@ impl Wakeups {
     /// only there is a ticket taken. An unsubscribed channel costs nothing here; the first
     /// wait subscribes and has the request retried.
     pub(crate) fn ticket(&self, channel: &str, owner: Option<&str>) -> Option<Ticket> {
+        if self.state().dropped.contains(channel) {
+            return None;
+        }
         self.board.ticket_if_present(channel, owner)
+    }
+
+    /// Whether `channel` is subscribed (it has state, and no node dropped it).
+    fn subscribed(&self, state: &State, channel: &str) -> bool {
+        self.board.contains(channel) && !state.dropped.contains(channel)
     }
 
     /// Subscribes to `channel` unless that is done already.
@@ -143,21 +155,24 @@ impl Wakeups {
     /// [`Error::Unavailable`] if the `SUBSCRIBE` fails, or a stalled connection cannot be
     /// replaced.
     pub(crate) async fn subscribe(&self, connection: &Connection, channel: &str) -> Result<()> {
-        if self.board.contains(channel) {
-            return Ok(());
+        {
+            let mut state = self.state();
+            if self.subscribed(&state, channel) {
+                return Ok(());
+            }
+            state.pending.push(Arc::from(channel));
         }
-        self.state().pending.push(Arc::from(channel));
         let _order = self.order.lock().await;
         let (batch, generation) = {
             let mut state = self.state();
-            if self.board.contains(channel) {
+            if self.subscribed(&state, channel) {
                 // Subscribed by the SUBSCRIBE of someone who asked at the same time.
                 return Ok(());
             }
             let mut batch = std::mem::take(&mut state.pending);
             batch.sort_unstable();
             batch.dedup();
-            batch.retain(|name| !self.board.contains(name));
+            batch.retain(|name| !self.subscribed(&state, name));
             if !batch.iter().any(|name| &**name == channel) {
                 // Taken by a SUBSCRIBE that failed: ask again.
                 batch.push(Arc::from(channel));
@@ -171,12 +186,15 @@ impl Wakeups {
             channels: batch,
         };
         send_subscribe(&mut conn, &strays.channels, "").await?;
-        let state = self.state();
+        let mut state = self.state();
         if state.generation != generation {
             // The connection was replaced meanwhile: whether they are subscribed on the new
             // one is not known, so they are strays; the caller looks again.
             drop(state);
             return Ok(());
+        }
+        for name in &strays.channels {
+            state.dropped.remove(name);
         }
         // Unused until the acquire that asked for it is retried.
         self.board.insert(std::mem::take(&mut strays.channels));
@@ -207,6 +225,9 @@ impl Wakeups {
             let mut names = std::mem::take(&mut state.strays);
             names.retain(|name| !self.board.contains(name));
             names.extend(self.board.sweep());
+            for name in &names {
+                state.dropped.remove(name);
+            }
             // Taken with the names: a replacement either came before, and subscribed them
             // on this connection, or comes after and finds them gone (see `replaced`).
             (names, connection.current())
@@ -293,6 +314,9 @@ impl Wakeups {
         let mut state = self.state();
         swap();
         state.generation += 1;
+        for name in &subscribed {
+            state.dropped.remove(name);
+        }
         let before = state.strays.len();
         let dropped = subscribed
             .into_iter()
@@ -357,11 +381,15 @@ impl AsyncPushSender for Router {
                     self.0.board.wake(&channel, payload.split(' '));
                 }
             }
-            // A Cluster node drops the sharded subscriptions of a slot it gives away: the
-            // channel's waiters ask again at once (the link follows the slot, and
-            // subscribes there again when it learns the new slot map).
+            // A Cluster node drops the sharded subscriptions of a slot it gives away. A
+            // channel still in use is marked dropped and its waiters ask again at once:
+            // their next wait subscribes it anew, on the slot's new master. (The sweep's own
+            // unsubscriptions are of channels without state.)
             PushKind::SUnsubscribe => {
-                if let Some(channel) = info.data.first().and_then(text) {
+                if let Some(channel) = info.data.first().and_then(text)
+                    && self.0.board.contains(&channel)
+                {
+                    self.0.state().dropped.insert(Arc::from(channel.as_str()));
                     self.0.board.wake(&channel, [EVERYONE]);
                 }
             }

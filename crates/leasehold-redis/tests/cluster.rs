@@ -36,6 +36,13 @@ mod conformance {
     });
 }
 
+/// A cluster whose nodes are seen failing after 2 s: its failovers are quick.
+async fn failing_fast() -> RedisCluster {
+    RedisCluster::with_node_timeout(3, 1, Duration::from_secs(2))
+        .await
+        .unwrap()
+}
+
 async fn client(cluster: &RedisCluster, ttl: Duration) -> Client {
     client_of(&cluster.url(), ttl).await
 }
@@ -72,7 +79,12 @@ async fn a_waiter_is_woken_through_its_locks_shard() {
         other => panic!("PUBSUB SHARDNUMSUB: {other:?}"),
     };
     // Nothing to await from outside the server: ask until the waiter has subscribed.
+    let give_up = std::time::Instant::now() + Duration::from_secs(30);
     while subscribers(master).await != Some(Resp::Integer(1)) {
+        assert!(
+            std::time::Instant::now() < give_up,
+            "the waiter did not subscribe"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     for other in (0..6).filter(|&s| s != master) {
@@ -92,18 +104,18 @@ async fn a_waiter_is_woken_through_its_locks_shard() {
     assert!(second > first);
 }
 
-/// A held lock's slot moves to another master while a client waits for it and a third
-/// keeps trying: nobody else gets it meanwhile, the holder's renewals follow the slot,
-/// and the release on the new master wakes the waiter, which gets a higher token.
+/// A held lock's slot moves to another master while a client waits for it and keeps
+/// trying it and another lock of that master: nobody else gets it meanwhile, the waiter's
+/// subscription and the holder's renewals follow the slot, and the release on the new
+/// master wakes the waiter, which gets a higher token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lock_whose_slot_moves_stays_held_and_its_waiter_is_served() {
     let cluster = RedisCluster::start(3, 1).await.unwrap();
-    let ttl = Duration::from_secs(6);
-    let (holder, waiter, prober) = (
-        client(&cluster, ttl).await,
-        client(&cluster, ttl).await,
-        client(&cluster, ttl).await,
-    );
+    let ttl = Duration::from_secs(9);
+    let (holder, waiter) = (client(&cluster, ttl).await, client(&cluster, ttl).await);
+    // The waiter's client probes too: the connections that carry its subscription are
+    // busy with requests when the slot's old master drops that subscription.
+    let prober = waiter.clone();
     let guard = holder.mutex("moving").unwrap().lock().await.unwrap();
     let slot = cluster.slot_of("{moving}").await.unwrap();
     let from = cluster.master_of(slot).await.unwrap();
@@ -116,13 +128,37 @@ async fn a_lock_whose_slot_moves_stays_held_and_its_waiter_is_served() {
     while holder.inspect("moving").await.unwrap().waiters.is_empty() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // Another lock on the same master, taken and released without a pause: while the slot
+    // moves, the client always has answers of that master on their way (grants: tokens),
+    // which must never be taken for the prober's.
+    let mut steady = 0;
+    while cluster
+        .master_of(
+            cluster
+                .slot_of(&format!("{{steady-{steady}}}"))
+                .await
+                .unwrap(),
+        )
+        .await
+        .unwrap()
+        != from
+    {
+        steady += 1;
+    }
+    let steady = format!("steady-{steady}");
+    let busy = async {
+        loop {
+            if let Ok(Some(guard)) = prober.mutex(&steady).unwrap().try_lock().await {
+                let _ = guard.release().await;
+            }
+        }
+    };
     let probing = async {
         loop {
             // Errors are allowed while the slot moves (TRYAGAIN, ASK); a grant is not.
             if let Ok(Some(stolen)) = prober.mutex("moving").unwrap().try_lock().await {
                 panic!("granted token {} while held", stolen.token());
             }
-            tokio::time::sleep(Duration::from_millis(10)).await;
         }
     };
     let moving = async {
@@ -134,10 +170,32 @@ async fn a_lock_whose_slot_moves_stays_held_and_its_waiter_is_served() {
     let moved = tokio::select! {
         moved = moving => moved,
         () = probing => unreachable!("the prober stops only by panicking"),
+        () = busy => unreachable!(),
     };
     assert!(moved > 0, "the lock's keys were not on its slot's master");
     assert_eq!(cluster.master_of(slot).await.unwrap(), to);
     assert!(lock_keys(cluster.server(from), "moving").await.is_empty());
+    // The waiter's subscription follows the slot: the old master dropped it, and the
+    // waiter subscribed again on the new one (no event to await from outside: asked until
+    // it is there, for at most a lease).
+    let channel = "leasehold:{moving}:wake";
+    let give_up = std::time::Instant::now() + ttl;
+    while cluster
+        .server(to)
+        .command(&["PUBSUB", "SHARDNUMSUB", channel])
+        .await
+        .unwrap()
+        != Resp::Array(Some(vec![
+            Resp::Bulk(Some(channel.into())),
+            Resp::Integer(1),
+        ]))
+    {
+        assert!(
+            std::time::Instant::now() < give_up,
+            "the waiter did not subscribe on the new master"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     // Renewals reach the new master and find the lock.
     renewed(&guard, 2).await;
     assert!(
@@ -165,7 +223,7 @@ async fn a_lock_whose_slot_moves_stays_held_and_its_waiter_is_served() {
 /// find it on the new master, and its release there serves the waiter with a higher token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_master_killed_mid_hold_is_replaced_and_its_holder_and_waiter_carry_on() {
-    let mut cluster = RedisCluster::start(3, 1).await.unwrap();
+    let mut cluster = failing_fast().await;
     let a = client_of(
         &format!("{}?replicas=1&replica_timeout=5s", cluster.url()),
         TTL,
@@ -201,7 +259,7 @@ async fn a_master_killed_mid_hold_is_replaced_and_its_holder_and_waiter_carry_on
 /// learns from its renewals that its lock is gone, and the fence refuses its writes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_whose_grant_the_new_master_lacks_learns_it_and_its_writes_are_fenced() {
-    let mut cluster = RedisCluster::start(3, 1).await.unwrap();
+    let mut cluster = failing_fast().await;
     let mut resource = Resource::start().await;
     let a = client(&cluster, TTL).await;
     let guard = a.mutex("job").unwrap().lock().await.unwrap();

@@ -976,19 +976,25 @@ async fn lock_delay_keeps_an_expired_lock_closed(case: &Case<'_>) {
     };
     let crashed = a.mutex(case.name).unwrap().lock().await.unwrap();
     switch.cut().await;
+    // No renewal gets through the cut: the deadline now is the last one.
+    let deadline = crashed.deadline().ok().flatten();
     crashed.lost().await;
-    // The server frees the lock no earlier than the holder's loss signal; the delay runs
-    // from then on.
-    let lost_at = std::time::Instant::now();
+    // The server frees the lock no earlier than the holder's loss; the delay runs from
+    // then on. The loss is dated at the holder's deadline where it has one (on its clock):
+    // `lost` may be seen later on a loaded machine.
+    let clock = a.clock().clone();
+    let seen = clock.now();
+    let lost_at = deadline.map_or(seen, |deadline| deadline.min(seen));
+    let since_loss = || clock.now().saturating_duration_since(lost_at);
     // Closed after the lease too: every fresh try by a client without a lock-delay (the
     // first attempt of an uncontended acquire, which may take a backend's fast path) is
     // refused, up to half-way through the delay.
-    while lost_at.elapsed() < delay / 2 {
+    while since_loss() < delay / 2 {
         let attempt = try_lock(&probe, case.name).await;
         assert!(
             attempt.is_none(),
             "a fresh try got in {:?} after the crashed holder's loss; the delay is {delay:?}",
-            lost_at.elapsed(),
+            since_loss(),
         );
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
@@ -1000,9 +1006,9 @@ async fn lock_delay_keeps_an_expired_lock_closed(case: &Case<'_>) {
         .unwrap()
         .expect("open after the lease and the lock-delay");
     assert!(
-        lost_at.elapsed() >= delay,
+        since_loss() >= delay,
         "granted {:?} after the crashed holder's loss; the delay is {delay:?}",
-        lost_at.elapsed(),
+        since_loss(),
     );
     drop(crashed);
     next.release().await.unwrap();

@@ -18,12 +18,12 @@ use leasehold_testkit::probe::Resp;
 pub(crate) const TTL: Duration = Duration::from_secs(30);
 
 /// A client of `url` with leases of `ttl`, whose requests may take (and fail) for up to
-/// a third of `ttl` or 5 s. The engine retries a request that fails for up to one request
+/// a third of `ttl` or 10 s. The engine retries a request that fails for up to one request
 /// timeout: long enough for a failover on a loaded machine.
 pub(crate) async fn client_of(url: &str, ttl: Duration) -> Client {
     let options = LockOptions::builder()
         .ttl(ttl)
-        .request_timeout((ttl / 3).min(Duration::from_secs(5)))
+        .request_timeout((ttl / 3).min(Duration::from_secs(10)))
         .build()
         .unwrap();
     Client::builder(RedisBackend::connect(url).await.unwrap())

@@ -419,8 +419,9 @@ pub(crate) fn tls_certificates(options: &RedisOptions) -> Option<TlsCertificates
     })
 }
 
-/// Loads every script of `calls`: together, in one round trip on a server's connection;
-/// on every node of a Cluster (where `SCRIPT LOAD` goes to all of them).
+/// Loads every script of `calls`.
+/// On a server's connection they go together, in one round trip; in a Cluster to every
+/// node (where `SCRIPT LOAD` goes to all of them).
 pub(crate) async fn load_scripts(conn: &mut Link, calls: &Calls) -> Result<()> {
     let each = calls.all().into_iter().map(|call| {
         let mut conn = conn.clone();

@@ -5,8 +5,7 @@
 //! - `lib.rs`: this map, the design in brief, the exports.
 //! - `options.rs`: the backend's options and the URL parameters that set them.
 //! - `connection.rs`: connecting (RESP3, TLS), loading the scripts, replacing a dead link.
-//! - `link.rs`: where Redis is (a server, a Sentinel's master, a Cluster), and the link
-//!   requests go over.
+//! - `link.rs`: where Redis is (server, Sentinel, Cluster), and the link to it.
 //! - `sentinel.rs`: a master found through Redis Sentinel, and followed across failovers.
 //! - `cluster.rs`: the nodes of a Redis Cluster, and connecting to them.
 //! - `script.rs`: the keys and arguments of every script call, named once (Lua in `lua/`).

@@ -70,9 +70,10 @@ impl Address {
 #[derive(Clone)]
 pub(crate) enum Link {
     Server(ConnectionManager),
-    /// A Cluster's sharded subscriptions go on connections of their own: a node that gives
-    /// a slot away sends an unasked `sunsubscribe`, which redis-rs takes for the answer to
-    /// the oldest request on that connection. There it can only answer a subscription.
+    /// A Cluster's links: one for requests, one for sharded subscriptions.
+    /// A node that gives a slot away sends an unasked `sunsubscribe`, which redis-rs takes
+    /// for the answer to the oldest request on that connection. On the subscriptions' own
+    /// connection it can only answer a subscription.
     Cluster {
         commands: ClusterConnection,
         subscriptions: ClusterConnection,

@@ -10,8 +10,7 @@ use crate::cluster::CLUSTER_SCHEMES;
 use crate::sentinel::SENTINEL_SCHEME;
 
 url_params! {
-    /// The URL parameters of `redis://`, `rediss://`, `redis+sentinel://` and
-    /// `redis+cluster://`.
+    /// The URL parameters of every Redis URL (plain, TLS, Sentinel, Cluster).
     /// Each sets the option it names.
     /// `replicas`, `replica_timeout` and `replicas_required` set a [`ReplicaAck`].
     pub(crate) enum Param {

@@ -328,8 +328,8 @@ const EXCLUSIVE_RELEASE_KEYS: [Key; 5] = [Key::Lock, Key::Queue, Key::Qexp, Key:
 /// Their scripts publish wake-ups with `PUBLISH`.
 pub(crate) static CALLS: LazyLock<Calls> = LazyLock::new(|| Calls::new("PUBLISH"));
 
-/// The calls for a Redis Cluster: their scripts publish wake-ups with `SPUBLISH`, on the
-/// lock's own shard (the channel shares the lock's hash tag).
+/// The calls for a Redis Cluster, whose scripts publish wake-ups with `SPUBLISH`.
+/// The message stays on the lock's own shard (the channel shares the lock's hash tag).
 pub(crate) static SHARDED_CALLS: LazyLock<Calls> = LazyLock::new(|| Calls::new("SPUBLISH"));
 
 impl Calls {

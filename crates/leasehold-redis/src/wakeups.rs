@@ -69,8 +69,9 @@ struct State {
     /// Bumped when the connection is replaced.
     /// A `SUBSCRIBE` sent before is not on the new connection.
     generation: u64,
-    /// Channels with state whose subscription a Cluster node dropped (it gave their slot
-    /// away): no ticket is taken on them until they are subscribed again.
+    /// Channels with state whose subscription a Cluster node dropped.
+    /// The node gave their slot away; no ticket is taken on them until they are subscribed
+    /// again.
     dropped: HashSet<Arc<str>>,
 }
 

@@ -47,8 +47,9 @@ async fn client(cluster: &RedisCluster, ttl: Duration) -> Client {
     client_of(&cluster.url(), ttl).await
 }
 
-/// A lock's keys and its wake-up channel live on its slot's master alone: the release
-/// reaches the waiter through sharded pub/sub on that master, not by a broadcast.
+/// A lock's keys and its wake-up channel live on its slot's master alone.
+/// The release reaches the waiter through sharded pub/sub on that master, not by a
+/// broadcast.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_is_woken_through_its_locks_shard() {
     let cluster = RedisCluster::start(3, 1).await.unwrap();
@@ -104,10 +105,10 @@ async fn a_waiter_is_woken_through_its_locks_shard() {
     assert!(second > first);
 }
 
-/// A held lock's slot moves to another master while a client waits for it and keeps
-/// trying it and another lock of that master: nobody else gets it meanwhile, the waiter's
-/// subscription and the holder's renewals follow the slot, and the release on the new
-/// master wakes the waiter, which gets a higher token.
+/// A held lock's slot moves to another master while a client waits for it.
+/// The client keeps trying it and another lock of that master: nobody else gets it
+/// meanwhile, the waiter's subscription and the holder's renewals follow the slot, and the
+/// release on the new master wakes the waiter, which gets a higher token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lock_whose_slot_moves_stays_held_and_its_waiter_is_served() {
     let cluster = RedisCluster::start(3, 1).await.unwrap();
@@ -218,9 +219,10 @@ async fn a_lock_whose_slot_moves_stays_held_and_its_waiter_is_served() {
     assert!(second > first);
 }
 
-/// The master of a held lock's slot dies; the cluster promotes its replica. The holder's
-/// grant was acknowledged by the replica (`WAIT`), so it survives: the holder's renewals
-/// find it on the new master, and its release there serves the waiter with a higher token.
+/// The master of a held lock's slot dies, and the cluster promotes its replica.
+/// The holder's grant was acknowledged by the replica (`WAIT`), so it survives: the
+/// holder's renewals find it on the new master, and its release there serves the waiter
+/// with a higher token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_master_killed_mid_hold_is_replaced_and_its_holder_and_waiter_carry_on() {
     let mut cluster = failing_fast().await;
@@ -254,8 +256,8 @@ async fn a_master_killed_mid_hold_is_replaced_and_its_holder_and_waiter_carry_on
     assert!(next.token() > token);
 }
 
-/// A failover to a replica that lacks a grant (what asynchronous replication can lose):
-/// another client gets the lock on the new master with a higher token, the old holder
+/// A failover to a replica that lacks a grant, which asynchronous replication can lose.
+/// Another client gets the lock on the new master with a higher token, the old holder
 /// learns from its renewals that its lock is gone, and the fence refuses its writes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_whose_grant_the_new_master_lacks_learns_it_and_its_writes_are_fenced() {
@@ -270,8 +272,9 @@ async fn a_holder_whose_grant_the_new_master_lacks_learns_it_and_its_writes_are_
     a_lost_grant_is_told_and_fenced(guard, cluster.server(new), &b, &mut resource).await;
 }
 
-/// Bad input is a typed error: a db in a Cluster URL, TLS files without TLS, a Cluster as
-/// a Redlock node, and nodes that cannot be reached.
+/// Bad input is a typed error.
+/// A db in a Cluster URL, TLS files without TLS, a Cluster as a Redlock node, and nodes
+/// that cannot be reached.
 #[tokio::test]
 async fn bad_cluster_urls_are_typed_errors() {
     for url in [

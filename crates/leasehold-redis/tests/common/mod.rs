@@ -1,5 +1,5 @@
-//! What the failover tests of Sentinel and Cluster share: clients, waits and the fenced
-//! resource of a superseded holder.
+//! What the failover tests of Sentinel and Cluster share.
+//! Clients, waits, and the fenced resource of a superseded holder.
 
 #![allow(dead_code)] // each test binary uses its own part of it
 
@@ -17,8 +17,8 @@ use leasehold_testkit::probe::Resp;
 /// which counts from the last renewal it got (a 10 s lease did not always survive that).
 pub(crate) const TTL: Duration = Duration::from_secs(30);
 
-/// A client of `url` with leases of `ttl`, whose requests may take (and fail) for up to
-/// a third of `ttl` or 10 s. The engine retries a request that fails for up to one request
+/// A client of `url` with leases of `ttl`.
+/// Its requests may take (and fail) for up to a third of `ttl` or 10 s. The engine retries a request that fails for up to one request
 /// timeout: long enough for a failover on a loaded machine.
 pub(crate) async fn client_of(url: &str, ttl: Duration) -> Client {
     let options = LockOptions::builder()
@@ -102,8 +102,8 @@ impl Resource {
     }
 }
 
-/// The end of a failover to `new_master`, a replica that lacks `guard`'s grant (what
-/// asynchronous replication can lose; the test deletes it there): `other` gets the lock
+/// The end of a failover to `new_master`, a replica that lacks `guard`'s grant.
+/// Asynchronous replication can lose it (the test deletes it there): `other` gets the lock
 /// with a higher token and writes, the old holder learns from its renewals that its lock
 /// is gone, and the resource refuses its writes.
 pub(crate) async fn a_lost_grant_is_told_and_fenced(

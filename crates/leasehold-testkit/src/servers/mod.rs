@@ -1,5 +1,5 @@
-//! Real lock servers for tests: redis-server (alone, replicated, under Sentinel, as a
-//! Cluster), etcd, ZooKeeper and PostgreSQL.
+//! Real lock servers for tests: redis-server, etcd, ZooKeeper and PostgreSQL.
+//! Redis alone, replicated, under Sentinel, or as a Cluster.
 //! They come from Debian's packages, each on free loopback ports with a temporary
 //! directory, ready when it really serves, and killed (by pid) when its handle drops.
 //!

@@ -1,5 +1,5 @@
-//! redis-server: single servers, Redlock sets, a replicated pair, a Sentinel set-up (a
-//! Cluster is in `redis_cluster.rs`).
+//! redis-server: single servers, Redlock sets, a replicated pair, a Sentinel set-up.
+//! A Cluster is in `redis_cluster.rs`.
 
 use std::io;
 use std::net::SocketAddr;

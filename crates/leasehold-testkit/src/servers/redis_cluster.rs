@@ -19,8 +19,9 @@ pub struct RedisCluster {
 }
 
 impl RedisCluster {
-    /// `masters` masters with `replicas` replicas each; ready when every node agrees that
-    /// all slots are served and every replica's link to its master is up.
+    /// `masters` masters with `replicas` replicas each, once it is ready.
+    /// It is ready when every node agrees that all slots are served and every replica's
+    /// link to its master is up.
     ///
     /// # Errors
     ///
@@ -82,8 +83,9 @@ impl RedisCluster {
         Ok(cluster)
     }
 
-    /// Waits until every node serving says the cluster is ok with every slot assigned and
-    /// all nodes known, and every replica's link to its master is up.
+    /// Waits until the cluster has settled.
+    /// Every node serving says the cluster is ok with every slot assigned and all nodes
+    /// known, and every replica's link to its master is up.
     ///
     /// # Errors
     ///
@@ -131,8 +133,8 @@ impl RedisCluster {
         format!("redis+cluster://{}", nodes.join(","))
     }
 
-    /// The servers, masters first as started (see [`master_of`](RedisCluster::master_of)
-    /// for who serves a slot now).
+    /// The servers, masters first as started.
+    /// See [`master_of`](RedisCluster::master_of) for who serves a slot now.
     pub fn servers(&mut self) -> &mut [Redis] {
         &mut self.servers
     }
@@ -209,8 +211,8 @@ impl RedisCluster {
         )))
     }
 
-    /// The servers that replicate server `master` now, as each server's `ROLE` says
-    /// (a master learns of its replicas by gossip, later).
+    /// The servers that replicate server `master` now, as each server's `ROLE` says.
+    /// A master learns of its replicas by gossip, later.
     ///
     /// # Errors
     ///
@@ -233,8 +235,9 @@ impl RedisCluster {
         Ok(replicas)
     }
 
-    /// Has a replica of the master of `slot` take its place (`CLUSTER FAILOVER`, which
-    /// first lets it catch up); the new master, once the cluster has settled.
+    /// Has a replica of the master of `slot` take its place, and returns it.
+    /// It is `CLUSTER FAILOVER`, which first lets the replica catch up; the new master is
+    /// returned once the cluster has settled.
     /// A manual failover that does not finish within Redis's 5 s is dropped by Redis (on
     /// a loaded machine it can be): it is asked for again, a few times.
     ///
@@ -271,8 +274,8 @@ impl RedisCluster {
         ))
     }
 
-    /// Waits until a server other than `old` serves `slot` as master and the cluster has
-    /// settled (for example after `old` was killed); that server.
+    /// Waits until a server other than `old` serves `slot` as master, and returns it.
+    /// The cluster has settled by then (for example after `old` was killed).
     ///
     /// # Errors
     ///
@@ -297,7 +300,7 @@ impl RedisCluster {
         }
     }
 
-    /// Starts moving `slot` from server `from` to server `to` (both masters):
+    /// Starts moving `slot` from server `from` to server `to` (both masters).
     /// `to` imports it and `from` migrates it (`CLUSTER SETSLOT … IMPORTING/MIGRATING`).
     /// From now on `from` answers `ASK` for the slot's keys it no longer has.
     ///
@@ -319,8 +322,8 @@ impl RedisCluster {
         )
     }
 
-    /// Moves every key of `slot` still on `from` to `to` (`MIGRATE`, a batch at a time);
-    /// how many were moved.
+    /// Moves every key of `slot` still on `from` to `to`, and says how many.
+    /// It is `MIGRATE`, a batch at a time.
     ///
     /// # Errors
     ///
@@ -347,8 +350,8 @@ impl RedisCluster {
         }
     }
 
-    /// Ends the move of `slot` to server `to`: every master is told it serves the slot
-    /// now (`CLUSTER SETSLOT … NODE`), `to` first.
+    /// Ends the move of `slot` to server `to`.
+    /// Every master is told `to` serves the slot now (`CLUSTER SETSLOT … NODE`), `to` first.
     ///
     /// # Errors
     ///

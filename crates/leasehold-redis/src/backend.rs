@@ -280,8 +280,8 @@ impl RedisBackend {
         let mut wait = redis::cmd("WAIT");
         wait.arg(ack.replicas).arg(millis_up(ack.timeout));
         let keys = self.keys(&req.name);
-        let acked: i64 = conn
-            .query_at(keys.channel(), &wait)
+        let acked: i64 = (self.inner.conn)
+            .query_at(&mut conn, keys.channel(), &wait)
             .await
             .map_err(|e| map_error(e, &req.name))?;
         if acked >= i64::from(ack.replicas) {

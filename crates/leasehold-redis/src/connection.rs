@@ -156,11 +156,32 @@ impl Connection {
         conn: &mut Link,
         cmd: &redis::Cmd,
     ) -> redis::RedisResult<T> {
+        self.noted(cmd.query_async(conn)).await
+    }
+
+    /// Sends `cmd`, which has no key, to the server that holds `key`, noting whether an
+    /// answer came.
+    /// That is the master of its slot in a Cluster (see [`Link::query_at`]).
+    pub(crate) async fn query_at<T: redis::FromRedisValue>(
+        &self,
+        conn: &mut Link,
+        key: &str,
+        cmd: &redis::Cmd,
+    ) -> redis::RedisResult<T> {
+        self.noted(conn.query_at(key, cmd)).await
+    }
+
+    /// Runs `request`, noting in the connection's health whether an answer came; through
+    /// Sentinel, an answer that says the server may no longer be the master moves it.
+    async fn noted<T>(
+        &self,
+        request: impl std::future::Future<Output = redis::RedisResult<T>>,
+    ) -> redis::RedisResult<T> {
         let mut in_flight = self.health.request();
         if !self.drops_count {
             in_flight = in_flight.uncounted();
         }
-        let answer = cmd.query_async(conn).await;
+        let answer = request.await;
         in_flight.answered();
         if let (Err(e), Address::Sentinel(_)) = (&answer, &self.address)
             && (matches!(e.code(), Some("READONLY" | "MASTERDOWN")) || is_link_error(e))

@@ -3,36 +3,22 @@
 
 #![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use leasehold_core::backend::Backend;
 use leasehold_core::{Client, Error};
 use leasehold_redis::{RedisBackend, RedlockBackend, RedlockOptions};
 use leasehold_testkit::probe::Resp;
-use leasehold_testkit::{Deployment, RedisCluster, free_port};
+use leasehold_testkit::{RedisCluster, free_port};
 
 mod common;
 use common::{Resource, TTL, a_lost_grant_is_told_and_fenced, client_of, lock_keys, renewed};
 
-struct ClusterDeployment {
-    cluster: RedisCluster,
-}
-
-#[async_trait]
-impl Deployment for ClusterDeployment {
-    async fn connect(&self) -> Arc<dyn Backend> {
-        Arc::new(RedisBackend::connect(&self.cluster.url()).await.unwrap())
-    }
-}
-
 mod conformance {
-    use super::{ClusterDeployment, RedisCluster};
+    use super::{RedisCluster, common::RedisAt};
     leasehold_testkit::conformance_suite!(async {
-        ClusterDeployment {
-            cluster: RedisCluster::start(3, 1).await.expect("redis cluster"),
-        }
+        let cluster = RedisCluster::start(3, 1).await.expect("redis cluster");
+        let url = cluster.url();
+        RedisAt::new(cluster, url)
     });
 }
 

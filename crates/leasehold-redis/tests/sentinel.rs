@@ -3,15 +3,12 @@
 
 #![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use leasehold_core::backend::Backend;
 use leasehold_core::{Client, Error};
 use leasehold_redis::RedisBackend;
 use leasehold_testkit::probe::Resp;
-use leasehold_testkit::{Deployment, Redis, RedisSentinel, free_port};
+use leasehold_testkit::{Redis, RedisSentinel, free_port};
 
 mod common;
 use common::{
@@ -19,23 +16,12 @@ use common::{
     renewed,
 };
 
-struct SentinelDeployment {
-    set: RedisSentinel,
-}
-
-#[async_trait]
-impl Deployment for SentinelDeployment {
-    async fn connect(&self) -> Arc<dyn Backend> {
-        Arc::new(RedisBackend::connect(&self.set.url()).await.unwrap())
-    }
-}
-
 mod conformance {
-    use super::{RedisSentinel, SentinelDeployment};
+    use super::{RedisSentinel, common::RedisAt};
     leasehold_testkit::conformance_suite!(async {
-        SentinelDeployment {
-            set: RedisSentinel::start(2, 3).await.expect("redis sentinel"),
-        }
+        let set = RedisSentinel::start(2, 3).await.expect("redis sentinel");
+        let url = set.url();
+        RedisAt::new(set, url)
     });
 }
 

@@ -3,14 +3,41 @@
 
 #![allow(dead_code)] // each test binary uses its own part of it
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use async_trait::async_trait;
+use leasehold_core::backend::Backend;
 use leasehold_core::{Client, Guard, LockOptions, LossReason};
 use leasehold_redis::RedisBackend;
 use leasehold_redis::fence::RedisFence;
 use leasehold_redis::redis::aio::ConnectionManager;
-use leasehold_testkit::Redis;
 use leasehold_testkit::probe::Resp;
+use leasehold_testkit::{Deployment, Redis};
+
+/// Redis servers of some set-up (Sentinel, Cluster), a conformance deployment by URL.
+pub(crate) struct RedisAt<S> {
+    url: String,
+    /// Kept running while the deployment lives.
+    _servers: S,
+}
+
+impl<S> RedisAt<S> {
+    /// `servers`, which clients reach at `url`.
+    pub(crate) fn new(servers: S, url: String) -> Self {
+        Self {
+            url,
+            _servers: servers,
+        }
+    }
+}
+
+#[async_trait]
+impl<S: Send + Sync> Deployment for RedisAt<S> {
+    async fn connect(&self) -> Arc<dyn Backend> {
+        Arc::new(RedisBackend::connect(&self.url).await.unwrap())
+    }
+}
 
 /// The lease of the failover tests, far longer than a failover takes on a loaded machine.
 /// Renewals accepted by the old master until the client moves never reach the new one,

@@ -159,9 +159,9 @@ impl Connection {
         self.noted(cmd.query_async(conn)).await
     }
 
-    /// Sends `cmd`, which has no key, to the server that holds `key`, noting whether an
-    /// answer came.
-    /// That is the master of its slot in a Cluster (see [`Link::query_at`]).
+    /// Sends `cmd`, which has no key, to the server that holds `key`.
+    /// That is the master of its slot in a Cluster (see [`Link::query_at`]); whether an
+    /// answer came is noted as by [`query`](Connection::query).
     pub(crate) async fn query_at<T: redis::FromRedisValue>(
         &self,
         conn: &mut Link,
@@ -171,8 +171,8 @@ impl Connection {
         self.noted(conn.query_at(key, cmd)).await
     }
 
-    /// Runs `request`, noting in the connection's health whether an answer came; through
-    /// Sentinel, an answer that says the server may no longer be the master moves it.
+    /// Runs `request`, noting in the connection's health whether an answer came.
+    /// Through Sentinel, an answer that says the server may no longer be the master moves it.
     async fn noted<T>(
         &self,
         request: impl std::future::Future<Output = redis::RedisResult<T>>,

@@ -11,7 +11,10 @@ use leasehold_testkit::probe::Resp;
 use leasehold_testkit::{RedisCluster, free_port};
 
 mod common;
-use common::{Resource, TTL, a_lost_grant_is_told_and_fenced, client_of, lock_keys, renewed};
+use common::{
+    Resource, TTL, a_lost_grant_is_told_and_fenced, client_of, holder_and_waiter_carry_on,
+    lock_keys, queued, renewed,
+};
 
 mod conformance {
     use super::{RedisCluster, common::RedisAt};
@@ -107,14 +110,7 @@ async fn a_lock_whose_slot_moves_stays_held_and_its_waiter_is_served() {
     let slot = cluster.slot_of("{moving}").await.unwrap();
     let from = cluster.master_of(slot).await.unwrap();
     let to = (0..3).find(|&m| m != from).unwrap();
-    let waiting = tokio::spawn(async move {
-        let guard = waiter.mutex("moving").unwrap().lock().await.unwrap();
-        (guard.token(), guard.release().await)
-    });
-    // Nothing to await from outside: ask until the waiter is queued.
-    while holder.inspect("moving").await.unwrap().waiters.is_empty() {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let waiting = queued(&holder, &waiter, "moving").await;
     // Another lock on the same master, taken and released without a pause: while the slot
     // moves, the client always has answers of that master on their way (grants: tokens),
     // which must never be taken for the prober's.
@@ -197,12 +193,13 @@ async fn a_lock_whose_slot_moves_stays_held_and_its_waiter_is_served() {
     );
     let first = guard.token();
     guard.release().await.unwrap();
-    let (second, released) = tokio::time::timeout(Duration::from_secs(20), waiting)
+    let next = tokio::time::timeout(Duration::from_secs(20), waiting)
         .await
         .expect("the waiter was not served after the slot moved")
+        .unwrap()
         .unwrap();
-    released.unwrap();
-    assert!(second > first);
+    assert!(next.token() > first);
+    next.release().await.unwrap();
 }
 
 /// The master of a held lock's slot dies, and the cluster promotes its replica.
@@ -219,27 +216,13 @@ async fn a_master_killed_mid_hold_is_replaced_and_its_holder_and_waiter_carry_on
     .await;
     let b = client(&cluster, TTL).await;
     let guard = a.mutex("job").unwrap().lock().await.unwrap();
-    let mutex = b.mutex("job").unwrap();
-    let waiting = tokio::spawn(async move { mutex.lock().await });
-    // Nothing to await from outside: ask until the waiter is queued.
-    while a.inspect("job").await.unwrap().waiters.is_empty() {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let waiting = queued(&a, &b, "job").await;
     let slot = cluster.slot_of("{job}").await.unwrap();
     let old = cluster.master_of(slot).await.unwrap();
     cluster.servers()[old].kill();
     let new = cluster.master_other_than(slot, old).await.unwrap();
     assert!(!lock_keys(cluster.server(new), "job").await.is_empty());
-    // The holder's renewal finds the new master (the old one is dead), and its lock there.
-    renewed(&guard, 1).await;
-    let token = guard.token();
-    guard.release().await.unwrap();
-    let next = tokio::time::timeout(TTL, waiting)
-        .await
-        .expect("the waiter was lost in the failover")
-        .unwrap()
-        .unwrap();
-    assert!(next.token() > token);
+    holder_and_waiter_carry_on(guard, waiting).await;
 }
 
 /// A failover to a replica that lacks a grant, which asynchronous replication can lose.

@@ -12,8 +12,8 @@ use leasehold_testkit::{Redis, RedisSentinel, free_port};
 
 mod common;
 use common::{
-    Resource, TTL, a_lost_grant_is_told_and_fenced, client_of, lock_after_failover, lock_keys,
-    renewed,
+    Resource, TTL, a_lost_grant_is_told_and_fenced, client_of, holder_and_waiter_carry_on,
+    lock_after_failover, lock_keys, queued, renewed,
 };
 
 mod conformance {
@@ -109,32 +109,13 @@ async fn a_master_killed_mid_hold_is_replaced_and_its_holder_and_waiter_carry_on
     let a = client_of(&format!("{}?replicas=2&replica_timeout=5s", set.url()), TTL).await;
     let b = client(&set, TTL).await;
     let guard = a.mutex("job").unwrap().lock().await.unwrap();
-    let mutex = b.mutex("job").unwrap();
-    let waiting = tokio::spawn(async move { mutex.lock().await });
-    let give_up = std::time::Instant::now() + Duration::from_secs(30);
-    while a.inspect("job").await.unwrap().waiters.is_empty() {
-        assert!(
-            std::time::Instant::now() < give_up,
-            "the waiter never queued"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let waiting = queued(&a, &b, "job").await;
     let old = set.master().await.unwrap();
     set.servers()[old].kill();
     // The sentinels agree it is down (after 1 s) and promote a replica.
     let new = set.master_other_than(Some(old)).await.unwrap();
     assert_ne!(new, old);
-    // The holder's renewal finds the new master (the old one is dead), and its lock there.
-    renewed(&guard, 1).await;
-    let token = guard.token();
-    guard.release().await.unwrap();
-    // The waiter is granted on the new master, with a higher token.
-    let next = tokio::time::timeout(TTL, waiting)
-        .await
-        .expect("the waiter was lost in the failover")
-        .unwrap()
-        .unwrap();
-    assert!(next.token() > token);
+    holder_and_waiter_carry_on(guard, waiting).await;
 }
 
 #[tokio::test]

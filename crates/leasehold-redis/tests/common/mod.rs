@@ -160,3 +160,41 @@ pub(crate) async fn a_lost_grant_is_told_and_fenced(
         "the superseded holder wrote"
     );
 }
+
+/// Has `waiter` wait for `name`, which `holder`'s client holds, and returns once it is queued.
+pub(crate) async fn queued(
+    holder: &Client,
+    waiter: &Client,
+    name: &str,
+) -> tokio::task::JoinHandle<leasehold_core::Result<Guard>> {
+    let mutex = waiter.mutex(name).unwrap();
+    let waiting = tokio::spawn(async move { mutex.lock().await });
+    // Nothing to await from outside the server: asked until the waiter is queued.
+    let give_up = std::time::Instant::now() + Duration::from_secs(30);
+    while holder.inspect(name).await.unwrap().waiters.is_empty() {
+        assert!(
+            std::time::Instant::now() < give_up,
+            "the waiter never queued"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    waiting
+}
+
+/// After a failover that kept `guard`'s grant, holder and waiter carry on.
+/// The holder's renewal finds the new master (the old one is dead) and its lock there, and
+/// its release serves the waiter with a higher token.
+pub(crate) async fn holder_and_waiter_carry_on(
+    guard: Guard,
+    waiting: tokio::task::JoinHandle<leasehold_core::Result<Guard>>,
+) {
+    renewed(&guard, 1).await;
+    let token = guard.token();
+    guard.release().await.unwrap();
+    let next = tokio::time::timeout(TTL, waiting)
+        .await
+        .expect("the waiter was lost in the failover")
+        .unwrap()
+        .unwrap();
+    assert!(next.token() > token);
+}

@@ -7,9 +7,11 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use leasehold_chaos::deploy::{BackendSpec, BoxFuture, Topology};
-use leasehold_chaos::harness::Servers;
+use leasehold_chaos::harness::{Servers, SlotMove};
 use leasehold_faultproxy::FaultProxy;
-use leasehold_testkit::{Etcd, Postgres, Redis, ServerProcess, ZooKeeper, redis_servers};
+use leasehold_testkit::{
+    Etcd, Postgres, Redis, RedisCluster, RedisSentinel, ServerProcess, ZooKeeper, redis_servers,
+};
 
 /// Starts `spec`'s servers for `topology`, each in a directory of its own.
 pub(crate) fn start(
@@ -29,6 +31,20 @@ pub(crate) fn start(
             ]),
             ("redis", _) => Started::Redis(vec![Redis::start().await?]),
             ("redlock", _) => Started::Redis(redis_servers(3).await?),
+            ("redis-sentinel", _) => {
+                let sentinel = RedisSentinel::start(2, 3).await?;
+                // Until they know each other, no majority agrees that a master is down.
+                sentinel.until_sentinels_know_each_other().await?;
+                Started::Sentinel(Box::new(sentinel))
+            }
+            // A short node timeout where a master is failed over: the failover must come
+            // within the lease. Elsewhere a loaded machine must not fail nodes over.
+            ("redis-cluster", Topology::Replicated) => Started::Cluster(Box::new(Cluster::new(
+                RedisCluster::with_node_timeout(3, 1, Duration::from_secs(2)).await?,
+            ))),
+            ("redis-cluster", _) => {
+                Started::Cluster(Box::new(Cluster::new(RedisCluster::start(3, 1).await?)))
+            }
             ("etcd", Topology::Cluster) => Started::Etcd(Etcd::cluster(3).await?),
             ("etcd", _) => Started::Etcd(Etcd::start().await?),
             ("zookeeper", Topology::Cluster) => Started::ZooKeeper(ZooKeeper::ensemble(3).await?),
@@ -52,6 +68,10 @@ enum Started {
     Redis(Vec<Redis>),
     /// A primary (0) and its replica (1).
     Replicated(Box<Replicated>),
+    /// A master and replicas (server 0 first), watched by sentinels.
+    Sentinel(Box<RedisSentinel>),
+    /// A Redis Cluster: masters, then their replicas.
+    Cluster(Box<Cluster>),
     /// An etcd cluster.
     Etcd(Etcd),
     /// A ZooKeeper ensemble.
@@ -70,6 +90,8 @@ impl Started {
                 1 => Some(pair.replica.process()),
                 _ => None,
             },
+            Started::Sentinel(sentinel) => sentinel.servers().get_mut(i).map(Redis::process),
+            Started::Cluster(cluster) => cluster.nodes.servers().get_mut(i).map(Redis::process),
             Started::Etcd(etcd) => etcd.members().get_mut(i).map(|m| m.process()),
             Started::ZooKeeper(zk) => zk.servers().get_mut(i).map(|s| s.process()),
             Started::Postgres(pg, _) if i == 0 => Some(pg.process()),
@@ -86,6 +108,8 @@ impl Started {
                 1 => Some(&pair.replica),
                 _ => None,
             },
+            Started::Sentinel(sentinel) => sentinel.server(i),
+            Started::Cluster(cluster) => (i < cluster.count).then(|| cluster.nodes.server(i)),
             _ => None,
         }
     }
@@ -97,9 +121,19 @@ impl Servers for Started {
         match self {
             Started::Redis(nodes) => nodes.iter().map(Redis::addr).collect(),
             Started::Replicated(pair) => vec![pair.primary.addr(), pair.replica.addr()],
+            // The clients' way in: the sentinels, which name the master.
+            Started::Sentinel(sentinel) => sentinel.sentinel_addrs(),
+            Started::Cluster(cluster) => cluster.nodes.servers().iter().map(Redis::addr).collect(),
             Started::Etcd(etcd) => etcd.members().iter().map(|m| m.addr()).collect(),
             Started::ZooKeeper(zk) => zk.servers().iter().map(|s| s.addr()).collect(),
             Started::Postgres(pg, _) => vec![SocketAddr::from(([127, 0, 0, 1], pg.port()))],
+        }
+    }
+
+    fn count(&mut self) -> usize {
+        match self {
+            Started::Sentinel(sentinel) => sentinel.servers().len(),
+            _ => self.endpoints().len(),
         }
     }
 
@@ -131,6 +165,14 @@ impl Servers for Started {
                 0 => pair.primary.restart().await,
                 _ => pair.replica.restart().await,
             },
+            Started::Sentinel(sentinel) => match sentinel.servers().get_mut(i) {
+                Some(n) => n.restart().await,
+                None => Ok(()),
+            },
+            Started::Cluster(cluster) => match cluster.nodes.servers().get_mut(i) {
+                Some(n) => n.restart().await,
+                None => Ok(()),
+            },
             Started::Etcd(etcd) => match etcd.members().get_mut(i) {
                 Some(m) => m.restart().await,
                 None => Ok(()),
@@ -158,6 +200,41 @@ impl Servers for Started {
         }
     }
 
+    async fn serving(&mut self, key: &str) -> io::Result<usize> {
+        match self {
+            Started::Sentinel(sentinel) => sentinel.master().await,
+            Started::Cluster(cluster) => {
+                let slot = cluster.nodes.slot_of(key).await?;
+                cluster.nodes.master_of(slot).await
+            }
+            _ => Ok(self.leader().await),
+        }
+    }
+
+    async fn failed_over(&mut self, key: &str, old: usize) -> io::Result<usize> {
+        match self {
+            Started::Sentinel(sentinel) => sentinel.master_other_than(Some(old)).await,
+            Started::Cluster(cluster) => {
+                let slot = cluster.nodes.slot_of(key).await?;
+                cluster.nodes.master_other_than(slot, old).await
+            }
+            _ => Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!("no replica takes over from server {old} on its own"),
+            )),
+        }
+    }
+
+    async fn move_slot(&mut self, key: &str, step: SlotMove) -> io::Result<String> {
+        match self {
+            Started::Cluster(cluster) => cluster.move_slot(key, step).await,
+            _ => Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "the servers have no slots to move",
+            )),
+        }
+    }
+
     async fn redis(&self, i: usize, args: &[&str]) -> io::Result<Option<String>> {
         let server = self
             .redis_server(i)
@@ -179,6 +256,67 @@ impl Servers for Started {
         match self {
             Started::Replicated(pair) => Some(&pair.link),
             _ => None,
+        }
+    }
+}
+
+/// A Redis Cluster, and the move of a slot under way.
+#[derive(Debug)]
+struct Cluster {
+    nodes: RedisCluster,
+    /// How many nodes.
+    count: usize,
+    /// The slot being moved, from which master to which.
+    moving: Option<(u16, usize, usize)>,
+}
+
+impl Cluster {
+    fn new(mut nodes: RedisCluster) -> Self {
+        let count = nodes.servers().len();
+        Cluster {
+            nodes,
+            count,
+            moving: None,
+        }
+    }
+
+    /// Takes `step` of moving `key`'s slot from its master to the next master.
+    async fn move_slot(&mut self, key: &str, step: SlotMove) -> io::Result<String> {
+        let (slot, from, to) = match (step, self.moving) {
+            (SlotMove::Begin, _) => {
+                let slot = self.nodes.slot_of(key).await?;
+                let from = self.nodes.master_of(slot).await?;
+                let mut masters = Vec::new();
+                for i in 0..self.count {
+                    if i != from && self.nodes.replicas_of(i).await.is_ok_and(|r| !r.is_empty()) {
+                        masters.push(i);
+                    }
+                }
+                let to = *masters.first().ok_or_else(|| {
+                    io::Error::other(format!("no master other than server {from}"))
+                })?;
+                self.moving = Some((slot, from, to));
+                (slot, from, to)
+            }
+            (_, Some(moving)) => moving,
+            (_, None) => return Err(io::Error::other("no slot move was begun")),
+        };
+        match step {
+            SlotMove::Begin => {
+                self.nodes.begin_migration(slot, from, to).await?;
+                Ok(format!(
+                    "slot {slot}: server {from} migrates it to server {to}"
+                ))
+            }
+            SlotMove::Keys => {
+                let moved = self.nodes.migrate_keys(slot, from, to).await?;
+                Ok(format!("slot {slot}: {moved} keys moved to server {to}"))
+            }
+            SlotMove::End => {
+                self.nodes.end_migration(slot, to).await?;
+                self.moving = None;
+                Ok(format!("slot {slot}: served by server {to}"))
+            }
         }
     }
 }
@@ -268,5 +406,18 @@ async fn postgres() -> io::Result<Started> {
             Ok(Started::Postgres(Postgres::start().await?, None))
         }
         Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_sentinel_urls_name_the_master_the_sentinels_know() {
+        let spec = &leasehold_chaos::deploy::redis_sentinel::SPEC;
+        let url = (spec.url)(&["127.0.0.1:1".into()], std::time::Duration::ZERO);
+        assert!(
+            url.ends_with(&format!("/{}", leasehold_testkit::SENTINEL_MASTER)),
+            "{url}"
+        );
     }
 }

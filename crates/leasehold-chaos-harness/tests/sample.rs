@@ -23,6 +23,16 @@ fn sample_redis() {
 }
 
 #[test]
+fn sample_redis_sentinel() {
+    common::sample("redis-sentinel");
+}
+
+#[test]
+fn sample_redis_cluster() {
+    common::sample("redis-cluster");
+}
+
+#[test]
 fn sample_redlock() {
     common::sample("redlock");
 }

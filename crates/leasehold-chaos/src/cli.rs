@@ -194,7 +194,7 @@ fn list(harness: Option<&Harness>) -> String {
         } else {
             " (leasehold-chaos only)"
         };
-        out.push_str(&format!("  {:<9} {}://{note}\n", b.name, b.scheme));
+        out.push_str(&format!("  {:<14} {}://{note}\n", b.name, b.scheme));
     }
     out.push_str("\nScenarios (where they run):\n");
     for s in SCENARIOS {

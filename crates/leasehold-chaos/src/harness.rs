@@ -86,6 +86,57 @@ pub trait Servers: fmt::Debug {
         0
     }
 
+    /// The server that serves `key` now.
+    /// The master the sentinels name, the master of `key`'s slot in a Redis Cluster, else
+    /// the [`leader`](Servers::leader).
+    ///
+    /// # Cancel safety
+    ///
+    /// Read-only.
+    ///
+    /// # Errors
+    ///
+    /// If the servers cannot tell.
+    async fn serving(&mut self, _key: &str) -> io::Result<usize> {
+        Ok(self.leader().await)
+    }
+
+    /// Waits until a server other than `old` serves `key` as a master, and returns it.
+    /// That is a failover done by the servers themselves: the sentinels, or the cluster,
+    /// promoting a replica of `old`.
+    ///
+    /// # Cancel safety
+    ///
+    /// Read-only.
+    ///
+    /// # Errors
+    ///
+    /// If these servers do not fail over on their own, or not in time.
+    async fn failed_over(&mut self, _key: &str, old: usize) -> io::Result<usize> {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!("no replica takes over from server {old} on its own"),
+        ))
+    }
+
+    /// Takes one step of moving `key`'s slot to another master (Redis Cluster).
+    /// What it did, for the history.
+    ///
+    /// # Cancel safety
+    ///
+    /// A step already sent is applied; dropping the future may leave the slot between
+    /// two masters.
+    ///
+    /// # Errors
+    ///
+    /// If the servers are not a Redis Cluster, or a node refuses the step.
+    async fn move_slot(&mut self, _key: &str, _step: SlotMove) -> io::Result<String> {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "the servers have no slots to move",
+        ))
+    }
+
     /// Runs a command on redis-server `i`, as an administrator would; its reply as text.
     ///
     /// An error reply is its message; an array or a null is `None`.
@@ -124,6 +175,19 @@ pub trait Servers: fmt::Debug {
     fn dir(&self) -> Option<&Path> {
         None
     }
+}
+
+/// A step of moving a slot from one Redis Cluster master to another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlotMove {
+    /// The target imports the slot and its master migrates it.
+    /// Keys the master no longer has are asked for at the target (`CLUSTER SETSLOT …
+    /// IMPORTING`, `… MIGRATING`).
+    Begin,
+    /// The slot's keys are moved to the target (`MIGRATE`).
+    Keys,
+    /// Every master is told the target serves the slot (`CLUSTER SETSLOT … NODE`).
+    End,
 }
 
 /// No servers of the run's own: the user's (`--url`), or the in-memory backend's.

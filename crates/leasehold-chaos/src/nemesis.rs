@@ -483,9 +483,10 @@ impl<'a> Ctx<'a> {
         }
     }
 
-    /// Whether the workers' links are in-process (`Faulty`) rather than proxies.
+    /// Whether the workers share one process rather than being processes of their own.
+    /// Such workers are linked to their server by the harness (`Faulty`).
     pub fn in_process(&self) -> bool {
-        self.deployment.proxies.iter().all(Vec::is_empty)
+        !self.deployment.spec.traits.processes
     }
 
     /// The backend's name.
@@ -617,6 +618,20 @@ impl<'a> Ctx<'a> {
     /// Read-only.
     pub async fn leader(&mut self) -> usize {
         self.deployment.servers.leader().await
+    }
+
+    /// The server that serves the run's lock now (see [`Servers::serving`](crate::harness::Servers::serving)).
+    ///
+    /// # Cancel safety
+    ///
+    /// Read-only.
+    ///
+    /// # Errors
+    ///
+    /// If the servers cannot tell.
+    pub async fn serving(&mut self) -> io::Result<usize> {
+        let key = self.lock_key();
+        self.deployment.servers.serving(&key).await
     }
 
     /// SIGSTOP server `i`.

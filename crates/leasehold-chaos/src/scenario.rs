@@ -1,4 +1,4 @@
-//! The fault scenarios of `safety.md` (1–25, and 28).
+//! The fault scenarios of `safety.md` (1–25, 28, 32 and 33).
 //! What each injects, which backends it applies to, and what each check must show there.
 //!
 //! Unless a scenario says otherwise every check must hold. Where a backend cannot keep its
@@ -20,6 +20,7 @@ use serde_json::json;
 
 use crate::checks::{Check, Expect};
 use crate::deploy::{BackendSpec, BoxFuture, ServerClock, Topology};
+use crate::harness::SlotMove;
 use crate::nemesis::{Ctx, Link};
 
 /// How a scenario runs on one backend.
@@ -210,6 +211,16 @@ pub static SCENARIOS: &[Scenario] = &[
                 Topology::Single
             };
             let mut setup = Setup::default().servers().topology(topology);
+            if b.name == "redis-sentinel" {
+                // Paused past the sentinels' 1 s, the master is failed over; resumed, it
+                // serves its old clients until the sentinels demote it: a split brain
+                // (which `min-replicas-to-write` bounds on the server).
+                setup.expect.extend([
+                    (Check::C5, Expect::Either),
+                    (Check::C6, Expect::Either),
+                    (Check::C7, Expect::Either),
+                ]);
+            }
             if b.name == "etcd" && crate::deploy::etcd::revokes_from_a_stale_leader() {
                 // A known etcd bug (etcd-io/etcd#12528, fixed by #16822): the paused
                 // leader, resumed, revokes leases the new leader kept alive.
@@ -229,6 +240,10 @@ pub static SCENARIOS: &[Scenario] = &[
         title: "the server (Redlock: a majority) is killed and restarted while a worker holds",
         plan: |b| match b.name {
             "redis" => Plan::Run(Setup::default().servers().double_grant()),
+            "redis-sentinel" | "redis-cluster" => skip(
+                "a master restarted empty before a failover is a redis-server restarted \
+                 empty (this scenario on redis); one failed over: master-failover",
+            ),
             // The restarted nodes refuse grants for a lease's time (the quarantine).
             _ if b.traits.servers => Plan::Run(Setup::default().servers()),
             _ => skip("no server process"),
@@ -251,7 +266,9 @@ pub static SCENARIOS: &[Scenario] = &[
                         .double_grant(),
                 )
             }
-            _ => skip("Redis replication only"),
+            _ => skip(
+                "one Redis server's replica behind a movable address (Sentinel, Cluster: master-failover)",
+            ),
         },
         script: script!(replica_failover),
     },
@@ -393,7 +410,9 @@ pub static SCENARIOS: &[Scenario] = &[
                 Plan::Run(Setup::default().servers().topology(Topology::Cluster))
             }
             "redlock" => Plan::Run(Setup::default().servers()),
-            _ => skip("clustered backends only"),
+            _ => skip(
+                "etcd and ZooKeeper members, Redlock nodes (a Cluster's master: master-failover)",
+            ),
         },
         script: script!(member_crash),
     },
@@ -423,6 +442,9 @@ pub static SCENARIOS: &[Scenario] = &[
         name: "host-vanishes",
         title: "the holder's links go silent, then it is killed (no FIN)",
         plan: |b| {
+            if b.traits.servers && !b.traits.network {
+                return skip(NO_PROXIES);
+            }
             if !(b.traits.network && b.traits.processes) {
                 return skip("needs worker processes behind a network (see holder-crash)");
             }
@@ -442,7 +464,7 @@ pub static SCENARIOS: &[Scenario] = &[
                     .double_grant(),
             ),
             "redlock" => Plan::Run(one_waiter(b, Setup::default().servers().double_grant())),
-            _ => skip("Redis only"),
+            _ => skip("one Redis server, Redlock (a Sentinel's or Cluster's master evicts alike)"),
         },
         script: script!(redis_eviction),
     },
@@ -477,7 +499,7 @@ pub static SCENARIOS: &[Scenario] = &[
                 return skip("workers share one process with the server");
             }
             Plan::Run(Setup {
-                lock_delay: (b.name == "redis").then_some(0.3),
+                lock_delay: b.name.starts_with("redis").then_some(0.3),
                 ..Setup::default()
             })
         },
@@ -499,6 +521,43 @@ pub static SCENARIOS: &[Scenario] = &[
             ),
         },
         script: script!(paused_fenced_writer),
+    },
+    Scenario {
+        id: 32,
+        name: "master-failover",
+        title: "the lock's master is killed and its replica promoted by the servers, lacking the \
+                last grant (emulated: its lock key deleted)",
+        plan: |b| match b.name {
+            // The lease outlasts the failover (the servers take 2–4 s to see the master
+            // dead and promote a replica), so the holder's lease is still promised when
+            // the promoted replica grants again. Every worker spins on try_lock: whoever
+            // holds, another is granted as soon as the new master answers.
+            "redis-sentinel" | "redis-cluster" => {
+                let setup = Setup::default()
+                    .servers()
+                    .topology(Topology::Replicated)
+                    .double_grant();
+                Plan::Run(Setup {
+                    spin: setup.workers,
+                    ttl: Some(Duration::from_secs(8)),
+                    ..setup
+                })
+            }
+            _ => skip(
+                "a failover by Redis Sentinel or in a Redis Cluster (one server's: replica-failover)",
+            ),
+        },
+        script: script!(master_failover),
+    },
+    Scenario {
+        id: 33,
+        name: "slot-migration",
+        title: "the lock's slot is moved to another master, twice, while it is held and waited for",
+        plan: |b| match b.name {
+            "redis-cluster" => Plan::Run(Setup::default().servers()),
+            _ => skip("Redis Cluster only"),
+        },
+        script: script!(slot_migration),
     },
 ];
 
@@ -526,10 +585,16 @@ fn one_waiter(b: &BackendSpec, setup: Setup) -> Setup {
 fn network_or_in_process(b: &BackendSpec, setup: Setup) -> Plan {
     if b.traits.network || (!b.traits.processes && b.traits.expiring) {
         Plan::Run(setup)
+    } else if b.traits.servers {
+        skip(NO_PROXIES)
     } else {
         skip("no network between workers and the lock")
     }
 }
+
+/// Why link faults do not apply to Redis Sentinel and Redis Cluster.
+const NO_PROXIES: &str = "the servers tell the workers where to connect (Sentinel, Cluster): no \
+                          fault proxy of the checker's is on their links";
 
 fn none_found(what: &str) -> io::Error {
     io::Error::other(format!(
@@ -625,24 +690,20 @@ async fn expire_while_queued(ctx: &mut Ctx<'_>) -> io::Result<()> {
     Ok(())
 }
 
-/// A majority of Redlock's nodes, or one server.
-fn some_servers(ctx: &mut Ctx<'_>, n: usize) -> Vec<usize> {
+/// A majority of Redlock's nodes, or the server that serves the lock.
+async fn some_servers(ctx: &mut Ctx<'_>, n: usize) -> io::Result<Vec<usize>> {
     if ctx.backend() == "redlock" {
         let skip = ctx.rng.random_range(0..n);
-        (0..n).filter(|i| *i != skip).collect()
+        Ok((0..n).filter(|i| *i != skip).collect())
     } else {
-        vec![0]
+        Ok(vec![ctx.serving().await?])
     }
 }
 
 async fn pause_server(ctx: &mut Ctx<'_>) -> io::Result<()> {
     holder(ctx, 0.05).await?;
     let n = ctx.servers();
-    let targets = if n == 3 && ctx.backend() != "redlock" {
-        vec![ctx.leader().await]
-    } else {
-        some_servers(ctx, n)
-    };
+    let targets = some_servers(ctx, n).await?;
     let faults: Vec<_> = targets.iter().map(|i| (*i, ctx.pause_server(*i))).collect();
     let d = ctx.random_ttls(2.0, 3.0);
     ctx.sleep(d).await;
@@ -656,7 +717,7 @@ async fn pause_server(ctx: &mut Ctx<'_>) -> io::Result<()> {
 async fn restart_empty(ctx: &mut Ctx<'_>) -> io::Result<()> {
     let w = fresh_holder(ctx).await?;
     let n = ctx.servers();
-    let targets = some_servers(ctx, n);
+    let targets = some_servers(ctx, n).await?;
     isolate(ctx, &w);
     let faults: Vec<_> = targets.iter().map(|i| (*i, ctx.kill_server(*i))).collect();
     for (i, f) in faults {
@@ -754,7 +815,7 @@ async fn server_clock_jump(ctx: &mut Ctx<'_>) -> io::Result<()> {
         return Err(none_found("renewal"));
     }
     let n = ctx.servers();
-    for i in some_servers(ctx, n) {
+    for i in some_servers(ctx, n).await? {
         if ctx.traits().server_clock == ServerClock::Faketime {
             // An hour forward, and left there: what was granted after it is granted on
             // the moved clock.
@@ -905,7 +966,7 @@ async fn redis_eviction(ctx: &mut Ctx<'_>) -> io::Result<()> {
     }
     let w = fresh_holder(ctx).await?;
     isolate(ctx, &w);
-    for i in some_servers(ctx, n) {
+    for i in some_servers(ctx, n).await? {
         ctx.instant("flushall", &format!("server {i}"), json!({}));
         ctx.redis(i, &["FLUSHALL"]).await?;
     }
@@ -1051,6 +1112,53 @@ async fn paused_fenced_writer(ctx: &mut Ctx<'_>) -> io::Result<()> {
     }
 }
 
+/// The master serving the lock dies; the servers promote a replica lacking the last grant.
+/// Asynchronous replication loses what the master acknowledged and had not yet sent; when
+/// is not under the checker's control (the workers reach the servers directly), so the
+/// loss is emulated: the lock's key is deleted on the promoted replica as it takes over.
+async fn master_failover(ctx: &mut Ctx<'_>) -> io::Result<()> {
+    fresh_holder(ctx).await?;
+    let old = ctx.serving().await?;
+    let killed = ctx.kill_server(old);
+    let key = ctx.lock_key();
+    let new = ctx.deployment_servers().failed_over(&key, old).await?;
+    ctx.end(killed);
+    ctx.instant("failover", &format!("server {new}"), json!({"from": old}));
+    ctx.instant(
+        "grant-not-replicated",
+        &format!("server {new}"),
+        json!({"emulated_by": "DEL of the lock key on the promoted replica", "key": key}),
+    );
+    ctx.redis(new, &["DEL", &key]).await?;
+    ctx.sleep(ctx.ttls(1.5)).await;
+    Ok(())
+}
+
+/// The lock's slot moves to another master while it is held and waited for, twice.
+/// Each move has three steps (see [`SlotMove`]), with a random pause after each: the
+/// workers' requests meet the slot migrating (`ASK`, `TRYAGAIN`) and moved (`MOVED`).
+async fn slot_migration(ctx: &mut Ctx<'_>) -> io::Result<()> {
+    let key = ctx.lock_key();
+    for _ in 0..2 {
+        holder(ctx, 0.05).await?;
+        let f = ctx.begin("slot-migration", "servers", json!({"key": key}));
+        for step in [SlotMove::Begin, SlotMove::Keys, SlotMove::End] {
+            let done = ctx.deployment_servers().move_slot(&key, step).await?;
+            ctx.instant(
+                "slot-move",
+                "servers",
+                json!({"step": format!("{step:?}"), "done": done}),
+            );
+            let d = ctx.random_ttls(0.1, 1.0);
+            ctx.sleep(d).await;
+        }
+        ctx.end(f);
+        ctx.sleep(ctx.ttls(1.0)).await;
+    }
+    ctx.sleep(ctx.ttls(1.0)).await;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1059,7 +1167,7 @@ mod tests {
     fn scenarios_follow_safety_md_with_unique_names() {
         let ids: Vec<u8> = SCENARIOS.iter().map(|s| s.id).collect();
         let mut expected: Vec<u8> = (1..=25).collect();
-        expected.push(28);
+        expected.extend([28, 32, 33]);
         assert_eq!(ids, expected);
         let mut names: Vec<&str> = SCENARIOS.iter().map(|s| s.name).collect();
         names.sort_unstable();
@@ -1082,6 +1190,21 @@ mod tests {
                     s.name
                 ),
                 Plan::Skip(_) => assert!(!expected, "scenario {} skipped", s.name),
+            }
+        }
+        // Sentinel and Cluster: where a server forgets the grant (emulated) or fails over
+        // without it.
+        for name in ["redis-sentinel", "redis-cluster"] {
+            let backend = crate::deploy::backend(name).unwrap();
+            for s in SCENARIOS {
+                if let Plan::Run(setup) = (s.plan)(backend) {
+                    assert_eq!(
+                        setup.expect(Check::C5) == Expect::Violate,
+                        matches!(s.id, 10 | 32),
+                        "{name}, {}",
+                        s.name
+                    );
+                }
             }
         }
         // etcd never: only a known bug of older etcd servers is tolerated, where it applies.

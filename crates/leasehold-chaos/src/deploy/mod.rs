@@ -12,6 +12,8 @@ pub mod file;
 pub mod memory;
 pub mod postgres;
 pub mod redis;
+pub mod redis_cluster;
+pub mod redis_sentinel;
 pub mod redlock;
 pub mod zookeeper;
 
@@ -31,6 +33,8 @@ pub static REGISTRY: &[&BackendSpec] = &[
     &memory::SPEC,
     &file::SPEC,
     &redis::SPEC,
+    &redis_sentinel::SPEC,
+    &redis_cluster::SPEC,
     &redlock::SPEC,
     &etcd::SPEC,
     &zookeeper::SPEC,
@@ -87,7 +91,8 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + 'a>>;
 pub struct Traits {
     /// Server processes the nemesis can pause, kill and restart.
     pub servers: bool,
-    /// TCP links between workers and servers (fault proxies go there).
+    /// TCP links between workers and servers that fault proxies can be put on.
+    /// Not where the servers tell the workers where to connect (Sentinel, Cluster).
     pub network: bool,
     /// Every worker is a process of its own (pausable, killable, clock-skewable).
     pub processes: bool,
@@ -179,7 +184,7 @@ pub struct Deployment {
     pub servers: Box<dyn Servers>,
     /// The movable address in front of a replicated pair.
     pub vip: Option<Vip>,
-    /// Per worker, one proxy per endpoint (empty without a network).
+    /// Per worker, one proxy per endpoint (none without a network).
     pub proxies: Vec<Vec<FaultProxy>>,
     /// The URL workers use, per worker.
     pub worker_urls: Vec<String>,
@@ -260,17 +265,22 @@ impl Deployment {
             _ => (None, base),
         };
         let observer_url = build(&reach.iter().map(ToString::to_string).collect::<Vec<_>>());
-        let mut proxies = Vec::new();
-        let mut worker_urls = Vec::new();
-        for _ in 0..workers {
-            let mut mine = Vec::new();
-            for addr in &reach {
-                mine.push(FaultProxy::start(*addr).await?);
+        let (proxies, worker_urls) = if spec.traits.network {
+            let mut proxies = Vec::new();
+            let mut worker_urls = Vec::new();
+            for _ in 0..workers {
+                let mut mine = Vec::new();
+                for addr in &reach {
+                    mine.push(FaultProxy::start(*addr).await?);
+                }
+                let eps: Vec<String> = mine.iter().map(|p| p.addr().to_string()).collect();
+                worker_urls.push(build(&eps));
+                proxies.push(mine);
             }
-            let eps: Vec<String> = mine.iter().map(|p| p.addr().to_string()).collect();
-            worker_urls.push(build(&eps));
-            proxies.push(mine);
-        }
+            (proxies, worker_urls)
+        } else {
+            (Vec::new(), vec![observer_url.clone(); workers])
+        };
         Ok(Deployment {
             spec,
             servers,

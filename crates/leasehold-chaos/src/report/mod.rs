@@ -46,7 +46,7 @@ pub fn table(reports: &[RunReport]) -> String {
             .push(r);
     }
     let mut out = String::new();
-    let _ = write!(out, "{:<9} {:<26} {:>4}", "backend", "scenario", "runs");
+    let _ = write!(out, "{:<14} {:<26} {:>4}", "backend", "scenario", "runs");
     for c in Check::ALL {
         let _ = write!(out, " {:>4}", c.to_string());
     }
@@ -54,7 +54,7 @@ pub fn table(reports: &[RunReport]) -> String {
     for ((backend, id, scenario), runs) in &rows {
         let _ = write!(
             out,
-            "{backend:<9} {:<26} {:>4}",
+            "{backend:<14} {:<26} {:>4}",
             format!("{id:>2} {scenario}"),
             runs.len()
         );

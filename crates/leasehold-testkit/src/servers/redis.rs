@@ -393,6 +393,19 @@ impl RedisSentinel {
         &mut self.servers
     }
 
+    /// Server `i`, if there is one (see [`servers`](RedisSentinel::servers)).
+    pub fn server(&self, i: usize) -> Option<&Redis> {
+        self.servers.get(i)
+    }
+
+    /// The sentinels' addresses.
+    pub fn sentinel_addrs(&self) -> Vec<SocketAddr> {
+        self.sentinels
+            .iter()
+            .map(|(_, port)| loopback(*port))
+            .collect()
+    }
+
     /// The sentinels' processes.
     pub fn sentinels(&mut self) -> impl Iterator<Item = &mut ServerProcess> {
         self.sentinels.iter_mut().map(|(process, _)| process)

@@ -256,3 +256,78 @@ pub(crate) fn median(mut values: Vec<f64>) -> f64 {
         n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
     }
 }
+
+/// One leasehold cycle on `mutex`: `lock` (timed), then `release`.
+#[allow(dead_code)] // not every comparison runs leasehold cycles of its own
+pub(crate) fn leasehold_cycle(mutex: leasehold::Mutex) -> impl FnMut() -> Cycle + Send + 'static {
+    move || {
+        let mutex = mutex.clone();
+        Box::pin(async move {
+            let started = Instant::now();
+            let guard = mutex.lock().await.unwrap();
+            let took = started.elapsed();
+            guard.release().await.unwrap();
+            took
+        })
+    }
+}
+
+/// User + system CPU time of process `pid` so far.
+/// From `/proc/<pid>/stat`, in ticks of 10 ms.
+#[allow(dead_code)] // only the comparisons that read the servers' CPU time
+pub(crate) fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("the server's stat");
+    // The fields after the command name (which is in parentheses): utime is the 14th field
+    // of the line, stime the 15th.
+    let after = &stat[stat.rfind(')').expect("a stat line") + 2..];
+    let fields: Vec<&str> = after.split(' ').collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    Duration::from_millis(ticks * 10)
+}
+
+/// Pins the processes `pids` to the CPUs in `LEASEHOLD_SERVER_CPUS`, if it is set.
+/// The servers a comparison starts then run apart from its clients (`taskset -c` on the
+/// binary), so that their CPU time is theirs alone.
+#[allow(dead_code)] // only the comparisons that start servers of their own
+pub(crate) fn pin_servers(pids: &[u32]) {
+    let Ok(cpus) = std::env::var("LEASEHOLD_SERVER_CPUS") else {
+        return;
+    };
+    for pid in pids {
+        let pinned = std::process::Command::new("taskset")
+            .args(["-pc", &cpus, &pid.to_string()])
+            .output()
+            .expect("taskset");
+        assert!(pinned.status.success(), "taskset -pc {cpus} {pid}");
+    }
+}
+
+/// One side's run: its rate, and the servers' CPU time per cycle.
+#[allow(dead_code)] // only the comparisons that read the servers' CPU time
+pub(crate) struct Run {
+    pub(crate) stats: Stats,
+    pub(crate) server_cpu_per_cycle: Duration,
+}
+
+/// Uncontended acquire + release cycles of leasehold `clients`, client `i` on `<slug>-<i>`.
+/// The CPU time the processes `servers` spent meanwhile is shared out over the cycles.
+#[allow(dead_code)] // only the comparisons that read the servers' CPU time
+pub(crate) async fn run(
+    clients: &[leasehold::Client],
+    slug: &str,
+    duration: Duration,
+    servers: &[u32],
+) -> Run {
+    let spent = || servers.iter().map(|pid| cpu_time(*pid)).sum::<Duration>();
+    let before = spent();
+    let stats = cycles(clients.len(), duration, |i| {
+        leasehold_cycle(clients[i].mutex(&format!("{slug}-{i}")).unwrap())
+    })
+    .await;
+    let spent = spent().saturating_sub(before);
+    let cycles = u32::try_from(stats.cycles.max(1)).unwrap_or(u32::MAX);
+    Run {
+        server_cpu_per_cycle: spent / cycles,
+        stats,
+    }
+}

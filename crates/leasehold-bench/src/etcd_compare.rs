@@ -22,7 +22,7 @@ use leasehold_cli::bench::{BenchSpec, Row, Stats, cycles, handoffs, json, table}
 use serde_json::json as j;
 
 mod common;
-use common::{Args, Cycle, Rounds, interleaved, uncontended};
+use common::{Args, Cycle, Rounds, interleaved, leasehold_cycle, uncontended};
 
 const ROUNDS: usize = 3;
 /// Long enough for the whole run, so the stock clients need no keep-alive stream.
@@ -64,20 +64,6 @@ fn stock_cycle(stock: Stock, name: String) -> impl FnMut() -> Cycle + Send + 'st
             let key = stock.lock(&name).await;
             let took = started.elapsed();
             stock.unlock(key).await;
-            took
-        })
-    }
-}
-
-/// One leasehold cycle on `mutex`: `lock` (timed), then `release`.
-fn leasehold_cycle(mutex: leasehold::Mutex) -> impl FnMut() -> Cycle + Send + 'static {
-    move || {
-        let mutex = mutex.clone();
-        Box::pin(async move {
-            let started = Instant::now();
-            let guard = mutex.lock().await.unwrap();
-            let took = started.elapsed();
-            guard.release().await.unwrap();
             took
         })
     }

@@ -33,7 +33,7 @@ use leasehold_cli::bench::{BenchSpec, Row, Stats, cycles, json, table};
 use serde_json::json as j;
 
 mod common;
-use common::{Args, Cycle, Rounds, interleaved, uncontended};
+use common::{Args, Cycle, Rounds, interleaved, leasehold_cycle, uncontended};
 
 const ROUNDS: usize = 3;
 const TTL_MS: i64 = 30_000;
@@ -187,20 +187,6 @@ fn advisory_floor_cycle(raw: Raw, name: String) -> impl FnMut() -> Cycle + Send 
                 .query_one(&raw.advisory_release, &[&name])
                 .await
                 .unwrap();
-            took
-        })
-    }
-}
-
-/// One leasehold cycle on `mutex`: `lock` (timed), then `release`.
-fn leasehold_cycle(mutex: leasehold::Mutex) -> impl FnMut() -> Cycle + Send + 'static {
-    move || {
-        let mutex = mutex.clone();
-        Box::pin(async move {
-            let started = Instant::now();
-            let guard = mutex.lock().await.unwrap();
-            let took = started.elapsed();
-            guard.release().await.unwrap();
             took
         })
     }

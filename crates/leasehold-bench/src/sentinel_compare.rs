@@ -11,59 +11,16 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark: failures should be loud
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use leasehold::Client;
-use leasehold_cli::bench::{Stats, cycles};
 use leasehold_testkit::RedisSentinel;
 use serde_json::json as j;
 
 mod common;
-use common::{Args, median};
+use common::{Args, Run, median, pin_servers, run};
 
 const ROUNDS: usize = 5;
-
-/// User + system CPU time of process `pid` so far.
-/// From `/proc/<pid>/stat`, in ticks of 10 ms.
-fn cpu_time(pid: u32) -> Duration {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("the server's stat");
-    // The fields after the command name (which is in parentheses): utime is the 14th field
-    // of the line, stime the 15th.
-    let after = &stat[stat.rfind(')').expect("a stat line") + 2..];
-    let fields: Vec<&str> = after.split(' ').collect();
-    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
-    Duration::from_millis(ticks * 10)
-}
-
-/// One side's run: its rate and the master's CPU time per cycle.
-struct Run {
-    stats: Stats,
-    server_cpu_per_cycle: Duration,
-}
-
-async fn run(clients: &[Client], slug: &str, duration: Duration, master: u32) -> Run {
-    let before = cpu_time(master);
-    let stats = cycles(clients.len(), duration, |i| {
-        let mutex = clients[i].mutex(&format!("{slug}-{i}")).unwrap();
-        move || {
-            let mutex = mutex.clone();
-            async move {
-                let started = Instant::now();
-                let guard = mutex.lock().await.unwrap();
-                let took = started.elapsed();
-                guard.release().await.unwrap();
-                took
-            }
-        }
-    })
-    .await;
-    let spent = cpu_time(master).saturating_sub(before);
-    let cycles = u32::try_from(stats.cycles.max(1)).unwrap_or(u32::MAX);
-    Run {
-        server_cpu_per_cycle: spent / cycles,
-        stats,
-    }
-}
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
@@ -75,17 +32,9 @@ async fn main() {
         .process()
         .pid()
         .expect("the master runs");
-    if let Ok(cpus) = std::env::var("LEASEHOLD_SERVER_CPUS") {
-        let mut pids: Vec<u32> = set.sentinels().filter_map(|s| s.pid()).collect();
-        pids.extend(set.servers().iter_mut().filter_map(|s| s.process().pid()));
-        for pid in pids {
-            let pinned = std::process::Command::new("taskset")
-                .args(["-pc", &cpus, &pid.to_string()])
-                .output()
-                .expect("taskset");
-            assert!(pinned.status.success(), "taskset -pc {cpus} {pid}");
-        }
-    }
+    let mut pids: Vec<u32> = set.sentinels().filter_map(|s| s.pid()).collect();
+    pids.extend(set.servers().iter_mut().filter_map(|s| s.process().pid()));
+    pin_servers(&pids);
     let sides = [("direct", direct_url), ("sentinel", set.url())];
     let mut clients: Vec<Vec<Client>> = Vec::new();
     for (_, url) in &sides {
@@ -97,7 +46,13 @@ async fn main() {
     }
     // A first cycle on every connection (scripts, subscriptions).
     for (side, (slug, _)) in sides.iter().enumerate() {
-        run(&clients[side], slug, Duration::from_millis(200), master_pid).await;
+        run(
+            &clients[side],
+            slug,
+            Duration::from_millis(200),
+            &[master_pid],
+        )
+        .await;
     }
 
     let rounds = args.rounds.unwrap_or(ROUNDS);
@@ -106,7 +61,7 @@ async fn main() {
         let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
         for side in order {
             let slug = sides[side].0;
-            runs[side].push(run(&clients[side], slug, args.duration, master_pid).await);
+            runs[side].push(run(&clients[side], slug, args.duration, &[master_pid]).await);
         }
     }
     let rate_ratio = median(

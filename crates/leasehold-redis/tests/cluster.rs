@@ -241,6 +241,47 @@ async fn a_holder_whose_grant_the_new_master_lacks_learns_it_and_its_writes_are_
     a_lost_grant_is_told_and_fenced(guard, cluster.server(new), &b, &mut resource).await;
 }
 
+/// A Cluster over TLS: clients, bus and replication.
+/// Locks spread over every master, a waiter woken through its shard, and a client that
+/// does not trust the test CA refused with a typed error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_cluster_grants_and_wakes_waiters() {
+    let cluster = RedisCluster::with_tls(3, 1).await.unwrap();
+    let url = cluster.tls_url().unwrap();
+    let (holder, waiter) = (client_of(&url, TTL).await, client_of(&url, TTL).await);
+    // Names on every master: the client follows the TLS ports the nodes announce.
+    let mut masters = std::collections::BTreeSet::new();
+    for i in 0..12 {
+        let name = format!("tls-{i}");
+        let slot = cluster.slot_of(&format!("{{{name}}}")).await.unwrap();
+        masters.insert(cluster.master_of(slot).await.unwrap());
+        let guard = holder.mutex(&name).unwrap().lock().await.unwrap();
+        guard.release().await.unwrap();
+    }
+    assert_eq!(masters.len(), 3, "the names did not reach every master");
+    let guard = holder.mutex("tls-job").unwrap().lock().await.unwrap();
+    let waiting = queued(&holder, &waiter, "tls-job").await;
+    let first = guard.token();
+    guard.release().await.unwrap();
+    let next = tokio::time::timeout(TTL, waiting)
+        .await
+        .expect("the waiter was not woken")
+        .unwrap()
+        .unwrap();
+    assert!(next.token() > first);
+    next.release().await.unwrap();
+    // Without the test CA the nodes' certificates are not trusted.
+    let untrusted = url.split('?').next().unwrap();
+    let error = RedisBackend::connect(untrusted).await.unwrap_err();
+    assert!(
+        matches!(
+            error,
+            Error::Unavailable { .. } | Error::InvalidArgument { .. }
+        ),
+        "{error}"
+    );
+}
+
 /// Bad input is a typed error.
 /// A db in a Cluster URL, TLS files without TLS, a Cluster as a Redlock node, and nodes
 /// that cannot be reached.

@@ -6,19 +6,22 @@ use std::time::Duration;
 
 use super::{BackendSpec, Home, ServerClock, Traits};
 
+/// What redis-servers without persistence are, reached through the checker's proxies.
+pub(crate) const TRAITS: Traits = Traits {
+    servers: true,
+    network: true,
+    processes: true,
+    expiring: true,
+    sessions: false,
+    server_clock: ServerClock::ExpireEarly,
+    restart_loses_locks: true,
+};
+
 /// The registry entry.
 pub static SPEC: BackendSpec = BackendSpec {
     name: "redis",
     scheme: "redis",
-    traits: Traits {
-        servers: true,
-        network: true,
-        processes: true,
-        expiring: true,
-        sessions: false,
-        server_clock: ServerClock::ExpireEarly,
-        restart_loses_locks: true,
-    },
+    traits: TRAITS,
     ttl: Duration::from_millis(1000),
     home: Home::Servers,
     url: |eps, _| format!("redis://{}", eps.first().map_or("", String::as_str)),

@@ -7,20 +7,15 @@
 
 use std::time::Duration;
 
-use super::{BackendSpec, Home, ServerClock, Traits};
+use super::{BackendSpec, Home, Traits};
 
 /// The registry entry. Its endpoints are every node.
 pub static SPEC: BackendSpec = BackendSpec {
     name: "redis-cluster",
     scheme: "redis+cluster",
     traits: Traits {
-        servers: true,
         network: false,
-        processes: true,
-        expiring: true,
-        sessions: false,
-        server_clock: ServerClock::ExpireEarly,
-        restart_loses_locks: true,
+        ..super::redis::TRAITS
     },
     ttl: Duration::from_millis(1000),
     home: Home::Servers,

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use super::{BackendSpec, Home, ServerClock, Traits};
+use super::{BackendSpec, Home, Traits};
 
 /// The name the harness's sentinels know their master by.
 pub const MASTER: &str = "leasehold-master";
@@ -17,13 +17,8 @@ pub static SPEC: BackendSpec = BackendSpec {
     name: "redis-sentinel",
     scheme: "redis+sentinel",
     traits: Traits {
-        servers: true,
         network: false,
-        processes: true,
-        expiring: true,
-        sessions: false,
-        server_clock: ServerClock::ExpireEarly,
-        restart_loses_locks: true,
+        ..super::redis::TRAITS
     },
     ttl: Duration::from_millis(1000),
     home: Home::Servers,

@@ -2,21 +2,13 @@
 
 use std::time::Duration;
 
-use super::{BackendSpec, Home, ServerClock, Traits};
+use super::{BackendSpec, Home};
 
 /// The registry entry.
 pub static SPEC: BackendSpec = BackendSpec {
     name: "redlock",
     scheme: "redlock",
-    traits: Traits {
-        servers: true,
-        network: true,
-        processes: true,
-        expiring: true,
-        sessions: false,
-        server_clock: ServerClock::ExpireEarly,
-        restart_loses_locks: true,
-    },
+    traits: super::redis::TRAITS,
     ttl: Duration::from_millis(1000),
     home: Home::Servers,
     url: |eps, _| format!("redlock://{}", eps.join(",")),

@@ -26,6 +26,8 @@ pub struct Redis {
 pub struct RedisBuilder {
     config: Vec<(String, String)>,
     tls: Option<ClientAuth>,
+    /// A directory whose test CA and certificates TLS uses, instead of new ones.
+    tls_from: Option<PathBuf>,
 }
 
 impl RedisBuilder {
@@ -40,6 +42,14 @@ impl RedisBuilder {
     /// [`Redis::tls_url`]); the plain port stays for administration.
     pub fn tls(mut self, clients: ClientAuth) -> Self {
         self.tls = Some(clients);
+        self
+    }
+
+    /// Serves TLS with the test CA and certificates of another TLS server.
+    /// As [`tls`](RedisBuilder::tls) otherwise. Servers that talk to each other over TLS (a Cluster's bus, replication) need one CA.
+    pub fn tls_like(mut self, clients: ClientAuth, other: &Redis) -> Self {
+        self.tls = Some(clients);
+        self.tls_from = Some(other.dir().to_owned());
         self
     }
 
@@ -75,7 +85,19 @@ impl RedisBuilder {
             ];
             let tls_port = match self.tls {
                 Some(clients) => {
-                    write_test_certificates(dir.path())?;
+                    match &self.tls_from {
+                        Some(from) => {
+                            for entry in std::fs::read_dir(from)? {
+                                let path = entry?.path();
+                                if path.extension().is_some_and(|e| e == "crt" || e == "key")
+                                    && let Some(name) = path.file_name()
+                                {
+                                    std::fs::copy(&path, dir.path().join(name))?;
+                                }
+                            }
+                        }
+                        None => write_test_certificates(dir.path())?,
+                    }
                     let tls_port = free_port();
                     let file = |name: &str| dir.path().join(name).display().to_string();
                     let auth = match clients {

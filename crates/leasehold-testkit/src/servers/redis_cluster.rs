@@ -3,6 +3,7 @@
 use std::io;
 use std::time::Duration;
 
+use super::ClientAuth;
 use super::redis::Redis;
 use super::{READY_LIMIT, with_retries};
 use crate::probe::Resp;
@@ -16,6 +17,8 @@ use crate::process::{find_program, free_port, wait_ready};
 #[derive(Debug)]
 pub struct RedisCluster {
     servers: Vec<Redis>,
+    /// Whether clients, the cluster bus and replication speak TLS.
+    tls: bool,
 }
 
 impl RedisCluster {
@@ -42,25 +45,61 @@ impl RedisCluster {
         replicas: usize,
         node_timeout: Duration,
     ) -> io::Result<Self> {
+        Self::create(masters, replicas, node_timeout, false).await
+    }
+
+    /// As [`start`](RedisCluster::start), over TLS.
+    /// Clients, the cluster bus and replication speak TLS. Every node has the same test CA (see [`tls_url`](RedisCluster::tls_url)); each
+    /// keeps a plain port for administration, where it names the others' plain ports.
+    ///
+    /// # Errors
+    ///
+    /// As for [`start`](RedisCluster::start).
+    pub async fn with_tls(masters: usize, replicas: usize) -> io::Result<Self> {
+        Self::create(masters, replicas, Duration::from_secs(5), true).await
+    }
+
+    async fn create(
+        masters: usize,
+        replicas: usize,
+        node_timeout: Duration,
+        tls: bool,
+    ) -> io::Result<Self> {
         let node_timeout = node_timeout.as_millis().to_string();
-        let mut servers = Vec::with_capacity(masters * (1 + replicas));
+        let mut servers: Vec<Redis> = Vec::with_capacity(masters * (1 + replicas));
         for _ in 0..masters * (1 + replicas) {
             // The cluster bus port is chosen too: Redis's default, the port + 10 000, is
             // past 65 535 for a fifth of the ports Linux hands out (32768-60999).
+            let first = servers.first();
             let node = with_retries(async || {
-                Redis::builder()
+                let mut node = Redis::builder()
                     .config("cluster-enabled", "yes")
                     .config("cluster-config-file", "nodes.conf")
                     .config("cluster-node-timeout", &node_timeout)
-                    .config("cluster-port", &free_port().to_string())
-                    .start()
-                    .await
+                    .config("cluster-port", &free_port().to_string());
+                if tls {
+                    node = match first {
+                        Some(first) => node.tls_like(ClientAuth::Optional, first),
+                        None => node.tls(ClientAuth::Optional),
+                    }
+                    .config("tls-cluster", "yes")
+                    .config("tls-replication", "yes");
+                }
+                node.start().await
             });
             servers.push(node.await?);
         }
         let cli = find_program("redis-cli", &[])?;
-        let mut args = vec!["--cluster".to_owned(), "create".to_owned()];
-        args.extend(servers.iter().map(|s| s.addr().to_string()));
+        let mut args = Vec::new();
+        if let Some(ca) = servers[0].tls_file("ca.crt").filter(|_| tls) {
+            args.extend(["--tls".to_owned(), "--cacert".to_owned()]);
+            args.push(ca.display().to_string());
+        }
+        args.extend(["--cluster".to_owned(), "create".to_owned()]);
+        args.extend(servers.iter().map(|s| match s.tls_port().filter(|_| tls) {
+            Some(port) => format!("127.0.0.1:{port}"),
+            None => s.addr().to_string(),
+        }));
         args.extend([
             "--cluster-replicas".to_owned(),
             replicas.to_string(),
@@ -78,7 +117,7 @@ impl RedisCluster {
                 String::from_utf8_lossy(&out.stderr)
             )));
         }
-        let mut cluster = RedisCluster { servers };
+        let mut cluster = RedisCluster { servers, tls };
         cluster.until_settled().await?;
         Ok(cluster)
     }
@@ -131,6 +170,23 @@ impl RedisCluster {
     pub fn url(&self) -> String {
         let nodes: Vec<String> = self.servers.iter().map(|s| s.addr().to_string()).collect();
         format!("redis+cluster://{}", nodes.join(","))
+    }
+
+    /// `rediss+cluster://127.0.0.1:t1,…?tls_ca=…`: every node's TLS port.
+    /// It trusts the test CA; `None` unless started [`with_tls`](RedisCluster::with_tls).
+    pub fn tls_url(&self) -> Option<String> {
+        if !self.tls {
+            return None;
+        }
+        let ca = self.servers.first()?.tls_file("ca.crt")?;
+        let nodes: Vec<String> = (self.servers.iter())
+            .filter_map(|s| s.tls_port().map(|port| format!("127.0.0.1:{port}")))
+            .collect();
+        Some(format!(
+            "rediss+cluster://{}?tls_ca={}",
+            nodes.join(","),
+            ca.display()
+        ))
     }
 
     /// The servers, masters first as started.

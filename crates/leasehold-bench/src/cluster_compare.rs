@@ -5,7 +5,9 @@
 //! Cluster's scale-out, so the comparison is per unit of master CPU: uncontended acquire +
 //! release cycles (N clients on N names, spread over the Cluster's slots), the sides taking
 //! turns, with the masters' CPU time read around each run from /proc; then hand-offs (a
-//! waiter already blocked, the holder releases) on each side.
+//! waiter already blocked, the holder releases) on each side. A bare lock (`SET NX PX` +
+//! an `EVALSHA` compare-and-delete, redis-rs) runs the same cycles on both, for what the
+//! Cluster costs any client.
 //!
 //! ```sh
 //! # the client on core 1, every server it starts on core 0
@@ -22,8 +24,10 @@ use leasehold_cli::bench::{Stats, handoffs};
 use leasehold_testkit::{RedisCluster, RedisReplicated};
 use serde_json::json as j;
 
+mod bare;
 mod common;
-use common::{Args, Run, median, pin_servers, run};
+use bare::{BareGrant, bare_cycle};
+use common::{Args, Run, bare_connection, measured, median, pin_servers, run};
 
 const ROUNDS: usize = 5;
 
@@ -89,8 +93,21 @@ async fn main() {
         run(&clients[side], slug, Duration::from_millis(200), masters).await;
     }
 
+    // The bare lock: one connection per client, as leasehold's clients have.
+    let mut bare_single = Vec::new();
+    let mut bare_cluster = Vec::new();
+    for _ in 0..args.clients {
+        bare_single.push(bare_connection(&single.primary.url()).await);
+        let nodes: Vec<String> = (cluster.servers().iter())
+            .map(|s| format!("redis://{}", s.addr()))
+            .collect();
+        let client = redis::cluster::ClusterClient::new(nodes).unwrap();
+        bare_cluster.push(client.get_async_connection().await.unwrap());
+    }
+
     let rounds = args.rounds.unwrap_or(ROUNDS);
     let mut runs: [Vec<Run>; 2] = [Vec::new(), Vec::new()];
+    let mut bare: [Vec<Run>; 2] = [Vec::new(), Vec::new()];
     let mut hands: [Vec<Stats>; 2] = [Vec::new(), Vec::new()];
     for round in 0..rounds {
         let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
@@ -98,6 +115,19 @@ async fn main() {
             let (slug, _, masters) = &sides[side];
             let clients = &clients[side][..args.clients];
             runs[side].push(run(clients, slug, args.duration, masters).await);
+            let key = |i: usize| format!("bare-{slug}-{i}");
+            let (n, d) = (args.clients, args.duration);
+            bare[side].push(if side == 0 {
+                measured(n, d, masters, |i| {
+                    bare_cycle(BareGrant::SetNx, bare_single[i].clone(), key(i))
+                })
+                .await
+            } else {
+                measured(n, d, masters, |i| {
+                    bare_cycle(BareGrant::SetNx, bare_cluster[i].clone(), key(i))
+                })
+                .await
+            });
         }
         for side in order {
             let (a, b) = (&clients[side][0], &clients[side][1]);
@@ -111,6 +141,10 @@ async fn main() {
     // Cycles per master CPU-second, Cluster over single: the single server's CPU per
     // cycle over the Cluster's.
     let per_cpu_ratio = median((0..rounds).map(|r| cpu_us(0, r) / cpu_us(1, r)).collect());
+    let bare_us =
+        |side: usize, round: usize| bare[side][round].server_cpu_per_cycle.as_secs_f64() * 1e6;
+    let bare_ratio = median((0..rounds).map(|r| bare_us(0, r) / bare_us(1, r)).collect());
+    let bare_cpu = |side: usize| median((0..rounds).map(|r| bare_us(side, r)).collect());
     let handoff_ratio = median((0..rounds).map(|r| p50_us(1, r) / p50_us(0, r)).collect());
     let best = |side: usize| {
         runs[side]
@@ -127,6 +161,7 @@ async fn main() {
                 "master_cpu_us_per_cycle": cpu(s),
                 "cycles_per_master_cpu_s": 1e6 / cpu(s),
                 "handoff_p50_us": p50(s),
+                "bare_master_cpu_us_per_cycle": bare_cpu(s),
             })
         };
         println!(
@@ -140,6 +175,7 @@ async fn main() {
                 "cluster_over_single": {
                     "cycles_per_master_cpu_s": per_cpu_ratio,
                     "handoff_p50": handoff_ratio,
+                    "bare_cycles_per_master_cpu_s": bare_ratio,
                 },
             })
         );
@@ -150,20 +186,26 @@ async fn main() {
         args.clients, args.clients, args.duration, args.handoffs
     );
     println!(
-        "{:<8} {:>14} {:>22} {:>20} {:>16}",
-        "side", "best cycles/s", "master CPU µs/cycle", "cycles/master CPU-s", "hand-off p50 µs"
+        "{:<8} {:>14} {:>22} {:>20} {:>16} {:>18}",
+        "side",
+        "best cycles/s",
+        "master CPU µs/cycle",
+        "cycles/master CPU-s",
+        "hand-off p50 µs",
+        "bare: CPU µs/cycle"
     );
     for (side, (slug, _, _)) in sides.iter().enumerate() {
         println!(
-            "{slug:<8} {:>14.0} {:>22.1} {:>20.0} {:>16.0}",
+            "{slug:<8} {:>14.0} {:>22.1} {:>20.0} {:>16.0} {:>18.1}",
             best(side),
             cpu(side),
             1e6 / cpu(side),
-            p50(side)
+            p50(side),
+            bare_cpu(side)
         );
     }
     println!(
-        "cluster / single, median of rounds: cycles per master CPU-second {per_cpu_ratio:.3}, \
-         hand-off p50 {handoff_ratio:.3}"
+        "cluster / single, median of rounds: cycles per master CPU-second {per_cpu_ratio:.3} \
+         (bare lock: {bare_ratio:.3}), hand-off p50 {handoff_ratio:.3}"
     );
 }

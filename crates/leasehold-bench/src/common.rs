@@ -318,12 +318,27 @@ pub(crate) async fn run(
     duration: Duration,
     servers: &[u32],
 ) -> Run {
-    let spent = || servers.iter().map(|pid| cpu_time(*pid)).sum::<Duration>();
-    let before = spent();
-    let stats = cycles(clients.len(), duration, |i| {
+    measured(clients.len(), duration, servers, |i| {
         leasehold_cycle(clients[i].mutex(&format!("{slug}-{i}")).unwrap())
     })
-    .await;
+    .await
+}
+
+/// `clients` tasks running `cycle(i)`'s cycles for `duration`.
+/// The CPU time the processes `servers` spent meanwhile is shared out over the cycles.
+#[allow(dead_code)] // only the comparisons that read the servers' CPU time
+pub(crate) async fn measured<C>(
+    clients: usize,
+    duration: Duration,
+    servers: &[u32],
+    cycle: impl FnMut(usize) -> C,
+) -> Run
+where
+    C: FnMut() -> Cycle + Send + 'static,
+{
+    let spent = || servers.iter().map(|pid| cpu_time(*pid)).sum::<Duration>();
+    let before = spent();
+    let stats = cycles(clients, duration, cycle).await;
     let spent = spent().saturating_sub(before);
     let cycles = u32::try_from(stats.cycles.max(1)).unwrap_or(u32::MAX);
     Run {

@@ -11,103 +11,19 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark: failures should be loud
 
-use std::sync::{Arc, LazyLock};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Instant;
 
 use leasehold_cli::bench::{BenchSpec, Row, Stats, handoffs, json, table};
 use redis::aio::ConnectionManager;
 use serde_json::json as j;
 
+mod bare;
 mod common;
+use bare::{BareGrant, FENCED_GRANT, TTL, bare_cycle};
 use common::{Args, Cycle, Rounds, bare_connection, uncontended};
 
-const TTL: Duration = Duration::from_secs(30);
 const ROUNDS: usize = 3;
-const UNLOCK: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end";
-
-/// The least a one-round-trip fenced grant can cost with a script.
-/// SET NX PX, then INCR of the counter, in one EVALSHA (no waiters, no lock-delay, no token
-/// in the value). Not a lock to use: the ceiling for any script-based fenced grant.
-static FENCED_GRANT: LazyLock<redis::Script> = LazyLock::new(|| {
-    redis::Script::new(
-        "if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return redis.call('INCR', KEYS[2]) end return 0",
-    )
-});
-
-/// How a bare lock grants: the plain `SET NX PX`, or the least fenced script.
-#[derive(Clone, Copy)]
-enum BareGrant {
-    SetNx,
-    FencedScript,
-}
-
-impl BareGrant {
-    /// The side's label and its slug for `--only` and the names it locks.
-    fn label(self) -> (&'static str, &'static str) {
-        match self {
-            BareGrant::SetNx => ("bare SET NX PX + EVALSHA", "bare"),
-            BareGrant::FencedScript => ("least fenced script (SET NX + INCR)", "fenced"),
-        }
-    }
-
-    /// One grant attempt; a nil or 0 answer means the key was taken.
-    fn attempt(self, key: &str, owner: &str) -> redis::Cmd {
-        let ttl = TTL.as_millis() as u64;
-        match self {
-            BareGrant::SetNx => {
-                let mut cmd = redis::cmd("SET");
-                cmd.arg(key).arg(owner).arg("NX").arg("PX").arg(ttl);
-                cmd
-            }
-            BareGrant::FencedScript => {
-                let mut cmd = redis::cmd("EVALSHA");
-                cmd.arg(FENCED_GRANT.get_hash())
-                    .arg(2)
-                    .arg(key)
-                    .arg(format!("{key}:token"))
-                    .arg(owner)
-                    .arg(ttl);
-                cmd
-            }
-        }
-    }
-}
-
-/// One bare cycle: the grant (retried until it takes), then an EVALSHA compare-and-delete.
-fn bare_cycle(
-    grant: BareGrant,
-    conn: ConnectionManager,
-    key: String,
-) -> impl FnMut() -> Cycle + Send + 'static {
-    let unlock = Arc::new(redis::Script::new(UNLOCK));
-    let mut n = 0u64;
-    move || {
-        let mut conn = conn.clone();
-        let key = key.clone();
-        let unlock = unlock.clone();
-        n += 1;
-        let owner = format!("bare-{n}-{}", std::process::id());
-        let attempt = grant.attempt(&key, &owner);
-        Box::pin(async move {
-            let started = Instant::now();
-            loop {
-                let answer: redis::Value = attempt.query_async(&mut conn).await.unwrap();
-                if !matches!(answer, redis::Value::Nil | redis::Value::Int(0)) {
-                    break;
-                }
-            }
-            let took = started.elapsed();
-            let _: i64 = unlock
-                .key(&key)
-                .arg(&owner)
-                .invoke_async(&mut conn)
-                .await
-                .unwrap();
-            took
-        })
-    }
-}
-
 fn rslock_cycle(
     manager: Arc<rslock::LockManager>,
     key: String,

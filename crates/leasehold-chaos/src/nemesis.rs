@@ -620,7 +620,7 @@ impl<'a> Ctx<'a> {
         self.deployment.servers.leader().await
     }
 
-    /// The server that serves the run's lock now (see [`Servers::serving`](crate::harness::Servers::serving)).
+    /// The server that serves the run's lock now (see [`Servers::serving`]).
     ///
     /// # Cancel safety
     ///

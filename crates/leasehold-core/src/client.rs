@@ -9,7 +9,7 @@ use crate::context::Context;
 use crate::error::Result;
 use crate::name::LockName;
 use crate::options::LockOptions;
-use crate::sync::{Election, Mutex, RwLock, Semaphore};
+use crate::sync::{Election, MultiLock, Mutex, Part, RwLock, Semaphore};
 
 /// A connection to one lock backend, with the clock and default options its locks use.
 /// Cheap to clone; clones share everything.
@@ -78,6 +78,18 @@ impl Client {
     /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a bad name.
     pub fn rwlock(&self, name: &str) -> Result<RwLock> {
         Ok(RwLock::new(self.ctx.clone(), LockName::new(name)?))
+    }
+
+    /// Several locks taken all or none, in one canonical order (see [`MultiLock`]).
+    /// The parts are mutexes ([`Part::from`]) and read-write lock sides ([`Part::read`],
+    /// [`Part::write`]), of this client or others.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for no parts or a name
+    /// twice.
+    pub fn multi(&self, parts: impl IntoIterator<Item = Part>) -> Result<MultiLock> {
+        MultiLock::new(parts)
     }
 
     /// A counting semaphore of `permits` permits, each an individual lease.

@@ -1,7 +1,7 @@
 //! leasehold-core: the lock API and the engine every leasehold backend plugs into.
 //!
 //! - [`Client`] — a backend, a clock and default options; makes [`Mutex`], [`RwLock`],
-//!   [`Semaphore`] and [`Election`] handles.
+//!   [`Semaphore`] and [`Election`] handles, and [`MultiLock`]s of several locks.
 //! - [`Guard`] — proof of holding: [`token`](Guard::token), [`lost`](Guard::lost),
 //!   [`remaining`](Guard::remaining), [`release`](Guard::release), [`run`](Guard::run).
 //! - [`backend::Backend`] — the narrow trait a lock server implements.
@@ -53,6 +53,6 @@ pub use options::{
     ConnectOptions, DEFAULT_TTL, LockOptions, LockOptionsBuilder, MAX_DURATION, parse_duration,
 };
 pub use sync::{
-    Election, Guard, Leader, Leadership, Mutex, MutexGuard, Observer, Owner, Permit, ReadGuard,
-    RwLock, Semaphore, WriteGuard,
+    Election, Guard, Leader, Leadership, MultiGuard, MultiLock, Mutex, MutexGuard, Observer, Owner,
+    Part, Permit, ReadGuard, RwLock, Semaphore, WriteGuard,
 };

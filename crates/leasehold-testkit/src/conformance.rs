@@ -32,7 +32,7 @@ use crate::faulty::{Faulty, Op};
 use async_trait::async_trait;
 use leasehold_core::backend::{Backend, Mode, Release, Request};
 use leasehold_core::{
-    Capabilities, Client, Error, Fence, FencingToken, LockName, LockOptions, Owner,
+    Capabilities, Client, Error, Fence, FencingToken, LockName, LockOptions, MultiLock, Owner, Part,
 };
 
 use crate::proxy::{Direction, FaultProxy};
@@ -218,6 +218,10 @@ cases!($
     lock_delay_keeps_an_expired_lock_closed,
     renewals_keep_every_kind_of_grant,
     names_are_independent,
+    a_multi_lock_takes_all_or_none,
+    multi_locks_in_opposite_orders_never_deadlock,
+    a_cancelled_multi_lock_leaves_nothing_behind,
+    a_multi_lock_is_lost_with_any_of_its_parts,
     bad_input_is_rejected_with_typed_errors,
 );
 
@@ -614,6 +618,142 @@ async fn loss_is_signalled_before_the_server_expires_the_lock(case: &Case<'_>) {
         .await
         .unwrap();
     assert!(next.is_some(), "the server never expired the lock");
+    switch.restore().await;
+}
+
+/// The names `<case>-a`, `<case>-b`, … of a case's multi-lock parts.
+fn parts_of(case: &Case<'_>, n: usize) -> Vec<String> {
+    (0..n)
+        .map(|i| format!("{}-{}", case.name, char::from(b'a' + i as u8)))
+        .collect()
+}
+
+/// A multi-lock of the mutexes `names` of `client`, given in that order.
+fn multi_of(client: &Client, names: &[String]) -> MultiLock {
+    let parts = names.iter().map(|n| Part::from(client.mutex(n).unwrap()));
+    client.multi(parts).unwrap()
+}
+
+/// Nobody holds or waits for any of `names`.
+async fn all_free(client: &Client, names: &[String]) {
+    for name in names {
+        let state = client.inspect(name).await.unwrap();
+        assert!(
+            state.holders.is_empty() && state.waiters.is_empty(),
+            "{name}: left behind: {state:?}"
+        );
+    }
+}
+
+/// A multi-lock takes every part or none.
+/// With one part held elsewhere, `try_lock` takes nothing (the others stay free); once it
+/// is free, `lock` takes all, each part with its own token, and the release frees all.
+async fn a_multi_lock_takes_all_or_none(case: &Case<'_>) {
+    let a = case.client().await;
+    let b = case.client().await;
+    let names = parts_of(case, 3);
+    let set = multi_of(&b, &[names[2].clone(), names[0].clone(), names[1].clone()]);
+    let held = a.mutex(&names[1]).unwrap().lock().await.unwrap();
+    assert!(set.try_lock().await.unwrap().is_none());
+    assert!(
+        set.lock_timeout(Duration::from_millis(300))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    b.settle().await;
+    all_free(&a, &[names[0].clone(), names[2].clone()]).await;
+    held.release().await.unwrap();
+    let guards = set.lock().await.unwrap();
+    assert!(guards.is_held());
+    let taken: Vec<&str> = guards.guards().iter().map(|g| g.name().as_str()).collect();
+    assert_eq!(taken, names, "not taken in the canonical order");
+    for name in &names {
+        assert!(guards.token(name).is_some(), "{name} has no token");
+        assert!(try_lock(&a, name).await.is_none(), "{name} was not held");
+    }
+    guards.release().await.unwrap();
+    all_free(&a, &names).await;
+}
+
+/// Two clients taking overlapping sets given in opposite orders both make progress.
+/// Each takes its set repeatedly; neither ever waits for the other in a circle, and they
+/// never hold a shared name at once.
+async fn multi_locks_in_opposite_orders_never_deadlock(case: &Case<'_>) {
+    let names = parts_of(case, 3);
+    let reversed: Vec<String> = names.iter().rev().cloned().collect();
+    let inside = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for order in [names.clone(), reversed] {
+        let client = case.client().await;
+        let inside = inside.clone();
+        tasks.push(tokio::spawn(async move {
+            let set = multi_of(&client, &order);
+            for _ in 0..5 {
+                let guards = set
+                    .lock_timeout(Duration::from_secs(30))
+                    .await
+                    .unwrap()
+                    .expect("the sets waited for each other: a deadlock");
+                assert!(
+                    !inside.swap(true, Ordering::SeqCst),
+                    "both sets held at once"
+                );
+                tokio::task::yield_now().await;
+                inside.store(false, Ordering::SeqCst);
+                guards.release().await.unwrap();
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    all_free(&case.client().await, &names).await;
+}
+
+/// A multi-lock dropped while it waits for its last part leaves nothing behind.
+/// The parts it had taken are released, and its wait for the last one is given up.
+async fn a_cancelled_multi_lock_leaves_nothing_behind(case: &Case<'_>) {
+    let a = case.client().await;
+    let (b, faults) = case.faulty_client(options(Duration::from_secs(5))).await;
+    let names = parts_of(case, 3);
+    let held = a.mutex(&names[2]).unwrap().lock().await.unwrap();
+    let set = multi_of(&b, &names);
+    let waiting = tokio::spawn(async move { set.lock().await });
+    // It waits for the last part once it has the first two.
+    faults.until_calls(Op::Wait, 1).await;
+    assert!(try_lock(&a, &names[0]).await.is_none());
+    waiting.abort();
+    assert!(waiting.await.unwrap_err().is_cancelled());
+    b.settle().await;
+    all_free(&a, &names[..2]).await;
+    let state = a.inspect(&names[2]).await.unwrap();
+    assert!(state.waiters.is_empty(), "left behind: {:?}", state.waiters);
+    assert_eq!(state.holders.len(), 1);
+    held.release().await.unwrap();
+    let again = multi_of(&a, &names).try_lock().await.unwrap();
+    assert!(again.is_some(), "a part was left held");
+}
+
+/// A set is lost when any part is: `lost` names it, and `is_held` is false from then on.
+async fn a_multi_lock_is_lost_with_any_of_its_parts(case: &Case<'_>) {
+    let probe = case.client().await;
+    let caps = probe.capabilities().clone();
+    let Some((a, _, switch)) = case
+        .cuttable_client(&caps, options(Duration::from_secs(1)))
+        .await
+    else {
+        return;
+    };
+    let names = parts_of(case, 2);
+    let guards = multi_of(&a, &names).lock().await.unwrap();
+    let lost = guards.lost();
+    switch.cut().await;
+    let (name, _) = lost.await;
+    assert!(names.contains(&name.as_str().to_owned()), "{name}");
+    assert!(!guards.is_held());
+    let ran = guards.run(std::future::pending::<()>()).await;
+    assert!(matches!(ran, Err(Error::Lost(_))), "{ran:?}");
     switch.restore().await;
 }
 

@@ -9,6 +9,8 @@
 //!   own lease.
 //! - [`Election`]: one leader among candidates, with a value (an address) others can read
 //!   and watch; the leader's term is its fencing token.
+//! - [`MultiLock`]: several mutexes and read-write lock sides, taken all or none in one
+//!   canonical order (no deadlock between overlapping sets).
 //!
 //! Every waiting method has three forms: wait as long as it takes (`lock`), do not wait
 //! (`try_lock`, `Ok(None)` when busy), or wait up to a limit (`lock_timeout`, `Ok(None)`
@@ -16,6 +18,7 @@
 
 mod election;
 mod guard;
+mod multi;
 mod mutex;
 mod owner;
 mod rwlock;
@@ -25,6 +28,7 @@ use std::sync::Arc;
 
 pub use election::{Election, Leader, Leadership, Observer};
 pub use guard::{Guard, MutexGuard, Permit, ReadGuard, WriteGuard};
+pub use multi::{MultiGuard, MultiLock, Part};
 pub use mutex::Mutex;
 pub use owner::Owner;
 pub use rwlock::RwLock;

@@ -32,7 +32,7 @@ use crate::sync::MutexGuard;
 /// ```
 #[derive(Debug, Clone)]
 pub struct Mutex {
-    target: Target,
+    pub(super) target: Target,
 }
 
 impl Mutex {

@@ -31,7 +31,7 @@ use crate::sync::{ReadGuard, WriteGuard};
 /// ```
 #[derive(Debug, Clone)]
 pub struct RwLock {
-    target: Target,
+    pub(super) target: Target,
 }
 
 impl RwLock {

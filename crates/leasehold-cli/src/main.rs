@@ -32,8 +32,10 @@ enum Command {
     /// executable / not found;
     /// 128+N stopped by signal N.
     ///
-    /// The command sees LEASEHOLD_LOCK, LEASEHOLD_TOKEN (the fencing token, decimal) and
-    /// LEASEHOLD_OWNER in its environment, and runs in its own process group.
+    /// Several names are taken all or none. The command sees LEASEHOLD_LOCK,
+    /// LEASEHOLD_TOKEN (the fencing token, decimal) and LEASEHOLD_OWNER in its environment
+    /// (several names: each a space-separated list, in the order the names were given), and
+    /// runs in its own process group.
     Run(RunArgs),
     /// Show holders, modes, tokens, remaining TTLs and waiters of locks.
     Inspect(InspectArgs),
@@ -114,7 +116,9 @@ struct RunArgs {
     #[arg(long, value_parser = duration)]
     grace: Option<Duration>,
     /// The lock's name (ASCII letters, digits, and _ - . : @ + =).
-    name: String,
+    /// Several names are taken all or none, in one canonical order.
+    #[arg(required = true, num_args = 1.., value_name = "NAME")]
+    names: Vec<String>,
     /// The command to run, after `--`.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     command: Vec<OsString>,
@@ -257,7 +261,7 @@ async fn run(args: RunArgs) -> u8 {
         }
     };
     let spec = RunSpec {
-        name: args.name,
+        names: args.names,
         hold: match (args.shared, args.permits) {
             (true, _) => Hold::Shared,
             (false, Some(n)) => Hold::Permits(n),

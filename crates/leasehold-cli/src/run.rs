@@ -10,7 +10,7 @@ use std::process::ExitStatus;
 use std::time::Duration;
 
 use leasehold::clock::Instant;
-use leasehold::{Capabilities, Client, Error, Guard, LockOptions, LossReason};
+use leasehold::{Capabilities, Client, Error, Guard, LockOptions, LossReason, MultiGuard, Part};
 use rustix::process::{Pid, Signal, kill_process_group};
 use tokio::net::UnixStream;
 use tokio::process::{Child, Command};
@@ -43,9 +43,10 @@ pub enum WaitFor {
 /// Everything `leasehold run` was asked to do.
 #[derive(Debug, Clone)]
 pub struct RunSpec {
-    /// The lock's name.
-    pub name: String,
-    /// How to hold it.
+    /// The locks' names: one, or several.
+    /// Several are taken all or none (see [`MultiLock`](leasehold::MultiLock)).
+    pub names: Vec<String>,
+    /// How to hold them.
     pub hold: Hold,
     /// How long to wait for it.
     pub wait: WaitFor,
@@ -60,6 +61,13 @@ pub struct RunSpec {
     /// The `leasehold` binary, started as the command's supervisor.
     /// See [`supervise`](crate::supervise).
     pub supervisor: PathBuf,
+}
+
+impl RunSpec {
+    /// The names, as the messages and the command's environment give them.
+    pub fn label(&self) -> String {
+        self.names.join(" ")
+    }
 }
 
 /// The grace period when `--grace` is not given: 10 s, or a third of a shorter ttl.
@@ -140,14 +148,14 @@ pub async fn run(
         signal = &mut interrupted => {
             // Dropping the attempt released whatever it had taken; wait for that.
             client.settle().await;
-            eprintln!("leasehold: interrupted while waiting for {}", spec.name);
+            eprintln!("leasehold: interrupted while waiting for {}", spec.label());
             return exit::signal(signal);
         }
     };
     let guard = match acquired {
         Ok(Some(guard)) => guard,
         Ok(None) => {
-            eprintln!("leasehold: {} is held by someone else", spec.name);
+            eprintln!("leasehold: {} is held by someone else", spec.label());
             return exit::NOT_ACQUIRED;
         }
         Err(error) => {
@@ -158,9 +166,11 @@ pub async fn run(
     hold(client, spec, guard, interrupted).await
 }
 
-/// Runs the command while `guard` holds the lock, releases it, and returns the exit code.
-/// `guard` was acquired from `client` as `spec` says; the exit code is the one to leave
-/// with; `client` and `interrupted` are as for [`run`].
+/// Runs the command while `guard` holds the locks, releases them, and returns the exit code.
+/// `guard` was acquired from `client` as `spec` says (a single [`Guard`] converts into
+/// one); the exit code is the one to leave with; `client` and `interrupted` are as for
+/// [`run`]. With several locks, the deadline is the earliest of theirs and the loss of any
+/// is the loss of all.
 ///
 /// The command starts only if the lock is still held, with more than the grace left, right
 /// before it starts. From then on its supervisor has the lease's deadline, and every later
@@ -174,7 +184,7 @@ pub async fn run(
 pub async fn hold(
     client: &Client,
     spec: &RunSpec,
-    guard: Guard,
+    guard: MultiGuard,
     mut interrupted: Pin<&mut (dyn Future<Output = i32> + Send)>,
 ) -> u8 {
     let Some(program) = spec.command.first() else {
@@ -182,15 +192,17 @@ pub async fn hold(
         release(guard).await;
         return exit::USAGE;
     };
-    // On the file backend the command holds the lock itself, through a descriptor it
-    // inherits: the lock is then freed exactly when the command's group is gone.
-    let inherited = if client.capabilities().backend == "file" {
-        leasehold::file::held_descriptor(guard.owner())
+    // On the file backend the command holds the locks itself, through descriptors it
+    // inherits: each is then freed exactly when the command's group is gone.
+    let inherited: std::io::Result<Vec<OwnedFd>> = if client.capabilities().backend == "file" {
+        (guard.guards().iter())
+            .filter_map(|g| leasehold::file::held_descriptor(g.owner()))
+            .collect()
     } else {
-        None
+        Ok(Vec::new())
     };
-    let started = match inherited.transpose() {
-        Ok(inherited) => Supervisor::start(spec, &guard, inherited.as_ref()).await,
+    let started = match inherited {
+        Ok(inherited) => Supervisor::start(spec, &guard, &inherited).await,
         Err(error) => Err(Started::Failed(error)),
     };
     let mut supervisor = match started {
@@ -199,7 +211,8 @@ pub async fn hold(
             eprintln!(
                 "leasehold: the lock on {} was lost, or had less than --grace ({:?}) left, \
                  before the command could start; not starting it",
-                spec.name, spec.grace
+                spec.label(),
+                spec.grace
             );
             release(guard).await;
             return exit::LOST;
@@ -228,11 +241,8 @@ pub async fn hold(
     let code = loop {
         tokio::select! {
             biased;
-            reason = &mut lost => {
-                eprintln!(
-                    "leasehold: lost the lock on {} ({reason}); stopping the command",
-                    spec.name
-                );
+            (name, reason) = &mut lost => {
+                eprintln!("leasehold: lost the lock on {name} ({reason}); stopping the command");
                 // Its grace was before the deadline: nothing is left of it now.
                 supervisor.stop(Signal::KILL, Duration::ZERO).await;
                 break exit::LOST;
@@ -249,7 +259,8 @@ pub async fn hold(
                         "leasehold: the lock on {} was not renewed by --grace ({:?}) before \
                          its deadline; stopping the command (SIGTERM now, SIGKILL at the \
                          deadline)",
-                        spec.name, spec.grace
+                        spec.label(),
+                        spec.grace
                     );
                 }
                 Event::Exited(code) => break if stopping { exit::LOST } else { code },
@@ -315,8 +326,8 @@ impl Supervisor {
     /// the command could not be started).
     async fn start(
         spec: &RunSpec,
-        guard: &Guard,
-        inherited: Option<&OwnedFd>,
+        guard: &MultiGuard,
+        inherited: &[OwnedFd],
     ) -> Result<Self, Started> {
         let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
         // Without close-on-exec, so that the supervisor (and the command) inherit them; no
@@ -327,8 +338,10 @@ impl Supervisor {
             drop(theirs);
             inheritable
         };
-        let lock = inherited.map(rustix::io::dup).transpose()?;
-        let orphan_grace = if lock.is_some() {
+        let lock = (inherited.iter())
+            .map(rustix::io::dup)
+            .collect::<Result<Vec<_>, _>>()?;
+        let orphan_grace = if !lock.is_empty() {
             spec.grace
         } else {
             Duration::ZERO
@@ -344,9 +357,15 @@ impl Supervisor {
             .arg(millis(orphan_grace))
             .arg("--")
             .args(&spec.command)
-            .env("LEASEHOLD_LOCK", &spec.name)
-            .env("LEASEHOLD_TOKEN", guard.token().to_string())
-            .env("LEASEHOLD_OWNER", guard.owner().as_str());
+            .env("LEASEHOLD_LOCK", spec.label())
+            .env(
+                "LEASEHOLD_TOKEN",
+                each_name(spec, guard, |g| g.token().to_string()),
+            )
+            .env(
+                "LEASEHOLD_OWNER",
+                each_name(spec, guard, |g| g.owner().to_string()),
+            );
         let mut process = command.spawn()?;
         drop((theirs, lock));
         ours.set_nonblocking(true)?;
@@ -440,18 +459,60 @@ impl Supervisor {
     }
 }
 
+/// `what` of each lock's guard, space-separated in the order of the names given.
+fn each_name(spec: &RunSpec, guard: &MultiGuard, what: impl Fn(&Guard) -> String) -> String {
+    let of = |name: &String| (guard.guards().iter()).find(|g| g.name().as_str() == name.as_str());
+    let values: Vec<String> = spec.names.iter().filter_map(of).map(what).collect();
+    values.join(" ")
+}
+
 fn millis(duration: Duration) -> String {
     format!("{}ms", duration.as_millis())
 }
 
-async fn acquire(client: &Client, spec: &RunSpec) -> leasehold::Result<Option<Guard>> {
-    let name = spec.name.as_str();
-    let options = if client.capabilities().has_sessions() {
+async fn acquire(client: &Client, spec: &RunSpec) -> leasehold::Result<Option<MultiGuard>> {
+    if let [name] = &spec.names[..] {
+        return Ok(acquire_one(client, spec, name).await?.map(MultiGuard::from));
+    }
+    let options = options(client, spec)?;
+    let mut parts = Vec::with_capacity(spec.names.len());
+    for name in &spec.names {
+        parts.push(match spec.hold {
+            Hold::Exclusive => Part::from(client.mutex(name)?.with_options(options.clone())),
+            Hold::Shared => Part::read(&client.rwlock(name)?.with_options(options.clone())),
+            Hold::Permits(_) => {
+                return Err(Error::invalid(
+                    "--permits",
+                    "a semaphore is one name: give one lock name with --permits",
+                ));
+            }
+        });
+    }
+    let set = client.multi(parts)?;
+    match spec.wait {
+        WaitFor::Forever => set.lock().await.map(Some),
+        WaitFor::No => set.try_lock().await,
+        WaitFor::UpTo(d) => set.lock_timeout(d).await,
+    }
+}
+
+/// The options of the locks: on a session backend, the session's ttl is theirs.
+fn options(client: &Client, spec: &RunSpec) -> leasehold::Result<LockOptions> {
+    if client.capabilities().has_sessions() {
         // The session's ttl is the lock's: `leasehold run` set it from --ttl when connecting.
-        spec.options.to_builder().default_ttl().build()?
+        spec.options.to_builder().default_ttl().build()
     } else {
-        spec.options.clone()
-    };
+        Ok(spec.options.clone())
+    }
+}
+
+/// Acquires the one lock `name` as `spec` says (a read lock, a permit, …).
+async fn acquire_one(
+    client: &Client,
+    spec: &RunSpec,
+    name: &str,
+) -> leasehold::Result<Option<Guard>> {
+    let options = options(client, spec)?;
     match (spec.hold, spec.wait) {
         (Hold::Exclusive, WaitFor::Forever) => client
             .mutex(name)?
@@ -494,18 +555,21 @@ async fn acquire(client: &Client, spec: &RunSpec) -> leasehold::Result<Option<Gu
     }
 }
 
-/// Releases the lock, reporting what a user should know.
+/// Releases the locks, last taken first, reporting what a user should know.
 /// That is a loss noticed only now, or a server that had lost the grant.
-async fn release(guard: Guard) {
-    let name = guard.name().clone();
-    match guard.release().await {
-        Ok(()) => {}
-        Err(Error::Lost(LossReason::Expired)) => {
-            eprintln!(
-                "leasehold: warning: the lease on {name} had run out by the time it was released"
-            );
+async fn release(guard: MultiGuard) {
+    for guard in guard.into_guards().into_iter().rev() {
+        let name = guard.name().clone();
+        match guard.release().await {
+            Ok(()) => {}
+            Err(Error::Lost(LossReason::Expired)) => {
+                eprintln!(
+                    "leasehold: warning: the lease on {name} had run out by the time it was \
+                     released"
+                );
+            }
+            Err(error) => eprintln!("leasehold: warning: releasing {name}: {error}"),
         }
-        Err(error) => eprintln!("leasehold: warning: releasing {name}: {error}"),
     }
 }
 

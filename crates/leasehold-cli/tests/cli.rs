@@ -189,6 +189,89 @@ async fn a_grace_that_does_not_fit_in_the_lease_is_a_usage_error() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
 }
 
+/// `run a b c` takes every lock or none, and gives the command each one's token.
+#[tokio::test]
+async fn several_names_are_taken_all_or_none_with_a_token_each() {
+    let d = Dir::new();
+    let fifo = d.fifo("busy");
+    let script = format!("echo $$ > {}; exec sleep 1000", fifo.display());
+    let mut holder = d
+        .leasehold(&["run", "ledger-b", "--", "sh", "-c", &script])
+        .spawn()
+        .unwrap();
+    let command = read_pid(&fifo).await;
+    let out = d
+        .output(&[
+            "run",
+            "--no-wait",
+            "ledger-a",
+            "ledger-b",
+            "ledger-c",
+            "--",
+            "true",
+        ])
+        .await;
+    assert_eq!(out.status.code(), Some(75), "{}", text(&out.stderr));
+    let out = d
+        .output(&["run", "--no-wait", "ledger-a", "ledger-c", "--", "true"])
+        .await;
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "a part was left held: {}",
+        text(&out.stderr)
+    );
+    kill_process(command, Signal::KILL).unwrap();
+    holder.wait().await.unwrap();
+
+    let fifo = d.fifo("all");
+    let script = format!(
+        "echo \"$$|$LEASEHOLD_LOCK|$LEASEHOLD_TOKEN\" > {}; exec sleep 1000",
+        fifo.display()
+    );
+    let names = ["ledger-c", "ledger-a", "ledger-b"];
+    let mut args = vec!["run"];
+    args.extend(names);
+    args.extend(["--", "sh", "-c", &script]);
+    let mut holder = d.leasehold(&args).spawn().unwrap();
+    let written = read_fifo(&fifo).await;
+    let mut fields = written.trim().split('|');
+    let (pid, locks, tokens) = (
+        fields.next().unwrap(),
+        fields.next().unwrap(),
+        fields.next().unwrap(),
+    );
+    assert_eq!(locks, names.join(" "));
+    let tokens: Vec<u64> = tokens.split(' ').map(|t| t.parse().unwrap()).collect();
+    let out = d
+        .output(&[&["inspect", "--json"][..], &names].concat())
+        .await;
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for (i, lock) in json["locks"].as_array().unwrap().iter().enumerate() {
+        assert_eq!(lock["name"], names[i]);
+        assert_eq!(lock["holders"][0]["token"], tokens[i], "{lock}");
+    }
+    let out = d
+        .output(&["run", "--no-wait", "ledger-a", "--", "true"])
+        .await;
+    assert_eq!(out.status.code(), Some(75), "{}", text(&out.stderr));
+    let out = d
+        .output(&[
+            "run",
+            "--permits",
+            "2",
+            "ledger-d",
+            "ledger-e",
+            "--",
+            "true",
+        ])
+        .await;
+    assert_eq!(out.status.code(), Some(64), "{}", text(&out.stderr));
+    let command = Pid::from_raw(pid.parse().unwrap()).unwrap();
+    kill_process(command, Signal::KILL).unwrap();
+    holder.wait().await.unwrap();
+}
+
 #[tokio::test]
 async fn inspect_shows_the_holder_as_json_and_as_a_table() {
     let d = Dir::new();

@@ -18,7 +18,7 @@ use tokio::sync::oneshot;
 
 fn spec(command: &[&str]) -> RunSpec {
     RunSpec {
-        name: "job".into(),
+        names: vec!["job".into()],
         hold: Hold::Exclusive,
         wait: WaitFor::Forever,
         options: LockOptions::builder()
@@ -129,8 +129,9 @@ async fn a_command_ignoring_sigterm_gets_it_before_the_deadline_and_is_killed_by
         .unwrap();
     let lost = guard.lost();
     let (_tx, interrupted) = interrupt();
-    let running =
-        tokio::spawn(async move { hold(&client, &spec, guard, std::pin::pin!(interrupted)).await });
+    let running = tokio::spawn(async move {
+        hold(&client, &spec, guard.into(), std::pin::pin!(interrupted)).await
+    });
     let pid = ready.pid().await;
     lost.await;
     let seen = std::fs::read_to_string(&events).unwrap_or_default();

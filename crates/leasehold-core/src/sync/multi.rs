@@ -206,6 +206,15 @@ async fn release_all(guards: Vec<Guard>) -> Result<()> {
     first
 }
 
+impl From<Guard> for MultiGuard {
+    /// One guard as a set of one.
+    fn from(guard: Guard) -> MultiGuard {
+        MultiGuard {
+            guards: vec![guard],
+        }
+    }
+}
+
 /// Proof of holding every lock of a [`MultiLock`]: one [`Guard`] per part.
 ///
 /// Dropping it drops every guard, which releases each (see [`Guard`]).
@@ -255,6 +264,31 @@ impl MultiGuard {
             }
         }
         Ok(earliest)
+    }
+
+    /// Completes when [`deadline`](MultiGuard::deadline) no longer answers `Ok(seen)`.
+    /// A part's renewal moved the earliest deadline, or a part was lost. As
+    /// [`Guard::deadline_changed`] for one part.
+    ///
+    /// # Cancel safety
+    ///
+    /// It only reads: dropping it changes nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Lost`] if a part was lost.
+    pub async fn deadline_changed(&self, seen: Option<Instant>) -> Result<Option<Instant>> {
+        loop {
+            let now = self.deadline()?;
+            if now != seen {
+                return Ok(now);
+            }
+            // Some part's deadline must move for the earliest one to.
+            let moves: Vec<_> = (self.guards.iter())
+                .map(|g| Box::pin(g.deadline_changed(g.deadline().ok().flatten())))
+                .collect();
+            futures_util::future::select_all(moves).await.0?;
+        }
     }
 
     /// Completes when any part is lost, with its name and why: the set is lost then.
@@ -310,5 +344,53 @@ impl MultiGuard {
     /// The guards, to hold or release one by one.
     pub fn into_guards(self) -> Vec<Guard> {
         self.guards
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::InMemory;
+    use crate::{Client, LockOptions};
+
+    #[tokio::test]
+    async fn a_set_needs_parts_with_a_name_each() {
+        let client = Client::new(InMemory::new());
+        let none = client.multi(Vec::new());
+        assert!(
+            matches!(none, Err(Error::InvalidArgument { .. })),
+            "{none:?}"
+        );
+        let twice = client.multi([
+            Part::from(client.mutex("a").unwrap()),
+            Part::read(&client.rwlock("a").unwrap()),
+        ]);
+        assert!(
+            matches!(twice, Err(Error::InvalidArgument { .. })),
+            "{twice:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_earliest_deadline_moves_with_the_parts_renewals() {
+        let options = LockOptions::builder()
+            .ttl(Duration::from_millis(600))
+            .build()
+            .unwrap();
+        let client = Client::builder(InMemory::new()).options(options).build();
+        let set = client
+            .multi([
+                Part::from(client.mutex("b").unwrap()),
+                Part::write(&client.rwlock("a").unwrap()),
+            ])
+            .unwrap();
+        let guards = set.lock().await.unwrap();
+        let names: Vec<&str> = guards.guards().iter().map(|g| g.name().as_str()).collect();
+        assert_eq!(names, ["a", "b"]);
+        let first = guards.deadline().unwrap();
+        let moved = guards.deadline_changed(first).await.unwrap();
+        assert!(moved > first, "{moved:?} after {first:?}");
+        guards.release().await.unwrap();
+        assert!(set.try_lock().await.unwrap().is_some());
     }
 }

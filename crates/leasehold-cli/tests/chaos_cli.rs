@@ -79,12 +79,20 @@ fn without_url_no_server_is_started_and_the_message_says_what_to_do() {
     }
     let list = Command::new(BIN).args(["chaos", "list"]).output().unwrap();
     let text = String::from_utf8_lossy(&list.stdout);
-    assert!(text.contains("redis     redis:// (with --url)"), "{text}");
+    let row = |name: &str, rest: &str| format!("  {name:<14} {rest}");
     assert!(
-        text.contains("memory    memory:// (leasehold-chaos only)"),
+        text.contains(&row("redis", "redis:// (with --url)")),
         "{text}"
     );
-    assert!(text.contains("file      file://\n"), "{text}");
+    assert!(
+        text.contains(&row("redis-cluster", "redis+cluster:// (with --url)")),
+        "{text}"
+    );
+    assert!(
+        text.contains(&row("memory", "memory:// (leasehold-chaos only)")),
+        "{text}"
+    );
+    assert!(text.contains(&row("file", "file://\n")), "{text}");
 }
 
 #[test]

@@ -19,6 +19,7 @@ use crate::lease::Lease;
 use crate::name::{LockName, OwnerId};
 use crate::options::{LockOptions, MAX_DURATION};
 use crate::release::{Failures, PendingRelease};
+use crate::telemetry;
 
 /// What to acquire.
 #[derive(Debug, Clone)]
@@ -48,6 +49,15 @@ pub(crate) async fn acquire(
     spec: &Spec,
     wait: Wait,
 ) -> Result<Option<Arc<Lease>>> {
+    let waits = !matches!(wait, Wait::No | Wait::UpTo(Duration::ZERO));
+    let measured = telemetry::Acquiring::start(ctx, &spec.name, &spec.options, waits);
+    let acquired = take(ctx, spec, wait).await;
+    measured.finish(&acquired);
+    acquired
+}
+
+/// [`acquire`], unmeasured.
+async fn take(ctx: &Arc<Context>, spec: &Spec, wait: Wait) -> Result<Option<Arc<Lease>>> {
     let options = &spec.options;
     let fair = check_supported(&ctx.capabilities, options, spec.mode)?;
     let started = ctx.now();
@@ -100,6 +110,7 @@ pub(crate) async fn acquire(
                 );
                 if let Some(lease) = lease {
                     leftover.disarm();
+                    telemetry::granted(ctx, &request.name, options);
                     lease.start_renewals();
                     return Ok(Some(lease));
                 }

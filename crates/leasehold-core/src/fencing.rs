@@ -144,6 +144,7 @@ impl Fence {
             && token < highest
         {
             state.rejected += 1;
+            crate::telemetry::fence_refused("fence");
             return Err(StaleToken {
                 presented: token,
                 highest,

@@ -10,7 +10,7 @@
 //!   "not owner", never revives the lease.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::runtime::Handle;
@@ -23,6 +23,7 @@ use crate::error::LossReason;
 use crate::fencing::FencingToken;
 use crate::options::LockOptions;
 use crate::release::{MAX_RETRY_PAUSE, PendingRelease};
+use crate::telemetry;
 use crate::watchdog::{Renewable, Renewing, Slot};
 
 /// Where a lease stands.
@@ -105,6 +106,8 @@ pub(crate) struct Lease {
     extended: std::sync::Mutex<(Instant, Duration)>,
     /// The acquisition's lane (`request.lane`), the client's until the lease is dropped.
     _lane: LaneHold,
+    /// Its end (released or lost) was counted in the metrics.
+    end_counted: AtomicBool,
 }
 
 impl Lease {
@@ -160,6 +163,7 @@ impl Lease {
             session,
             extended: std::sync::Mutex::new((sent, granted)),
             _lane: lane,
+            end_counted: AtomicBool::new(false),
         }))
     }
 
@@ -300,9 +304,22 @@ impl Lease {
             _ => false,
         });
         if changed {
+            let state = self.recorded();
             tracing::warn!(lock = %self.request.name, owner = %self.request.owner,
-                token = %self.token, state = ?self.recorded(), "lock lost");
+                token = %self.token, ?state, "lock lost");
+            if let State::Lost(reason) = state {
+                self.count_end(Some(reason));
+            }
         }
+    }
+
+    /// Counts the lease's end in the metrics, once: released (`lost`: `None`) or lost.
+    fn count_end(&self, lost: Option<LossReason>) {
+        if self.end_counted.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let held_for = self.now().saturating_duration_since(self.acquired_at);
+        telemetry::ended(&self.ctx, &self.request.name, &self.options, held_for, lost);
     }
 
     /// Ends the lease on release, and returns the state it ended in.
@@ -318,6 +335,10 @@ impl Lease {
             true
         });
         self.ctx.watchdog.forget(self);
+        self.count_end(match before {
+            State::Lost(reason) => Some(reason),
+            State::Held { .. } | State::Released => None,
+        });
         before
     }
 
@@ -407,7 +428,12 @@ impl Lease {
                 // Read afresh on every turn, the deadline included: a renewal may have moved
                 // it while the previous turn slept towards the old one.
                 let deadline = match lease.state() {
-                    State::Lost(reason) => return reason,
+                    State::Lost(reason) => {
+                        // Seen here first (a deadline passed, a session ended): recorded,
+                        // and counted, now.
+                        lease.mark_lost(reason);
+                        return reason;
+                    }
                     State::Released => None,
                     State::Held { deadline, .. } => deadline,
                 };
@@ -509,6 +535,15 @@ impl Lease {
                     self.ctx.backend.renew(&self.request),
                 ) => answer,
             };
+            let (ctx, name, options) = (&self.ctx, &self.request.name, &self.options);
+            match &renewal {
+                Ok(Renewal::Renewed(_)) => {
+                    let margin = Some(deadline.saturating_duration_since(clock.now()));
+                    telemetry::renewed(ctx, name, options, "renewed", margin);
+                }
+                Ok(Renewal::Lost(_)) => telemetry::renewed(ctx, name, options, "lost", None),
+                Err(_) => telemetry::renewed(ctx, name, options, "failed", None),
+            }
             match renewal {
                 Ok(Renewal::Renewed(expiry)) => {
                     if let Expiry::After(granted) = expiry {

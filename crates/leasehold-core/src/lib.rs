@@ -10,6 +10,7 @@
 //! - [`support`] — helpers for backend implementors (the queue rule, the per-name wake-up
 //!   board, stalled connections, URLs, TLS files and, with the `tls` feature, their rustls
 //!   configuration, key prefixes, redaction).
+//! - [`telemetry`] — the metrics every lock reports (through the `metrics` facade).
 //! - `clock::ManualClock` — time moved by hand (with the `test-util` feature); fault
 //!   injection around any backend is the testkit's `Faulty`.
 //!
@@ -42,6 +43,7 @@ mod options;
 mod release;
 pub mod support;
 pub mod sync;
+pub mod telemetry;
 mod watchdog;
 
 pub use backend::{Backend, Capabilities, LockState, Mode};

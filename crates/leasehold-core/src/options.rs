@@ -40,6 +40,7 @@ pub struct LockOptions {
     lock_delay: Option<Duration>,
     max_hold: Option<Duration>,
     request_timeout: Duration,
+    metric_name: bool,
 }
 
 /// The lease length of locks whose options do not set one.
@@ -59,6 +60,7 @@ impl Default for LockOptions {
             lock_delay: None,
             max_hold: None,
             request_timeout: Duration::from_secs(5),
+            metric_name: false,
         }
     }
 }
@@ -118,6 +120,12 @@ impl LockOptions {
     /// The longest time a guard is renewed for; after it the lease is left to run out.
     pub fn max_hold(&self) -> Option<Duration> {
         self.max_hold
+    }
+
+    /// Whether the lock's metrics carry its name as a label (see [`telemetry`](crate::telemetry)).
+    /// Off by default: names can be countless, and each is a series of its own.
+    pub fn metric_name(&self) -> bool {
+        self.metric_name
     }
 
     /// The longest wait for any single answer from the backend.
@@ -251,6 +259,12 @@ impl LockOptionsBuilder {
     /// See [`LockOptions::max_hold`].
     pub fn max_hold(mut self, cap: Duration) -> Self {
         self.0.max_hold = Some(cap);
+        self
+    }
+
+    /// See [`LockOptions::metric_name`].
+    pub fn metric_name(mut self, on: bool) -> Self {
+        self.0.metric_name = on;
         self
     }
 

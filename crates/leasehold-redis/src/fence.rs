@@ -83,6 +83,7 @@ impl RedisFence {
             0 => {
                 let highest = u64::from_redis_value(value.clone())
                     .map_err(|_| crate::error::unexpected("a fence's highest token", &value))?;
+                leasehold_core::telemetry::fence_refused("redis");
                 Ok(Err(StaleToken::new(token, FencingToken::new(highest))))
             }
             other => Err(crate::error::unexpected("a fenced write", other)),

@@ -1,0 +1,177 @@
+//! The metrics every lock reports, scraped from a real Prometheus exporter over HTTP.
+//! One test: a process has one recorder.
+
+#![allow(clippy::unwrap_used)] // test code: a failed step fails the test
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use leasehold_core::memory::InMemory;
+use leasehold_core::{Client, Fence, FencingToken, LockOptions, LossReason};
+use leasehold_testkit::faulty::{Faulty, Op};
+use metrics_exporter_prometheus::PrometheusBuilder;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+fn options(ttl: Duration) -> LockOptions {
+    LockOptions::builder().ttl(ttl).build().unwrap()
+}
+
+/// The exposition text at `port`'s `/metrics`.
+async fn scrape(port: u16) -> String {
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    response
+}
+
+/// The value of the series `metric` whose labels include every one of `labels`.
+/// A series labelled with a lock's name is one only where `labels` name it.
+fn value(text: &str, metric: &str, labels: &[&str]) -> Option<f64> {
+    let named = labels.iter().any(|l| l.starts_with("name="));
+    text.lines()
+        .filter(|line| named || !line.contains("name=\""))
+        .filter(|line| {
+            line.starts_with(&format!("{metric}{{")) || line.starts_with(&format!("{metric} "))
+        })
+        .find(|line| labels.iter().all(|l| line.contains(l)))
+        .and_then(|line| line.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_known_sequence_is_counted_as_it_happened() {
+    let port = leasehold_testkit::free_port();
+    PrometheusBuilder::new()
+        .with_http_listener(([127, 0, 0, 1], port))
+        .install()
+        .unwrap();
+    let backend = Arc::new(InMemory::new());
+    let a = Client::builder_from_arc(backend.clone())
+        .options(options(Duration::from_secs(30)))
+        .build();
+    let b = Client::builder_from_arc(backend.clone())
+        .options(options(Duration::from_secs(30)))
+        .build();
+
+    // Three grants released; one busy try; one wait that runs out.
+    for _ in 0..3 {
+        a.mutex("jobs")
+            .unwrap()
+            .lock()
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    }
+    let held = a.mutex("jobs").unwrap().lock().await.unwrap();
+    assert!(b.mutex("jobs").unwrap().try_lock().await.unwrap().is_none());
+    let waiting = b.mutex("jobs").unwrap();
+    let waited = waiting.lock_timeout(Duration::from_millis(50));
+    assert!(waited.await.unwrap().is_none());
+
+    // Renewals: a short lease renewed twice.
+    let short = Client::builder_from_arc(backend.clone())
+        .options(options(Duration::from_millis(1500)))
+        .build();
+    let renewed = short.mutex("renewed").unwrap().lock().await.unwrap();
+    let mut seen = renewed.deadline().unwrap();
+    for _ in 0..2 {
+        seen = renewed.deadline_changed(seen).await.unwrap();
+    }
+    renewed.release().await.unwrap();
+
+    // A loss: renewals go unanswered until the deadline.
+    let faults = Faulty::wrap(backend.clone());
+    let cut = Client::builder_from_arc(Arc::new(faults.clone()))
+        .options(options(Duration::from_millis(600)))
+        .build();
+    let doomed = cut.mutex("doomed").unwrap().lock().await.unwrap();
+    faults.hold_replies(Op::Renew);
+    assert_eq!(doomed.lost().await, LossReason::Expired);
+
+    // A fence refusal, and a lock whose name is a label.
+    let fence = Fence::new();
+    fence.apply(FencingToken::new(5), || ()).unwrap();
+    assert!(fence.apply(FencingToken::new(3), || ()).is_err());
+    let named = options(Duration::from_secs(30))
+        .to_builder()
+        .metric_name(true)
+        .build()
+        .unwrap();
+    let mutex = a.mutex("named").unwrap().with_options(named);
+    mutex.lock().await.unwrap().release().await.unwrap();
+
+    let text = scrape(port).await;
+    let memory = "backend=\"memory\"";
+    let count = |outcome: &str| {
+        let outcome = format!("outcome=\"{outcome}\"");
+        value(
+            &text,
+            "leasehold_acquire_seconds_count",
+            &[memory, &outcome],
+        )
+    };
+    // jobs ×4, renewed, doomed (and named, a series of its own).
+    assert_eq!(count("granted"), Some(6.0), "{text}");
+    assert_eq!(count("busy"), Some(1.0), "{text}");
+    assert_eq!(count("timeout"), Some(1.0), "{text}");
+    assert_eq!(
+        value(&text, "leasehold_waiting", &[memory]),
+        Some(0.0),
+        "{text}"
+    );
+    // `jobs` is still held; `doomed` was lost.
+    assert_eq!(
+        value(&text, "leasehold_held", &[memory]),
+        Some(1.0),
+        "{text}"
+    );
+    let lost = value(
+        &text,
+        "leasehold_losses_total",
+        &[memory, "reason=\"expired\""],
+    );
+    assert_eq!(lost, Some(1.0), "{text}");
+    let released = value(
+        &text,
+        "leasehold_hold_seconds_count",
+        &[memory, "end=\"released\""],
+    );
+    assert_eq!(released, Some(4.0), "{text}");
+    let renewals = value(
+        &text,
+        "leasehold_renewals_total",
+        &[memory, "result=\"renewed\""],
+    );
+    assert!(renewals.is_some_and(|n| n >= 2.0), "{text}");
+    let margins = value(&text, "leasehold_renewal_margin_seconds_count", &[memory]);
+    assert!(margins.is_some_and(|n| n >= 2.0), "{text}");
+    let refused = value(
+        &text,
+        "leasehold_fence_refusals_total",
+        &["fence=\"fence\""],
+    );
+    assert_eq!(refused, Some(1.0), "{text}");
+    assert!(
+        value(
+            &text,
+            "leasehold_acquire_seconds_count",
+            &["name=\"named\""]
+        )
+        .is_some(),
+        "{text}"
+    );
+    assert!(
+        !text.contains("name=\"jobs\""),
+        "a name became a label unasked: {text}"
+    );
+    held.release().await.unwrap();
+}

@@ -12,6 +12,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tracing::Instrument;
+
 use crate::backend::{Acquire, Capabilities, Mode, Request, WaitHint};
 use crate::context::Context;
 use crate::error::{Error, Result};
@@ -51,8 +53,15 @@ pub(crate) async fn acquire(
 ) -> Result<Option<Arc<Lease>>> {
     let waits = !matches!(wait, Wait::No | Wait::UpTo(Duration::ZERO));
     let measured = telemetry::Acquiring::start(ctx, &spec.name, &spec.options, waits);
-    let acquired = take(ctx, spec, wait).await;
-    measured.finish(&acquired);
+    let span = tracing::debug_span!(
+        "leasehold.acquire",
+        lock = %spec.name,
+        backend = ctx.capabilities.backend,
+        mode = ?spec.mode,
+        outcome = tracing::field::Empty,
+    );
+    let acquired = take(ctx, spec, wait).instrument(span.clone()).await;
+    span.record("outcome", measured.finish(&acquired));
     acquired
 }
 

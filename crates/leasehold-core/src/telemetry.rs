@@ -94,8 +94,8 @@ impl<'a> Acquiring<'a> {
         }
     }
 
-    /// Records how the acquisition ended.
-    pub(crate) fn finish<T>(mut self, result: &Result<Option<T>>) {
+    /// Records how the acquisition ended, and returns it (`granted`, `busy`, …).
+    pub(crate) fn finish<T>(mut self, result: &Result<Option<T>>) -> &'static str {
         let outcome = match result {
             Ok(Some(_)) => "granted",
             Ok(None) if self.waits => "timeout",
@@ -103,6 +103,7 @@ impl<'a> Acquiring<'a> {
             Err(_) => "error",
         };
         self.end(outcome);
+        outcome
     }
 
     fn end(&mut self, outcome: &'static str) {

@@ -52,16 +52,11 @@ pub(crate) async fn acquire(
     wait: Wait,
 ) -> Result<Option<Arc<Lease>>> {
     let waits = !matches!(wait, Wait::No | Wait::UpTo(Duration::ZERO));
-    let measured = telemetry::Acquiring::start(ctx, &spec.name, &spec.options, waits);
-    let span = tracing::debug_span!(
-        "leasehold.acquire",
-        lock = %spec.name,
-        backend = ctx.capabilities.backend,
-        mode = ?spec.mode,
-        outcome = tracing::field::Empty,
-    );
-    let acquired = take(ctx, spec, wait).instrument(span.clone()).await;
-    span.record("outcome", measured.finish(&acquired));
+    let measured = telemetry::Acquiring::start(ctx, &spec.name, &spec.options, spec.mode, waits);
+    let acquired = take(ctx, spec, wait)
+        .instrument(measured.span.clone())
+        .await;
+    measured.finish(&acquired);
     acquired
 }
 

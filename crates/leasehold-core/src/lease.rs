@@ -200,13 +200,16 @@ impl Lease {
             state => state,
         };
         if let State::Lost(reason) = state {
-            self.update(|recorded| match recorded {
+            let found = self.update(|recorded| match recorded {
                 State::Held { .. } => {
                     *recorded = State::Lost(reason);
                     true
                 }
                 _ => false,
             });
+            if found {
+                self.lost_now(reason);
+            }
         }
         state
     }
@@ -251,26 +254,35 @@ impl Lease {
     pub(crate) fn extend(&self, sent: Instant, expiry: Expiry) -> bool {
         let now = self.now();
         let options = &self.options;
+        let mut lost = None;
         self.update(|state| match state {
             State::Held { deadline, capped } if !*capped && deadline.is_none_or(|d| now < d) => {
                 match &expiry {
                     Expiry::After(granted) => match local_deadline(options, sent, *granted) {
                         Some(new) if now < new => *deadline = Some(new),
-                        _ => *state = State::Lost(LossReason::Expired),
+                        _ => lost = Some(LossReason::Expired),
                     },
                     Expiry::Never | Expiry::Session(_) => *deadline = None,
+                }
+                if let Some(reason) = lost {
+                    *state = State::Lost(reason);
                 }
                 true
             }
             State::Held { deadline, capped } => {
                 if deadline.is_some_and(|d| now >= d) {
-                    *state = State::Lost(at_deadline(*capped, None));
+                    let reason = at_deadline(*capped, None);
+                    lost = Some(reason);
+                    *state = State::Lost(reason);
                     return true;
                 }
                 false
             }
             State::Lost(_) | State::Released => false,
         });
+        if let Some(reason) = lost {
+            self.lost_now(reason);
+        }
         self.is_held()
     }
 
@@ -303,14 +315,16 @@ impl Lease {
             }
             _ => false,
         });
-        if changed {
-            let state = self.recorded();
-            tracing::warn!(lock = %self.request.name, owner = %self.request.owner,
-                token = %self.token, ?state, "lock lost");
-            if let State::Lost(reason) = state {
-                self.count_end(Some(reason));
-            }
+        if changed && let State::Lost(reason) = self.recorded() {
+            self.lost_now(reason);
         }
+    }
+
+    /// The lease was just recorded lost for `reason`: said in the log, counted in the metrics.
+    fn lost_now(&self, reason: LossReason) {
+        tracing::warn!(lock = %self.request.name, owner = %self.request.owner,
+            token = %self.token, ?reason, "lock lost");
+        self.count_end(Some(reason));
     }
 
     /// Counts the lease's end in the metrics, once: released (`lost`: `None`) or lost.
@@ -326,19 +340,21 @@ impl Lease {
     /// It takes the lease off the renewal schedule and stops a renewal in progress; the
     /// state is `Held` if it was still held, else how it was lost.
     pub(crate) fn finish(&self) -> State {
-        let before = self.state();
+        // Records a loss that a passed deadline or an ended session implies.
+        self.state();
+        // Decided under the lock: a loss recorded meanwhile stays (lost is final).
+        let mut before = State::Released;
         self.update(|state| {
-            *state = match before {
-                State::Held { .. } | State::Released => State::Released,
-                lost @ State::Lost(_) => lost,
-            };
+            before = *state;
+            if let State::Held { .. } = state {
+                *state = State::Released;
+            }
             true
         });
         self.ctx.watchdog.forget(self);
-        self.count_end(match before {
-            State::Lost(reason) => Some(reason),
-            State::Held { .. } | State::Released => None,
-        });
+        if let State::Held { .. } = before {
+            self.count_end(None);
+        }
         before
     }
 
@@ -428,12 +444,7 @@ impl Lease {
                 // Read afresh on every turn, the deadline included: a renewal may have moved
                 // it while the previous turn slept towards the old one.
                 let deadline = match lease.state() {
-                    State::Lost(reason) => {
-                        // Seen here first (a deadline passed, a session ended): recorded,
-                        // and counted, now.
-                        lease.mark_lost(reason);
-                        return reason;
-                    }
+                    State::Lost(reason) => return reason,
                     State::Released => None,
                     State::Held { deadline, .. } => deadline,
                 };

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use metrics::Label;
 
+use crate::backend::Mode;
 use crate::context::Context;
 use crate::error::{LossReason, Result};
 use crate::name::LockName;
@@ -63,7 +64,7 @@ fn labels(
     labels
 }
 
-/// One acquisition being measured: waiting (if it waits) until it ends.
+/// One acquisition being measured and traced: waiting (if it waits) until it ends.
 /// Dropped before [`finish`](Acquiring::finish), it counts as cancelled.
 pub(crate) struct Acquiring<'a> {
     ctx: &'a Context,
@@ -72,6 +73,8 @@ pub(crate) struct Acquiring<'a> {
     waits: bool,
     started: std::time::Instant,
     done: bool,
+    /// Its span, `leasehold.acquire`; the outcome is recorded on it at the end.
+    pub(crate) span: tracing::Span,
 }
 
 impl<'a> Acquiring<'a> {
@@ -79,6 +82,7 @@ impl<'a> Acquiring<'a> {
         ctx: &'a Context,
         name: &'a LockName,
         options: &'a LockOptions,
+        mode: Mode,
         waits: bool,
     ) -> Self {
         if waits {
@@ -91,11 +95,18 @@ impl<'a> Acquiring<'a> {
             waits,
             started: std::time::Instant::now(),
             done: false,
+            span: tracing::debug_span!(
+                "leasehold.acquire",
+                lock = %name,
+                backend = ctx.capabilities.backend,
+                ?mode,
+                outcome = tracing::field::Empty,
+            ),
         }
     }
 
-    /// Records how the acquisition ended, and returns it (`granted`, `busy`, …).
-    pub(crate) fn finish<T>(mut self, result: &Result<Option<T>>) -> &'static str {
+    /// Records how the acquisition ended.
+    pub(crate) fn finish<T>(mut self, result: &Result<Option<T>>) {
         let outcome = match result {
             Ok(Some(_)) => "granted",
             Ok(None) if self.waits => "timeout",
@@ -103,11 +114,11 @@ impl<'a> Acquiring<'a> {
             Err(_) => "error",
         };
         self.end(outcome);
-        outcome
     }
 
     fn end(&mut self, outcome: &'static str) {
         self.done = true;
+        self.span.record("outcome", outcome);
         let (ctx, name, options) = (self.ctx, self.name, self.options);
         if self.waits {
             metrics::gauge!(WAITING, labels(ctx, name, options, &[])).decrement(1.0);

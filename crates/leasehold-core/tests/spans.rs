@@ -1,4 +1,5 @@
 //! Every acquisition is a `tracing` span, with its lock, backend, mode and outcome.
+//! A cancelled one too.
 
 #![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
@@ -75,6 +76,9 @@ async fn each_acquisition_is_a_span_with_its_outcome() {
             .unwrap()
             .is_none()
     );
+    let mutex = client.mutex("audit").unwrap();
+    let dropped = tokio::time::timeout(std::time::Duration::from_millis(50), mutex.lock());
+    assert!(dropped.await.is_err(), "the wait was not cut short");
     guard.release().await.unwrap();
 
     let collected = spans.0.lock().unwrap();
@@ -91,7 +95,11 @@ async fn each_acquisition_is_a_span_with_its_outcome() {
         .collect();
     assert_eq!(
         seen,
-        [("audit", "memory", "granted"), ("audit", "memory", "busy")],
+        [
+            ("audit", "memory", "granted"),
+            ("audit", "memory", "busy"),
+            ("audit", "memory", "cancelled")
+        ],
         "{spans:?}"
     );
 }

@@ -161,9 +161,29 @@ impl MultiLock {
     }
 
     /// Takes the parts in order, each waiting for what is left of `limit`.
-    /// On a busy part or an error, the parts taken are released before it returns.
+    /// On a busy part or an error, the parts taken are released before it returns. A set
+    /// in which a part was lost while a later one was waited for is given back and taken
+    /// again (within the limit).
     async fn take(&self, limit: Option<Duration>) -> Result<Option<MultiGuard>> {
         let started = std::time::Instant::now();
+        loop {
+            let Some(set) = self.take_once(started, limit).await? else {
+                return Ok(None);
+            };
+            if set.is_held() {
+                return Ok(Some(set));
+            }
+            tracing::debug!("a part of a multi-lock was lost while a later one was waited for");
+            give_back(set.guards).await;
+        }
+    }
+
+    /// One pass of [`take`](MultiLock::take).
+    async fn take_once(
+        &self,
+        started: std::time::Instant,
+        limit: Option<Duration>,
+    ) -> Result<Option<MultiGuard>> {
         let mut guards = Vec::with_capacity(self.parts.len());
         for part in &self.parts {
             let wait = match limit {
@@ -257,13 +277,10 @@ impl MultiGuard {
     ///
     /// As for [`Guard::deadline`], for the first part not held.
     pub fn deadline(&self) -> Result<Option<Instant>> {
-        let mut earliest: Option<Instant> = None;
-        for guard in &self.guards {
-            if let Some(d) = guard.deadline()? {
-                earliest = Some(earliest.map_or(d, |e| e.min(d)));
-            }
-        }
-        Ok(earliest)
+        let parts = (self.guards.iter())
+            .map(Guard::deadline)
+            .collect::<Result<Vec<_>>>()?;
+        Ok(parts.into_iter().flatten().min())
     }
 
     /// Completes when [`deadline`](MultiGuard::deadline) no longer answers `Ok(seen)`.
@@ -279,14 +296,22 @@ impl MultiGuard {
     /// [`Error::Lost`] if a part was lost.
     pub async fn deadline_changed(&self, seen: Option<Instant>) -> Result<Option<Instant>> {
         loop {
-            let now = self.deadline()?;
-            if now != seen {
-                return Ok(now);
+            // Each part's deadline read once: the earliest is compared with `seen`, and
+            // each part waits for a move from the very value read (a renewal in between is
+            // a change, not a miss).
+            let parts = (self.guards.iter())
+                .map(Guard::deadline)
+                .collect::<Result<Vec<_>>>()?;
+            let earliest = parts.iter().flatten().min().copied();
+            if earliest != seen {
+                return Ok(earliest);
             }
-            // Some part's deadline must move for the earliest one to.
-            let moves: Vec<_> = (self.guards.iter())
-                .map(|g| Box::pin(g.deadline_changed(g.deadline().ok().flatten())))
+            let moves: Vec<_> = (self.guards.iter().zip(parts))
+                .map(|(g, read)| Box::pin(g.deadline_changed(read)))
                 .collect();
+            if moves.is_empty() {
+                return std::future::pending().await;
+            }
             futures_util::future::select_all(moves).await.0?;
         }
     }
@@ -301,7 +326,13 @@ impl MultiGuard {
                 Box::pin(async move { (name, lost.await) })
             })
             .collect();
-        async move { futures_util::future::select_all(losses).await.0 }
+        async move {
+            if losses.is_empty() {
+                // No part (there always is one): nothing to lose.
+                return std::future::pending().await;
+            }
+            futures_util::future::select_all(losses).await.0
+        }
     }
 
     /// Runs `work` while every part is held.

@@ -95,6 +95,9 @@ async fn take(ctx: &Arc<Context>, spec: &Spec, wait: Wait) -> Result<Option<Arc<
     let timeout = options.request_timeout();
     let mut leftover = PendingRelease::new(ctx, request.clone(), started, request.ttl, None);
     let mut failures = Failures::default();
+    // A request went unanswered and no later answer has told what became of it.
+    let mut unknown = false;
+    let resolved = |how| telemetry::unknown_resolved(ctx, &spec.name, options, how);
     loop {
         let sent = ctx.now();
         // From here on the request may have created something on the server.
@@ -103,6 +106,7 @@ async fn take(ctx: &Arc<Context>, spec: &Spec, wait: Wait) -> Result<Option<Arc<
         let hint = match answer {
             Ok(Acquire::Granted(grant)) => {
                 failures = Failures::default();
+                let was_unknown = std::mem::take(&mut unknown);
                 let lease = Lease::new(
                     ctx.clone(),
                     request.clone(),
@@ -113,10 +117,16 @@ async fn take(ctx: &Arc<Context>, spec: &Spec, wait: Wait) -> Result<Option<Arc<
                     grant.expiry,
                 );
                 if let Some(lease) = lease {
+                    if was_unknown {
+                        resolved("adopted");
+                    }
                     leftover.disarm();
                     telemetry::granted(ctx, &request.name, options);
                     lease.start_renewals();
                     return Ok(Some(lease));
+                }
+                if was_unknown {
+                    resolved("released");
                 }
                 tracing::debug!(lock = %request.name, "the grant arrived after its deadline; giving it back");
                 let _ = ctx.call(timeout, ctx.backend.release(&request)).await;
@@ -124,6 +134,9 @@ async fn take(ctx: &Arc<Context>, spec: &Spec, wait: Wait) -> Result<Option<Arc<
             }
             Ok(Acquire::Busy(hint)) => {
                 failures = Failures::default();
+                if std::mem::take(&mut unknown) {
+                    resolved("not_granted");
+                }
                 // A busy answer leaves a queue entry only for a request that waits.
                 if !request.waiting {
                     leftover.disarm();
@@ -133,10 +146,12 @@ async fn take(ctx: &Arc<Context>, spec: &Spec, wait: Wait) -> Result<Option<Arc<
             Err(error) if error.is_retryable() => {
                 // Maybe applied, maybe not: the next acquire with the same owner adopts a
                 // grant the unanswered one made; giving up releases it.
+                unknown = true;
                 let pause = failures
                     .next(sent, timeout)
                     .filter(|pause| give_up_at.is_none_or(|at| sent.saturating_add(*pause) < at));
                 let Some(pause) = pause else {
+                    resolved("released");
                     give_up(leftover, timeout).await;
                     return Err(error);
                 };
@@ -145,6 +160,9 @@ async fn take(ctx: &Arc<Context>, spec: &Spec, wait: Wait) -> Result<Option<Arc<
                 continue;
             }
             Err(error) => {
+                if unknown {
+                    resolved("released");
+                }
                 give_up(leftover, timeout).await;
                 return Err(error);
             }

@@ -38,6 +38,10 @@ pub const RENEWALS: &str = "leasehold_renewals_total";
 /// Seconds of lease left, by the holder's own deadline, when a renewal was confirmed.
 /// How close the holder came to losing its lock.
 pub const RENEWAL_MARGIN_SECONDS: &str = "leasehold_renewal_margin_seconds";
+/// Acquire requests that went unanswered, by how their outcome was resolved.
+/// By `resolved`: `adopted` (a retry with the same owner found the grant), `not_granted`
+/// (the next answer was busy) or `released` (given up: released by owner).
+pub const UNKNOWN_OUTCOMES: &str = "leasehold_unknown_outcomes_total";
 /// Accesses a fence refused.
 /// By `fence`: `fence` (in process), `redis`, and what the application counts itself
 /// (`postgres`, `postgres_token`, `etcd`: see [`fence_refused`]).
@@ -170,6 +174,17 @@ pub(crate) fn renewed(
     if let Some(margin) = margin {
         metrics::histogram!(RENEWAL_MARGIN_SECONDS, labels(ctx, name, options, &[])).record(margin);
     }
+}
+
+/// An acquire request's unknown outcome was resolved, `how`.
+pub(crate) fn unknown_resolved(
+    ctx: &Context,
+    name: &LockName,
+    options: &LockOptions,
+    how: &'static str,
+) {
+    let labels = labels(ctx, name, options, &[("resolved", how)]);
+    metrics::counter!(UNKNOWN_OUTCOMES, labels).increment(1);
 }
 
 fn reason_label(reason: LossReason) -> &'static str {

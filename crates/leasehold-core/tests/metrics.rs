@@ -97,6 +97,20 @@ async fn a_known_sequence_is_counted_as_it_happened() {
     faults.hold_replies(Op::Renew);
     assert_eq!(doomed.lost().await, LossReason::Expired);
 
+    // An acquire whose reply is lost: its retry adopts the grant.
+    let lossy = Faulty::wrap(backend.clone());
+    let quick = options(Duration::from_secs(30))
+        .to_builder()
+        .request_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let retrying = Client::builder_from_arc(Arc::new(lossy.clone()))
+        .options(quick)
+        .build();
+    lossy.lose_next_reply(Op::Acquire);
+    let adopted = retrying.mutex("adopted").unwrap().lock().await.unwrap();
+    adopted.release().await.unwrap();
+
     // A fence refusal, and a lock whose name is a label.
     let fence = Fence::new();
     fence.apply(FencingToken::new(5), || ()).unwrap();
@@ -119,8 +133,8 @@ async fn a_known_sequence_is_counted_as_it_happened() {
             &[memory, &outcome],
         )
     };
-    // jobs ×4, renewed, doomed (and named, a series of its own).
-    assert_eq!(count("granted"), Some(6.0), "{text}");
+    // jobs ×4, renewed, doomed, adopted (and named, a series of its own).
+    assert_eq!(count("granted"), Some(7.0), "{text}");
     assert_eq!(count("busy"), Some(1.0), "{text}");
     assert_eq!(count("timeout"), Some(1.0), "{text}");
     assert_eq!(
@@ -145,7 +159,13 @@ async fn a_known_sequence_is_counted_as_it_happened() {
         "leasehold_hold_seconds_count",
         &[memory, "end=\"released\""],
     );
-    assert_eq!(released, Some(4.0), "{text}");
+    assert_eq!(released, Some(5.0), "{text}");
+    let adopted = value(
+        &text,
+        "leasehold_unknown_outcomes_total",
+        &[memory, "resolved=\"adopted\""],
+    );
+    assert_eq!(adopted, Some(1.0), "{text}");
     let renewals = value(
         &text,
         "leasehold_renewals_total",

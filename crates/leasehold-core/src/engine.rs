@@ -97,6 +97,8 @@ async fn take(ctx: &Arc<Context>, spec: &Spec, wait: Wait) -> Result<Option<Arc<
     let mut failures = Failures::default();
     // A request went unanswered and no later answer has told what became of it.
     let mut unknown = false;
+    // When the last wait for a change ended (a wake-up, or its slice running out).
+    let mut woken_at = None;
     let resolved = |how| telemetry::unknown_resolved(ctx, &spec.name, options, how);
     loop {
         let sent = ctx.now();
@@ -119,6 +121,10 @@ async fn take(ctx: &Arc<Context>, spec: &Spec, wait: Wait) -> Result<Option<Arc<
                 if let Some(lease) = lease {
                     if was_unknown {
                         resolved("adopted");
+                    }
+                    if let Some(woken) = woken_at {
+                        let took = ctx.now().saturating_duration_since(woken);
+                        telemetry::handed_off(ctx, &request.name, options, took);
                     }
                     leftover.disarm();
                     telemetry::granted(ctx, &request.name, options);
@@ -184,6 +190,7 @@ async fn take(ctx: &Arc<Context>, spec: &Spec, wait: Wait) -> Result<Option<Arc<
                 ctx.backend.wait(&request.name, &hint, slice),
             )
             .await;
+        woken_at = Some(ctx.now());
         match waited {
             Ok(()) | Err(Error::Timeout(_)) => {}
             Err(error) if error.is_retryable() => {

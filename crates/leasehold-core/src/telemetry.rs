@@ -42,6 +42,10 @@ pub const RENEWAL_MARGIN_SECONDS: &str = "leasehold_renewal_margin_seconds";
 /// By `resolved`: `adopted` (a retry with the same owner found the grant), `not_granted`
 /// (the next answer was busy) or `released` (given up: released by owner).
 pub const UNKNOWN_OUTCOMES: &str = "leasehold_unknown_outcomes_total";
+/// Seconds from a waiter's last wake-up to its grant: the hand-off, as the waiter sees it.
+/// The wake-up is the backend's push (or the end of a wait slice, on a backend without
+/// one); acquisitions granted without waiting have none.
+pub const HANDOFF_SECONDS: &str = "leasehold_handoff_seconds";
 /// Accesses a fence refused.
 /// By `fence`: `fence` (in process), `redis`, and what the application counts itself
 /// (`postgres`, `postgres_token`, `etcd`: see [`fence_refused`]).
@@ -174,6 +178,11 @@ pub(crate) fn renewed(
     if let Some(margin) = margin {
         metrics::histogram!(RENEWAL_MARGIN_SECONDS, labels(ctx, name, options, &[])).record(margin);
     }
+}
+
+/// A waiter was granted `took` after its last wake-up.
+pub(crate) fn handed_off(ctx: &Context, name: &LockName, options: &LockOptions, took: Duration) {
+    metrics::histogram!(HANDOFF_SECONDS, labels(ctx, name, options, &[])).record(took);
 }
 
 /// An acquire request's unknown outcome was resolved, `how`.

@@ -71,6 +71,17 @@ async fn a_known_sequence_is_counted_as_it_happened() {
             .await
             .unwrap();
     }
+    // A hand-off: b waits for jobs, a releases it.
+    let first = a.mutex("jobs").unwrap().lock().await.unwrap();
+    let waiter = b.mutex("jobs").unwrap();
+    let handed = tokio::spawn(async move { waiter.lock().await });
+    while b.inspect("jobs").await.unwrap().waiters.is_empty() {
+        // The in-memory backend shows the queued waiter; nothing else to await.
+        tokio::task::yield_now().await;
+    }
+    first.release().await.unwrap();
+    handed.await.unwrap().unwrap().release().await.unwrap();
+
     let held = a.mutex("jobs").unwrap().lock().await.unwrap();
     assert!(b.mutex("jobs").unwrap().try_lock().await.unwrap().is_none());
     let waiting = b.mutex("jobs").unwrap();
@@ -133,8 +144,8 @@ async fn a_known_sequence_is_counted_as_it_happened() {
             &[memory, &outcome],
         )
     };
-    // jobs ×4, renewed, doomed, adopted (and named, a series of its own).
-    assert_eq!(count("granted"), Some(7.0), "{text}");
+    // jobs ×6, renewed, doomed, adopted (and named, a series of its own).
+    assert_eq!(count("granted"), Some(9.0), "{text}");
     assert_eq!(count("busy"), Some(1.0), "{text}");
     assert_eq!(count("timeout"), Some(1.0), "{text}");
     assert_eq!(
@@ -159,7 +170,9 @@ async fn a_known_sequence_is_counted_as_it_happened() {
         "leasehold_hold_seconds_count",
         &[memory, "end=\"released\""],
     );
-    assert_eq!(released, Some(5.0), "{text}");
+    assert_eq!(released, Some(7.0), "{text}");
+    let handoffs = value(&text, "leasehold_handoff_seconds_count", &[memory]);
+    assert_eq!(handoffs, Some(1.0), "{text}");
     let adopted = value(
         &text,
         "leasehold_unknown_outcomes_total",

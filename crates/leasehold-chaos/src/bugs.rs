@@ -13,7 +13,7 @@ use leasehold::backend::{
     SessionKeeper, SessionLiveness, WaitHint,
 };
 use leasehold::clock::{Clock, Instant, Sleep, SystemClock};
-use leasehold::{Error, LockName, LossReason, OwnerId, Result};
+use leasehold::{Error, ListCursor, Listing, LockName, LossReason, NamePrefix, OwnerId, Result};
 use tokio::task::JoinHandle;
 
 /// A planted bug.
@@ -269,6 +269,15 @@ impl Backend for Planted {
 
     async fn inspect(&self, name: &LockName) -> Result<LockState> {
         self.inner.inspect(name).await
+    }
+
+    async fn list(
+        &self,
+        prefix: &NamePrefix,
+        cursor: Option<&ListCursor>,
+        page: usize,
+    ) -> Result<Listing> {
+        self.inner.list(prefix, cursor, page).await
     }
 
     async fn abandon(&self, req: &Request) -> Result<()> {

@@ -16,7 +16,7 @@ use leasehold::backend::{
     Acquire, Backend, Capabilities, Expiry as BackendExpiry, LockState, Release, Renewal, Request,
     SessionLiveness, WaitHint,
 };
-use leasehold::{LockName, Result};
+use leasehold::{ListCursor, Listing, LockName, NamePrefix, Result};
 use serde_json::json;
 use tokio::task::JoinHandle;
 
@@ -251,6 +251,15 @@ impl Backend for Recorder {
 
     async fn inspect(&self, name: &LockName) -> Result<LockState> {
         self.inner.inspect(name).await
+    }
+
+    async fn list(
+        &self,
+        prefix: &NamePrefix,
+        cursor: Option<&ListCursor>,
+        page: usize,
+    ) -> Result<Listing> {
+        self.inner.list(prefix, cursor, page).await
     }
 
     async fn abandon(&self, req: &Request) -> Result<()> {

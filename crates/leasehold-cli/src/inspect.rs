@@ -1,6 +1,9 @@
-//! `leasehold inspect`: holders, modes, tokens, remaining TTLs and waiters.
+//! `leasehold inspect` and `leasehold locks`.
+//! Holders, modes, tokens, time held, remaining TTLs and waiters.
 
 use std::fmt::Write as _;
+use std::io::IsTerminal as _;
+use std::time::Duration;
 
 use leasehold::{Client, LockState, Mode};
 use serde_json::{Value, json};
@@ -17,6 +20,7 @@ pub fn to_json(locks: &[(String, LockState)]) -> Value {
                     "mode": mode(h.mode),
                     "token": h.token.get(),
                     "remaining_ms": h.remaining.map(|r| r.as_millis() as u64),
+                    "held_ms": h.held.map(|r| r.as_millis() as u64),
                     "value": h.value.as_deref().map(value),
                 })).collect::<Vec<_>>(),
                 "waiters": state.waiters.iter().map(|w| json!({
@@ -30,27 +34,22 @@ pub fn to_json(locks: &[(String, LockState)]) -> Value {
 }
 
 /// The state of each named lock, as a table for people.
-pub fn to_table(locks: &[(String, LockState)]) -> String {
-    let mut rows = vec![[
-        "LOCK".to_owned(),
-        "ROLE".to_owned(),
-        "MODE".to_owned(),
-        "TOKEN".to_owned(),
-        "TTL".to_owned(),
-        "OWNER".to_owned(),
-        "VALUE".to_owned(),
-    ]];
+/// With `colour`, holders are green and waiters yellow (for a terminal).
+pub fn to_table(locks: &[(String, LockState)], colour: bool) -> String {
+    const COLUMNS: usize = 8;
+    let header = [
+        "LOCK", "ROLE", "MODE", "TOKEN", "HELD", "TTL", "OWNER", "VALUE",
+    ];
+    let mut rows: Vec<[String; COLUMNS]> = vec![header.map(str::to_owned)];
+    let seconds = |d: Option<Duration>, none: &str| {
+        d.map_or(none.to_owned(), |d| format!("{:.1}s", d.as_secs_f64()))
+    };
     for (name, state) in locks {
         if state.holders.is_empty() && state.waiters.is_empty() {
-            rows.push([
-                name.clone(),
-                "free".into(),
-                "-".into(),
-                "-".into(),
-                "-".into(),
-                "-".into(),
-                "-".into(),
-            ]);
+            let mut row = ["-"; COLUMNS].map(str::to_owned);
+            row[0].clone_from(name);
+            row[1] = "free".into();
+            rows.push(row);
         }
         for h in &state.holders {
             rows.push([
@@ -58,8 +57,8 @@ pub fn to_table(locks: &[(String, LockState)]) -> String {
                 "holder".into(),
                 mode(h.mode),
                 h.token.to_string(),
-                h.remaining
-                    .map_or("none".into(), |r| format!("{:.1}s", r.as_secs_f64())),
+                seconds(h.held, "-"),
+                seconds(h.remaining, "none"),
                 h.owner.to_string(),
                 h.value.as_deref().map_or("-".into(), value),
             ]);
@@ -71,24 +70,78 @@ pub fn to_table(locks: &[(String, LockState)]) -> String {
                 mode(w.mode),
                 "-".into(),
                 "-".into(),
+                "-".into(),
                 w.owner.to_string(),
                 "-".into(),
             ]);
         }
     }
-    let widths: Vec<usize> = (0..7)
+    let widths: Vec<usize> = (0..COLUMNS)
         .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
         .collect();
     let mut out = String::new();
     for row in rows {
+        let paint = match row[1].as_str() {
+            "holder" if colour => Some("32"),
+            "waiter" if colour => Some("33"),
+            _ => None,
+        };
         let line: Vec<String> = row
             .iter()
             .zip(&widths)
             .map(|(cell, w)| format!("{cell:<w$}"))
             .collect();
-        let _ = writeln!(out, "{}", line.join("  ").trim_end());
+        let line = line.join("  ");
+        let line = line.trim_end();
+        match paint {
+            Some(code) => {
+                let _ = writeln!(out, "\x1b[{code}m{line}\x1b[0m");
+            }
+            None => {
+                let _ = writeln!(out, "{line}");
+            }
+        }
     }
     out
+}
+
+/// Whether to colour output for people: stdout is a terminal and `NO_COLOR` is not set.
+pub fn colour() -> bool {
+    std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+}
+
+/// Every lock under `prefix` with a holder or a waiter (see [`Client::locks`]).
+/// With `older_than`, only locks with a holder that has held at least that long; locks
+/// whose grant time the backend does not record are left out then, and counted in the
+/// second value.
+///
+/// # Errors
+///
+/// A bad prefix, a backend that cannot list, backend errors.
+pub async fn list(
+    client: &Client,
+    prefix: &str,
+    older_than: Option<Duration>,
+) -> leasehold::Result<(Vec<(String, LockState)>, usize)> {
+    let mut unknown = 0;
+    let mut locks = Vec::new();
+    for (name, state) in client.locks(prefix).await? {
+        if let Some(age) = older_than {
+            if state.holders.iter().all(|h| h.held.is_none()) {
+                unknown += usize::from(!state.holders.is_empty());
+                continue;
+            }
+            if !state
+                .holders
+                .iter()
+                .any(|h| h.held.is_some_and(|h| h >= age))
+            {
+                continue;
+            }
+        }
+        locks.push((name.to_string(), state));
+    }
+    Ok((locks, unknown))
 }
 
 /// Reads the state of every name.

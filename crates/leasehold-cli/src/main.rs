@@ -39,6 +39,10 @@ enum Command {
     Run(RunArgs),
     /// Show holders, modes, tokens, remaining TTLs and waiters of locks.
     Inspect(InspectArgs),
+    /// List every lock a backend holds or queues, without knowing the names.
+    /// Holders, tokens, time held, TTL left and waiters. The backend is read a page at a
+    /// time (SCAN, ranged reads, paged queries), so a large listing never blocks the server.
+    Locks(LocksArgs),
     /// Measure throughput and latency of the backend.
     /// Uncontended and contended acquire+release cycles, acquire latency, and hand-off from
     /// a release to the next holder.
@@ -136,6 +140,23 @@ struct InspectArgs {
     names: Vec<String>,
 }
 
+#[derive(Debug, Args)]
+struct LocksArgs {
+    #[command(flatten)]
+    connection: Connection,
+    /// Only names that begin with this.
+    #[arg(long, default_value = "")]
+    prefix: String,
+    /// Only locks with a holder that has held at least this long.
+    /// Locks whose grant time the backend does not record are left out, and counted on
+    /// stderr.
+    #[arg(long, value_parser = duration)]
+    older_than: Option<Duration>,
+    /// Print JSON instead of a table (also for errors).
+    #[arg(long)]
+    json: bool,
+}
+
 fn duration(text: &str) -> Result<Duration, String> {
     parse_duration(text).map_err(|e| match e {
         Error::InvalidArgument { reason, .. } => reason,
@@ -177,6 +198,7 @@ fn main() -> ExitCode {
         match command {
             Command::Run(args) => run(args).await,
             Command::Inspect(args) => inspect(args).await,
+            Command::Locks(args) => locks(args).await,
             Command::Bench(args) => bench(args).await,
             Command::Chaos(_) => exit::USAGE,
             Command::Supervise(args) => {
@@ -309,10 +331,34 @@ async fn inspect(args: InspectArgs) -> u8 {
             0
         }
         (Ok(locks), false) => {
-            print!("{}", inspect::to_table(&locks));
+            print!("{}", inspect::to_table(&locks, inspect::colour()));
             0
         }
         (Err(error), json) => report(&error, json),
+    }
+}
+
+async fn locks(args: LocksArgs) -> u8 {
+    let result = match connect(&args.connection).await {
+        Ok(client) => inspect::list(&client, &args.prefix, args.older_than).await,
+        Err(error) => Err(error),
+    };
+    match result {
+        Ok((locks, unknown)) => {
+            if unknown > 0 {
+                eprintln!(
+                    "leasehold: {unknown} held lock(s) left out: the backend does not record \
+                     when their grants were made"
+                );
+            }
+            if args.json {
+                println!("{}", inspect::to_json(&locks));
+            } else {
+                print!("{}", inspect::to_table(&locks, inspect::colour()));
+            }
+            0
+        }
+        Err(error) => report(&error, args.json),
     }
 }
 

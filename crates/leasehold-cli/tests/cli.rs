@@ -316,6 +316,74 @@ async fn inspect_shows_the_holder_as_json_and_as_a_table() {
 }
 
 #[tokio::test]
+async fn locks_lists_every_held_lock_without_its_name() {
+    let d = Dir::new();
+    let mut holders = Vec::new();
+    let mut tokens = Vec::new();
+    for name in ["jobs:a", "jobs:b", "other"] {
+        let fifo = d.fifo(&format!("ready-{name}"));
+        let script = format!(
+            "echo $$ $LEASEHOLD_TOKEN > {}; exec sleep 1000",
+            fifo.display()
+        );
+        let holder = d
+            .leasehold(&["run", name, "--", "sh", "-c", &script])
+            .spawn()
+            .unwrap();
+        let written = read_fifo(&fifo).await;
+        let (pid, token) = written.trim().split_once(' ').unwrap();
+        holders.push((holder, Pid::from_raw(pid.parse().unwrap()).unwrap()));
+        tokens.push(token.parse::<u64>().unwrap());
+    }
+
+    let out = d.output(&["locks", "--prefix", "jobs:", "--json"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let locks = json["locks"].as_array().unwrap();
+    let names: Vec<&str> = locks.iter().map(|l| l["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["jobs:a", "jobs:b"]);
+    for (lock, token) in locks.iter().zip(&tokens) {
+        let holder = &lock["holders"][0];
+        assert_eq!(holder["token"], *token);
+        assert!(holder["held_ms"].is_u64(), "{holder}");
+    }
+
+    // Every lock, as a table (not a terminal: no colour).
+    let out = d.output(&["locks"]).await;
+    let table = text(&out.stdout);
+    let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        header,
+        [
+            "LOCK", "ROLE", "MODE", "TOKEN", "HELD", "TTL", "OWNER", "VALUE"
+        ]
+    );
+    assert_eq!(table.lines().count(), 4, "{table}");
+    assert!(!table.contains('\x1b'), "{table}");
+
+    // Held for less than an hour: none is older.
+    let out = d.output(&["locks", "--older-than", "1h", "--json"]).await;
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["locks"].as_array().unwrap().len(), 0, "{json}");
+    let out = d.output(&["locks", "--older-than", "0s", "--json"]).await;
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["locks"].as_array().unwrap().len(), 3, "{json}");
+
+    let out = d.output(&["locks", "--prefix", "jobs*", "--json"]).await;
+    assert_eq!(out.status.code(), Some(64));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["error"]["kind"], "invalid_argument");
+
+    for (mut holder, command) in holders {
+        kill_process(command, Signal::KILL).unwrap();
+        holder.wait().await.unwrap();
+    }
+    let out = d.output(&["locks", "--json"]).await;
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["locks"].as_array().unwrap().len(), 0, "{json}");
+}
+
+#[tokio::test]
 async fn a_holder_killed_with_sigkill_frees_the_lock_once_its_command_is_gone() {
     let d = Dir::new();
     let fifo = d.fifo("ready");

@@ -64,9 +64,9 @@ use async_trait::async_trait;
 use tokio::sync::watch;
 
 use crate::clock::Instant;
-use crate::error::{LossReason, Result};
+use crate::error::{Error, LossReason, Result};
 use crate::fencing::FencingToken;
-use crate::name::{LockName, OwnerId};
+use crate::name::{LockName, NamePrefix, OwnerId};
 
 /// How a request wants to hold a lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -448,6 +448,9 @@ pub struct Holder {
     pub remaining: Option<Duration>,
     /// Data stored with the grant.
     pub value: Option<Arc<[u8]>>,
+    /// How long the grant has been held.
+    /// `None` where the backend does not record when a grant was made.
+    pub held: Option<Duration>,
 }
 
 impl Holder {
@@ -460,6 +463,7 @@ impl Holder {
             token,
             remaining: None,
             value: None,
+            held: None,
         }
     }
 
@@ -472,6 +476,12 @@ impl Holder {
     /// This holder with `value` stored with its grant.
     pub fn with_value(mut self, value: Option<Arc<[u8]>>) -> Self {
         self.value = value;
+        self
+    }
+
+    /// This holder, having held its grant for `held`.
+    pub fn with_held(mut self, held: Option<Duration>) -> Self {
+        self.held = held;
         self
     }
 }
@@ -505,6 +515,40 @@ pub struct LockState {
     pub waiters: Vec<Waiter>,
     /// Pass to [`Backend::wait`] to wait for the next change.
     pub hint: WaitHint,
+}
+
+/// Where a listing goes on: opaque, made by the backend that returned it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListCursor(String);
+
+impl ListCursor {
+    /// A cursor holding `position`, in the backend's own terms.
+    pub fn new(position: impl Into<String>) -> Self {
+        Self(position.into())
+    }
+
+    /// The position, as the backend wrote it.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// One page of [`Backend::list`].
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub struct Listing {
+    /// Locks with a holder or a waiter, each with what the server knows about it.
+    /// Their hints are [`WaitHint::none`].
+    pub locks: Vec<(LockName, LockState)>,
+    /// Where the next page starts; `None` after the last page.
+    pub next: Option<ListCursor>,
+}
+
+impl Listing {
+    /// A page of `locks`, followed by the page at `next`.
+    pub fn new(locks: Vec<(LockName, LockState)>, next: Option<ListCursor>) -> Self {
+        Self { locks, next }
+    }
 }
 
 /// How far a backend's fencing tokens can be trusted.
@@ -601,6 +645,27 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// Holders, waiters and a wait hint for `name`.
     async fn inspect(&self, name: &LockName) -> Result<LockState>;
 
+    /// One page of the held or queued locks whose names begin with `prefix`.
+    /// The page starts at `cursor` (`None`: the first page).
+    ///
+    /// `page` is how many names to look at per call, a hint that keeps each request short:
+    /// a listing never blocks the server for long, and pages may hold fewer locks or more.
+    /// A name may appear on two pages (a Redis `SCAN` repeats names when the keyspace
+    /// grows); a lock held or freed meanwhile may or may not appear. The default says the
+    /// backend cannot list.
+    async fn list(
+        &self,
+        prefix: &NamePrefix,
+        cursor: Option<&ListCursor>,
+        page: usize,
+    ) -> Result<Listing> {
+        let _ = (prefix, cursor, page);
+        Err(Error::Unsupported {
+            backend: self.capabilities().backend,
+            feature: "listing locks",
+        })
+    }
+
     /// Called when the release of `req`'s grant or queue entry could not be confirmed.
     /// The engine retried it while the session it lives by was healthy (see
     /// [`session_liveness`](Backend::session_liveness)) and the server never answered, or
@@ -649,6 +714,14 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
     }
     async fn inspect(&self, name: &LockName) -> Result<LockState> {
         (**self).inspect(name).await
+    }
+    async fn list(
+        &self,
+        prefix: &NamePrefix,
+        cursor: Option<&ListCursor>,
+        page: usize,
+    ) -> Result<Listing> {
+        (**self).list(prefix, cursor, page).await
     }
     async fn abandon(&self, req: &Request) -> Result<()> {
         (**self).abandon(req).await

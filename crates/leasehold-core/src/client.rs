@@ -1,5 +1,6 @@
 //! The entry point: a backend, a clock and default options, and the handles built on them.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
@@ -7,7 +8,7 @@ use crate::backend::{Backend, Capabilities, LockState};
 use crate::clock::{Clock, SystemClock};
 use crate::context::Context;
 use crate::error::Result;
-use crate::name::LockName;
+use crate::name::{LockName, NamePrefix};
 use crate::options::LockOptions;
 use crate::sync::{Election, MultiLock, Mutex, Part, RwLock, Semaphore};
 
@@ -127,6 +128,47 @@ impl Client {
         ctx.call(ctx.options.request_timeout(), ctx.backend.inspect(&name))
             .await
     }
+
+    /// Every held or queued lock whose name begins with `prefix`.
+    /// Each with its holders, tokens and waiters, sorted by name.
+    ///
+    /// The names need not be known: the backend is read a page of
+    /// [`LIST_PAGE`](Client::LIST_PAGE) names at a time (`SCAN`, ranged reads, paged
+    /// queries), so a large listing never blocks the server. It is not a snapshot: a lock
+    /// taken or freed while the listing runs may or may not be in it.
+    ///
+    /// # Cancel safety
+    ///
+    /// Read-only; dropping the future changes nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a bad prefix;
+    /// [`Error::Unsupported`](crate::Error::Unsupported) where the backend cannot list;
+    /// backend errors.
+    pub async fn locks(&self, prefix: &str) -> Result<Vec<(LockName, LockState)>> {
+        let prefix = NamePrefix::new(prefix)?;
+        let ctx = &self.ctx;
+        let mut locks = BTreeMap::new();
+        let mut cursor = None;
+        loop {
+            let page = ctx
+                .call(
+                    ctx.options.request_timeout(),
+                    ctx.backend.list(&prefix, cursor.as_ref(), Self::LIST_PAGE),
+                )
+                .await?;
+            // A name seen twice (a rehashing SCAN) keeps its later state.
+            locks.extend(page.locks);
+            match page.next {
+                Some(next) => cursor = Some(next),
+                None => return Ok(locks.into_iter().collect()),
+            }
+        }
+    }
+
+    /// How many names [`locks`](Client::locks) asks the backend to look at per request.
+    pub const LIST_PAGE: usize = 1000;
 
     /// Waits until every background release has finished.
     /// Those are releases of dropped guards, releases whose futures were cancelled or not

@@ -46,11 +46,11 @@ pub mod sync;
 pub mod telemetry;
 mod watchdog;
 
-pub use backend::{Backend, Capabilities, LockState, Mode};
+pub use backend::{Backend, Capabilities, ListCursor, Listing, LockState, Mode};
 pub use client::{Client, ClientBuilder};
 pub use error::{Error, LossReason, Result};
 pub use fencing::{Fence, FencingToken, StaleToken};
-pub use name::{LockName, OwnerId};
+pub use name::{LockName, NamePrefix, OwnerId};
 pub use options::{
     ConnectOptions, DEFAULT_TTL, LockOptions, LockOptionsBuilder, MAX_DURATION, parse_duration,
 };

@@ -16,13 +16,13 @@ use async_trait::async_trait;
 use tokio::sync::watch;
 
 use crate::backend::{
-    Acquire, Backend, Capabilities, Expiry, Grant, Holder, LockState, Mode, Release, Renewal,
-    Request, TokenDurability, WaitHint, Waiter,
+    Acquire, Backend, Capabilities, Expiry, Grant, Holder, ListCursor, Listing, LockState, Mode,
+    Release, Renewal, Request, TokenDurability, WaitHint, Waiter,
 };
 use crate::clock::{Clock, Instant, SystemClock};
 use crate::error::{Error, LossReason, Result};
 use crate::fencing::FencingToken;
-use crate::name::{LockName, OwnerId};
+use crate::name::{LockName, NamePrefix, OwnerId};
 use crate::support::queue;
 
 /// An in-process lock server. Clones share the same locks.
@@ -81,6 +81,7 @@ struct Held {
     owner: OwnerId,
     mode: Mode,
     token: FencingToken,
+    granted: Instant,
     expires: Instant,
     lock_delay: Option<Duration>,
     value: Option<Arc<[u8]>>,
@@ -136,6 +137,25 @@ impl Entry {
             self.bump();
         }
         changed
+    }
+
+    /// Holders (lock set first) and waiters at `now`, without a hint.
+    fn state(&self, now: Instant) -> LockState {
+        let mut state = LockState::default();
+        for set in &self.sets {
+            state.holders.extend(set.holders.iter().map(|h| {
+                Holder::new(h.owner.clone(), h.mode, h.token)
+                    .with_remaining(Some(h.expires.saturating_duration_since(now)))
+                    .with_value(h.value.clone())
+                    .with_held(Some(now.saturating_duration_since(h.granted)))
+            }));
+            state.waiters.extend(
+                set.queue
+                    .iter()
+                    .map(|q| Waiter::new(q.owner.clone(), q.mode)),
+            );
+        }
+        state
     }
 
     /// The next instant at which purging would change something.
@@ -273,6 +293,7 @@ impl Backend for InMemory {
                 owner: req.owner.clone(),
                 mode: req.mode,
                 token: FencingToken::new(next_token),
+                granted: now,
                 expires,
                 lock_delay: req.lock_delay,
                 value: req.value.clone(),
@@ -338,25 +359,42 @@ impl Backend for InMemory {
     }
 
     async fn inspect(&self, name: &LockName) -> Result<LockState> {
-        Ok(self.with_entry(name, |entry, now| {
-            let mut state = LockState {
-                hint: entry.hint(),
-                ..LockState::default()
-            };
-            for set in &entry.sets {
-                state.holders.extend(set.holders.iter().map(|h| Holder {
-                    owner: h.owner.clone(),
-                    mode: h.mode,
-                    token: h.token,
-                    remaining: Some(h.expires.saturating_duration_since(now)),
-                    value: h.value.clone(),
-                }));
-                state.waiters.extend(set.queue.iter().map(|q| Waiter {
-                    owner: q.owner.clone(),
-                    mode: q.mode,
-                }));
-            }
-            state
+        Ok(self.with_entry(name, |entry, now| LockState {
+            hint: entry.hint(),
+            ..entry.state(now)
         }))
+    }
+
+    async fn list(
+        &self,
+        prefix: &NamePrefix,
+        cursor: Option<&ListCursor>,
+        page: usize,
+    ) -> Result<Listing> {
+        let now = self.inner.clock.now();
+        let mut names = self.inner.names.lock().unwrap_or_else(|e| e.into_inner());
+        let after = cursor.map(ListCursor::as_str);
+        let mut matching: Vec<&LockName> = names
+            .keys()
+            .filter(|name| prefix.matches(name) && after.is_none_or(|a| name.as_str() > a))
+            .collect();
+        matching.sort_unstable();
+        matching.truncate(page.max(1));
+        let next = (matching.len() == page.max(1))
+            .then(|| matching.last().map(|last| ListCursor::new(last.as_str())))
+            .flatten();
+        let matching: Vec<LockName> = matching.into_iter().cloned().collect();
+        let mut locks = Vec::new();
+        for name in matching {
+            let Some(entry) = names.get_mut(&name) else {
+                continue;
+            };
+            entry.purge(now);
+            let state = entry.state(now);
+            if !state.holders.is_empty() || !state.waiters.is_empty() {
+                locks.push((name, state));
+            }
+        }
+        Ok(Listing::new(locks, next))
     }
 }

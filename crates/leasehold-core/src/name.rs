@@ -113,6 +113,56 @@ impl TryFrom<&str> for LockName {
     }
 }
 
+/// The beginning of lock names, for listing the locks under it.
+///
+/// Checked like a [`LockName`] (the same characters, so no glob character reaches a Redis
+/// `SCAN` pattern), except that it may be empty: the empty prefix lists every lock.
+///
+/// ```
+/// use leasehold_core::{LockName, NamePrefix};
+///
+/// let jobs = NamePrefix::new("jobs:").unwrap();
+/// assert!(jobs.matches(&LockName::new("jobs:nightly").unwrap()));
+/// assert!(!jobs.matches(&LockName::new("orders:42").unwrap()));
+/// assert!(NamePrefix::new("jobs*").is_err());
+/// ```
+#[derive(Clone, PartialEq, Eq, Hash, Default)]
+pub struct NamePrefix(Arc<str>);
+
+impl NamePrefix {
+    /// Validates `prefix`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] when no lock name could begin with it.
+    pub fn new(prefix: &str) -> Result<Self> {
+        if prefix.is_empty() {
+            return Ok(Self::default());
+        }
+        LockName::new(prefix).map_err(|e| match e {
+            Error::InvalidArgument { reason, .. } => Error::invalid("name prefix", reason),
+            other => other,
+        })?;
+        Ok(Self(prefix.into()))
+    }
+
+    /// Whether `name` begins with this prefix.
+    pub fn matches(&self, name: &LockName) -> bool {
+        name.as_str().starts_with(&*self.0)
+    }
+
+    /// The prefix as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for NamePrefix {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
 /// The identity of one acquisition, stored by the server as the holder's (or waiter's) value.
 /// Every release and renewal is checked against it.
 ///

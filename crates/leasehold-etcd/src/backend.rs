@@ -1,17 +1,17 @@
-//! The [`Backend`] implementation: acquire, renew, release, wait, inspect and abandon.
+//! The [`Backend`] implementation: acquire, renew, release, wait, inspect, list and abandon.
 //! Each is sent as etcd requests, and this module says what their answers mean.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::num::NonZeroU32;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use leasehold_core::backend::{
-    Acquire, Backend, Capabilities, Expiry, Grant, Holder, LockState, Mode, Release, Renewal,
-    Request, SessionLiveness, TokenDurability, WaitHint, Waiter,
+    Acquire, Backend, Capabilities, Expiry, Grant, Holder, ListCursor, Listing, LockState, Mode,
+    Release, Renewal, Request, SessionLiveness, TokenDurability, WaitHint, Waiter,
 };
 use leasehold_core::support::queue::{blocker, holding};
-use leasehold_core::{Error, LockName, LossReason, OwnerId, Result};
+use leasehold_core::{Error, LockName, LossReason, NamePrefix, OwnerId, Result};
 
 use crate::connection::EtcdBackend;
 use crate::error::map_error;
@@ -72,6 +72,13 @@ enum Step {
 /// How often an acquire is sent again because the session's fence moved meanwhile.
 /// Only an acquisition that gave up after an unanswered put moves it.
 const ATTEMPTS: usize = 4;
+
+/// How many names one transaction reads whole, two queue reads each.
+/// etcd allows 128 operations in a transaction by default (`--max-txn-ops`).
+const NAMES_PER_READ: usize = 64;
+
+/// The queues of one name, oldest first: the lock set's, then the permit set's.
+type Queues = [Vec<Entry>; 2];
 
 impl EtcdBackend {
     /// Whether what `hint` watches may have changed from its read to a watch at `now`.
@@ -357,6 +364,85 @@ impl EtcdBackend {
         }
     }
 
+    /// The contender directories of `name`: the lock set's, then the permit set's.
+    fn dirs(&self, name: &LockName) -> [String; 2] {
+        let limit = NonZeroU32::MIN;
+        [Mode::Exclusive, Mode::Permit { limit }].map(|mode| self.set(name, mode).dir)
+    }
+
+    /// Holders (lock set first) and waiters of a name whose queues are `queues`.
+    /// `left` keeps the time left on each lease looked up, for the next name.
+    async fn state_of(
+        &self,
+        queues: Queues,
+        left: &mut HashMap<i64, Option<Duration>>,
+    ) -> Result<LockState> {
+        let mut state = LockState::default();
+        for mut queue in queues {
+            queue.sort_by_key(|entry| entry.revision);
+            for (entry, holds) in queue.iter().zip(holding(&queue)) {
+                if !holds {
+                    state
+                        .waiters
+                        .push(Waiter::new(entry.owner.clone(), entry.mode));
+                    continue;
+                }
+                let remaining = match left.get(&entry.lease) {
+                    Some(remaining) => *remaining,
+                    None => {
+                        let remaining = self.time_left(entry.lease).await?;
+                        left.insert(entry.lease, remaining);
+                        remaining
+                    }
+                };
+                // etcd keeps no grant time, and the key's value records none: `held` is
+                // unknown.
+                state.holders.push(
+                    Holder::new(entry.owner.clone(), entry.mode, token(entry.revision)?)
+                        .with_remaining(remaining)
+                        .with_value(entry.value.clone()),
+                );
+            }
+        }
+        Ok(state)
+    }
+
+    /// The states of `names`, each read whole: both queues of a name in one transaction.
+    async fn read_whole(
+        &self,
+        names: &[LockName],
+        left: &mut HashMap<i64, Option<Duration>>,
+    ) -> Result<Vec<(LockName, LockState)>> {
+        let mut states = Vec::with_capacity(names.len());
+        for chunk in names.chunks(NAMES_PER_READ) {
+            let dirs: Vec<[String; 2]> = chunk.iter().map(|name| self.dirs(name)).collect();
+            let answer = self
+                .rpc()
+                .txn(requests::read_all(dirs.concat().as_slice()))
+                .await
+                .map_err(|e| map_error(e, "listing"))?;
+            let reads = ranges(&answer.responses);
+            if reads.len() != 2 * chunk.len() {
+                return Err(Error::backend(
+                    format!(
+                        "etcd: a transaction of {} reads was answered with {}",
+                        2 * chunk.len(),
+                        reads.len()
+                    ),
+                    false,
+                ));
+            }
+            for ((name, dirs), reads) in chunk.iter().zip(&dirs).zip(reads.chunks(2)) {
+                let queues = [0, 1].map(|set| {
+                    let dir = &dirs[set];
+                    reads[set].kvs.iter().map(|kv| decode(dir, kv)).collect()
+                });
+                states.push((name.clone(), self.state_of(queues, left).await?));
+            }
+        }
+        Ok(states)
+    }
+
     /// The time left on `lease` as etcd says: `None` for a key without a lease.
     async fn time_left(&self, lease: i64) -> Result<Option<Duration>> {
         if lease == 0 {
@@ -394,6 +480,22 @@ fn reads<const N: usize>(responses: &[ResponseOp]) -> Result<[&RangeResponse; N]
             false,
         )
     })
+}
+
+/// A listing's cursor: the next key to read, in hex.
+fn encode_cursor(key: &[u8]) -> ListCursor {
+    ListCursor::new(key.iter().map(|b| format!("{b:02x}")).collect::<String>())
+}
+
+/// The key a cursor made by [`encode_cursor`] names.
+fn decode_cursor(cursor: &ListCursor) -> Option<Vec<u8>> {
+    let hex = cursor.as_str().as_bytes();
+    if !hex.len().is_multiple_of(2) || !hex.iter().all(u8::is_ascii_hexdigit) {
+        return None;
+    }
+    hex.chunks(2)
+        .map(|pair| u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok())
+        .collect()
 }
 
 #[async_trait]
@@ -517,23 +619,20 @@ impl Backend for EtcdBackend {
     }
 
     async fn inspect(&self, name: &LockName) -> Result<LockState> {
-        let dirs = [
-            self.set(name, Mode::Exclusive).dir,
-            self.set(
-                name,
-                Mode::Permit {
-                    limit: NonZeroU32::MIN,
-                },
-            )
-            .dir,
-        ];
+        let dirs = self.dirs(name);
         let answer = self
             .rpc()
             .txn(requests::read_all(&dirs))
             .await
             .map_err(|e| map_error(e, "inspecting"))?;
         let revision = answer.revision();
-        let mut state = LockState::new(WaitHint::new(Hint {
+        let sets: [&RangeResponse; 2] = reads(&answer.responses)?;
+        let queues = [0, 1].map(|set| {
+            let dir = &dirs[set];
+            sets[set].kvs.iter().map(|kv| decode(dir, kv)).collect()
+        });
+        let mut state = self.state_of(queues, &mut HashMap::new()).await?;
+        state.hint = WaitHint::new(Hint {
             keys: self
                 .inner
                 .layout
@@ -544,34 +643,90 @@ impl Backend for EtcdBackend {
             deletes_only: false,
             created: None,
             from: revision + 1,
-        }));
-        let sets: [&RangeResponse; 2] = reads(&answer.responses)?;
-        let mut left: HashMap<i64, Option<Duration>> = HashMap::new();
-        for (dir, read) in dirs.iter().zip(sets) {
-            let queue: Vec<Entry> = read.kvs.iter().map(|kv| decode(dir, kv)).collect();
-            for (entry, holds) in queue.iter().zip(holding(&queue)) {
-                if !holds {
-                    state
-                        .waiters
-                        .push(Waiter::new(entry.owner.clone(), entry.mode));
-                    continue;
-                }
-                let remaining = match left.get(&entry.lease) {
-                    Some(remaining) => *remaining,
-                    None => {
-                        let remaining = self.time_left(entry.lease).await?;
-                        left.insert(entry.lease, remaining);
-                        remaining
-                    }
-                };
-                state.holders.push(
-                    Holder::new(entry.owner.clone(), entry.mode, token(entry.revision)?)
-                        .with_remaining(remaining)
-                        .with_value(entry.value.clone()),
-                );
-            }
-        }
+        });
         Ok(state)
+    }
+
+    /// One page of the locks under `prefix`: a read of at most `page` keys from the cursor.
+    ///
+    /// The keys under the prefix are read in key order from the cursor, lock-delay markers
+    /// and foreign keys counted, and grouped by name. A name's keys need not be next to
+    /// each other (`a#permits/…` and `a/…` have those of `a.b` and `a-c` between them), so
+    /// a name is listed on the page that reads past its last key: from the page's keys if
+    /// they are all on it, else read whole (both queues) in one more transaction, which
+    /// happens only for names that began before the cursor — the cursor names them. No name
+    /// is listed twice or with part of its keys; one with more keys than `page` is listed
+    /// by the page that gets past it. Each holder's lease is asked once a page for its time
+    /// left. `held` is `None`: etcd keeps no grant time. The cursor is the next key to
+    /// read, in hex.
+    ///
+    /// # Cancel safety
+    ///
+    /// Read-only; dropping the future changes nothing on the server.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for a cursor that is not one of this listing's; backend
+    /// errors.
+    async fn list(
+        &self,
+        prefix: &NamePrefix,
+        cursor: Option<&ListCursor>,
+        page: usize,
+    ) -> Result<Listing> {
+        let layout = &self.inner.layout;
+        let (start, end) = layout.names_range(prefix);
+        let from = match cursor {
+            None => start,
+            Some(cursor) => decode_cursor(cursor)
+                .filter(|key| !key.is_empty() && key.starts_with(&layout.names_start(prefix)))
+                .ok_or_else(|| {
+                    Error::invalid(
+                        "list cursor",
+                        format!(
+                            "{:?} is no cursor of a listing of {prefix:?}",
+                            cursor.as_str()
+                        ),
+                    )
+                })?,
+        };
+        let read = self
+            .rpc()
+            .range(requests::page(from.clone(), end, page.max(1)))
+            .await
+            .map_err(|e| map_error(e, "listing"))?;
+        // The last key read, if there are more after it.
+        let last = read.kvs.last().filter(|_| read.more).map(|kv| &kv.key[..]);
+        let ends_here = |name: &LockName| {
+            prefix.matches(name) && last.is_none_or(|last| *layout.span(name).1 <= *last)
+        };
+        let mut whole: Vec<LockName> = layout.cut_at(&from);
+        whole.retain(|name| ends_here(name) && layout.span(name).0 < from);
+        let mut found: BTreeMap<LockName, Queues> = BTreeMap::new();
+        for kv in &read.kvs {
+            let Some((name, permit)) = layout.contender(&kv.key) else {
+                continue;
+            };
+            // A name begun before the cursor is among those read whole.
+            if !ends_here(&name) || layout.span(&name).0 < from {
+                continue;
+            }
+            let dir = &self.dirs(&name)[usize::from(permit)];
+            found.entry(name).or_default()[usize::from(permit)].push(decode(dir, kv));
+        }
+        let mut left = HashMap::new();
+        let mut locks = self.read_whole(&whole, &mut left).await?;
+        for (name, queues) in found {
+            locks.push((name, self.state_of(queues, &mut left).await?));
+        }
+        locks.retain(|(_, state)| !state.holders.is_empty() || !state.waiters.is_empty());
+        locks.sort_by(|a, b| a.0.cmp(&b.0));
+        let next = last.map(|last| {
+            let mut next = last.to_vec();
+            next.push(0);
+            encode_cursor(&next)
+        });
+        Ok(Listing::new(locks, next))
     }
 
     async fn session_liveness(&self) -> Option<SessionLiveness> {

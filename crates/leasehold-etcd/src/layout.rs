@@ -15,8 +15,10 @@
 //! the key is gone. Names cannot contain `#` or `/`, so no name's keys fall into another
 //! name's directories, and no contender directory holds a marker, a permit or a fence.
 
-use leasehold_core::LockName;
 use leasehold_core::backend::Mode;
+use leasehold_core::{LockName, NamePrefix};
+
+use crate::requests::prefix_end;
 
 /// The value of a lock-delay marker starts with this, then the owner.
 /// A marker is put beside a grant of a request with a lock-delay, bound to the session's
@@ -62,6 +64,76 @@ impl Layout {
     pub(crate) fn all_of(&self, name: &LockName) -> [String; 2] {
         let root = &self.root;
         [format!("{root}{name}/"), format!("{root}{name}#")]
+    }
+
+    /// The keys of every name that begins with `prefix`: `[start, end)`.
+    /// Without a root or a prefix, that is the whole keyspace (etcd's `\0` to `\0`).
+    pub(crate) fn names_range(&self, prefix: &NamePrefix) -> (Vec<u8>, Vec<u8>) {
+        let start = self.names_start(prefix);
+        if start.is_empty() {
+            return (vec![0], vec![0]);
+        }
+        let end = prefix_end(&start);
+        (start, end)
+    }
+
+    /// What every key of a name that begins with `prefix` begins with.
+    pub(crate) fn names_start(&self, prefix: &NamePrefix) -> Vec<u8> {
+        format!("{}{}", self.root, prefix.as_str()).into_bytes()
+    }
+
+    /// Where the keys of `name` lie: every one of them is in `[start, end)`.
+    /// The keys of names that continue `name` with `+`, `-` or `.` lie in there too, as
+    /// those characters sort between `#` and `/`.
+    pub(crate) fn span(&self, name: &LockName) -> (Vec<u8>, Vec<u8>) {
+        let root = &self.root;
+        (
+            format!("{root}{name}#").into_bytes(),
+            prefix_end(format!("{root}{name}/")),
+        )
+    }
+
+    /// The name whose contender directory holds `key`, and whether it is the permit set's.
+    /// `None` for any other key: a lock-delay marker, a session's fence, a key outside the
+    /// root or one that names no lock.
+    pub(crate) fn contender(&self, key: &[u8]) -> Option<(LockName, bool)> {
+        let rest = key.strip_prefix(self.root.as_bytes())?;
+        let end = rest.iter().position(|b| matches!(b, b'/' | b'#'))?;
+        let (name, dir) = rest.split_at(end);
+        let permit = if dir.starts_with(b"/") {
+            false
+        } else if dir.starts_with(b"#permits/") {
+            true
+        } else {
+            return None;
+        };
+        let name = LockName::new(std::str::from_utf8(name).ok()?).ok()?;
+        Some((name, permit))
+    }
+
+    /// The names whose [`span`](Layout::span) starts before `key` and ends after it.
+    /// Each is `key` (past the root) cut before a `+`, `-`, `.`, `#` or `/` that comes
+    /// before the first `#` or `/`.
+    pub(crate) fn cut_at(&self, key: &[u8]) -> Vec<LockName> {
+        let Some(rest) = key.strip_prefix(self.root.as_bytes()) else {
+            return Vec::new();
+        };
+        let mut names = Vec::new();
+        for (i, byte) in rest.iter().enumerate().skip(1) {
+            if !(b'#'..=b'/').contains(byte) {
+                continue;
+            }
+            if let Some(name) = std::str::from_utf8(&rest[..i])
+                .ok()
+                .and_then(|name| LockName::new(name).ok())
+            {
+                names.push(name);
+            }
+            if matches!(byte, b'#' | b'/') {
+                break;
+            }
+        }
+        names
     }
 
     /// The fence key of the session with lease `lease`.
@@ -128,6 +200,55 @@ mod tests {
             b"other/1.2",
         ] {
             assert!(!is_ours("job/", foreign), "{foreign:?}");
+        }
+    }
+
+    #[test]
+    fn a_listing_finds_each_names_keys_and_the_names_cut_at_a_key() {
+        let layout = Layout::new("L");
+        let name = |n: &str| LockName::new(n).unwrap();
+        let prefix = NamePrefix::new("a").unwrap();
+        assert_eq!(
+            layout.names_range(&prefix),
+            (b"L/a".to_vec(), b"L/b".to_vec())
+        );
+        let all = NamePrefix::new("").unwrap();
+        assert_eq!(Layout::new("").names_range(&all), (vec![0], vec![0]));
+        assert_eq!(
+            layout.span(&name("a")),
+            (b"L/a#".to_vec(), b"L/a0".to_vec())
+        );
+        assert_eq!(layout.contender(b"L/a.b/2a.0"), Some((name("a.b"), false)));
+        assert_eq!(
+            layout.contender(b"L/a#permits/2a.0"),
+            Some((name("a"), true))
+        );
+        for other in [
+            &b"L/a#delay/2a.0"[..],
+            b"L/a#permits#delay/2a.0",
+            b"L/#sessions/2a",
+            b"M/a/2a.0",
+            b"L/.a/2a.0",
+            b"L/a",
+        ] {
+            assert_eq!(layout.contender(other), None, "{other:?}");
+        }
+        // "a" spans "a#…" to "a/…", so "a.b/…" and "a.b-c/…" lie inside it.
+        assert_eq!(
+            layout.cut_at(b"L/a.b-c/2a.0\0"),
+            [name("a"), name("a.b"), name("a.b-c")]
+        );
+        assert_eq!(layout.cut_at(b"L/a#permits/2a.0\0"), [name("a")]);
+        assert!(layout.cut_at(b"L/a").is_empty());
+        assert!(layout.cut_at(b"M/a/2a.0").is_empty());
+        for key in [&b"L/a.b-c/2a.0"[..], b"L/a#permits/1.0"] {
+            for cut in layout.cut_at(key) {
+                let (start, end) = layout.span(&cut);
+                assert!(
+                    start.as_slice() < key && key < end.as_slice(),
+                    "{cut} at {key:?}"
+                );
+            }
         }
     }
 }

@@ -27,6 +27,16 @@ pub(crate) fn sorted(dir: &str) -> RangeRequest {
     }
 }
 
+/// A read of at most `limit` keys of `[from, end)`, in key order.
+pub(crate) fn page(from: Vec<u8>, end: Vec<u8>, limit: usize) -> RangeRequest {
+    RangeRequest {
+        key: from,
+        range_end: end,
+        limit: i64::try_from(limit).unwrap_or(i64::MAX),
+        ..RangeRequest::default()
+    }
+}
+
 /// A read of the one key `key`.
 pub(crate) fn get(key: impl Into<Vec<u8>>) -> RangeRequest {
     RangeRequest {

@@ -1,17 +1,19 @@
 //! The [`Backend`] implementation: each request as kernel locks, a token and a record.
 
-use std::time::Duration;
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use leasehold_core::backend::{
-    Acquire, Backend, Capabilities, Expiry, Grant, Holder, LockState, Release, Renewal, Request,
-    TokenDurability, WaitHint, Waiter,
+    Acquire, Backend, Capabilities, Expiry, Grant, Holder, ListCursor, Listing, LockState, Release,
+    Renewal, Request, TokenDurability, WaitHint, Waiter,
 };
 use leasehold_core::support::wakeups::Ticket;
-use leasehold_core::{LockName, LossReason, Result};
+use leasehold_core::{LockName, LossReason, NamePrefix, OwnerId, Result};
 
 use crate::FileBackend;
 use crate::acquisitions::{Acquisition, Files, Status, acquisitions};
+use crate::records::Record;
 use crate::tokens::next_token;
 
 #[async_trait]
@@ -78,17 +80,41 @@ impl Backend for FileBackend {
 
     async fn inspect(&self, name: &LockName) -> Result<LockState> {
         let ticket = self.inner.notifier.ticket(name.as_str());
-        let mut state = LockState::new(WaitHint::new(ticket));
-        for (owner, record) in self.records(name)? {
-            match record.status {
-                Status::Held(token) => state.holders.push(
-                    Holder::new(owner, record.mode, token).with_value(record.value.map(Into::into)),
-                ),
-                Status::Waiting => state.waiters.push(Waiter::new(owner, record.mode)),
-            }
-        }
-        state.holders.sort_by_key(|holder| holder.token);
+        let mut state = state_of(self.records(name)?);
+        state.hint = WaitHint::new(ticket);
         Ok(state)
+    }
+
+    /// Lists from one pass over the directory per page.
+    ///
+    /// # Cancel safety
+    ///
+    /// Read-only (it removes only records of dead processes); dropping it changes nothing.
+    async fn list(
+        &self,
+        prefix: &NamePrefix,
+        cursor: Option<&ListCursor>,
+        page: usize,
+    ) -> Result<Listing> {
+        let after = cursor.map(ListCursor::as_str);
+        let records = self.scan(|name| {
+            name.starts_with(prefix.as_str()) && after.is_none_or(|after| name > after)
+        })?;
+        let mut by_name: BTreeMap<LockName, Vec<(OwnerId, Record)>> = BTreeMap::new();
+        for (name, owner, record) in records {
+            by_name.entry(name).or_default().push((owner, record));
+        }
+        let page = page.max(1);
+        let next = (by_name.len() > page)
+            .then(|| by_name.keys().nth(page - 1))
+            .flatten()
+            .map(|last| ListCursor::new(last.as_str()));
+        let locks = by_name
+            .into_iter()
+            .take(page)
+            .map(|(name, records)| (name, state_of(records)))
+            .collect();
+        Ok(Listing::new(locks, next))
     }
 }
 
@@ -112,6 +138,28 @@ impl FileBackend {
         }
         Ok(())
     }
+}
+
+/// Holders (by token) and waiters of one name, from its records.
+/// A holder has held since its record was written, as the local clock says.
+fn state_of(records: Vec<(OwnerId, Record)>) -> LockState {
+    let mut state = LockState::default();
+    for (owner, record) in records {
+        match record.status {
+            Status::Held(token) => state.holders.push(
+                Holder::new(owner, record.mode, token)
+                    .with_value(record.value.map(Into::into))
+                    .with_held(
+                        record
+                            .written
+                            .and_then(|at| SystemTime::now().duration_since(at).ok()),
+                    ),
+            ),
+            Status::Waiting => state.waiters.push(Waiter::new(owner, record.mode)),
+        }
+    }
+    state.holders.sort_by_key(|holder| holder.token);
+    state
 }
 
 #[cfg(test)]

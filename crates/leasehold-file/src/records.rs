@@ -6,6 +6,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::time::SystemTime;
 
 use leasehold_core::backend::{Mode, Request};
 use leasehold_core::{FencingToken, LockName, OwnerId, Result};
@@ -44,14 +45,32 @@ impl FileBackend {
 
     /// Records of `name`, with records of dead acquisitions removed.
     pub(crate) fn records(&self, name: &LockName) -> Result<Vec<(OwnerId, Record)>> {
-        let prefix = format!("{name}#who-");
+        let records = self.scan(|candidate| candidate == name.as_str())?;
+        Ok(records
+            .into_iter()
+            .map(|(_, owner, r)| (owner, r))
+            .collect())
+    }
+
+    /// Records of every lock name `wanted` accepts, in one pass over the directory.
+    /// Records of dead acquisitions are removed.
+    pub(crate) fn scan(
+        &self,
+        wanted: impl Fn(&str) -> bool,
+    ) -> Result<Vec<(LockName, OwnerId, Record)>> {
         let entries = std::fs::read_dir(&self.inner.dir)
             .map_err(|e| io_error(&format!("listing {}", self.inner.dir.display()), e))?;
         let mut records = Vec::new();
         for entry in entries.flatten() {
             let file_name = entry.file_name();
-            let owner = file_name.to_str().and_then(|f| f.strip_prefix(&prefix));
-            let Some(owner) = owner.and_then(|owner| OwnerId::parse(owner).ok()) else {
+            // Names never contain '#', so the split is unambiguous.
+            let Some((name, owner)) = file_name.to_str().and_then(|f| f.split_once("#who-")) else {
+                continue;
+            };
+            if !wanted(name) {
+                continue;
+            }
+            let (Ok(name), Ok(owner)) = (LockName::new(name), OwnerId::parse(owner)) else {
                 continue;
             };
             let Some(record) = Record::read(&entry.path()) else {
@@ -61,7 +80,7 @@ impl FileBackend {
                 let _ = std::fs::remove_file(entry.path());
                 continue;
             }
-            records.push((owner, record));
+            records.push((name, owner, record));
         }
         Ok(records)
     }
@@ -108,12 +127,15 @@ pub(crate) struct Record {
     pub(crate) mode: Mode,
     pub(crate) status: Status,
     pub(crate) value: Option<Vec<u8>>,
+    /// When the record was written: for a holder, when its grant was made.
+    pub(crate) written: Option<SystemTime>,
 }
 
 impl Record {
     /// The record in the file at `path`; `None` if there is none, or it does not parse.
     fn read(path: &Path) -> Option<Record> {
         let text = std::fs::read_to_string(path).ok()?;
+        let written = std::fs::metadata(path).and_then(|m| m.modified()).ok();
         let fields: HashMap<&str, &str> = text.lines().filter_map(|l| l.split_once('=')).collect();
         Some(Record {
             pid: fields.get("pid")?.parse().ok()?,
@@ -126,6 +148,7 @@ impl Record {
                 Some(v) => Some(unhex(v)?),
                 None => None,
             },
+            written,
         })
     }
 }

@@ -26,8 +26,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use leasehold_core::backend::{
-    Acquire, Expiry, Grant, Liveness, LockState, Mode, Release, Renewal, Request, SessionKeeper,
-    WaitHint,
+    Acquire, Expiry, Grant, Listing, Liveness, LockState, Mode, Release, Renewal, Request,
+    SessionKeeper, WaitHint,
 };
 use leasehold_core::clock::{Clock, Instant, SystemClock};
 use leasehold_core::{Error, FencingToken, LockName, LossReason, OwnerId, Result};
@@ -37,6 +37,7 @@ use tokio::task::JoinHandle;
 use crate::connection::{Conn, Connector, Pool};
 use crate::error::undecodable;
 use crate::lease::millis;
+use crate::listing::Page;
 use crate::reply;
 use crate::statements::Stmt;
 use crate::wakeups::{Ticket, Wakeups};
@@ -561,6 +562,21 @@ impl Advisory {
         state.holders = holders;
         state.waiters = waiters;
         Ok(state)
+    }
+
+    /// One page of the names under a prefix with a holder, with holders and waiters.
+    /// Each with what [`inspect`](Advisory::inspect) would answer (no grant time: the
+    /// schema keeps none). The names are those of the `advisory` table (by its name index),
+    /// which has rows of holders only: a name's waiters are listed with its holders, and a
+    /// name whose lock is held outside leasehold is not listed. One statement reads the
+    /// page's names and, once, the server's lock table.
+    ///
+    /// # Cancel safety
+    ///
+    /// Read-only: dropped, it leaves nothing behind on the server.
+    pub(crate) async fn list(&self, page: &Page) -> Result<Listing> {
+        let rows = page.query(&self.shared, Stmt::AdvisoryList).await?;
+        reply::advisory_listing(&rows, page.limit())
     }
 }
 

@@ -183,12 +183,12 @@ impl Conn {
         self.close.notify_one();
     }
 
-    /// Prepares every statement, unless `connector` says not to.
+    /// Prepares its statements ([`Stmt::prepared`]), unless `connector` says not to.
     pub(crate) async fn prepare(&mut self, connector: &Connector) -> Result<()> {
         if !connector.prepare {
             return Ok(());
         }
-        let prepares = Stmt::ALL.iter().map(|s| {
+        let prepares = Stmt::ALL.iter().filter(|s| s.prepared()).map(|s| {
             self.client
                 .prepare_typed(&connector.sql[s.index()], s.types())
         });
@@ -224,8 +224,9 @@ impl Conn {
         doing: &str,
     ) -> Result<Vec<Row>> {
         let in_flight = self.health.request();
-        let rows = match &self.prepared {
-            Some(prepared) => self.client.query(&prepared[stmt.index()], params).await,
+        // The prepared statements come first in `Stmt::ALL`: the others are not among them.
+        let rows = match self.prepared.as_ref().and_then(|p| p.get(stmt.index())) {
+            Some(prepared) => self.client.query(prepared, params).await,
             None => {
                 let typed: Vec<_> = params
                     .iter()

@@ -8,12 +8,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_core::backend::{
-    Acquire, Expiry, Grant, LockState, Mode, Release, Renewal, Request, WaitHint,
+    Acquire, Expiry, Grant, Listing, LockState, Mode, Release, Renewal, Request, WaitHint,
 };
 use leasehold_core::{LockName, LossReason, Result};
 use tokio::task::JoinHandle;
 
 use crate::connection::Pool;
+use crate::listing::Page;
 use crate::reply::{self, Acquired};
 use crate::statements::Stmt;
 use crate::wakeups::{Ticket, Wakeups, poll_pause};
@@ -184,6 +185,19 @@ impl Lease {
         state.holders = holders;
         state.waiters = waiters;
         Ok(state)
+    }
+
+    /// One page of the names under a prefix with a live grant or a queued waiter.
+    /// Each with what [`inspect`](Lease::inspect) would answer (no grant time: the schema
+    /// keeps none). One statement reads the page's names from the `names` table's primary
+    /// key, and each name's grants and waiters from theirs.
+    ///
+    /// # Cancel safety
+    ///
+    /// Read-only: dropped, it leaves nothing behind on the server.
+    pub(crate) async fn list(&self, page: &Page) -> Result<Listing> {
+        let rows = page.query(&self.pool, Stmt::List).await?;
+        reply::lease_listing(&rows, page.limit())
     }
 }
 

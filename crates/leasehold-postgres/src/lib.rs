@@ -11,6 +11,7 @@
 //! - `reply.rs`: replies decoded into typed values.
 //! - `lease.rs`: lease mode: a row per grant, its expiry on the server's clock.
 //! - `advisory.rs`: advisory mode: a session-level advisory lock per acquisition.
+//! - `listing.rs`: listings of the locks under a prefix, a page of names per statement.
 //! - `wakeups.rs`: push wake-ups by LISTEN/NOTIFY.
 //! - `fence.rs`: fenced writes in the caller's own transaction.
 //! - `error.rs`: tokio-postgres errors as leasehold errors.
@@ -51,6 +52,7 @@ mod connection;
 mod error;
 pub mod fence;
 mod lease;
+mod listing;
 mod options;
 mod reply;
 mod schema;
@@ -68,9 +70,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use leasehold_core::backend::{
-    Acquire, Backend, Capabilities, LockState, Release, Renewal, Request, TokenDurability, WaitHint,
+    Acquire, Backend, Capabilities, ListCursor, Listing, LockState, Release, Renewal, Request,
+    TokenDurability, WaitHint,
 };
-use leasehold_core::{ConnectOptions, Error, LockName, Result};
+use leasehold_core::{ConnectOptions, Error, LockName, NamePrefix, Result};
 
 use crate::advisory::Advisory;
 use crate::connection::{Connector, Pool, notifications_arrive, transaction_pooled};
@@ -102,6 +105,8 @@ struct Inner {
     pooled: bool,
     kind: Kind,
     sweeper: std::sync::OnceLock<tokio::task::JoinHandle<()>>,
+    /// Whether the name columns sort by code point, once a listing asked.
+    code_point_order: std::sync::OnceLock<bool>,
 }
 
 impl Drop for Inner {
@@ -253,6 +258,7 @@ impl PostgresBackend {
                 pooled,
                 kind,
                 sweeper: std::sync::OnceLock::new(),
+                code_point_order: std::sync::OnceLock::new(),
             }),
         };
         let weak = Arc::downgrade(&backend.inner);
@@ -359,6 +365,21 @@ impl Backend for PostgresBackend {
         match &self.inner.kind {
             Kind::Lease(lease) => lease.inspect(name).await,
             Kind::Advisory(advisory) => advisory.inspect(name).await,
+        }
+    }
+
+    async fn list(
+        &self,
+        prefix: &NamePrefix,
+        cursor: Option<&ListCursor>,
+        page: usize,
+    ) -> Result<Listing> {
+        let inner = &self.inner;
+        let ordered = listing::code_point_order(&inner.code_point_order, inner.kind.pool()).await?;
+        let page = listing::Page::new(prefix, cursor, page, ordered);
+        match &inner.kind {
+            Kind::Lease(lease) => lease.list(&page).await,
+            Kind::Advisory(advisory) => advisory.list(&page).await,
         }
     }
 

@@ -5,8 +5,8 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold_core::backend::{Holder, Mode, Waiter};
-use leasehold_core::{FencingToken, OwnerId, Result};
+use leasehold_core::backend::{Holder, ListCursor, Listing, LockState, Mode, WaitHint, Waiter};
+use leasehold_core::{FencingToken, LockName, OwnerId, Result};
 use tokio_postgres::Row;
 use tokio_postgres::types::FromSql;
 
@@ -86,57 +86,126 @@ fn owner(text: &str, doing: &str) -> Result<OwnerId> {
     OwnerId::parse(text).map_err(|_| undecodable(doing, format!("owner {text:?}")))
 }
 
-/// Holders and waiters of a lease-mode inspect, holders first.
-pub(crate) fn lease_state(rows: &[Row]) -> Result<(Vec<Holder>, Vec<Waiter>)> {
-    let doing = "inspect";
+/// One row of an inspect or a listing: a holder or a waiter of a name.
+#[derive(Debug)]
+pub(crate) enum Entry {
+    Holder(Holder),
+    Waiter(Waiter),
+}
+
+/// Decodes one row of an inspect or a listing; `None`: a row to leave out.
+type Decode = fn(&Row, &str) -> Result<Option<Entry>>;
+
+/// A lease-mode row (see `lease_state!` in `statements.rs`).
+fn lease_entry(row: &Row, doing: &str) -> Result<Option<Entry>> {
+    let is_holder: bool = column(row, 0, doing)?;
+    let who = owner(column(row, 1, doing)?, doing)?;
+    let mode = mode(column(row, 2, doing)?, column(row, 3, doing)?, doing)?;
+    if !is_holder {
+        return Ok(Some(Entry::Waiter(Waiter::new(who, mode))));
+    }
+    let value: Option<Vec<u8>> = column(row, 6, doing)?;
+    let granted = token(column(row, 4, doing)?, doing)?;
+    Ok(Some(Entry::Holder(
+        Holder::new(who, mode, granted)
+            .with_remaining(Some(millis(column(row, 5, doing)?, doing)?))
+            .with_value(value.map(Arc::from)),
+    )))
+}
+
+/// An advisory-mode row (see `advisory_state!` in `statements.rs`).
+/// A waiter that is not leasehold's (a session taking the same key by hand) is left out.
+fn advisory_entry(row: &Row, doing: &str) -> Result<Option<Entry>> {
+    let granted: bool = column(row, 0, doing)?;
+    let who: Option<&str> = column(row, 1, doing)?;
+    let mode = mode(column(row, 2, doing)?, None, doing)?;
+    if !granted {
+        return Ok(who
+            .and_then(|who| OwnerId::parse(who).ok())
+            .map(|who| Entry::Waiter(Waiter::new(who, mode))));
+    }
+    let who = who.ok_or_else(|| undecodable(doing, "a holder without an owner"))?;
+    let value: Option<Vec<u8>> = column(row, 5, doing)?;
+    Ok(Some(Entry::Holder(
+        Holder::new(
+            owner(who, doing)?,
+            mode,
+            token(column(row, 3, doing)?, doing)?,
+        )
+        .with_remaining(Some(millis(column(row, 4, doing)?, doing)?))
+        .with_value(value.map(Arc::from)),
+    )))
+}
+
+/// Holders and waiters of the rows, in their order.
+fn state(rows: &[Row], decode: Decode, doing: &str) -> Result<(Vec<Holder>, Vec<Waiter>)> {
     let mut holders = Vec::new();
     let mut waiters = Vec::new();
     for row in rows {
-        let is_holder: bool = column(row, 0, doing)?;
-        let who = owner(column(row, 1, doing)?, doing)?;
-        let mode = mode(column(row, 2, doing)?, column(row, 3, doing)?, doing)?;
-        if is_holder {
-            let value: Option<Vec<u8>> = column(row, 6, doing)?;
-            let granted = token(column(row, 4, doing)?, doing)?;
-            holders.push(
-                Holder::new(who, mode, granted)
-                    .with_remaining(Some(millis(column(row, 5, doing)?, doing)?))
-                    .with_value(value.map(Arc::from)),
-            );
-        } else {
-            waiters.push(Waiter::new(who, mode));
+        match decode(row, doing)? {
+            Some(Entry::Holder(holder)) => holders.push(holder),
+            Some(Entry::Waiter(waiter)) => waiters.push(waiter),
+            None => {}
         }
     }
     Ok((holders, waiters))
 }
 
+/// Holders and waiters of a lease-mode inspect, holders first.
+pub(crate) fn lease_state(rows: &[Row]) -> Result<(Vec<Holder>, Vec<Waiter>)> {
+    state(rows, lease_entry, "inspect")
+}
+
 /// Holders and waiters of an advisory-mode inspect, holders first.
 /// Waiters that are not leasehold's (a session taking the same key by hand) are left out.
 pub(crate) fn advisory_state(rows: &[Row]) -> Result<(Vec<Holder>, Vec<Waiter>)> {
-    let doing = "inspect";
-    let mut holders = Vec::new();
-    let mut waiters = Vec::new();
+    state(rows, advisory_entry, "inspect")
+}
+
+/// A page of a lease-mode listing that looked at up to `limit` names.
+pub(crate) fn lease_listing(rows: &[Row], limit: usize) -> Result<Listing> {
+    listing(rows, limit, lease_entry)
+}
+
+/// A page of an advisory-mode listing that looked at up to `limit` names.
+pub(crate) fn advisory_listing(rows: &[Row], limit: usize) -> Result<Listing> {
+    listing(rows, limit, advisory_entry)
+}
+
+/// A page of a listing that looked at up to `limit` names.
+/// The rows come in name order, the name in the last column. Every name looked at has at
+/// least one row: a row whose first column is NULL stands for nothing under the name (or a
+/// name outside the prefix). Names with neither holder nor waiter are left out; the page
+/// goes on after its last name when it looked at `limit` of them.
+fn listing(rows: &[Row], limit: usize, decode: Decode) -> Result<Listing> {
+    let doing = "listing locks";
+    let mut locks: Vec<(LockName, LockState)> = Vec::new();
+    let mut looked = 0;
+    let mut last: Option<&str> = None;
     for row in rows {
-        let granted: bool = column(row, 0, doing)?;
-        let who: Option<&str> = column(row, 1, doing)?;
-        let mode = mode(column(row, 2, doing)?, None, doing)?;
-        if granted {
-            let who = who.ok_or_else(|| undecodable(doing, "a holder without an owner"))?;
-            let value: Option<Vec<u8>> = column(row, 5, doing)?;
-            holders.push(
-                Holder::new(
-                    owner(who, doing)?,
-                    mode,
-                    token(column(row, 3, doing)?, doing)?,
-                )
-                .with_remaining(Some(millis(column(row, 4, doing)?, doing)?))
-                .with_value(value.map(Arc::from)),
-            );
-        } else if let Some(Ok(who)) = who.map(OwnerId::parse) {
-            waiters.push(Waiter::new(who, mode));
+        let name: &str = column(row, row.len().saturating_sub(1), doing)?;
+        if last != Some(name) {
+            looked += 1;
+            last = Some(name);
+            let name = LockName::new(name)
+                .map_err(|_| undecodable(doing, format!("lock name {name:?}")))?;
+            locks.push((name, LockState::new(WaitHint::none())));
+        }
+        if column::<Option<bool>>(row, 0, doing)?.is_none() {
+            continue;
+        }
+        let Some((_, state)) = locks.last_mut() else {
+            continue;
+        };
+        match decode(row, doing)? {
+            Some(Entry::Holder(holder)) => state.holders.push(holder),
+            Some(Entry::Waiter(waiter)) => state.waiters.push(waiter),
+            None => {}
         }
     }
-    Ok((holders, waiters))
+    locks.retain(|(_, state)| !state.holders.is_empty() || !state.waiters.is_empty());
+    let next = last.filter(|_| looked >= limit).map(ListCursor::new);
+    Ok(Listing::new(locks, next))
 }
 
 #[cfg(test)]

@@ -8,6 +8,58 @@
 
 use tokio_postgres::types::Type;
 
+/// Lease mode's live grants and queued waiters of the name `$name` (an SQL expression).
+/// Holders first when ordered by `holder DESC, permit, unfair, ord`; inspect and list read
+/// them alike (see `reply::lease_entry`). A grant past its expiry is not a holder, even
+/// while a fenced write keeps its row.
+macro_rules! lease_state {
+    ($name:literal) => {
+        concat!(
+            "SELECT true AS holder, g.owner, g.mode::text, g.permit_limit, g.token, \
+                    greatest(0, ceil(extract(epoch FROM g.expires - clock_timestamp()) * 1000))::bigint, \
+                    g.value, g.mode = 'p' AS permit, 0 AS unfair, g.token AS ord \
+             FROM @schema@.grants g WHERE g.name = ",
+            $name,
+            " AND g.expires > clock_timestamp() \
+             UNION ALL \
+             SELECT false, w.owner, w.mode::text, w.permit_limit, NULL, NULL, NULL, \
+                    w.mode = 'p', CASE WHEN w.fair THEN 0 ELSE 1 END, w.seq \
+             FROM @schema@.waiters w WHERE w.name = ",
+            $name,
+            " AND w.expires > clock_timestamp()"
+        )
+    };
+}
+
+/// Advisory mode's holders and waiters of the names of `$keys`.
+/// `$keys` is a FROM item `k` with the columns `name` and `key` (its advisory key). A holder
+/// is a session holding the key whose row of the name is current; a waiter, any session
+/// queued for the key (its owner from its `application_name`). Inspect and list read them
+/// alike (see `reply::advisory_entry`).
+macro_rules! advisory_state {
+    ($keys:literal) => {
+        concat!(
+            "SELECT l.granted, CASE WHEN l.granted THEN a.owner \
+                        ELSE substr(s.application_name, 11) END AS owner, \
+                    CASE WHEN l.mode = 'ShareLock' THEN 's' ELSE 'x' END AS mode, \
+                    a.token, \
+                    CASE WHEN s.state = 'idle' THEN greatest(0, a.session_ttl_ms \
+                         - floor(extract(epoch FROM clock_timestamp() - s.state_change) * 1000))::bigint \
+                         ELSE a.session_ttl_ms END AS remaining, \
+                    a.value, k.name, l.waitstart \
+             FROM ",
+            $keys,
+            " JOIN pg_locks l ON ((l.classid::bigint << 32) | l.objid::bigint) = k.key \
+             LEFT JOIN pg_stat_activity s ON s.pid = l.pid \
+             LEFT JOIN @schema@.advisory a ON a.pid = l.pid AND a.name = k.name \
+                  AND (s.backend_start IS NULL OR a.started = s.backend_start) \
+             WHERE l.locktype = 'advisory' AND l.objsubid = 1 \
+               AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database()) \
+               AND (NOT l.granted OR a.token IS NOT NULL)"
+        )
+    };
+}
+
 /// A statement of the backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Stmt {
@@ -33,11 +85,18 @@ pub(crate) enum Stmt {
     AdvisoryQueued,
     /// The server process of this connection.
     Ping,
+    /// Lease mode: a page of the names under a prefix, each with its holders and waiters.
+    List,
+    /// Advisory mode: a page of the names under a prefix, each with its holders and waiters.
+    AdvisoryList,
+    /// Whether both modes' name columns sort by code point.
+    /// Then the names under a prefix are one range of their index (see `listing.rs`).
+    CodePointOrder,
 }
 
 impl Stmt {
-    /// Every statement a connection prepares.
-    pub(crate) const ALL: [Stmt; 11] = [
+    /// Every statement: those a connection prepares first, then those sent with their text.
+    pub(crate) const ALL: [Stmt; 14] = [
         Stmt::Acquire,
         Stmt::Renew,
         Stmt::Release,
@@ -49,7 +108,19 @@ impl Stmt {
         Stmt::AdvisoryInspect,
         Stmt::AdvisoryQueued,
         Stmt::Ping,
+        Stmt::List,
+        Stmt::AdvisoryList,
+        Stmt::CodePointOrder,
     ];
+
+    /// Whether a connection prepares it when it opens.
+    /// Listings are rare: they are sent with their text each time, which keeps them from
+    /// slowing down every connection's start (advisory mode opens one per held lock), and
+    /// has the server plan each with its values, which turns `$3 IS NULL OR name < $3`
+    /// into an index bound or nothing.
+    pub(crate) fn prepared(self) -> bool {
+        !matches!(self, Stmt::List | Stmt::AdvisoryList | Stmt::CodePointOrder)
+    }
 
     /// Its place in [`ALL`](Stmt::ALL).
     pub(crate) fn index(self) -> usize {
@@ -68,45 +139,65 @@ impl Stmt {
                  WHERE name = $1 AND owner = $2 AND expires > clock_timestamp() RETURNING true"
             }
             Stmt::Release => "SELECT @schema@.release($1, $2)",
-            Stmt::Inspect => {
-                "SELECT true AS holder, g.owner, g.mode::text, g.permit_limit, g.token, \
-                        greatest(0, ceil(extract(epoch FROM g.expires - clock_timestamp()) * 1000))::bigint, \
-                        g.value, g.mode = 'p' AS permit, 0 AS unfair, g.token AS ord \
-                 FROM @schema@.grants g WHERE g.name = $1 AND g.expires > clock_timestamp() \
-                 UNION ALL \
-                 SELECT false, w.owner, w.mode::text, w.permit_limit, NULL, NULL, NULL, \
-                        w.mode = 'p', CASE WHEN w.fair THEN 0 ELSE 1 END, w.seq \
-                 FROM @schema@.waiters w WHERE w.name = $1 AND w.expires > clock_timestamp() \
-                 ORDER BY holder DESC, permit, unfair, ord"
-            }
+            Stmt::Inspect => concat!(
+                lease_state!("$1"),
+                " ORDER BY holder DESC, permit, unfair, ord"
+            ),
             Stmt::Sweep => "SELECT @schema@.sweep($1)",
             Stmt::AdvisoryAcquire => "SELECT @schema@.advisory_acquire($1, $2, $3, $4, $5, $6)",
             Stmt::AdvisoryHeld => "SELECT @schema@.advisory_held($1)",
             Stmt::AdvisoryRelease => "SELECT @schema@.advisory_release($1, $2)",
-            Stmt::AdvisoryInspect => {
-                "SELECT l.granted, CASE WHEN l.granted THEN a.owner \
-                            ELSE substr(s.application_name, 11) END, \
-                        CASE WHEN l.mode = 'ShareLock' THEN 's' ELSE 'x' END, \
-                        a.token, \
-                        CASE WHEN s.state = 'idle' THEN greatest(0, a.session_ttl_ms \
-                             - floor(extract(epoch FROM clock_timestamp() - s.state_change) * 1000))::bigint \
-                             ELSE a.session_ttl_ms END, \
-                        a.value \
-                 FROM pg_locks l \
-                 LEFT JOIN pg_stat_activity s ON s.pid = l.pid \
-                 LEFT JOIN @schema@.advisory a ON a.pid = l.pid AND a.name = $1 \
-                      AND (s.backend_start IS NULL OR a.started = s.backend_start) \
-                 WHERE l.locktype = 'advisory' AND l.objsubid = 1 \
-                   AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database()) \
-                   AND ((l.classid::bigint << 32) | l.objid::bigint) = @schema@.advisory_key($1) \
-                   AND (NOT l.granted OR a.token IS NOT NULL) \
-                 ORDER BY l.granted DESC, a.token, l.waitstart"
-            }
+            Stmt::AdvisoryInspect => concat!(
+                advisory_state!("(SELECT $1::text AS name, @schema@.advisory_key($1) AS key) k"),
+                " ORDER BY l.granted DESC, a.token, l.waitstart"
+            ),
             Stmt::AdvisoryQueued => {
                 "SELECT EXISTS (SELECT 1 FROM pg_locks l \
                  WHERE l.pid = $1 AND l.locktype = 'advisory' AND NOT l.granted)"
             }
             Stmt::Ping => "SELECT pg_backend_pid()",
+            Stmt::List => concat!(
+                "WITH page AS ( \
+                     SELECT n.name FROM @schema@.names n \
+                     WHERE n.name >= $2 AND ($3::text IS NULL OR n.name < $3) AND n.name > $4 \
+                     ORDER BY n.name LIMIT $5) \
+                 SELECT s.*, p.name FROM page p \
+                 LEFT JOIN LATERAL (",
+                lease_state!("p.name"),
+                ") s ON starts_with(p.name, $1) \
+                 ORDER BY p.name, s.holder DESC, s.permit, s.unfair, s.ord"
+            ),
+            Stmt::AdvisoryList => concat!(
+                "WITH page AS ( \
+                     SELECT DISTINCT a.name FROM @schema@.advisory a \
+                     WHERE a.name >= $2 AND ($3::text IS NULL OR a.name < $3) AND a.name > $4 \
+                     ORDER BY a.name LIMIT $5), \
+                 keys AS MATERIALIZED ( \
+                     SELECT p.name, @schema@.advisory_key(p.name) AS key FROM page p \
+                     WHERE starts_with(p.name, $1)), \
+                 state AS (",
+                advisory_state!("keys k"),
+                ") \
+                 SELECT s.granted, s.owner, s.mode, s.token, s.remaining, s.value, p.name \
+                 FROM page p LEFT JOIN state s ON s.name = p.name \
+                 ORDER BY p.name, s.granted DESC, s.token, s.waitstart"
+            ),
+            Stmt::CodePointOrder => {
+                "SELECT count(*) = 2 AND coalesce(bool_and(o.provider = 'b' \
+                            OR (o.provider = 'c' AND lower(o.lc) IN ('c', 'posix', 'c.utf8', 'c.utf-8'))), \
+                        false) \
+                 FROM pg_attribute a \
+                 JOIN pg_collation c ON c.oid = a.attcollation \
+                 JOIN pg_database d ON d.datname = current_database() \
+                 CROSS JOIN LATERAL (SELECT \
+                     CASE WHEN c.collprovider = 'd' \
+                          THEN coalesce(to_jsonb(d) ->> 'datlocprovider', 'c') \
+                          ELSE c.collprovider::text END AS provider, \
+                     CASE WHEN c.collprovider = 'd' THEN d.datcollate::text \
+                          ELSE c.collcollate::text END AS lc) o \
+                 WHERE a.attrelid IN ('@schema@.names'::regclass, '@schema@.advisory'::regclass) \
+                   AND a.attname = 'name'"
+            }
         }
     }
 
@@ -142,7 +233,10 @@ impl Stmt {
             ],
             Stmt::AdvisoryRelease => &[Type::TEXT, Type::BOOL],
             Stmt::AdvisoryQueued | Stmt::Sweep => &[Type::INT4],
-            Stmt::Ping => &[],
+            Stmt::Ping | Stmt::CodePointOrder => &[],
+            Stmt::List | Stmt::AdvisoryList => {
+                &[Type::TEXT, Type::TEXT, Type::TEXT, Type::TEXT, Type::INT8]
+            }
         }
     }
 }
@@ -163,5 +257,11 @@ mod tests {
                 .unwrap_or(0);
             assert_eq!(highest, stmt.types().len(), "{stmt:?}");
         }
+    }
+
+    #[test]
+    fn the_prepared_statements_come_first() {
+        let prepared = Stmt::ALL.iter().take_while(|s| s.prepared()).count();
+        assert!(Stmt::ALL[prepared..].iter().all(|s| !s.prepared()));
     }
 }

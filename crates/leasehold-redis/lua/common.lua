@@ -33,12 +33,14 @@ local function lock_value(owner, token, ends)
   return owner .. ' ' .. int(token)
 end
 
--- Info of a shared or permit holder: "token|value".
+-- Info of a shared holder: "token|value"; of a permit holder "token/limit|value", since
+-- each permit counts with its own limit.
 local function info_of(token)
+  if MODE == 'p' then return int(token) .. '/' .. int(LIMIT) .. '|' .. VALUE end
   return int(token) .. '|' .. VALUE
 end
 local function token_of(info)
-  return tonumber(string.match(info or '', '^(%d+)|')) or 0
+  return tonumber(string.match(info or '', '^(%d+)[/|]')) or 0
 end
 
 -- Keeps the lock key up as the gate (see head.lua) until at least `at` (ms). A holder's

@@ -1,20 +1,22 @@
 //! [`RedisBackend`]: the [`Backend`] of one Redis server.
 
+use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use leasehold_core::backend::{
-    Acquire, Backend, Capabilities, Expiry, Grant, LockState, Mode, Release, Renewal, Request,
-    TokenDurability, WaitHint,
+    Acquire, Backend, Capabilities, Expiry, Grant, ListCursor, Listing, LockState, Mode, Release,
+    Renewal, Request, TokenDurability, WaitHint,
 };
-use leasehold_core::{Error, FencingToken, LockName, LossReason, OwnerId, Result};
+use leasehold_core::{Error, FencingToken, LockName, LossReason, NamePrefix, OwnerId, Result};
 use redis::FromRedisValue;
 
 use crate::connection::{self, Connection};
-use crate::error::map_error;
+use crate::error::{map_error, unexpected};
 use crate::floors::{Floor, Floors};
-use crate::link::Address;
+use crate::link::{Address, Link};
+use crate::listing::{self, LISTED, Position};
 use crate::options::{RedisOptions, ReplicaAck, parse_url};
 use crate::reply::{self, Acquired};
 use crate::script::{Call, Calls, Keys, Values, millis_up};
@@ -271,8 +273,103 @@ impl RedisBackend {
             Acquired::Busy(retry) => Ok(Acquire::Busy(WaitHint::new(Hint::new(
                 channel, ticket, retry,
             )))),
-            Acquired::NotFast => Err(crate::error::unexpected("acquire", 0)),
+            Acquired::NotFast => Err(unexpected("acquire", 0)),
         }
+    }
+
+    /// The names one `SCAN` from `at` finds under `prefix`, and where the next one starts.
+    /// Each name once, in order. In a Cluster, when a master's scan ends, the next master
+    /// is looked up (`CLUSTER SLOTS`). A name found may have neither holder nor waiter
+    /// (its keys are about to expire).
+    pub(crate) async fn scan(
+        &self,
+        prefix: &NamePrefix,
+        at: Position,
+        page: usize,
+    ) -> Result<(Vec<LockName>, Option<Position>)> {
+        let key_prefix = self.inner.conn.options().key_prefix();
+        let mut scan = redis::cmd("SCAN");
+        scan.arg(at.scan)
+            .arg("MATCH")
+            .arg(Keys::pattern(key_prefix, prefix, &LISTED))
+            .arg("COUNT")
+            .arg(page.max(1));
+        let connection = &self.inner.conn;
+        let mut conn = connection.for_request().await?;
+        let (cursor, keys): (u64, Vec<Vec<u8>>) = connection
+            .query_in(&mut conn, at.slot(), &scan)
+            .await
+            .map_err(|e| map_error(e, "(listing)"))?;
+        let names: BTreeSet<LockName> = keys
+            .iter()
+            .filter_map(|key| Keys::name_in(key_prefix, key, &LISTED))
+            .filter(|name| prefix.matches(name))
+            .collect();
+        let next = match (cursor, at.master) {
+            (0, None) => None,
+            (0, Some(master)) => {
+                let slots: redis::Value = connection
+                    .query(&mut conn, redis::cmd("CLUSTER").arg("SLOTS"))
+                    .await
+                    .map_err(|e| map_error(e, "(listing)"))?;
+                listing::next_master(&slots, master)?.map(|slot| Position {
+                    master: Some(slot),
+                    scan: 0,
+                })
+            }
+            (scan, master) => Some(Position { master, scan }),
+        };
+        Ok((names.into_iter().collect(), next))
+    }
+
+    /// Holders and waiters of each of `names`, as [`inspect`](Backend::inspect) reads them.
+    /// The inspect script runs for all of them in one pipeline, sent to the server that
+    /// holds `slot` (in a Cluster the master a [`scan`](RedisBackend::scan) of it found
+    /// them on). The states' hints are [`WaitHint::none`].
+    pub(crate) async fn inspect_all(
+        &self,
+        names: &[LockName],
+        slot: u16,
+    ) -> Result<Vec<LockState>> {
+        if names.is_empty() {
+            return Ok(Vec::new());
+        }
+        let call = &self.calls().inspect;
+        let mut pipeline = redis::Pipeline::with_capacity(names.len());
+        for name in names {
+            pipeline.add_command(call.cmd(&self.keys(name), &Values::of(&probe(name))));
+        }
+        let connection = &self.inner.conn;
+        let mut conn = connection.for_request().await?;
+        let send = async |conn: &mut Link| {
+            connection
+                .pipeline_in(conn, slot, &pipeline)
+                .await
+                .map_err(|e| map_error(e, "(listing)"))
+        };
+        let mut replies = send(&mut conn).await?;
+        let no_script = |reply: &redis::Value| {
+            matches!(reply, redis::Value::ServerError(e)
+                if e.kind() == Some(redis::ServerErrorKind::NoScript))
+        };
+        if replies.iter().any(no_script) {
+            call.script()
+                .load_async(&mut conn)
+                .await
+                .map_err(|e| map_error(e, "(listing)"))?;
+            replies = send(&mut conn).await?;
+        }
+        if replies.len() != names.len() {
+            return Err(unexpected("a pipeline of inspects", replies.len()));
+        }
+        names
+            .iter()
+            .zip(replies)
+            .map(|(name, reply)| {
+                let reply = reply.extract_error().map_err(|e| map_error(e, name))?;
+                Ok(reply::inspected(&reply)?.0)
+            })
+            .collect()
     }
 
     async fn wait_for_replicas(&self, req: &Request, ack: ReplicaAck) -> Result<()> {
@@ -384,17 +481,55 @@ impl Backend for RedisBackend {
     async fn inspect(&self, name: &LockName) -> Result<LockState> {
         let keys = self.keys(name);
         let ticket = self.inner.wakeups.ticket(keys.channel(), None);
-        let probe = Request::new(
-            name.clone(),
-            OwnerId::parse("inspect").unwrap_or_else(|_| OwnerId::generate()),
-            Mode::Exclusive,
-            Duration::from_millis(1),
-        );
         let reply: redis::Value = self
-            .run(&self.calls().inspect, &keys, &Values::of(&probe))
+            .run(&self.calls().inspect, &keys, &Values::of(&probe(name)))
             .await?;
         let (mut state, retry) = reply::inspected(&reply)?;
         state.hint = WaitHint::new(Hint::new(keys.channel(), ticket, retry));
         Ok(state)
     }
+
+    /// One page of the locks under `prefix`.
+    /// A `SCAN` for their keys, then one pipeline of inspects of the names it found (two
+    /// round trips; a third in a Cluster when a master's scan ends).
+    ///
+    /// The cursor is the `SCAN` cursor, in a Cluster with the master scanned: its lowest
+    /// slot. Holders' `held` is `None`: the server does not record when a grant was made.
+    ///
+    /// # Cancel safety
+    ///
+    /// Read-only; dropping the future changes nothing on the server.
+    async fn list(
+        &self,
+        prefix: &NamePrefix,
+        cursor: Option<&ListCursor>,
+        page: usize,
+    ) -> Result<Listing> {
+        let cluster = self.inner.conn.is_cluster();
+        let at = match cursor {
+            None => Position::start(cluster),
+            Some(cursor) => Position::parse(cursor.as_str(), cluster)?,
+        };
+        let (names, next) = self.scan(prefix, at, page).await?;
+        let states = self.inspect_all(&names, at.slot()).await?;
+        let locks = names
+            .into_iter()
+            .zip(states)
+            .filter(|(_, state)| !state.holders.is_empty() || !state.waiters.is_empty())
+            .collect();
+        Ok(Listing::new(
+            locks,
+            next.map(|next| ListCursor::new(next.to_string())),
+        ))
+    }
+}
+
+/// The request an inspect passes: the script reads only the name's keys.
+fn probe(name: &LockName) -> Request {
+    Request::new(
+        name.clone(),
+        OwnerId::parse("inspect").unwrap_or_else(|_| OwnerId::generate()),
+        Mode::Exclusive,
+        Duration::from_millis(1),
+    )
 }

@@ -171,6 +171,33 @@ impl Connection {
         self.noted(conn.query_at(key, cmd)).await
     }
 
+    /// Sends `cmd` to the server that holds `slot` (see [`Link::query_in`]).
+    /// Whether an answer came is noted as by [`query`](Connection::query).
+    pub(crate) async fn query_in<T: redis::FromRedisValue>(
+        &self,
+        conn: &mut Link,
+        slot: u16,
+        cmd: &redis::Cmd,
+    ) -> redis::RedisResult<T> {
+        self.noted(conn.query_in(slot, cmd)).await
+    }
+
+    /// Sends `pipeline` to the server that holds `slot` (see [`Link::pipeline_in`]).
+    /// Whether an answer came is noted as by [`query`](Connection::query).
+    pub(crate) async fn pipeline_in(
+        &self,
+        conn: &mut Link,
+        slot: u16,
+        pipeline: &redis::Pipeline,
+    ) -> redis::RedisResult<Vec<redis::Value>> {
+        self.noted(conn.pipeline_in(slot, pipeline)).await
+    }
+
+    /// Whether the server is a Redis Cluster.
+    pub(crate) fn is_cluster(&self) -> bool {
+        matches!(self.address, Address::Cluster(_))
+    }
+
     /// Runs `request`, noting in the connection's health whether an answer came.
     /// Through Sentinel, an answer that says the server may no longer be the master moves it.
     async fn noted<T>(

@@ -9,6 +9,7 @@
 //! - `sentinel.rs`: a master found through Redis Sentinel, and followed across failovers.
 //! - `cluster.rs`: the nodes of a Redis Cluster, and connecting to them.
 //! - `script.rs`: the keys and arguments of every script call, named once (Lua in `lua/`).
+//! - `listing.rs`: which keys a listing scans for, and its cursor (a master's in a Cluster).
 //! - `reply.rs`: the scripts' replies, decoded.
 //! - `error.rs`: Redis errors as leasehold errors.
 //! - `wakeups.rs`: push wake-ups from the lock's channel to this process's waiters.
@@ -19,6 +20,7 @@
 //! - `redlock/options.rs`: Redlock's options and URL parameters.
 //! - `redlock/connect.rs`: connecting to the nodes; refusing a server counted twice.
 //! - `redlock/quorum.rs`: the majority arithmetic, as pure functions.
+//! - `redlock/listing.rs`: listing over the nodes; what a majority of them holds.
 //! - `fence.rs`: the resource side of fencing, in Redis.
 //!
 //! The design:
@@ -63,6 +65,7 @@ mod error;
 pub mod fence;
 mod floors;
 mod link;
+mod listing;
 mod node;
 mod options;
 pub mod redlock;

@@ -133,13 +133,49 @@ impl Link {
         key: &str,
         cmd: &Cmd,
     ) -> RedisResult<T> {
+        self.query_on(Route::with_key(key, SlotAddr::Master), cmd)
+            .await
+    }
+
+    /// Sends `cmd` to the server that holds `slot`: in a Cluster the master of the slot.
+    /// For a command about one master's keys (`SCAN`).
+    pub(crate) async fn query_in<T: redis::FromRedisValue>(
+        &mut self,
+        slot: u16,
+        cmd: &Cmd,
+    ) -> RedisResult<T> {
+        self.query_on(Route::new(slot, SlotAddr::Master), cmd).await
+    }
+
+    /// Sends `cmd` along `route` in a Cluster; on one server, to it.
+    async fn query_on<T: redis::FromRedisValue>(
+        &mut self,
+        route: Route,
+        cmd: &Cmd,
+    ) -> RedisResult<T> {
         match self {
             Link::Server(conn) => cmd.query_async(conn).await,
             Link::Cluster { commands, .. } => {
-                let route = Route::with_key(key, SlotAddr::Master);
                 let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
                 let value = commands.route_command(cmd.clone(), routing).await?;
                 T::from_redis_value(value).map_err(Into::into)
+            }
+        }
+    }
+
+    /// Sends `pipeline` to the server that holds `slot`, as [`query_in`](Link::query_in) does.
+    /// Every command's reply comes back, an error as [`Value::ServerError`]; the keys of
+    /// its commands must all be on that server.
+    pub(crate) async fn pipeline_in(
+        &mut self,
+        slot: u16,
+        pipeline: &Pipeline,
+    ) -> RedisResult<Vec<Value>> {
+        match self {
+            Link::Server(conn) => conn.req_packed_commands(pipeline, 0, pipeline.len()).await,
+            Link::Cluster { commands, .. } => {
+                let route = SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master));
+                (commands.route_pipeline(pipeline.clone(), 0, pipeline.len(), route)).await
             }
         }
     }

@@ -5,9 +5,10 @@ use std::time::Duration;
 
 use leasehold_core::backend::{Acquire, Backend, LockState, Release, Renewal, Request, WaitHint};
 use leasehold_core::support::health::Silence;
-use leasehold_core::{LockName, Result};
+use leasehold_core::{LockName, NamePrefix, Result};
 
 use crate::backend::{NodeAcquire, RedisBackend};
+use crate::listing::Position;
 use crate::options::RedisOptions;
 use crate::script::millis_up;
 use crate::wakeups::Hint;
@@ -86,6 +87,24 @@ impl Node {
     /// Holders and waiters here.
     pub(crate) async fn inspect(&self, name: &LockName) -> Result<LockState> {
         self.redis.inspect(name).await
+    }
+
+    /// The names one `SCAN` from `scan` finds here under `prefix`, and the next cursor.
+    /// `None` once the scan has gone through every key.
+    pub(crate) async fn scan(
+        &self,
+        prefix: &NamePrefix,
+        scan: u64,
+        page: usize,
+    ) -> Result<(Vec<LockName>, Option<u64>)> {
+        let at = Position { master: None, scan };
+        let (names, next) = self.redis.scan(prefix, at, page).await?;
+        Ok((names, next.map(|next| next.scan)))
+    }
+
+    /// Holders and waiters of each of `names` here, in one round trip.
+    pub(crate) async fn inspect_all(&self, names: &[LockName]) -> Result<Vec<LockState>> {
+        self.redis.inspect_all(names, 0).await
     }
 
     /// Whether this node's busy answer can be waited on (it carries a wake-up hint).

@@ -66,13 +66,32 @@ fn token(text: &str, what: &str) -> Result<FencingToken> {
         .map_err(|_| unexpected(what, text))
 }
 
-/// A shared or permit holder's info: `token|value`.
-pub(crate) fn holder_info(info: &str) -> Result<(FencingToken, Option<Arc<[u8]>>)> {
-    let (number, value) = info
-        .split_once('|')
-        .ok_or_else(|| unexpected("a holder's info", info))?;
-    let value = (!value.is_empty()).then(|| Arc::from(value.as_bytes()));
-    Ok((token(number, "a holder's token")?, value))
+/// What the server stores with a shared or permit holder.
+#[derive(Debug)]
+pub(crate) struct HolderInfo {
+    pub(crate) token: FencingToken,
+    /// A permit's limit.
+    /// `None` for a shared holder, or a permit granted before limits were stored.
+    pub(crate) limit: Option<NonZeroU32>,
+    pub(crate) value: Option<Arc<[u8]>>,
+}
+
+/// A shared holder's info `token|value`, or a permit holder's `token/limit|value`.
+pub(crate) fn holder_info(info: &str) -> Result<HolderInfo> {
+    const WHAT: &str = "a holder's info";
+    let (number, value) = info.split_once('|').ok_or_else(|| unexpected(WHAT, info))?;
+    let (number, limit) = match number.split_once('/') {
+        Some((number, limit)) => (
+            number,
+            Some(limit.parse().map_err(|_| unexpected(WHAT, info))?),
+        ),
+        None => (number, None),
+    };
+    Ok(HolderInfo {
+        token: token(number, "a holder's token")?,
+        limit,
+        value: (!value.is_empty()).then(|| Arc::from(value.as_bytes())),
+    })
 }
 
 /// Time left of a lease the server reported in ms (negative: none).
@@ -110,7 +129,9 @@ pub(crate) fn inspected(reply: &Value) -> Result<(LockState, Option<Duration>)> 
             .with_value((!value.is_empty()).then(|| Arc::from(value.as_bytes()))),
         );
     }
-    let mut add = |members: &Value, mode: Mode| -> Result<usize> {
+    // Shared holders (`permits: None`), or permit holders with the number held, the limit
+    // of a permit whose limit is not stored.
+    let mut add = |members: &Value, permits: Option<NonZeroU32>| -> Result<usize> {
         let Value::Array(flat) = members else {
             return Err(unexpected(WHAT, members));
         };
@@ -121,7 +142,18 @@ pub(crate) fn inspected(reply: &Value) -> Result<(LockState, Option<Duration>)> 
             let [owner, left, info] = chunk else {
                 return Err(unexpected(WHAT, members));
             };
-            let (token, value) = holder_info(&text(info, WHAT)?)?;
+            let HolderInfo {
+                token,
+                limit,
+                value,
+            } = holder_info(&text(info, WHAT)?)?;
+            let mode = match (permits, limit) {
+                (None, None) => Mode::Shared,
+                (Some(held), limit) => Mode::Permit {
+                    limit: limit.unwrap_or(held),
+                },
+                (None, Some(_)) => return Err(unexpected(WHAT, info)),
+            };
             let left = int(left, WHAT)?;
             earliest = Some(earliest.map_or(left, |e| e.min(left)));
             state.holders.push(
@@ -132,17 +164,14 @@ pub(crate) fn inspected(reply: &Value) -> Result<(LockState, Option<Duration>)> 
         }
         Ok(flat.len() / 3)
     };
-    add(readers, Mode::Shared)?;
-    // The permit limit is not stored: report the count held.
+    add(readers, None)?;
     let held = match permits {
         Value::Array(flat) => u32::try_from(flat.len() / 3).unwrap_or(u32::MAX),
         other => return Err(unexpected(WHAT, other)),
     };
     add(
         permits,
-        Mode::Permit {
-            limit: NonZeroU32::new(held).unwrap_or(NonZeroU32::MIN),
-        },
+        Some(NonZeroU32::new(held).unwrap_or(NonZeroU32::MIN)),
     )?;
     let Value::Array(members) = queue else {
         return Err(unexpected(WHAT, queue));
@@ -205,12 +234,20 @@ mod tests {
 
     #[test]
     fn holder_info_round_trips() {
-        let (token, value) = holder_info("1763794800123456|10.0.0.7:80|x").unwrap();
-        assert_eq!(token.get(), 1_763_794_800_123_456);
-        assert_eq!(value.as_deref(), Some(&b"10.0.0.7:80|x"[..]));
-        assert_eq!(holder_info("5|").unwrap().1, None);
-        assert!(holder_info("5").is_err());
-        assert!(holder_info("x|v").is_err());
+        let info = holder_info("1763794800123456|10.0.0.7:80|x").unwrap();
+        assert_eq!(info.token.get(), 1_763_794_800_123_456);
+        assert_eq!(info.limit, None);
+        assert_eq!(info.value.as_deref(), Some(&b"10.0.0.7:80|x"[..]));
+        assert_eq!(holder_info("5|").unwrap().value, None);
+        let info = holder_info("5/3|a/b").unwrap();
+        assert_eq!(
+            (info.token.get(), info.limit.map(NonZeroU32::get)),
+            (5, Some(3))
+        );
+        assert_eq!(info.value.as_deref(), Some(&b"a/b"[..]));
+        for bad in ["5", "x|v", "5/|v", "5/0|v", "5/x|v"] {
+            assert!(holder_info(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]
@@ -224,6 +261,40 @@ mod tests {
         );
         assert!(matches!(acquired(i64::MIN), Acquired::Busy(Some(_))));
         assert!(yes_or_no(2, "renew").is_err());
+    }
+
+    #[test]
+    fn permit_holders_report_their_own_limit() {
+        let permits = Value::Array(vec![
+            bulk("p1"),
+            Value::Int(400),
+            bulk("8/3|"),
+            bulk("p2"),
+            Value::Int(500),
+            // Granted before limits were stored: the number held stands in for it.
+            bulk("9|"),
+        ]);
+        let reply = Value::Array(vec![
+            bulk(""),
+            Value::Int(-2),
+            bulk(""),
+            Value::Array(vec![]),
+            permits,
+            Value::Array(vec![]),
+        ]);
+        let (state, _) = inspected(&reply).unwrap();
+        let limits: Vec<Mode> = state.holders.iter().map(|h| h.mode).collect();
+        let limit = |n| Mode::Permit {
+            limit: NonZeroU32::new(n).unwrap(),
+        };
+        assert_eq!(limits, [limit(3), limit(2)]);
+        // A reader's info has no limit.
+        let reader = Value::Array(vec![bulk("r1"), Value::Int(400), bulk("8/3|")]);
+        let Value::Array(mut parts) = reply else {
+            unreachable!()
+        };
+        parts[3] = reader;
+        assert!(inspected(&Value::Array(parts)).is_err());
     }
 
     #[test]

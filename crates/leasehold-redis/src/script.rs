@@ -13,8 +13,8 @@
 
 use std::sync::LazyLock;
 
-use leasehold_core::LockName;
 use leasehold_core::backend::{Mode, Request};
+use leasehold_core::{LockName, NamePrefix};
 use redis::Script;
 
 /// A key of one lock name: `<prefix>:{<name>}:<suffix>`.
@@ -499,6 +499,40 @@ impl Keys {
         &self.text
     }
 
+    /// A `SCAN` pattern for the keys of kind `kinds` of the names beginning with `names`.
+    /// The pattern may match more (keys of other kinds, keys not leasehold's):
+    /// [`name_in`](Keys::name_in) tells them apart. Neither a key prefix nor a name
+    /// prefix contains a glob character (`check_key_prefix`, [`NamePrefix`]), so both go
+    /// into the pattern as they are.
+    pub(crate) fn pattern(prefix: &str, names: &NamePrefix, kinds: &[Key]) -> String {
+        let mut pattern = format!("{prefix}:{{{}*}}:", names.as_str());
+        // One character class per position the suffixes have in common.
+        let shortest = kinds.iter().map(|k| k.suffix().len()).min().unwrap_or(0);
+        for i in 0..shortest {
+            let mut class: Vec<u8> = kinds.iter().map(|k| k.suffix().as_bytes()[i]).collect();
+            class.sort_unstable();
+            class.dedup();
+            pattern.push('[');
+            pattern.extend(class.into_iter().map(char::from));
+            pattern.push(']');
+        }
+        pattern.push('*');
+        pattern
+    }
+
+    /// The lock name of `key` if it is a key of one of `kinds` under `prefix`.
+    pub(crate) fn name_in(prefix: &str, key: &[u8], kinds: &[Key]) -> Option<LockName> {
+        let rest = std::str::from_utf8(key)
+            .ok()?
+            .strip_prefix(prefix)?
+            .strip_prefix(":{")?;
+        let (name, suffix) = rest.split_once("}:")?;
+        kinds
+            .iter()
+            .any(|k| k.suffix() == suffix)
+            .then(|| LockName::new(name).ok())?
+    }
+
     /// The full name of `key` (for tests and messages; calls write keys in place).
     #[cfg(test)]
     pub(crate) fn key(&self, key: Key) -> String {
@@ -830,6 +864,60 @@ mod tests {
             out.push('\n');
         }
         out
+    }
+
+    /// Whether `text` matches `pattern`, for the globs [`Keys::pattern`] writes.
+    /// Literal characters, character classes without ranges, and `*`.
+    fn glob(pattern: &[u8], text: &[u8]) -> bool {
+        match pattern.split_first() {
+            None => text.is_empty(),
+            Some((b'*', rest)) => (0..=text.len()).any(|i| glob(rest, &text[i..])),
+            Some((b'[', rest)) => {
+                let end = rest.iter().position(|&c| c == b']').unwrap();
+                text.split_first().is_some_and(|(c, tail)| {
+                    rest[..end].contains(c) && glob(&rest[end + 1..], tail)
+                })
+            }
+            Some((c, rest)) => text
+                .split_first()
+                .is_some_and(|(t, tail)| t == c && glob(rest, tail)),
+        }
+    }
+
+    #[test]
+    fn a_listing_pattern_finds_the_names_of_its_kinds_of_key() {
+        let kinds = [Key::Lock, Key::Permits];
+        let names = NamePrefix::new("jobs:").unwrap();
+        let pattern = Keys::pattern("app:v2", &names, &kinds);
+        assert_eq!(pattern, "app:v2:{jobs:*}:[lp][eo][cr][km]*");
+        let name = LockName::new("jobs:nightly").unwrap();
+        let keys = Keys::new("app:v2", &name);
+        for key in Key::ALL {
+            let text = keys.key(key);
+            let listed = kinds.contains(&key);
+            assert_eq!(glob(pattern.as_bytes(), text.as_bytes()), listed, "{text}");
+            let found = Keys::name_in("app:v2", text.as_bytes(), &kinds);
+            assert_eq!(found.as_ref(), listed.then_some(&name), "{text}");
+        }
+        // Other names, other prefixes and keys not leasehold's are not found.
+        let other = Keys::new("app:v2", &LockName::new("orders:1").unwrap());
+        assert!(!glob(pattern.as_bytes(), other.key(Key::Lock).as_bytes()));
+        for key in [
+            "app:v2:{jobs:a}:lockx",
+            "app:v3:{jobs:a}:lock",
+            "app:v2:jobs:a:lock",
+            "app:v2:{jobs/a}:lock",
+        ] {
+            assert_eq!(
+                Keys::name_in("app:v2", key.as_bytes(), &kinds),
+                None,
+                "{key}"
+            );
+        }
+        // The empty prefix finds every name.
+        let every = Keys::pattern("leasehold", &NamePrefix::default(), &kinds);
+        assert!(glob(every.as_bytes(), b"leasehold:{orders:1}:permits"));
+        assert!(!glob(every.as_bytes(), other.key(Key::Permits).as_bytes()));
     }
 
     #[test]

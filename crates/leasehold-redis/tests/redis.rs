@@ -893,3 +893,79 @@ async fn a_replaced_connection_keeps_no_subscription_of_a_dropped_channel() {
         tokio::time::sleep(LINGER / 10).await;
     }
 }
+
+/// A listing of 100,000 held locks finds each of them once, with its holder.
+/// It pages through the keyspace with `SCAN` (many calls, each short) and never runs
+/// `KEYS`, which would block the server for the whole keyspace at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listing_of_a_hundred_thousand_locks_pages_through_scan() {
+    const LOCKS: usize = 100_000;
+    let server = Redis::start().await.unwrap();
+    let redis = backend(&server).await;
+    // The backend's acquire (the scripts a client's lock runs), many at once on its
+    // connection; the leases outlast the test, so nothing needs renewing.
+    let grant = |name: String| {
+        let redis = redis.clone();
+        async move {
+            let owner = OwnerId::generate();
+            let name = LockName::new(&name).unwrap();
+            let req = Request::new(
+                name,
+                owner.clone(),
+                Mode::Exclusive,
+                Duration::from_secs(600),
+            );
+            match redis.acquire(&req).await.unwrap() {
+                Acquire::Granted(grant) => (req.name.to_string(), owner, grant.token),
+                Acquire::Busy(_) => panic!("{} is free, yet busy", req.name),
+            }
+        }
+    };
+    let mut expected: Vec<(String, OwnerId, leasehold_core::FencingToken)> =
+        futures_util::stream::iter(0..LOCKS)
+            .map(|i| grant(format!("bulk:{i}")))
+            .buffer_unordered(1024)
+            .collect()
+            .await;
+    expected.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    // Held too, but outside the prefix.
+    grant("bulky".into()).await;
+    // Command statistics count from here. The server also forgets its scripts (as after a
+    // restart): the listing's first page loads the inspect script again.
+    for command in [["CONFIG", "RESETSTAT"], ["SCRIPT", "FLUSH"]] {
+        assert_eq!(
+            server.command(&command).await.unwrap(),
+            Resp::Simple("OK".into())
+        );
+    }
+
+    let c = Client::builder_from_arc(redis)
+        .options(options(Duration::from_secs(5)))
+        .build();
+    let listed = c.locks("bulk:").await.unwrap();
+    assert_eq!(listed.len(), LOCKS, "locks listed");
+    for ((name, state), (want, owner, token)) in listed.iter().zip(&expected) {
+        assert_eq!(name.as_str(), want);
+        assert_eq!(state.holders.len(), 1, "holders of {name}");
+        let holder = &state.holders[0];
+        assert_eq!(
+            (&holder.owner, holder.token, holder.mode),
+            (owner, *token, Mode::Exclusive),
+            "{name}"
+        );
+        assert!(state.waiters.is_empty(), "waiters of {name}");
+    }
+
+    let stats = match server.command(&["INFO", "commandstats"]).await.unwrap() {
+        Resp::Bulk(Some(text)) => String::from_utf8(text).unwrap(),
+        other => panic!("INFO commandstats: {other:?}"),
+    };
+    let calls = |command: &str| -> u64 {
+        stats
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
+            .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
+    };
+    assert!(calls("scan") > 1, "SCAN calls: {stats}");
+    assert_eq!(calls("keys"), 0, "KEYS calls: {stats}");
+}

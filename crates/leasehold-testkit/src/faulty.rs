@@ -18,7 +18,7 @@ use tokio::sync::watch;
 use leasehold_core::backend::{
     Acquire, Backend, Capabilities, LockState, Release, Renewal, Request, SessionLiveness, WaitHint,
 };
-use leasehold_core::{Error, LockName, Result};
+use leasehold_core::{Error, ListCursor, Listing, LockName, NamePrefix, Result};
 
 /// A backend operation, for [`Faulty`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -33,6 +33,8 @@ pub enum Op {
     Wait,
     /// [`Backend::inspect`].
     Inspect,
+    /// [`Backend::list`].
+    List,
 }
 
 /// A backend decorator that injects faults. Clones share the faults.
@@ -219,6 +221,16 @@ impl Backend for Faulty {
 
     async fn inspect(&self, name: &LockName) -> Result<LockState> {
         self.intercept(Op::Inspect, self.inner.inspect(name)).await
+    }
+
+    async fn list(
+        &self,
+        prefix: &NamePrefix,
+        cursor: Option<&ListCursor>,
+        page: usize,
+    ) -> Result<Listing> {
+        self.intercept(Op::List, self.inner.list(prefix, cursor, page))
+            .await
     }
 
     async fn abandon(&self, req: &Request) -> Result<()> {

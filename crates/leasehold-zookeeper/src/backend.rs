@@ -1,18 +1,19 @@
-//! The [`Backend`] implementation: acquire, renew, release, wait, inspect and abandon.
+//! The [`Backend`] implementation: acquire, renew, release, wait, inspect, list and abandon.
 //! Each is sent as ZooKeeper requests, and this module says what their answers mean.
 
+use std::collections::BTreeMap;
 use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use futures_util::future::{join_all, select_all};
 use leasehold_core::backend::{
-    Acquire, Backend, Capabilities, Expiry, Grant, Holder, LockState, Mode, Release, Renewal,
-    Request, SessionLiveness, TokenDurability, WaitHint, Waiter,
+    Acquire, Backend, Capabilities, Expiry, Grant, Holder, ListCursor, Listing, LockState, Mode,
+    Release, Renewal, Request, SessionLiveness, TokenDurability, WaitHint, Waiter,
 };
-use leasehold_core::{Error, LockName, LossReason, OwnerId, Result};
+use leasehold_core::{Error, LockName, LossReason, NamePrefix, OwnerId, Result};
 use zookeeper_client as zk;
 
 use crate::connection::ZooKeeperBackend;
@@ -91,6 +92,77 @@ impl ZooKeeperBackend {
             token,
             Expiry::Session(session.liveness()),
         )))
+    }
+
+    /// Holders and waiters of `name` as `session` reads them, with its lock set's holders' nodes.
+    /// The directories of the sets `sets` says (the lock set's, the permit set's) are
+    /// listed, a missing one as empty, and each holder's node is read: its data is the
+    /// grant's value, its czxid the token, its ctime when it was granted (the server's wall
+    /// clock, compared with this host's, saturating at zero).
+    async fn read_state(
+        &self,
+        session: &Session,
+        name: &LockName,
+        sets: [bool; 2],
+    ) -> Result<(LockState, Vec<String>)> {
+        let client = &session.client;
+        let layout = &self.inner.layout;
+        // A foreign contender in the permit set takes one permit.
+        let limit = NonZeroU32::MIN;
+        let sets: Vec<(String, Mode)> = [Mode::Exclusive, Mode::Permit { limit }]
+            .into_iter()
+            .zip(sets)
+            .filter(|(_, read)| *read)
+            .map(|(mode, _)| (layout.dir(name, mode), mode))
+            .collect();
+        let listings = join_all(sets.iter().map(|(dir, _)| client.list_children(dir))).await;
+        let mut state = LockState::default();
+        let mut watched = Vec::new();
+        for ((dir, mode), listed) in sets.iter().zip(listings) {
+            let queue = reply::queue(&or_empty(listed, dir)?);
+            let holds = reply::holding(&queue, *mode);
+            let paths: Vec<String> = queue
+                .iter()
+                .zip(&holds)
+                .filter(|(_, holds)| **holds)
+                .map(|(c, _)| format!("{dir}/{}", c.node))
+                .collect();
+            let reads: Vec<_> = paths.iter().map(|p| client.get_data(p)).collect();
+            let mut read = join_all(reads).await.into_iter();
+            let now = SystemTime::now();
+            for (contender, holds) in queue.iter().zip(&holds) {
+                if !holds {
+                    state
+                        .waiters
+                        .push(Waiter::new(contender.shown_owner(), contender.mode));
+                    continue;
+                }
+                let (data, stat) = match read.next() {
+                    Some(Ok(found)) => found,
+                    // Released since the listing.
+                    Some(Err(zk::Error::NoNode)) | None => continue,
+                    Some(Err(e)) => return Err(map(e, "reading a holder")),
+                };
+                if !mode.is_permit() {
+                    watched.push(format!("{dir}/{}", contender.node));
+                }
+                let token = reply::token(stat.czxid)?;
+                // This session's nodes last until its local deadline; another's until at
+                // most a session timeout after its owner goes silent.
+                let remaining = if stat.ephemeral_owner == session.id {
+                    session.remaining()
+                } else {
+                    session.timeout
+                };
+                state.holders.push(
+                    Holder::new(contender.shown_owner(), contender.mode, token)
+                        .with_remaining(Some(remaining))
+                        .with_value((!data.is_empty()).then(|| Arc::from(data)))
+                        .with_held(Some(reply::age(stat.ctime, now)?)),
+                );
+            }
+        }
+        Ok((state, watched))
     }
 
     /// The one node in the way of `hint`'s sole waiter is gone: it holds.
@@ -333,59 +405,10 @@ impl Backend for ZooKeeperBackend {
 
     async fn inspect(&self, name: &LockName) -> Result<LockState> {
         let session = self.session().await?;
-        let client = &session.client;
-        let layout = &self.inner.layout;
-        // A foreign contender in the permit set takes one permit.
-        let limit = NonZeroU32::MIN;
-        let sets =
-            [Mode::Exclusive, Mode::Permit { limit }].map(|mode| (layout.dir(name, mode), mode));
-        let listings = join_all(sets.iter().map(|(dir, _)| client.list_children(dir))).await;
-        let mut state = LockState::default();
-        let mut watched = Vec::new();
-        for ((dir, mode), listed) in sets.iter().zip(listings) {
-            let queue = reply::queue(&or_empty(listed, dir)?);
-            let holds = reply::holding(&queue, *mode);
-            let paths: Vec<String> = queue
-                .iter()
-                .zip(&holds)
-                .filter(|(_, holds)| **holds)
-                .map(|(c, _)| format!("{dir}/{}", c.node))
-                .collect();
-            let reads: Vec<_> = paths.iter().map(|p| client.get_data(p)).collect();
-            let mut read = join_all(reads).await.into_iter();
-            for (contender, holds) in queue.iter().zip(&holds) {
-                if !holds {
-                    state
-                        .waiters
-                        .push(Waiter::new(contender.shown_owner(), contender.mode));
-                    continue;
-                }
-                let (data, stat) = match read.next() {
-                    Some(Ok(found)) => found,
-                    // Released since the listing.
-                    Some(Err(zk::Error::NoNode)) | None => continue,
-                    Some(Err(e)) => return Err(map(e, "reading a holder")),
-                };
-                if !mode.is_permit() {
-                    watched.push(format!("{dir}/{}", contender.node));
-                }
-                let token = reply::token(stat.czxid)?;
-                // This session's nodes last until its local deadline; another's until at
-                // most a session timeout after its owner goes silent.
-                let remaining = if stat.ephemeral_owner == session.id {
-                    session.remaining()
-                } else {
-                    session.timeout
-                };
-                state.holders.push(
-                    Holder::new(contender.shown_owner(), contender.mode, token)
-                        .with_remaining(Some(remaining))
-                        .with_value((!data.is_empty()).then(|| Arc::from(data))),
-                );
-            }
-        }
-        let [(lock_dir, _), _] = sets;
-        let children = watched.is_empty().then_some(lock_dir);
+        let (mut state, watched) = self.read_state(&session, name, [true, true]).await?;
+        let children = watched
+            .is_empty()
+            .then(|| self.inner.layout.dir(name, Mode::Exclusive));
         state.hint = WaitHint::new(Hint {
             session: session.id,
             sole: None,
@@ -393,6 +416,68 @@ impl Backend for ZooKeeperBackend {
             children,
         });
         Ok(state)
+    }
+
+    /// One page of the locks under `prefix`: `page` names after the cursor, in name order.
+    ///
+    /// The root's children (each lock's directories, `<name>` and `<name>#permits`) are
+    /// listed, those of names under `prefix` after the cursor sorted, and the first `page`
+    /// names read as [`inspect`](Backend::inspect) reads one, all at once (the client
+    /// pipelines the requests); names whose directories are empty (freed, their container
+    /// nodes not yet reaped) are left out. The cursor is the last name of the page.
+    ///
+    /// ZooKeeper 3.8 cannot list a directory a page at a time: every page lists the whole
+    /// root, so its reply must fit a client's packet limit (`jute.maxbuffer`, 1 MiB by
+    /// default) — about 1 MiB of names, directories of freed names included. `held` is the
+    /// holder's node's age by its `ctime`, the server's wall clock read against this
+    /// host's: as exact as the two clocks agree, and zero rather than negative.
+    ///
+    /// # Cancel safety
+    ///
+    /// Read-only; dropping the future changes nothing on the server.
+    ///
+    /// # Errors
+    ///
+    /// Backend errors, as for [`inspect`](Backend::inspect).
+    async fn list(
+        &self,
+        prefix: &NamePrefix,
+        cursor: Option<&ListCursor>,
+        page: usize,
+    ) -> Result<Listing> {
+        let session = self.session().await?;
+        let root = self.inner.layout.root();
+        let children = or_empty(session.client.list_children(root).await, root)?;
+        let after = cursor.map(ListCursor::as_str);
+        // Each name, with which of its sets' directories exist.
+        let mut names: BTreeMap<LockName, [bool; 2]> = BTreeMap::new();
+        for child in &children {
+            let Some((name, permit)) = layout::lock_of(child) else {
+                continue;
+            };
+            if prefix.matches(&name) && after.is_none_or(|after| name.as_str() > after) {
+                names.entry(name).or_default()[usize::from(permit)] = true;
+            }
+        }
+        let more = names.len() > page.max(1);
+        let names: Vec<(LockName, [bool; 2])> = names.into_iter().take(page.max(1)).collect();
+        let next = more
+            .then(|| names.last().map(|(name, _)| ListCursor::new(name.as_str())))
+            .flatten();
+        let states = join_all(
+            names
+                .iter()
+                .map(|(name, sets)| self.read_state(&session, name, *sets)),
+        )
+        .await;
+        let mut locks = Vec::with_capacity(names.len());
+        for ((name, _), state) in names.into_iter().zip(states) {
+            let (state, _) = state?;
+            if !state.holders.is_empty() || !state.waiters.is_empty() {
+                locks.push((name, state));
+            }
+        }
+        Ok(Listing::new(locks, next))
     }
 
     async fn session_liveness(&self) -> Option<SessionLiveness> {

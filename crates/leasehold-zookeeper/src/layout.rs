@@ -31,6 +31,9 @@ use leasehold_core::{LockName, OwnerId};
 /// What every contender's name ends with before the sequence number (Curator's `lockName`).
 const LOCK_SUFFIX: &str = "-lock-";
 
+/// What the directory of a name's permit set adds to the name.
+const PERMITS: &str = "#permits";
+
 /// The paths of the nodes of this client's locks.
 #[derive(Debug, Clone)]
 pub(crate) struct Layout {
@@ -53,10 +56,20 @@ impl Layout {
     /// The directory of `name`'s contenders in `mode`'s set.
     pub(crate) fn dir(&self, name: &LockName, mode: Mode) -> String {
         match mode {
-            Mode::Permit { .. } => format!("{}/{name}#permits", self.root),
+            Mode::Permit { .. } => format!("{}/{name}{PERMITS}", self.root),
             Mode::Exclusive | Mode::Shared => format!("{}/{name}", self.root),
         }
     }
+}
+
+/// The lock whose directory is the child `child` of the root, and whether it is the permit set's.
+/// `None` for a child that is no lock's directory.
+pub(crate) fn lock_of(child: &str) -> Option<(LockName, bool)> {
+    let (name, permit) = match child.strip_suffix(PERMITS) {
+        Some(name) => (name, true),
+        None => (child, false),
+    };
+    Some((LockName::new(name).ok()?, permit))
 }
 
 /// The name (without the sequence number) of `owner`'s node in `mode`.
@@ -158,5 +171,20 @@ mod tests {
         let after = |n: &str| n.rsplit_once("lock-").unwrap().1.to_owned();
         assert!(after(&marker) > after(&format!("x-lock-{:019}", i64::MAX)));
         assert!(marker_owner("o-x-lock-0000000001").is_none());
+    }
+
+    #[test]
+    fn the_roots_children_are_the_directories_of_locks() {
+        let layout = Layout::new("leasehold");
+        let name = LockName::new("jobs:1").unwrap();
+        let limit = NonZeroU32::MIN;
+        for (mode, permit) in [(Mode::Exclusive, false), (Mode::Permit { limit }, true)] {
+            let dir = layout.dir(&name, mode);
+            let child = dir.strip_prefix("/leasehold/").unwrap();
+            assert_eq!(lock_of(child), Some((name.clone(), permit)), "{dir}");
+        }
+        for other in ["", "#permits", "a#b", "a/b", ".a"] {
+            assert_eq!(lock_of(other), None, "{other}");
+        }
     }
 }

@@ -22,15 +22,17 @@
 //! See `docs/backends/redlock.md` for what this can and cannot promise.
 //!
 //! The folder: `options.rs` (options and URL parameters), `connect.rs` (refused
-//! configurations, reaching the nodes), `quorum.rs` (the majority arithmetic), this file
-//! (the [`Backend`]). Each node is a `Node` (`../node.rs`): the few requests Redlock
+//! configurations, reaching the nodes), `quorum.rs` (the majority arithmetic),
+//! `listing.rs` (listing over the nodes, and what a majority holds), this file (the
+//! [`Backend`]). Each node is a `Node` (`../node.rs`): the few requests Redlock
 //! makes of a Redis server.
 
 mod connect;
+mod listing;
 mod options;
 mod quorum;
 
-use std::collections::HashMap;
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -39,12 +41,13 @@ use futures_util::StreamExt;
 use futures_util::future::{join_all, select_all};
 use futures_util::stream::FuturesUnordered;
 use leasehold_core::backend::{
-    Acquire, Backend, Capabilities, Expiry, Grant, Holder, LockState, Release, Renewal, Request,
-    TokenDurability, WaitHint, Waiter,
+    Acquire, Backend, Capabilities, Expiry, Grant, ListCursor, Listing, LockState, Release,
+    Renewal, Request, TokenDurability, WaitHint,
 };
-use leasehold_core::{Error, LockName, LossReason, OwnerId, Result};
+use leasehold_core::{Error, LockName, LossReason, NamePrefix, Result};
 
 use crate::node::Node;
+use listing::Place;
 pub use options::RedlockOptions;
 use quorum::{Majority, validity};
 
@@ -426,55 +429,108 @@ impl Backend for RedlockBackend {
 
     async fn inspect(&self, name: &LockName) -> Result<LockState> {
         let answers = self.each(|node| node.inspect(name)).await;
-        // A holder counts if a majority of nodes report it.
-        let mut holders: HashMap<(OwnerId, String), Vec<Holder>> = HashMap::new();
-        let mut waiters: Vec<Waiter> = Vec::new();
         let mut hints = Vec::new();
+        let mut states = Vec::new();
         for answer in answers {
             match answer {
-                Ok(state) => {
-                    for holder in state.holders {
-                        holders
-                            .entry((holder.owner.clone(), holder.mode.to_string()))
-                            .or_default()
-                            .push(holder);
-                    }
-                    for waiter in state.waiters {
-                        if !waiters.iter().any(|w| w.owner == waiter.owner) {
-                            waiters.push(waiter);
-                        }
-                    }
-                    hints.push(state.hint);
+                Ok(mut state) => {
+                    hints.push(std::mem::take(&mut state.hint));
+                    states.push(state);
                 }
                 Err(_) => hints.push(WaitHint::none()),
             }
         }
-        let majority = self.inner.majority;
-        let mut state = LockState::new(WaitHint::new(Hint {
+        let mut state = listing::merged(self.inner.majority, states);
+        state.hint = WaitHint::new(Hint {
             nodes: hints,
             jitter: Duration::ZERO,
-        }));
-        state.waiters = waiters;
-        for (_, copies) in holders {
-            // Held until fewer than a majority of nodes hold it; its token is the one a
-            // majority holds (the grant wrote it back to at least a majority; a node that
-            // granted late may hold a token of its own).
-            let (Some(remaining), Some(token)) = (
-                majority.held_by_majority(copies.iter().map(|h| h.remaining)),
-                majority.held_by_majority(copies.iter().map(|h| h.token)),
-            ) else {
-                continue;
-            };
-            if let Some(mut longest) = copies
-                .into_iter()
-                .min_by_key(|h| std::cmp::Reverse(h.remaining))
-            {
-                longest.remaining = remaining;
-                longest.token = token;
-                state.holders.push(longest);
+        });
+        Ok(state)
+    }
+
+    /// One page of the locks under `prefix` that a majority of the nodes holds.
+    /// Or that any node queues. Each node still scanning runs one `SCAN`, then every node
+    /// reads all the names found in one pipeline (two rounds, each node bounded by the
+    /// node timeout).
+    ///
+    /// The cursor holds each node's `SCAN` cursor. A node that does not answer is left out
+    /// for the rest of the listing; the listing fails once fewer than a majority are left.
+    /// Holders' `held` is `None`: the nodes do not record when a grant was made.
+    ///
+    /// # Cancel safety
+    ///
+    /// Read-only; dropping the future changes nothing on the nodes.
+    async fn list(
+        &self,
+        prefix: &NamePrefix,
+        cursor: Option<&ListCursor>,
+        page: usize,
+    ) -> Result<Listing> {
+        let nodes = self.inner.nodes.len();
+        let mut places = match cursor {
+            None => vec![Place::At(0); nodes],
+            Some(cursor) => listing::places(cursor.as_str(), nodes)?,
+        };
+        let scans = join_all(places.iter().enumerate().map(|(i, &place)| async move {
+            match place {
+                Place::At(scan) => Some(self.on(i, |node| node.scan(prefix, scan, page)).await),
+                Place::Done | Place::Gone => None,
+            }
+        }))
+        .await;
+        let mut names = BTreeSet::new();
+        for (place, scan) in places.iter_mut().zip(scans) {
+            match scan {
+                Some(Ok((found, next))) => {
+                    names.extend(found);
+                    *place = next.map_or(Place::Done, Place::At);
+                }
+                Some(Err(error)) => {
+                    tracing::debug!(%error, "redlock: a node left out of a listing");
+                    *place = Place::Gone;
+                }
+                None => {}
             }
         }
-        state.holders.sort_by_key(|h| h.token);
-        Ok(state)
+        let names: Vec<LockName> = names.into_iter().collect();
+        let names = &names;
+        let read = join_all(places.iter().enumerate().map(|(i, &place)| async move {
+            match place {
+                Place::Gone => None,
+                _ if names.is_empty() => Some(Ok(Vec::new())),
+                Place::At(_) | Place::Done => {
+                    Some(self.on(i, |node| node.inspect_all(names)).await)
+                }
+            }
+        }))
+        .await;
+        let mut states = Vec::new();
+        for (place, answer) in places.iter_mut().zip(read) {
+            match answer {
+                Some(Ok(answer)) => states.push(answer.into_iter()),
+                Some(Err(error)) => {
+                    tracing::debug!(%error, "redlock: a node left out of a listing");
+                    *place = Place::Gone;
+                }
+                None => {}
+            }
+        }
+        let majority = self.inner.majority;
+        let gone = places.iter().filter(|&&p| p == Place::Gone).count();
+        if majority.out_of_reach(gone) {
+            return Err(Error::unavailable(format!(
+                "{gone} of {nodes} redis nodes did not answer a listing; a majority ({}) is needed",
+                majority.quorum()
+            )));
+        }
+        let mut locks = Vec::new();
+        for name in names {
+            let copies: Vec<LockState> = states.iter_mut().filter_map(Iterator::next).collect();
+            let state = listing::merged(majority, copies);
+            if !state.holders.is_empty() || !state.waiters.is_empty() {
+                locks.push((name.clone(), state));
+            }
+        }
+        Ok(Listing::new(locks, listing::cursor(&places)))
     }
 }

@@ -15,11 +15,20 @@ use crate::options::{EtcdOptions, parse_url};
 use crate::registry::Registry;
 use crate::rpc::Rpc;
 use crate::session::Session;
-use crate::transport;
+use crate::transport::{self, KeepAlive};
 
-/// How often an idle connection is pinged, and how long a ping may go unanswered.
-/// After that the connection is given up for the next member.
-pub(crate) const KEEP_ALIVE: Duration = Duration::from_secs(2);
+/// The HTTP/2 pings that tell a paused member from a quiet one.
+/// How often a connection with open streams is pinged, and how long a ping may go
+/// unanswered before the connection is given up for the next member.
+///
+/// etcd counts a ping less than 5 s after the previous one as abuse (its
+/// `--grpc-keepalive-min-time`), and after three it closes the connection with
+/// `too_many_pings` — every session on it suspended, every watch broken. So pings go every
+/// 6 s, and only while streams are open (without one, etcd counts every ping).
+pub(crate) const KEEP_ALIVE: KeepAlive = KeepAlive {
+    every: Duration::from_secs(6),
+    timeout: Duration::from_secs(2),
+};
 
 /// The condition of a write fenced by a guard: `key` exists, created at `create_revision`.
 /// See [`EtcdBackend::still_owner`].
@@ -88,7 +97,7 @@ impl EtcdBackend {
     /// Connects to `endpoints`, each `http://host:port` (or `https://host:port` for TLS).
     /// There is one connection at a time: to the first member, then to the next whenever it
     /// must connect again (the member went away or left a keep-alive ping unanswered for
-    /// 2 s).
+    /// 2 s; pings go every 6 s while requests, watches or a session are open).
     ///
     /// # Cancel safety
     ///

@@ -27,10 +27,19 @@ use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
 use tonic::transport::{Channel, Endpoint, Uri};
 
+/// HTTP/2 keep-alive pings on a connection with open streams.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct KeepAlive {
+    /// How often.
+    pub(crate) every: Duration,
+    /// How long one may go unanswered before the connection is dropped.
+    pub(crate) timeout: Duration,
+}
+
 /// A lazily connected channel to the members at `endpoints`.
 /// They are all `http://host:port`, or all `https://host:port` for TLS with `tls`; HTTP/2
-/// keep-alive pings go every `keep_alive` (the connection is dropped when one goes
-/// unanswered as long) so that a paused member is left for the next one.
+/// keep-alive pings go as `keep_alive` says (the connection is dropped when one goes
+/// unanswered) so that a paused member is left for the next one.
 ///
 /// # Errors
 ///
@@ -40,7 +49,7 @@ pub(crate) fn channel(
     endpoints: &[String],
     tls: &TlsFiles,
     connect_timeout: Duration,
-    keep_alive: Duration,
+    keep_alive: KeepAlive,
 ) -> Result<Channel> {
     let invalid = |reason: String| Error::invalid("endpoints", reason);
     let first = endpoints
@@ -71,9 +80,9 @@ pub(crate) fn channel(
     let endpoint = Endpoint::from_shared(first.clone())
         .map_err(|e| invalid(format!("{first}: {e}")))?
         .connect_timeout(connect_timeout)
-        .http2_keep_alive_interval(keep_alive)
-        .keep_alive_timeout(keep_alive)
-        .keep_alive_while_idle(true);
+        .http2_keep_alive_interval(keep_alive.every)
+        .keep_alive_timeout(keep_alive.timeout)
+        .keep_alive_while_idle(false);
     Ok(endpoint.connect_with_connector_lazy(connector))
 }
 

@@ -2,11 +2,15 @@
 
 #![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use leasehold_core::backend::{Backend, Mode, Request};
-use leasehold_core::{Client, Error, Guard, LockName, LockOptions, LossReason};
+use leasehold_core::{
+    Client, Error, FencingToken, Guard, LockName, LockOptions, LockState, LossReason, NamePrefix,
+    OwnerId,
+};
 use leasehold_etcd::{EtcdBackend, EtcdOptions};
 use leasehold_testkit::{Direction, Etcd, FaultProxy};
 
@@ -515,6 +519,31 @@ async fn until_true(what: &str, limit: Duration, cond: impl Fn() -> bool) {
     }
 }
 
+/// A session kept alive for a while stays on its one connection.
+/// etcd closes a connection pinged less than 5 s apart three times (`too_many_pings`); HTTP/2
+/// pings every 2 s once made it do so every 8 s, suspending every session on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_kept_alive_keeps_its_one_connection() {
+    let etcd = Etcd::start().await.unwrap();
+    let proxy = FaultProxy::start(etcd.endpoints()[0].parse().unwrap())
+        .await
+        .unwrap();
+    let a = client_through(&proxy, "30s").await;
+    let guard = a.mutex("job").unwrap().lock().await.unwrap();
+    // Two keep-alives answered, one every 10 s: well past the third ping of a 2 s interval.
+    let mut seen = guard.deadline().unwrap();
+    for _ in 0..2 {
+        seen = guard.deadline_changed(seen).await.unwrap();
+        assert!(!guard.is_suspended());
+    }
+    assert_eq!(
+        proxy.accepted(),
+        1,
+        "the connection was closed and made again"
+    );
+    guard.release().await.unwrap();
+}
+
 /// A client with a session of `session_ttl` whose only link to etcd goes through `proxy`.
 async fn client_through(proxy: &FaultProxy, session_ttl: &str) -> Client {
     let url = format!("etcd://{}?session_ttl={session_ttl}", proxy.addr());
@@ -767,4 +796,105 @@ async fn a_late_delete_removes_nothing_of_the_next_key_in_its_slot() {
     );
     assert!(second.is_held());
     second.release().await.unwrap();
+}
+
+/// The holders of a listed lock, in token order.
+fn holders_of(state: &LockState) -> Vec<(OwnerId, FencingToken, Mode)> {
+    let mut holders: Vec<_> = state
+        .holders
+        .iter()
+        .map(|h| (h.owner.clone(), h.token, h.mode))
+        .collect();
+    holders.sort_by_key(|h| h.1);
+    holders
+}
+
+/// Ten thousand grants on 8 581 names are listed exactly, each name once, a page at a time.
+/// A group of names puts keys of others between its own: `bulk:7#permits/…`, `bulk:7-y/…`,
+/// `bulk:7.x/…`, `bulk:7/…`. The client's listing reads a thousand keys a page; the
+/// backend's, asked for a hundred, takes a hundred pages and still lists every name on one
+/// of them with all of its holders, wherever a page ends in a group.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_grants_are_listed_exactly_a_page_at_a_time() {
+    const GROUPS: usize = 2_860;
+    const WORKERS: usize = 32;
+    let etcd = Etcd::start().await.unwrap();
+    let locks = backend(&etcd.endpoints(), Duration::from_secs(10)).await;
+    let client = Client::builder(locks.clone()).options(options()).build();
+    // Three or four grants a group, so that pages end anywhere in one: a mutex of
+    // `bulk:<g>` (and a permit of it in every other group), a mutex of `bulk:<g>.x` and one
+    // of `bulk:<g>-y`.
+    let workers: Vec<_> = (0..WORKERS)
+        .map(|worker| {
+            let client = client.clone();
+            tokio::spawn(async move {
+                let mut guards = Vec::new();
+                for group in (worker..GROUPS).step_by(WORKERS) {
+                    let name = format!("bulk:{group}");
+                    guards.push(client.mutex(&name).unwrap().lock().await.unwrap());
+                    if group % 2 == 0 {
+                        let permits = client.semaphore(&name, 1).unwrap();
+                        guards.push(permits.acquire().await.unwrap());
+                    }
+                    for suffix in [".x", "-y"] {
+                        let mutex = client.mutex(&format!("{name}{suffix}")).unwrap();
+                        guards.push(mutex.lock().await.unwrap());
+                    }
+                }
+                guards
+            })
+        })
+        .collect();
+    // The name that is the prefix, and its keys before every other.
+    let mut guards = vec![client.mutex("bulk:").unwrap().lock().await.unwrap()];
+    for worker in workers {
+        guards.extend(worker.await.unwrap());
+    }
+    let mut expected: BTreeMap<String, Vec<_>> = BTreeMap::new();
+    for guard in &guards {
+        let holder = (guard.owner().clone(), guard.token(), guard.mode());
+        expected
+            .entry(guard.name().to_string())
+            .or_default()
+            .push(holder);
+    }
+    for holders in expected.values_mut() {
+        holders.sort_by_key(|h| h.1);
+    }
+    let names = GROUPS * 3 + 1;
+    assert_eq!((guards.len(), expected.len()), (10_011, names));
+    // Outside the prefix: its keys are `bulk/…`.
+    let outside = client.mutex("bulk").unwrap().lock().await.unwrap();
+
+    let listed = client.locks("bulk:").await.unwrap();
+    assert_eq!(listed.len(), expected.len(), "names listed");
+    for (name, state) in &listed {
+        assert_eq!(
+            Some(&holders_of(state)),
+            expected.get(name.as_str()),
+            "holders of {name}"
+        );
+    }
+
+    let prefix = NamePrefix::new("bulk:").unwrap();
+    let (mut cursor, mut pages, mut paged) = (None, 0, 0);
+    loop {
+        let page = locks.list(&prefix, cursor.as_ref(), 100).await.unwrap();
+        pages += 1;
+        for (name, state) in &page.locks {
+            let holders = expected.remove(name.as_str());
+            assert!(holders.is_some(), "{name} listed twice, or not held");
+            assert_eq!(Some(holders_of(state)), holders, "holders of {name}");
+            paged += 1;
+        }
+        match page.next {
+            Some(next) => cursor = Some(next),
+            None => break,
+        }
+    }
+    assert!(expected.is_empty(), "{} names not listed", expected.len());
+    assert_eq!(paged, names);
+    // Ten thousand keys, a hundred a page.
+    assert!(pages >= 100, "{pages} pages");
+    drop((guards, outside));
 }

@@ -179,6 +179,11 @@ impl FaultProxy {
     pub fn connections(&self) -> usize {
         self.open.load(Ordering::SeqCst)
     }
+
+    /// How many connections the proxy has accepted since it started.
+    pub fn accepted(&self) -> u64 {
+        self.accepted.load(Ordering::SeqCst)
+    }
 }
 
 impl Drop for FaultProxy {

@@ -164,7 +164,7 @@ impl ServerProcess {
     pub(crate) fn log_tail(&self) -> String {
         let log = self.log();
         let lines: Vec<&str> = log.lines().collect();
-        lines[lines.len().saturating_sub(15)..].join("\n")
+        lines[lines.len().saturating_sub(40)..].join("\n")
     }
 }
 

@@ -6,11 +6,13 @@
 
 #![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use leasehold_core::{Client, Error, Fence, LockOptions, LossReason};
+use leasehold_core::backend::Backend;
+use leasehold_core::{Client, Error, Fence, LockOptions, LossReason, NamePrefix};
 use leasehold_testkit::faulty::{Faulty, Op};
 use leasehold_testkit::{Direction, FaultProxy, ZooKeeper};
 use leasehold_zookeeper::ZooKeeperBackend;
@@ -319,16 +321,24 @@ async fn a_leader_outage_never_lets_two_in_and_locking_resumes_after_the_electio
     ensemble.servers()[leader].process().pause();
     let others: Vec<_> = (0..3).filter(|i| *i != leader).collect();
     let addrs = ensemble.addrs();
-    until("a new leader", Duration::from_secs(60), async || {
+    // Elected once one of the others says so; if that never happens, the failure shows
+    // what each said last (the servers' logs follow it).
+    let started = Instant::now();
+    loop {
+        let mut said = Vec::new();
         for i in &others {
-            let word = leasehold_testkit::probe::zookeeper_word(addrs[*i], "srvr").await;
-            if word.is_ok_and(|w| w.contains("Mode: leader")) {
-                return true;
-            }
+            said.push(leasehold_testkit::probe::zookeeper_word(addrs[*i], "srvr").await);
         }
-        false
-    })
-    .await;
+        if said.iter().flatten().any(|w| w.contains("Mode: leader")) {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "no new leader within 60 s after pausing server {}; the others said {said:?}",
+            leader + 1
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     ensemble.servers()[leader].process().kill();
     progress(10).await;
     stop.store(true, Ordering::SeqCst);
@@ -1026,4 +1036,96 @@ async fn lock_delays_share_a_few_sessions_dropped_when_unused() {
         async || connections(&zookeeper).await == before,
     )
     .await;
+}
+
+/// Two thousand locks, some with a permit set too, are listed exactly, a page at a time.
+/// Directories of freed names among them are not listed. The client's listing reads a
+/// thousand names a page; the backend's, asked for a hundred, takes many pages and lists
+/// each name once with all of its holders, each with how long it has held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_thousand_locks_are_listed_exactly_a_page_at_a_time() {
+    const NAMES: usize = 2_000;
+    const WORKERS: usize = 32;
+    let zookeeper = ZooKeeper::start().await.unwrap();
+    let locks = backend(&zookeeper.url()).await;
+    let client = client_on(locks.clone());
+    // A mutex of each name, a permit of every fourth, and a freed name every tenth.
+    let workers: Vec<_> = (0..WORKERS)
+        .map(|worker| {
+            let client = client.clone();
+            tokio::spawn(async move {
+                let mut guards = Vec::new();
+                for i in (worker..NAMES).step_by(WORKERS) {
+                    let name = format!("bulk:{i}");
+                    guards.push(client.mutex(&name).unwrap().lock().await.unwrap());
+                    if i % 4 == 0 {
+                        let permits = client.semaphore(&name, 2).unwrap();
+                        guards.push(permits.acquire().await.unwrap());
+                    }
+                    if i % 10 == 0 {
+                        let freed = client.mutex(&format!("bulk:freed{i}")).unwrap();
+                        freed.lock().await.unwrap().release().await.unwrap();
+                    }
+                }
+                guards
+            })
+        })
+        .collect();
+    let mut guards = Vec::new();
+    for worker in workers {
+        guards.extend(worker.await.unwrap());
+    }
+    let mut expected: BTreeMap<String, Vec<_>> = BTreeMap::new();
+    for guard in &guards {
+        let holder = (guard.owner().clone(), guard.token(), guard.mode());
+        expected
+            .entry(guard.name().to_string())
+            .or_default()
+            .push(holder);
+    }
+    assert_eq!(expected.len(), NAMES);
+    let outside = client.mutex("bulk").unwrap().lock().await.unwrap();
+    let holders_of = |state: &leasehold_core::LockState| {
+        let mut holders: Vec<_> = state
+            .holders
+            .iter()
+            .map(|h| {
+                assert!(h.held.is_some(), "no time held for {}", h.owner);
+                (h.owner.clone(), h.token, h.mode)
+            })
+            .collect();
+        // The lock set's holder, then the permit set's.
+        holders.sort_by_key(|h| h.2.is_permit());
+        holders
+    };
+
+    let listed = client.locks("bulk:").await.unwrap();
+    assert_eq!(listed.len(), NAMES, "names listed");
+    for (name, state) in &listed {
+        assert_eq!(
+            Some(&holders_of(state)),
+            expected.get(name.as_str()),
+            "holders of {name}"
+        );
+    }
+
+    let prefix = NamePrefix::new("bulk:").unwrap();
+    let (mut cursor, mut pages) = (None, 0);
+    loop {
+        let page = locks.list(&prefix, cursor.as_ref(), 100).await.unwrap();
+        pages += 1;
+        for (name, state) in &page.locks {
+            let holders = expected.remove(name.as_str());
+            assert!(holders.is_some(), "{name} listed twice, or not held");
+            assert_eq!(Some(holders_of(state)), holders, "holders of {name}");
+        }
+        match page.next {
+            Some(next) => cursor = Some(next),
+            None => break,
+        }
+    }
+    assert!(expected.is_empty(), "{} names not listed", expected.len());
+    // 2 000 names and 200 freed ones (unless reaped already), a hundred a page.
+    assert!(pages >= NAMES / 100, "{pages} pages");
+    drop((guards, outside));
 }

@@ -80,8 +80,11 @@ impl ZooKeeper {
                     "-XX:+UseSerialGC".into(),
                     "-XX:TieredStopAtLevel=1".into(),
                     format!("-Dzookeeper.log.dir={}", data.display()),
+                    // The server's own log, timestamped, for a failed test to show.
+                    "-Dorg.slf4j.simpleLogger.showDateTime=true".into(),
+                    "-Dorg.slf4j.simpleLogger.dateTimeFormat=HH:mm:ss.SSS".into(),
                     "-cp".into(),
-                    ZOOKEEPER_JAR.into(),
+                    server_classpath(),
                     "org.apache.zookeeper.server.quorum.QuorumPeerMain".into(),
                     config_file.display().to_string(),
                 ];
@@ -190,6 +193,16 @@ impl ZooKeeperServer {
     pub async fn restart(&mut self) -> io::Result<()> {
         self.process.restart()?;
         self.wait_ready().await
+    }
+}
+
+/// The server's jar, with a logger when one is installed (without it the server logs nothing).
+fn server_classpath() -> String {
+    const LOGGER: &str = "/usr/share/java/slf4j-simple.jar";
+    if Path::new(LOGGER).is_file() {
+        format!("{ZOOKEEPER_JAR}:{LOGGER}")
+    } else {
+        ZOOKEEPER_JAR.to_owned()
     }
 }
 

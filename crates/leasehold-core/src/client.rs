@@ -161,6 +161,13 @@ impl Client {
             // A name seen twice (a rehashing SCAN) keeps its later state.
             locks.extend(page.locks);
             match page.next {
+                // A backend that hands back the cursor it was given would loop forever.
+                Some(next) if cursor.as_ref() == Some(&next) => {
+                    return Err(crate::Error::backend(
+                        format!("the listing did not move past cursor {:?}", next.as_str()),
+                        false,
+                    ));
+                }
                 Some(next) => cursor = Some(next),
                 None => return Ok(locks.into_iter().collect()),
             }

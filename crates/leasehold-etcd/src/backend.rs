@@ -1,11 +1,12 @@
 //! The [`Backend`] implementation: acquire, renew, release, wait, inspect, list and abandon.
 //! Each is sent as etcd requests, and this module says what their answers mean.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::num::NonZeroU32;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures_util::future::join_all;
 use leasehold_core::backend::{
     Acquire, Backend, Capabilities, Expiry, Grant, Holder, ListCursor, Listing, LockState, Mode,
     Release, Renewal, Request, SessionLiveness, TokenDurability, WaitHint, Waiter,
@@ -443,6 +444,20 @@ impl EtcdBackend {
         Ok(states)
     }
 
+    /// The time left on each of `leases`, asked at once (see [`time_left`](Self::time_left)).
+    async fn times_left(
+        &self,
+        leases: impl IntoIterator<Item = i64>,
+    ) -> Result<HashMap<i64, Option<Duration>>> {
+        let leases: HashSet<i64> = leases.into_iter().collect();
+        let answers = join_all(leases.iter().map(|lease| self.time_left(*lease))).await;
+        leases
+            .into_iter()
+            .zip(answers)
+            .map(|(lease, left)| left.map(|left| (lease, left)))
+            .collect()
+    }
+
     /// The time left on `lease` as etcd says: `None` for a key without a lease.
     async fn time_left(&self, lease: i64) -> Result<Option<Duration>> {
         if lease == 0 {
@@ -714,7 +729,9 @@ impl Backend for EtcdBackend {
             let dir = &self.dirs(&name)[usize::from(permit)];
             found.entry(name).or_default()[usize::from(permit)].push(decode(dir, kv));
         }
-        let mut left = HashMap::new();
+        // One lookup per session holding or queued on the page, all at once.
+        let leases = found.values().flatten().flatten().map(|entry| entry.lease);
+        let mut left = self.times_left(leases).await?;
         let mut locks = self.read_whole(&whole, &mut left).await?;
         for (name, queues) in found {
             locks.push((name, self.state_of(queues, &mut left).await?));

@@ -325,7 +325,8 @@ impl RedisBackend {
     /// Holders and waiters of each of `names`, as [`inspect`](Backend::inspect) reads them.
     /// The inspect script runs for all of them in one pipeline, sent to the server that
     /// holds `slot` (in a Cluster the master a [`scan`](RedisBackend::scan) of it found
-    /// them on). The states' hints are [`WaitHint::none`].
+    /// them on). The states' hints are [`WaitHint::none`]. A name whose keys do not read
+    /// as a lock is logged and reads as free.
     pub(crate) async fn inspect_all(
         &self,
         names: &[LockName],
@@ -366,8 +367,19 @@ impl RedisBackend {
             .iter()
             .zip(replies)
             .map(|(name, reply)| {
-                let reply = reply.extract_error().map_err(|e| map_error(e, name))?;
-                Ok(reply::inspected(&reply)?.0)
+                let state = reply
+                    .extract_error()
+                    .map_err(|e| map_error(e, name))
+                    .and_then(|reply| Ok(reply::inspected(&reply)?.0));
+                match state {
+                    // Keys that do not read as a lock (written by something else): one
+                    // such name must not stop every listing at its page.
+                    Err(error) if !error.is_retryable() => {
+                        tracing::warn!(lock = %name, %error, "listing: left out");
+                        Ok(LockState::default())
+                    }
+                    state => state,
+                }
             })
             .collect()
     }

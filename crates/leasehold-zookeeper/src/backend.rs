@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use futures_util::future::{join_all, select_all};
@@ -97,8 +97,8 @@ impl ZooKeeperBackend {
     /// Holders and waiters of `name` as `session` reads them, with its lock set's holders' nodes.
     /// The directories of the sets `sets` says (the lock set's, the permit set's) are
     /// listed, a missing one as empty, and each holder's node is read: its data is the
-    /// grant's value, its czxid the token, its ctime when it was granted (the server's wall
-    /// clock, compared with this host's, saturating at zero).
+    /// grant's value, its czxid the token. Time held is not known: a node's ctime is when
+    /// it joined the queue, not when it was granted.
     async fn read_state(
         &self,
         session: &Session,
@@ -129,7 +129,6 @@ impl ZooKeeperBackend {
                 .collect();
             let reads: Vec<_> = paths.iter().map(|p| client.get_data(p)).collect();
             let mut read = join_all(reads).await.into_iter();
-            let now = SystemTime::now();
             for (contender, holds) in queue.iter().zip(&holds) {
                 if !holds {
                     state
@@ -157,8 +156,7 @@ impl ZooKeeperBackend {
                 state.holders.push(
                     Holder::new(contender.shown_owner(), contender.mode, token)
                         .with_remaining(Some(remaining))
-                        .with_value((!data.is_empty()).then(|| Arc::from(data)))
-                        .with_held(Some(reply::age(stat.ctime, now)?)),
+                        .with_value((!data.is_empty()).then(|| Arc::from(data))),
                 );
             }
         }
@@ -428,9 +426,7 @@ impl Backend for ZooKeeperBackend {
     ///
     /// ZooKeeper 3.8 cannot list a directory a page at a time: every page lists the whole
     /// root, so its reply must fit a client's packet limit (`jute.maxbuffer`, 1 MiB by
-    /// default) — about 1 MiB of names, directories of freed names included. `held` is the
-    /// holder's node's age by its `ctime`, the server's wall clock read against this
-    /// host's: as exact as the two clocks agree, and zero rather than negative.
+    /// default) — about 1 MiB of names, directories of freed names included.
     ///
     /// # Cancel safety
     ///

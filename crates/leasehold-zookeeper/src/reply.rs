@@ -5,8 +5,6 @@
 //! `<uuid>__lock__`) is a foreign contender: an exclusive holder or waiter like any other,
 //! ordered by its sequence number. A child without a sequence number is no contender.
 
-use std::time::{Duration, SystemTime};
-
 use leasehold_core::backend::Mode;
 use leasehold_core::{Error, FencingToken, OwnerId, Result};
 use zookeeper_client as zk;
@@ -170,23 +168,6 @@ pub(crate) fn token(czxid: i64) -> Result<FencingToken> {
         .map_err(|_| Error::backend(format!("zookeeper: a node has czxid {czxid}"), false))
 }
 
-/// How long ago a node was created at `ctime`, by the local wall clock `now`.
-/// `ctime` is the server's wall clock in milliseconds since the epoch, so the answer is as
-/// exact as the two clocks agree; zero when `ctime` is later than `now`.
-///
-/// # Errors
-///
-/// [`Error::Backend`] for a ctime before the epoch: the reply did not decode.
-pub(crate) fn age(ctime: i64, now: SystemTime) -> Result<Duration> {
-    let created = u64::try_from(ctime)
-        .map(Duration::from_millis)
-        .map_err(|_| Error::backend(format!("zookeeper: a node has ctime {ctime}"), false))?;
-    let now = now
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap_or_default();
-    Ok(now.saturating_sub(created))
-}
-
 #[cfg(test)]
 mod tests {
     use std::num::NonZeroU32;
@@ -252,14 +233,6 @@ mod tests {
             assert!(Contender::parse(odd).unwrap().owner.is_none(), "{odd}");
         }
         assert!(token(-1).is_err());
-        let now = SystemTime::UNIX_EPOCH + Duration::from_millis(5_000);
-        assert_eq!(age(1_500, now).unwrap(), Duration::from_millis(3_500));
-        assert_eq!(
-            age(6_000, now).unwrap(),
-            Duration::ZERO,
-            "a server clock ahead"
-        );
-        assert!(age(-1, now).is_err());
         assert_eq!(token(42).unwrap(), FencingToken::new(42));
     }
 

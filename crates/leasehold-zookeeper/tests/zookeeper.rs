@@ -1089,10 +1089,7 @@ async fn two_thousand_locks_are_listed_exactly_a_page_at_a_time() {
         let mut holders: Vec<_> = state
             .holders
             .iter()
-            .map(|h| {
-                assert!(h.held.is_some(), "no time held for {}", h.owner);
-                (h.owner.clone(), h.token, h.mode)
-            })
+            .map(|h| (h.owner.clone(), h.token, h.mode))
             .collect();
         // The lock set's holder, then the permit set's.
         holders.sort_by_key(|h| h.2.is_permit());

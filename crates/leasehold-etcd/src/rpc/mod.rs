@@ -92,8 +92,12 @@ impl Rpc {
         Ok(Self { channel, token })
     }
 
+    /// The KV service, taking replies up to 64 MiB.
+    /// A listing's page of 1 000 keys with their values can pass gRPC's default 4 MiB
+    /// (etcd itself sends replies of any size).
     fn kv(&self) -> KvClient<Authed> {
         KvClient::with_interceptor(self.channel.clone(), self.token.clone())
+            .max_decoding_message_size(64 << 20)
     }
 
     fn lease(&self) -> LeaseClient<Authed> {

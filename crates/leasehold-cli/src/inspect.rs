@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use std::io::IsTerminal as _;
 use std::time::Duration;
 
-use leasehold::{Client, LockState, Mode};
+use leasehold::{Client, Leader, LockState, Mode};
 use serde_json::{Value, json};
 
 /// The state of each named lock, as JSON.
@@ -162,6 +162,28 @@ pub async fn collect(
 
 fn mode(mode: Mode) -> String {
     mode.to_string()
+}
+
+/// One line of `leasehold elect --observe`: the leader, or that nobody leads.
+/// As text (`leader VALUE term T owner O`, `no leader`) or as a JSON object.
+pub fn leader_line(leader: Option<&Leader>, json: bool) -> String {
+    match (leader, json) {
+        (Some(l), true) => json!({ "leader": {
+            "value": value(&l.value),
+            "term": l.term.get(),
+            "owner": l.owner.as_str(),
+            "remaining_ms": l.remaining.map(|r| r.as_millis() as u64),
+        }})
+        .to_string(),
+        (None, true) => json!({ "leader": null }).to_string(),
+        (Some(l), false) => format!(
+            "leader {} term {} owner {}",
+            value(&l.value),
+            l.term,
+            l.owner
+        ),
+        (None, false) => "no leader".to_owned(),
+    }
 }
 
 /// A stored value as text when it is UTF-8, otherwise as hex.

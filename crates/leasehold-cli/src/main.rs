@@ -37,6 +37,15 @@ enum Command {
     /// (several names: each a space-separated list, in the order the names were given), and
     /// runs in its own process group.
     Run(RunArgs),
+    /// Run a command while this process leads an election; or watch who leads.
+    ///
+    /// `leasehold elect NAME VALUE -- COMMAND` campaigns with VALUE (an address, an id) and
+    /// runs the command while leading, exactly as `run` holds a lock (same options, exit
+    /// codes and stopping on loss); LEASEHOLD_TOKEN is the term, a fencing token greater
+    /// than every earlier term. `leasehold elect --observe NAME` prints the leader (VALUE,
+    /// term, owner) and then each new one as it changes, pushed by the backend, until
+    /// interrupted; `no leader` while nobody leads.
+    Elect(ElectArgs),
     /// Show holders, modes, tokens, remaining TTLs and waiters of locks.
     Inspect(InspectArgs),
     /// List every lock a backend holds or queues, without knowing the names.
@@ -129,6 +138,43 @@ struct RunArgs {
 }
 
 #[derive(Debug, Args)]
+struct ElectArgs {
+    #[command(flatten)]
+    connection: Connection,
+    /// Print each leader as it changes instead of campaigning (the current one first).
+    #[arg(long, conflicts_with_all = ["ttl", "wait", "no_wait", "grace", "value", "command"])]
+    observe: bool,
+    /// With --observe: one JSON object per line.
+    #[arg(long, requires = "observe")]
+    json: bool,
+    /// Lease length, as for `run`.
+    #[arg(long, value_parser = duration)]
+    ttl: Option<Duration>,
+    /// Wait at most this long to be elected (default: as long as it takes).
+    #[arg(long, value_parser = duration, conflicts_with = "no_wait")]
+    wait: Option<Duration>,
+    /// Do not wait: exit 75 at once if someone else leads.
+    #[arg(long)]
+    no_wait: bool,
+    /// As for `run`.
+    #[arg(long, value_parser = duration)]
+    grace: Option<Duration>,
+    /// The election's name (a lock name).
+    #[arg(value_name = "NAME")]
+    name: String,
+    /// The value to lead with, shown to observers.
+    #[arg(required_unless_present = "observe", value_name = "VALUE")]
+    value: Option<String>,
+    /// The command to run while leading, after `--`.
+    #[arg(
+        last = true,
+        required_unless_present = "observe",
+        value_name = "COMMAND"
+    )]
+    command: Vec<OsString>,
+}
+
+#[derive(Debug, Args)]
 struct InspectArgs {
     #[command(flatten)]
     connection: Connection,
@@ -196,7 +242,23 @@ fn main() -> ExitCode {
     };
     let code = runtime.block_on(async {
         match command {
-            Command::Run(args) => run(args).await,
+            Command::Run(args) => run(args, None).await,
+            Command::Elect(args) if args.observe => observe(args).await,
+            Command::Elect(args) => {
+                let campaign = args.value.unwrap_or_default().into_bytes();
+                let args = RunArgs {
+                    connection: args.connection,
+                    ttl: args.ttl,
+                    wait: args.wait,
+                    no_wait: args.no_wait,
+                    shared: false,
+                    permits: None,
+                    grace: args.grace,
+                    names: vec![args.name],
+                    command: args.command,
+                };
+                run(args, Some(campaign)).await
+            }
             Command::Inspect(args) => inspect(args).await,
             Command::Locks(args) => locks(args).await,
             Command::Bench(args) => bench(args).await,
@@ -224,7 +286,8 @@ async fn connect(connection: &Connection) -> Result<Client, Error> {
     leasehold::connect(&url).await
 }
 
-async fn run(args: RunArgs) -> u8 {
+/// `leasehold run`, or with `campaign` `leasehold elect`.
+async fn run(args: RunArgs, campaign: Option<Vec<u8>>) -> u8 {
     let url = args
         .connection
         .url
@@ -284,6 +347,7 @@ async fn run(args: RunArgs) -> u8 {
     };
     let spec = RunSpec {
         names: args.names,
+        campaign,
         hold: match (args.shared, args.permits) {
             (true, _) => Hold::Shared,
             (false, Some(n)) => Hold::Permits(n),
@@ -359,6 +423,32 @@ async fn locks(args: LocksArgs) -> u8 {
             0
         }
         Err(error) => report(&error, args.json),
+    }
+}
+
+/// `leasehold elect --observe`: each leader as it changes, until interrupted.
+async fn observe(args: ElectArgs) -> u8 {
+    let interrupted = match interrupts() {
+        Ok(interrupted) => interrupted,
+        Err(error) => {
+            eprintln!("leasehold: cannot handle signals: {error}");
+            return exit::BACKEND;
+        }
+    };
+    let mut interrupted = std::pin::pin!(interrupted);
+    tokio::select! {
+        Err(error) = print_leaders(&args) => report(&error, args.json),
+        signal = &mut interrupted => exit::signal(signal),
+    }
+}
+
+/// Prints the leader of `args.name`, then each new one; returns only with an error.
+async fn print_leaders(args: &ElectArgs) -> Result<std::convert::Infallible, Error> {
+    let client = connect(&args.connection).await?;
+    let mut observer = client.election(&args.name)?.observe();
+    loop {
+        let leader = observer.next().await?;
+        println!("{}", inspect::leader_line(leader.as_ref(), args.json));
     }
 }
 

@@ -48,6 +48,10 @@ pub struct RunSpec {
     pub names: Vec<String>,
     /// How to hold them.
     pub hold: Hold,
+    /// The value to campaign with, for `leasehold elect`.
+    /// `Some(value)`: campaign in the election of the one name with `value`, and run the
+    /// command while leading; the term is the token.
+    pub campaign: Option<Vec<u8>>,
     /// How long to wait for it.
     pub wait: WaitFor,
     /// Lease options (ttl).
@@ -471,6 +475,15 @@ fn millis(duration: Duration) -> String {
 }
 
 async fn acquire(client: &Client, spec: &RunSpec) -> leasehold::Result<Option<MultiGuard>> {
+    if let (Some(value), [name]) = (&spec.campaign, &spec.names[..]) {
+        let election = client.election(name)?.with_options(options(client, spec)?);
+        let leadership = match spec.wait {
+            WaitFor::Forever => Some(election.campaign(value.clone()).await?),
+            WaitFor::No => election.try_campaign(value.clone()).await?,
+            WaitFor::UpTo(d) => election.campaign_timeout(value.clone(), d).await?,
+        };
+        return Ok(leadership.map(|l| MultiGuard::from(l.into_guard())));
+    }
     if let [name] = &spec.names[..] {
         return Ok(acquire_one(client, spec, name).await?.map(MultiGuard::from));
     }

@@ -384,6 +384,20 @@ async fn locks_lists_every_held_lock_without_its_name() {
 }
 
 #[tokio::test]
+async fn elect_hands_on_leadership_and_observers_see_each_leader() {
+    let d = Dir::new();
+    common::elect_hands_on_leadership_and_observers_see_each_leader(&d.url()).await;
+    // Bad usage: no value, or a value and --observe.
+    for bad in [
+        &["elect", "sched", "--", "true"][..],
+        &["elect", "--observe", "sched", "v"],
+    ] {
+        let out = d.output(bad).await;
+        assert_eq!(out.status.code(), Some(64), "{bad:?}");
+    }
+}
+
+#[tokio::test]
 async fn a_holder_killed_with_sigkill_frees_the_lock_once_its_command_is_gone() {
     let d = Dir::new();
     let fifo = d.fifo("ready");

@@ -169,3 +169,9 @@ async fn a_session_ttl_in_the_url_that_disagrees_with_ttl_is_a_usage_error() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn elect_hands_on_leadership_and_observers_see_each_leader() {
+    let etcd = Etcd::start().await.unwrap();
+    common::elect_hands_on_leadership_and_observers_see_each_leader(&etcd.url()).await;
+}

@@ -67,3 +67,11 @@ async fn ttl_sets_the_session_ttl_of_advisory_locks() {
     assert_eq!(out.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&out.stderr).contains("disagree"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn elect_hands_on_leadership_and_observers_see_each_leader_in_both_modes() {
+    let server = Postgres::start().await.unwrap();
+    common::elect_hands_on_leadership_and_observers_see_each_leader(&server.url()).await;
+    let advisory = format!("{}?mode=advisory", server.url());
+    common::elect_hands_on_leadership_and_observers_see_each_leader(&advisory).await;
+}

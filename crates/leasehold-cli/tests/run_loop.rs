@@ -20,6 +20,7 @@ fn spec(command: &[&str]) -> RunSpec {
     RunSpec {
         names: vec!["job".into()],
         hold: Hold::Exclusive,
+        campaign: None,
         wait: WaitFor::Forever,
         options: LockOptions::builder()
             .ttl(Duration::from_millis(600))

@@ -47,3 +47,10 @@ async fn the_lock_ttl_is_the_session_timeout_the_server_negotiated() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{stderr}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn elect_hands_on_leadership_and_observers_see_each_leader() {
+    let zookeeper = ZooKeeper::start().await.unwrap();
+    let url = format!("zk://{}", zookeeper.connect_string());
+    common::elect_hands_on_leadership_and_observers_see_each_leader(&url).await;
+}

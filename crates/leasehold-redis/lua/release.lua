@@ -11,7 +11,13 @@ if string.byte(FLAGS) == 120 then -- 'x'
   local value = redis.call('GET', LOCK)
   if value and string.find(value, OWNER, 1, true) == 1 and string.byte(value, #OWNER + 1) == 32 then
     if string.byte(value, #OWNER + 2) ~= 119 then -- not "<owner> w<until> <token>"
-      if XINFO then redis.call('DEL', LOCK, XINFO) else redis.call('DEL', LOCK) end
+      if XINFO then
+        -- A grant with a value (an election's leader): its observers see it go.
+        redis.call('DEL', LOCK, XINFO)
+        redis.call(PUBLISH, CHANNEL, '*')
+      else
+        redis.call('DEL', LOCK)
+      end
       if DELAY then redis.call('ZREM', DELAY, OWNER) end
       return 1
     end

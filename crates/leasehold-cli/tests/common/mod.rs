@@ -56,6 +56,102 @@ pub(crate) async fn twenty_runs_share_a_counter(url: &str) {
     );
 }
 
+/// `leasehold elect` on `url`: candidates lead one at a time.
+/// Each runs its command with its term as the token; `elect --observe --json` prints each
+/// leader as it changes.
+#[allow(dead_code, reason = "not every test file runs elections")]
+pub(crate) async fn elect_hands_on_leadership_and_observers_see_each_leader(url: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let leasehold = |args: &[&str]| {
+        let mut command = Command::new(BIN);
+        command
+            .arg(args[0])
+            .args(["--url", url])
+            .args(&args[1..])
+            .env_remove("LEASEHOLD_URL")
+            .stdin(Stdio::null())
+            .kill_on_drop(true);
+        command
+    };
+    let mut observer = leasehold(&["elect", "--observe", "--json", "sched"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(observer.stdout.take().unwrap()).lines();
+    let mut next_leader = async || -> serde_json::Value {
+        let line = lines
+            .next_line()
+            .await
+            .unwrap()
+            .expect("the observer exited");
+        serde_json::from_str(&line).unwrap()
+    };
+    assert!(next_leader().await["leader"].is_null());
+
+    // A candidate that leads runs its command, with the term as its token.
+    let fifo = |name: &str| {
+        let path = dir.path().join(name);
+        let made = std::process::Command::new("mkfifo").arg(&path).status();
+        assert!(made.unwrap().success());
+        path
+    };
+    let leads = |value: &str, fifo: &std::path::Path| {
+        let script = format!(
+            "echo $$ $LEASEHOLD_TOKEN > {}; exec sleep 1000",
+            fifo.display()
+        );
+        leasehold(&["elect", "sched", value, "--", "sh", "-c", &script])
+            .spawn()
+            .unwrap()
+    };
+    // The command's pid and its token, once it has started.
+    let started = async |fifo: &std::path::Path| {
+        let fifo = fifo.to_path_buf();
+        let written = tokio::task::spawn_blocking(move || std::fs::read_to_string(fifo))
+            .await
+            .unwrap()
+            .unwrap();
+        let (pid, token) = written.trim().split_once(' ').unwrap();
+        let pid = Pid::from_raw(pid.parse().unwrap()).unwrap();
+        (pid, token.parse::<u64>().unwrap())
+    };
+    let (fifo_a, fifo_b) = (fifo("a"), fifo("b"));
+    let mut a = leads("host-a", &fifo_a);
+    let (command_a, term_a) = started(&fifo_a).await;
+    let seen = next_leader().await;
+    assert_eq!(seen["leader"]["value"], "host-a");
+    assert_eq!(seen["leader"]["term"], term_a);
+
+    // Another candidate waits; one that does not wait is told someone leads.
+    let mut b = leads("host-b", &fifo_b);
+    let out = leasehold(&["elect", "--no-wait", "sched", "host-c", "--", "true"])
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(75), "{stderr}");
+
+    // The leader's command ends: the waiting candidate leads, with a later term.
+    kill_process(command_a, Signal::KILL).unwrap();
+    assert_eq!(a.wait().await.unwrap().code(), Some(137));
+    let (command_b, term_b) = started(&fifo_b).await;
+    assert!(term_b > term_a);
+    // The observer may or may not see the moment between the two.
+    let mut seen = next_leader().await;
+    if seen["leader"].is_null() {
+        seen = next_leader().await;
+    }
+    assert_eq!(seen["leader"]["value"], "host-b");
+    assert_eq!(seen["leader"]["term"], term_b);
+
+    kill_process(command_b, Signal::KILL).unwrap();
+    b.wait().await.unwrap();
+    assert!(next_leader().await["leader"].is_null());
+    let pid = Pid::from_raw(i32::try_from(observer.id().unwrap()).unwrap()).unwrap();
+    kill_process(pid, Signal::INT).unwrap();
+    assert_eq!(observer.wait().await.unwrap().code(), Some(130));
+}
+
 /// The processes of process group `group` that are still running.
 /// Zombies, which nobody may reap in a container whose init does not, are not running.
 #[allow(dead_code, reason = "not every test file looks into process groups")]

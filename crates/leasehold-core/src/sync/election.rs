@@ -89,6 +89,25 @@ impl Election {
         Ok(Leadership { guard, value })
     }
 
+    /// Leads with `value` if nobody leads now; `Ok(None)` if somebody does.
+    /// One attempt, without joining a queue.
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`campaign`](Election::campaign).
+    ///
+    /// # Errors
+    ///
+    /// As for [`campaign`](Election::campaign).
+    pub async fn try_campaign(&self, value: impl Into<Vec<u8>>) -> Result<Option<Leadership>> {
+        let value: Arc<[u8]> = value.into().into();
+        let guard = self
+            .target
+            .acquire(Mode::Exclusive, Some(value.clone()), Wait::No)
+            .await?;
+        Ok(guard.map(|guard| Leadership { guard, value }))
+    }
+
     /// Campaigns for up to `wait`; `Ok(None)` if not elected in time (the candidacy is withdrawn).
     ///
     /// # Cancel safety
@@ -187,6 +206,11 @@ impl Leadership {
     /// The underlying guard (remaining validity, scoped runs).
     pub fn guard(&self) -> &Guard {
         &self.guard
+    }
+
+    /// The underlying guard, owned: leadership ends when it is released or dropped.
+    pub fn into_guard(self) -> Guard {
+        self.guard
     }
 
     /// Steps down.

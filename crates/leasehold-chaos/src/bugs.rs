@@ -12,6 +12,7 @@ use leasehold::backend::{
     Acquire, Backend, Capabilities, Expiry, Grant, Liveness, LockState, Release, Renewal, Request,
     SessionKeeper, SessionLiveness, WaitHint,
 };
+use leasehold::backend::{Eviction, Mode};
 use leasehold::clock::{Clock, Instant, Sleep, SystemClock};
 use leasehold::{Error, ListCursor, Listing, LockName, LossReason, NamePrefix, OwnerId, Result};
 use tokio::task::JoinHandle;
@@ -278,6 +279,10 @@ impl Backend for Planted {
         page: usize,
     ) -> Result<Listing> {
         self.inner.list(prefix, cursor, page).await
+    }
+
+    async fn evict(&self, name: &LockName, mode: Mode, eviction: &Eviction) -> Result<bool> {
+        self.inner.evict(name, mode, eviction).await
     }
 
     async fn abandon(&self, req: &Request) -> Result<()> {

@@ -16,6 +16,7 @@ use leasehold::backend::{
     Acquire, Backend, Capabilities, Expiry as BackendExpiry, LockState, Release, Renewal, Request,
     SessionLiveness, WaitHint,
 };
+use leasehold::backend::{Eviction, Mode};
 use leasehold::{ListCursor, Listing, LockName, NamePrefix, Result};
 use serde_json::json;
 use tokio::task::JoinHandle;
@@ -260,6 +261,10 @@ impl Backend for Recorder {
         page: usize,
     ) -> Result<Listing> {
         self.inner.list(prefix, cursor, page).await
+    }
+
+    async fn evict(&self, name: &LockName, mode: Mode, eviction: &Eviction) -> Result<bool> {
+        self.inner.evict(name, mode, eviction).await
     }
 
     async fn abandon(&self, req: &Request) -> Result<()> {

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use std::io::IsTerminal as _;
 use std::time::Duration;
 
-use leasehold::{Client, Leader, LockState, Mode};
+use leasehold::{Client, Eviction, Leader, LockState, Mode};
 use serde_json::{Value, json};
 
 /// The state of each named lock, as JSON.
@@ -27,6 +27,7 @@ pub fn to_json(locks: &[(String, LockState)]) -> Value {
                     "owner": w.owner.as_str(),
                     "mode": mode(w.mode),
                 })).collect::<Vec<_>>(),
+                "evictions": evictions_json(&state.evictions),
             })
         })
         .collect();
@@ -75,6 +76,19 @@ pub fn to_table(locks: &[(String, LockState)], colour: bool) -> String {
                 "-".into(),
             ]);
         }
+        // The last eviction, as a reminder; --json has them all.
+        for e in state.evictions.iter().take(1) {
+            rows.push([
+                name.clone(),
+                "evicted".into(),
+                "-".into(),
+                e.token.to_string(),
+                "-".into(),
+                "-".into(),
+                e.owner.to_string(),
+                format!("by {}: {}", e.by, e.reason),
+            ]);
+        }
     }
     let widths: Vec<usize> = (0..COLUMNS)
         .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
@@ -103,6 +117,36 @@ pub fn to_table(locks: &[(String, LockState)], colour: bool) -> String {
         }
     }
     out
+}
+
+/// Eviction records as JSON.
+pub fn evictions_json(evictions: &[Eviction]) -> Value {
+    evictions
+        .iter()
+        .map(|e| {
+            json!({
+                "owner": e.owner.as_str(),
+                "token": e.token.get(),
+                "by": e.by,
+                "reason": e.reason,
+                "at_ms": e.at_ms,
+            })
+        })
+        .collect()
+}
+
+/// Who is running this command, as `user@host`, for an eviction's record.
+pub fn operator() -> String {
+    let user = ["USER", "LOGNAME"]
+        .iter()
+        .find_map(|var| std::env::var(var).ok().filter(|u| !u.is_empty()))
+        .unwrap_or_else(|| format!("uid{}", rustix::process::getuid().as_raw()));
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "unknown-host".into());
+    format!("{user}@{host}")
 }
 
 /// Whether to colour output for people: stdout is a terminal and `NO_COLOR` is not set.

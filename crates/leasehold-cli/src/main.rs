@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use leasehold::{Client, ConnectOptions, DEFAULT_TTL, Error, LockOptions, parse_duration};
+use leasehold::{Client, ConnectOptions, DEFAULT_TTL, Error, LockOptions, OwnerId, parse_duration};
 use leasehold_cli::run::{Hold, RunSpec, WaitFor};
 use leasehold_cli::{exit, inspect};
 use rustix::process::Signal;
@@ -48,6 +48,16 @@ enum Command {
     Elect(ElectArgs),
     /// Show holders, modes, tokens, remaining TTLs and waiters of locks.
     Inspect(InspectArgs),
+    /// Force-release a lock: evict its holder, recording who did it and why.
+    ///
+    /// Only the grant seen is evicted (checked by owner and token), never a newer one. The
+    /// lock stays closed until the evicted lease would have ended, so the evicted holder
+    /// learns of it first (its next renewal answers "evicted"); every later grant's token
+    /// is greater. The record (when, who — user@host —, why, owner and token) is kept on
+    /// the backend and shown by `inspect` and `locks`. Exit codes: 0 evicted; 75 nobody
+    /// held it (or not that owner); 64 usage, or a backend that cannot evict; 69 backend
+    /// failure.
+    Release(ReleaseArgs),
     /// List every lock a backend holds or queues, without knowing the names.
     /// Holders, tokens, time held, TTL left and waiters. The backend is read a page at a
     /// time (SCAN, ranged reads, paged queries), so a large listing never blocks the server.
@@ -175,6 +185,26 @@ struct ElectArgs {
 }
 
 #[derive(Debug, Args)]
+struct ReleaseArgs {
+    #[command(flatten)]
+    connection: Connection,
+    /// Evict the holder (the only kind of release from outside: a holder releases its own).
+    #[arg(long, required = true)]
+    force: bool,
+    /// Why, for the record (shown by inspect and locks).
+    #[arg(long, required = true)]
+    reason: String,
+    /// Evict only this owner's grant (as inspect shows it); default: every holder.
+    #[arg(long)]
+    owner: Option<String>,
+    /// Print JSON instead of text (also for errors).
+    #[arg(long)]
+    json: bool,
+    /// The lock's name.
+    name: String,
+}
+
+#[derive(Debug, Args)]
 struct InspectArgs {
     #[command(flatten)]
     connection: Connection,
@@ -261,6 +291,7 @@ fn main() -> ExitCode {
             }
             Command::Inspect(args) => inspect(args).await,
             Command::Locks(args) => locks(args).await,
+            Command::Release(args) => release(args).await,
             Command::Bench(args) => bench(args).await,
             Command::Chaos(_) => exit::USAGE,
             Command::Supervise(args) => {
@@ -424,6 +455,41 @@ async fn locks(args: LocksArgs) -> u8 {
         }
         Err(error) => report(&error, args.json),
     }
+}
+
+async fn release(args: ReleaseArgs) -> u8 {
+    let owner = match args.owner.as_deref().map(OwnerId::parse).transpose() {
+        Ok(owner) => owner,
+        Err(error) => return report(&error, args.json),
+    };
+    let by = inspect::operator();
+    let result = match connect(&args.connection).await {
+        Ok(client) => {
+            client
+                .evict(&args.name, owner.as_ref(), &by, &args.reason)
+                .await
+        }
+        Err(error) => Err(error),
+    };
+    let evicted = match result {
+        Ok(evicted) => evicted,
+        Err(error) => return report(&error, args.json),
+    };
+    if args.json {
+        println!(
+            "{}",
+            serde_json::json!({ "evicted": inspect::evictions_json(&evicted) })
+        );
+    } else {
+        for e in &evicted {
+            println!("evicted {} (token {}) from {}", e.owner, e.token, args.name);
+        }
+    }
+    if evicted.is_empty() {
+        eprintln!("leasehold: nobody held {}; nothing was evicted", args.name);
+        return exit::NOT_ACQUIRED;
+    }
+    0
 }
 
 /// `leasehold elect --observe`: each leader as it changes, until interrupted.

@@ -249,6 +249,9 @@ pub async fn hold(
                 eprintln!("leasehold: lost the lock on {name} ({reason}); stopping the command");
                 // Its grace was before the deadline: nothing is left of it now.
                 supervisor.stop(Signal::KILL, Duration::ZERO).await;
+                if reason == LossReason::Evicted {
+                    tell_eviction(client, &guard, &name).await;
+                }
                 break exit::LOST;
             }
             signal = &mut interrupted => {
@@ -281,6 +284,19 @@ pub async fn hold(
     };
     release(guard).await;
     code
+}
+
+/// Prints who evicted this process's grant of `name`, and why, if the record says.
+async fn tell_eviction(client: &Client, guard: &MultiGuard, name: &leasehold::LockName) {
+    let Some(part) = guard.guards().iter().find(|g| g.name() == name) else {
+        return;
+    };
+    let Ok(state) = client.inspect(name.as_str()).await else {
+        return;
+    };
+    if let Some(e) = state.evictions.iter().find(|e| e.owner == *part.owner()) {
+        eprintln!("leasehold: {name} was evicted by {}: {}", e.by, e.reason);
+    }
 }
 
 /// Why the supervisor is not running the command.

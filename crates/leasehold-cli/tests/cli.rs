@@ -398,6 +398,34 @@ async fn elect_hands_on_leadership_and_observers_see_each_leader() {
 }
 
 #[tokio::test]
+async fn a_forced_release_is_refused_where_the_kernel_holds_the_lock() {
+    let d = Dir::new();
+    let fifo = d.fifo("ready");
+    let script = format!("echo $$ > {}; exec sleep 1000", fifo.display());
+    let mut holder = d
+        .leasehold(&["run", "job", "--", "sh", "-c", &script])
+        .spawn()
+        .unwrap();
+    let command = read_pid(&fifo).await;
+    // A file lock belongs to its process: only stopping that process frees it.
+    let out = d
+        .output(&["release", "--force", "job", "--reason", "stuck"])
+        .await;
+    assert_eq!(out.status.code(), Some(64));
+    assert!(
+        text(&out.stderr).contains("force-release is not supported by the file backend"),
+        "{}",
+        text(&out.stderr)
+    );
+    // Without --force or --reason there is nothing to do.
+    for bad in [&["release", "job"][..], &["release", "--force", "job"]] {
+        assert_eq!(d.output(bad).await.status.code(), Some(64), "{bad:?}");
+    }
+    kill_process(command, Signal::KILL).unwrap();
+    holder.wait().await.unwrap();
+}
+
+#[tokio::test]
 async fn a_holder_killed_with_sigkill_frees_the_lock_once_its_command_is_gone() {
     let d = Dir::new();
     let fifo = d.fifo("ready");

@@ -75,3 +75,9 @@ async fn elect_hands_on_leadership_and_observers_see_each_leader_in_both_modes()
     let advisory = format!("{}?mode=advisory", server.url());
     common::elect_hands_on_leadership_and_observers_see_each_leader(&advisory).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forced_release_stops_the_holders_command_and_is_recorded() {
+    let server = Postgres::start().await.unwrap();
+    common::a_forced_release_stops_the_holders_command_and_is_recorded(&server.url()).await;
+}

@@ -24,3 +24,9 @@ async fn elect_hands_on_leadership_and_observers_see_each_leader() {
     let server = Redis::start().await.unwrap();
     common::elect_hands_on_leadership_and_observers_see_each_leader(&server.url()).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forced_release_stops_the_holders_command_and_is_recorded() {
+    let server = Redis::start().await.unwrap();
+    common::a_forced_release_stops_the_holders_command_and_is_recorded(&server.url()).await;
+}

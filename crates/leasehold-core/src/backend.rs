@@ -515,6 +515,41 @@ pub struct LockState {
     pub waiters: Vec<Waiter>,
     /// Pass to [`Backend::wait`] to wait for the next change.
     pub hint: WaitHint,
+    /// The name's recent evictions, newest first, where the backend records them.
+    pub evictions: Vec<Eviction>,
+}
+
+/// A forced release: whose grant was evicted, by whom, when and why.
+/// Recorded beside the name by [`Backend::evict`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Eviction {
+    /// The evicted grant's owner.
+    pub owner: OwnerId,
+    /// The evicted grant's token: every later grant's is greater.
+    pub token: FencingToken,
+    /// Who evicted it, as `user@host`.
+    pub by: String,
+    /// Why, in the operator's words.
+    pub reason: String,
+    /// When, in milliseconds since the Unix epoch, by the evicting host's clock.
+    pub at_ms: u64,
+}
+
+impl Eviction {
+    /// The eviction of `owner`'s grant with `token`, by `by`, for `reason`, now.
+    pub fn new(owner: OwnerId, token: FencingToken, by: String, reason: String) -> Self {
+        let at_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        Self {
+            owner,
+            token,
+            by,
+            reason,
+            at_ms,
+        }
+    }
 }
 
 /// Where a listing goes on: opaque, made by the backend that returned it.
@@ -666,6 +701,22 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         })
     }
 
+    /// Force-releases the grant `eviction` names, and records `eviction` beside the name.
+    /// That is its owner's grant in `mode` with its token — never a newer grant.
+    ///
+    /// The name stays closed to new grants until the evicted grant's lease would have
+    /// ended on the server, so the evicted holder learns of it — at its next renewal,
+    /// answered [`LossReason::Evicted`], or at its deadline — before anyone else can hold
+    /// the lock. `Ok(false)` if that grant is not held (released, expired, or another
+    /// token). The default says the backend cannot evict.
+    async fn evict(&self, name: &LockName, mode: Mode, eviction: &Eviction) -> Result<bool> {
+        let _ = (name, mode, eviction);
+        Err(Error::Unsupported {
+            backend: self.capabilities().backend,
+            feature: "force-release",
+        })
+    }
+
     /// Called when the release of `req`'s grant or queue entry could not be confirmed.
     /// The engine retried it while the session it lives by was healthy (see
     /// [`session_liveness`](Backend::session_liveness)) and the server never answered, or
@@ -722,6 +773,9 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
         page: usize,
     ) -> Result<Listing> {
         (**self).list(prefix, cursor, page).await
+    }
+    async fn evict(&self, name: &LockName, mode: Mode, eviction: &Eviction) -> Result<bool> {
+        (**self).evict(name, mode, eviction).await
     }
     async fn abandon(&self, req: &Request) -> Result<()> {
         (**self).abandon(req).await

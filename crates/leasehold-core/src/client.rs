@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
-use crate::backend::{Backend, Capabilities, LockState};
+use crate::backend::{Backend, Capabilities, Eviction, LockState};
 use crate::clock::{Clock, SystemClock};
 use crate::context::Context;
 use crate::error::Result;
@@ -172,6 +172,52 @@ impl Client {
                 None => return Ok(locks.into_iter().collect()),
             }
         }
+    }
+
+    /// Force-releases `name`: evicts its holders, recording who and why.
+    /// Only `owner`'s grant if given; each eviction — `by` (`user@host`), `reason` — is
+    /// recorded beside the name.
+    ///
+    /// Each evicted grant is that holder's grant only, checked by owner and token, never a
+    /// newer one. The name stays closed until the evicted leases would have ended, so each
+    /// evicted holder learns of its loss ([`LossReason::Evicted`](crate::LossReason) at its
+    /// next renewal, or its deadline) before anyone else holds the lock; every later grant's
+    /// token is greater than the evicted ones. Returns the evictions made (none if nobody
+    /// held it). Waiters stay queued.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future may leave some holders evicted and others not; each eviction is
+    /// recorded with its grant's removal, atomically.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a bad name;
+    /// [`Error::Unsupported`](crate::Error::Unsupported) where the backend cannot evict;
+    /// backend errors.
+    pub async fn evict(
+        &self,
+        name: &str,
+        owner: Option<&crate::OwnerId>,
+        by: &str,
+        reason: &str,
+    ) -> Result<Vec<Eviction>> {
+        let lock = LockName::new(name)?;
+        let ctx = &self.ctx;
+        let timeout = ctx.options.request_timeout();
+        let state = ctx.call(timeout, ctx.backend.inspect(&lock)).await?;
+        let mut evicted = Vec::new();
+        for holder in state.holders {
+            if owner.is_some_and(|owner| *owner != holder.owner) {
+                continue;
+            }
+            let eviction = Eviction::new(holder.owner, holder.token, by.into(), reason.into());
+            let removed = ctx.backend.evict(&lock, holder.mode, &eviction);
+            if ctx.call(timeout, removed).await? {
+                evicted.push(eviction);
+            }
+        }
+        Ok(evicted)
     }
 
     /// How many names [`locks`](Client::locks) asks the backend to look at per request.

@@ -21,6 +21,10 @@ pub enum LossReason {
     /// The session's link went down and no keep-alive got through before the local deadline.
     /// The guard was suspended, and ZooKeeper's jeopardy turned into loss.
     Disconnected,
+    /// An operator force-released the lock (`leasehold release --force`).
+    /// The eviction record (who, when, why) is in the lock's
+    /// [`LockState::evictions`](crate::LockState::evictions).
+    Evicted,
 }
 
 impl fmt::Display for LossReason {
@@ -33,6 +37,7 @@ impl fmt::Display for LossReason {
             LossReason::Disconnected => {
                 "the session was disconnected and not restored before the lease deadline"
             }
+            LossReason::Evicted => "an operator force-released the lock",
         })
     }
 }

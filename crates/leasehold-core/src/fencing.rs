@@ -161,7 +161,16 @@ impl Fence {
         Ok(write())
     }
 
-    /// The highest token accepted so far.
+    /// Refuses `token` and every older one from now on.
+    /// For a holder evicted with that token: its writes are refused at once, not only
+    /// after the next holder's first one.
+    pub fn exclude(&self, token: FencingToken) {
+        let above = FencingToken::new(token.get().saturating_add(1));
+        let mut state = self.state();
+        state.highest = Some(state.highest.map_or(above, |h| h.max(above)));
+    }
+
+    /// The highest token accepted so far (or just above one [`exclude`](Fence::exclude)d).
     pub fn highest(&self) -> Option<FencingToken> {
         self.state().highest
     }
@@ -187,6 +196,20 @@ impl Fence {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_excluded_token_and_older_ones_are_refused_newer_ones_accepted() {
+        let fence = Fence::new();
+        let t = FencingToken::new;
+        assert!(fence.apply(t(7), || ()).is_ok());
+        fence.exclude(t(7));
+        assert!(fence.apply(t(7), || ()).is_err());
+        assert!(fence.apply(t(6), || ()).is_err());
+        // Excluding an older token than the highest moves nothing.
+        fence.exclude(t(2));
+        assert!(fence.apply(t(8), || ()).is_ok());
+        assert!(fence.apply(t(8), || ()).is_ok());
+    }
 
     #[test]
     fn accepts_equal_and_newer_rejects_older() {

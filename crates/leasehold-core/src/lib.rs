@@ -46,7 +46,7 @@ pub mod sync;
 pub mod telemetry;
 mod watchdog;
 
-pub use backend::{Backend, Capabilities, ListCursor, Listing, LockState, Mode};
+pub use backend::{Backend, Capabilities, Eviction, ListCursor, Listing, LockState, Mode};
 pub use client::{Client, ClientBuilder};
 pub use error::{Error, LossReason, Result};
 pub use fencing::{Fence, FencingToken, StaleToken};

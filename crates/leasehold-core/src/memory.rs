@@ -16,8 +16,8 @@ use async_trait::async_trait;
 use tokio::sync::watch;
 
 use crate::backend::{
-    Acquire, Backend, Capabilities, Expiry, Grant, Holder, ListCursor, Listing, LockState, Mode,
-    Release, Renewal, Request, TokenDurability, WaitHint, Waiter,
+    Acquire, Backend, Capabilities, Eviction, Expiry, Grant, Holder, ListCursor, Listing,
+    LockState, Mode, Release, Renewal, Request, TokenDurability, WaitHint, Waiter,
 };
 use crate::clock::{Clock, Instant, SystemClock};
 use crate::error::{Error, LossReason, Result};
@@ -58,12 +58,17 @@ struct Inner {
     names: Mutex<HashMap<LockName, Entry>>,
 }
 
+/// How many evictions of a name are kept.
+const EVICTIONS_KEPT: usize = 10;
+
 /// Everything about one name.
 #[derive(Debug)]
 struct Entry {
     /// `[lock set, permit set]`.
     sets: [Set; 2],
     last_token: u64,
+    /// The latest evictions, newest first (at most [`EVICTIONS_KEPT`]).
+    evictions: Vec<Eviction>,
     /// Bumped on every change; waiters watch it.
     version: watch::Sender<u64>,
 }
@@ -99,6 +104,7 @@ impl Entry {
         Self {
             sets: Default::default(),
             last_token: 0,
+            evictions: Vec::new(),
             version: watch::Sender::new(0),
         }
     }
@@ -141,7 +147,10 @@ impl Entry {
 
     /// Holders (lock set first) and waiters at `now`, without a hint.
     fn state(&self, now: Instant) -> LockState {
-        let mut state = LockState::default();
+        let mut state = LockState {
+            evictions: self.evictions.clone(),
+            ..LockState::default()
+        };
         for set in &self.sets {
             state.holders.extend(set.holders.iter().map(|h| {
                 Holder::new(h.owner.clone(), h.mode, h.token)
@@ -248,6 +257,7 @@ impl Backend for InMemory {
                 sets,
                 version,
                 last_token,
+                ..
             } = entry;
             let set = &mut sets[usize::from(req.mode.is_permit())];
             if let Some(held) = set.holders.iter_mut().find(|h| h.owner == req.owner) {
@@ -310,6 +320,7 @@ impl Backend for InMemory {
     async fn renew(&self, req: &Request) -> Result<Renewal> {
         self.with_entry(&req.name, |entry, now| {
             let expires = expiry_after(now, req.ttl)?;
+            let evicted = entry.evictions.iter().any(|e| e.owner == req.owner);
             Ok(
                 match entry
                     .set(req.mode)
@@ -321,6 +332,7 @@ impl Backend for InMemory {
                         held.expires = expires;
                         Renewal::Renewed(Expiry::After(req.ttl))
                     }
+                    None if evicted => Renewal::Lost(LossReason::Evicted),
                     None => Renewal::Lost(LossReason::NotOwner),
                 },
             )
@@ -362,6 +374,27 @@ impl Backend for InMemory {
         Ok(self.with_entry(name, |entry, now| LockState {
             hint: entry.hint(),
             ..entry.state(now)
+        }))
+    }
+
+    async fn evict(&self, name: &LockName, mode: Mode, eviction: &Eviction) -> Result<bool> {
+        Ok(self.with_entry(name, |entry, _| {
+            let set = entry.set(mode);
+            let evicted = (set.holders.iter())
+                .position(|h| h.owner == eviction.owner && h.token == eviction.token);
+            let Some(evicted) = evicted else {
+                return false;
+            };
+            let held = set.holders.remove(evicted);
+            // Closed until the evicted lease would have ended: its holder finds out first.
+            set.closed_until = Some(
+                set.closed_until
+                    .map_or(held.expires, |c| c.max(held.expires)),
+            );
+            entry.evictions.insert(0, eviction.clone());
+            entry.evictions.truncate(EVICTIONS_KEPT);
+            entry.bump();
+            true
         }))
     }
 

@@ -203,5 +203,6 @@ fn reason_label(reason: LossReason) -> &'static str {
         LossReason::Disconnected => "disconnected",
         LossReason::SessionEnded => "session_ended",
         LossReason::MaxHoldReached => "max_hold_reached",
+        LossReason::Evicted => "evicted",
     }
 }

@@ -1,19 +1,21 @@
 //! Lease mode: a row per grant in `<schema>.grants`, its expiry on the server's clock.
 //!
-//! Every request is one statement on one of the pooled connections: acquire and release
-//! call the schema's functions (which lock the name's row first, so that changes of a name
-//! happen one at a time), renewal is one owner-checked `UPDATE`. See `sql/v1.sql`.
+//! Every request is one statement on one of the pooled connections: acquire, release and
+//! evict call the schema's functions (which lock the name's row first, so that changes of a
+//! name happen one at a time), renewal is one owner-checked `UPDATE`. See `sql/v1.sql` and
+//! `sql/v2.sql`.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold_core::backend::{
-    Acquire, Expiry, Grant, Listing, LockState, Mode, Release, Renewal, Request, WaitHint,
+    Acquire, Eviction, Expiry, Grant, Listing, LockState, Mode, Release, Renewal, Request, WaitHint,
 };
 use leasehold_core::{LockName, LossReason, Result};
 use tokio::task::JoinHandle;
 
 use crate::connection::Pool;
+use crate::fence::token_param;
 use crate::listing::Page;
 use crate::reply::{self, Acquired};
 use crate::statements::Stmt;
@@ -137,11 +139,25 @@ impl Lease {
                 "renew",
             )
             .await?;
-        Ok(if renewed.is_empty() {
-            Renewal::Lost(LossReason::NotOwner)
+        if !renewed.is_empty() {
+            return Ok(Renewal::Renewed(Expiry::After(Duration::from_millis(
+                ttl.unsigned_abs(),
+            ))));
+        }
+        // Only once the grant is found gone: was it evicted? (A second round trip, never
+        // taken by a renewal that succeeds.)
+        let row = conn
+            .query_one(
+                Stmt::Evicted,
+                &[&req.name.as_str(), &req.owner.as_str()],
+                "renew",
+            )
+            .await?;
+        Ok(Renewal::Lost(if reply::single(&row, "renew")? {
+            LossReason::Evicted
         } else {
-            Renewal::Renewed(Expiry::After(Duration::from_millis(ttl.unsigned_abs())))
-        })
+            LossReason::NotOwner
+        }))
     }
 
     pub(crate) async fn release(&self, req: &Request) -> Result<Release> {
@@ -175,16 +191,52 @@ impl Lease {
         let rows = conn
             .query(Stmt::Inspect, &[&name.as_str()], "inspect")
             .await?;
-        let (holders, waiters) = reply::lease_state(&rows)?;
-        let retry = holders.iter().filter_map(|h| h.remaining).min();
-        let mut state = LockState::new(WaitHint::new(Hint {
+        let mut state = reply::lease_state(&rows)?;
+        let retry = state.holders.iter().filter_map(|h| h.remaining).min();
+        state.hint = WaitHint::new(Hint {
             ticket,
             retry: retry.map(|r| r + Duration::from_millis(1)),
             poll: OBSERVER_POLL,
-        }));
-        state.holders = holders;
-        state.waiters = waiters;
+        });
         Ok(state)
+    }
+
+    /// Force-releases the grant `eviction` names and records it, in one statement.
+    /// The grant is `eviction.owner`'s in `set`'s set with `eviction.token`, live. The
+    /// statement (`evict` in `sql/v2.sql`) removes its row (or, while a fenced write holds
+    /// the row, cuts its lease short), closes the set until the lease's old expiry through
+    /// the lock-delay columns that acquire obeys, records the eviction beside the last 9,
+    /// and tells the waiters to look again. `false`: no such live grant.
+    ///
+    /// # Cancel safety
+    ///
+    /// One statement in one transaction: dropped before it completed, the server either
+    /// evicted and recorded, or did neither.
+    pub(crate) async fn evict(
+        &self,
+        name: &LockName,
+        set: Mode,
+        eviction: &Eviction,
+    ) -> Result<bool> {
+        let conn = self.pool.get().await?;
+        let (code, _) = mode(set);
+        let at = i64::try_from(eviction.at_ms).unwrap_or(i64::MAX);
+        let row = conn
+            .query_one(
+                Stmt::Evict,
+                &[
+                    &name.as_str(),
+                    &eviction.owner.as_str(),
+                    &code,
+                    &token_param(eviction.token),
+                    &eviction.by.as_str(),
+                    &eviction.reason.as_str(),
+                    &at,
+                ],
+                "evict",
+            )
+            .await?;
+        reply::single(&row, "evict")
     }
 
     /// One page of the names under a prefix with a live grant or a queued waiter.

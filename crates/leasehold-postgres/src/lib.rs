@@ -25,7 +25,10 @@
 //!   a place in the FIFO queue; its token comes from a sequence drawn while the name's row is
 //!   locked, so tokens of a name increase in grant order and survive restarts. Renewal and
 //!   release are owner-checked single statements. Exclusive, shared, permits, FIFO waiters,
-//!   lock-delay — every primitive of the core engine.
+//!   lock-delay — every primitive of the core engine. A force-release (evict) removes one
+//!   grant, closes its set until the grant's lease would have ended, and keeps a record
+//!   (the last 10 per name) that the evicted holder's renewal finds; advisory mode cannot
+//!   evict.
 //! - **Advisory mode** (`mode=advisory`): a session-level `pg_advisory_lock` on a
 //!   connection of its own per held lock; waiting happens in the server's own lock queue
 //!   (FIFO, writers not overtaken by readers). The lock lives as long as its session: the
@@ -70,8 +73,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use leasehold_core::backend::{
-    Acquire, Backend, Capabilities, ListCursor, Listing, LockState, Release, Renewal, Request,
-    TokenDurability, WaitHint,
+    Acquire, Backend, Capabilities, Eviction, ListCursor, Listing, LockState, Mode, Release,
+    Renewal, Request, TokenDurability, WaitHint,
 };
 use leasehold_core::{ConnectOptions, Error, LockName, NamePrefix, Result};
 
@@ -380,6 +383,28 @@ impl Backend for PostgresBackend {
         match &inner.kind {
             Kind::Lease(lease) => lease.list(&page).await,
             Kind::Advisory(advisory) => advisory.list(&page).await,
+        }
+    }
+
+    /// Force-releases one grant (see [`Backend::evict`]), in lease mode only.
+    /// Advisory mode answers [`Error::Unsupported`]: an advisory lock belongs to its
+    /// database session, and the only way to take it from the session is to end it
+    /// (`pg_terminate_backend`). That frees at once everything the session holds, the
+    /// server hands the lock to the next in its queue with nothing to keep it closed, and
+    /// the evicted guards may meanwhile still think they hold.
+    ///
+    /// # Cancel safety
+    ///
+    /// Lease mode sends one statement: the eviction and its record happen together or not
+    /// at all.
+    async fn evict(&self, name: &LockName, mode: Mode, eviction: &Eviction) -> Result<bool> {
+        match &self.inner.kind {
+            Kind::Lease(lease) => lease.evict(name, mode, eviction).await,
+            Kind::Advisory(_) => Err(Error::Unsupported {
+                backend: "postgres",
+                feature: "force-release in advisory mode (mode=advisory): an advisory lock \
+                          is its session's, and ending the session frees all it holds at once",
+            }),
         }
     }
 

@@ -5,7 +5,9 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold_core::backend::{Holder, ListCursor, Listing, LockState, Mode, WaitHint, Waiter};
+use leasehold_core::backend::{
+    Eviction, Holder, ListCursor, Listing, LockState, Mode, WaitHint, Waiter,
+};
 use leasehold_core::{FencingToken, LockName, OwnerId, Result};
 use tokio_postgres::Row;
 use tokio_postgres::types::FromSql;
@@ -86,11 +88,23 @@ fn owner(text: &str, doing: &str) -> Result<OwnerId> {
     OwnerId::parse(text).map_err(|_| undecodable(doing, format!("owner {text:?}")))
 }
 
-/// One row of an inspect or a listing: a holder or a waiter of a name.
+/// One row of an inspect or a listing: a holder, a waiter or an eviction of a name.
 #[derive(Debug)]
 pub(crate) enum Entry {
     Holder(Holder),
     Waiter(Waiter),
+    Eviction(Eviction),
+}
+
+impl Entry {
+    /// Adds it to `state`, after those of its kind already there.
+    fn add_to(self, state: &mut LockState) {
+        match self {
+            Entry::Holder(holder) => state.holders.push(holder),
+            Entry::Waiter(waiter) => state.waiters.push(waiter),
+            Entry::Eviction(eviction) => state.evictions.push(eviction),
+        }
+    }
 }
 
 /// Decodes one row of an inspect or a listing; `None`: a row to leave out.
@@ -100,6 +114,18 @@ type Decode = fn(&Row, &str) -> Result<Option<Entry>>;
 fn lease_entry(row: &Row, doing: &str) -> Result<Option<Entry>> {
     let is_holder: bool = column(row, 0, doing)?;
     let who = owner(column(row, 1, doing)?, doing)?;
+    if !is_holder && column(row, 10, doing)? {
+        let at: i64 = column(row, 13, doing)?;
+        let mut eviction = Eviction::new(
+            who,
+            token(column(row, 4, doing)?, doing)?,
+            column(row, 11, doing)?,
+            column(row, 12, doing)?,
+        );
+        eviction.at_ms =
+            u64::try_from(at).map_err(|_| undecodable(doing, format!("eviction at {at} ms")))?;
+        return Ok(Some(Entry::Eviction(eviction)));
+    }
     let mode = mode(column(row, 2, doing)?, column(row, 3, doing)?, doing)?;
     if !is_holder {
         return Ok(Some(Entry::Waiter(Waiter::new(who, mode))));
@@ -137,29 +163,27 @@ fn advisory_entry(row: &Row, doing: &str) -> Result<Option<Entry>> {
     )))
 }
 
-/// Holders and waiters of the rows, in their order.
-fn state(rows: &[Row], decode: Decode, doing: &str) -> Result<(Vec<Holder>, Vec<Waiter>)> {
-    let mut holders = Vec::new();
-    let mut waiters = Vec::new();
+/// Holders, waiters and evictions of the rows, in their order, without a wait hint.
+fn state(rows: &[Row], decode: Decode, doing: &str) -> Result<LockState> {
+    let mut state = LockState::new(WaitHint::none());
     for row in rows {
-        match decode(row, doing)? {
-            Some(Entry::Holder(holder)) => holders.push(holder),
-            Some(Entry::Waiter(waiter)) => waiters.push(waiter),
-            None => {}
+        if let Some(entry) = decode(row, doing)? {
+            entry.add_to(&mut state);
         }
     }
-    Ok((holders, waiters))
+    Ok(state)
 }
 
-/// Holders and waiters of a lease-mode inspect, holders first.
-pub(crate) fn lease_state(rows: &[Row]) -> Result<(Vec<Holder>, Vec<Waiter>)> {
+/// Holders, waiters and evictions (newest first) of a lease-mode inspect, without a hint.
+pub(crate) fn lease_state(rows: &[Row]) -> Result<LockState> {
     state(rows, lease_entry, "inspect")
 }
 
 /// Holders and waiters of an advisory-mode inspect, holders first.
 /// Waiters that are not leasehold's (a session taking the same key by hand) are left out.
 pub(crate) fn advisory_state(rows: &[Row]) -> Result<(Vec<Holder>, Vec<Waiter>)> {
-    state(rows, advisory_entry, "inspect")
+    let state = state(rows, advisory_entry, "inspect")?;
+    Ok((state.holders, state.waiters))
 }
 
 /// A page of a lease-mode listing that looked at up to `limit` names.
@@ -176,7 +200,8 @@ pub(crate) fn advisory_listing(rows: &[Row], limit: usize) -> Result<Listing> {
 /// The rows come in name order, the name in the last column. Every name looked at has at
 /// least one row: a row whose first column is NULL stands for nothing under the name (or a
 /// name outside the prefix). Names with neither holder nor waiter are left out; the page
-/// goes on after its last name when it looked at `limit` of them.
+/// goes on after its last name when it looked at `limit` of them. A name's evictions come
+/// with it, but do not make it listed.
 fn listing(rows: &[Row], limit: usize, decode: Decode) -> Result<Listing> {
     let doing = "listing locks";
     let mut locks: Vec<(LockName, LockState)> = Vec::new();
@@ -197,10 +222,8 @@ fn listing(rows: &[Row], limit: usize, decode: Decode) -> Result<Listing> {
         let Some((_, state)) = locks.last_mut() else {
             continue;
         };
-        match decode(row, doing)? {
-            Some(Entry::Holder(holder)) => state.holders.push(holder),
-            Some(Entry::Waiter(waiter)) => state.waiters.push(waiter),
-            None => {}
+        if let Some(entry) = decode(row, doing)? {
+            entry.add_to(state);
         }
     }
     locks.retain(|(_, state)| !state.holders.is_empty() || !state.waiters.is_empty());

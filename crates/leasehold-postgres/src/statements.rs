@@ -8,25 +8,34 @@
 
 use tokio_postgres::types::Type;
 
-/// Lease mode's live grants and queued waiters of the name `$name` (an SQL expression).
-/// Holders first when ordered by `holder DESC, permit, unfair, ord`; inspect and list read
-/// them alike (see `reply::lease_entry`). A grant past its expiry is not a holder, even
-/// while a fenced write keeps its row.
+/// Lease mode's live grants, queued waiters and last 10 evictions of one name.
+/// The name `$name` is an SQL expression. Holders, then waiters, then evictions newest first when ordered by
+/// `holder DESC, evicted, permit, unfair, ord`; inspect and list read them alike (see
+/// `reply::lease_entry`). A grant past its expiry is not a holder, even while a fenced write
+/// keeps its row.
 macro_rules! lease_state {
     ($name:literal) => {
         concat!(
             "SELECT true AS holder, g.owner, g.mode::text, g.permit_limit, g.token, \
                     greatest(0, ceil(extract(epoch FROM g.expires - clock_timestamp()) * 1000))::bigint, \
-                    g.value, g.mode = 'p' AS permit, 0 AS unfair, g.token AS ord \
+                    g.value, g.mode = 'p' AS permit, 0 AS unfair, g.token AS ord, \
+                    false AS evicted, NULL AS evicted_by, NULL AS reason, NULL::bigint AS at_ms \
              FROM @schema@.grants g WHERE g.name = ",
             $name,
             " AND g.expires > clock_timestamp() \
              UNION ALL \
              SELECT false, w.owner, w.mode::text, w.permit_limit, NULL, NULL, NULL, \
-                    w.mode = 'p', CASE WHEN w.fair THEN 0 ELSE 1 END, w.seq \
+                    w.mode = 'p', CASE WHEN w.fair THEN 0 ELSE 1 END, w.seq, \
+                    false, NULL, NULL, NULL \
              FROM @schema@.waiters w WHERE w.name = ",
             $name,
-            " AND w.expires > clock_timestamp()"
+            " AND w.expires > clock_timestamp() \
+             UNION ALL \
+             (SELECT false, e.owner, NULL, NULL, e.token, NULL, NULL, false, 0, -e.seq, \
+                     true, e.evicted_by, e.reason, e.at_ms \
+              FROM @schema@.evictions e WHERE e.name = ",
+            $name,
+            " ORDER BY e.seq DESC LIMIT 10)"
         )
     };
 }
@@ -69,7 +78,7 @@ pub(crate) enum Stmt {
     Renew,
     /// Lease mode: owner-checked removal of a grant or queue entry.
     Release,
-    /// Lease mode: holders and waiters of a name.
+    /// Lease mode: holders, waiters and evictions of a name.
     Inspect,
     /// Both modes: drop what vanished holders left behind.
     Sweep,
@@ -92,11 +101,15 @@ pub(crate) enum Stmt {
     /// Whether both modes' name columns sort by code point.
     /// Then the names under a prefix are one range of their index (see `listing.rs`).
     CodePointOrder,
+    /// Lease mode: force-release of one grant, recorded (see `evict` in `sql/v2.sql`).
+    Evict,
+    /// Lease mode: whether an owner whose grant is gone was evicted.
+    Evicted,
 }
 
 impl Stmt {
     /// Every statement: those a connection prepares first, then those sent with their text.
-    pub(crate) const ALL: [Stmt; 14] = [
+    pub(crate) const ALL: [Stmt; 16] = [
         Stmt::Acquire,
         Stmt::Renew,
         Stmt::Release,
@@ -111,15 +124,21 @@ impl Stmt {
         Stmt::List,
         Stmt::AdvisoryList,
         Stmt::CodePointOrder,
+        Stmt::Evict,
+        Stmt::Evicted,
     ];
 
     /// Whether a connection prepares it when it opens.
     /// Listings are rare: they are sent with their text each time, which keeps them from
     /// slowing down every connection's start (advisory mode opens one per held lock), and
     /// has the server plan each with its values, which turns `$3 IS NULL OR name < $3`
-    /// into an index bound or nothing.
+    /// into an index bound or nothing. Evictions, and the look for one after a renewal found
+    /// no grant, are rarer still.
     pub(crate) fn prepared(self) -> bool {
-        !matches!(self, Stmt::List | Stmt::AdvisoryList | Stmt::CodePointOrder)
+        !matches!(
+            self,
+            Stmt::List | Stmt::AdvisoryList | Stmt::CodePointOrder | Stmt::Evict | Stmt::Evicted
+        )
     }
 
     /// Its place in [`ALL`](Stmt::ALL).
@@ -141,7 +160,7 @@ impl Stmt {
             Stmt::Release => "SELECT @schema@.release($1, $2)",
             Stmt::Inspect => concat!(
                 lease_state!("$1"),
-                " ORDER BY holder DESC, permit, unfair, ord"
+                " ORDER BY holder DESC, evicted, permit, unfair, ord"
             ),
             Stmt::Sweep => "SELECT @schema@.sweep($1)",
             Stmt::AdvisoryAcquire => "SELECT @schema@.advisory_acquire($1, $2, $3, $4, $5, $6)",
@@ -165,7 +184,7 @@ impl Stmt {
                  LEFT JOIN LATERAL (",
                 lease_state!("p.name"),
                 ") s ON starts_with(p.name, $1) \
-                 ORDER BY p.name, s.holder DESC, s.permit, s.unfair, s.ord"
+                 ORDER BY p.name, s.holder DESC, s.evicted, s.permit, s.unfair, s.ord"
             ),
             Stmt::AdvisoryList => concat!(
                 "WITH page AS ( \
@@ -198,6 +217,11 @@ impl Stmt {
                  WHERE a.attrelid IN ('@schema@.names'::regclass, '@schema@.advisory'::regclass) \
                    AND a.attname = 'name'"
             }
+            Stmt::Evict => "SELECT @schema@.evict($1, $2, $3, $4, $5, $6, $7)",
+            Stmt::Evicted => {
+                "SELECT EXISTS (SELECT 1 FROM @schema@.evictions e \
+                 WHERE e.name = $1 AND e.owner = $2)"
+            }
         }
     }
 
@@ -221,7 +245,16 @@ impl Stmt {
                 Type::BYTEA,
             ],
             Stmt::Renew => &[Type::TEXT, Type::TEXT, Type::INT8],
-            Stmt::Release => &[Type::TEXT, Type::TEXT],
+            Stmt::Release | Stmt::Evicted => &[Type::TEXT, Type::TEXT],
+            Stmt::Evict => &[
+                Type::TEXT,
+                Type::TEXT,
+                Type::CHAR,
+                Type::INT8,
+                Type::TEXT,
+                Type::TEXT,
+                Type::INT8,
+            ],
             Stmt::Inspect | Stmt::AdvisoryHeld | Stmt::AdvisoryInspect => &[Type::TEXT],
             Stmt::AdvisoryAcquire => &[
                 Type::TEXT,

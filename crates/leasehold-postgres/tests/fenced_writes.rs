@@ -5,15 +5,17 @@
 #![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use leasehold_core::{Client, LockOptions};
+use leasehold_core::{Client, LockOptions, LossReason};
 use leasehold_postgres::fence::{TokenFence, token_param};
 use leasehold_postgres::tokio_postgres::{self, NoTls};
 use leasehold_postgres::{PostgresBackend, StillOwner, still_owner};
 use leasehold_testkit::conformance::{LivenessSwitch, ProxySwitch};
 use leasehold_testkit::faulty::{Faulty, Op};
 use leasehold_testkit::{FaultProxy, Postgres};
+use tokio::sync::watch;
 
 async fn database(url: &str) -> tokio_postgres::Client {
     let (client, connection) = tokio_postgres::connect(url, NoTls).await.unwrap();
@@ -537,4 +539,227 @@ async fn still_owner_under_snapshot_isolation_is_not_a_silent_refusal() {
         tx.rollback().await.unwrap();
     }
     guard.release().await.unwrap();
+}
+
+/// A table of one row that counts the writes it accepted, with a token column.
+async fn ledger(db: &tokio_postgres::Client) -> TokenFence {
+    db.batch_execute(
+        "CREATE TABLE ledger (id integer PRIMARY KEY, writes integer NOT NULL);
+         INSERT INTO ledger VALUES (1, 0);",
+    )
+    .await
+    .unwrap();
+    let fence = TokenFence::default();
+    fence.add_column(db, "ledger").await.unwrap();
+    fence
+}
+
+/// Counts one write if `owner` still holds and no newer token wrote the row: rows changed.
+/// Both fences at once: `still_owner` and the token column.
+async fn fenced_write(
+    db: &impl tokio_postgres::GenericClient,
+    column: &TokenFence,
+    owner: &StillOwner,
+) -> u64 {
+    let sql = format!(
+        "UPDATE ledger SET writes = writes + 1, {} WHERE id = 1 AND {} AND {}",
+        column.assignment(4),
+        column.condition(4),
+        owner.condition(1)
+    );
+    db.execute(
+        &sql,
+        &[
+            &owner.name(),
+            &owner.token(),
+            &owner.owner(),
+            &owner.token(),
+        ],
+    )
+    .await
+    .unwrap()
+}
+
+/// Counts one write with only the token column's check.
+async fn token_only_write(db: &tokio_postgres::Client, column: &TokenFence, token: i64) -> u64 {
+    let sql = format!(
+        "UPDATE ledger SET writes = writes + 1, {} WHERE id = 1 AND {}",
+        column.assignment(1),
+        column.condition(1)
+    );
+    db.execute(&sql, &[&token]).await.unwrap()
+}
+
+fn lease_of(ttl: Duration) -> LockOptions {
+    LockOptions::builder().ttl(ttl).build().unwrap()
+}
+
+/// A holder evicted while it keeps writing has every write begun after the eviction refused.
+/// It writes through `still_owner` and the token column; its guard then reports
+/// `LossReason::Evicted`, and the next holder, with a greater token, writes. The evicted
+/// token alone is refused by the token column only once the next holder has written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_evicted_holder_that_keeps_writing_has_every_later_write_refused() {
+    let server = Postgres::start().await.unwrap();
+    let db = Arc::new(database(&server.url()).await);
+    let column = ledger(&db).await;
+    let a = Client::builder(PostgresBackend::connect(&server.url()).await.unwrap())
+        .options(lease_of(Duration::from_secs(3)))
+        .build();
+    let operator = Client::new(PostgresBackend::connect(&server.url()).await.unwrap());
+    let guard = a.mutex("ledger").unwrap().lock().await.unwrap();
+
+    let evicted = Arc::new(AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
+    // (write began after the eviction had returned, rows it changed), in order.
+    let (written, mut seen) = watch::channel(Vec::<(bool, u64)>::new());
+    let writer = {
+        let (db, column, owner) = (db.clone(), column.clone(), still_owner(&guard));
+        let (evicted, stop) = (evicted.clone(), stop.clone());
+        tokio::spawn(async move {
+            while !stop.load(Ordering::SeqCst) {
+                let after = evicted.load(Ordering::SeqCst);
+                let changed = fenced_write(&*db, &column, &owner).await;
+                written.send_modify(|w| w.push((after, changed)));
+            }
+        })
+    };
+    // The holder's writes go in while it holds.
+    seen.wait_for(|w| w.iter().any(|(_, changed)| *changed == 1))
+        .await
+        .unwrap();
+
+    let records = operator
+        .evict("ledger", None, "ops@host", "stuck writer")
+        .await
+        .unwrap();
+    evicted.store(true, Ordering::SeqCst);
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert_eq!(
+        (&records[0].owner, records[0].token),
+        (guard.owner(), guard.token())
+    );
+    assert_eq!(guard.lost().await, LossReason::Evicted);
+    assert!(!guard.is_held());
+    // Writes that began after the eviction, some of them after the guard knew.
+    seen.wait_for(|w| w.iter().filter(|(after, _)| *after).count() >= 20)
+        .await
+        .unwrap();
+    stop.store(true, Ordering::SeqCst);
+    writer.await.unwrap();
+    let writes = seen.borrow().clone();
+    let refused_after: Vec<u64> = writes
+        .iter()
+        .filter(|(after, _)| *after)
+        .map(|(_, changed)| *changed)
+        .collect();
+    assert!(
+        refused_after.iter().all(|changed| *changed == 0),
+        "a write after the eviction got in: {refused_after:?}"
+    );
+    let accepted: u64 = writes.iter().map(|(_, changed)| changed).sum();
+    let count = |db: Arc<tokio_postgres::Client>| async move {
+        let row = db
+            .query_one("SELECT writes, fence_token FROM ledger", &[])
+            .await
+            .unwrap();
+        (row.get::<_, i32>(0), row.get::<_, i64>(1))
+    };
+    assert_eq!(
+        count(db.clone()).await,
+        (i32::try_from(accepted).unwrap(), token_param(guard.token()))
+    );
+
+    // Granted once the evicted lease would have ended; a greater token, which writes.
+    let next = operator.mutex("ledger").unwrap().lock().await.unwrap();
+    assert!(next.token() > guard.token());
+    assert_eq!(fenced_write(&*db, &column, &still_owner(&next)).await, 1);
+    assert_eq!(
+        fenced_write(&*db, &column, &still_owner(&guard)).await,
+        0,
+        "the evicted holder wrote next to the new one"
+    );
+    assert_eq!(
+        token_only_write(&db, &column, token_param(guard.token())).await,
+        0,
+        "the token column let the evicted token in after a newer one"
+    );
+    assert_eq!(
+        count(db.clone()).await,
+        (
+            i32::try_from(accepted + 1).unwrap(),
+            token_param(next.token())
+        )
+    );
+    // The evicted guard's release removes nothing of the new holder's.
+    let _ = guard.release().await;
+    assert!(next.is_held());
+    next.release().await.unwrap();
+}
+
+/// An eviction does not wait for a fenced transaction that holds the grant's row.
+/// It cuts the lease short: the open transaction's next write and any other are refused,
+/// the write it made before commits, the name stays closed while the evicted guard may
+/// still think it holds, and the guard learns it was evicted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_eviction_cuts_short_a_grant_an_open_fenced_transaction_holds() {
+    let server = Postgres::start().await.unwrap();
+    let mut db = database(&server.url()).await;
+    let other = database(&server.url()).await;
+    let column = ledger(&db).await;
+    let a = Client::builder(PostgresBackend::connect(&server.url()).await.unwrap())
+        .options(lease_of(Duration::from_secs(3)))
+        .build();
+    let operator = Client::new(PostgresBackend::connect(&server.url()).await.unwrap());
+    let guard = a.mutex("ledger").unwrap().lock().await.unwrap();
+    let owner = still_owner(&guard);
+
+    let tx = db.transaction().await.unwrap();
+    assert_eq!(fenced_write(&tx, &column, &owner).await, 1);
+    let evict = operator.evict("ledger", None, "ops@host", "stuck in a transaction");
+    let records = tokio::time::timeout(Duration::from_secs(20), evict).await;
+    let records = records
+        .expect("the eviction waited for the fenced transaction")
+        .unwrap();
+    assert_eq!(records.len(), 1, "{records:?}");
+    // The row the transaction holds is kept, its lease ended.
+    let cut: bool = other
+        .query_one(
+            "SELECT count(*) = 1 FROM leasehold.grants WHERE name = 'ledger' \
+             AND expires <= clock_timestamp()",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        cut,
+        "the evicted grant's row is not the one kept, cut short"
+    );
+    assert_eq!(fenced_write(&tx, &column, &owner).await, 0);
+    assert_eq!(fenced_write(&other, &column, &owner).await, 0);
+    tx.commit().await.unwrap();
+    assert!(try_lock(&operator).await.is_none() || !guard.is_held());
+
+    assert_eq!(guard.lost().await, LossReason::Evicted);
+    let next = operator.mutex("ledger").unwrap().lock().await.unwrap();
+    assert!(next.token() > guard.token());
+    assert_eq!(fenced_write(&other, &column, &still_owner(&next)).await, 1);
+    let writes: i32 = other
+        .query_one("SELECT writes FROM ledger", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        writes, 2,
+        "the write before the eviction, then the next holder's"
+    );
+    let state = operator.inspect("ledger").await.unwrap();
+    assert_eq!(state.evictions.len(), 1, "{:?}", state.evictions);
+    assert_eq!(state.evictions[0].reason, "stuck in a transaction");
+    next.release().await.unwrap();
+}
+
+async fn try_lock(client: &Client) -> Option<leasehold_core::Guard> {
+    client.mutex("ledger").unwrap().try_lock().await.unwrap()
 }

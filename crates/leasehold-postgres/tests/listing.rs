@@ -9,8 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::{StreamExt, stream};
-use leasehold_core::backend::{Acquire, Backend, Request};
-use leasehold_core::{Client, FencingToken, LockName, Mode, NamePrefix, OwnerId};
+use leasehold_core::backend::{Acquire, Backend, Release, Renewal, Request};
+use leasehold_core::{
+    Client, FencingToken, LockName, LockState, LossReason, Mode, NamePrefix, OwnerId,
+};
 use leasehold_postgres::PostgresBackend;
 use leasehold_postgres::tokio_postgres::{self, NoTls};
 use leasehold_testkit::Postgres;
@@ -187,4 +189,96 @@ async fn a_linguistic_collation_lists_every_lock_under_the_prefix() {
         }
         assert!(client.locks("").await.unwrap().is_empty(), "{mode}");
     }
+}
+
+/// A name's evictions come with its inspect and its listing: the last 10, newest first.
+/// Twelve readers are evicted; a queued writer keeps the name listed. An evicted owner's
+/// renewal answers that it was evicted while its record is kept, and one released by its
+/// holder that it is not the owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn evictions_are_inspected_and_listed_newest_first_the_last_ten() {
+    let server = Postgres::start().await.unwrap();
+    let backend = PostgresBackend::connect(&server.url()).await.unwrap();
+    let name = LockName::new("ev:1").unwrap();
+    let request = |mode| {
+        Request::new(
+            name.clone(),
+            OwnerId::generate(),
+            mode,
+            Duration::from_secs(600),
+        )
+    };
+    let mut readers = Vec::new();
+    for _ in 0..13 {
+        let req = request(Mode::Shared);
+        let Acquire::Granted(grant) = backend.acquire(&req).await.unwrap() else {
+            panic!("a reader was refused");
+        };
+        readers.push((req, grant.token));
+    }
+    // One reader goes the ordinary way.
+    let (released, _) = readers.pop().unwrap();
+    assert_eq!(backend.release(&released).await.unwrap(), Release::Released);
+    let mut writer = request(Mode::Exclusive);
+    writer.waiting = true;
+    assert!(matches!(
+        backend.acquire(&writer).await.unwrap(),
+        Acquire::Busy(_)
+    ));
+
+    let client = Client::new(backend.clone());
+    let evicted = client
+        .evict("ev:1", None, "ops@host", "drain")
+        .await
+        .unwrap();
+    assert_eq!(evicted.len(), 12);
+    // Evicted in token order: the newest record is the last reader's.
+    let want: Vec<(OwnerId, FencingToken)> = readers
+        .iter()
+        .rev()
+        .take(10)
+        .map(|(req, token)| (req.owner.clone(), *token))
+        .collect();
+    let records = |state: &LockState| -> Vec<(OwnerId, FencingToken)> {
+        state
+            .evictions
+            .iter()
+            .map(|e| (e.owner.clone(), e.token))
+            .collect()
+    };
+    let state = client.inspect("ev:1").await.unwrap();
+    assert!(state.holders.is_empty(), "{:?}", state.holders);
+    assert_eq!(state.waiters.len(), 1);
+    assert_eq!(records(&state), want);
+    assert!(
+        state
+            .evictions
+            .iter()
+            .all(|e| e.by == "ops@host" && e.reason == "drain")
+    );
+
+    let listed = client.locks("ev:").await.unwrap();
+    let [(listed_name, listed_state)] = listed.as_slice() else {
+        panic!("{listed:?}");
+    };
+    assert_eq!(listed_name, &name);
+    assert_eq!(records(listed_state), want);
+    assert_eq!(listed_state.waiters.len(), 1);
+
+    let (newest, _) = readers.last().unwrap();
+    let (oldest, _) = readers.first().unwrap();
+    assert_eq!(
+        backend.renew(newest).await.unwrap(),
+        Renewal::Lost(LossReason::Evicted)
+    );
+    // Its record is no longer kept: an ordinary loss.
+    assert_eq!(
+        backend.renew(oldest).await.unwrap(),
+        Renewal::Lost(LossReason::NotOwner)
+    );
+    assert_eq!(
+        backend.renew(&released).await.unwrap(),
+        Renewal::Lost(LossReason::NotOwner)
+    );
+    assert_eq!(backend.release(&writer).await.unwrap(), Release::Released);
 }

@@ -4,8 +4,9 @@
 --
 -- Keys of one lock name N all share the hash tag {N}, so they live in one cluster slot.
 -- The lock key (LOCK) is also the gate: it exists while anyone holds the lock, reads, waits
--- for it (a live waiter entry) or delays it (a live lock-delay entry). So SET NX of the lock
--- key is all the acquire fast path needs. Its value is one of:
+-- for it (a live waiter entry) or delays it (a live lock-delay entry, also the one that
+-- keeps it closed after a force release: evict.lua). So SET NX of the lock key is all the
+-- acquire fast path needs. Its value is one of:
 --   "<owner> <token>"           a holder whose lease is the key's expiry, with nobody
 --                               waiting: its release is a plain compare-and-delete;
 --   "<owner> w<until> <token>"  a holder whose lease ends at <until> (ms, server time)

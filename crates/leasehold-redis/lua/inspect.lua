@@ -3,9 +3,10 @@
 -- @common
 
 -- inspect: the state of one name.
--- Returns {"<owner> <token>" of the exclusive holder or '', its ms left, its value or '', readers, permits, waiters}
+-- Returns {"<owner> <token>" of the exclusive holder or '', its ms left, its value or '', readers, permits, waiters, evictions}
 -- where readers and permits are flat lists owner, ms left, "token|value", ... and waiters is
--- the fair queue in order, each member "<mode><owner>" ("p<owner>/<limit>" for a permit).
+-- the fair queue in order, each member "<mode><owner>" ("p<owner>/<limit>" for a permit);
+-- evictions are the latest records, newest first (empty if the key is not a list).
 local now = now_ms()
 prune_all(now)
 local value = redis.call('GET', LOCK)
@@ -29,6 +30,9 @@ local function holders(zset, info)
   end
   return out
 end
+-- The records are an audit trail: a key of another type under their name is not an error.
+local evictions = redis.pcall('LRANGE', EVICTED, 0, RECORDS_KEPT - 1)
+if evictions.err then evictions = {} end
 return {
   shown,
   left,
@@ -36,4 +40,5 @@ return {
   holders(READERS, RINFO),
   holders(PERMITS, PINFO),
   redis.call('ZRANGE', QUEUE, 0, -1),
+  evictions,
 }

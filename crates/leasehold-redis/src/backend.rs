@@ -6,20 +6,21 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use leasehold_core::backend::{
-    Acquire, Backend, Capabilities, Expiry, Grant, ListCursor, Listing, LockState, Mode, Release,
-    Renewal, Request, TokenDurability, WaitHint,
+    Acquire, Backend, Capabilities, Eviction, Expiry, Grant, ListCursor, Listing, LockState, Mode,
+    Release, Renewal, Request, TokenDurability, WaitHint,
 };
 use leasehold_core::{Error, FencingToken, LockName, LossReason, NamePrefix, OwnerId, Result};
 use redis::FromRedisValue;
 
 use crate::connection::{self, Connection};
 use crate::error::{map_error, unexpected};
+use crate::eviction;
 use crate::floors::{Floor, Floors};
 use crate::link::{Address, Link};
 use crate::listing::{self, LISTED, Position};
 use crate::options::{RedisOptions, ReplicaAck, parse_url};
 use crate::reply::{self, Acquired};
-use crate::script::{Call, Calls, Keys, Values, millis_up};
+use crate::script::{Call, Calls, Key, Keys, Values, millis_up};
 use crate::sentinel;
 use crate::wakeups::{Hint, Router, Wakeups};
 
@@ -212,6 +213,34 @@ impl RedisBackend {
         let call = self.calls().release_of(req);
         let answer: i64 = self.run(call, keys, &Values::of(req)).await?;
         reply::yes_or_no(answer, call.name)
+    }
+
+    /// Why `req.owner`'s grant is gone, which a renewal just found.
+    /// [`LossReason::Evicted`] if the name's eviction records name the owner (one more
+    /// round trip, on this path only), else [`LossReason::NotOwner`], also when the records
+    /// cannot be read: the grant is lost either way.
+    async fn loss_reason(&self, req: &Request, keys: &Keys) -> LossReason {
+        let mut lrange = redis::cmd("LRANGE");
+        keys.write(&mut lrange, Key::Evicted);
+        lrange.arg(0).arg(eviction::KEPT - 1);
+        let connection = &self.inner.conn;
+        let records: Result<Vec<Vec<u8>>> = async {
+            let mut conn = connection.for_request().await?;
+            (connection.query(&mut conn, &lrange).await).map_err(|e| map_error(e, &req.name))
+        }
+        .await;
+        match records {
+            Ok(records) => {
+                let evictions = eviction::decode_all(records.iter().map(Vec::as_slice));
+                if evictions.iter().any(|e| e.owner == req.owner) {
+                    return LossReason::Evicted;
+                }
+            }
+            Err(error) => {
+                tracing::debug!(lock = %req.name, %error, "the eviction records could not be read");
+            }
+        }
+        LossReason::NotOwner
     }
 
     fn floors(&self) -> std::sync::MutexGuard<'_, Floors> {
@@ -461,7 +490,7 @@ impl Backend for RedisBackend {
         Ok(if reply::yes_or_no(renewed, call.name)? {
             Renewal::Renewed(Expiry::After(Duration::from_millis(millis_up(req.ttl))))
         } else {
-            Renewal::Lost(LossReason::NotOwner)
+            Renewal::Lost(self.loss_reason(req, &keys).await)
         })
     }
 
@@ -499,6 +528,37 @@ impl Backend for RedisBackend {
         let (mut state, retry) = reply::inspected(&reply)?;
         state.hint = WaitHint::new(Hint::new(keys.channel(), ticket, retry));
         Ok(state)
+    }
+
+    /// Force-releases the grant `eviction` names, in one script (`lua/evict.lua`).
+    ///
+    /// Atomically on the server: checks the grant's owner and token, removes it, keeps
+    /// `mode`'s set closed to new grants until the evicted lease would have ended (longer
+    /// if the grant's own lock-delay says so), records the eviction (the last 10 of the
+    /// name, kept 7 days after the latest) and wakes the name's waiters to look again.
+    ///
+    /// # Cancel safety
+    ///
+    /// The script runs whole or not at all: dropped before its reply, the eviction may or
+    /// may not have happened, and calling again with the same eviction answers `false`
+    /// if it did.
+    async fn evict(&self, name: &LockName, mode: Mode, eviction: &Eviction) -> Result<bool> {
+        let keys = self.keys(name);
+        let req = Request::new(
+            name.clone(),
+            eviction.owner.clone(),
+            mode,
+            Duration::from_millis(1),
+        );
+        let record = eviction::encode(eviction);
+        let values = Values {
+            grant: eviction.token.get(),
+            record: &record,
+            ..Values::of(&req)
+        };
+        let call = &self.calls().evict;
+        let answer: i64 = self.run(call, &keys, &values).await?;
+        reply::yes_or_no(answer, call.name)
     }
 
     /// One page of the locks under `prefix`.

@@ -11,6 +11,7 @@
 //! - `script.rs`: the keys and arguments of every script call, named once (Lua in `lua/`).
 //! - `listing.rs`: which keys a listing scans for, and its cursor (a master's in a Cluster).
 //! - `reply.rs`: the scripts' replies, decoded.
+//! - `eviction.rs`: force-release records, as stored beside a lock; how long they are kept.
 //! - `error.rs`: Redis errors as leasehold errors.
 //! - `wakeups.rs`: push wake-ups from the lock's channel to this process's waiters.
 //! - `floors.rs`: the highest token seen granted per name, against servers that lost data.
@@ -62,6 +63,7 @@ mod backend;
 mod cluster;
 mod connection;
 mod error;
+mod eviction;
 pub mod fence;
 mod floors;
 mod link;

@@ -2,7 +2,9 @@
 //!
 //! Every name with a holder or a waiter has a lock key or a permits key (see
 //! `lua/head.lua`: the lock key is up while anyone holds the lock set or waits for a place
-//! in the queue; permits do not keep it up, their zset lives as long as its last lease). A
+//! in the queue; permits do not keep it up, their zset lives as long as its last lease).
+//! Other keys of a name, such as its eviction records, are not looked for: a name with
+//! nothing else is not a lock. A
 //! page is one `SCAN … MATCH <those keys of the prefix> COUNT <page>`, then the inspect
 //! script for every name found, in one pipeline. In a Cluster each master is scanned in
 //! turn, in the order of the lowest slot it serves; the cursor names the master by that

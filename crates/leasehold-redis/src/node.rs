@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use leasehold_core::backend::{Acquire, Backend, LockState, Release, Renewal, Request, WaitHint};
+use leasehold_core::backend::{
+    Acquire, Backend, Eviction, LockState, Mode, Release, Renewal, Request, WaitHint,
+};
 use leasehold_core::support::health::Silence;
 use leasehold_core::{LockName, NamePrefix, Result};
 
@@ -82,6 +84,16 @@ impl Node {
     /// Removes `req.owner`'s grant or waiter entry here.
     pub(crate) async fn release(&self, req: &Request) -> Result<Release> {
         self.redis.release(req).await
+    }
+
+    /// Force-releases the grant `eviction` names here, if it is held here with its token.
+    pub(crate) async fn evict(
+        &self,
+        name: &LockName,
+        mode: Mode,
+        eviction: &Eviction,
+    ) -> Result<bool> {
+        self.redis.evict(name, mode, eviction).await
     }
 
     /// Holders and waiters here.

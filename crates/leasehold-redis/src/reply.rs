@@ -12,6 +12,7 @@ use leasehold_core::{FencingToken, OwnerId, Result};
 use redis::Value;
 
 use crate::error::unexpected;
+use crate::eviction;
 
 /// What an acquire answered (the encoding is `lua/acquire.lua`'s).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,7 +107,7 @@ pub(crate) fn inspected(reply: &Value) -> Result<(LockState, Option<Duration>)> 
     let Value::Array(parts) = reply else {
         return Err(unexpected(WHAT, reply));
     };
-    let [lock, ttl, xinfo, readers, permits, queue] = parts.as_slice() else {
+    let [lock, ttl, xinfo, readers, permits, queue, evictions] = parts.as_slice() else {
         return Err(unexpected(WHAT, reply));
     };
     let mut state = LockState::default();
@@ -194,6 +195,14 @@ pub(crate) fn inspected(reply: &Value) -> Result<(LockState, Option<Duration>)> 
             .waiters
             .push(Waiter::new(OwnerId::parse(owner)?, mode));
     }
+    let Value::Array(records) = evictions else {
+        return Err(unexpected(WHAT, evictions));
+    };
+    // An audit trail: a record not in leasehold's form is left out, not an error.
+    state.evictions = eviction::decode_all(records.iter().filter_map(|record| match record {
+        Value::BulkString(bytes) => Some(bytes.as_slice()),
+        _ => None,
+    }));
     let retry = earliest
         .and_then(|ms| u64::try_from(ms).ok())
         .map(Duration::from_millis);
@@ -281,6 +290,7 @@ mod tests {
             Value::Array(vec![]),
             permits,
             Value::Array(vec![]),
+            Value::Array(vec![]),
         ]);
         let (state, _) = inspected(&reply).unwrap();
         let limits: Vec<Mode> = state.holders.iter().map(|h| h.mode).collect();
@@ -306,6 +316,11 @@ mod tests {
             Value::Array(vec![bulk("r1"), Value::Int(400), bulk("8|v")]),
             Value::Array(vec![]),
             Value::Array(vec![bulk("xw1"), bulk("sw2")]),
+            Value::Array(vec![
+                bulk("v1 7 1700000000000 o0 8 ops@hoststuck"),
+                bulk("not a record"),
+                Value::Int(3),
+            ]),
         ]);
         let (state, retry) = inspected(&reply).unwrap();
         assert_eq!(state.holders.len(), 2);
@@ -313,6 +328,15 @@ mod tests {
         assert_eq!(state.holders[1].mode, Mode::Shared);
         assert_eq!(state.waiters.len(), 2);
         assert_eq!(retry, Some(Duration::from_millis(400)));
+        // Records not in leasehold's form are left out.
+        assert_eq!(state.evictions.len(), 1);
+        assert_eq!(
+            (
+                state.evictions[0].token.get(),
+                state.evictions[0].reason.as_str()
+            ),
+            (7, "stuck")
+        );
         // Not leasehold's form: a typed error, not zeros.
         let Value::Array(parts) = &reply else {
             unreachable!()
@@ -324,6 +348,7 @@ mod tests {
             Value::Array(vec![bulk("r1"), Value::Int(1)]),
             Value::Int(3),
             Value::Array(vec![bulk("qw1")]),
+            Value::Int(4),
         ]
         .into_iter()
         .enumerate()

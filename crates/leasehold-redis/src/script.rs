@@ -17,6 +17,8 @@ use leasehold_core::backend::{Mode, Request};
 use leasehold_core::{LockName, NamePrefix};
 use redis::Script;
 
+use crate::eviction;
+
 /// A key of one lock name: `<prefix>:{<name>}:<suffix>`.
 /// All keys of a name share the hash tag `{<name>}`, so they live in one Redis Cluster
 /// slot.
@@ -44,11 +46,13 @@ pub(crate) enum Key {
     Pinfo,
     /// Lock-delay of the permit set.
     Pdelay,
+    /// The name's latest evictions: a list of records, newest first (see `eviction.rs`).
+    Evicted,
 }
 
 impl Key {
-    /// Every key of a name, in the order calls with every key pass them.
-    pub(crate) const ALL: [Key; 11] = [
+    /// The keys of a name's lock sets, in the order calls that pass all of them pass them.
+    pub(crate) const STATE: [Key; 11] = [
         Key::Lock,
         Key::Queue,
         Key::Qexp,
@@ -61,6 +65,17 @@ impl Key {
         Key::Pinfo,
         Key::Pdelay,
     ];
+
+    /// Every key of a name: its lock sets' ([`Key::STATE`]), then its eviction records.
+    pub(crate) const ALL: [Key; 12] = {
+        let mut all = [Key::Evicted; 12];
+        let mut i = 0;
+        while i < Key::STATE.len() {
+            all[i] = Key::STATE[i];
+            i += 1;
+        }
+        all
+    };
 
     /// The last part of the key.
     pub(crate) const fn suffix(self) -> &'static str {
@@ -76,6 +91,7 @@ impl Key {
             Key::Permits => "permits",
             Key::Pinfo => "pinfo",
             Key::Pdelay => "pdelay",
+            Key::Evicted => "evicted",
         }
     }
 
@@ -93,6 +109,7 @@ impl Key {
             Key::Permits => "PERMITS",
             Key::Pinfo => "PINFO",
             Key::Pdelay => "PDELAY",
+            Key::Evicted => "EVICTED",
         }
     }
 }
@@ -124,11 +141,15 @@ pub(crate) enum Arg {
     Floor,
     /// How long after its start a Redlock node refuses grants, in ms (0: no quarantine).
     Quarantine,
+    /// The token of the grant to evict.
+    Grant,
+    /// The eviction's record (see `eviction.rs`).
+    Record,
 }
 
 impl Arg {
     /// Every argument, in the order of the bindings.
-    pub(crate) const ALL: [Arg; 9] = [
+    pub(crate) const ALL: [Arg; 11] = [
         Arg::Owner,
         Arg::Flags,
         Arg::Ttl,
@@ -138,6 +159,8 @@ impl Arg {
         Arg::Value,
         Arg::Floor,
         Arg::Quarantine,
+        Arg::Grant,
+        Arg::Record,
     ];
 
     /// The argument's name in the scripts.
@@ -152,6 +175,8 @@ impl Arg {
             Arg::Value => "VALUE",
             Arg::Floor => "FLOOR",
             Arg::Quarantine => "QUARANTINE",
+            Arg::Grant => "GRANT",
+            Arg::Record => "RECORD",
         }
     }
 
@@ -160,8 +185,10 @@ impl Arg {
     const fn lua_default(self) -> &'static str {
         match self {
             Arg::Flags => "'x0000'",
-            Arg::Owner | Arg::Channel | Arg::Value => "''",
-            Arg::Ttl | Arg::Limit | Arg::LockDelay | Arg::Floor | Arg::Quarantine => "'0'",
+            Arg::Owner | Arg::Channel | Arg::Value | Arg::Record => "''",
+            Arg::Ttl | Arg::Limit | Arg::LockDelay | Arg::Floor | Arg::Quarantine | Arg::Grant => {
+                "'0'"
+            }
         }
     }
 }
@@ -300,7 +327,9 @@ impl Call {
 /// Exclusive releases and renewals pass few keys, in the order of [`Key::ALL`]: a release
 /// three (four with a lock-delay, five with a stored value) and the owner and channel; a
 /// renewal one (five with a lock-delay or a value). The acquire fast path is a call of its
-/// own with two keys and two arguments. Every other call passes every key.
+/// own with two keys and two arguments. Every other call passes the keys of both lock sets
+/// ([`Key::STATE`]); inspect adds the eviction records, and an eviction passes the keys of
+/// the holders it may remove, their lock-delays and the records.
 #[derive(Debug)]
 pub(crate) struct Calls {
     /// The exclusive fast path: free → granted, else 0 (make the full call).
@@ -320,6 +349,8 @@ pub(crate) struct Calls {
     pub(crate) release: Call,
     pub(crate) inspect: Call,
     pub(crate) raise: Call,
+    /// A force release (`lua/evict.lua`).
+    pub(crate) evict: Call,
 }
 
 const EXCLUSIVE_RELEASE_KEYS: [Key; 5] = [Key::Lock, Key::Queue, Key::Qexp, Key::Delay, Key::Xinfo];
@@ -344,7 +375,7 @@ impl Calls {
         let acquire = include_str!("../lua/acquire.lua");
         let renew = include_str!("../lua/renew.lua");
         let release = include_str!("../lua/release.lua");
-        let all = &Key::ALL;
+        let all = &Key::STATE;
         let shape = |keys, args, required| Shape {
             keys,
             args,
@@ -361,6 +392,22 @@ impl Calls {
         );
         const CLOCK_FLOOR: &str = "local CLOCK_FLOOR = true\n";
         const COUNTER_ONLY: &str = "local CLOCK_FLOOR = false\n";
+        let records = format!(
+            "local RECORDS_KEPT, RECORDS_TTL = {}, {}\n",
+            eviction::KEPT,
+            millis_up(eviction::KEPT_FOR)
+        );
+        const EVICT_KEYS: [Key; 9] = [
+            Key::Lock,
+            Key::Delay,
+            Key::Xinfo,
+            Key::Readers,
+            Key::Rinfo,
+            Key::Permits,
+            Key::Pinfo,
+            Key::Pdelay,
+            Key::Evicted,
+        ];
         Calls {
             acquire_fast: with("acquire (fast path)", fast_shape, CLOCK_FLOOR, acquire_fast),
             acquire: with("acquire", acquire_shape, CLOCK_FLOOR, acquire),
@@ -402,9 +449,10 @@ impl Calls {
                 shape(all, &[Owner, Flags, Channel, Limit], 3),
                 release,
             ),
-            inspect: call(
+            inspect: with(
                 "inspect",
-                shape(all, &[], 0),
+                shape(&Key::ALL, &[], 0),
+                &records,
                 include_str!("../lua/inspect.lua"),
             ),
             raise: call(
@@ -412,13 +460,19 @@ impl Calls {
                 shape(all, &[Owner, Flags, Floor], 3),
                 include_str!("../lua/raise.lua"),
             ),
+            evict: with(
+                "evict",
+                shape(&EVICT_KEYS, &[Owner, Flags, Channel, Grant, Record], 5),
+                &records,
+                include_str!("../lua/evict.lua"),
+            ),
         }
     }
 }
 
 impl Calls {
     /// Every call (to load their scripts).
-    pub(crate) fn all(&self) -> [&Call; 13] {
+    pub(crate) fn all(&self) -> [&Call; 14] {
         [
             &self.acquire_fast,
             &self.acquire,
@@ -433,6 +487,7 @@ impl Calls {
             &self.release,
             &self.inspect,
             &self.raise,
+            &self.evict,
         ]
     }
 
@@ -540,7 +595,7 @@ impl Keys {
     }
 
     /// Writes the key as the command's next argument.
-    fn write(&self, cmd: &mut redis::Cmd, key: Key) {
+    pub(crate) fn write(&self, cmd: &mut redis::Cmd, key: Key) {
         use redis::RedisWrite;
         use std::io::Write;
         let mut arg = cmd.writer_for_next_arg();
@@ -560,6 +615,10 @@ pub(crate) struct Values<'a> {
     pub(crate) quarantine_ms: u64,
     /// A Redlock node: an owner that holds already gets a fresh token (see `acquire.lua`).
     pub(crate) fresh_token: bool,
+    /// [`Arg::Grant`].
+    pub(crate) grant: u64,
+    /// [`Arg::Record`].
+    pub(crate) record: &'a str,
 }
 
 impl<'a> Values<'a> {
@@ -570,6 +629,8 @@ impl<'a> Values<'a> {
             floor: 0,
             quarantine_ms: 0,
             fresh_token: false,
+            grant: 0,
+            record: "",
         }
     }
 
@@ -595,6 +656,8 @@ impl<'a> Values<'a> {
             Arg::Value => self.value().is_empty(),
             Arg::Floor => self.floor == 0,
             Arg::Quarantine => self.quarantine_ms == 0,
+            Arg::Grant => self.grant == 0,
+            Arg::Record => self.record.is_empty(),
             // Always passed when in a shape.
             Arg::Owner | Arg::Flags | Arg::Ttl | Arg::Channel => false,
         }
@@ -607,7 +670,12 @@ impl<'a> Values<'a> {
         } else {
             0
         };
-        self.req.owner.as_str().len() + value + 24 * args.len()
+        let record = if args.contains(&Arg::Record) {
+            self.record.len()
+        } else {
+            0
+        };
+        self.req.owner.as_str().len() + value + record + 24 * args.len()
     }
 
     fn write(&self, cmd: &mut redis::Cmd, arg: Arg, keys: &Keys) {
@@ -621,6 +689,8 @@ impl<'a> Values<'a> {
             Arg::Value => cmd.arg(self.value()),
             Arg::Floor => cmd.arg(self.floor),
             Arg::Quarantine => cmd.arg(self.quarantine_ms),
+            Arg::Grant => cmd.arg(self.grant),
+            Arg::Record => cmd.arg(self.record),
         };
     }
 
@@ -729,6 +799,8 @@ mod tests {
                 floor: 7,
                 quarantine_ms: 250,
                 fresh_token: true,
+                grant: 9,
+                record: "r",
                 ..Values::of(req)
             };
             for call in CALLS.all() {
@@ -758,6 +830,8 @@ mod tests {
                         "VALUE" => if req.value.is_some() { "v" } else { "" }.to_owned(),
                         "FLOOR" => "7".to_owned(),
                         "QUARANTINE" => "250".to_owned(),
+                        "GRANT" => "9".to_owned(),
+                        "RECORD" => "r".to_owned(),
                         other => panic!("{other} is not an argument"),
                     };
                     assert_eq!(arg, &expected, "{}: ARGV[{}] is {name}", call.name, i + 1);

@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use leasehold_core::backend::{Acquire, Backend, Mode, Release, Renewal, Request};
-use leasehold_core::{Client, Error, LockName, LockOptions, LossReason, OwnerId};
+use leasehold_core::backend::{Acquire, Backend, Eviction, Mode, Release, Renewal, Request};
+use leasehold_core::{Client, Error, FencingToken, LockName, LockOptions, LossReason, OwnerId};
 use leasehold_redis::{RedisBackend, RedisOptions, ReplicaAck};
 use leasehold_testkit::faulty::{Faulty, Op};
 use leasehold_testkit::probe::Resp;
@@ -968,4 +968,108 @@ async fn a_listing_of_a_hundred_thousand_locks_pages_through_scan() {
     };
     assert!(calls("scan") > 1, "SCAN calls: {stats}");
     assert_eq!(calls("keys"), 0, "KEYS calls: {stats}");
+}
+
+/// A force release removes the named grant only, in every mode, and only with its token.
+/// A reader's or a permit's eviction leaves the other holders of the set their grants; a
+/// stale eviction (the right owner, a token not its grant's, or another mode) removes
+/// nothing. The evicted holder's renewal says why it lost, the set stays closed to new
+/// grants (the exclusive fast path included) while the evicted lease lasts, and the
+/// record is kept as the audit trail.
+#[tokio::test]
+async fn an_eviction_removes_the_named_grant_only_and_fences_it_out() {
+    let server = Redis::start().await.unwrap();
+    let redis = backend(&server).await;
+    let ttl = Duration::from_secs(60);
+    let limit = std::num::NonZeroU32::new(3).unwrap();
+    let granted = async |req: &Request| match redis.acquire(req).await.unwrap() {
+        Acquire::Granted(grant) => grant.token,
+        Acquire::Busy(_) => panic!("{} is busy for {}", req.name, req.mode),
+    };
+    for (i, mode) in [Mode::Shared, Mode::Permit { limit }, Mode::Exclusive]
+        .into_iter()
+        .enumerate()
+    {
+        let name = LockName::new(&format!("evict:{i}")).unwrap();
+        let request = |mode| Request::new(name.clone(), OwnerId::generate(), mode, ttl);
+        let (a, b) = (request(mode), request(mode));
+        let a_token = granted(&a).await;
+        // Exclusive: the other holder is a permit, in the name's other set.
+        let b = if mode == Mode::Exclusive {
+            request(Mode::Permit { limit })
+        } else {
+            b
+        };
+        granted(&b).await;
+        let eviction = |token| {
+            Eviction::new(
+                a.owner.clone(),
+                token,
+                "ops@host".into(),
+                format!("stuck {mode}"),
+            )
+        };
+
+        // Stale: an earlier token of the same owner, a later one, another mode.
+        let earlier = FencingToken::new(a_token.get() - 1);
+        let later = FencingToken::new(a_token.get() + 1);
+        let other = if mode == Mode::Shared {
+            Mode::Exclusive
+        } else {
+            Mode::Shared
+        };
+        for (evict_mode, token) in [(mode, earlier), (mode, later), (other, a_token)] {
+            let evicted = redis.evict(&name, evict_mode, &eviction(token)).await;
+            assert!(
+                !evicted.unwrap(),
+                "{mode}: evicted {evict_mode} with {token}"
+            );
+        }
+        let state = redis.inspect(&name).await.unwrap();
+        assert_eq!(state.holders.len(), 2, "{mode}: {:?}", state.holders);
+        assert!(state.evictions.is_empty(), "{mode}: {:?}", state.evictions);
+        assert!(matches!(
+            redis.renew(&a).await.unwrap(),
+            Renewal::Renewed(_)
+        ));
+
+        let record = eviction(a_token);
+        assert!(redis.evict(&name, mode, &record).await.unwrap(), "{mode}");
+        let state = redis.inspect(&name).await.unwrap();
+        let holders: Vec<&OwnerId> = state.holders.iter().map(|h| &h.owner).collect();
+        assert_eq!(holders, [&b.owner], "{mode}");
+        assert_eq!(state.evictions, std::slice::from_ref(&record), "{mode}");
+        // The evicted holder learns why; the other keeps its grant and renews.
+        assert_eq!(
+            redis.renew(&a).await.unwrap(),
+            Renewal::Lost(LossReason::Evicted),
+            "{mode}"
+        );
+        assert!(matches!(
+            redis.renew(&b).await.unwrap(),
+            Renewal::Renewed(_)
+        ));
+        // Closed to new grants of the set while the evicted lease lasts: the exclusive
+        // fast path (no value, no lock-delay, not waiting) too.
+        let c = request(mode);
+        assert!(
+            matches!(redis.acquire(&c).await.unwrap(), Acquire::Busy(_)),
+            "{mode}: granted while the evicted lease lasts"
+        );
+        // Evicted once: again is nothing; its owner's release removes nothing of anyone's.
+        assert!(!redis.evict(&name, mode, &record).await.unwrap());
+        assert_eq!(redis.release(&a).await.unwrap(), Release::NotHeld);
+        assert_eq!(redis.release(&b).await.unwrap(), Release::Released);
+        assert_eq!(redis.inspect(&name).await.unwrap().evictions, [record]);
+
+        // The records are an audit trail that expires a week after the latest.
+        let key = format!("leasehold:{{{name}}}:evicted");
+        let Resp::Integer(left) = server.command(&["PTTL", &key]).await.unwrap() else {
+            panic!("PTTL {key}");
+        };
+        assert!(
+            left > 6 * 24 * 3600 * 1000 && left <= 7 * 24 * 3600 * 1000,
+            "{left}"
+        );
+    }
 }

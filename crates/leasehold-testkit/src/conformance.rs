@@ -32,7 +32,8 @@ use crate::faulty::{Faulty, Op};
 use async_trait::async_trait;
 use leasehold_core::backend::{Backend, Mode, Release, Request};
 use leasehold_core::{
-    Capabilities, Client, Error, Fence, FencingToken, LockName, LockOptions, MultiLock, Owner, Part,
+    Capabilities, Client, Error, Fence, FencingToken, LockName, LockOptions, LossReason, MultiLock,
+    Owner, Part,
 };
 
 use crate::proxy::{Direction, FaultProxy};
@@ -216,6 +217,7 @@ cases!($
     reentrant_holds_are_counted,
     inspect_reports_holders_and_waiters,
     a_listing_finds_held_and_queued_locks_by_prefix,
+    a_force_release_evicts_the_holder_and_fences_it_out,
     lock_delay_keeps_an_expired_lock_closed,
     renewals_keep_every_kind_of_grant,
     names_are_independent,
@@ -1228,6 +1230,74 @@ async fn a_listing_finds_held_and_queued_locks_by_prefix(case: &Case<'_>) {
         a.locks("bad*prefix").await,
         Err(Error::InvalidArgument { .. })
     ));
+}
+
+/// A force release evicts the holder, records who and why, and fences the holder out.
+/// The evicted guard's writes through a fence moved past its token are refused at once;
+/// the guard learns of the eviction (at its next renewal, or its deadline) before anyone
+/// else holds the lock, and the next grant's token is greater.
+async fn a_force_release_evicts_the_holder_and_fences_it_out(case: &Case<'_>) {
+    let a = case.client().await;
+    let operator = case.client().await;
+    let caps = a.capabilities().clone();
+    let fence = Fence::new();
+    let guard = a.mutex(case.name).unwrap().lock().await.unwrap();
+    assert!(fence.apply(guard.token(), || ()).is_ok());
+    let evicted = match operator
+        .evict(case.name, None, "ops@host", "stuck job")
+        .await
+    {
+        Err(Error::Unsupported { .. }) => {
+            case.skip(&caps, Skip::NotClaimed("force-release"));
+            guard.release().await.unwrap();
+            return;
+        }
+        evicted => evicted.unwrap(),
+    };
+    assert_eq!(evicted.len(), 1, "{evicted:?}");
+    assert_eq!(&evicted[0].owner, guard.owner());
+    assert_eq!(evicted[0].token, guard.token());
+    // The operator moves the fence: the evicted holder's writes are refused from now on.
+    fence.exclude(evicted[0].token);
+    assert!(fence.apply(guard.token(), || ()).is_err());
+
+    let state = operator.inspect(case.name).await.unwrap();
+    assert!(state.holders.is_empty(), "{:?}", state.holders);
+    let record = state.evictions.first().expect("the eviction is recorded");
+    assert_eq!(
+        (
+            record.by.as_str(),
+            record.reason.as_str(),
+            &record.owner,
+            record.token
+        ),
+        ("ops@host", "stuck job", guard.owner(), guard.token())
+    );
+    // Closed while the evicted holder may still think it holds.
+    assert!(try_lock(&operator, case.name).await.is_none() || !guard.is_held());
+
+    let reason = guard.lost().await;
+    if caps.expiring_leases && !caps.has_sessions() {
+        assert_eq!(reason, LossReason::Evicted);
+    }
+    let next = operator.mutex(case.name).unwrap().lock().await.unwrap();
+    assert!(
+        !guard.is_held(),
+        "granted again while the evicted guard was held"
+    );
+    assert!(next.token() > evicted[0].token);
+    assert!(fence.apply(next.token(), || ()).is_ok());
+    // Evicting a lock whose holder has gone evicts nothing; the evicted guard's release
+    // is not an error that hurts anyone.
+    let _ = guard.release().await;
+    next.release().await.unwrap();
+    assert!(
+        operator
+            .evict(case.name, None, "ops@host", "again")
+            .await
+            .unwrap()
+            .is_empty()
+    );
 }
 
 /// After a holder's lease expires without a release, the lock stays closed for the lock-delay.

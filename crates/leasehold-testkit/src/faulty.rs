@@ -18,6 +18,7 @@ use tokio::sync::watch;
 use leasehold_core::backend::{
     Acquire, Backend, Capabilities, LockState, Release, Renewal, Request, SessionLiveness, WaitHint,
 };
+use leasehold_core::backend::{Eviction, Mode};
 use leasehold_core::{Error, ListCursor, Listing, LockName, NamePrefix, Result};
 
 /// A backend operation, for [`Faulty`].
@@ -231,6 +232,10 @@ impl Backend for Faulty {
     ) -> Result<Listing> {
         self.intercept(Op::List, self.inner.list(prefix, cursor, page))
             .await
+    }
+
+    async fn evict(&self, name: &LockName, mode: Mode, eviction: &Eviction) -> Result<bool> {
+        self.inner.evict(name, mode, eviction).await
     }
 
     async fn abandon(&self, req: &Request) -> Result<()> {

@@ -152,6 +152,81 @@ pub(crate) async fn elect_hands_on_leadership_and_observers_see_each_leader(url:
     assert_eq!(observer.wait().await.unwrap().code(), Some(130));
 }
 
+/// `leasehold release --force` on `url` evicts a `leasehold run` holder.
+/// The holder's command is stopped (exit 80, saying who evicted it and why), the record is
+/// shown by `inspect`, and a second eviction finds nobody (exit 75).
+#[allow(dead_code, reason = "not every test file evicts")]
+pub(crate) async fn a_forced_release_stops_the_holders_command_and_is_recorded(url: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let leasehold = |args: &[&str]| {
+        let mut command = Command::new(BIN);
+        command
+            .arg(args[0])
+            .args(["--url", url])
+            .args(&args[1..])
+            .env_remove("LEASEHOLD_URL")
+            .stdin(Stdio::null())
+            .kill_on_drop(true);
+        command
+    };
+    let fifo = dir.path().join("ready");
+    assert!(
+        std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let script = format!(
+        "echo $LEASEHOLD_TOKEN > {}; exec sleep 1000",
+        fifo.display()
+    );
+    let holder = leasehold(&["run", "--ttl", "3s", "stuck", "--", "sh", "-c", &script])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let token = tokio::task::spawn_blocking(move || std::fs::read_to_string(fifo))
+        .await
+        .unwrap()
+        .unwrap();
+    let token: u64 = token.trim().parse().unwrap();
+
+    let out = leasehold(&[
+        "release", "--force", "stuck", "--reason", "hung job", "--json",
+    ])
+    .output()
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["evicted"][0]["token"], token);
+    assert_eq!(json["evicted"][0]["reason"], "hung job");
+
+    // The holder finds out at its next renewal and stops its command.
+    let out = holder.wait_with_output().await.unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(80), "{stderr}");
+    assert!(
+        stderr.contains("was evicted by") && stderr.contains("hung job"),
+        "{stderr}"
+    );
+
+    let out = leasehold(&["inspect", "--json", "stuck"])
+        .output()
+        .await
+        .unwrap();
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let record = &json["locks"][0]["evictions"][0];
+    assert_eq!(record["token"], token);
+    assert!(record["by"].as_str().unwrap().contains('@'), "{record}");
+    let out = leasehold(&["release", "--force", "stuck", "--reason", "again"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(75));
+}
+
 /// The processes of process group `group` that are still running.
 /// Zombies, which nobody may reap in a container whose init does not, are not running.
 #[allow(dead_code, reason = "not every test file looks into process groups")]

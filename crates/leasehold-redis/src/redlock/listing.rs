@@ -13,6 +13,7 @@ use leasehold_core::backend::{Holder, ListCursor, LockState, Waiter};
 use leasehold_core::{Error, OwnerId, Result};
 
 use super::quorum::Majority;
+use crate::eviction;
 
 /// Where one node's part of a listing stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,10 +78,17 @@ pub(super) fn cursor(places: &[Place]) -> Option<ListCursor> {
 /// A holder counts if a majority of all nodes reports it. Its time left and its token are
 /// those a majority reaches (the grant wrote its token back to at least a majority; a node
 /// that granted late may hold a token of its own). Waiters are those any node reports.
+/// Evictions are those any node records (an audit trail: an eviction that reached only
+/// some nodes shows too), newest first by their time, the latest [`eviction::KEPT`].
 pub(super) fn merged(majority: Majority, states: impl IntoIterator<Item = LockState>) -> LockState {
     let mut holders: HashMap<(OwnerId, String), Vec<Holder>> = HashMap::new();
     let mut state = LockState::default();
     for reported in states {
+        for eviction in reported.evictions {
+            if !state.evictions.contains(&eviction) {
+                state.evictions.push(eviction);
+            }
+        }
         for holder in reported.holders {
             holders
                 .entry((holder.owner.clone(), holder.mode.to_string()))
@@ -115,6 +123,10 @@ pub(super) fn merged(majority: Majority, states: impl IntoIterator<Item = LockSt
     }
     state.holders.sort_by_key(|h| h.token);
     state
+        .evictions
+        .sort_by_key(|e| std::cmp::Reverse((e.at_ms, e.token)));
+    state.evictions.truncate(eviction::KEPT);
+    state
 }
 
 #[cfg(test)]
@@ -122,7 +134,7 @@ mod tests {
     use std::time::Duration;
 
     use leasehold_core::FencingToken;
-    use leasehold_core::backend::Mode;
+    use leasehold_core::backend::{Eviction, Mode};
 
     use super::*;
 
@@ -169,5 +181,41 @@ mod tests {
         assert_eq!(o1.owner, owner("o1"));
         assert_eq!(o1.token, FencingToken::new(9));
         assert_eq!(o1.remaining, Some(Duration::from_millis(400)));
+    }
+
+    #[test]
+    fn evictions_any_node_records_are_merged_newest_first() {
+        let eviction = |token: u64, at_ms: u64| {
+            let mut e = Eviction::new(
+                OwnerId::parse("o1").unwrap(),
+                FencingToken::new(token),
+                "ops@host".into(),
+                "why".into(),
+            );
+            e.at_ms = at_ms;
+            e
+        };
+        let state = |evictions: Vec<Eviction>| {
+            let mut state = LockState::default();
+            state.evictions = evictions;
+            state
+        };
+        // Two nodes recorded both evictions, one only the first; one node has many old ones.
+        let old: Vec<Eviction> = (0..20).map(|i| eviction(i, i)).rev().collect();
+        let merged = merged(
+            Majority::of(3),
+            [
+                state(vec![eviction(30, 2_000), eviction(20, 1_000)]),
+                state(vec![eviction(20, 1_000)]),
+                state(old),
+            ],
+        );
+        let seen: Vec<(u64, u64)> = merged
+            .evictions
+            .iter()
+            .map(|e| (e.token.get(), e.at_ms))
+            .collect();
+        assert_eq!(seen.len(), eviction::KEPT);
+        assert_eq!(&seen[..3], [(30, 2_000), (20, 1_000), (19, 19)]);
     }
 }

@@ -41,8 +41,8 @@ use futures_util::StreamExt;
 use futures_util::future::{join_all, select_all};
 use futures_util::stream::FuturesUnordered;
 use leasehold_core::backend::{
-    Acquire, Backend, Capabilities, Expiry, Grant, ListCursor, Listing, LockState, Release,
-    Renewal, Request, TokenDurability, WaitHint,
+    Acquire, Backend, Capabilities, Eviction, Expiry, Grant, ListCursor, Listing, LockState, Mode,
+    Release, Renewal, Request, TokenDurability, WaitHint,
 };
 use leasehold_core::{Error, LockName, LossReason, NamePrefix, Result};
 
@@ -360,8 +360,16 @@ impl Backend for RedlockBackend {
             return Ok(Renewal::Renewed(Expiry::After(left.unwrap_or_default())));
         }
         if majority.out_of_reach(gone) {
-            // Too few nodes still hold it for a majority ever to renew again.
-            return Ok(Renewal::Lost(LossReason::NotOwner));
+            // Too few nodes still hold it for a majority ever to renew again. An eviction
+            // is what took it where a node says so (owner ids are never reused).
+            let evicted = answers
+                .iter()
+                .any(|a| matches!(a, Ok(Renewal::Lost(LossReason::Evicted))));
+            return Ok(Renewal::Lost(if evicted {
+                LossReason::Evicted
+            } else {
+                LossReason::NotOwner
+            }));
         }
         Err(Error::unavailable(format!(
             "only {renewed} of {} redis nodes renewed {}; a majority ({}) is needed",
@@ -446,6 +454,45 @@ impl Backend for RedlockBackend {
             jitter: Duration::ZERO,
         });
         Ok(state)
+    }
+
+    /// Force-releases the grant `eviction` names on every node; `true` if a majority evicted it.
+    ///
+    /// Each node removes the grant only where it holds it with the eviction's token (the
+    /// majority's, see [`inspect`](Backend::inspect)), closes the name there until that
+    /// lease would have ended, and records the eviction. Once a majority evicted it, no
+    /// majority can be granted the name before the evicted lease ends, and the holder's
+    /// next renewal finds it lost.
+    ///
+    /// # Cancel safety
+    ///
+    /// Each node's eviction is one script, whole or not at all: dropped midway, the grant
+    /// may be evicted on some nodes only, each of them closed and recorded; evicting again
+    /// finishes the rest.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unavailable`] if too few nodes answered to tell whether a majority evicted.
+    async fn evict(&self, name: &LockName, mode: Mode, eviction: &Eviction) -> Result<bool> {
+        let answers = self.each(|node| node.evict(name, mode, eviction)).await;
+        let evicted = answers.iter().filter(|a| matches!(a, Ok(true))).count();
+        let refused = answers.iter().filter(|a| matches!(a, Ok(false))).count();
+        let majority = self.inner.majority;
+        if majority.reached(evicted) {
+            return Ok(true);
+        }
+        if majority.out_of_reach(refused) {
+            return Ok(false);
+        }
+        for error in answers.iter().filter_map(|a| a.as_ref().err()) {
+            tracing::debug!(lock = %name, %error, "redlock: an eviction on a node failed");
+        }
+        Err(Error::unavailable(format!(
+            "only {evicted} of {} redis nodes evicted {name} and {refused} did not hold it; \
+             a majority ({}) is needed either way",
+            self.inner.nodes.len(),
+            majority.quorum()
+        )))
     }
 
     /// One page of the locks under `prefix` that a majority of the nodes holds.

@@ -486,7 +486,13 @@ async fn release(args: ReleaseArgs) -> u8 {
         }
     }
     if evicted.is_empty() {
-        eprintln!("leasehold: nobody held {}; nothing was evicted", args.name);
+        match &args.owner {
+            Some(owner) => eprintln!(
+                "leasehold: {owner} held no grant of {}; nothing was evicted",
+                args.name
+            ),
+            None => eprintln!("leasehold: nobody held {}; nothing was evicted", args.name),
+        }
         return exit::NOT_ACQUIRED;
     }
     0

@@ -192,7 +192,9 @@ impl Client {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a bad name;
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a bad name, or a
+    /// `reason` or `by` longer than [`EVICTION_TEXT_MAX`](Client::EVICTION_TEXT_MAX) or
+    /// with control characters;
     /// [`Error::Unsupported`](crate::Error::Unsupported) where the backend cannot evict;
     /// backend errors.
     pub async fn evict(
@@ -203,6 +205,17 @@ impl Client {
         reason: &str,
     ) -> Result<Vec<Eviction>> {
         let lock = LockName::new(name)?;
+        for (what, text) in [("eviction reason", reason), ("evicting operator", by)] {
+            if text.len() > Self::EVICTION_TEXT_MAX || text.chars().any(char::is_control) {
+                return Err(crate::Error::invalid(
+                    what,
+                    format!(
+                        "at most {} bytes of text without control characters",
+                        Self::EVICTION_TEXT_MAX
+                    ),
+                ));
+            }
+        }
         let ctx = &self.ctx;
         let timeout = ctx.options.request_timeout();
         let state = ctx.call(timeout, ctx.backend.inspect(&lock)).await?;
@@ -219,6 +232,9 @@ impl Client {
         }
         Ok(evicted)
     }
+
+    /// The longest `reason` or `by` [`evict`](Client::evict) records, in bytes.
+    pub const EVICTION_TEXT_MAX: usize = 1024;
 
     /// How many names [`locks`](Client::locks) asks the backend to look at per request.
     pub const LIST_PAGE: usize = 1000;

@@ -320,19 +320,19 @@ impl Backend for InMemory {
     async fn renew(&self, req: &Request) -> Result<Renewal> {
         self.with_entry(&req.name, |entry, now| {
             let expires = expiry_after(now, req.ttl)?;
-            let evicted = entry.evictions.iter().any(|e| e.owner == req.owner);
+            let Entry {
+                sets, evictions, ..
+            } = entry;
+            let set = &mut sets[usize::from(req.mode.is_permit())];
             Ok(
-                match entry
-                    .set(req.mode)
-                    .holders
-                    .iter_mut()
-                    .find(|h| h.owner == req.owner)
-                {
+                match set.holders.iter_mut().find(|h| h.owner == req.owner) {
                     Some(held) => {
                         held.expires = expires;
                         Renewal::Renewed(Expiry::After(req.ttl))
                     }
-                    None if evicted => Renewal::Lost(LossReason::Evicted),
+                    None if evictions.iter().any(|e| e.owner == req.owner) => {
+                        Renewal::Lost(LossReason::Evicted)
+                    }
                     None => Renewal::Lost(LossReason::NotOwner),
                 },
             )
@@ -386,11 +386,12 @@ impl Backend for InMemory {
                 return false;
             };
             let held = set.holders.remove(evicted);
-            // Closed until the evicted lease would have ended: its holder finds out first.
-            set.closed_until = Some(
-                set.closed_until
-                    .map_or(held.expires, |c| c.max(held.expires)),
-            );
+            // Closed until the evicted lease would have ended (its holder finds out first),
+            // and for its lock-delay after that, as if it had expired.
+            let until = held
+                .expires
+                .saturating_add(held.lock_delay.unwrap_or_default());
+            set.closed_until = Some(set.closed_until.map_or(until, |c| c.max(until)));
             entry.evictions.insert(0, eviction.clone());
             entry.evictions.truncate(EVICTIONS_KEPT);
             entry.bump();

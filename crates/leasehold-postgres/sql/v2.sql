@@ -51,15 +51,17 @@ BEGIN
                       FOR UPDATE SKIP LOCKED);
     IF NOT FOUND THEN
         -- Held by a fenced write: ended, not removed. No lock-delay: the closure below
-        -- covers what was left of the lease.
+        -- covers what was left of the lease and the lock-delay after it.
         UPDATE @schema@.grants g SET expires = v_now, lock_delay = NULL
         WHERE g.name = p_name AND g.owner = p_owner;
     END IF;
     UPDATE @schema@.names n SET
         lock_closed_until = CASE WHEN v_permit THEN n.lock_closed_until
-            ELSE greatest(n.lock_closed_until, v_grant.expires) END,
+            ELSE greatest(n.lock_closed_until,
+                          v_grant.expires + coalesce(v_grant.lock_delay, interval '0')) END,
         permit_closed_until = CASE WHEN v_permit
-            THEN greatest(n.permit_closed_until, v_grant.expires)
+            THEN greatest(n.permit_closed_until,
+                          v_grant.expires + coalesce(v_grant.lock_delay, interval '0'))
             ELSE n.permit_closed_until END
     WHERE n.name = p_name;
     INSERT INTO @schema@.evictions (name, owner, token, evicted_by, reason, at_ms)

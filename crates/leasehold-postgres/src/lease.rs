@@ -146,14 +146,17 @@ impl Lease {
         }
         // Only once the grant is found gone: was it evicted? (A second round trip, never
         // taken by a renewal that succeeds.)
-        let row = conn
+        // Any failure to read the records (a role without rights on the table, a dropped
+        // connection) still reports the loss: it is certain already.
+        let evicted = conn
             .query_one(
                 Stmt::Evicted,
                 &[&req.name.as_str(), &req.owner.as_str()],
                 "renew",
             )
-            .await?;
-        Ok(Renewal::Lost(if reply::single(&row, "renew")? {
+            .await
+            .and_then(|row| reply::single(&row, "renew"));
+        Ok(Renewal::Lost(if evicted.unwrap_or(false) {
             LossReason::Evicted
         } else {
             LossReason::NotOwner

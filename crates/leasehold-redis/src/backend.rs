@@ -216,6 +216,7 @@ impl RedisBackend {
     }
 
     /// Why `req.owner`'s grant is gone, which a renewal just found.
+    /// The records are read for at most [`LOSS_LOOKUP`].
     /// [`LossReason::Evicted`] if the name's eviction records name the owner (one more
     /// round trip, on this path only), else [`LossReason::NotOwner`], also when the records
     /// cannot be read: the grant is lost either way.
@@ -224,11 +225,14 @@ impl RedisBackend {
         keys.write(&mut lrange, Key::Evicted);
         lrange.arg(0).arg(eviction::KEPT - 1);
         let connection = &self.inner.conn;
-        let records: Result<Vec<Vec<u8>>> = async {
+        let lookup = async {
             let mut conn = connection.for_request().await?;
             (connection.query(&mut conn, &lrange).await).map_err(|e| map_error(e, &req.name))
-        }
-        .await;
+        };
+        // Bounded: the loss is certain already, and must not wait on a slow server.
+        let records: Result<Vec<Vec<u8>>> = tokio::time::timeout(LOSS_LOOKUP, lookup)
+            .await
+            .unwrap_or_else(|_| Err(Error::Timeout(LOSS_LOOKUP)));
         match records {
             Ok(records) => {
                 let evictions = eviction::decode_all(records.iter().map(Vec::as_slice));
@@ -437,6 +441,10 @@ impl RedisBackend {
         Err(Error::backend(format!("{problem}; released it"), true))
     }
 }
+
+/// How long a renewal that found its grant gone looks for an eviction record of it.
+/// Past that the loss is reported as [`LossReason::NotOwner`].
+const LOSS_LOOKUP: Duration = Duration::from_millis(500);
 
 #[async_trait]
 impl Backend for RedisBackend {

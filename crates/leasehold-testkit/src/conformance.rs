@@ -1243,6 +1243,14 @@ async fn a_force_release_evicts_the_holder_and_fences_it_out(case: &Case<'_>) {
     let fence = Fence::new();
     let guard = a.mutex(case.name).unwrap().lock().await.unwrap();
     assert!(fence.apply(guard.token(), || ()).is_ok());
+    // A reason that would garble the record is refused before anything is sent.
+    let garbled = operator
+        .evict(case.name, None, "ops@host", "stuck\u{1b}[2J")
+        .await;
+    assert!(
+        matches!(garbled, Err(Error::InvalidArgument { .. })),
+        "{garbled:?}"
+    );
     let evicted = match operator
         .evict(case.name, None, "ops@host", "stuck job")
         .await

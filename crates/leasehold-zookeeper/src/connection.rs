@@ -176,25 +176,38 @@ impl ZooKeeperBackend {
         session.close().await
     }
 
-    /// Ends the session `id` if it is still in use, and closes it in the background.
+    /// Ends the session `id` if it is still in use, and closes it.
     /// Every guard on it is lost, and its nodes go. A release that could not be confirmed
     /// is still a release: no lock-delay follows it (`marker`, the lock-delay marker of an
     /// acquisition forgotten already), nor the others closed with it (as for `close`).
     /// Markers that cannot be deleted now go when their sessions expire: no later than
     /// after a crash.
+    ///
+    /// It returns once the server has closed the session (its nodes are gone), or after
+    /// the session's timeout, when the server has expired it anyway.
+    ///
+    /// # Cancel safety
+    ///
+    /// The close runs in a task of its own: dropping the future does not stop it.
     pub(crate) async fn end_session(&self, id: i64, marker: Option<Marker>) {
-        let _opening = self.inner.opening.lock().await;
-        let Some(taken) = self.slot().take_if(|s| s.id == id) else {
-            return;
+        let (taken, markers) = {
+            let _opening = self.inner.opening.lock().await;
+            let Some(taken) = self.slot().take_if(|s| s.id == id) else {
+                return;
+            };
+            let mut markers = self.registry().forget_session(taken.id);
+            markers.extend(marker);
+            (taken, markers)
         };
-        let mut markers = self.registry().forget_session(taken.id);
-        markers.extend(marker);
-        tokio::spawn(async move {
+        let timeout = taken.timeout;
+        let closing = tokio::spawn(async move {
             markers::delete(&taken, markers).await;
             if let Err(error) = taken.close().await {
                 tracing::warn!(%error, "zookeeper: closing an abandoned session");
             }
         });
+        // Whoever waits for the abandoned release (a settle) finds the lock free after.
+        let _ = tokio::time::timeout(timeout, closing).await;
     }
 
     fn slot(&self) -> std::sync::MutexGuard<'_, Option<Arc<Session>>> {

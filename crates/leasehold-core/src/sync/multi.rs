@@ -1,9 +1,10 @@
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Guard, Mutex, RwLock, Target};
 use crate::backend::Mode;
-use crate::clock::Instant;
+use crate::clock::{Clock, Instant};
 use crate::engine::Wait;
 use crate::error::{Error, LossReason, Result};
 use crate::fencing::FencingToken;
@@ -165,9 +166,16 @@ impl MultiLock {
     /// in which a part was lost while a later one was waited for is given back and taken
     /// again (within the limit).
     async fn take(&self, limit: Option<Duration>) -> Result<Option<MultiGuard>> {
-        let started = std::time::Instant::now();
+        // The limit runs on the client's clock, as each part's own wait does.
+        let until = match (limit, self.parts.first()) {
+            (Some(limit), Some(first)) => {
+                let clock = first.target.ctx.clock.clone();
+                Some((clock.now().saturating_add(limit), clock))
+            }
+            _ => None,
+        };
         loop {
-            let Some(set) = self.take_once(started, limit).await? else {
+            let Some(set) = self.take_once(until.as_ref()).await? else {
                 return Ok(None);
             };
             if set.is_held() {
@@ -179,16 +187,16 @@ impl MultiLock {
     }
 
     /// One pass of [`take`](MultiLock::take).
+    /// `until` is the limit's end and the clock it is read on (`None`: no limit).
     async fn take_once(
         &self,
-        started: std::time::Instant,
-        limit: Option<Duration>,
+        until: Option<&(Instant, Arc<dyn Clock>)>,
     ) -> Result<Option<MultiGuard>> {
         let mut guards = Vec::with_capacity(self.parts.len());
         for part in &self.parts {
-            let wait = match limit {
+            let wait = match until {
                 None => Wait::Forever,
-                Some(limit) => Wait::UpTo(limit.saturating_sub(started.elapsed())),
+                Some((until, clock)) => Wait::UpTo(until.saturating_duration_since(clock.now())),
             };
             match part.target.acquire(part.mode, None, wait).await {
                 Ok(Some(guard)) => guards.push(guard),

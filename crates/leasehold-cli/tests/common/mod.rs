@@ -56,23 +56,27 @@ pub(crate) async fn twenty_runs_share_a_counter(url: &str) {
     );
 }
 
+/// `leasehold SUBCOMMAND --url url ARGS…` (`args[0]` is the subcommand), killed if dropped.
+#[allow(dead_code, reason = "not every test file uses it")]
+pub(crate) fn leasehold_on(url: &str, args: &[&str]) -> Command {
+    let mut command = Command::new(BIN);
+    command
+        .arg(args[0])
+        .args(["--url", url])
+        .args(&args[1..])
+        .env_remove("LEASEHOLD_URL")
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    command
+}
+
 /// `leasehold elect` on `url`: candidates lead one at a time.
 /// Each runs its command with its term as the token; `elect --observe --json` prints each
 /// leader as it changes.
 #[allow(dead_code, reason = "not every test file runs elections")]
 pub(crate) async fn elect_hands_on_leadership_and_observers_see_each_leader(url: &str) {
     let dir = tempfile::tempdir().unwrap();
-    let leasehold = |args: &[&str]| {
-        let mut command = Command::new(BIN);
-        command
-            .arg(args[0])
-            .args(["--url", url])
-            .args(&args[1..])
-            .env_remove("LEASEHOLD_URL")
-            .stdin(Stdio::null())
-            .kill_on_drop(true);
-        command
-    };
+    let leasehold = |args: &[&str]| leasehold_on(url, args);
     let mut observer = leasehold(&["elect", "--observe", "--json", "sched"])
         .stdout(Stdio::piped())
         .spawn()
@@ -158,17 +162,7 @@ pub(crate) async fn elect_hands_on_leadership_and_observers_see_each_leader(url:
 #[allow(dead_code, reason = "not every test file evicts")]
 pub(crate) async fn a_forced_release_stops_the_holders_command_and_is_recorded(url: &str) {
     let dir = tempfile::tempdir().unwrap();
-    let leasehold = |args: &[&str]| {
-        let mut command = Command::new(BIN);
-        command
-            .arg(args[0])
-            .args(["--url", url])
-            .args(&args[1..])
-            .env_remove("LEASEHOLD_URL")
-            .stdin(Stdio::null())
-            .kill_on_drop(true);
-        command
-    };
+    let leasehold = |args: &[&str]| leasehold_on(url, args);
     let fifo = dir.path().join("ready");
     assert!(
         std::process::Command::new("mkfifo")

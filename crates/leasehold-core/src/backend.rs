@@ -66,7 +66,10 @@ use tokio::sync::watch;
 use crate::clock::Instant;
 use crate::error::{Error, LossReason, Result};
 use crate::fencing::FencingToken;
-use crate::name::{LockName, NamePrefix, OwnerId};
+use crate::name::{LockName, NamePrefix, OwnerId, RecordKey};
+
+/// The longest record value [`Backend::put_record`] is given, in bytes.
+pub const MAX_RECORD_LEN: usize = 4096;
 
 /// How a request wants to hold a lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -717,6 +720,61 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         })
     }
 
+    /// Writes `value` under `key` beside `req.name`, if `req`'s grant is still held.
+    /// The check and the write are one atomic step on the server, so a holder that has
+    /// lost its grant — expired, evicted, its session gone — can no longer write: a record
+    /// is *fenced* by the lock it sits beside. It replaces any record under `key`.
+    ///
+    /// The server keeps the record at least `keep` and may drop it after that. `value` is
+    /// at most [`MAX_RECORD_LEN`] bytes (the client checks). `Ok(false)`: the grant is not
+    /// held, and nothing was written. The default says the backend cannot keep records.
+    async fn put_record(
+        &self,
+        req: &Request,
+        key: &RecordKey,
+        value: &[u8],
+        keep: Duration,
+    ) -> Result<bool> {
+        let _ = (req, key, value, keep);
+        Err(Error::Unsupported {
+            backend: self.capabilities().backend,
+            feature: "records beside a lock (scheduled jobs)",
+        })
+    }
+
+    /// The record under `key` beside `name`, if the server keeps one.
+    /// A record written before a release of `name` is seen by every grant that follows that
+    /// release. The default says the backend cannot keep records.
+    async fn get_record(&self, name: &LockName, key: &RecordKey) -> Result<Option<Vec<u8>>> {
+        let _ = (name, key);
+        Err(Error::Unsupported {
+            backend: self.capabilities().backend,
+            feature: "records beside a lock (scheduled jobs)",
+        })
+    }
+
+    /// Leaves `req`'s grant on the server for `hold` more, unrenewed, and lets go of it.
+    /// The grant then ends `hold` after the server applied this, by the server's clock,
+    /// whether or not its holder still runs: a lock held *at least* that long (ShedLock's
+    /// `lockAtLeastFor`). It is checked like a renewal: `Ok(false)` if the grant is no
+    /// longer the owner's.
+    ///
+    /// The default renews the grant with a ttl of `hold` where grants are leases renewed
+    /// one by one (the renewal sets the lease's end); a backend whose grants live by a
+    /// session or a connection must move the grant off it, or say it cannot.
+    async fn keep(&self, req: &Request, hold: Duration) -> Result<bool> {
+        let caps = self.capabilities();
+        if !caps.expiring_leases || caps.has_sessions() {
+            return Err(Error::Unsupported {
+                backend: caps.backend,
+                feature: "holding a lock after its holder lets go (--at-least)",
+            });
+        }
+        let mut kept = req.clone();
+        kept.ttl = hold;
+        Ok(matches!(self.renew(&kept).await?, Renewal::Renewed(_)))
+    }
+
     /// Called when the release of `req`'s grant or queue entry could not be confirmed.
     /// The engine retried it while the session it lives by was healthy (see
     /// [`session_liveness`](Backend::session_liveness)) and the server never answered, or
@@ -776,6 +834,21 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
     }
     async fn evict(&self, name: &LockName, mode: Mode, eviction: &Eviction) -> Result<bool> {
         (**self).evict(name, mode, eviction).await
+    }
+    async fn put_record(
+        &self,
+        req: &Request,
+        key: &RecordKey,
+        value: &[u8],
+        keep: Duration,
+    ) -> Result<bool> {
+        (**self).put_record(req, key, value, keep).await
+    }
+    async fn get_record(&self, name: &LockName, key: &RecordKey) -> Result<Option<Vec<u8>>> {
+        (**self).get_record(name, key).await
+    }
+    async fn keep(&self, req: &Request, hold: Duration) -> Result<bool> {
+        (**self).keep(req, hold).await
     }
     async fn abandon(&self, req: &Request) -> Result<()> {
         (**self).abandon(req).await

@@ -10,7 +10,7 @@ use crate::context::Context;
 use crate::error::Result;
 use crate::name::{LockName, NamePrefix};
 use crate::options::LockOptions;
-use crate::sync::{Election, MultiLock, Mutex, Part, RwLock, Semaphore};
+use crate::sync::{Election, Job, MultiLock, Mutex, Part, RwLock, Semaphore};
 
 /// A connection to one lock backend, with the clock and default options its locks use.
 /// Cheap to clone; clones share everything.
@@ -69,6 +69,16 @@ impl Client {
     /// [`LockName`]).
     pub fn mutex(&self, name: &str) -> Result<Mutex> {
         Ok(Mutex::new(self.ctx.clone(), LockName::new(name)?))
+    }
+
+    /// A scheduled job that runs at most once per [`Window`](crate::Window) across every
+    /// host (see [`Job`]), on the exclusive lock `name`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for a bad name.
+    pub fn job(&self, name: &str) -> Result<Job> {
+        Ok(Job::new(self.mutex(name)?))
     }
 
     /// A read-write lock: many readers or one writer.

@@ -100,7 +100,7 @@ pub(crate) struct Lease {
     slot: std::sync::Mutex<Option<Slot>>,
     /// The backend session the grant lives by, if it is bound to one.
     /// Then the session's deadline is the lease's.
-    session: Option<SessionLiveness>,
+    pub(crate) session: Option<SessionLiveness>,
     /// When the last request that could extend the grant was sent, and the lease it was granted.
     /// The server keeps the grant no longer than their sum.
     extended: std::sync::Mutex<(Instant, Duration)>,

@@ -50,11 +50,12 @@ pub use backend::{Backend, Capabilities, Eviction, ListCursor, Listing, LockStat
 pub use client::{Client, ClientBuilder};
 pub use error::{Error, LossReason, Result};
 pub use fencing::{Fence, FencingToken, StaleToken};
-pub use name::{LockName, NamePrefix, OwnerId};
+pub use name::{LockName, NamePrefix, OwnerId, RecordKey};
 pub use options::{
     ConnectOptions, DEFAULT_TTL, LockOptions, LockOptionsBuilder, MAX_DURATION, parse_duration,
 };
 pub use sync::{
-    Election, Guard, Leader, Leadership, MultiGuard, MultiLock, Mutex, MutexGuard, Observer, Owner,
-    Part, Permit, ReadGuard, RwLock, Semaphore, WriteGuard,
+    Claim, Completion, Election, Guard, Job, JobRun, Leader, Leadership, MultiGuard, MultiLock,
+    Mutex, MutexGuard, Observer, Outcome, Owner, Part, Permit, ReadGuard, RwLock, Semaphore,
+    Window, WriteGuard,
 };

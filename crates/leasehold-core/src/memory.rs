@@ -22,7 +22,7 @@ use crate::backend::{
 use crate::clock::{Clock, Instant, SystemClock};
 use crate::error::{Error, LossReason, Result};
 use crate::fencing::FencingToken;
-use crate::name::{LockName, NamePrefix, OwnerId};
+use crate::name::{LockName, NamePrefix, OwnerId, RecordKey};
 use crate::support::queue;
 
 /// An in-process lock server. Clones share the same locks.
@@ -69,6 +69,8 @@ struct Entry {
     last_token: u64,
     /// The latest evictions, newest first (at most [`EVICTIONS_KEPT`]).
     evictions: Vec<Eviction>,
+    /// Records written by holders (see [`Backend::put_record`]), and until when each is kept.
+    records: HashMap<RecordKey, (Vec<u8>, Instant)>,
     /// Bumped on every change; waiters watch it.
     version: watch::Sender<u64>,
 }
@@ -105,6 +107,7 @@ impl Entry {
             sets: Default::default(),
             last_token: 0,
             evictions: Vec::new(),
+            records: HashMap::new(),
             version: watch::Sender::new(0),
         }
     }
@@ -139,6 +142,7 @@ impl Entry {
             }
             changed |= before != (set.holders.len(), set.queue.len());
         }
+        self.records.retain(|_, (_, until)| *until > now);
         if changed {
             self.bump();
         }
@@ -374,6 +378,34 @@ impl Backend for InMemory {
         Ok(self.with_entry(name, |entry, now| LockState {
             hint: entry.hint(),
             ..entry.state(now)
+        }))
+    }
+
+    async fn put_record(
+        &self,
+        req: &Request,
+        key: &RecordKey,
+        value: &[u8],
+        keep: Duration,
+    ) -> Result<bool> {
+        self.with_entry(&req.name, |entry, now| {
+            let until = expiry_after(now, keep)?;
+            if !entry
+                .set(req.mode)
+                .holders
+                .iter()
+                .any(|h| h.owner == req.owner)
+            {
+                return Ok(false);
+            }
+            entry.records.insert(key.clone(), (value.to_vec(), until));
+            Ok(true)
+        })
+    }
+
+    async fn get_record(&self, name: &LockName, key: &RecordKey) -> Result<Option<Vec<u8>>> {
+        Ok(self.with_entry(name, |entry, _| {
+            entry.records.get(key).map(|(value, _)| value.clone())
         }))
     }
 

@@ -163,6 +163,65 @@ impl fmt::Debug for NamePrefix {
     }
 }
 
+/// The key of a record kept beside a lock name (see [`Backend::put_record`](crate::Backend::put_record)).
+///
+/// Checked like a [`LockName`] — the same characters, so every backend can put it into a
+/// key, a path or a file name — but at most [`RecordKey::MAX_LEN`] bytes.
+///
+/// ```
+/// use leasehold_core::RecordKey;
+///
+/// assert!(RecordKey::new("done:1795348800000+3600000").is_ok());
+/// assert!(RecordKey::new("a/b").is_err());
+/// ```
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RecordKey(Arc<str>);
+
+impl RecordKey {
+    /// The longest accepted key, in bytes.
+    pub const MAX_LEN: usize = 100;
+
+    /// Validates `key`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] saying which rule the key breaks.
+    pub fn new(key: &str) -> Result<Self> {
+        if key.len() > Self::MAX_LEN {
+            return Err(Error::invalid(
+                "record key",
+                format!(
+                    "the key is {} bytes long; the limit is {}",
+                    key.len(),
+                    Self::MAX_LEN
+                ),
+            ));
+        }
+        LockName::new(key).map_err(|e| match e {
+            Error::InvalidArgument { reason, .. } => Error::invalid("record key", reason),
+            other => other,
+        })?;
+        Ok(Self(key.into()))
+    }
+
+    /// The key as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for RecordKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+impl fmt::Display for RecordKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 /// The identity of one acquisition, stored by the server as the holder's (or waiter's) value.
 /// Every release and renewal is checked against it.
 ///

@@ -32,8 +32,8 @@ use crate::faulty::{Faulty, Op};
 use async_trait::async_trait;
 use leasehold_core::backend::{Backend, Mode, Release, Request};
 use leasehold_core::{
-    Capabilities, Client, Error, Fence, FencingToken, LockName, LockOptions, LossReason, MultiLock,
-    Owner, Part,
+    Capabilities, Claim, Client, Error, Fence, FencingToken, LockName, LockOptions, LossReason,
+    MultiLock, Outcome, Owner, Part, RecordKey, Window,
 };
 
 use crate::proxy::{Direction, FaultProxy};
@@ -218,6 +218,9 @@ cases!($
     inspect_reports_holders_and_waiters,
     a_listing_finds_held_and_queued_locks_by_prefix,
     a_force_release_evicts_the_holder_and_fences_it_out,
+    a_record_is_written_only_while_the_writers_grant_holds,
+    a_kept_grant_outlives_its_holder,
+    a_job_runs_once_per_window_and_a_lost_run_leaves_it_open,
     lock_delay_keeps_an_expired_lock_closed,
     renewals_keep_every_kind_of_grant,
     names_are_independent,
@@ -1236,6 +1239,179 @@ async fn a_listing_finds_held_and_queued_locks_by_prefix(case: &Case<'_>) {
 /// The evicted guard's writes through a fence moved past its token are refused at once;
 /// the guard learns of the eviction (at its next renewal, or its deadline) before anyone
 /// else holds the lock, and the next grant's token is greater.
+/// A record beside a lock is written only while the writer's grant holds on the server,
+/// replaces the one under its key, and is seen by the next holder.
+async fn a_record_is_written_only_while_the_writers_grant_holds(case: &Case<'_>) {
+    let a = case.client().await;
+    let b = case.client().await;
+    let caps = a.capabilities().clone();
+    let key = RecordKey::new("window:1").unwrap();
+    let other = RecordKey::new("window:2").unwrap();
+    let keep = Duration::from_secs(600);
+    let guard = a.mutex(case.name).unwrap().lock().await.unwrap();
+    let owner = guard.owner().clone();
+    match guard.put_record(&key, b"one", keep).await {
+        Err(Error::Unsupported { .. }) => {
+            case.skip(&caps, Skip::NotClaimed("records"));
+            return;
+        }
+        written => assert!(written.unwrap(), "the holder's record was refused"),
+    }
+    let too_long = vec![b'x'; leasehold_core::backend::MAX_RECORD_LEN + 1];
+    let refused = guard.put_record(&key, &too_long, keep).await;
+    assert!(
+        matches!(refused, Err(Error::InvalidArgument { .. })),
+        "{refused:?}"
+    );
+    let name = LockName::new(case.name).unwrap();
+    let read = |client: &Client, key: &RecordKey| {
+        let (backend, name, key) = (client.backend().clone(), name.clone(), key.clone());
+        async move { backend.get_record(&name, &key).await.unwrap() }
+    };
+    assert_eq!(read(&b, &key).await.as_deref(), Some(&b"one"[..]));
+    assert_eq!(read(&b, &other).await, None);
+    guard.release().await.unwrap();
+
+    // The next holder sees it, and replaces it.
+    let next = b.mutex(case.name).unwrap().lock().await.unwrap();
+    assert_eq!(read(&b, &key).await.as_deref(), Some(&b"one"[..]));
+    assert!(next.put_record(&key, b"two", keep).await.unwrap());
+    // A writer whose grant is gone writes nothing: not over the holder's record, not a
+    // new one.
+    let stale = Request::new(name.clone(), owner, Mode::Exclusive, Duration::from_secs(5));
+    let backend = a.backend();
+    assert!(
+        !backend
+            .put_record(&stale, &key, b"stale", keep)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !backend
+            .put_record(&stale, &other, b"stale", keep)
+            .await
+            .unwrap()
+    );
+    assert_eq!(read(&a, &key).await.as_deref(), Some(&b"two"[..]));
+    assert_eq!(read(&a, &other).await, None);
+    next.release().await.unwrap();
+    // Nor once the name is free.
+    assert!(
+        !backend
+            .put_record(&stale, &other, b"stale", keep)
+            .await
+            .unwrap()
+    );
+    assert_eq!(read(&a, &other).await, None);
+}
+
+/// A grant kept for a while after its holder lets go stays held on the server until then,
+/// unrenewed (ShedLock's lock-at-least), and then frees the lock for the next holder.
+async fn a_kept_grant_outlives_its_holder(case: &Case<'_>) {
+    // A long lease, so that the kept grant's shorter end is the keep's doing.
+    let a = case.client_with(options(Duration::from_secs(60))).await;
+    let b = case.client().await;
+    let caps = a.capabilities().clone();
+    let hold = Duration::from_secs(3);
+    let guard = a.mutex(case.name).unwrap().lock().await.unwrap();
+    let (owner, token) = (guard.owner().clone(), guard.token());
+    match guard.keep_for(hold).await {
+        Err(Error::Unsupported { .. }) => {
+            case.skip(
+                &caps,
+                Skip::NotClaimed("keeping a grant after its holder lets go"),
+            );
+            // It was released instead.
+            assert!(try_lock(&b, case.name).await.is_some());
+            return;
+        }
+        kept => kept.unwrap(),
+    }
+    a.settle().await;
+    let state = b.inspect(case.name).await.unwrap();
+    let holder = (state.holders.iter())
+        .find(|h| h.owner == owner)
+        .expect("the kept grant is still held");
+    if let Some(left) = holder.remaining {
+        assert!(
+            left <= hold + caps.ttl_granularity,
+            "{left:?} left of a grant kept for {hold:?}"
+        );
+    }
+    let next = b.mutex(case.name).unwrap().lock().await.unwrap();
+    assert!(next.token() > token);
+    next.release().await.unwrap();
+}
+
+/// A job runs at most once per window: a finished run closes its window for every later
+/// claim; a run that lost its lock cannot close it, and the next holder runs with a
+/// higher token; a failed run closes it unless failures are retried.
+async fn a_job_runs_once_per_window_and_a_lost_run_leaves_it_open(case: &Case<'_>) {
+    let a = case.client().await;
+    let b = case.client().await;
+    let caps = a.capabilities().clone();
+    let (job_a, job_b) = (a.job(case.name).unwrap(), b.job(case.name).unwrap());
+    let job_a = job_a.run_by("a@host");
+    let first = Window::named("first").unwrap();
+    let run = match job_a.try_claim(&first).await {
+        Err(Error::Unsupported { .. }) => {
+            case.skip(&caps, Skip::NotClaimed("records"));
+            return;
+        }
+        claimed => match claimed.unwrap() {
+            Claim::Run(run) => run,
+            other => panic!("a fresh window was {other:?}"),
+        },
+    };
+    assert!(matches!(
+        job_b.try_claim(&first).await.unwrap(),
+        Claim::Busy
+    ));
+    let token = run.guard().token();
+    let done = run.finish(Outcome::Succeeded).await.unwrap();
+    assert_eq!((done.token, done.by.as_str()), (token, "a@host"));
+    match job_b.claim(&first).await.unwrap() {
+        Claim::Done(seen) => assert_eq!(seen, done),
+        other => panic!("a closed window was {other:?}"),
+    }
+
+    // A run whose grant is gone on the server cannot close its window.
+    let second = Window::named("second").unwrap();
+    let Claim::Run(lost) = job_a.try_claim(&second).await.unwrap() else {
+        panic!("a fresh window was not claimed");
+    };
+    let name = LockName::new(case.name).unwrap();
+    let grant = Request::new(
+        name,
+        lost.guard().owner().clone(),
+        Mode::Exclusive,
+        Duration::from_secs(5),
+    );
+    a.backend().release(&grant).await.unwrap();
+    let lost_token = lost.guard().token();
+    let refused = lost.finish(Outcome::Succeeded).await;
+    assert!(matches!(refused, Err(Error::Lost(_))), "{refused:?}");
+    let Claim::Run(retry) = job_b.claim(&second).await.unwrap() else {
+        panic!("a window whose run lost its lock was closed");
+    };
+    assert!(retry.guard().token() > lost_token);
+    retry.finish(Outcome::Failed(Some(3))).await.unwrap();
+
+    // A failed run closes its window, unless failures are retried.
+    match job_a.try_claim(&second).await.unwrap() {
+        Claim::Done(failed) => assert_eq!(failed.outcome, Outcome::Failed(Some(3))),
+        other => panic!("a failed window was {other:?}"),
+    }
+    let Claim::Run(again) = job_a.retry_failed(true).try_claim(&second).await.unwrap() else {
+        panic!("a failed window was not retried");
+    };
+    again.finish(Outcome::Succeeded).await.unwrap();
+    let Claim::Done(last) = job_b.retry_failed(true).try_claim(&second).await.unwrap() else {
+        panic!("a window that succeeded on retry was open");
+    };
+    assert_eq!(last.outcome, Outcome::Succeeded);
+}
+
 async fn a_force_release_evicts_the_holder_and_fences_it_out(case: &Case<'_>) {
     let a = case.client().await;
     let operator = case.client().await;

@@ -3,12 +3,12 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::backend::{Mode, Release};
+use crate::backend::{MAX_RECORD_LEN, Mode, Release};
 use crate::clock::Instant;
 use crate::error::{Error, LossReason, Result};
 use crate::fencing::FencingToken;
 use crate::lease::{Lease, State};
-use crate::name::{LockName, OwnerId};
+use crate::name::{LockName, OwnerId, RecordKey};
 
 /// Proof of holding a lock (or a read lock, a permit, a leadership).
 /// It carries its fencing token, its remaining validity and its loss signal.
@@ -207,6 +207,92 @@ impl Guard {
             (_, Ok(Release::Released)) => Ok(()),
             (_, Ok(Release::NotHeld)) => Err(Error::NotHeld),
             (_, Err(error)) => Err(error),
+        }
+    }
+}
+
+impl Guard {
+    /// Writes a record beside the lock, fenced by this grant.
+    /// The server writes it only if the grant is still held there, in the same atomic step
+    /// (see [`Backend::put_record`](crate::Backend::put_record)); it keeps it at least
+    /// `keep`. `Ok(false)`: the grant was gone on the server, nothing was written.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future may leave the record written or not; writing it again is
+    /// harmless.
+    ///
+    /// # Errors
+    ///
+    /// - [`Error::Lost`] if the lease is lost here (nothing is sent).
+    /// - [`Error::InvalidArgument`] for a value over
+    ///   [`MAX_RECORD_LEN`](crate::backend::MAX_RECORD_LEN) bytes.
+    /// - [`Error::Unsupported`] where the backend keeps no records; backend errors.
+    pub async fn put_record(&self, key: &RecordKey, value: &[u8], keep: Duration) -> Result<bool> {
+        if value.len() > MAX_RECORD_LEN {
+            return Err(Error::invalid(
+                "record",
+                format!("{} bytes; the limit is {MAX_RECORD_LEN}", value.len()),
+            ));
+        }
+        held(self.lease.state())?;
+        let lease = &self.lease;
+        let write = lease
+            .ctx
+            .backend
+            .put_record(&lease.request, key, value, keep);
+        lease.ctx.call(lease.options.request_timeout(), write).await
+    }
+
+    /// Lets go of the lock but leaves it held on the server for `hold` more.
+    /// Nobody can take it until then, even if this process exits: a lock held *at least*
+    /// that long (ShedLock's `lockAtLeastFor`). The grant is neither renewed nor released
+    /// after this; the server ends it `hold` after it applied the request, by its clock
+    /// (see [`Backend::keep`](crate::Backend::keep)). A zero `hold` releases. Of reentrant
+    /// holds, only the last one acts.
+    ///
+    /// # Cancel safety
+    ///
+    /// Renewals stop before the request is sent. Dropped before the answer, the grant ends
+    /// at the end of its last lease or `hold` after the request, whichever the server
+    /// applied.
+    ///
+    /// # Errors
+    ///
+    /// - [`Error::Lost`] if the lease had been lost; [`Error::NotHeld`] if the server had
+    ///   no grant for this owner.
+    /// - [`Error::Unsupported`] where grants live by a session or connection the backend
+    ///   cannot move them off; the lock is released instead.
+    /// - Backend errors: whether the hold was applied is unknown. A grant that expires ends
+    ///   at one of the two ends above; one that lives by a session is released.
+    pub async fn keep_for(mut self, hold: Duration) -> Result<()> {
+        if hold.is_zero() {
+            return self.release().await;
+        }
+        self.released = true;
+        let lease = &self.lease;
+        if !lease.drop_hold() {
+            return match lease.state() {
+                State::Lost(reason) => Err(Error::Lost(reason)),
+                _ => Ok(()),
+            };
+        }
+        if let State::Lost(reason) = lease.finish() {
+            // Released by owner, in case the server still has it.
+            drop(lease.pending_release());
+            return Err(Error::Lost(reason));
+        }
+        let keep = lease.ctx.backend.keep(&lease.request, hold);
+        match lease.ctx.call(lease.options.request_timeout(), keep).await {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(Error::NotHeld),
+            Err(error) => {
+                let unsupported = matches!(error, Error::Unsupported { .. });
+                if unsupported || lease.session.is_some() {
+                    drop(lease.pending_release());
+                }
+                Err(error)
+            }
         }
     }
 }

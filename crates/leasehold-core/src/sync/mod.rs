@@ -18,6 +18,7 @@
 
 mod election;
 mod guard;
+mod job;
 mod multi;
 mod mutex;
 mod owner;
@@ -28,6 +29,7 @@ use std::sync::Arc;
 
 pub use election::{Election, Leader, Leadership, Observer};
 pub use guard::{Guard, MutexGuard, Permit, ReadGuard, WriteGuard};
+pub use job::{Claim, Completion, Job, JobRun, Outcome, Window};
 pub use multi::{MultiGuard, MultiLock, Part};
 pub use mutex::Mutex;
 pub use owner::Owner;

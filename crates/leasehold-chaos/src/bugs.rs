@@ -14,7 +14,9 @@ use leasehold::backend::{
 };
 use leasehold::backend::{Eviction, Mode};
 use leasehold::clock::{Clock, Instant, Sleep, SystemClock};
-use leasehold::{Error, ListCursor, Listing, LockName, LossReason, NamePrefix, OwnerId, Result};
+use leasehold::{
+    Error, ListCursor, Listing, LockName, LossReason, NamePrefix, OwnerId, RecordKey, Result,
+};
 use tokio::task::JoinHandle;
 
 /// A planted bug.
@@ -283,6 +285,26 @@ impl Backend for Planted {
 
     async fn evict(&self, name: &LockName, mode: Mode, eviction: &Eviction) -> Result<bool> {
         self.inner.evict(name, mode, eviction).await
+    }
+
+    async fn put_record(
+        &self,
+        req: &Request,
+        key: &RecordKey,
+        value: &[u8],
+        keep: Duration,
+    ) -> Result<bool> {
+        self.inner
+            .put_record(&self.mapped(req), key, value, keep)
+            .await
+    }
+
+    async fn get_record(&self, name: &LockName, key: &RecordKey) -> Result<Option<Vec<u8>>> {
+        self.inner.get_record(name, key).await
+    }
+
+    async fn keep(&self, req: &Request, hold: Duration) -> Result<bool> {
+        self.inner.keep(&self.mapped(req), hold).await
     }
 
     async fn abandon(&self, req: &Request) -> Result<()> {

@@ -17,7 +17,7 @@ use leasehold::backend::{
     SessionLiveness, WaitHint,
 };
 use leasehold::backend::{Eviction, Mode};
-use leasehold::{ListCursor, Listing, LockName, NamePrefix, Result};
+use leasehold::{ListCursor, Listing, LockName, NamePrefix, RecordKey, Result};
 use serde_json::json;
 use tokio::task::JoinHandle;
 
@@ -265,6 +265,20 @@ impl Backend for Recorder {
 
     async fn evict(&self, name: &LockName, mode: Mode, eviction: &Eviction) -> Result<bool> {
         self.inner.evict(name, mode, eviction).await
+    }
+
+    async fn put_record(
+        &self,
+        req: &Request,
+        key: &RecordKey,
+        value: &[u8],
+        keep: Duration,
+    ) -> Result<bool> {
+        self.inner.put_record(req, key, value, keep).await
+    }
+
+    async fn get_record(&self, name: &LockName, key: &RecordKey) -> Result<Option<Vec<u8>>> {
+        self.inner.get_record(name, key).await
     }
 
     async fn abandon(&self, req: &Request) -> Result<()> {

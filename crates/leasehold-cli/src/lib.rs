@@ -12,7 +12,7 @@ pub mod supervise;
 /// Exit codes of `leasehold`. Stable; documented in `docs/cli.md`.
 ///
 /// A command that ran exits with its own code (128 + signal if it was killed by one), so a
-/// command's own 64, 69, 75 or 80 cannot be told apart from leasehold's; when that matters,
+/// command's own 64, 69, 75, 79 or 80 cannot be told apart from leasehold's; when that matters,
 /// read leasehold's message on stderr.
 pub mod exit {
     use leasehold::Error;
@@ -27,6 +27,9 @@ pub mod exit {
     /// If that happened while the command ran, the command was stopped; before it could
     /// start, it was not started.
     pub const LOST: u8 = 80;
+    /// A scheduled job's window is closed: the job already ran in it.
+    /// (`--once-per`, `--window-id`.) The command was not started.
+    pub const ALREADY_RAN: u8 = 79;
     /// The command exists but could not be started.
     pub const CANNOT_EXECUTE: u8 = 126;
     /// The command was not found.

@@ -2,11 +2,13 @@
 
 use std::ffi::OsString;
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use clap::{Args, Parser, Subcommand};
-use leasehold::{Client, ConnectOptions, DEFAULT_TTL, Error, LockOptions, OwnerId, parse_duration};
-use leasehold_cli::run::{Hold, RunSpec, WaitFor};
+use leasehold::{
+    Client, ConnectOptions, DEFAULT_TTL, Error, LockOptions, OwnerId, Window, parse_duration,
+};
+use leasehold_cli::run::{Hold, JobSpec, RunSpec, WaitFor};
 use leasehold_cli::{exit, inspect};
 use rustix::process::Signal;
 use tokio::signal::unix::{SignalKind, signal};
@@ -138,6 +140,34 @@ struct RunArgs {
     /// renewal is due [default: 10s, or a third of a --ttl under 30s]
     #[arg(long, value_parser = duration)]
     grace: Option<Duration>,
+    /// Run as a scheduled job, at most once per window of PERIOD across every host.
+    /// Windows are aligned on the Unix epoch, UTC (1h: every hour on the hour). A run that
+    /// ends closes its window with a record on the backend, written only while the lock
+    /// is held; exits 79 without running if the job already ran in this window.
+    #[arg(long, value_parser = duration, value_name = "PERIOD")]
+    once_per: Option<Duration>,
+    /// Run as a scheduled job at most once per window named ID (a cron fire's timestamp).
+    /// The window's record is kept for a week, or two --once-per periods if given.
+    #[arg(long, value_name = "ID")]
+    window_id: Option<String>,
+    /// How far apart hosts' clocks may be, for --once-per.
+    /// A clock reading up to this much before a window's start counts for that window
+    /// [default: a tenth of the period, at most 1m]
+    #[arg(long, value_parser = duration, requires = "once_per")]
+    skew: Option<Duration>,
+    /// A scheduled job's window whose run failed stays open, for the next run to retry.
+    #[arg(long)]
+    retry_failed: bool,
+    /// Keep the lock at least this long after the command started.
+    /// Even if the command ends sooner, the lock stays held on the backend, unrenewed,
+    /// after leasehold exits (not on the file backend, ZooKeeper, or PostgreSQL's
+    /// advisory mode).
+    #[arg(long, value_parser = duration)]
+    at_least: Option<Duration>,
+    /// Hold the lock at most this long.
+    /// The command gets SIGTERM --grace before, SIGKILL at it, and the lock is let go.
+    #[arg(long, value_parser = duration)]
+    at_most: Option<Duration>,
     /// The lock's name (ASCII letters, digits, and _ - . : @ + =).
     /// Several names are taken all or none, in one canonical order.
     #[arg(required = true, num_args = 1.., value_name = "NAME")]
@@ -284,6 +314,12 @@ fn main() -> ExitCode {
                     shared: false,
                     permits: None,
                     grace: args.grace,
+                    once_per: None,
+                    window_id: None,
+                    skew: None,
+                    retry_failed: false,
+                    at_least: None,
+                    at_most: None,
                     names: vec![args.name],
                     command: args.command,
                 };
@@ -317,8 +353,44 @@ async fn connect(connection: &Connection) -> Result<Client, Error> {
     leasehold::connect(&url).await
 }
 
+/// The scheduled job `args` ask for, if any: its window is found now, at the fire.
+fn job_spec(args: &RunArgs) -> leasehold::Result<Option<JobSpec>> {
+    let window = match (args.once_per, &args.window_id) {
+        (None, None) if args.retry_failed => {
+            return Err(Error::invalid(
+                "--retry-failed",
+                "it is for scheduled jobs: give --once-per or --window-id",
+            ));
+        }
+        (None, None) => return Ok(None),
+        (period, Some(id)) => {
+            let window = Window::named(id)?;
+            match period {
+                Some(period) => window.keep(period.saturating_mul(2) + Duration::from_secs(60)),
+                None => window,
+            }
+        }
+        (Some(period), None) => {
+            let skew = (args.skew).unwrap_or_else(|| (period / 10).min(Duration::from_secs(60)));
+            Window::aligned(period, skew, SystemTime::now())?
+        }
+    };
+    Ok(Some(JobSpec {
+        window,
+        retry_failed: args.retry_failed,
+        by: leasehold_cli::inspect::operator(),
+    }))
+}
+
 /// `leasehold run`, or with `campaign` `leasehold elect`.
 async fn run(args: RunArgs, campaign: Option<Vec<u8>>) -> u8 {
+    let job = match job_spec(&args) {
+        Ok(job) => job,
+        Err(error) => {
+            eprintln!("leasehold: {error}");
+            return exit::USAGE;
+        }
+    };
     let url = args
         .connection
         .url
@@ -389,6 +461,9 @@ async fn run(args: RunArgs, campaign: Option<Vec<u8>>) -> u8 {
             (false, Some(d)) => WaitFor::UpTo(d),
             (false, None) => WaitFor::Forever,
         },
+        job,
+        at_least: args.at_least,
+        at_most: args.at_most,
         options,
         grace: args
             .grace

@@ -9,8 +9,11 @@ use std::pin::Pin;
 use std::process::ExitStatus;
 use std::time::Duration;
 
-use leasehold::clock::Instant;
-use leasehold::{Capabilities, Client, Error, Guard, LockOptions, LossReason, MultiGuard, Part};
+use leasehold::clock::{Clock, Instant, SystemClock};
+use leasehold::{
+    Capabilities, Claim, Client, Completion, Error, Guard, JobTicket, LockOptions, LossReason,
+    MultiGuard, Outcome, Part, Window,
+};
 use rustix::process::{Pid, Signal, kill_process_group};
 use tokio::net::UnixStream;
 use tokio::process::{Child, Command};
@@ -54,6 +57,14 @@ pub struct RunSpec {
     pub campaign: Option<Vec<u8>>,
     /// How long to wait for it.
     pub wait: WaitFor,
+    /// Run as a scheduled job, at most once per window (`--once-per`, `--window-id`).
+    pub job: Option<JobSpec>,
+    /// `--at-least`: the lock stays held this long after the command started.
+    /// Even if the command ended sooner (see [`Guard::keep_for`]).
+    pub at_least: Option<Duration>,
+    /// `--at-most`: the command is stopped once it has held the lock this long.
+    /// SIGTERM `grace` before, SIGKILL at the limit; the lock is then let go.
+    pub at_most: Option<Duration>,
     /// Lease options (ttl).
     pub options: LockOptions,
     /// How long before the lease's deadline the command gets SIGTERM.
@@ -65,6 +76,17 @@ pub struct RunSpec {
     /// The `leasehold` binary, started as the command's supervisor.
     /// See [`supervise`](crate::supervise).
     pub supervisor: PathBuf,
+}
+
+/// A scheduled job's part of [`RunSpec`]: which window a run counts for, and its rules.
+#[derive(Debug, Clone)]
+pub struct JobSpec {
+    /// The window this run counts for.
+    pub window: Window,
+    /// A window whose run failed stays open (`--retry-failed`).
+    pub retry_failed: bool,
+    /// Who runs it, `user@host`, for the completion record.
+    pub by: String,
 }
 
 impl RunSpec {
@@ -120,7 +142,7 @@ pub fn check_grace(
 /// Acquires as `spec` says and runs the command while the lock is held.
 /// Returns the exit code to leave with (see [`exit`]).
 ///
-/// `client` must keep its deadlines on [`SystemClock`](leasehold::clock::SystemClock) (as
+/// `client` must keep its deadlines on [`SystemClock`] (as
 /// [`leasehold::connect`] does): the command's supervisor compares them with its own
 /// reading of that clock.
 ///
@@ -128,6 +150,12 @@ pub fn check_grace(
 /// (SIGINT, SIGTERM, SIGHUP): while waiting, the attempt is abandoned and cleaned up; while
 /// running, the signal is passed to the command's process group, and after the grace
 /// period (or at the lease's deadline, if that comes first) the group is killed.
+///
+/// As a scheduled job (`spec.job`), the command runs only if its window is open, and a run
+/// that ends by itself — or is stopped at `--at-most` — closes the window with a completion
+/// record written fenced by the lock (a failed run closes it too, unless failures are
+/// retried). With `--at-least`, a command that ended by itself leaves the lock held until
+/// that long after it started.
 ///
 /// # Cancel safety
 ///
@@ -143,7 +171,9 @@ pub async fn run(
         eprintln!("leasehold: no command given");
         return exit::USAGE;
     }
-    if let Err(error) = check_grace(client.capabilities(), &spec.options, spec.grace) {
+    let checked = check_grace(client.capabilities(), &spec.options, spec.grace)
+        .and_then(|()| check_schedule(client.capabilities(), spec));
+    if let Err(error) = checked {
         eprintln!("leasehold: {error}");
         return exit::USAGE;
     }
@@ -156,31 +186,41 @@ pub async fn run(
             return exit::signal(signal);
         }
     };
-    let guard = match acquired {
-        Ok(Some(guard)) => guard,
-        Ok(None) => {
+    let (guard, ticket) = match acquired {
+        Ok(Acquired::Held(guard, ticket)) => (guard, ticket),
+        Ok(Acquired::Busy) if spec.job.is_some() => {
+            eprintln!(
+                "leasehold: {} is running elsewhere (its lock is held)",
+                spec.label()
+            );
+            return exit::NOT_ACQUIRED;
+        }
+        Ok(Acquired::Busy) => {
             eprintln!("leasehold: {} is held by someone else", spec.label());
             return exit::NOT_ACQUIRED;
+        }
+        Ok(Acquired::Done(done)) => {
+            eprintln!(
+                "leasehold: {} already ran in window {}: {}",
+                spec.label(),
+                done.window,
+                describe(&done)
+            );
+            return exit::ALREADY_RAN;
         }
         Err(error) => {
             eprintln!("leasehold: {error}");
             return exit::for_error(&error);
         }
     };
-    hold(client, spec, guard, interrupted).await
+    let ended = command_run(client, spec, &guard, interrupted).await;
+    finish(spec, guard, ticket, ended).await
 }
 
-/// Runs the command while `guard` holds the locks, releases them, and returns the exit code.
+/// Runs the command while `guard` holds the locks, lets go of them, and returns the exit code.
+/// They are released, or kept with `--at-least`.
 /// `guard` was acquired from `client` as `spec` says (a single [`Guard`] converts into
-/// one); the exit code is the one to leave with; `client` and `interrupted` are as for
-/// [`run`]. With several locks, the deadline is the earliest of theirs and the loss of any
-/// is the loss of all.
-///
-/// The command starts only if the lock is still held, with more than the grace left, right
-/// before it starts. From then on its supervisor has the lease's deadline, and every later
-/// one: if the deadline comes within the grace without a renewal, the command gets
-/// SIGTERM, then SIGKILL at the deadline, even while this process is frozen; a loss the
-/// lease signals at the deadline or the server reports kills it at once.
+/// one); the rest is as for [`run`], without a scheduled job's window.
 ///
 /// # Cancel safety
 ///
@@ -189,12 +229,106 @@ pub async fn hold(
     client: &Client,
     spec: &RunSpec,
     guard: MultiGuard,
-    mut interrupted: Pin<&mut (dyn Future<Output = i32> + Send)>,
+    interrupted: Pin<&mut (dyn Future<Output = i32> + Send)>,
 ) -> u8 {
+    let ended = command_run(client, spec, &guard, interrupted).await;
+    finish(spec, guard, None, ended).await
+}
+
+/// Checks the scheduling options of `spec` against each other and the backend.
+///
+/// # Errors
+///
+/// [`Error::InvalidArgument`] for a job that is not one exclusive lock, an `--at-most`
+/// not longer than the grace, and [`Error::Unsupported`] for `--at-least` on a backend
+/// that cannot keep a grant after its holder lets go.
+pub fn check_schedule(capabilities: &Capabilities, spec: &RunSpec) -> leasehold::Result<()> {
+    let single_exclusive =
+        spec.names.len() == 1 && spec.hold == Hold::Exclusive && spec.campaign.is_none();
+    if spec.job.is_some() && !single_exclusive {
+        return Err(Error::invalid(
+            "--once-per",
+            "a scheduled job is one exclusive lock: give one name, without --shared or \
+             --permits",
+        ));
+    }
+    if let Some(at_most) = spec.at_most
+        && at_most <= spec.grace
+    {
+        return Err(Error::invalid(
+            "--at-most",
+            format!(
+                "{at_most:?} is not longer than --grace ({:?}): the command gets SIGTERM \
+                 that long before the limit",
+                spec.grace
+            ),
+        ));
+    }
+    if let (Some(at_least), Some(at_most)) = (spec.at_least, spec.at_most)
+        && at_least > at_most
+    {
+        return Err(Error::invalid(
+            "--at-least",
+            format!("{at_least:?} is longer than --at-most ({at_most:?})"),
+        ));
+    }
+    if spec.at_least.is_some() && !capabilities.can_keep() {
+        return Err(Error::Unsupported {
+            backend: capabilities.backend,
+            feature: "--at-least (keeping a lock after its holder exits)",
+        });
+    }
+    Ok(())
+}
+
+/// What acquiring found.
+enum Acquired {
+    /// Held: run the command (as a job's run, with its ticket).
+    Held(MultiGuard, Option<JobTicket>),
+    /// Held by someone else, and not waited for.
+    Busy,
+    /// The job's window is closed: it ran.
+    Done(Completion),
+}
+
+/// How the command's run ended.
+enum Ended {
+    /// It was not started; leave with this code.
+    NotStarted(u8),
+    /// It ended by itself, or was stopped at `--at-most`, with this code.
+    Exited {
+        /// Its exit code.
+        code: u8,
+        /// When it was started.
+        started: std::time::Instant,
+    },
+    /// It was stopped: the lock was lost or leasehold interrupted; leave with this code.
+    Stopped(u8),
+}
+
+/// Runs the command while `guard` holds the locks, and says how that ended.
+/// `client` and `interrupted` are as for [`run`]. With several locks, the deadline
+/// is the earliest of theirs and the loss of any is the loss of all.
+///
+/// The command starts only if the lock is still held, with more than the grace left, right
+/// before it starts. From then on its supervisor has the lease's deadline, and every later
+/// one (or the `--at-most` limit, if that comes first): if the deadline comes within the
+/// grace without a renewal, the command gets SIGTERM, then SIGKILL at the deadline, even
+/// while this process is frozen; a loss the lease signals at the deadline or the server
+/// reports kills it at once.
+///
+/// # Cancel safety
+///
+/// As for [`run`].
+async fn command_run(
+    client: &Client,
+    spec: &RunSpec,
+    guard: &MultiGuard,
+    mut interrupted: Pin<&mut (dyn Future<Output = i32> + Send)>,
+) -> Ended {
     let Some(program) = spec.command.first() else {
         eprintln!("leasehold: no command given");
-        release(guard).await;
-        return exit::USAGE;
+        return Ended::NotStarted(exit::USAGE);
     };
     // On the file backend the command holds the locks itself, through descriptors it
     // inherits: each is then freed exactly when the command's group is gone.
@@ -205,8 +339,10 @@ pub async fn hold(
     } else {
         Ok(Vec::new())
     };
+    let started_at = std::time::Instant::now();
+    let limit = spec.at_most.map(|d| SystemClock.now().saturating_add(d));
     let started = match inherited {
-        Ok(inherited) => Supervisor::start(spec, &guard, &inherited).await,
+        Ok(inherited) => Supervisor::start(spec, guard, &inherited, limit).await,
         Err(error) => Err(Started::Failed(error)),
     };
     let mut supervisor = match started {
@@ -218,31 +354,28 @@ pub async fn hold(
                 spec.label(),
                 spec.grace
             );
-            release(guard).await;
-            return exit::LOST;
+            return Ended::NotStarted(exit::LOST);
         }
         // The supervisor could not start the command; it said why.
-        Err(Started::Exited(code)) => {
-            release(guard).await;
-            return code;
-        }
+        Err(Started::Exited(code)) => return Ended::NotStarted(code),
         Err(Started::Failed(error)) => {
             eprintln!(
                 "leasehold: cannot run {}: {error}",
                 program.to_string_lossy()
             );
-            release(guard).await;
-            return exit::BACKEND;
+            return Ended::NotStarted(exit::BACKEND);
         }
     };
 
     let mut lost = std::pin::pin!(guard.lost());
-    // The deadline the supervisor knows; every move is passed on.
-    let mut told = supervisor.deadline;
+    // The lease's deadline as last seen, and the one the supervisor knows (capped at the
+    // limit); every move is passed on.
+    let mut seen = supervisor.deadline;
+    let mut told = capped(seen, limit);
     let mut watching = true;
-    // The supervisor is stopping the command for want of a renewal.
-    let mut stopping = false;
-    let code = loop {
+    // The supervisor is stopping the command: for want of a renewal, or at the limit.
+    let mut stopping = None;
+    loop {
         tokio::select! {
             biased;
             (name, reason) = &mut lost => {
@@ -250,40 +383,149 @@ pub async fn hold(
                 // Its grace was before the deadline: nothing is left of it now.
                 supervisor.stop(Signal::KILL, Duration::ZERO).await;
                 if reason == LossReason::Evicted {
-                    tell_eviction(client, &guard, &name).await;
+                    tell_eviction(client, guard, &name).await;
                 }
-                break exit::LOST;
+                return Ended::Stopped(exit::LOST);
             }
             signal = &mut interrupted => {
                 let forwarded = Signal::from_named_raw(signal).unwrap_or(Signal::TERM);
                 supervisor.stop(forwarded, spec.grace).await;
-                break exit::signal(signal);
+                return Ended::Stopped(exit::signal(signal));
             }
             event = supervisor.next() => match event {
                 Event::Stopping => {
-                    stopping = true;
-                    eprintln!(
-                        "leasehold: the lock on {} was not renewed by --grace ({:?}) before \
-                         its deadline; stopping the command (SIGTERM now, SIGKILL at the \
-                         deadline)",
-                        spec.label(),
-                        spec.grace
-                    );
+                    let at_limit = limit.is_some() && told == limit;
+                    stopping = Some(at_limit);
+                    if at_limit {
+                        eprintln!(
+                            "leasehold: {} has held the lock for --at-most ({:?}) less \
+                             --grace; stopping the command (SIGTERM now, SIGKILL at the limit)",
+                            spec.label(),
+                            spec.at_most.unwrap_or_default()
+                        );
+                    } else {
+                        eprintln!(
+                            "leasehold: the lock on {} was not renewed by --grace ({:?}) \
+                             before its deadline; stopping the command (SIGTERM now, SIGKILL \
+                             at the deadline)",
+                            spec.label(),
+                            spec.grace
+                        );
+                    }
                 }
-                Event::Exited(code) => break if stopping { exit::LOST } else { code },
+                Event::Exited(code) => {
+                    return match stopping {
+                        Some(false) => Ended::Stopped(exit::LOST),
+                        Some(true) | None => Ended::Exited { code, started: started_at },
+                    };
+                }
             },
-            moved = guard.deadline_changed(told), if watching && !stopping => match moved {
+            moved = guard.deadline_changed(seen), if watching && stopping.is_none() => match moved {
                 Ok(deadline) => {
-                    told = deadline;
-                    supervisor.channel.send(Frame::Deadline(deadline));
+                    seen = deadline;
+                    let deadline = capped(deadline, limit);
+                    if deadline != told {
+                        told = deadline;
+                        supervisor.channel.send(Frame::Deadline(deadline));
+                    }
                 }
                 // The loss is `lost`'s to report.
                 Err(_) => watching = false,
             },
         }
+    }
+}
+
+/// The earlier of a lease's `deadline` (`None`: it does not expire) and `limit`.
+fn capped(deadline: Option<Instant>, limit: Option<Instant>) -> Option<Instant> {
+    match (deadline, limit) {
+        (Some(d), Some(l)) => Some(d.min(l)),
+        (d, l) => d.or(l),
+    }
+}
+
+/// Lets go of the locks after the run, and returns the exit code to leave with.
+/// A job's run that ended by itself closes its window (fenced by the lock); with
+/// `--at-least`, such a run keeps the locks until that long after the command started.
+async fn finish(spec: &RunSpec, guard: MultiGuard, ticket: Option<JobTicket>, ended: Ended) -> u8 {
+    let (code, started) = match ended {
+        Ended::NotStarted(code) | Ended::Stopped(code) => {
+            release(guard).await;
+            return code;
+        }
+        Ended::Exited { code, started } => (code, started),
     };
-    release(guard).await;
-    code
+    let at_least = spec
+        .at_least
+        .map(|d| d.saturating_sub(started.elapsed()))
+        .unwrap_or_default();
+    let Some(ticket) = ticket else {
+        keep(guard, at_least).await;
+        return code;
+    };
+    let window = ticket.window().id().to_owned();
+    let Some(part) = guard.into_guards().pop() else {
+        return code;
+    };
+    let name = part.name().clone();
+    let outcome = match code {
+        0 => Outcome::Succeeded,
+        code => Outcome::Failed(Some(code.into())),
+    };
+    match ticket.finish(part, outcome, at_least).await {
+        Ok(_) if code == 0 => code,
+        Ok(_) => {
+            let retry = spec.job.as_ref().is_some_and(|j| j.retry_failed);
+            let state = if retry { "stays open" } else { "is closed" };
+            eprintln!("leasehold: {name} failed (exit code {code}); window {window} {state}");
+            code
+        }
+        Err(Error::Lost(reason)) => {
+            eprintln!(
+                "leasehold: the lock on {name} was lost ({reason}) before window {window} could \
+                 be marked done; the window stays open for the next holder"
+            );
+            exit::LOST
+        }
+        Err(Error::Unsupported { .. }) if !at_least.is_zero() => code,
+        Err(error) => {
+            eprintln!("leasehold: marking window {window} of {name} done: {error}");
+            exit::BACKEND
+        }
+    }
+}
+
+/// Keeps each lock for `hold` more (see [`Guard::keep_for`]), or releases them.
+async fn keep(guard: MultiGuard, hold: Duration) {
+    if hold.is_zero() {
+        return release(guard).await;
+    }
+    for guard in guard.into_guards().into_iter().rev() {
+        let name = guard.name().clone();
+        if let Err(error) = guard.keep_for(hold).await {
+            eprintln!("leasehold: warning: keeping {name} for --at-least: {error}");
+        }
+    }
+}
+
+/// A completion, in words: who ran the job, when, and how it went.
+fn describe(done: &Completion) -> String {
+    let ms = |t: std::time::SystemTime| {
+        t.duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_millis()
+    };
+    let outcome = match done.outcome {
+        Outcome::Succeeded => "succeeded".to_owned(),
+        Outcome::Failed(Some(code)) => format!("failed with exit code {code}"),
+        Outcome::Failed(None) => "failed".to_owned(),
+    };
+    format!(
+        "run by {} (token {}), {outcome} after {} ms",
+        if done.by.is_empty() { "?" } else { &done.by },
+        done.token,
+        ms(done.ended).saturating_sub(ms(done.started))
+    )
 }
 
 /// Prints who evicted this process's grant of `name`, and why, if the record says.
@@ -336,7 +578,8 @@ struct Supervisor {
     channel: Channel,
     /// The command's process group.
     group: Pid,
-    /// The lease's deadline the command was started with.
+    /// The lease's deadline when the command was started.
+    /// Its supervisor got it capped at the `--at-most` limit.
     deadline: Option<Instant>,
 }
 
@@ -348,6 +591,7 @@ impl Supervisor {
         spec: &RunSpec,
         guard: &MultiGuard,
         inherited: &[OwnedFd],
+        limit: Option<Instant>,
     ) -> Result<Self, Started> {
         let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
         // Without close-on-exec, so that the supervisor (and the command) inherit them; no
@@ -386,6 +630,9 @@ impl Supervisor {
                 "LEASEHOLD_OWNER",
                 each_name(spec, guard, |g| g.owner().to_string()),
             );
+        if let Some(job) = &spec.job {
+            command.env("LEASEHOLD_WINDOW", job.window.id());
+        }
         let mut process = command.spawn()?;
         drop((theirs, lock));
         ours.set_nonblocking(true)?;
@@ -398,7 +645,7 @@ impl Supervisor {
             process.wait().await?;
             return Err(Started::Lost);
         };
-        channel.send(Frame::Start(deadline));
+        channel.send(Frame::Start(capped(deadline, limit)));
         loop {
             match channel.next().await {
                 Some(Frame::Started(group)) => {
@@ -490,7 +737,33 @@ fn millis(duration: Duration) -> String {
     format!("{}ms", duration.as_millis())
 }
 
-async fn acquire(client: &Client, spec: &RunSpec) -> leasehold::Result<Option<MultiGuard>> {
+async fn acquire(client: &Client, spec: &RunSpec) -> leasehold::Result<Acquired> {
+    if let (Some(job), [name]) = (&spec.job, &spec.names[..]) {
+        let window = &job.window;
+        let job = (client.job(name)?)
+            .with_options(options(client, spec)?)
+            .retry_failed(job.retry_failed)
+            .run_by(job.by.clone());
+        let claim = match spec.wait {
+            WaitFor::Forever => job.claim(window).await?,
+            WaitFor::No => job.try_claim(window).await?,
+            WaitFor::UpTo(d) => job.claim_timeout(window, d).await?,
+        };
+        return Ok(match claim {
+            Claim::Run(run) => {
+                let (guard, ticket) = run.into_parts();
+                Acquired::Held(MultiGuard::from(guard), Some(ticket))
+            }
+            Claim::Done(done) => Acquired::Done(done),
+            Claim::Busy => Acquired::Busy,
+        });
+    }
+    let held = acquire_locks(client, spec).await?;
+    Ok(held.map_or(Acquired::Busy, |guard| Acquired::Held(guard, None)))
+}
+
+/// Acquires the locks of `spec` (or campaigns in its election); `None` if not acquired.
+async fn acquire_locks(client: &Client, spec: &RunSpec) -> leasehold::Result<Option<MultiGuard>> {
     if let (Some(value), [name]) = (&spec.campaign, &spec.names[..]) {
         let election = client.election(name)?.with_options(options(client, spec)?);
         let leadership = match spec.wait {

@@ -577,3 +577,17 @@ async fn sigint_while_waiting_exits_130_without_running_the_command() {
     kill_process(command, Signal::KILL).unwrap();
     holder.kill().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_hosts_with_skewed_clocks_run_a_job_once_per_window() {
+    let d = Dir::new();
+    common::ten_hosts_run_a_job_once_per_window(&d.url(), 100).await;
+}
+
+#[tokio::test]
+async fn failed_jobs_close_their_window_unless_retried() {
+    let d = Dir::new();
+    common::failed_jobs_close_their_window_unless_retried(&d.url()).await;
+    // The kernel's locks end with their holder: none outlives it.
+    common::at_least_holds_the_lock_after_the_command(&d.url(), false).await;
+}

@@ -175,3 +175,28 @@ async fn elect_hands_on_leadership_and_observers_see_each_leader() {
     let etcd = Etcd::start().await.unwrap();
     common::elect_hands_on_leadership_and_observers_see_each_leader(&etcd.url()).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_hosts_with_skewed_clocks_run_a_job_once_per_window() {
+    let etcd = Etcd::start().await.unwrap();
+    common::ten_hosts_run_a_job_once_per_window(&etcd.url(), 20).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_jobs_window_goes_to_the_next_host() {
+    let etcd = Etcd::start().await.unwrap();
+    let url = format!("{}?session_ttl=2s", etcd.url());
+    common::a_frozen_jobs_window_goes_to_the_next_host(&url).await;
+}
+
+#[tokio::test]
+async fn failed_jobs_close_their_window_unless_retried() {
+    let etcd = Etcd::start().await.unwrap();
+    common::failed_jobs_close_their_window_unless_retried(&etcd.url()).await;
+}
+
+#[tokio::test]
+async fn at_least_holds_the_lock_after_the_command() {
+    let etcd = Etcd::start().await.unwrap();
+    common::at_least_holds_the_lock_after_the_command(&etcd.url(), true).await;
+}

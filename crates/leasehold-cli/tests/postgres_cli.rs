@@ -81,3 +81,35 @@ async fn a_forced_release_stops_the_holders_command_and_is_recorded() {
     let server = Postgres::start().await.unwrap();
     common::a_forced_release_stops_the_holders_command_and_is_recorded(&server.url()).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_hosts_with_skewed_clocks_run_a_job_once_per_window() {
+    let server = Postgres::start().await.unwrap();
+    common::ten_hosts_run_a_job_once_per_window(&server.url(), 100).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_jobs_window_goes_to_the_next_host_in_both_modes() {
+    let server = Postgres::start().await.unwrap();
+    common::a_frozen_jobs_window_goes_to_the_next_host(&server.url()).await;
+    // Its own schema: the windows are the same, and records are kept per schema.
+    let advisory = format!("{}?mode=advisory&schema=frozen", server.url());
+    common::a_frozen_jobs_window_goes_to_the_next_host(&advisory).await;
+}
+
+#[tokio::test]
+async fn failed_jobs_close_their_window_unless_retried_in_both_modes() {
+    let server = Postgres::start().await.unwrap();
+    common::failed_jobs_close_their_window_unless_retried(&server.url()).await;
+    // Its own schema: the windows are the same, and records are kept per schema.
+    let advisory = format!("{}?mode=advisory&schema=failing", server.url());
+    common::failed_jobs_close_their_window_unless_retried(&advisory).await;
+}
+
+#[tokio::test]
+async fn at_least_holds_the_lock_after_the_command_in_lease_mode_only() {
+    let server = Postgres::start().await.unwrap();
+    common::at_least_holds_the_lock_after_the_command(&server.url(), true).await;
+    let advisory = format!("{}?mode=advisory", server.url());
+    common::at_least_holds_the_lock_after_the_command(&advisory, false).await;
+}

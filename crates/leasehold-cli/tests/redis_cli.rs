@@ -30,3 +30,27 @@ async fn a_forced_release_stops_the_holders_command_and_is_recorded() {
     let server = Redis::start().await.unwrap();
     common::a_forced_release_stops_the_holders_command_and_is_recorded(&server.url()).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_hosts_with_skewed_clocks_run_a_job_once_per_window() {
+    let server = Redis::start().await.unwrap();
+    common::ten_hosts_run_a_job_once_per_window(&server.url(), 100).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_jobs_window_goes_to_the_next_host() {
+    let server = Redis::start().await.unwrap();
+    common::a_frozen_jobs_window_goes_to_the_next_host(&server.url()).await;
+}
+
+#[tokio::test]
+async fn failed_jobs_close_their_window_unless_retried() {
+    let server = Redis::start().await.unwrap();
+    common::failed_jobs_close_their_window_unless_retried(&server.url()).await;
+}
+
+#[tokio::test]
+async fn at_least_holds_the_lock_after_the_command() {
+    let server = Redis::start().await.unwrap();
+    common::at_least_holds_the_lock_after_the_command(&server.url(), true).await;
+}

@@ -22,6 +22,9 @@ fn spec(command: &[&str]) -> RunSpec {
         hold: Hold::Exclusive,
         campaign: None,
         wait: WaitFor::Forever,
+        job: None,
+        at_least: None,
+        at_most: None,
         options: LockOptions::builder()
             .ttl(Duration::from_millis(600))
             .build()

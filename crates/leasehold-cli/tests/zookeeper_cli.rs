@@ -54,3 +54,26 @@ async fn elect_hands_on_leadership_and_observers_see_each_leader() {
     let url = format!("zk://{}", zookeeper.connect_string());
     common::elect_hands_on_leadership_and_observers_see_each_leader(&url).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_hosts_with_skewed_clocks_run_a_job_once_per_window() {
+    let zookeeper = ZooKeeper::start().await.unwrap();
+    let url = format!("zk://{}", zookeeper.connect_string());
+    common::ten_hosts_run_a_job_once_per_window(&url, 20).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_jobs_window_goes_to_the_next_host() {
+    let zookeeper = ZooKeeper::start().await.unwrap();
+    let url = format!("zk://{}?session_timeout=2s", zookeeper.connect_string());
+    common::a_frozen_jobs_window_goes_to_the_next_host(&url).await;
+}
+
+#[tokio::test]
+async fn failed_jobs_close_their_window_unless_retried() {
+    let zookeeper = ZooKeeper::start().await.unwrap();
+    let url = format!("zk://{}", zookeeper.connect_string());
+    common::failed_jobs_close_their_window_unless_retried(&url).await;
+    // ZooKeeper's grants are ephemeral nodes of the session: none outlives its holder.
+    common::at_least_holds_the_lock_after_the_command(&url, false).await;
+}

@@ -634,6 +634,9 @@ pub struct Capabilities {
     /// `ttl` without a keep-alive, and that is every grant's lease length whatever a lock's
     /// options ask (a hold cap cannot stop one grant's renewal).
     pub session_ttl: Option<Duration>,
+    /// Grants that live by a session can be moved off it to be kept.
+    /// Kept after their holder lets go ([`Backend::keep`]). See [`can_keep`](Capabilities::can_keep).
+    pub keeps_session_grants: bool,
 }
 
 impl Capabilities {
@@ -650,6 +653,7 @@ impl Capabilities {
             permits: false,
             lock_delay: false,
             session_ttl: None,
+            keeps_session_grants: false,
         }
     }
 
@@ -657,6 +661,13 @@ impl Capabilities {
     /// See [`session_ttl`](Capabilities::session_ttl).
     pub fn has_sessions(&self) -> bool {
         self.session_ttl.is_some()
+    }
+
+    /// Whether a grant can be kept after its holder lets go ([`Backend::keep`]).
+    /// Leases renewed one by one can (a last renewal sets their end); grants that live by
+    /// a session only where the backend moves them off it; grants that never expire cannot.
+    pub fn can_keep(&self) -> bool {
+        self.expiring_leases && (!self.has_sessions() || self.keeps_session_grants)
     }
 }
 
@@ -764,7 +775,7 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// session or a connection must move the grant off it, or say it cannot.
     async fn keep(&self, req: &Request, hold: Duration) -> Result<bool> {
         let caps = self.capabilities();
-        if !caps.expiring_leases || caps.has_sessions() {
+        if !caps.can_keep() || caps.has_sessions() {
             return Err(Error::Unsupported {
                 backend: caps.backend,
                 feature: "holding a lock after its holder lets go (--at-least)",

@@ -71,8 +71,8 @@ impl Client {
         Ok(Mutex::new(self.ctx.clone(), LockName::new(name)?))
     }
 
-    /// A scheduled job that runs at most once per [`Window`](crate::Window) across every
-    /// host (see [`Job`]), on the exclusive lock `name`.
+    /// A scheduled job that runs at most once per [`Window`](crate::Window).
+    /// Across every host (see [`Job`]), on the exclusive lock `name`.
     ///
     /// # Errors
     ///

@@ -55,7 +55,7 @@ pub use options::{
     ConnectOptions, DEFAULT_TTL, LockOptions, LockOptionsBuilder, MAX_DURATION, parse_duration,
 };
 pub use sync::{
-    Claim, Completion, Election, Guard, Job, JobRun, Leader, Leadership, MultiGuard, MultiLock,
-    Mutex, MutexGuard, Observer, Outcome, Owner, Part, Permit, ReadGuard, RwLock, Semaphore,
-    Window, WriteGuard,
+    Claim, Completion, Election, Guard, Job, JobRun, JobTicket, Leader, Leadership, MultiGuard,
+    MultiLock, Mutex, MutexGuard, Observer, Outcome, Owner, Part, Permit, ReadGuard, RwLock,
+    Semaphore, Window, WriteGuard,
 };

@@ -1,5 +1,5 @@
-//! The [`Backend`] implementation: acquire, renew, release, wait, inspect, list and abandon.
-//! Each is sent as etcd requests, and this module says what their answers mean.
+//! The [`Backend`] implementation: etcd requests, and what their answers mean.
+//! Acquire, renew, release, wait, inspect, list, records, keep and abandon.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::num::NonZeroU32;
@@ -11,8 +11,9 @@ use leasehold_core::backend::{
     Acquire, Backend, Capabilities, Expiry, Grant, Holder, ListCursor, Listing, LockState, Mode,
     Release, Renewal, Request, SessionLiveness, TokenDurability, WaitHint, Waiter,
 };
+use leasehold_core::clock::{Clock, SystemClock};
 use leasehold_core::support::queue::{blocker, holding};
-use leasehold_core::{Error, LockName, LossReason, NamePrefix, OwnerId, Result};
+use leasehold_core::{Error, LockName, LossReason, NamePrefix, OwnerId, RecordKey, Result};
 
 use crate::connection::EtcdBackend;
 use crate::error::map_error;
@@ -22,7 +23,7 @@ use crate::requests::{self, AcquireShape, Fence};
 use crate::rpc::{
     FilterType, OpAnswer, RangeRequest, RangeResponse, ResponseOp, WatchCreateRequest,
 };
-use crate::session::Session;
+use crate::session::{Session, grant_unkept};
 
 /// What a busy request hands to `wait`: what to watch, and what it looked like when read.
 #[derive(Debug)]
@@ -81,6 +82,9 @@ const NAMES_PER_READ: usize = 64;
 /// The queues of one name, oldest first: the lock set's, then the permit set's.
 type Queues = [Vec<Entry>; 2];
 
+/// How long after a read found a kept key still there its slot is looked at again.
+const KEPT_RECHECK: Duration = Duration::from_secs(1);
+
 impl EtcdBackend {
     /// Whether what `hint` watches may have changed from its read to a watch at `now`.
     /// The watch, created at revision `now`, is in place: a single key is looked up (gone
@@ -125,6 +129,7 @@ impl EtcdBackend {
     /// One acquire request (see [`requests::acquire`] for its shapes and answers).
     async fn acquire_once(&self, req: &Request) -> Result<Step> {
         let session = self.session().await?;
+        self.check_kept(&session).await;
         let set = self.set(&req.name, req.mode);
         let placed = self.registry().place(&req.owner, &set, session.id);
         if placed.lease != session.id {
@@ -217,6 +222,46 @@ impl EtcdBackend {
                 self.registry().forget_if_unseen(&req.owner);
                 Ok(Step::Again)
             }
+        }
+    }
+
+    /// Frees the slots of this session's kept keys that are gone (see [`Registry::keep`]).
+    /// A slot is due once its key's lease should have run out; each due key is read, and
+    /// its slot freed if it is gone, else looked at again [`KEPT_RECHECK`] later. A read
+    /// that fails leaves the slot taken, due at the next acquisition.
+    ///
+    /// [`Registry::keep`]: crate::registry::Registry::keep
+    async fn check_kept(&self, session: &Session) {
+        let due = self.registry().kept_due(session.id, SystemClock.now());
+        for kept in due {
+            let read = RangeRequest {
+                keys_only: true,
+                ..requests::get(kept.key())
+            };
+            match self.rpc().range(read).await {
+                Ok(found) if found.kvs.is_empty() => self.registry().kept_gone(&kept),
+                Ok(_) => {
+                    let later = SystemClock.now().saturating_add(KEPT_RECHECK);
+                    self.registry().kept_until(&kept, later);
+                }
+                Err(e) => tracing::debug!(key = kept.key(), "etcd: reading a kept key: {e}"),
+            }
+        }
+    }
+
+    /// The owner's key and the create revision it was granted with, if `req` holds.
+    /// `None` if this client has no grant of `req`: no key, not granted yet, or a key in
+    /// another name's or mode's queue.
+    fn granted_key(&self, req: &Request) -> Option<(Placed, i64)> {
+        let placed = self.registry().get(&req.owner)?;
+        let revision = placed.revision.filter(|_| placed.granted)?;
+        (placed.set == self.set(&req.name, req.mode)).then_some((placed, revision))
+    }
+
+    /// Revokes `lease`, which no key needs, best-effort: it runs out by itself otherwise.
+    async fn drop_lease(&self, lease: i64) {
+        if let Err(e) = self.rpc().lease_revoke(lease).await {
+            tracing::debug!(lease, "etcd: revoking an unused lease: {e}");
         }
     }
 
@@ -323,7 +368,7 @@ impl EtcdBackend {
         req: &Request,
         revision: i64,
     ) -> Result<Step> {
-        self.registry().record(&req.owner, revision);
+        self.registry().grant(&req.owner, revision);
         let token = token(revision)?;
         if let Some(delay) = req.lock_delay {
             self.put_marker(session, placed, &req.owner, revision, delay)
@@ -528,6 +573,8 @@ impl Backend for EtcdBackend {
         caps.session_ttl = Some(self.inner.options.granted_ttl());
         // Markers bound to a lease that outlives the session's by the delay.
         caps.lock_delay = true;
+        // `keep` moves a grant off the session onto a lease of its own.
+        caps.keeps_session_grants = true;
         caps
     }
 
@@ -750,6 +797,123 @@ impl Backend for EtcdBackend {
         self.current_session()
             .await
             .map(|session| session.liveness())
+    }
+
+    /// Writes a record beside `req.name` while `req`'s grant holds, in one transaction.
+    ///
+    /// The record, `#records/<name>/<key>` (see `layout.rs`), is bound to a lease of its
+    /// own of `keep` (whole seconds, rounded up), granted first: etcd deletes it when that
+    /// runs out. The transaction compares the grant's key — its create revision, which
+    /// only the grant's key has — and puts the record; a replaced record's old lease runs
+    /// out with nothing on it. `Ok(false)` (and the new lease revoked) if the key is gone,
+    /// or this client holds no such grant.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped before the answer, the record may be written or not; a lease granted for
+    /// it and not used runs out after `keep`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for a `keep` over etcd's longest lease (about 285 years);
+    /// backend errors, after which the record may be written or not.
+    async fn put_record(
+        &self,
+        req: &Request,
+        key: &RecordKey,
+        value: &[u8],
+        keep: Duration,
+    ) -> Result<bool> {
+        let Some((placed, revision)) = self.granted_key(req) else {
+            return Ok(false);
+        };
+        let (lease, _) = grant_unkept(self.rpc(), keep, "record keep", "lease of a record").await?;
+        let record = self.inner.layout.record(&req.name, key);
+        let txn = requests::put_record(&placed, revision, record, value.to_vec(), lease);
+        let answer = self
+            .rpc()
+            .txn(txn)
+            .await
+            .map_err(|e| map_error(e, "writing a record"))?;
+        if !answer.succeeded {
+            self.drop_lease(lease).await;
+        }
+        Ok(answer.succeeded)
+    }
+
+    /// The record under `key` beside `name`: a linearizable read.
+    /// etcd answers it only once the member has applied everything committed before it,
+    /// so a record written before a release is seen by every grant after that release.
+    ///
+    /// # Cancel safety
+    ///
+    /// Read-only.
+    ///
+    /// # Errors
+    ///
+    /// Backend errors.
+    async fn get_record(&self, name: &LockName, key: &RecordKey) -> Result<Option<Vec<u8>>> {
+        // `serializable: false` (the default): linearizable, not the member's local copy.
+        let read = requests::get(self.inner.layout.record(name, key));
+        let found = self
+            .rpc()
+            .range(read)
+            .await
+            .map_err(|e| map_error(e, "reading a record"))?;
+        Ok(found.kvs.into_iter().next().map(|kv| kv.value))
+    }
+
+    /// Moves `req`'s grant off the session onto a lease of `hold` that nobody keeps alive.
+    ///
+    /// A lease of `hold` (whole seconds, rounded up; counted from its grant, one round
+    /// trip before the move) is granted, then one transaction compares the grant's key's
+    /// create revision and puts the key again bound to it, value unchanged (and deletes its
+    /// lock-delay marker, if any: the grant ends as planned). The put keeps the key's
+    /// create revision, so its place in the queue and its token stand, and waiters, which
+    /// watch deletions only, sleep on; etcd deletes the key when the new lease runs out —
+    /// whether or not this process still runs, and not when the session ends or is
+    /// revoked — and the first waiter wakes. `Ok(false)` (and the new lease revoked) if the
+    /// key is gone or this client holds no such grant.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped before the answer, the key is moved or not; a lease granted and not used
+    /// runs out after `hold`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for a `hold` over etcd's longest lease; backend errors,
+    /// after which the key may be moved or not (its release deletes it either way).
+    async fn keep(&self, req: &Request, hold: Duration) -> Result<bool> {
+        let Some((placed, revision)) = self.granted_key(req) else {
+            return Ok(false);
+        };
+        let (lease, until) =
+            grant_unkept(self.rpc(), hold, "hold", "lease of a kept grant").await?;
+        let marker = req.lock_delay.is_some();
+        let answer = self
+            .rpc()
+            .txn(requests::keep(&placed, revision, lease, marker))
+            .await;
+        match answer {
+            Ok(answer) if answer.succeeded => {
+                // The key outlives the acquisition: its slot stays taken until it is gone.
+                self.registry().keep(&req.owner, until);
+                Ok(true)
+            }
+            Ok(_) => {
+                // The key is gone: the session's lease ran out, or it was deleted.
+                self.registry().forget(&req.owner);
+                self.drop_lease(lease).await;
+                Ok(false)
+            }
+            Err(e) => {
+                // Moved or not: revoking the lease deletes the key if it was, as the
+                // release that follows does if it was not.
+                self.drop_lease(lease).await;
+                Err(map_error(e, "keeping a grant"))
+            }
+        }
     }
 
     /// Ends the session that holds the owner's key, if that key may be on the server.

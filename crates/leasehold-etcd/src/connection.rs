@@ -177,7 +177,9 @@ impl EtcdBackend {
     }
 
     /// Ends this client's session and revokes its lease, freeing all its locks at once.
-    /// Its guards are lost. A later acquisition starts a new session.
+    /// Its guards are lost. A later acquisition starts a new session. Grants kept after
+    /// their holder let go ([`Guard::keep_for`]) live on a lease of their own, and stay
+    /// until it runs out.
     ///
     /// # Cancel safety
     ///

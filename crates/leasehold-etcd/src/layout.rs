@@ -10,13 +10,15 @@
 //! | `N#permits/<lease>.<slot>` | a semaphore permit holder or waiter |
 //! | `N#permits#delay/<lease>.<slot>` | a permit's lock-delay marker |
 //! | `#sessions/<lease>` | a session's fence (see [`Layout::anchor`]) |
+//! | `#records/N/<key>` | a record beside `N` (see [`Layout::record`]) |
 //!
 //! `<lease>` is the session's lease id in hex, `<slot>` a number the session reuses once
 //! the key is gone. Names cannot contain `#` or `/`, so no name's keys fall into another
-//! name's directories, and no contender directory holds a marker, a permit or a fence.
+//! name's directories, and no contender directory holds a marker, a permit, a fence or a
+//! record.
 
 use leasehold_core::backend::Mode;
-use leasehold_core::{LockName, NamePrefix};
+use leasehold_core::{LockName, NamePrefix, RecordKey};
 
 use crate::requests::prefix_end;
 
@@ -149,6 +151,17 @@ impl Layout {
     pub(crate) fn anchor(&self, lease: i64) -> String {
         format!("{}#sessions/{lease:x}", self.root)
     }
+
+    /// The key of the record `key` beside `name`.
+    ///
+    /// Records live apart from every name's keys, under `#records/`: no queue read, no
+    /// inspection and no watch of a name reads them, and a listing of every name, which
+    /// reads every key under the root, finds no contender directory in them (see
+    /// [`contender`](Layout::contender)). Neither names nor record keys contain `/`, so
+    /// `N/<key>` names one record of one name.
+    pub(crate) fn record(&self, name: &LockName, key: &RecordKey) -> String {
+        format!("{}#records/{name}/{key}", self.root)
+    }
 }
 
 /// The two directories of one set of a name: contenders and their lock-delay markers.
@@ -187,6 +200,8 @@ mod tests {
         let limit = std::num::NonZeroU32::MIN;
         assert_eq!(plain.set(&name, Mode::Permit { limit }).dir, "job#permits/");
         assert_eq!(plain.anchor(0x2a), "#sessions/2a");
+        let key = RecordKey::new("window:1").unwrap();
+        assert_eq!(plain.record(&name, &key), "#records/job/window:1");
         let prefixed = Layout::new("/locks");
         assert_eq!(prefixed.set(&name, Mode::Exclusive).dir, "/locks/job/");
         assert_eq!(prefixed.all_of(&name), ["/locks/job/", "/locks/job#"]);
@@ -227,6 +242,7 @@ mod tests {
             &b"L/a#delay/2a.0"[..],
             b"L/a#permits#delay/2a.0",
             b"L/#sessions/2a",
+            b"L/#records/a/window:1",
             b"M/a/2a.0",
             b"L/.a/2a.0",
             b"L/a",
@@ -240,6 +256,7 @@ mod tests {
         );
         assert_eq!(layout.cut_at(b"L/a#permits/2a.0\0"), [name("a")]);
         assert!(layout.cut_at(b"L/a").is_empty());
+        assert!(layout.cut_at(b"L/#records/a/k\0").is_empty());
         assert!(layout.cut_at(b"M/a/2a.0").is_empty());
         for key in [&b"L/a.b-c/2a.0"[..], b"L/a#permits/1.0"] {
             for cut in layout.cut_at(key) {

@@ -7,10 +7,10 @@
 //! - `rpc/mod.rs`: etcd's gRPC API: one handle that signs requests, transaction builders;
 //! - `rpc/etcdserverpb.rs`: its messages and clients, generated from `proto/etcd.proto`;
 //! - `connection.rs`: the backend value, connecting, the session in use;
-//! - `session.rs`: one session lease, its keep-alives, liveness, fence and lock-delay leases;
+//! - `session.rs`: the session lease, its keep-alives, liveness, fence; lock-delay, unkept leases;
 //! - `layout.rs`: where entries (keys) live and how they are named;
-//! - `registry.rs`: the entries this client has placed, by owner;
-//! - `requests.rs`: the transactions: acquire, remove, put a marker, read;
+//! - `registry.rs`: the entries this client has placed, by owner, and the slots of kept keys;
+//! - `requests.rs`: the transactions: acquire, remove, put a marker, put a record, keep, read;
 //! - `reply.rs`: what keys say: values, the queue a read returns, tokens;
 //! - `error.rs`: etcd errors as leasehold errors;
 //! - `backend.rs`: the [`Backend`](leasehold_core::Backend) implementation.
@@ -60,6 +60,14 @@
 //! - **Lock-delay**: a grant with a lock-delay also puts a marker bound to a lease that
 //!   outlives the session's by the delay; a marker whose holder's key is gone closes the
 //!   queue until it expires; release deletes it with the key.
+//! - **Records beside a lock** live under `#records/<name>/<key>`, apart from every
+//!   name's keys, each bound to a lease of its own of the time it is kept. One transaction
+//!   compares the writer's key (its create revision) and puts the record; a read is
+//!   linearizable.
+//! - **A kept grant** (`keep`) moves its key off the session onto a lease of its own, of
+//!   the time it is held, in one transaction that compares the key; the put keeps its
+//!   create revision (its place, its token). etcd deletes it when that lease runs out,
+//!   whatever becomes of the session; until a read shows it gone, its slot is not reused.
 //!
 //! URL: `etcd://[user:password@]host:port[,host:port...][?prefix=P&session_ttl=D&drift_margin=D&connect_timeout=D]`;
 //! `etcds://…[&tls_ca=PATH&tls_cert=PATH&tls_key=PATH]` for TLS (each member's

@@ -1,11 +1,13 @@
 //! The registry: by owner, the key each acquisition has placed or is placing.
 //! A release needs it to remove exactly its own key. An entry lives from the acquisition's
 //! first request to the answer of its release (or the end of its session, for an abandoned
-//! one), so the registry holds the client's current acquisitions and nothing else.
+//! one), so the registry holds the client's current acquisitions and nothing else — and
+//! the slots of kept keys (see [`Registry::keep`]) until a read shows them gone.
 
 use std::collections::{BTreeSet, HashMap};
 
 use leasehold_core::OwnerId;
+use leasehold_core::clock::Instant;
 
 use crate::layout::Set;
 
@@ -15,6 +17,24 @@ pub(crate) struct Registry {
     by_owner: HashMap<OwnerId, Placed>,
     /// Slots taken, per session lease and queue directory.
     taken: HashMap<(i64, String), BTreeSet<u32>>,
+    /// Keys kept past their acquisition, whose slots stay taken while they may exist.
+    kept: Vec<Kept>,
+}
+
+/// A key kept past its acquisition (see [`Registry::keep`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Kept {
+    lease: i64,
+    dir: String,
+    slot: u32,
+    /// When its lease should have run out: from then on, a read may free the slot.
+    pub(crate) until: Instant,
+}
+
+impl Kept {
+    pub(crate) fn key(&self) -> String {
+        format!("{}{:x}.{}", self.dir, self.lease, self.slot)
+    }
 }
 
 /// One owner's key.
@@ -25,6 +45,8 @@ pub(crate) struct Placed {
     pub(crate) lease: i64,
     /// Its create revision, once an answer showed it (unknown after a lost reply).
     pub(crate) revision: Option<i64>,
+    /// Granted: the key held when last read (a holder holds until its key is gone).
+    pub(crate) granted: bool,
     /// Puts of this key sent and not (yet) answered.
     /// While any is, one may still land, and removing the key must bump the session's fence
     /// (see [`Layout::anchor`](crate::layout::Layout::anchor)).
@@ -65,6 +87,7 @@ impl Registry {
             slot,
             lease,
             revision: None,
+            granted: false,
             unanswered_puts: 0,
         };
         self.by_owner.insert(owner.clone(), placed.clone());
@@ -91,20 +114,84 @@ impl Registry {
         }
     }
 
+    /// The owner's key, created at `revision`, holds.
+    pub(crate) fn grant(&mut self, owner: &OwnerId, revision: i64) {
+        if let Some(placed) = self.by_owner.get_mut(owner) {
+            placed.revision = Some(revision);
+            placed.granted = true;
+        }
+    }
+
     /// Forgets the owner's key; its slot is free again.
     /// That is safe whatever is still in flight: a late delete compares the key's create
     /// revision (a new key in the slot has another), and a late put the session's fence
     /// (bumped when it was given up).
     pub(crate) fn forget(&mut self, owner: &OwnerId) -> Option<Placed> {
         let placed = self.by_owner.remove(owner)?;
-        let at = (placed.lease, placed.set.dir.clone());
+        self.free(placed.lease, &placed.set.dir, placed.slot);
+        Some(placed)
+    }
+
+    /// The slot `slot` of `dir` under `lease` is free again.
+    fn free(&mut self, lease: i64, dir: &str, slot: u32) {
+        let at = (lease, dir.to_owned());
         if let Some(taken) = self.taken.get_mut(&at) {
-            taken.remove(&placed.slot);
+            taken.remove(&slot);
             if taken.is_empty() {
                 self.taken.remove(&at);
             }
         }
-        Some(placed)
+    }
+
+    /// Forgets the owner's acquisition, whose key now outlives it on a lease of its own.
+    /// That lease should run out at `until`.
+    /// The slot stays taken until [`kept_gone`](Registry::kept_gone): putting a new key of
+    /// this session in it would overwrite the kept one, and grant it at once. etcd may keep
+    /// the lease past `until` (a new leader renews every lease), so only a read that finds
+    /// the key gone frees the slot.
+    pub(crate) fn keep(&mut self, owner: &OwnerId, until: Instant) {
+        if let Some(placed) = self.by_owner.remove(owner) {
+            self.kept.push(Kept {
+                lease: placed.lease,
+                dir: placed.set.dir,
+                slot: placed.slot,
+                until,
+            });
+        }
+    }
+
+    /// The kept keys of the session with lease `lease` that should be gone at `now`.
+    /// Those of other sessions are forgotten, their slots freed: no key is placed under
+    /// another lease than the current session's.
+    pub(crate) fn kept_due(&mut self, lease: i64, now: Instant) -> Vec<Kept> {
+        let (others, ours): (Vec<Kept>, Vec<Kept>) = std::mem::take(&mut self.kept)
+            .into_iter()
+            .partition(|k| k.lease != lease);
+        self.kept = ours;
+        for kept in others {
+            self.free(kept.lease, &kept.dir, kept.slot);
+        }
+        self.kept
+            .iter()
+            .filter(|k| k.until <= now)
+            .cloned()
+            .collect()
+    }
+
+    /// The kept key `kept` was read and is gone: its slot is free.
+    pub(crate) fn kept_gone(&mut self, kept: &Kept) {
+        let before = self.kept.len();
+        self.kept.retain(|k| k != kept);
+        if self.kept.len() < before {
+            self.free(kept.lease, &kept.dir, kept.slot);
+        }
+    }
+
+    /// The kept key `kept` was read and is still there: look again from `until`.
+    pub(crate) fn kept_until(&mut self, kept: &Kept, until: Instant) {
+        if let Some(k) = self.kept.iter_mut().find(|k| *k == kept) {
+            k.until = until;
+        }
     }
 
     /// Forgets the owner's key if nothing of it can be on the server.
@@ -123,7 +210,7 @@ impl Registry {
     #[cfg(test)]
     fn size(&self) -> (usize, usize) {
         (
-            self.by_owner.len(),
+            self.by_owner.len() + self.kept.len(),
             self.taken.values().map(BTreeSet::len).sum(),
         )
     }
@@ -157,6 +244,36 @@ mod tests {
         for owner in [&a, &b, &c, &d] {
             registry.forget(owner);
         }
+        assert_eq!(registry.size(), (0, 0));
+    }
+
+    #[test]
+    fn a_kept_keys_slot_is_reused_only_once_it_is_seen_gone() {
+        let mut registry = Registry::default();
+        let [a, b, c] = ["a", "b", "c"].map(|o| OwnerId::parse(o).unwrap());
+        let lock = set("n/");
+        let at = |s| Instant::from_origin(std::time::Duration::from_secs(s));
+        assert_eq!(registry.place(&a, &lock, 7).slot, 0);
+        registry.keep(&a, at(10));
+        assert!(registry.get(&a).is_none());
+        assert_eq!(registry.place(&b, &lock, 7).slot, 1, "the kept key's slot");
+        assert!(registry.kept_due(7, at(9)).is_empty());
+        let due = registry.kept_due(7, at(10));
+        assert_eq!(due.len(), 1);
+        assert_eq!(due[0].key(), "n/7.0");
+        // Still there at its deadline (a new leader renewed its lease): look again later.
+        registry.kept_until(&due[0], at(11));
+        assert!(registry.kept_due(7, at(10)).is_empty());
+        registry.forget(&b);
+        assert_eq!(registry.place(&c, &lock, 7).slot, 1);
+        let due = registry.kept_due(7, at(11));
+        registry.kept_gone(&due[0]);
+        registry.forget(&c);
+        assert_eq!(registry.size(), (0, 0));
+        // Kept keys of a session that ended are forgotten with it.
+        registry.place(&a, &lock, 7);
+        registry.keep(&a, at(20));
+        assert!(registry.kept_due(8, at(0)).is_empty());
         assert_eq!(registry.size(), (0, 0));
     }
 

@@ -233,6 +233,44 @@ pub(crate) fn put_marker(placed: &Placed, owner: &str, revision: i64, lease: i64
     )
 }
 
+/// Puts the record `value` under `record`, bound to `lease`, while `placed`'s grant holds.
+/// The grant holds while its key is there with the create revision `revision` it was
+/// granted with (a holder holds until its key is deleted). Succeeds when it wrote.
+pub(crate) fn put_record(
+    placed: &Placed,
+    revision: i64,
+    record: String,
+    value: Vec<u8>,
+    lease: i64,
+) -> TxnRequest {
+    txn(
+        [created(placed.key(), CompareResult::Equal, revision)],
+        [put(record, value, lease)],
+        [],
+    )
+}
+
+/// Binds `placed`'s key to `lease` instead of its session's, while it is the one granted.
+/// The grant is recognised as in [`put_record`]. The put keeps the key's value and its
+/// create revision — its place in the queue, its fencing token — and waiters watch only
+/// deletions, so none wakes; the key is deleted when `lease` runs out, not with the
+/// session. Its lock-delay marker is deleted too, if `marker`: the grant ends as planned,
+/// its holder did not vanish. Succeeds when it moved the key.
+pub(crate) fn keep(placed: &Placed, revision: i64, lease: i64, marker: bool) -> TxnRequest {
+    let key = placed.key();
+    let rebind = PutRequest {
+        key: key.clone().into(),
+        ignore_value: true,
+        lease,
+        ..PutRequest::default()
+    };
+    let mut then = vec![rebind.into()];
+    if marker {
+        then.push(delete(placed.marker()));
+    }
+    txn([created(key, CompareResult::Equal, revision)], then, [])
+}
+
 /// Reads every queue in `dirs` in one transaction.
 pub(crate) fn read_all(dirs: &[String]) -> TxnRequest {
     txn([], dirs.iter().map(|dir| sorted(dir).into()), [])

@@ -90,6 +90,34 @@ async fn grant(rpc: &Rpc, ttl: Duration, what: &str) -> Result<(i64, Duration, I
     Ok((granted.id, ttl, sent))
 }
 
+/// etcd's longest lease ttl, in seconds (its `MaxLeaseTTL`, about 285 years).
+const MAX_LEASE_TTL: u64 = 9_000_000_000;
+
+/// Grants the lease `lease` of `ttl` (rounded up to whole seconds) that nobody keeps alive.
+/// etcd ends it `ttl` after it granted it, or later (its minimum ttl may be longer, and a
+/// new leader renews every lease). Returns its id and the time it should end by, counted
+/// from the request's send time.
+///
+/// # Errors
+///
+/// [`Error::InvalidArgument`] about the argument `ttl` came from, `arg`, for a `ttl` over
+/// etcd's longest; errors of the request.
+pub(crate) async fn grant_unkept(
+    rpc: &Rpc,
+    ttl: Duration,
+    arg: &'static str,
+    lease: &str,
+) -> Result<(i64, Instant)> {
+    if ttl > Duration::from_secs(MAX_LEASE_TTL) {
+        return Err(Error::invalid(
+            arg,
+            format!("{ttl:?}: etcd keeps a lease at most {MAX_LEASE_TTL} s"),
+        ));
+    }
+    let (id, granted, sent) = grant(rpc, ttl, lease).await?;
+    Ok((id, sent.saturating_add(granted)))
+}
+
 impl Session {
     /// Grants a lease of `ttl` (rounded up to whole seconds) and starts keeping it alive.
     /// It puts the session's fence (where `layout` says) bound to it; the session is

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use leasehold_core::backend::{Backend, Mode, Request};
 use leasehold_core::{
     Client, Error, FencingToken, Guard, LockName, LockOptions, LockState, LossReason, NamePrefix,
-    OwnerId,
+    OwnerId, RecordKey,
 };
 use leasehold_etcd::{EtcdBackend, EtcdOptions};
 use leasehold_testkit::{Direction, Etcd, FaultProxy};
@@ -897,4 +897,187 @@ async fn ten_thousand_grants_are_listed_exactly_a_page_at_a_time() {
     // Ten thousand keys, a hundred a page.
     assert!(pages >= 100, "{pages} pages");
     drop((guards, outside));
+}
+
+/// The lease `key` is bound to, as etcd has it.
+async fn lease_of(etcd: &Etcd, key: &str) -> i64 {
+    let json = etcd.etcdctl(&["get", key, "-w", "json"], "").await.unwrap();
+    let at = json.find("\"lease\":").unwrap_or_else(|| panic!("{json}")) + "\"lease\":".len();
+    let digits: String = json[at..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.parse().unwrap()
+}
+
+/// What etcd says of `lease`: `lease <id> granted with TTL(<n>s), remaining(<m>s)`.
+async fn lease_ttl(etcd: &Etcd, lease: i64) -> String {
+    etcd.etcdctl(&["lease", "timetolive", &format!("{lease:x}")], "")
+        .await
+        .unwrap()
+}
+
+/// The key of `guard`, as etcd names it.
+fn key_of(locks: &EtcdBackend, guard: &Guard) -> String {
+    String::from_utf8(locks.still_owner(guard).key).unwrap()
+}
+
+/// A kept grant moves off the session onto a lease of its own, and keeps its key.
+/// Its token and its place stand, a waiter queued behind it (and one of the client that kept
+/// it) sleeps on until that lease runs out, its lock-delay marker does not close the lock
+/// after it, and the client's keys take its slot again only once it is gone.
+#[tokio::test]
+async fn a_kept_grant_keeps_its_key_until_its_own_lease_runs_out() {
+    let etcd = Etcd::start().await.unwrap();
+    let locks = backend(&etcd.endpoints(), Duration::from_secs(30)).await;
+    let with_delay = options()
+        .to_builder()
+        .lock_delay(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let c = Client::builder(locks.clone()).options(with_delay).build();
+    let other = client(&etcd.endpoints(), Duration::from_secs(30)).await;
+    let guard = c.mutex("job").unwrap().lock().await.unwrap();
+    let (token, owner) = (guard.token(), guard.owner().clone());
+    let key = key_of(&locks, &guard);
+    let session_lease = lease_of(&etcd, &key).await;
+    let waiter = {
+        let other = other.clone();
+        tokio::spawn(async move { job_within(&other, Duration::from_secs(20), "the waiter").await })
+    };
+    until(&c, "job", |s| s.waiters.len() == 1).await;
+
+    guard.keep_for(Duration::from_secs(2)).await.unwrap();
+    let kept_lease = lease_of(&etcd, &key).await;
+    assert_ne!(kept_lease, session_lease);
+    let ttl = lease_ttl(&etcd, kept_lease).await;
+    assert!(ttl.contains("granted with TTL(2s)"), "{ttl}");
+    assert!(keys_under(&etcd, "job#delay/").await.is_empty());
+    // The client that kept it queues behind it, in another slot: its key must not land
+    // on the kept one, which would hand it the lock at once.
+    let second = {
+        let c = c.clone();
+        tokio::spawn(async move { job_within(&c, Duration::from_secs(20), "the second").await })
+    };
+    // Bounded: a second key put over the kept one would be granted, and never queue.
+    let queued = until(&other, "job", |s| s.waiters.len() == 2);
+    tokio::time::timeout(Duration::from_secs(10), queued)
+        .await
+        .expect("the second acquisition never queued");
+    let state = other.inspect("job").await.unwrap();
+    assert_eq!(state.holders.len(), 1);
+    assert_eq!(
+        (&state.holders[0].owner, state.holders[0].token),
+        (&owner, token)
+    );
+    assert!(
+        state.holders[0]
+            .remaining
+            .is_some_and(|left| left <= Duration::from_secs(2)),
+        "{:?}",
+        state.holders[0].remaining
+    );
+
+    let next = waiter.await.unwrap();
+    let next_token = next.token();
+    assert!(next_token > token);
+    next.release().await.unwrap();
+    let last = second.await.unwrap();
+    assert!(last.token() > next_token);
+    assert_ne!(key_of(&locks, &last), key, "the kept key's slot was reused");
+    last.release().await.unwrap();
+    // The kept key is gone: its slot is free again.
+    let again = c.mutex("job").unwrap().try_lock().await.unwrap().unwrap();
+    assert_eq!(key_of(&locks, &again), key);
+}
+
+/// A kept grant outlives the session it was granted under.
+/// Closed (as a process that exits ends it, later), the session's other grants go at once
+/// and the kept one stays held until its own lease runs out.
+#[tokio::test]
+async fn a_kept_grant_outlives_the_session_it_was_granted_under() {
+    let etcd = Etcd::start().await.unwrap();
+    let locks = backend(&etcd.endpoints(), Duration::from_secs(30)).await;
+    let c = Client::builder(locks.clone()).options(options()).build();
+    let other = client(&etcd.endpoints(), Duration::from_secs(30)).await;
+    let kept = c.mutex("kept").unwrap().lock().await.unwrap();
+    let token = kept.token();
+    let plain = c.mutex("plain").unwrap().lock().await.unwrap();
+    kept.keep_for(Duration::from_secs(3)).await.unwrap();
+    locks.close().await.unwrap();
+    assert_eq!(plain.lost().await, LossReason::SessionEnded);
+    assert!(
+        other
+            .mutex("plain")
+            .unwrap()
+            .try_lock()
+            .await
+            .unwrap()
+            .is_some()
+    );
+    let state = other.inspect("kept").await.unwrap();
+    assert_eq!(state.holders.len(), 1);
+    assert_eq!(state.holders[0].token, token);
+    assert!(
+        other
+            .mutex("kept")
+            .unwrap()
+            .try_lock()
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let next = job_within_named(&other, "kept", Duration::from_secs(20)).await;
+    assert!(next.token() > token);
+}
+
+/// Records live apart from the locks, on leases of their own of the time asked.
+/// They are outside every queue, listing and inspection, and not deleted with their
+/// writer's grant or session.
+#[tokio::test]
+async fn records_live_beside_the_locks_on_leases_of_their_own() {
+    let etcd = Etcd::start().await.unwrap();
+    let locks = backend(&etcd.endpoints(), Duration::from_secs(30)).await;
+    let c = Client::builder(locks.clone()).options(options()).build();
+    let other = client(&etcd.endpoints(), Duration::from_secs(30)).await;
+    let guard = c.mutex("job").unwrap().lock().await.unwrap();
+    let key = RecordKey::new("window:1").unwrap();
+    let keep = Duration::from_secs(600);
+    assert!(guard.put_record(&key, b"done", keep).await.unwrap());
+    assert_eq!(
+        keys_under(&etcd, "#records/").await,
+        ["#records/job/window:1"]
+    );
+    let lease = lease_of(&etcd, "#records/job/window:1").await;
+    let ttl = lease_ttl(&etcd, lease).await;
+    assert!(ttl.contains("granted with TTL(600s)"), "{ttl}");
+    // Not a lock, nor part of one.
+    let listed = other.locks("").await.unwrap();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0].0.as_str(), "job");
+    assert_eq!(
+        (listed[0].1.holders.len(), listed[0].1.waiters.len()),
+        (1, 0)
+    );
+    let state = other.inspect("job").await.unwrap();
+    assert_eq!((state.holders.len(), state.waiters.len()), (1, 0));
+    // Too long a keep for etcd is refused before anything is written.
+    let too_long = Duration::from_secs(10_000_000_000);
+    let refused = guard.put_record(&key, b"again", too_long).await;
+    assert!(
+        matches!(refused, Err(Error::InvalidArgument { .. })),
+        "{refused:?}"
+    );
+
+    guard.release().await.unwrap();
+    locks.close().await.unwrap();
+    let name = LockName::new("job").unwrap();
+    let read = other.backend().get_record(&name, &key).await.unwrap();
+    assert_eq!(read.as_deref(), Some(&b"done"[..]));
+    assert!(other.locks("").await.unwrap().is_empty());
+    let missing = RecordKey::new("window:2").unwrap();
+    assert_eq!(
+        other.backend().get_record(&name, &missing).await.unwrap(),
+        None
+    );
 }

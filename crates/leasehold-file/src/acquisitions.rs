@@ -25,10 +25,20 @@ pub(crate) fn acquisitions() -> MutexGuard<'static, HashMap<OwnerId, Acquisition
     ACQUISITIONS.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// One acquisition: its name, where it stands, and its descriptors.
+/// Whether `req.owner` holds `req.name` in `req.mode` through this process.
+/// Called with the table locked; while it stays locked, no release of this process can
+/// close the grant's descriptors.
+pub(crate) fn holds(acquisitions: &HashMap<OwnerId, Acquisition>, req: &Request) -> bool {
+    acquisitions.get(&req.owner).is_some_and(|held| {
+        matches!(held.status, Status::Held(_)) && held.name == req.name && held.mode == req.mode
+    })
+}
+
+/// One acquisition: its name and mode, where it stands, and its descriptors.
 #[derive(Debug)]
 pub(crate) struct Acquisition {
     pub(crate) name: LockName,
+    pub(crate) mode: Mode,
     pub(crate) status: Status,
     /// Dropping these releases the kernel locks.
     pub(crate) files: Files,

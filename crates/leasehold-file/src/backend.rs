@@ -9,7 +9,7 @@ use leasehold_core::backend::{
     Renewal, Request, TokenDurability, WaitHint, Waiter,
 };
 use leasehold_core::support::wakeups::Ticket;
-use leasehold_core::{LockName, LossReason, NamePrefix, OwnerId, Result};
+use leasehold_core::{Error, LockName, LossReason, NamePrefix, OwnerId, RecordKey, Result};
 
 use crate::FileBackend;
 use crate::acquisitions::{Acquisition, Files, Status, acquisitions};
@@ -85,11 +85,45 @@ impl Backend for FileBackend {
         Ok(state)
     }
 
+    /// Writes the record as a note in `N#notes`, if this process holds `req`'s grant.
+    /// See `notes.rs`: the check and the rename into place run under the lock of this
+    /// process's acquisitions, which a release takes before closing the grant's descriptors.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped while it waits for the notes directory's lock, it has written nothing; after
+    /// that it does not yield.
+    async fn put_record(
+        &self,
+        req: &Request,
+        key: &RecordKey,
+        value: &[u8],
+        keep: Duration,
+    ) -> Result<bool> {
+        self.put_note(req, key, value, keep).await
+    }
+
+    async fn get_record(&self, name: &LockName, key: &RecordKey) -> Result<Option<Vec<u8>>> {
+        self.get_note(name, key)
+    }
+
+    /// Unsupported: a file lock never expires.
+    /// It ends with its holder's descriptors, so nothing could be left behind that would
+    /// end by itself.
+    async fn keep(&self, _req: &Request, _hold: Duration) -> Result<bool> {
+        Err(Error::Unsupported {
+            backend: "file",
+            feature: "holding a lock after its holder lets go (--at-least; a file lock \
+                      has no expiry: it ends when its holder releases it or exits)",
+        })
+    }
+
     /// Lists from one pass over the directory per page.
     ///
     /// # Cancel safety
     ///
-    /// Read-only (it removes only records of dead processes); dropping it changes nothing.
+    /// It removes only records of dead processes and expired notes (records kept beside a
+    /// lock); dropping it changes nothing else.
     async fn list(
         &self,
         prefix: &NamePrefix,
@@ -124,9 +158,9 @@ impl FileBackend {
     /// this process whose owner is not in there. On error it is taken out again, and
     /// dropping its `files` gives back their kernel locks.
     fn enter(&self, req: &Request, status: Status, files: Files, write: bool) -> Result<()> {
-        let name = req.name.clone();
         let acquisition = Acquisition {
-            name,
+            name: req.name.clone(),
+            mode: req.mode,
             status,
             files,
         };

@@ -83,7 +83,7 @@ impl FileBackend {
         &self.inner.dir
     }
 
-    /// The path of `name`'s file of `kind` (`lock`, `gate`, `sem`, `who-OWNER`).
+    /// The path of `name`'s file of `kind` (`lock`, `gate`, `sem`, `who-OWNER`, `notes`).
     pub(crate) fn path(&self, name: &LockName, kind: &str) -> PathBuf {
         self.inner.dir.join(format!("{name}#{kind}"))
     }

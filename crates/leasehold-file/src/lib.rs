@@ -10,6 +10,7 @@
 //! - `ofd.rs`: byte-range write locks owned by an open file description (the permits).
 //! - `tokens.rs`: `#tokens`, the fencing counters of all names.
 //! - `records.rs`: `N#who-OWNER`, a holder's or waiter's record for `inspect`.
+//! - `notes.rs`: `N#notes/KEY`, records kept beside a lock (job records) until they expire.
 //! - `notify.rs`: push wake-ups for waiters: one inotify watch on the lock directory.
 //! - `backend.rs`: the [`Backend`](leasehold_core::Backend) implementation.
 //!
@@ -27,8 +28,10 @@
 //! - **Permit** `K` of a semaphore is a write lock on byte `K` of `N#sem`.
 //! - **Tokens** come from `#tokens`, 1024 fsynced counters shared by hash of the name.
 //! - **Records** `N#who-OWNER` (pid, mode, token, value) are what `inspect` reads.
+//! - **Notes** `N#notes/KEY` are the records kept beside a lock (`put_record`): written
+//!   only while this process holds the writer's grant, kept until their expiry.
 //! - **Clean-up**: the last holder of a lock file deletes it, so the directory holds files
-//!   only for names in use, plus the counters.
+//!   only for names in use, plus the counters and the notes not yet expired.
 //!
 //! Guarantees:
 //!
@@ -49,6 +52,7 @@ mod acquisitions;
 mod backend;
 mod directory;
 mod lock_files;
+mod notes;
 mod notify;
 #[cfg(target_os = "linux")]
 mod ofd;

@@ -2,7 +2,8 @@
 //!
 //! A record holds the pid, mode, state, token and value of one acquisition, one `key=value`
 //! a line. It is written under a temporary name and renamed into place, and removed on
-//! release; records of dead processes are removed by whoever reads them.
+//! release; records of dead processes are removed by whoever reads them. (The records a
+//! holder keeps beside a lock, `put_record`'s, are another thing: `notes.rs`.)
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -15,6 +16,7 @@ use rustix::io::Errno;
 use crate::FileBackend;
 use crate::acquisitions::{Status, acquisitions};
 use crate::directory::io_error;
+use crate::notes::NOTES;
 
 impl FileBackend {
     /// Writes (or replaces) the record of `req`, saying `status`.
@@ -63,8 +65,21 @@ impl FileBackend {
         let mut records = Vec::new();
         for entry in entries.flatten() {
             let file_name = entry.file_name();
+            let Some(file_name) = file_name.to_str() else {
+                continue;
+            };
+            // A name's notes (`N#notes`, records kept beside it) are not a holder or a
+            // waiter: only swept of expired ones.
+            if let Some(name) = (file_name.strip_suffix(NOTES)).and_then(|f| f.strip_suffix('#')) {
+                if wanted(name)
+                    && let Ok(name) = LockName::new(name)
+                {
+                    self.sweep_notes(&name);
+                }
+                continue;
+            }
             // Names never contain '#', so the split is unambiguous.
-            let Some((name, owner)) = file_name.to_str().and_then(|f| f.split_once("#who-")) else {
+            let Some((name, owner)) = file_name.split_once("#who-") else {
                 continue;
             };
             if !wanted(name) {

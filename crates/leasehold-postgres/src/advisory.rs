@@ -17,6 +17,9 @@
 //!   session: `pg_terminate_backend`, a restart). The server ends a session that has been
 //!   silent for the ttl (`idle_session_timeout`), which frees its lock: a client that died,
 //!   was cut off or is paused loses the lock after one ttl, as with a lease.
+//! - **Records** beside a lock are written on the connection whose session holds it, by a
+//!   statement that checks the session still holds it. Keeping a lock after its holder
+//!   lets go is not offered: the lock lives by its session (capabilities say so).
 //! - **Release** unlocks and hands the connection back to a small idle set for the next
 //!   acquisition; a release that cannot be confirmed closes the connection, which frees
 //!   everything the session held.
@@ -30,7 +33,7 @@ use leasehold_core::backend::{
     SessionKeeper, WaitHint,
 };
 use leasehold_core::clock::{Clock, Instant, SystemClock};
-use leasehold_core::{Error, FencingToken, LockName, LossReason, OwnerId, Result};
+use leasehold_core::{Error, FencingToken, LockName, LossReason, OwnerId, RecordKey, Result};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -477,6 +480,62 @@ impl Advisory {
             }
             _ => Renewal::Lost(LossReason::SessionEnded),
         })
+    }
+
+    /// Writes a record beside `req.name` if `req`'s lock is still held, in one statement.
+    /// The statement (`Stmt::AdvisoryPutRecord`) runs on the connection whose session holds
+    /// the lock, and writes only if that session holds it now (`pg_locks`) under the
+    /// owner's row in `req.mode`: no one else can take the lock while the statement runs
+    /// on its holder's session, and a session ended meanwhile rolls it back. `keep` is in
+    /// milliseconds. `false`: this client holds no such lock, its connection is gone, or
+    /// the server says the session does not hold it; nothing was written.
+    ///
+    /// # Cancel safety
+    ///
+    /// One statement in one transaction: dropped before it completed, the server either
+    /// wrote the record or did not.
+    ///
+    /// # Errors
+    ///
+    /// Backend errors; [`Error::Unavailable`] if the connection broke while the statement
+    /// was on its way (whether it was written is then unknown).
+    pub(crate) async fn put_record(
+        &self,
+        req: &Request,
+        key: &RecordKey,
+        value: &[u8],
+        keep: i64,
+    ) -> Result<bool> {
+        let code = match req.mode {
+            Mode::Exclusive => b'x' as i8,
+            Mode::Shared => b's' as i8,
+            // Never granted in advisory mode.
+            Mode::Permit { .. } => return Ok(false),
+        };
+        let Some(slot) = self.owners().get(&req.owner).cloned() else {
+            return Ok(false);
+        };
+        // Only a held lock: a waiting slot's connection runs its blocking statement, and
+        // anything sent after it would wait for the grant.
+        if !matches!(slot.state(), State::Held(..)) || slot.conn.is_closed() {
+            return Ok(false);
+        }
+        let row = slot
+            .conn
+            .query_one(
+                Stmt::AdvisoryPutRecord,
+                &[
+                    &req.name.as_str(),
+                    &req.owner.as_str(),
+                    &code,
+                    &key.as_str(),
+                    &value,
+                    &keep,
+                ],
+                "writing a record",
+            )
+            .await?;
+        reply::single(&row, "writing a record")
     }
 
     pub(crate) async fn release(&self, req: &Request) -> Result<Release> {

@@ -2,8 +2,8 @@
 //!
 //! Every request is one statement on one of the pooled connections: acquire, release and
 //! evict call the schema's functions (which lock the name's row first, so that changes of a
-//! name happen one at a time), renewal is one owner-checked `UPDATE`. See `sql/v1.sql` and
-//! `sql/v2.sql`.
+//! name happen one at a time), renewal is one owner-checked `UPDATE`, a record's write one
+//! owner-checked upsert. See `sql/v1.sql`, `sql/v2.sql` and `sql/v3.sql`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,7 +11,7 @@ use std::time::Duration;
 use leasehold_core::backend::{
     Acquire, Eviction, Expiry, Grant, Listing, LockState, Mode, Release, Renewal, Request, WaitHint,
 };
-use leasehold_core::{LockName, LossReason, Result};
+use leasehold_core::{LockName, LossReason, RecordKey, Result};
 use tokio::task::JoinHandle;
 
 use crate::connection::Pool;
@@ -240,6 +240,43 @@ impl Lease {
             )
             .await?;
         reply::single(&row, "evict")
+    }
+
+    /// Writes a record beside `req.name` if `req`'s lease is live, in one statement.
+    /// The statement (`Stmt::PutRecord`) finds the grant as renew does — the owner's, in
+    /// `req.mode`'s set, unexpired by the server's clock — and locks its row as a fenced
+    /// write does, so a release or eviction racing it cannot let the next grant in before
+    /// it commits. It is sent on the acquisition's lane, after its earlier requests.
+    /// `keep` is in milliseconds. `false`: no such grant, nothing written.
+    ///
+    /// # Cancel safety
+    ///
+    /// One statement in one transaction: dropped before it completed, the server either
+    /// wrote the record or did not.
+    pub(crate) async fn put_record(
+        &self,
+        req: &Request,
+        key: &RecordKey,
+        value: &[u8],
+        keep: i64,
+    ) -> Result<bool> {
+        let conn = self.pool.get_for(req).await?;
+        let permit = matches!(req.mode, Mode::Permit { .. });
+        let row = conn
+            .query_one(
+                Stmt::PutRecord,
+                &[
+                    &req.name.as_str(),
+                    &req.owner.as_str(),
+                    &permit,
+                    &key.as_str(),
+                    &value,
+                    &keep,
+                ],
+                "writing a record",
+            )
+            .await?;
+        reply::single(&row, "writing a record")
     }
 
     /// One page of the names under a prefix with a live grant or a queued waiter.

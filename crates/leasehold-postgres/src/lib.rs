@@ -34,6 +34,11 @@
 //!   (FIFO, writers not overtaken by readers). The lock lives as long as its session: the
 //!   client pings it, and the server ends a session silent for the session ttl
 //!   (`idle_session_timeout`), which frees the lock.
+//! - **Records beside a lock** (scheduled jobs), both modes: rows of `<schema>.records`,
+//!   each kept until its own expiry on the server's clock, written by one statement that
+//!   checks the writer's grant (its live lease, or its session's advisory lock) and read
+//!   by any connection. Lease mode keeps a grant after its holder lets go as a renewal
+//!   with the time to keep it; advisory mode cannot (the lock lives by its session).
 //! - **Wake-ups** by LISTEN/NOTIFY on one connection per backend; the message is sent in the
 //!   releasing statement's transaction and names whom it lets in. Through a
 //!   transaction-pooling proxy (PgBouncer `pool_mode = transaction`), where LISTEN cannot
@@ -76,7 +81,7 @@ use leasehold_core::backend::{
     Acquire, Backend, Capabilities, Eviction, ListCursor, Listing, LockState, Mode, Release,
     Renewal, Request, TokenDurability, WaitHint,
 };
-use leasehold_core::{ConnectOptions, Error, LockName, NamePrefix, Result};
+use leasehold_core::{ConnectOptions, Error, LockName, NamePrefix, RecordKey, Result};
 
 use crate::advisory::Advisory;
 use crate::connection::{Connector, Pool, notifications_arrive, transaction_pooled};
@@ -281,10 +286,10 @@ impl PostgresBackend {
 
     /// Drops what vanished holders left behind.
     /// That is the rows of names whose grants and queue entries have all expired (and whose
-    /// lock-delay has ended) and nobody has touched since, and advisory-mode rows of
-    /// sessions that are gone. Every backend does this once a minute on its own, up to 1
-    /// 000 names at a time; names another transaction holds are left for the next sweep.
-    /// Returns how many names were dropped.
+    /// lock-delay has ended) and nobody has touched since, advisory-mode rows of sessions
+    /// that are gone, and expired records. Every backend does this once a minute on its
+    /// own, up to 1 000 names and 1 000 records at a time; rows another transaction holds
+    /// are left for the next sweep. Returns how many names were dropped.
     ///
     /// # Cancel safety
     ///
@@ -318,6 +323,20 @@ impl PostgresBackend {
     pub fn still_owner(&self, guard: &leasehold_core::Guard) -> StillOwner {
         StillOwner::new(&self.inner.options.schema, guard)
     }
+}
+
+/// The longest keep of a record accepted, well inside the server's dates (to 294276 AD).
+const MAX_KEEP: Duration = Duration::from_secs(10_000 * 366 * 24 * 3600);
+
+/// How long to keep a record, in whole milliseconds (rounded up: never shorter).
+fn keep_millis(keep: Duration) -> Result<i64> {
+    if keep > MAX_KEEP {
+        return Err(Error::invalid(
+            "keep",
+            format!("{keep:?} is longer than a record can be kept (10 000 years)"),
+        ));
+    }
+    Ok(lease::millis(keep))
 }
 
 /// Waits until the wake-up connection listens.
@@ -406,6 +425,47 @@ impl Backend for PostgresBackend {
                           is its session's, and ending the session frees all it holds at once",
             }),
         }
+    }
+
+    /// Writes a record beside the lock while `req`'s grant holds (see [`Backend::put_record`]).
+    /// Lease mode checks the live lease and upserts in one statement on the acquisition's
+    /// connection; advisory mode does so on the connection whose session holds the lock.
+    /// The record is kept until `keep` after the write by the server's clock; the write
+    /// drops the name's expired records, and [`sweep`](PostgresBackend::sweep) the others.
+    ///
+    /// # Cancel safety
+    ///
+    /// One statement: dropped before it completed, the server wrote the record or did not.
+    async fn put_record(
+        &self,
+        req: &Request,
+        key: &RecordKey,
+        value: &[u8],
+        keep: Duration,
+    ) -> Result<bool> {
+        let keep = keep_millis(keep)?;
+        match &self.inner.kind {
+            Kind::Lease(lease) => lease.put_record(req, key, value, keep).await,
+            Kind::Advisory(advisory) => advisory.put_record(req, key, value, keep).await,
+        }
+    }
+
+    /// Reads a record beside the lock, one statement on any pooled connection.
+    /// An expired record (by the server's clock) is not read.
+    ///
+    /// # Cancel safety
+    ///
+    /// Read-only: dropped, it leaves nothing behind on the server.
+    async fn get_record(&self, name: &LockName, key: &RecordKey) -> Result<Option<Vec<u8>>> {
+        let conn = self.inner.kind.pool().get().await?;
+        let rows = conn
+            .query(
+                Stmt::GetRecord,
+                &[&name.as_str(), &key.as_str()],
+                "reading a record",
+            )
+            .await?;
+        reply::record(&rows)
     }
 
     async fn abandon(&self, req: &Request) -> Result<()> {

@@ -70,6 +70,16 @@ pub(crate) fn single<T: for<'a> FromSql<'a>>(row: &Row, doing: &str) -> Result<T
     column(row, 0, doing)
 }
 
+/// The value of a record read by `Stmt::GetRecord`: no row, or one.
+pub(crate) fn record(rows: &[Row]) -> Result<Option<Vec<u8>>> {
+    let doing = "reading a record";
+    match rows {
+        [] => Ok(None),
+        [row] => column(row, 0, doing).map(Some),
+        _ => Err(undecodable(doing, format!("{} rows", rows.len()))),
+    }
+}
+
 /// A mode as stored (`x`, `s`, `p`, with the permit limit for `p`).
 fn mode(code: &str, limit: Option<i32>, doing: &str) -> Result<Mode> {
     match code {

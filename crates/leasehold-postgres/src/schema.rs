@@ -12,8 +12,13 @@ use tokio_postgres::{Client, SimpleQueryMessage};
 use crate::error::{map, undecodable};
 
 /// The migrations, in order: version `i + 1` is `MIGRATIONS[i]`.
-/// Version 1 is the schema; version 2 adds force-release (the `evictions` table and `evict`).
-const MIGRATIONS: &[&str] = &[include_str!("../sql/v1.sql"), include_str!("../sql/v2.sql")];
+/// Version 1 is the schema; version 2 adds force-release (the `evictions` table and `evict`);
+/// version 3 adds records beside a lock (the `records` table).
+const MIGRATIONS: &[&str] = &[
+    include_str!("../sql/v1.sql"),
+    include_str!("../sql/v2.sql"),
+    include_str!("../sql/v3.sql"),
+];
 
 /// The channel wake-ups of `schema` are sent on.
 pub(crate) fn channel(schema: &str) -> String {

@@ -69,6 +69,33 @@ macro_rules! advisory_state {
     };
 }
 
+/// A record's upsert that runs only if the writer's grant `$live` (a FROM item) has a row.
+/// The record is `$5` under `$4` beside the name `$1`, kept `$6` ms. One row, whether it
+/// wrote. The name's other expired records go too, those no other
+/// statement has locked (two writers of a name never wait for each other's rows).
+macro_rules! put_record {
+    ($live:literal) => {
+        concat!(
+            "WITH live AS (",
+            $live,
+            "), \
+             swept AS ( \
+                 DELETE FROM @schema@.records r WHERE (r.name, r.key) IN ( \
+                     SELECT e.name, e.key FROM @schema@.records e \
+                     WHERE e.name = $1 AND e.key <> $4 AND e.expires_at <= clock_timestamp() \
+                     FOR UPDATE SKIP LOCKED)), \
+             written AS ( \
+                 INSERT INTO @schema@.records (name, key, value, expires_at) \
+                 SELECT $1, $4, $5, clock_timestamp() + $6 * interval '1 millisecond' \
+                 WHERE EXISTS (SELECT 1 FROM live) \
+                 ON CONFLICT (name, key) DO UPDATE \
+                 SET value = excluded.value, expires_at = excluded.expires_at \
+                 RETURNING 1) \
+             SELECT EXISTS (SELECT 1 FROM written)"
+        )
+    };
+}
+
 /// A statement of the backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Stmt {
@@ -80,7 +107,7 @@ pub(crate) enum Stmt {
     Release,
     /// Lease mode: holders, waiters and evictions of a name.
     Inspect,
-    /// Both modes: drop what vanished holders left behind.
+    /// Both modes: drop what vanished holders left behind, and expired records.
     Sweep,
     /// Advisory mode: take the name's lock on this session, with a token.
     AdvisoryAcquire,
@@ -105,11 +132,18 @@ pub(crate) enum Stmt {
     Evict,
     /// Lease mode: whether an owner whose grant is gone was evicted.
     Evicted,
+    /// Lease mode: a record beside a name, written only while the writer's lease is live.
+    PutRecord,
+    /// Advisory mode: a record beside a name, written only while this session holds it.
+    /// That is the writer's lock, checked in `pg_locks`.
+    AdvisoryPutRecord,
+    /// Both modes: a record beside a name, unless it has expired.
+    GetRecord,
 }
 
 impl Stmt {
     /// Every statement: those a connection prepares first, then those sent with their text.
-    pub(crate) const ALL: [Stmt; 16] = [
+    pub(crate) const ALL: [Stmt; 19] = [
         Stmt::Acquire,
         Stmt::Renew,
         Stmt::Release,
@@ -126,6 +160,9 @@ impl Stmt {
         Stmt::CodePointOrder,
         Stmt::Evict,
         Stmt::Evicted,
+        Stmt::PutRecord,
+        Stmt::AdvisoryPutRecord,
+        Stmt::GetRecord,
     ];
 
     /// Whether a connection prepares it when it opens.
@@ -133,11 +170,18 @@ impl Stmt {
     /// slowing down every connection's start (advisory mode opens one per held lock), and
     /// has the server plan each with its values, which turns `$3 IS NULL OR name < $3`
     /// into an index bound or nothing. Evictions, and the look for one after a renewal found
-    /// no grant, are rarer still.
+    /// no grant, are rarer still; records are written and read about once per job run.
     pub(crate) fn prepared(self) -> bool {
         !matches!(
             self,
-            Stmt::List | Stmt::AdvisoryList | Stmt::CodePointOrder | Stmt::Evict | Stmt::Evicted
+            Stmt::List
+                | Stmt::AdvisoryList
+                | Stmt::CodePointOrder
+                | Stmt::Evict
+                | Stmt::Evicted
+                | Stmt::PutRecord
+                | Stmt::AdvisoryPutRecord
+                | Stmt::GetRecord
         )
     }
 
@@ -162,7 +206,16 @@ impl Stmt {
                 lease_state!("$1"),
                 " ORDER BY holder DESC, evicted, permit, unfair, ord"
             ),
-            Stmt::Sweep => "SELECT @schema@.sweep($1)",
+            // Expired records too, up to as many (by their expiry's index), none another
+            // statement has locked.
+            Stmt::Sweep => {
+                "WITH records AS ( \
+                     DELETE FROM @schema@.records r WHERE (r.name, r.key) IN ( \
+                         SELECT e.name, e.key FROM @schema@.records e \
+                         WHERE e.expires_at <= clock_timestamp() \
+                         LIMIT $1 FOR UPDATE SKIP LOCKED)) \
+                 SELECT @schema@.sweep($1)"
+            }
             Stmt::AdvisoryAcquire => "SELECT @schema@.advisory_acquire($1, $2, $3, $4, $5, $6)",
             Stmt::AdvisoryHeld => "SELECT @schema@.advisory_held($1)",
             Stmt::AdvisoryRelease => "SELECT @schema@.advisory_release($1, $2)",
@@ -222,6 +275,30 @@ impl Stmt {
                 "SELECT EXISTS (SELECT 1 FROM @schema@.evictions e \
                  WHERE e.name = $1 AND e.owner = $2)"
             }
+            // The live grant as renew finds it, in the request's set ($3: the permit set),
+            // locked as a fenced write locks it (see `holds` in sql/v1.sql): a release or
+            // an eviction racing the write ends its lease but leaves its row, which keeps
+            // the next grant of the set waiting until this statement has committed.
+            Stmt::PutRecord => put_record!(
+                "SELECT 1 FROM @schema@.grants g \
+                 WHERE g.name = $1 AND g.owner = $2 AND (g.mode = 'p') = $3 \
+                   AND g.expires > clock_timestamp() \
+                 FOR KEY SHARE"
+            ),
+            // Sent on the session holding the lock: this session's current row of the
+            // name for the owner in mode $3, and the lock in pg_locks (as advisory_held
+            // asks). Only this session can give the lock up, and it runs this statement; if
+            // the session is ended meanwhile, the statement is rolled back with it.
+            Stmt::AdvisoryPutRecord => put_record!(
+                "SELECT 1 FROM @schema@.advisory a \
+                 WHERE a.pid = pg_backend_pid() AND a.started = @schema@.advisory_session() \
+                   AND a.name = $1 AND a.owner = $2 AND a.mode = $3 \
+                   AND @schema@.advisory_holds(a.pid, a.started, @schema@.advisory_key($1))"
+            ),
+            Stmt::GetRecord => {
+                "SELECT r.value FROM @schema@.records r \
+                 WHERE r.name = $1 AND r.key = $2 AND r.expires_at > clock_timestamp()"
+            }
         }
     }
 
@@ -245,7 +322,23 @@ impl Stmt {
                 Type::BYTEA,
             ],
             Stmt::Renew => &[Type::TEXT, Type::TEXT, Type::INT8],
-            Stmt::Release | Stmt::Evicted => &[Type::TEXT, Type::TEXT],
+            Stmt::Release | Stmt::Evicted | Stmt::GetRecord => &[Type::TEXT, Type::TEXT],
+            Stmt::PutRecord => &[
+                Type::TEXT,
+                Type::TEXT,
+                Type::BOOL,
+                Type::TEXT,
+                Type::BYTEA,
+                Type::INT8,
+            ],
+            Stmt::AdvisoryPutRecord => &[
+                Type::TEXT,
+                Type::TEXT,
+                Type::CHAR,
+                Type::TEXT,
+                Type::BYTEA,
+                Type::INT8,
+            ],
             Stmt::Evict => &[
                 Type::TEXT,
                 Type::TEXT,

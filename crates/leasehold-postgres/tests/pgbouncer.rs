@@ -1,6 +1,7 @@
 //! Through PgBouncer.
-//! Lease mode works in transaction pooling (waiters poll), advisory mode is refused there
-//! (found out, or declared in the URL) and works through a session pool.
+//! Lease mode works in transaction pooling (waiters poll; records and kept grants too),
+//! advisory mode is refused there (found out, or declared in the URL) and works through a
+//! session pool.
 
 #![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
@@ -8,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use leasehold_core::{Client, Error, Fence};
+use leasehold_core::{Client, Error, Fence, LockName, RecordKey};
 use leasehold_postgres::PostgresBackend;
 use leasehold_testkit::faulty::{Faulty, Op};
 use leasehold_testkit::servers::PoolMode;
@@ -76,6 +77,23 @@ async fn lease_mode_works_through_a_transaction_pool() {
         waiter.await.unwrap();
     }
     assert_eq!(*order.lock().unwrap(), vec![0, 1, 2]);
+
+    // A record beside a lock, and a grant kept after its holder lets go.
+    let other = Client::new(PostgresBackend::connect(&bouncer.url()).await.unwrap());
+    let key = RecordKey::new("window:1").unwrap();
+    let guard = holder.mutex("job").unwrap().lock().await.unwrap();
+    let keep = Duration::from_secs(600);
+    assert!(guard.put_record(&key, b"done", keep).await.unwrap());
+    let token = guard.token();
+    guard.keep_for(Duration::from_secs(1)).await.unwrap();
+    let name = LockName::new("job").unwrap();
+    let read = other.backend().get_record(&name, &key).await.unwrap();
+    assert_eq!(read.as_deref(), Some(&b"done"[..]));
+    let mutex = other.mutex("job").unwrap();
+    assert!(mutex.try_lock().await.unwrap().is_none(), "the kept grant");
+    let next = mutex.lock().await.unwrap();
+    assert!(next.token() > token);
+    next.release().await.unwrap();
 }
 
 fn unsupported(result: Result<PostgresBackend, Error>) -> &'static str {

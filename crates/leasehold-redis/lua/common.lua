@@ -27,6 +27,17 @@ local function live_holder(value, now)
   return false
 end
 
+-- Whether OWNER's grant in MODE is live at `now`: for the lock set the exclusive holder in
+-- the lock value (whose lease may end before the key does), else an entry of the mode's
+-- holder zset whose lease (its score) has not ended.
+local function holds_grant(now)
+  if MODE == 'x' then return live_holder(redis.call('GET', LOCK), now) == OWNER end
+  local zset = READERS
+  if MODE == 'p' then zset = PERMITS end
+  local ends = tonumber(redis.call('ZSCORE', zset, OWNER))
+  return ends ~= nil and ends > now
+end
+
 -- The lock value of a holder: with its lease end `ends` (ms) when the key may outlive it.
 local function lock_value(owner, token, ends)
   if ends then return owner .. ' w' .. int(ends) .. ' ' .. int(token) end

@@ -1,5 +1,9 @@
 -- renew: extend OWNER's grant by TTL if it is still OWNER's (compare and extend).
 -- Returns 1 if extended, 0 if OWNER no longer holds it.
+--
+-- A keep (Backend::keep) is this call with TTL the hold and CHANNEL passed: the lease then
+-- ends TTL from now, maybe sooner than waiters and observers were told, so it also tells
+-- them all to look again (they learn the new end). A renewal passes no CHANNEL.
 
 -- An exclusive holder without a lock-delay whose lease is the key's (see head.lua):
 -- compare the owner (as release.lua does), then PEXPIRE the lock (and its stored value,
@@ -12,6 +16,7 @@ if string.byte(FLAGS) == 120 and LOCK_DELAY == '0' then
   if string.byte(value, #OWNER + 2) ~= 119 then -- not "<owner> w<until> <token>"
     redis.call('PEXPIRE', LOCK, TTL)
     if XINFO then redis.call('PEXPIRE', XINFO, TTL) end
+    if CHANNEL ~= '' then redis.call(PUBLISH, CHANNEL, '*') end
     return 1
   end
 end
@@ -29,16 +34,17 @@ if MODE == 'x' then
   extend_holder(value, now, ttl)
   if XINFO then redis.call('PEXPIRE', XINFO, ttl) end
   if LOCK_DELAY > 0 then hold(DELAY, now + ttl + LOCK_DELAY, OWNER) end
+  if CHANNEL ~= '' then redis.call(PUBLISH, CHANNEL, '*') end
   return 1
 end
 local zset, info, delay = READERS, RINFO, DELAY
 if MODE == 'p' then zset, info, delay = PERMITS, PINFO, PDELAY end
-local expires = redis.call('ZSCORE', zset, OWNER)
-if not expires or tonumber(expires) <= now then
+if not holds_grant(now) then
   prune_holders(zset, info, now)
   return 0
 end
 hold(zset, now + ttl, OWNER)
 extend_set(zset, info)
 if LOCK_DELAY > 0 then hold(delay, now + ttl + LOCK_DELAY, OWNER) end
+if CHANNEL ~= '' then redis.call(PUBLISH, CHANNEL, '*') end
 return 1

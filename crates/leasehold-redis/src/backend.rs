@@ -9,7 +9,9 @@ use leasehold_core::backend::{
     Acquire, Backend, Capabilities, Eviction, Expiry, Grant, ListCursor, Listing, LockState, Mode,
     Release, Renewal, Request, TokenDurability, WaitHint,
 };
-use leasehold_core::{Error, FencingToken, LockName, LossReason, NamePrefix, OwnerId, Result};
+use leasehold_core::{
+    Error, FencingToken, LockName, LossReason, NamePrefix, OwnerId, RecordKey, Result,
+};
 use redis::FromRedisValue;
 
 use crate::connection::{self, Connection};
@@ -418,28 +420,78 @@ impl RedisBackend {
     }
 
     async fn wait_for_replicas(&self, req: &Request, ack: ReplicaAck) -> Result<()> {
-        let mut conn = self.inner.conn.for_request().await?;
-        let mut wait = redis::cmd("WAIT");
-        wait.arg(ack.replicas).arg(millis_up(ack.timeout));
-        let keys = self.keys(&req.name);
-        let acked: i64 = (self.inner.conn)
-            .query_at(&mut conn, keys.channel(), &wait)
-            .await
-            .map_err(|e| map_error(e, &req.name))?;
-        if acked >= i64::from(ack.replicas) {
+        let what = format!("the grant of {}", req.name);
+        let Some(problem) = self.replicas_short(&req.name, ack, &what).await? else {
             return Ok(());
-        }
-        let problem = format!(
-            "only {acked} of {} replicas acknowledged the grant of {} within {:?}",
-            ack.replicas, req.name, ack.timeout
-        );
+        };
         if !ack.required {
             tracing::warn!("{problem}; keeping it");
             return Ok(());
         }
-        self.release_script(req, &keys).await?;
+        self.release_script(req, &self.keys(&req.name)).await?;
         Err(Error::backend(format!("{problem}; released it"), true))
     }
+
+    /// `WAIT`s for `ack`'s replicas on the server of `name`.
+    /// `None` if they acknowledged its writes so far, else what fell short (`what` names
+    /// the write).
+    async fn replicas_short(
+        &self,
+        name: &LockName,
+        ack: ReplicaAck,
+        what: &str,
+    ) -> Result<Option<String>> {
+        let mut conn = self.inner.conn.for_request().await?;
+        let mut wait = redis::cmd("WAIT");
+        wait.arg(ack.replicas).arg(millis_up(ack.timeout));
+        let keys = self.keys(name);
+        let acked: i64 = (self.inner.conn)
+            .query_at(&mut conn, keys.channel(), &wait)
+            .await
+            .map_err(|e| map_error(e, name))?;
+        Ok((acked < i64::from(ack.replicas)).then(|| {
+            format!(
+                "only {acked} of {} replicas acknowledged {what} within {:?}",
+                ack.replicas, ack.timeout
+            )
+        }))
+    }
+
+    /// Deletes the record under `key` beside `name` if it is still `value` (`lua/drop_record.lua`).
+    /// For a Redlock node whose write did not make a majority: whether it deleted it.
+    pub(crate) async fn drop_record(
+        &self,
+        name: &LockName,
+        key: &RecordKey,
+        value: &[u8],
+    ) -> Result<bool> {
+        let req = probe(name);
+        let values = Values {
+            record: value,
+            record_key: key.as_str(),
+            ..Values::of(&req)
+        };
+        let call = &self.calls().drop_record;
+        let answer: i64 = self.run(call, &self.keys(name), &values).await?;
+        reply::yes_or_no(answer, call.name)
+    }
+}
+
+/// `keep` in whole milliseconds, rounded up, as a record's `PX`.
+///
+/// # Errors
+///
+/// [`Error::InvalidArgument`] past half of what Redis can expire (about 146 million
+/// years): it refuses an expiry whose end overflows its clock, ms since 1970 in an i64.
+pub(crate) fn keep_millis(keep: Duration) -> Result<u64> {
+    let ms = millis_up(keep);
+    if ms > i64::MAX.unsigned_abs() / 2 {
+        return Err(Error::invalid(
+            "record keep",
+            format!("{keep:?} is longer than redis can keep a key"),
+        ));
+    }
+    Ok(ms)
 }
 
 /// How long a renewal that found its grant gone looks for an eviction record of it.
@@ -561,11 +613,103 @@ impl Backend for RedisBackend {
         let record = eviction::encode(eviction);
         let values = Values {
             grant: eviction.token.get(),
-            record: &record,
+            record: record.as_bytes(),
             ..Values::of(&req)
         };
         let call = &self.calls().evict;
         let answer: i64 = self.run(call, &keys, &values).await?;
+        reply::yes_or_no(answer, call.name)
+    }
+
+    /// Writes the record in one script (`lua/put_record.lua`), if `req`'s grant holds.
+    ///
+    /// The script checks the grant as a renewal does (the exclusive holder in the lock
+    /// key's value, or an unexpired entry of the readers' or permits' set) and then sets
+    /// `<prefix>:{<name>}:rec:<key>` with `PX keep`: in the lock's Cluster slot, expiring
+    /// on the server's clock, and not a key a listing looks for. With `replicas=N` it then
+    /// `WAIT`s for the replicas, as a grant does.
+    ///
+    /// # Cancel safety
+    ///
+    /// The script runs whole or not at all: dropped before its reply, the record may or
+    /// may not be written; writing it again is harmless.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for a `keep` past what Redis can expire; with
+    /// `replicas_required`, a retryable [`Error::Backend`] if the replicas did not
+    /// acknowledge the record (it is written on the master, and may be lost in a failover).
+    async fn put_record(
+        &self,
+        req: &Request,
+        key: &RecordKey,
+        value: &[u8],
+        keep: Duration,
+    ) -> Result<bool> {
+        let keep_ms = keep_millis(keep)?;
+        let values = Values {
+            record: value,
+            keep_ms,
+            record_key: key.as_str(),
+            ..Values::of(req)
+        };
+        let call = &self.calls().put_record;
+        let answer: i64 = self.run(call, &self.keys(&req.name), &values).await?;
+        if !reply::yes_or_no(answer, call.name)? {
+            return Ok(false);
+        }
+        if let Some(ack) = self.inner.conn.options().replica_ack() {
+            let what = format!("the record {key} of {}", req.name);
+            if let Some(problem) = self.replicas_short(&req.name, ack, &what).await? {
+                if ack.required {
+                    return Err(Error::backend(problem, true));
+                }
+                tracing::warn!("{problem}; keeping it");
+            }
+        }
+        Ok(true)
+    }
+
+    /// Reads the record with a `GET` on the master (in a Cluster, of the lock's slot).
+    ///
+    /// # Cancel safety
+    ///
+    /// Read-only.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Backend`] if the key holds data of another type (not written by leasehold).
+    async fn get_record(&self, name: &LockName, key: &RecordKey) -> Result<Option<Vec<u8>>> {
+        let mut get = redis::cmd("GET");
+        self.keys(name).write_record(&mut get, key.as_str());
+        let connection = &self.inner.conn;
+        let mut conn = connection.for_request().await?;
+        connection
+            .query(&mut conn, &get)
+            .await
+            .map_err(|e| map_error(e, name))
+    }
+
+    /// Renews `req`'s grant to end `hold` from now, and wakes the name's waiters.
+    /// The renewal script with the ttl `hold`: its `PEXPIRE`, lease end in the lock value
+    /// or zset score is set, not extended, so a shorter `hold` shortens the lease; waiters
+    /// told of the old end look again.
+    ///
+    /// # Cancel safety
+    ///
+    /// One script, whole or not at all: dropped, the grant ends at the end of its last
+    /// lease or `hold` after the script ran.
+    ///
+    /// # Errors
+    ///
+    /// Backend errors; the grant then ends at one of those two ends.
+    async fn keep(&self, req: &Request, hold: Duration) -> Result<bool> {
+        let mut kept = req.clone();
+        kept.ttl = hold;
+        let call = &self.calls().keep;
+        let answer: i64 = self
+            .run(call, &self.keys(&req.name), &Values::of(&kept))
+            .await?;
         reply::yes_or_no(answer, call.name)
     }
 

@@ -47,6 +47,10 @@
 //!   observer needs them; every request, connecting included, has a deadline.
 //! - **Replica safety**: optionally `WAIT` for replicas to acknowledge each grant; a
 //!   warning when `maxmemory-policy` can evict lock keys.
+//! - **Records beside a lock** (scheduled jobs): one script checks the writer's grant as a
+//!   renewal does and sets `<prefix>:{name}:rec:<key>` with `PX` its keep (the lock's
+//!   slot, no key a listing looks for); a read is a `GET` on the master. A kept grant is a
+//!   renewal to the hold that also wakes the waiters.
 //! - **Redis Cluster**: all keys of one lock share the hash tag `{name}`, so each lock
 //!   lives in one slot and its scripts run on that slot's master; wake-ups use sharded
 //!   pub/sub (`SPUBLISH`/`SSUBSCRIBE`), so a release reaches only its own shard.

@@ -7,7 +7,7 @@ use leasehold_core::backend::{
     Acquire, Backend, Eviction, LockState, Mode, Release, Renewal, Request, WaitHint,
 };
 use leasehold_core::support::health::Silence;
-use leasehold_core::{LockName, NamePrefix, Result};
+use leasehold_core::{LockName, NamePrefix, RecordKey, Result};
 
 use crate::backend::{NodeAcquire, RedisBackend};
 use crate::listing::Position;
@@ -94,6 +94,41 @@ impl Node {
         eviction: &Eviction,
     ) -> Result<bool> {
         self.redis.evict(name, mode, eviction).await
+    }
+
+    /// Leaves `req.owner`'s grant here to end `hold` from now, if it is still its own.
+    pub(crate) async fn keep(&self, req: &Request, hold: Duration) -> Result<bool> {
+        self.redis.keep(req, hold).await
+    }
+
+    /// Writes the record here if `req.owner`'s grant holds here.
+    pub(crate) async fn put_record(
+        &self,
+        req: &Request,
+        key: &RecordKey,
+        value: &[u8],
+        keep: Duration,
+    ) -> Result<bool> {
+        self.redis.put_record(req, key, value, keep).await
+    }
+
+    /// The record under `key` beside `name` here.
+    pub(crate) async fn get_record(
+        &self,
+        name: &LockName,
+        key: &RecordKey,
+    ) -> Result<Option<Vec<u8>>> {
+        self.redis.get_record(name, key).await
+    }
+
+    /// Deletes the record under `key` beside `name` here if it is still `value`.
+    pub(crate) async fn drop_record(
+        &self,
+        name: &LockName,
+        key: &RecordKey,
+        value: &[u8],
+    ) -> Result<bool> {
+        self.redis.drop_record(name, key, value).await
     }
 
     /// Holders and waiters here.

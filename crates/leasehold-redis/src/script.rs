@@ -48,6 +48,10 @@ pub(crate) enum Key {
     Pdelay,
     /// The name's latest evictions: a list of records, newest first (see `eviction.rs`).
     Evicted,
+    /// A record kept beside the lock: `<prefix>:{<name>}:rec:<record key>`.
+    /// The one kind of key with a part of its own after the suffix: the call's record key
+    /// ([`Values::record_key`]). See `lua/put_record.lua`.
+    Record,
 }
 
 impl Key {
@@ -66,12 +70,23 @@ impl Key {
         Key::Pdelay,
     ];
 
-    /// Every key of a name: its lock sets' ([`Key::STATE`]), then its eviction records.
-    pub(crate) const ALL: [Key; 12] = {
+    /// The keys an inspect reads: its lock sets' ([`Key::STATE`]), then its eviction records.
+    pub(crate) const INSPECTED: [Key; 12] = {
         let mut all = [Key::Evicted; 12];
         let mut i = 0;
         while i < Key::STATE.len() {
             all[i] = Key::STATE[i];
+            i += 1;
+        }
+        all
+    };
+
+    /// Every kind of key a script may be passed: [`Key::INSPECTED`], then a record.
+    pub(crate) const ALL: [Key; 13] = {
+        let mut all = [Key::Record; 13];
+        let mut i = 0;
+        while i < Key::INSPECTED.len() {
+            all[i] = Key::INSPECTED[i];
             i += 1;
         }
         all
@@ -92,6 +107,7 @@ impl Key {
             Key::Pinfo => "pinfo",
             Key::Pdelay => "pdelay",
             Key::Evicted => "evicted",
+            Key::Record => "rec",
         }
     }
 
@@ -110,6 +126,7 @@ impl Key {
             Key::Pinfo => "PINFO",
             Key::Pdelay => "PDELAY",
             Key::Evicted => "EVICTED",
+            Key::Record => "RECORD_KEY",
         }
     }
 }
@@ -143,13 +160,15 @@ pub(crate) enum Arg {
     Quarantine,
     /// The token of the grant to evict.
     Grant,
-    /// The eviction's record (see `eviction.rs`).
+    /// The record to store: an eviction's (see `eviction.rs`), or one beside the lock.
     Record,
+    /// How long a record beside the lock is kept, in whole milliseconds.
+    Keep,
 }
 
 impl Arg {
     /// Every argument, in the order of the bindings.
-    pub(crate) const ALL: [Arg; 11] = [
+    pub(crate) const ALL: [Arg; 12] = [
         Arg::Owner,
         Arg::Flags,
         Arg::Ttl,
@@ -161,6 +180,7 @@ impl Arg {
         Arg::Quarantine,
         Arg::Grant,
         Arg::Record,
+        Arg::Keep,
     ];
 
     /// The argument's name in the scripts.
@@ -177,6 +197,7 @@ impl Arg {
             Arg::Quarantine => "QUARANTINE",
             Arg::Grant => "GRANT",
             Arg::Record => "RECORD",
+            Arg::Keep => "KEEP",
         }
     }
 
@@ -186,9 +207,13 @@ impl Arg {
         match self {
             Arg::Flags => "'x0000'",
             Arg::Owner | Arg::Channel | Arg::Value | Arg::Record => "''",
-            Arg::Ttl | Arg::Limit | Arg::LockDelay | Arg::Floor | Arg::Quarantine | Arg::Grant => {
-                "'0'"
-            }
+            Arg::Ttl
+            | Arg::Limit
+            | Arg::LockDelay
+            | Arg::Floor
+            | Arg::Quarantine
+            | Arg::Grant
+            | Arg::Keep => "'0'",
         }
     }
 }
@@ -307,13 +332,18 @@ impl Call {
         // Sized up front: the command is written once, without growing.
         let mut cmd = redis::Cmd::with_capacity(
             3 + shape.keys.len() + args.len(),
-            96 + shape.keys.len() * (keys.text.len() + 4) + values.len(args),
+            96 + shape.keys.len() * (keys.text.len() + 4)
+                + values.record_key.len()
+                + values.len(args),
         );
         cmd.arg("EVALSHA")
             .arg(self.script.get_hash())
             .arg(shape.keys.len());
         for &key in shape.keys {
-            keys.write(&mut cmd, key);
+            match key {
+                Key::Record => keys.write_record(&mut cmd, values.record_key),
+                key => keys.write(&mut cmd, key),
+            }
         }
         for &arg in args {
             values.write(&mut cmd, arg, keys);
@@ -329,7 +359,8 @@ impl Call {
 /// renewal one (five with a lock-delay or a value). The acquire fast path is a call of its
 /// own with two keys and two arguments. Every other call passes the keys of both lock sets
 /// ([`Key::STATE`]); inspect adds the eviction records, and an eviction passes the keys of
-/// the holders it may remove, their lock-delays and the records.
+/// the holders it may remove, their lock-delays and the records. A record's write passes
+/// the keys that say who holds (the lock, readers and permits) and the record's key.
 #[derive(Debug)]
 pub(crate) struct Calls {
     /// The exclusive fast path: free → granted, else 0 (make the full call).
@@ -351,6 +382,14 @@ pub(crate) struct Calls {
     pub(crate) raise: Call,
     /// A force release (`lua/evict.lua`).
     pub(crate) evict: Call,
+    /// A grant left to end at the hold (`Backend::keep`).
+    /// A renewal to it that also wakes the waiters, since the lease may now end sooner
+    /// than they were told.
+    pub(crate) keep: Call,
+    /// A record written beside the lock while the owner's grant holds (`lua/put_record.lua`).
+    pub(crate) put_record: Call,
+    /// A record deleted if it is still the given value (`lua/drop_record.lua`).
+    pub(crate) drop_record: Call,
 }
 
 const EXCLUSIVE_RELEASE_KEYS: [Key; 5] = [Key::Lock, Key::Queue, Key::Qexp, Key::Delay, Key::Xinfo];
@@ -451,7 +490,7 @@ impl Calls {
             ),
             inspect: with(
                 "inspect",
-                shape(&Key::ALL, &[], 0),
+                shape(&Key::INSPECTED, &[], 0),
                 &records,
                 include_str!("../lua/inspect.lua"),
             ),
@@ -466,13 +505,32 @@ impl Calls {
                 &records,
                 include_str!("../lua/evict.lua"),
             ),
+            keep: call(
+                "keep",
+                shape(all, &[Owner, Flags, Ttl, Channel, LockDelay], 4),
+                renew,
+            ),
+            put_record: call(
+                "put record",
+                shape(
+                    &[Key::Lock, Key::Readers, Key::Permits, Key::Record],
+                    &[Owner, Flags, Keep, Record],
+                    4,
+                ),
+                include_str!("../lua/put_record.lua"),
+            ),
+            drop_record: call(
+                "drop record",
+                shape(&[Key::Record], &[Record], 1),
+                include_str!("../lua/drop_record.lua"),
+            ),
         }
     }
 }
 
 impl Calls {
     /// Every call (to load their scripts).
-    pub(crate) fn all(&self) -> [&Call; 14] {
+    pub(crate) fn all(&self) -> [&Call; 17] {
         [
             &self.acquire_fast,
             &self.acquire,
@@ -488,6 +546,9 @@ impl Calls {
             &self.inspect,
             &self.raise,
             &self.evict,
+            &self.keep,
+            &self.put_record,
+            &self.drop_record,
         ]
     }
 
@@ -589,19 +650,33 @@ impl Keys {
     }
 
     /// The full name of `key` (for tests and messages; calls write keys in place).
+    /// A [`Key::Record`] is the record `window:1`'s.
     #[cfg(test)]
     pub(crate) fn key(&self, key: Key) -> String {
-        format!("{}{}", &self.text[..self.base], key.suffix())
+        let tail = if key == Key::Record { ":window:1" } else { "" };
+        format!("{}{}{tail}", &self.text[..self.base], key.suffix())
     }
 
     /// Writes the key as the command's next argument.
     pub(crate) fn write(&self, cmd: &mut redis::Cmd, key: Key) {
+        self.write_parts(cmd, &[key.suffix()]);
+    }
+
+    /// Writes the key of the record `record_key` ([`Key::Record`]) as the command's next argument.
+    pub(crate) fn write_record(&self, cmd: &mut redis::Cmd, record_key: &str) {
+        self.write_parts(cmd, &[Key::Record.suffix(), ":", record_key]);
+    }
+
+    /// Writes `<prefix>:{<name>}:` and `parts` as the command's next argument.
+    fn write_parts(&self, cmd: &mut redis::Cmd, parts: &[&str]) {
         use redis::RedisWrite;
         use std::io::Write;
         let mut arg = cmd.writer_for_next_arg();
         // Writing into the command's buffer cannot fail.
         let _ = arg.write_all(&self.text.as_bytes()[..self.base]);
-        let _ = arg.write_all(key.suffix().as_bytes());
+        for part in parts {
+            let _ = arg.write_all(part.as_bytes());
+        }
     }
 }
 
@@ -618,7 +693,11 @@ pub(crate) struct Values<'a> {
     /// [`Arg::Grant`].
     pub(crate) grant: u64,
     /// [`Arg::Record`].
-    pub(crate) record: &'a str,
+    pub(crate) record: &'a [u8],
+    /// [`Arg::Keep`], in whole milliseconds.
+    pub(crate) keep_ms: u64,
+    /// The key of the record beside the lock, for a call that passes [`Key::Record`].
+    pub(crate) record_key: &'a str,
 }
 
 impl<'a> Values<'a> {
@@ -630,7 +709,9 @@ impl<'a> Values<'a> {
             quarantine_ms: 0,
             fresh_token: false,
             grant: 0,
-            record: "",
+            record: b"",
+            keep_ms: 0,
+            record_key: "",
         }
     }
 
@@ -658,6 +739,7 @@ impl<'a> Values<'a> {
             Arg::Quarantine => self.quarantine_ms == 0,
             Arg::Grant => self.grant == 0,
             Arg::Record => self.record.is_empty(),
+            Arg::Keep => self.keep_ms == 0,
             // Always passed when in a shape.
             Arg::Owner | Arg::Flags | Arg::Ttl | Arg::Channel => false,
         }
@@ -691,6 +773,7 @@ impl<'a> Values<'a> {
             Arg::Quarantine => cmd.arg(self.quarantine_ms),
             Arg::Grant => cmd.arg(self.grant),
             Arg::Record => cmd.arg(self.record),
+            Arg::Keep => cmd.arg(self.keep_ms),
         };
     }
 
@@ -800,7 +883,9 @@ mod tests {
                 quarantine_ms: 250,
                 fresh_token: true,
                 grant: 9,
-                record: "r",
+                record: b"r",
+                keep_ms: 5,
+                record_key: "done:1",
                 ..Values::of(req)
             };
             for call in CALLS.all() {
@@ -809,9 +894,10 @@ mod tests {
                 assert_eq!(key_names.len(), keys.len(), "{}", call.name);
                 for (i, key) in keys.iter().enumerate() {
                     let name = &key_names[&(i + 1)];
+                    let tail = if name == "RECORD_KEY" { ":done:1" } else { "" };
                     assert_eq!(
                         key,
-                        &format!("leasehold:{{orders:42}}:{}", suffix_of(name)),
+                        &format!("leasehold:{{orders:42}}:{}{tail}", suffix_of(name)),
                         "{}: KEYS[{}] is {name} in the script",
                         call.name,
                         i + 1
@@ -832,6 +918,7 @@ mod tests {
                         "QUARANTINE" => "250".to_owned(),
                         "GRANT" => "9".to_owned(),
                         "RECORD" => "r".to_owned(),
+                        "KEEP" => "5".to_owned(),
                         other => panic!("{other} is not an argument"),
                     };
                     assert_eq!(arg, &expected, "{}: ARGV[{}] is {name}", call.name, i + 1);
@@ -972,6 +1059,20 @@ mod tests {
             assert_eq!(glob(pattern.as_bytes(), text.as_bytes()), listed, "{text}");
             let found = Keys::name_in("app:v2", text.as_bytes(), &kinds);
             assert_eq!(found.as_ref(), listed.then_some(&name), "{text}");
+        }
+        // A record is no lock, whatever its key: not even one named like a lock's keys. A
+        // record key has no `}` (that would let the pattern's `*` run on to a `}:lock`).
+        let mut record = redis::cmd("GET");
+        for record_key in ["lock", "permits", "permits:x", "x:lock", "lockpermits"] {
+            let record_key = leasehold_core::RecordKey::new(record_key).unwrap();
+            keys.write_record(&mut record, record_key.as_str());
+        }
+        assert!(leasehold_core::RecordKey::new("a}:lock").is_err());
+        let packed = String::from_utf8(record.get_packed_command()).unwrap();
+        for text in packed.split("\r\n").skip(4).step_by(2) {
+            assert!(text.starts_with("app:v2:{jobs:nightly}:rec:"), "{text}");
+            assert!(!glob(pattern.as_bytes(), text.as_bytes()), "{text}");
+            assert_eq!(Keys::name_in("app:v2", text.as_bytes(), &kinds), None);
         }
         // Other names, other prefixes and keys not leasehold's are not found.
         let other = Keys::new("app:v2", &LockName::new("orders:1").unwrap());

@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use leasehold_core::backend::{Acquire, Backend, Eviction, Mode, Release, Renewal, Request};
-use leasehold_core::{Client, Error, FencingToken, LockName, LockOptions, LossReason, OwnerId};
+use leasehold_core::{
+    Client, Error, FencingToken, LockName, LockOptions, LossReason, NamePrefix, OwnerId, RecordKey,
+};
 use leasehold_redis::{RedisBackend, RedisOptions, ReplicaAck};
 use leasehold_testkit::faulty::{Faulty, Op};
 use leasehold_testkit::probe::Resp;
@@ -1071,5 +1073,156 @@ async fn an_eviction_removes_the_named_grant_only_and_fences_it_out() {
             left > 6 * 24 * 3600 * 1000 && left <= 7 * 24 * 3600 * 1000,
             "{left}"
         );
+    }
+}
+
+/// Every page of the locks whose names begin with `prefix`.
+async fn listed(redis: &dyn Backend, prefix: &str) -> Vec<LockName> {
+    let prefix = NamePrefix::new(prefix).unwrap();
+    let (mut names, mut cursor) = (Vec::new(), None);
+    loop {
+        let page = redis.list(&prefix, cursor.as_ref(), 100).await.unwrap();
+        names.extend(page.locks.into_iter().map(|(name, _)| name));
+        match page.next {
+            Some(next) => cursor = Some(next),
+            None => return names,
+        }
+    }
+}
+
+/// A record beside a reader's, a permit's or a writer's grant is written while it holds.
+/// Only then (as the server sees it). It lies in the lock's hash tag, expires on the
+/// server's clock and is no lock; a key of another type under its name is reported, not
+/// read.
+#[tokio::test]
+async fn records_beside_every_kind_of_grant_are_fenced_expire_and_are_no_locks() {
+    let server = Redis::start().await.unwrap();
+    let redis = backend(&server).await;
+    let ttl = Duration::from_secs(60);
+    let keep = Duration::from_secs(600);
+    let limit = std::num::NonZeroU32::new(2).unwrap();
+    let key = RecordKey::new("window:1").unwrap();
+    for (i, mode) in [Mode::Shared, Mode::Permit { limit }, Mode::Exclusive]
+        .into_iter()
+        .enumerate()
+    {
+        let name = LockName::new(&format!("records:{i}")).unwrap();
+        let request = |mode| Request::new(name.clone(), OwnerId::generate(), mode, ttl);
+        let holder = request(mode);
+        assert!(matches!(
+            redis.acquire(&holder).await.unwrap(),
+            Acquire::Granted(_)
+        ));
+        // Neither another owner nor the holder's owner in the name's other set holds it.
+        let mut elsewhere = holder.clone();
+        elsewhere.mode = match mode {
+            Mode::Exclusive => Mode::Shared,
+            _ => Mode::Exclusive,
+        };
+        for stranger in [&request(mode), &elsewhere] {
+            let written = redis.put_record(stranger, &key, b"x", keep).await;
+            assert!(!written.unwrap(), "{mode}: written by {stranger:?}");
+        }
+        assert_eq!(redis.get_record(&name, &key).await.unwrap(), None);
+        assert!(redis.put_record(&holder, &key, b"one", keep).await.unwrap());
+        assert_eq!(
+            redis.get_record(&name, &key).await.unwrap().as_deref(),
+            Some(&b"one"[..])
+        );
+        let record = format!("leasehold:{{{name}}}:rec:window:1");
+        let Resp::Integer(left) = server.command(&["PTTL", &record]).await.unwrap() else {
+            panic!("PTTL {record}");
+        };
+        assert!(left > 590_000 && left <= 600_000, "{mode}: {left} ms");
+        assert_eq!(
+            listed(&*redis, "records:").await,
+            std::slice::from_ref(&name),
+            "{mode}"
+        );
+
+        assert_eq!(redis.release(&holder).await.unwrap(), Release::Released);
+        let written = redis.put_record(&holder, &key, b"two", keep).await;
+        assert!(!written.unwrap(), "{mode}: written after the release");
+        assert_eq!(
+            redis.get_record(&name, &key).await.unwrap().as_deref(),
+            Some(&b"one"[..])
+        );
+        // The record outlives the lock, and is not listed as one.
+        assert!(listed(&*redis, "records:").await.is_empty(), "{mode}");
+        assert!(redis.inspect(&name).await.unwrap().holders.is_empty());
+    }
+    let name = LockName::new("records:0").unwrap();
+    let foreign = RecordKey::new("window:2").unwrap();
+    server
+        .command(&["HSET", "leasehold:{records:0}:rec:window:2", "f", "v"])
+        .await
+        .unwrap();
+    let read = redis.get_record(&name, &foreign).await;
+    assert!(matches!(read, Err(Error::Backend { .. })), "{read:?}");
+}
+
+/// A grant kept for a short hold ends then, and its waiters are told so at once.
+/// They were told of its longer lease, and would otherwise look again only at its end or a
+/// third of their own ttl (100 s here): a writer behind a reader, a permit behind the
+/// semaphore's only permit, and a lock's waiter behind its holder.
+#[tokio::test]
+async fn a_kept_grant_ends_at_its_hold_and_its_waiters_are_told() {
+    let server = Redis::start().await.unwrap();
+    let long = Duration::from_secs(300);
+    let hold = Duration::from_millis(500);
+    for kind in ["read", "permit", "lock"] {
+        let name = format!("kept:{kind}");
+        let holder = client(&server, long).await;
+        let (waiter, faults) = faulty_client(&server, long).await;
+        let (guard, waiting) = match kind {
+            "read" => {
+                let rw = waiter.rwlock(&name).unwrap();
+                let guard = holder.rwlock(&name).unwrap().read().await.unwrap();
+                (
+                    guard,
+                    tokio::spawn(async move { rw.write_timeout(Duration::from_secs(10)).await }),
+                )
+            }
+            "permit" => {
+                let semaphore = waiter.semaphore(&name, 1).unwrap();
+                let guard = holder.semaphore(&name, 1).unwrap().acquire().await;
+                (
+                    guard.unwrap(),
+                    tokio::spawn(async move {
+                        semaphore.acquire_timeout(Duration::from_secs(10)).await
+                    }),
+                )
+            }
+            _ => {
+                let mutex = waiter.mutex(&name).unwrap();
+                let guard = holder.mutex(&name).unwrap().lock().await.unwrap();
+                (
+                    guard,
+                    tokio::spawn(async move { mutex.lock_timeout(Duration::from_secs(10)).await }),
+                )
+            }
+        };
+        // Subscribed (the first wait), then waiting with the holder's lease end as its hint.
+        faults.until_calls(Op::Wait, 2).await;
+        let owner = guard.owner().clone();
+        let kept_at = std::time::Instant::now();
+        guard.keep_for(hold).await.unwrap();
+        holder.settle().await;
+        let state = holder.inspect(&name).await.unwrap();
+        let kept = (state.holders.iter())
+            .find(|h| h.owner == owner)
+            .expect("the kept grant is held");
+        assert!(kept.remaining.unwrap() <= hold, "{kind}: {kept:?}");
+        let next = waiting.await.unwrap().unwrap();
+        // Its wait would otherwise end only at its timeout (10 s), when it tries once more.
+        assert!(
+            kept_at.elapsed() < Duration::from_secs(5),
+            "{kind}: granted {:?} after a hold of {hold:?}",
+            kept_at.elapsed()
+        );
+        next.expect("the waiter was not told the kept grant's end")
+            .release()
+            .await
+            .unwrap();
     }
 }

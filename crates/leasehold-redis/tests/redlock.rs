@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use leasehold_core::backend::{Acquire, Backend, Mode, Release, Request};
-use leasehold_core::{Client, Error, Fence, LockName, LockOptions, OwnerId};
+use leasehold_core::{Client, Error, Fence, LockName, LockOptions, OwnerId, RecordKey};
 use leasehold_redis::{RedlockBackend, RedlockOptions};
 use leasehold_testkit::faulty::{Faulty, Op};
 use leasehold_testkit::probe::Resp;
@@ -747,4 +747,52 @@ async fn a_retry_that_adopts_an_earlier_grant_gets_a_token_above_grants_made_sin
         o_grant.token,
         p_grant.token
     );
+}
+
+/// A record a majority did not take is taken back; a record on any node is read.
+/// A job must not run twice: the value on the most nodes is read, none only where no node
+/// has one; a read needs a majority of answers.
+#[tokio::test]
+async fn a_record_stands_with_a_majority_and_is_read_from_any_node() {
+    let mut servers = redis_servers(5).await.unwrap();
+    let redlock = RedlockBackend::connect_nodes(&urls(&servers), no_quarantine())
+        .await
+        .unwrap();
+    let req = exclusive("job", Duration::from_secs(60));
+    assert!(matches!(
+        redlock.acquire(&req).await.unwrap(),
+        Acquire::Granted(_)
+    ));
+    let (name, key) = (req.name.clone(), RecordKey::new("window:1").unwrap());
+    let record = "leasehold:{job}:rec:window:1";
+    let keep = Duration::from_secs(600);
+    // The grant is gone from three nodes: two write, three refuse, and the two take it back.
+    for server in &servers[..3] {
+        server
+            .command(&["DEL", "leasehold:{job}:lock"])
+            .await
+            .unwrap();
+    }
+    assert!(!redlock.put_record(&req, &key, b"one", keep).await.unwrap());
+    for server in &servers {
+        let left = server.command(&["EXISTS", record]).await.unwrap();
+        assert_eq!(left, Resp::Integer(0), "a record a majority did not take");
+    }
+    assert_eq!(redlock.get_record(&name, &key).await.unwrap(), None);
+
+    // Any copy is read; of several values, the one on the most nodes.
+    servers[4].command(&["SET", record, "v"]).await.unwrap();
+    let read = redlock.get_record(&name, &key).await.unwrap();
+    assert_eq!(read.as_deref(), Some(&b"v"[..]));
+    for server in &servers[..2] {
+        server.command(&["SET", record, "w"]).await.unwrap();
+    }
+    let read = redlock.get_record(&name, &key).await.unwrap();
+    assert_eq!(read.as_deref(), Some(&b"w"[..]));
+
+    for server in &mut servers[..3] {
+        server.kill();
+    }
+    let read = redlock.get_record(&name, &key).await;
+    assert!(matches!(read, Err(Error::Unavailable { .. })), "{read:?}");
 }

@@ -1235,12 +1235,8 @@ async fn a_listing_finds_held_and_queued_locks_by_prefix(case: &Case<'_>) {
     ));
 }
 
-/// A force release evicts the holder, records who and why, and fences the holder out.
-/// The evicted guard's writes through a fence moved past its token are refused at once;
-/// the guard learns of the eviction (at its next renewal, or its deadline) before anyone
-/// else holds the lock, and the next grant's token is greater.
-/// A record beside a lock is written only while the writer's grant holds on the server,
-/// replaces the one under its key, and is seen by the next holder.
+/// A record beside a lock is written only while the writer's grant holds on the server.
+/// It replaces the one under its key, and is seen by the next holder.
 async fn a_record_is_written_only_while_the_writers_grant_holds(case: &Case<'_>) {
     let a = case.client().await;
     let b = case.client().await;
@@ -1305,8 +1301,8 @@ async fn a_record_is_written_only_while_the_writers_grant_holds(case: &Case<'_>)
     assert_eq!(read(&a, &other).await, None);
 }
 
-/// A grant kept for a while after its holder lets go stays held on the server until then,
-/// unrenewed (ShedLock's lock-at-least), and then frees the lock for the next holder.
+/// A grant kept for a while after its holder lets go stays held on the server until then.
+/// It is unrenewed (ShedLock's lock-at-least), and then frees the lock for the next holder.
 async fn a_kept_grant_outlives_its_holder(case: &Case<'_>) {
     // A long lease, so that the kept grant's shorter end is the keep's doing.
     let a = case.client_with(options(Duration::from_secs(60))).await;
@@ -1343,9 +1339,10 @@ async fn a_kept_grant_outlives_its_holder(case: &Case<'_>) {
     next.release().await.unwrap();
 }
 
-/// A job runs at most once per window: a finished run closes its window for every later
-/// claim; a run that lost its lock cannot close it, and the next holder runs with a
-/// higher token; a failed run closes it unless failures are retried.
+/// A job runs at most once per window.
+/// A finished run closes its window for every later claim; a run that lost its lock
+/// cannot close it, and the next holder runs with a higher token; a failed run closes it
+/// unless failures are retried.
 async fn a_job_runs_once_per_window_and_a_lost_run_leaves_it_open(case: &Case<'_>) {
     let a = case.client().await;
     let b = case.client().await;
@@ -1412,6 +1409,10 @@ async fn a_job_runs_once_per_window_and_a_lost_run_leaves_it_open(case: &Case<'_
     assert_eq!(last.outcome, Outcome::Succeeded);
 }
 
+/// A force release evicts the holder, records who and why, and fences the holder out.
+/// The evicted guard's writes through a fence moved past its token are refused at once;
+/// the guard learns of the eviction (at its next renewal, or its deadline) before anyone
+/// else holds the lock, and the next grant's token is greater.
 async fn a_force_release_evicts_the_holder_and_fences_it_out(case: &Case<'_>) {
     let a = case.client().await;
     let operator = case.client().await;

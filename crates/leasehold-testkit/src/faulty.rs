@@ -19,7 +19,7 @@ use leasehold_core::backend::{
     Acquire, Backend, Capabilities, LockState, Release, Renewal, Request, SessionLiveness, WaitHint,
 };
 use leasehold_core::backend::{Eviction, Mode};
-use leasehold_core::{Error, ListCursor, Listing, LockName, NamePrefix, Result};
+use leasehold_core::{Error, ListCursor, Listing, LockName, NamePrefix, RecordKey, Result};
 
 /// A backend operation, for [`Faulty`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -236,6 +236,24 @@ impl Backend for Faulty {
 
     async fn evict(&self, name: &LockName, mode: Mode, eviction: &Eviction) -> Result<bool> {
         self.inner.evict(name, mode, eviction).await
+    }
+
+    async fn put_record(
+        &self,
+        req: &Request,
+        key: &RecordKey,
+        value: &[u8],
+        keep: Duration,
+    ) -> Result<bool> {
+        self.inner.put_record(req, key, value, keep).await
+    }
+
+    async fn get_record(&self, name: &LockName, key: &RecordKey) -> Result<Option<Vec<u8>>> {
+        self.inner.get_record(name, key).await
+    }
+
+    async fn keep(&self, req: &Request, hold: Duration) -> Result<bool> {
+        self.inner.keep(req, hold).await
     }
 
     async fn abandon(&self, req: &Request) -> Result<()> {

@@ -19,7 +19,7 @@ pub use process::{ServerProcess, free_port};
 pub use proxy::{Direction, FaultProxy};
 pub use servers::{
     ClientAuth, Curator, Etcd, PgBouncer, Postgres, Redis, RedisCluster, RedisReplicated,
-    RedisSentinel, SENTINEL_MASTER, ZooKeeper, redis_servers,
+    RedisSentinel, SENTINEL_MASTER, ZooKeeper, libfaketime, redis_servers,
 };
 
 use std::sync::Arc;

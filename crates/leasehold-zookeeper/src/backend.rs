@@ -1,4 +1,4 @@
-//! The [`Backend`] implementation: acquire, renew, release, wait, inspect, list and abandon.
+//! The [`Backend`] implementation: acquire, renew, release, wait, inspect, list, records, abandon.
 //! Each is sent as ZooKeeper requests, and this module says what their answers mean.
 
 use std::collections::BTreeMap;
@@ -13,7 +13,7 @@ use leasehold_core::backend::{
     Acquire, Backend, Capabilities, Expiry, Grant, Holder, ListCursor, Listing, LockState, Mode,
     Release, Renewal, Request, SessionLiveness, TokenDurability, WaitHint, Waiter,
 };
-use leasehold_core::{Error, LockName, LossReason, NamePrefix, OwnerId, Result};
+use leasehold_core::{Error, LockName, LossReason, NamePrefix, OwnerId, RecordKey, Result};
 use zookeeper_client as zk;
 
 use crate::connection::ZooKeeperBackend;
@@ -474,6 +474,54 @@ impl Backend for ZooKeeperBackend {
             }
         }
         Ok(Listing::new(locks, next))
+    }
+
+    /// Writes a record beside the lock in one `multi` with the check of the grant's node.
+    /// See the `records` module: the record is a persistent node apart from the lock's
+    /// directory, kept at least `keep` by the leader's clock and swept by later writes.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped after the request went out, the record may or may not be written (only
+    /// while the grant held); writing it again is harmless.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for a value over the limit; backend errors.
+    async fn put_record(
+        &self,
+        req: &Request,
+        key: &RecordKey,
+        value: &[u8],
+        keep: Duration,
+    ) -> Result<bool> {
+        self.put_record_node(req, key, value, keep).await
+    }
+
+    /// Reads a record on the session in use (no `sync`: see the `records` module).
+    ///
+    /// # Cancel safety
+    ///
+    /// Read-only.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Backend`] for a node that holds no leasehold record; backend errors.
+    async fn get_record(&self, name: &LockName, key: &RecordKey) -> Result<Option<Vec<u8>>> {
+        self.get_record_node(name, key).await
+    }
+
+    /// Refused: a grant is an ephemeral node of the holder's session, gone with it.
+    /// A grant kept past its holder would have to be a TTL node, which ZooKeeper creates
+    /// only when the server runs with `zookeeper.extendedTypesEnabled`.
+    async fn keep(&self, _req: &Request, _hold: Duration) -> Result<bool> {
+        Err(Error::Unsupported {
+            backend: "zookeeper",
+            feature: "holding a lock after its holder lets go (--at-least: a ZooKeeper grant \
+                      is an ephemeral node of the holder's session and goes with it; keeping \
+                      it would take TTL nodes, which servers create only with \
+                      zookeeper.extendedTypesEnabled)",
+        })
     }
 
     async fn session_liveness(&self) -> Option<SessionLiveness> {

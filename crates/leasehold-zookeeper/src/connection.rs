@@ -40,6 +40,8 @@ pub(crate) struct Inner {
     timeout_ms: AtomicU64,
     /// Node events that woke a waiter.
     pub(crate) watch_events: AtomicU64,
+    /// The last name whose records a write swept besides its own (see `records`).
+    pub(crate) swept: Mutex<Option<String>>,
 }
 
 impl std::fmt::Debug for Inner {
@@ -121,6 +123,7 @@ impl ZooKeeperBackend {
                 epoch: OnceLock::new(),
                 timeout_ms: AtomicU64::new(0),
                 watch_events: AtomicU64::new(0),
+                swept: Mutex::new(None),
             }),
         };
         backend.session().await?;

@@ -11,6 +11,9 @@
 //!     <owner>-m-lock-9999999999    a lock-delay marker (ephemeral, of another session)
 //! /leasehold/<name>#permits        the permit set (semaphore)
 //!     <owner>-p<limit>-lock-0000000007
+//! /leasehold/#records               records beside locks (a container node)
+//!     <name>                        a name's records (a container node)
+//!         <key>                     one record (persistent; see `records`)
 //! ```
 //!
 //! Contenders are EPHEMERAL_SEQUENTIAL children, ordered by the sequence number ZooKeeper
@@ -21,18 +24,23 @@
 //! Lock names cannot contain `/` or `#` (the core's name rules), so a name never reaches
 //! into another lock's directory. A lock-delay marker lives beside the contenders (so that
 //! one listing shows both), named to sort after every contender for any recipe that takes
-//! it for one.
+//! it for one. Records live apart from every lock's directory, under a child of the root
+//! that no lock name can be (it has a `#`): no queue listing sees them, and a listing of
+//! the root skips it.
 
 use std::num::NonZeroU32;
 
 use leasehold_core::backend::Mode;
-use leasehold_core::{LockName, OwnerId};
+use leasehold_core::{LockName, OwnerId, RecordKey};
 
 /// What every contender's name ends with before the sequence number (Curator's `lockName`).
 const LOCK_SUFFIX: &str = "-lock-";
 
 /// What the directory of a name's permit set adds to the name.
 const PERMITS: &str = "#permits";
+
+/// The child of the root that holds the records, by name: no lock's directory.
+const RECORDS: &str = "#records";
 
 /// The paths of the nodes of this client's locks.
 #[derive(Debug, Clone)]
@@ -59,6 +67,21 @@ impl Layout {
             Mode::Permit { .. } => format!("{}/{name}{PERMITS}", self.root),
             Mode::Exclusive | Mode::Shared => format!("{}/{name}", self.root),
         }
+    }
+
+    /// The directory of every name's records.
+    pub(crate) fn records(&self) -> String {
+        format!("{}/{RECORDS}", self.root)
+    }
+
+    /// The directory of `name`'s records.
+    pub(crate) fn records_dir(&self, name: &str) -> String {
+        format!("{}/{RECORDS}/{name}", self.root)
+    }
+
+    /// The node of `name`'s record under `key`.
+    pub(crate) fn record(&self, name: &LockName, key: &RecordKey) -> String {
+        format!("{}/{RECORDS}/{name}/{key}", self.root)
     }
 }
 
@@ -185,6 +208,19 @@ mod tests {
         }
         for other in ["", "#permits", "a#b", "a/b", ".a"] {
             assert_eq!(lock_of(other), None, "{other}");
+        }
+        // The records' directory is no lock's, and no lock's directory holds records.
+        let records = layout.records();
+        assert_eq!(lock_of(records.strip_prefix("/leasehold/").unwrap()), None);
+        let key = RecordKey::new("done:0000000001").unwrap();
+        let record = layout.record(&name, &key);
+        assert_eq!(record, "/leasehold/#records/jobs:1/done:0000000001");
+        assert_eq!(
+            record.rsplit_once('/').unwrap().0,
+            layout.records_dir(name.as_str())
+        );
+        for mode in [Mode::Exclusive, Mode::Permit { limit }] {
+            assert!(!record.starts_with(&format!("{}/", layout.dir(&name, mode))));
         }
     }
 }

@@ -10,6 +10,7 @@
 //! - `requests.rs`: node requests: create and list, adopt, sweep, owner-checked delete;
 //! - `reply.rs`: what a listing says: the queue, who holds, whom a waiter watches;
 //! - `markers.rs`: lock-delay markers;
+//! - `records.rs`: records beside a lock: the write fenced by the grant's node, the sweep;
 //! - `error.rs`: ZooKeeper errors as leasehold errors;
 //! - `backend.rs`: the [`Backend`](leasehold_core::Backend) implementation.
 //!
@@ -38,6 +39,10 @@
 //!   second session whose timeout is longer by the delay (rounded up to one of a few steps
 //!   per doubling); a marker whose owner has no node left closes the lock until that
 //!   session expires; release deletes it with the node.
+//! - **Records** beside a lock are persistent nodes under `/<prefix>/#records/<name>`,
+//!   written in one `multi` with a check that the writer's node exists, kept at least
+//!   their keep by the leader's clock and swept by later writes (no TTL nodes).
+//!   Grants cannot be kept past their holder: they are ephemeral nodes of its session.
 //! - **Interop**: Apache Curator's InterProcessMutex on the same path takes part in the
 //!   same queue (see the node layout in
 //!   `docs/backends/zookeeper.md`).
@@ -51,6 +56,7 @@ mod error;
 mod layout;
 mod markers;
 mod options;
+mod records;
 mod registry;
 mod reply;
 mod requests;

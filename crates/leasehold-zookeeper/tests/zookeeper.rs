@@ -2,7 +2,7 @@
 //! Lost create replies, jeopardy versus loss, a leader outage in an ensemble, a follower
 //! that lost its leader, FIFO hand-offs that wake one waiter each, token order within each
 //! set, close, a killed client, lock-delay markers and sessions, credentials and chroots, a
-//! wiped epoch.
+//! wiped epoch, records beside locks.
 
 #![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
@@ -11,8 +11,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use leasehold_core::backend::Backend;
-use leasehold_core::{Client, Error, Fence, LockOptions, LossReason, NamePrefix};
+use leasehold_core::backend::{Backend, Mode, Request};
+use leasehold_core::{
+    Client, Error, Fence, LockName, LockOptions, LossReason, NamePrefix, RecordKey,
+};
 use leasehold_testkit::faulty::{Faulty, Op};
 use leasehold_testkit::{Direction, FaultProxy, ZooKeeper};
 use leasehold_zookeeper::ZooKeeperBackend;
@@ -1125,4 +1127,124 @@ async fn two_thousand_locks_are_listed_exactly_a_page_at_a_time() {
     // 2 000 names and 200 freed ones (unless reaped already), a hundred a page.
     assert!(pages >= NAMES / 100, "{pages} pages");
     drop((guards, outside));
+}
+
+/// Records beside a lock are nodes apart from its queue, and old ones are swept.
+/// Neither the lock directory's listing, nor `inspect`, nor a listing of the root sees
+/// them, even under keys that look like contenders. A writer whose node is gone on the server writes nothing; a node that is no
+/// leasehold record is reported. Records past their keep are swept by later writes — the
+/// writer's name's, and other names' in turn, with their emptied directories.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_live_apart_from_locks_and_old_ones_are_swept() {
+    let zookeeper = ZooKeeper::start().await.unwrap();
+    let raw = raw(&zookeeper).await;
+    let zk_backend = backend(&zookeeper.url()).await;
+    let client = client_on(zk_backend.clone());
+    let long = Duration::from_secs(600);
+    let key = |k: &str| RecordKey::new(k).unwrap();
+    let read = async |name: &str, k: &str| {
+        let name = LockName::new(name).unwrap();
+        zk_backend.get_record(&name, &key(k)).await.unwrap()
+    };
+
+    // A record under a key shaped like a contender's node, while the lock is held.
+    let guard = client.mutex("rec:held").unwrap().lock().await.unwrap();
+    assert!(
+        guard
+            .put_record(&key("w-lock-0000000042"), b"done", long)
+            .await
+            .unwrap()
+    );
+    assert_eq!(children(&raw, "/leasehold/rec:held").await.len(), 1);
+    let state = client.inspect("rec:held").await.unwrap();
+    assert_eq!((state.holders.len(), state.waiters.len()), (1, 0));
+    guard.release().await.unwrap();
+    assert!(
+        client.locks("").await.unwrap().is_empty(),
+        "a record listed"
+    );
+    assert!(client.inspect("rec:held").await.unwrap().holders.is_empty());
+    assert_eq!(
+        read("rec:held", "w-lock-0000000042").await.as_deref(),
+        Some(&b"done"[..])
+    );
+
+    // The grant's node deleted under its holder, who has not noticed: the server's check
+    // refuses the write, over a record or not.
+    let guard = client.mutex("rec:held").unwrap().lock().await.unwrap();
+    let held = Request::new(
+        LockName::new("rec:held").unwrap(),
+        guard.owner().clone(),
+        Mode::Exclusive,
+        Duration::from_secs(5),
+    );
+    assert!(
+        zk_backend
+            .put_record(&held, &key("fresh"), b"held", long)
+            .await
+            .unwrap()
+    );
+    let node = children(&raw, "/leasehold/rec:held").await.remove(0);
+    raw.delete(&format!("/leasehold/rec:held/{node}"), None)
+        .await
+        .unwrap();
+    for k in ["w-lock-0000000042", "fresh", "new"] {
+        let written = zk_backend.put_record(&held, &key(k), b"stale", long).await;
+        assert!(!written.unwrap(), "{k}");
+    }
+    assert_eq!(
+        read("rec:held", "w-lock-0000000042").await.as_deref(),
+        Some(&b"done"[..])
+    );
+    assert_eq!(
+        read("rec:held", "fresh").await.as_deref(),
+        Some(&b"held"[..])
+    );
+    assert_eq!(read("rec:held", "new").await, None);
+    drop(guard);
+
+    // A node under a record's path that leasehold did not write is reported.
+    let path = "/leasehold/#records/rec:held/w-lock-0000000042";
+    raw.set_data(path, b"junk", None).await.unwrap();
+    let name = LockName::new("rec:held").unwrap();
+    let foreign = zk_backend
+        .get_record(&name, &key("w-lock-0000000042"))
+        .await;
+    assert!(matches!(foreign, Err(Error::Backend { .. })), "{foreign:?}");
+    raw.delete(path, None).await.unwrap();
+
+    // Records kept for no time are swept by later writes: of the same name, and of
+    // another name, whose emptied directory goes with them.
+    let old = client.mutex("rec:old").unwrap().lock().await.unwrap();
+    assert!(
+        old.put_record(&key("gone"), b"x", Duration::ZERO)
+            .await
+            .unwrap()
+    );
+    old.release().await.unwrap();
+    let writer = client.mutex("rec:new").unwrap().lock().await.unwrap();
+    assert!(
+        writer
+            .put_record(&key("old"), b"x", Duration::ZERO)
+            .await
+            .unwrap()
+    );
+    assert!(writer.put_record(&key("kept"), b"x", long).await.unwrap());
+    let mut n = 0;
+    until("old records swept", Duration::from_secs(10), async || {
+        n += 1;
+        let written = key(&format!("w{n}"));
+        assert!(writer.put_record(&written, b"x", long).await.unwrap());
+        let new = children(&raw, "/leasehold/#records/rec:new").await;
+        let names = children(&raw, "/leasehold/#records").await;
+        !new.contains(&"old".to_owned()) && !names.contains(&"rec:old".to_owned())
+    })
+    .await;
+    assert_eq!(read("rec:new", "kept").await.as_deref(), Some(&b"x"[..]));
+    assert!(
+        children(&raw, "/leasehold/#records")
+            .await
+            .contains(&"rec:new".to_owned())
+    );
+    writer.release().await.unwrap();
 }

@@ -1,7 +1,7 @@
 //! What the binary's end-to-end tests share.
 
 use std::process::Stdio;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rustix::process::{Pid, PidfdFlags, Signal, kill_process, pidfd_open, test_kill_process_group};
 use tokio::io::AsyncBufReadExt;
@@ -337,4 +337,230 @@ pub(crate) async fn a_paused_run_has_its_command_stopped_by_the_deadline(url: &s
         "the command's process group outlived the lock"
     );
     next.release().await.unwrap();
+}
+
+/// Ten hosts fire the same job at every window of a 1 s period, each with its own clock.
+/// That is an hourly job, time scaled down; each host runs under libfaketime with its own
+/// wall clock: the clocks are spread over 0.9 s, nearly a whole window, far more skew for
+/// the period than seconds are for an hour. Each host's `leasehold run --once-per 1s
+/// --skew 480ms` starts when its own clock reaches the window's start, and the job is fast
+/// (an `echo`): exactly the case where a plain lock runs a job twice. Over `windows` windows the job runs exactly once in each.
+#[allow(dead_code, reason = "not every test file runs jobs")]
+pub(crate) async fn ten_hosts_run_a_job_once_per_window(url: &str, windows: u64) {
+    const PERIOD_MS: u64 = 1000;
+    let library = leasehold_testkit::libfaketime().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("runs");
+    let script = format!(
+        r#"echo "$LEASEHOLD_WINDOW $LEASEHOLD_TOKEN" >> {}"#,
+        log.display()
+    );
+    // Each host's clock is this many ms ahead of the real one (behind if negative).
+    let offsets: Vec<i64> = (0..10).map(|host| -450 + 100 * host).collect();
+    let now_ms = || {
+        let since = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+        i64::try_from(since.as_millis()).unwrap()
+    };
+    let period = i64::try_from(PERIOD_MS).unwrap();
+    let first = (now_ms() / period + 2) * period;
+    let boundaries: Vec<i64> = (0..i64::try_from(windows).unwrap())
+        .map(|w| first + w * period)
+        .collect();
+    // A host fires when its clock reads the window's start: at start - offset, really.
+    let mut fires: Vec<(i64, i64)> = (boundaries.iter())
+        .flat_map(|b| offsets.iter().map(move |o| (b - o, *o)))
+        .collect();
+    fires.sort_unstable();
+    let mut runs = tokio::task::JoinSet::new();
+    for (at, offset) in fires {
+        let wait = u64::try_from(at - now_ms()).unwrap_or(0);
+        tokio::time::sleep(Duration::from_millis(wait)).await;
+        let mut command = leasehold_on(
+            url,
+            &[
+                "run",
+                "--once-per",
+                "1s",
+                "--skew",
+                "480ms",
+                "--ttl",
+                "5s",
+                "hourly",
+                "--",
+                "sh",
+                "-c",
+                &script,
+            ],
+        );
+        command
+            .env("LD_PRELOAD", &library)
+            .env("FAKETIME", format!("{:+.3}", offset as f64 / 1000.0))
+            .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+        runs.spawn(async move { (offset, command.output().await.unwrap()) });
+    }
+    while let Some(joined) = runs.join_next().await {
+        let (offset, out) = joined.unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        // Ran (0), or found the window closed (79).
+        assert!(
+            matches!(out.status.code(), Some(0 | 79)),
+            "host {offset:+} ms: {:?}: {stderr}",
+            out.status
+        );
+    }
+    let log = std::fs::read_to_string(&log).unwrap();
+    let mut ran: std::collections::BTreeMap<String, Vec<u64>> = Default::default();
+    for line in log.lines() {
+        let (window, token) = line.split_once(' ').unwrap();
+        ran.entry(window.to_owned())
+            .or_default()
+            .push(token.parse().unwrap());
+    }
+    for b in &boundaries {
+        let window = format!("{b}+{PERIOD_MS}");
+        let tokens = ran.remove(&window).unwrap_or_default();
+        assert_eq!(tokens.len(), 1, "window {window} ran {tokens:?} times");
+    }
+    // A host that read its clock late may have counted its fire for the next window; no
+    // window ran twice all the same.
+    assert!(ran.values().all(|t| t.len() == 1), "{ran:?}");
+}
+
+/// A job's run whose host freezes mid-run loses its lock and cannot close the window.
+/// The next host runs the job in the same window with a higher token and closes it; the
+/// frozen run, resumed, exits 80; a later host finds the window closed by the second run (79).
+/// `url` must give the lock a [`PAUSED_TTL`] lease or session.
+#[allow(dead_code, reason = "not every test file runs jobs")]
+pub(crate) async fn a_frozen_jobs_window_goes_to_the_next_host(url: &str) {
+    let ttl = format!("{}ms", PAUSED_TTL.as_millis());
+    let grace = format!("{}ms", (PAUSED_TTL / 2).as_millis());
+    let job = |script: &'static str| {
+        let mut command = leasehold_on(
+            url,
+            &[
+                "run",
+                "--window-id",
+                "2026-11-27T12:00",
+                "--ttl",
+                &ttl,
+                "--grace",
+                &grace,
+                "frozen",
+                "--",
+                "sh",
+                "-c",
+                script,
+            ],
+        );
+        command.stdout(Stdio::piped()).stderr(Stdio::piped());
+        command
+    };
+    let mut frozen = job(r#"echo "$LEASEHOLD_TOKEN"; exec sleep 60"#)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(frozen.stdout.take().unwrap()).lines();
+    let first: u64 = (lines.next_line().await.unwrap())
+        .expect("the job started")
+        .parse()
+        .unwrap();
+    let run = Pid::from_raw(i32::try_from(frozen.id().unwrap()).unwrap()).unwrap();
+    kill_process(run, Signal::STOP).unwrap();
+
+    // The next host waits for the lock, which the frozen run cannot renew, and runs.
+    let out = job(r#"echo "$LEASEHOLD_TOKEN""#).output().await.unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let second: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    assert!(second > first, "{second} after {first}");
+
+    kill_process(run, Signal::CONT).unwrap();
+    let out = frozen.wait_with_output().await.unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(80), "{stderr}");
+
+    let out = job("echo ran").output().await.unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(79), "{stderr}");
+    assert!(out.stdout.is_empty());
+    assert!(stderr.contains(&format!("token {second}")), "{stderr}");
+}
+
+/// A job that fails closes its window, unless `--retry-failed` leaves it open.
+/// The next run then retries it; `--at-most` stops a command that holds the lock too long.
+#[allow(dead_code, reason = "not every test file runs jobs")]
+pub(crate) async fn failed_jobs_close_their_window_unless_retried(url: &str) {
+    let run = |window: &str, retry: bool, script: &str| {
+        let mut args = vec!["run", "--window-id", window, "failing"];
+        if retry {
+            args.insert(1, "--retry-failed");
+        }
+        args.extend(["--", "sh", "-c", script]);
+        let mut command = leasehold_on(url, &args);
+        command.stdout(Stdio::piped()).stderr(Stdio::piped());
+        async move { command.output().await.unwrap() }
+    };
+    let code = |out: &std::process::Output| out.status.code();
+    assert_eq!(code(&run("closed", false, "exit 3").await), Some(3));
+    let out = run("closed", false, "echo ran").await;
+    assert_eq!(code(&out), Some(79));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("failed with exit code 3"), "{stderr}");
+
+    assert_eq!(code(&run("open", true, "exit 3").await), Some(3));
+    let out = run("open", true, "echo ran").await;
+    assert_eq!(code(&out), Some(0));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ran");
+    assert_eq!(code(&run("open", true, "echo ran").await), Some(79));
+
+    // --at-most: SIGTERM --grace before the limit; the command's code is its own.
+    let out = leasehold_on(
+        url,
+        &[
+            "run",
+            "--at-most",
+            "2s",
+            "--grace",
+            "1s",
+            "capped",
+            "--",
+            "sleep",
+            "60",
+        ],
+    )
+    .stderr(Stdio::piped())
+    .output()
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(128 + 15), "{stderr}");
+    assert!(stderr.contains("--at-most"), "{stderr}");
+}
+
+/// `--at-least` leaves the lock held after the command ends.
+/// It is held until that long after it started, even though `leasehold run` has exited:
+/// another run finds it busy (75), then gets it. On a backend that cannot keep a grant, it is a usage error (64).
+#[allow(dead_code, reason = "not every test file runs jobs")]
+pub(crate) async fn at_least_holds_the_lock_after_the_command(url: &str, supported: bool) {
+    let out = leasehold_on(url, &["run", "--at-least", "10s", "kept", "--", "true"])
+        .stderr(Stdio::piped())
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if !supported {
+        assert_eq!(out.status.code(), Some(64), "{stderr}");
+        assert!(stderr.contains("--at-least"), "{stderr}");
+        return;
+    }
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let out = leasehold_on(url, &["run", "--no-wait", "kept", "--", "true"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(75), "held after its holder exited");
+    let out = leasehold_on(url, &["run", "kept", "--", "true"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "free once the hold ended");
 }

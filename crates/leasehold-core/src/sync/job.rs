@@ -139,8 +139,8 @@ pub enum Outcome {
     Failed(Option<i32>),
 }
 
-/// The record a finished run leaves beside the lock: who ran the job in a window, and how
-/// it went.
+/// The record a finished run leaves beside the lock.
+/// Who ran the job in a window, and how it went.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Completion {
@@ -219,11 +219,11 @@ impl Completion {
 /// What [`Job::claim`] found.
 #[derive(Debug)]
 pub enum Claim {
-    /// The window is open and the lock is held: run the job, then
-    /// [`finish`](JobRun::finish).
+    /// The window is open and the lock is held.
+    /// Run the job, then [`finish`](JobRun::finish).
     Run(JobRun),
-    /// The window is closed: a run finished in it (one that failed closes it too, unless
-    /// the job retries failed runs).
+    /// The window is closed: a run finished in it.
+    /// One that failed closes it too, unless the job retries failed runs.
     Done(Completion),
     /// Someone else holds the lock: the job is running elsewhere. Only when not waiting.
     Busy,
@@ -363,11 +363,14 @@ impl Job {
         let began = self.mutex.target.ctx.clock.now();
         match self.completion(window).await {
             Ok(None) => Ok(Claim::Run(JobRun {
+                ticket: JobTicket {
+                    window: window.clone(),
+                    by: self.by.clone(),
+                    owner: guard.owner().clone(),
+                    started,
+                    began,
+                },
                 guard,
-                window: window.clone(),
-                by: self.by.clone(),
-                started,
-                began,
             })),
             Ok(Some(done)) => {
                 guard.release().await?;
@@ -386,11 +389,7 @@ impl Job {
 #[derive(Debug)]
 pub struct JobRun {
     guard: Guard,
-    window: Window,
-    by: String,
-    /// When the run began, by the wall clock (for the record) and the client's clock.
-    started: SystemTime,
-    began: Instant,
+    ticket: JobTicket,
 }
 
 impl JobRun {
@@ -401,7 +400,14 @@ impl JobRun {
 
     /// The window this run counts for.
     pub fn window(&self) -> &Window {
-        &self.window
+        &self.ticket.window
+    }
+
+    /// Splits the run into its guard and what finishing it takes.
+    /// For a caller that hands the guard to code that owns it for the run (a
+    /// [`MultiGuard`](crate::MultiGuard)) and gets it back at the end.
+    pub fn into_parts(self) -> (Guard, JobTicket) {
+        (self.guard, self.ticket)
     }
 
     /// Writes the window's completion record, fenced by the grant, and releases the lock.
@@ -412,22 +418,55 @@ impl JobRun {
     /// window stays open for the next holder (which runs with a higher token); backend
     /// errors (whether the record was written is then unknown; the lock is released).
     pub async fn finish(self, outcome: Outcome) -> Result<Completion> {
-        self.finish_holding(outcome, Duration::ZERO).await
+        self.ticket
+            .finish(self.guard, outcome, Duration::ZERO)
+            .await
+    }
+}
+
+/// What finishing a [`JobRun`] takes besides its guard (see [`JobRun::into_parts`]).
+#[derive(Debug)]
+pub struct JobTicket {
+    window: Window,
+    by: String,
+    owner: OwnerId,
+    /// When the run began, by the wall clock (for the record) and the client's clock.
+    started: SystemTime,
+    began: Instant,
+}
+
+impl JobTicket {
+    /// The window this run counts for.
+    pub fn window(&self) -> &Window {
+        &self.window
     }
 
-    /// Writes the completion record as [`finish`](JobRun::finish) does, then leaves the
-    /// lock held until `at_least` after the run started (see [`Guard::keep_for`]), or
-    /// releases it if that has passed.
+    /// Finishes the run `guard` is the guard of, as [`JobRun::finish`] does.
+    /// Then, rather than releasing, it leaves the lock held until `at_least` after the run
+    /// began (see [`Guard::keep_for`]); if that has passed, or `at_least` is zero, it
+    /// releases.
     ///
     /// # Errors
     ///
-    /// As for [`finish`](JobRun::finish), and as for [`Guard::keep_for`].
-    pub async fn finish_holding(self, outcome: Outcome, at_least: Duration) -> Result<Completion> {
+    /// As for [`JobRun::finish`]; [`Error::InvalidArgument`] if `guard` is not this
+    /// run's; and as for [`Guard::keep_for`] once the record is written — so
+    /// [`Error::Unsupported`] for a non-zero `at_least` where grants cannot be kept
+    /// ([`Capabilities::can_keep`](crate::Capabilities::can_keep)): the window is closed
+    /// and the lock released.
+    pub async fn finish(
+        self,
+        guard: Guard,
+        outcome: Outcome,
+        at_least: Duration,
+    ) -> Result<Completion> {
+        if *guard.owner() != self.owner {
+            return Err(Error::invalid("guard", "not the guard of this job's run"));
+        }
         let done = Completion {
             window: self.window.id.clone(),
-            owner: self.guard.owner().clone(),
-            token: self.guard.token(),
-            by: self.by.clone(),
+            owner: self.owner,
+            token: guard.token(),
+            by: self.by,
             started: whole_ms(self.started),
             ended: whole_ms(SystemTime::now()),
             outcome,
@@ -436,10 +475,11 @@ impl JobRun {
         let mut attempts = 0;
         let written = loop {
             attempts += 1;
-            match (self.guard)
+            match (guard)
                 .put_record(&self.window.key, record.as_bytes(), self.window.keep)
                 .await
             {
+                // Writing the same record again is harmless.
                 Err(Error::Timeout(_) | Error::Unavailable { .. }) if attempts < 3 => continue,
                 written => break written,
             }
@@ -447,17 +487,17 @@ impl JobRun {
         match written {
             Ok(true) => {}
             Ok(false) => {
-                drop(self.guard);
+                drop(guard);
                 return Err(Error::Lost(LossReason::NotOwner));
             }
             Err(error) => {
-                drop(self.guard);
+                drop(guard);
                 return Err(error);
             }
         }
-        let clock = &self.guard.lease().ctx.clock;
+        let clock = &guard.lease().ctx.clock;
         let held = clock.now().saturating_duration_since(self.began);
-        self.guard.keep_for(at_least.saturating_sub(held)).await?;
+        guard.keep_for(at_least.saturating_sub(held)).await?;
         Ok(done)
     }
 }

@@ -29,7 +29,7 @@ use std::sync::Arc;
 
 pub use election::{Election, Leader, Leadership, Observer};
 pub use guard::{Guard, MutexGuard, Permit, ReadGuard, WriteGuard};
-pub use job::{Claim, Completion, Job, JobRun, Outcome, Window};
+pub use job::{Claim, Completion, Job, JobRun, JobTicket, Outcome, Window};
 pub use multi::{MultiGuard, MultiLock, Part};
 pub use mutex::Mutex;
 pub use owner::Owner;

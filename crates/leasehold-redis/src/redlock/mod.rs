@@ -44,8 +44,9 @@ use leasehold_core::backend::{
     Acquire, Backend, Capabilities, Eviction, Expiry, Grant, ListCursor, Listing, LockState, Mode,
     Release, Renewal, Request, TokenDurability, WaitHint,
 };
-use leasehold_core::{Error, LockName, LossReason, NamePrefix, Result};
+use leasehold_core::{Error, LockName, LossReason, NamePrefix, RecordKey, Result};
 
+use crate::backend::keep_millis;
 use crate::node::Node;
 use listing::Place;
 pub use options::RedlockOptions;
@@ -491,6 +492,143 @@ impl Backend for RedlockBackend {
             "only {evicted} of {} redis nodes evicted {name} and {refused} did not hold it; \
              a majority ({}) is needed either way",
             self.inner.nodes.len(),
+            majority.quorum()
+        )))
+    }
+
+    /// Writes the record on every node where `req`'s grant holds; `true` if a majority wrote it.
+    ///
+    /// Each node checks the grant and writes in one script (see
+    /// [`RedisBackend::put_record`](crate::RedisBackend::put_record)). A write that falls
+    /// short of a majority is taken back, best effort, on every node that did not refuse
+    /// it — deleted where the record is still this value, so never a later holder's — so
+    /// that a record a majority did not take does not close anything (see
+    /// [`get_record`](Backend::get_record)).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped midway, the record may be written on some nodes and not taken back; writing
+    /// it again is harmless.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for a `keep` past what Redis can expire;
+    /// [`Error::Unavailable`] if too few nodes answered to tell whether a majority wrote it.
+    async fn put_record(
+        &self,
+        req: &Request,
+        key: &RecordKey,
+        value: &[u8],
+        keep: Duration,
+    ) -> Result<bool> {
+        keep_millis(keep)?;
+        let node_req = Self::node_request(req);
+        let answers = self
+            .each(|node| node.put_record(&node_req, key, value, keep))
+            .await;
+        let written = answers.iter().filter(|a| matches!(a, Ok(true))).count();
+        let refused = answers.iter().filter(|a| matches!(a, Ok(false))).count();
+        let majority = self.inner.majority;
+        if majority.reached(written) {
+            return Ok(true);
+        }
+        let undo = (answers.iter().enumerate())
+            .filter(|(_, a)| !matches!(a, Ok(false)))
+            .map(|(i, _)| self.on(i, |node| node.drop_record(&req.name, key, value)));
+        for error in join_all(undo).await.iter().filter_map(|a| a.as_ref().err()) {
+            tracing::debug!(lock = %req.name, %key, %error,
+                "redlock: taking back a record a majority did not write failed");
+        }
+        if majority.out_of_reach(refused) {
+            return Ok(false);
+        }
+        let error = answers.iter().find_map(|a| a.as_ref().err());
+        Err(Error::unavailable(format!(
+            "only {written} of {} redis nodes wrote the record {key} of {} and {refused} refused \
+             it; a majority ({}) is needed either way{}",
+            self.inner.nodes.len(),
+            req.name,
+            majority.quorum(),
+            error.map(|e| format!(" ({e})")).unwrap_or_default()
+        )))
+    }
+
+    /// The record under `key` beside `name`, as read from every node.
+    /// It is the value found on the most nodes, any record before none: a record written
+    /// by a majority before a release is on at least one node of any majority that
+    /// answers, so a later grant sees it. Of values found on equally many nodes, the
+    /// greatest is taken.
+    ///
+    /// # Cancel safety
+    ///
+    /// Read-only.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unavailable`] if fewer than a majority of the nodes answered.
+    async fn get_record(&self, name: &LockName, key: &RecordKey) -> Result<Option<Vec<u8>>> {
+        let answers = self.each(|node| node.get_record(name, key)).await;
+        let mut found: std::collections::BTreeMap<Vec<u8>, usize> = Default::default();
+        let mut answered = 0;
+        for answer in answers {
+            match answer {
+                Ok(value) => {
+                    answered += 1;
+                    if let Some(value) = value {
+                        *found.entry(value).or_default() += 1;
+                    }
+                }
+                Err(error) => {
+                    tracing::debug!(lock = %name, %key, %error, "redlock: reading a record failed");
+                }
+            }
+        }
+        let majority = self.inner.majority;
+        if !majority.reached(answered) {
+            return Err(Error::unavailable(format!(
+                "only {answered} of {} redis nodes answered a read of the record {key} of \
+                 {name}; a majority ({}) is needed",
+                self.inner.nodes.len(),
+                majority.quorum()
+            )));
+        }
+        // The most copies, then the greatest value: the last of the ascending order.
+        Ok(found
+            .into_iter()
+            .max_by(|(a, n), (b, m)| n.cmp(m).then_with(|| a.cmp(b)))
+            .map(|(value, _)| value))
+    }
+
+    /// Leaves `req`'s grant to end `hold` from now on every node; `true` if a majority kept it.
+    /// Each node renews it with the ttl `hold` and wakes its waiters (as a single server's
+    /// [`keep`](crate::RedisBackend::keep) does); the grant then expires by the nodes'
+    /// clocks.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped midway, each node ends the grant at the end of its last lease or `hold`
+    /// after it applied the keep.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unavailable`] if too few nodes answered to tell whether a majority kept it.
+    async fn keep(&self, req: &Request, hold: Duration) -> Result<bool> {
+        let node_req = Self::node_request(req);
+        let answers = self.each(|node| node.keep(&node_req, hold)).await;
+        let kept = answers.iter().filter(|a| matches!(a, Ok(true))).count();
+        let gone = answers.iter().filter(|a| matches!(a, Ok(false))).count();
+        let majority = self.inner.majority;
+        if majority.reached(kept) {
+            return Ok(true);
+        }
+        if majority.out_of_reach(gone) {
+            return Ok(false);
+        }
+        Err(Error::unavailable(format!(
+            "only {kept} of {} redis nodes kept {} and {gone} no longer held it; a majority \
+             ({}) is needed either way",
+            self.inner.nodes.len(),
+            req.name,
             majority.quorum()
         )))
     }

@@ -21,7 +21,7 @@ mod redis_cluster;
 mod zookeeper;
 
 pub use etcd::{Etcd, EtcdMember};
-pub use postgres::{PgBouncer, PoolMode, Postgres, PostgresBuilder};
+pub use postgres::{PgBouncer, PoolMode, Postgres, PostgresBuilder, libfaketime};
 pub use redis::{
     Redis, RedisBuilder, RedisReplicated, RedisSentinel, SENTINEL_MASTER, redis_servers,
 };

@@ -53,7 +53,11 @@ impl PostgresBuilder {
 }
 
 /// The libfaketime library of the Debian package `libfaketime`.
-fn libfaketime() -> io::Result<PathBuf> {
+///
+/// # Errors
+///
+/// [`io::ErrorKind::NotFound`] when it is not installed.
+pub fn libfaketime() -> io::Result<PathBuf> {
     std::fs::read_dir("/usr/lib")?
         .flatten()
         .map(|dir| dir.path().join("faketime/libfaketime.so.1"))

@@ -153,7 +153,7 @@ struct RunArgs {
     /// How far apart hosts' clocks may be, for --once-per.
     /// A clock reading up to this much before a window's start counts for that window
     /// [default: a tenth of the period, at most 1m]
-    #[arg(long, value_parser = duration, requires = "once_per")]
+    #[arg(long, value_parser = duration, requires = "once_per", conflicts_with = "window_id")]
     skew: Option<Duration>,
     /// A scheduled job's window whose run failed stays open, for the next run to retry.
     #[arg(long)]
@@ -366,7 +366,11 @@ fn job_spec(args: &RunArgs) -> leasehold::Result<Option<JobSpec>> {
         (period, Some(id)) => {
             let window = Window::named(id)?;
             match period {
-                Some(period) => window.keep(period.saturating_mul(2) + Duration::from_secs(60)),
+                Some(period) => window.keep(
+                    period
+                        .saturating_mul(2)
+                        .saturating_add(Duration::from_secs(60)),
+                ),
                 None => window,
             }
         }

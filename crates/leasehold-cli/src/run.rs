@@ -455,12 +455,9 @@ async fn finish(spec: &RunSpec, guard: MultiGuard, ticket: Option<JobTicket>, en
         }
         Ended::Exited { code, started } => (code, started),
     };
-    let at_least = spec
-        .at_least
-        .map(|d| d.saturating_sub(started.elapsed()))
-        .unwrap_or_default();
+    let at_least = spec.at_least.unwrap_or_default();
     let Some(ticket) = ticket else {
-        keep(guard, at_least).await;
+        keep(guard, at_least.saturating_sub(started.elapsed())).await;
         return code;
     };
     let window = ticket.window().id().to_owned();
@@ -472,6 +469,7 @@ async fn finish(spec: &RunSpec, guard: MultiGuard, ticket: Option<JobTicket>, en
         0 => Outcome::Succeeded,
         code => Outcome::Failed(Some(code.into())),
     };
+    // The ticket counts `at_least` from the claim, right before the command started.
     match ticket.finish(part, outcome, at_least).await {
         Ok(_) if code == 0 => code,
         Ok(_) => {
@@ -487,7 +485,6 @@ async fn finish(spec: &RunSpec, guard: MultiGuard, ticket: Option<JobTicket>, en
             );
             exit::LOST
         }
-        Err(Error::Unsupported { .. }) if !at_least.is_zero() => code,
         Err(error) => {
             eprintln!("leasehold: marking window {window} of {name} done: {error}");
             exit::BACKEND

@@ -54,3 +54,9 @@ async fn at_least_holds_the_lock_after_the_command() {
     let server = Redis::start().await.unwrap();
     common::at_least_holds_the_lock_after_the_command(&server.url(), true).await;
 }
+
+#[tokio::test]
+async fn a_jobs_at_least_counts_from_its_start() {
+    let server = Redis::start().await.unwrap();
+    common::a_jobs_at_least_counts_from_its_start(&server.url()).await;
+}

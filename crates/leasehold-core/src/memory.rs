@@ -381,6 +381,20 @@ impl Backend for InMemory {
         }))
     }
 
+    async fn keep(&self, req: &Request, hold: Duration) -> Result<bool> {
+        self.with_entry(&req.name, |entry, now| {
+            let expires = expiry_after(now, hold)?;
+            let set = entry.set(req.mode);
+            let Some(held) = set.holders.iter_mut().find(|h| h.owner == req.owner) else {
+                return Ok(false);
+            };
+            held.expires = expires;
+            // Waiters were told the old end; the new one may be sooner.
+            entry.bump();
+            Ok(true)
+        })
+    }
+
     async fn put_record(
         &self,
         req: &Request,

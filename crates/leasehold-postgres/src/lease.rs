@@ -129,6 +129,21 @@ impl Lease {
         }
     }
 
+    /// Leaves the owner's grant to end `hold` from now, and wakes the name's waiters.
+    /// One statement; `Ok(false)` if the grant is not the owner's live one.
+    pub(crate) async fn keep(&self, req: &Request, hold: Duration) -> Result<bool> {
+        let conn = self.pool.get_for(req).await?;
+        let hold = millis(hold);
+        let kept = conn
+            .query(
+                Stmt::Keep,
+                &[&req.name.as_str(), &req.owner.as_str(), &hold],
+                "keeping a grant",
+            )
+            .await?;
+        Ok(!kept.is_empty())
+    }
+
     pub(crate) async fn renew(&self, req: &Request) -> Result<Renewal> {
         let conn = self.pool.get_for(req).await?;
         let ttl = millis(req.ttl);

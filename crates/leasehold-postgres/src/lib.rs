@@ -436,6 +436,26 @@ impl Backend for PostgresBackend {
     /// # Cancel safety
     ///
     /// One statement: dropped before it completed, the server wrote the record or did not.
+    /// In lease mode, the lease's end moves to `hold` from now and the name's waiters are
+    /// woken; advisory locks end with their session and cannot be kept.
+    ///
+    /// # Cancel safety
+    ///
+    /// One statement: dropped, the grant ends at its last lease's end or at `hold`.
+    async fn keep(&self, req: &Request, hold: Duration) -> Result<bool> {
+        match &self.inner.kind {
+            Kind::Lease(lease) => {
+                keep_millis(hold)?;
+                lease.keep(req, hold).await
+            }
+            Kind::Advisory(_) => Err(Error::Unsupported {
+                backend: "postgres",
+                feature: "holding a lock after its holder lets go (--at-least: an advisory \
+                          lock ends with its database session)",
+            }),
+        }
+    }
+
     async fn put_record(
         &self,
         req: &Request,

@@ -139,11 +139,14 @@ pub(crate) enum Stmt {
     AdvisoryPutRecord,
     /// Both modes: a record beside a name, unless it has expired.
     GetRecord,
+    /// Lease mode: a last owner-checked extension of a live lease, waking the waiters.
+    /// Its end may come sooner than they were told; one row or none.
+    Keep,
 }
 
 impl Stmt {
     /// Every statement: those a connection prepares first, then those sent with their text.
-    pub(crate) const ALL: [Stmt; 19] = [
+    pub(crate) const ALL: [Stmt; 20] = [
         Stmt::Acquire,
         Stmt::Renew,
         Stmt::Release,
@@ -163,6 +166,7 @@ impl Stmt {
         Stmt::PutRecord,
         Stmt::AdvisoryPutRecord,
         Stmt::GetRecord,
+        Stmt::Keep,
     ];
 
     /// Whether a connection prepares it when it opens.
@@ -182,6 +186,7 @@ impl Stmt {
                 | Stmt::PutRecord
                 | Stmt::AdvisoryPutRecord
                 | Stmt::GetRecord
+                | Stmt::Keep
         )
     }
 
@@ -200,6 +205,12 @@ impl Stmt {
             Stmt::Renew => {
                 "UPDATE @schema@.grants SET expires = clock_timestamp() + $3 * interval '1 millisecond' \
                  WHERE name = $1 AND owner = $2 AND expires > clock_timestamp() RETURNING true"
+            }
+            Stmt::Keep => {
+                "WITH kept AS (UPDATE @schema@.grants \
+                 SET expires = clock_timestamp() + $3 * interval '1 millisecond' \
+                 WHERE name = $1 AND owner = $2 AND expires > clock_timestamp() RETURNING name) \
+                 SELECT pg_notify('@channel@', name || ' *') FROM kept"
             }
             Stmt::Release => "SELECT @schema@.release($1, $2)",
             Stmt::Inspect => concat!(
@@ -304,7 +315,9 @@ impl Stmt {
 
     /// The SQL for `schema`.
     pub(crate) fn sql(self, schema: &str) -> String {
-        self.template().replace("@schema@", schema)
+        (self.template())
+            .replace("@schema@", schema)
+            .replace("@channel@", &crate::schema::channel(schema))
     }
 
     /// The types of its parameters, in order.
@@ -321,7 +334,7 @@ impl Stmt {
                 Type::INT8,
                 Type::BYTEA,
             ],
-            Stmt::Renew => &[Type::TEXT, Type::TEXT, Type::INT8],
+            Stmt::Renew | Stmt::Keep => &[Type::TEXT, Type::TEXT, Type::INT8],
             Stmt::Release | Stmt::Evicted | Stmt::GetRecord => &[Type::TEXT, Type::TEXT],
             Stmt::PutRecord => &[
                 Type::TEXT,

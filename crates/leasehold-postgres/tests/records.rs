@@ -367,3 +367,53 @@ async fn a_write_racing_a_release_waits_for_it_and_writes_nothing() {
         Some(&b"next"[..])
     );
 }
+
+/// A kept grant wakes the name's waiters.
+/// They were told the old, later end of its lease, and would otherwise look again only
+/// then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_grant_wakes_its_waiters() {
+    let server = Postgres::start().await.unwrap();
+    let options = leasehold_core::LockOptions::builder()
+        .ttl(Duration::from_secs(90))
+        .build()
+        .unwrap();
+    let connect = || async {
+        let backend = PostgresBackend::connect(&server.url()).await.unwrap();
+        leasehold_core::Client::builder(backend)
+            .options(options.clone())
+            .build()
+    };
+    let (a, b) = (connect().await, connect().await);
+    let held = a.mutex("kept").unwrap().lock().await.unwrap();
+    let waiting = tokio::spawn(async move {
+        let mutex = b.mutex("kept").unwrap();
+        let next = mutex.lock_timeout(Duration::from_secs(60)).await.unwrap();
+        (next, std::time::Instant::now())
+    });
+    until_waiting(&a, "kept").await;
+    let kept = std::time::Instant::now();
+    held.keep_for(Duration::from_millis(300)).await.unwrap();
+    let (next, granted) = waiting.await.unwrap();
+    let next = next.expect("granted once the kept grant ended");
+    // Without the wake-up the waiter looks again only when the lease it was told of ends
+    // (30 s here); woken, it is granted as the 300 ms hold ends (a loaded machine adds
+    // seconds).
+    let waited = granted.duration_since(kept);
+    assert!(
+        waited < Duration::from_secs(10),
+        "granted {waited:?} after the keep"
+    );
+    next.release().await.unwrap();
+}
+
+/// Waits until `name` has a waiter.
+async fn until_waiting(client: &leasehold_core::Client, name: &str) {
+    let waited = tokio::time::timeout(Duration::from_secs(30), async {
+        while client.inspect(name).await.unwrap().waiters.is_empty() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(waited.is_ok(), "nobody waited for {name}");
+}

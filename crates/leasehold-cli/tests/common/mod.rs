@@ -564,3 +564,34 @@ pub(crate) async fn at_least_holds_the_lock_after_the_command(url: &str, support
         .unwrap();
     assert_eq!(out.status.code(), Some(0), "free once the hold ended");
 }
+
+/// A scheduled job's `--at-least` counts from the run's start, once.
+/// The job takes 5 s of an 8 s hold: the lock stays held about 3 s after it ends.
+#[allow(dead_code, reason = "not every test file runs jobs")]
+pub(crate) async fn a_jobs_at_least_counts_from_its_start(url: &str) {
+    let out = leasehold_on(
+        url,
+        &[
+            "run",
+            "--window-id",
+            "slow",
+            "--at-least",
+            "8s",
+            "kept-job",
+            "--",
+            "sleep",
+            "5",
+        ],
+    )
+    .stderr(Stdio::piped())
+    .output()
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let out = leasehold_on(url, &["run", "--no-wait", "kept-job", "--", "true"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(75), "held after the job ended");
+}

@@ -253,18 +253,20 @@ impl Guard {
     ///
     /// # Cancel safety
     ///
-    /// Renewals stop before the request is sent. Dropped before the answer, the grant ends
-    /// at the end of its last lease or `hold` after the request, whichever the server
-    /// applied.
+    /// Renewals stop before the request is sent. Dropped before the answer, the lock is
+    /// released in the background, as a dropped guard's is (whether the hold was applied
+    /// or not).
     ///
     /// # Errors
     ///
     /// - [`Error::Lost`] if the lease had been lost; [`Error::NotHeld`] if the server had
     ///   no grant for this owner.
-    /// - [`Error::Unsupported`] where grants live by a session or connection the backend
-    ///   cannot move them off; the lock is released instead.
+    /// - [`Error::Unsupported`] where grants cannot be kept
+    ///   ([`Capabilities::can_keep`](crate::Capabilities::can_keep)); the lock is released
+    ///   instead.
     /// - Backend errors: whether the hold was applied is unknown. A grant that expires ends
-    ///   at one of the two ends above; one that lives by a session is released.
+    ///   at the end of its last lease or `hold` after the request, whichever the server
+    ///   applied; one that lives by a session is released.
     pub async fn keep_for(mut self, hold: Duration) -> Result<()> {
         if hold.is_zero() {
             return self.release().await;
@@ -277,22 +279,27 @@ impl Guard {
                 _ => Ok(()),
             };
         }
-        if let State::Lost(reason) = lease.finish() {
-            // Released by owner, in case the server still has it.
-            drop(lease.pending_release());
+        let ended = lease.finish();
+        // Armed until the server answers: dropped, it releases by owner.
+        let mut pending = lease.pending_release();
+        if let State::Lost(reason) = ended {
             return Err(Error::Lost(reason));
         }
+        pending.sent(lease.ctx.clock.now(), hold);
         let keep = lease.ctx.backend.keep(&lease.request, hold);
-        match lease.ctx.call(lease.options.request_timeout(), keep).await {
+        let kept = lease.ctx.call(lease.options.request_timeout(), keep).await;
+        let release = match &kept {
+            Err(Error::Unsupported { .. }) => true,
+            Err(_) => lease.session.is_some(),
+            Ok(_) => false,
+        };
+        if !release {
+            pending.disarm();
+        }
+        match kept {
             Ok(true) => Ok(()),
             Ok(false) => Err(Error::NotHeld),
-            Err(error) => {
-                let unsupported = matches!(error, Error::Unsupported { .. });
-                if unsupported || lease.session.is_some() {
-                    drop(lease.pending_release());
-                }
-                Err(error)
-            }
+            Err(error) => Err(error),
         }
     }
 }

@@ -93,8 +93,11 @@ impl Window {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] unless `id` is 1 to 90 characters valid in a lock name.
+    /// [`Error::InvalidArgument`] unless `id` is 1 to 93 characters valid in a lock name.
     pub fn named(id: &str) -> Result<Self> {
+        if id.is_empty() {
+            return Err(Error::invalid("window id", "the id is empty"));
+        }
         let key = RecordKey::new(&format!("window:{id}")).map_err(|e| match e {
             Error::InvalidArgument { reason, .. } => Error::invalid("window id", reason),
             other => other,
@@ -181,7 +184,8 @@ impl Completion {
 
     fn decode(bytes: &[u8]) -> Result<Self> {
         let bad = |what: &str| {
-            Error::invalid("completion record", format!("{what} is missing or garbled"))
+            let message = format!("a completion record's {what} is missing or garbled");
+            Error::backend(message, false)
         };
         let text = std::str::from_utf8(bytes).map_err(|_| bad("the text"))?;
         let field = |key: &str| {
@@ -335,9 +339,22 @@ impl Job {
     }
 
     /// The window's completion, if it closes the window.
+    /// (With [`retry_failed`](Job::retry_failed), a failed run's does not.)
+    ///
+    /// # Cancel safety
+    ///
+    /// It only reads: dropping it changes nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Timeout`] after the request timeout; [`Error::Backend`] for a record that
+    /// is not a completion; [`Error::Unsupported`] where the backend keeps no records;
+    /// backend errors.
     pub async fn completion(&self, window: &Window) -> Result<Option<Completion>> {
-        let backend = &self.mutex.target.ctx.backend;
-        let Some(bytes) = backend.get_record(self.name(), &window.key).await? else {
+        let ctx = &self.mutex.target.ctx;
+        let read = ctx.backend.get_record(self.name(), &window.key);
+        let timeout = self.mutex.options().request_timeout();
+        let Some(bytes) = ctx.call(timeout, read).await? else {
             return Ok(None);
         };
         let done = Completion::decode(&bytes)?;
@@ -373,7 +390,11 @@ impl Job {
                 guard,
             })),
             Ok(Some(done)) => {
-                guard.release().await?;
+                // The window is closed whatever the release says; a failed one goes on
+                // in the background.
+                if let Err(error) = guard.release().await {
+                    tracing::warn!(lock = %self.name(), %error, "releasing after a closed window");
+                }
                 Ok(Claim::Done(done))
             }
             Err(error) => {
@@ -448,11 +469,10 @@ impl JobTicket {
     ///
     /// # Errors
     ///
-    /// As for [`JobRun::finish`]; [`Error::InvalidArgument`] if `guard` is not this
-    /// run's; and as for [`Guard::keep_for`] once the record is written — so
-    /// [`Error::Unsupported`] for a non-zero `at_least` where grants cannot be kept
-    /// ([`Capabilities::can_keep`](crate::Capabilities::can_keep)): the window is closed
-    /// and the lock released.
+    /// As for [`JobRun::finish`], and [`Error::InvalidArgument`] if `guard` is not this
+    /// run's. Once the record is written the answer is `Ok`: a lock that cannot be kept
+    /// ([`Capabilities::can_keep`](crate::Capabilities::can_keep)) is released, and a
+    /// release that fails goes on in the background (both logged).
     pub async fn finish(
         self,
         guard: Guard,
@@ -472,16 +492,25 @@ impl JobTicket {
             outcome,
         };
         let record = done.encode();
-        let mut attempts = 0;
+        // Writing the same record again is harmless; but once an attempt's outcome is
+        // unknown, a later "not held" cannot say the record was not written.
+        let mut unconfirmed = None;
         let written = loop {
-            attempts += 1;
-            match (guard)
-                .put_record(&self.window.key, record.as_bytes(), self.window.keep)
-                .await
-            {
-                // Writing the same record again is harmless.
-                Err(Error::Timeout(_) | Error::Unavailable { .. }) if attempts < 3 => continue,
-                written => break written,
+            let write = guard.put_record(&self.window.key, record.as_bytes(), self.window.keep);
+            match (write.await, unconfirmed.is_some()) {
+                (Err(error @ (Error::Timeout(_) | Error::Unavailable { .. })), _) => {
+                    if unconfirmed.replace(error).is_some() {
+                        break Err(unconfirmed.take().unwrap_or(Error::Timeout(Duration::ZERO)));
+                    }
+                }
+                (Ok(false), true) => {
+                    break Err(Error::backend(
+                        "the completion record's write timed out and the grant is gone since: \
+                         whether the window is closed is unknown",
+                        false,
+                    ));
+                }
+                (written, _) => break written,
             }
         };
         match written {
@@ -495,9 +524,12 @@ impl JobTicket {
                 return Err(error);
             }
         }
+        // The window is closed: what happens to the lock now does not change that.
         let clock = &guard.lease().ctx.clock;
         let held = clock.now().saturating_duration_since(self.began);
-        guard.keep_for(at_least.saturating_sub(held)).await?;
+        if let Err(error) = guard.keep_for(at_least.saturating_sub(held)).await {
+            tracing::warn!(window = %done.window, %error, "letting go of a finished job's lock");
+        }
         Ok(done)
     }
 }

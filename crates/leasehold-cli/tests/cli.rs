@@ -581,7 +581,7 @@ async fn sigint_while_waiting_exits_130_without_running_the_command() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_hosts_with_skewed_clocks_run_a_job_once_per_window() {
     let d = Dir::new();
-    common::ten_hosts_run_a_job_once_per_window(&d.url(), 100).await;
+    common::ten_hosts_run_a_job_once_per_window(&d.url(), 30).await;
 }
 
 #[tokio::test]

@@ -85,7 +85,7 @@ async fn a_forced_release_stops_the_holders_command_and_is_recorded() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_hosts_with_skewed_clocks_run_a_job_once_per_window() {
     let server = Postgres::start().await.unwrap();
-    common::ten_hosts_run_a_job_once_per_window(&server.url(), 100).await;
+    common::ten_hosts_run_a_job_once_per_window(&server.url(), 30).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

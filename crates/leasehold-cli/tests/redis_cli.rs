@@ -31,6 +31,9 @@ async fn a_forced_release_stops_the_holders_command_and_is_recorded() {
     common::a_forced_release_stops_the_holders_command_and_is_recorded(&server.url()).await;
 }
 
+/// The 100 windows the issue asks for run here.
+/// The other backends run fewer, for the suite's time (the window logic is the client's,
+/// the same on every backend).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_hosts_with_skewed_clocks_run_a_job_once_per_window() {
     let server = Redis::start().await.unwrap();

@@ -107,7 +107,8 @@ pub(crate) enum Stmt {
     Release,
     /// Lease mode: holders, waiters and evictions of a name.
     Inspect,
-    /// Both modes: drop what vanished holders left behind, and expired records.
+    /// Both modes: drop what vanished holders left behind, and what has expired.
+    /// That is records past their keep, and evictions over a week old.
     Sweep,
     /// Advisory mode: take the name's lock on this session, with a token.
     AdvisoryAcquire,
@@ -219,11 +220,18 @@ impl Stmt {
             ),
             // Expired records too, up to as many (by their expiry's index), none another
             // statement has locked.
+            // Evictions are kept a week, as on Redis: long past any lease they could end.
             Stmt::Sweep => {
                 "WITH records AS ( \
                      DELETE FROM @schema@.records r WHERE (r.name, r.key) IN ( \
                          SELECT e.name, e.key FROM @schema@.records e \
                          WHERE e.expires_at <= clock_timestamp() \
+                         LIMIT $1 FOR UPDATE SKIP LOCKED)), \
+                 evictions AS ( \
+                     DELETE FROM @schema@.evictions v WHERE (v.name, v.seq) IN ( \
+                         SELECT o.name, o.seq FROM @schema@.evictions o \
+                         WHERE o.at_ms < (extract(epoch FROM clock_timestamp()) * 1000)::bigint \
+                             - 7 * 24 * 3600 * 1000 \
                          LIMIT $1 FOR UPDATE SKIP LOCKED)) \
                  SELECT @schema@.sweep($1)"
             }

@@ -417,3 +417,25 @@ async fn until_waiting(client: &leasehold_core::Client, name: &str) {
     .await;
     assert!(waited.is_ok(), "nobody waited for {name}");
 }
+
+/// The sweep drops evictions over a week old, and keeps newer ones.
+/// Their age is from the time they were recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sweep_drops_evictions_over_a_week_old() {
+    let server = Postgres::start().await.unwrap();
+    let db = database(&server.url()).await;
+    let backend = PostgresBackend::connect(&server.url()).await.unwrap();
+    let now_ms = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
+    let week_ms = 7 * 24 * 3600 * 1000;
+    db.batch_execute(&format!(
+        "INSERT INTO leasehold.evictions (name, owner, token, evicted_by, reason, at_ms) VALUES \
+         ('old', 'o1', 1, 'ops@host', 'stuck', {now_ms} - {week_ms} - 1000), \
+         ('recent', 'o2', 2, 'ops@host', 'stuck', {now_ms} - {week_ms} + 60000)"
+    ))
+    .await
+    .unwrap();
+    backend.sweep().await.unwrap();
+    let left = "SELECT string_agg(name, ',') FROM leasehold.evictions";
+    let names: String = db.query_one(left, &[]).await.unwrap().get(0);
+    assert_eq!(names, "recent");
+}

@@ -21,6 +21,7 @@ pub fn to_json(locks: &[(String, LockState)]) -> Value {
                     "token": h.token.get(),
                     "remaining_ms": h.remaining.map(|r| r.as_millis() as u64),
                     "held_ms": h.held.map(|r| r.as_millis() as u64),
+                    "kept": h.kept,
                     "value": h.value.as_deref().map(value),
                 })).collect::<Vec<_>>(),
                 "waiters": state.waiters.iter().map(|w| json!({
@@ -55,7 +56,8 @@ pub fn to_table(locks: &[(String, LockState)], colour: bool) -> String {
         for h in &state.holders {
             rows.push([
                 name.clone(),
-                "holder".into(),
+                // Kept: its holder let go, and it ends when its TTL runs out.
+                if h.kept { "kept" } else { "holder" }.into(),
                 mode(h.mode),
                 h.token.to_string(),
                 seconds(h.held, "-"),
@@ -96,7 +98,7 @@ pub fn to_table(locks: &[(String, LockState)], colour: bool) -> String {
     let mut out = String::new();
     for row in rows {
         let paint = match row[1].as_str() {
-            "holder" if colour => Some("32"),
+            "holder" | "kept" if colour => Some("32"),
             "waiter" if colour => Some("33"),
             _ => None,
         };

@@ -454,6 +454,11 @@ pub struct Holder {
     /// How long the grant has been held.
     /// `None` where the backend does not record when a grant was made.
     pub held: Option<Duration>,
+    /// The grant is kept: its holder let go of it.
+    /// It ends, unrenewed, when its time left runs out
+    /// ([`Guard::keep_for`](crate::Guard::keep_for)). Set by
+    /// [`Client::inspect`](crate::Client::inspect); backends leave it `false`.
+    pub kept: bool,
 }
 
 impl Holder {
@@ -467,6 +472,7 @@ impl Holder {
             remaining: None,
             value: None,
             held: None,
+            kept: false,
         }
     }
 

@@ -10,7 +10,7 @@ use crate::context::Context;
 use crate::error::Result;
 use crate::name::{LockName, NamePrefix};
 use crate::options::LockOptions;
-use crate::sync::{Election, Job, MultiLock, Mutex, Part, RwLock, Semaphore};
+use crate::sync::{Election, Job, MultiLock, Mutex, Part, RwLock, Semaphore, kept_record};
 
 /// A connection to one lock backend, with the clock and default options its locks use.
 /// Cheap to clone; clones share everything.
@@ -123,6 +123,8 @@ impl Client {
     }
 
     /// Holders, waiters and tokens of a lock, as the server sees them.
+    /// Where grants can be kept ([`Capabilities::can_keep`](crate::Capabilities::can_keep)),
+    /// a second read marks a kept one ([`Holder::kept`](crate::backend::Holder::kept)).
     ///
     /// # Cancel safety
     ///
@@ -135,8 +137,19 @@ impl Client {
     pub async fn inspect(&self, name: &str) -> Result<LockState> {
         let name = LockName::new(name)?;
         let ctx = &self.ctx;
-        ctx.call(ctx.options.request_timeout(), ctx.backend.inspect(&name))
-            .await
+        let timeout = ctx.options.request_timeout();
+        let mut state = ctx.call(timeout, ctx.backend.inspect(&name)).await?;
+        // Which holder's grant is kept, where grants can be: only a label, so a failed
+        // read leaves the holders unlabelled.
+        if ctx.capabilities.can_keep() && !state.holders.is_empty() {
+            let read = ctx.backend.get_record(&name, kept_record());
+            if let Ok(Some(owner)) = ctx.call(timeout, read).await {
+                for holder in &mut state.holders {
+                    holder.kept = holder.owner.as_str().as_bytes() == owner;
+                }
+            }
+        }
+        Ok(state)
     }
 
     /// Every held or queued lock whose name begins with `prefix`.

@@ -1328,6 +1328,10 @@ async fn a_kept_grant_outlives_its_holder(case: &Case<'_>) {
     let holder = (state.holders.iter())
         .find(|h| h.owner == owner)
         .expect("the kept grant is still held");
+    assert!(
+        holder.kept,
+        "inspect does not say the grant is kept: {holder:?}"
+    );
     if let Some(left) = holder.remaining {
         assert!(
             left <= hold + caps.ttl_granularity,

@@ -558,6 +558,13 @@ pub(crate) async fn at_least_holds_the_lock_after_the_command(url: &str, support
         .await
         .unwrap();
     assert_eq!(out.status.code(), Some(75), "held after its holder exited");
+    let out = leasehold_on(url, &["inspect", "--json", "kept"])
+        .output()
+        .await
+        .unwrap();
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let holder = &json["locks"][0]["holders"][0];
+    assert_eq!(holder["kept"], true, "{json}");
     let out = leasehold_on(url, &["run", "kept", "--", "true"])
         .output()
         .await

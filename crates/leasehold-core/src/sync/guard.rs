@@ -286,6 +286,14 @@ impl Guard {
             return Err(Error::Lost(reason));
         }
         pending.sent(lease.ctx.clock.now(), hold);
+        // Which grant is kept, for `inspect` to say; fenced like any record, kept as long.
+        // Only a label: a backend that keeps no records, or a failed write, keeps the grant
+        // all the same.
+        if lease.ctx.capabilities.can_keep() {
+            let owner = lease.request.owner.as_str().as_bytes();
+            let label = (lease.ctx.backend).put_record(&lease.request, kept_record(), owner, hold);
+            let _ = lease.ctx.call(lease.options.request_timeout(), label).await;
+        }
         let keep = lease.ctx.backend.keep(&lease.request, hold);
         let kept = lease.ctx.call(lease.options.request_timeout(), keep).await;
         let release = match &kept {
@@ -302,6 +310,12 @@ impl Guard {
             Err(error) => Err(error),
         }
     }
+}
+
+/// The key of the record naming the owner whose grant of a name is kept.
+pub(crate) fn kept_record() -> &'static RecordKey {
+    static KEY: std::sync::OnceLock<RecordKey> = std::sync::OnceLock::new();
+    KEY.get_or_init(|| RecordKey::new("kept").expect("a valid record key"))
 }
 
 /// The deadline of a held lease, or why it is not held.

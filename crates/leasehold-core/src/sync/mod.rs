@@ -28,6 +28,7 @@ mod semaphore;
 use std::sync::Arc;
 
 pub use election::{Election, Leader, Leadership, Observer};
+pub(crate) use guard::kept_record;
 pub use guard::{Guard, MutexGuard, Permit, ReadGuard, WriteGuard};
 pub use job::{Claim, Completion, Job, JobRun, JobTicket, Outcome, Window};
 pub use multi::{MultiGuard, MultiLock, Part};

@@ -15,16 +15,13 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use leasehold_core::{Client, LockOptions, LossReason};
-use leasehold_postgres::tokio_postgres::{self, NoTls};
+use leasehold_postgres::tokio_postgres;
 use leasehold_postgres::{PostgresBackend, still_owner};
 use leasehold_testkit::Postgres;
 use leasehold_testkit::faulty::{Faulty, Op};
 
-async fn database(url: &str) -> tokio_postgres::Client {
-    let (client, connection) = tokio_postgres::connect(url, NoTls).await.unwrap();
-    tokio::spawn(connection);
-    client
-}
+mod common;
+use common::database;
 
 /// Moves the server's wall clock `offset` seconds from the real one.
 /// It waits until the server reads it.

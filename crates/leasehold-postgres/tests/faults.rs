@@ -11,11 +11,8 @@ use leasehold_postgres::PostgresBackend;
 use leasehold_postgres::tokio_postgres::{self, NoTls};
 use leasehold_testkit::{Direction, FaultProxy, Postgres};
 
-async fn database(url: &str) -> tokio_postgres::Client {
-    let (client, connection) = tokio_postgres::connect(url, NoTls).await.unwrap();
-    tokio::spawn(connection);
-    client
-}
+mod common;
+use common::database;
 
 fn url(port: u16, params: &str) -> String {
     format!("postgres://postgres@127.0.0.1:{port}/postgres?{params}")

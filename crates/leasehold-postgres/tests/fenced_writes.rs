@@ -10,18 +10,15 @@ use std::time::Duration;
 
 use leasehold_core::{Client, LockOptions, LossReason};
 use leasehold_postgres::fence::{TokenFence, token_param};
-use leasehold_postgres::tokio_postgres::{self, NoTls};
+use leasehold_postgres::tokio_postgres;
 use leasehold_postgres::{PostgresBackend, StillOwner, still_owner};
 use leasehold_testkit::conformance::{LivenessSwitch, ProxySwitch};
 use leasehold_testkit::faulty::{Faulty, Op};
 use leasehold_testkit::{FaultProxy, Postgres};
 use tokio::sync::watch;
 
-async fn database(url: &str) -> tokio_postgres::Client {
-    let (client, connection) = tokio_postgres::connect(url, NoTls).await.unwrap();
-    tokio::spawn(connection);
-    client
-}
+mod common;
+use common::{database, until};
 
 async fn stock(db: &tokio_postgres::Client) {
     db.batch_execute(
@@ -44,16 +41,6 @@ async fn take_one(db: &impl tokio_postgres::GenericClient, fence: &StillOwner) -
 }
 
 /// Polls the server until `sql` (one boolean) is true: the state a step waits for lives there.
-async fn until(db: &tokio_postgres::Client, sql: &str) {
-    let waited = tokio::time::timeout(Duration::from_secs(30), async {
-        while !db.query_one(sql, &[]).await.unwrap().get::<_, bool>(0) {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await;
-    assert!(waited.is_ok(), "never true: {sql}");
-}
-
 fn short_lease() -> LockOptions {
     LockOptions::builder()
         .ttl(Duration::from_secs(1))

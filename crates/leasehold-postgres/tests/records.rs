@@ -11,27 +11,13 @@ use std::time::Duration;
 use leasehold_core::backend::{Acquire, Backend, Mode, Release, Request};
 use leasehold_core::{Error, LockName, NamePrefix, OwnerId, RecordKey};
 use leasehold_postgres::PostgresBackend;
-use leasehold_postgres::tokio_postgres::{self, NoTls};
+use leasehold_postgres::tokio_postgres;
 use leasehold_testkit::Postgres;
 
+mod common;
+use common::{database, until};
+
 const KEEP: Duration = Duration::from_secs(600);
-
-async fn database(url: &str) -> tokio_postgres::Client {
-    let (client, connection) = tokio_postgres::connect(url, NoTls).await.unwrap();
-    tokio::spawn(connection);
-    client
-}
-
-/// Polls the server until `sql` (one boolean) is true.
-async fn until(db: &tokio_postgres::Client, sql: &str) {
-    let waited = tokio::time::timeout(Duration::from_secs(30), async {
-        while !db.query_one(sql, &[]).await.unwrap().get::<_, bool>(0) {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await;
-    assert!(waited.is_ok(), "never true: {sql}");
-}
 
 async fn count(db: &tokio_postgres::Client, sql: &str) -> i64 {
     db.query_one(sql, &[]).await.unwrap().get(0)

@@ -298,8 +298,70 @@ pub(crate) fn pin_servers(pids: &[u32]) {
             .args(["-pc", &cpus, &pid.to_string()])
             .output()
             .expect("taskset");
-        assert!(pinned.status.success(), "taskset -pc {cpus} {pid}");
+        let gone = !std::path::Path::new(&format!("/proc/{pid}")).exists();
+        assert!(pinned.status.success() || gone, "taskset -pc {cpus} {pid}");
     }
+}
+
+/// The process `root` and every process below it, as they are now.
+/// From the parent ids in `/proc/<pid>/stat`.
+#[allow(dead_code)] // only the comparisons whose servers fork (PostgreSQL)
+pub(crate) fn process_tree(root: u32) -> Vec<u32> {
+    let mut parents = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let Some(after) = stat.rfind(')').map(|at| &stat[at + 2..]) else {
+            continue;
+        };
+        if let Some(ppid) = after.split(' ').nth(1).and_then(|p| p.parse::<u32>().ok()) {
+            parents.push((pid, ppid));
+        }
+    }
+    let mut tree = vec![root];
+    let mut at = 0;
+    while at < tree.len() {
+        let parent = tree[at];
+        tree.extend(
+            parents
+                .iter()
+                .filter(|(_, p)| *p == parent)
+                .map(|(c, _)| *c),
+        );
+        at += 1;
+    }
+    tree
+}
+
+/// User + system CPU time of the process `root` and of every process below it.
+/// Live or ended (a forking server's sessions: PostgreSQL); ended children count once
+/// their parent has waited for them.
+#[allow(dead_code)] // only the comparisons whose servers fork (PostgreSQL)
+pub(crate) fn tree_cpu_time(root: u32) -> Duration {
+    let ticks = |pid: u32, fields: std::ops::Range<usize>| -> u64 {
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            return 0; // ended meanwhile
+        };
+        let after = &stat[stat.rfind(')').map_or(0, |at| at + 2)..];
+        let values: Vec<&str> = after.split(' ').collect();
+        fields
+            .filter_map(|i| values.get(i)?.parse::<u64>().ok())
+            .sum()
+    };
+    // utime and stime are the 14th and 15th fields of the line, cutime and cstime the next two.
+    let own: u64 = process_tree(root)
+        .into_iter()
+        .map(|pid| ticks(pid, 11..13))
+        .sum();
+    Duration::from_millis((own + ticks(root, 13..15)) * 10)
 }
 
 /// One side's run: its rate, and the servers' CPU time per cycle.

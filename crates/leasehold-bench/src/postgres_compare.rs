@@ -13,6 +13,11 @@
 //! - **bare advisory locks**: `pg_try_advisory_lock` / `pg_advisory_unlock` sent raw (no
 //!   token, no waiting, no liveness).
 //!
+//! The *server-cpu* side runs uncontended cycles of each advisory side and of lease mode and
+//! its floor once more, reading the CPU time of the server's processes (the postmaster and
+//! every session below it) around each: the server's cost per cycle, which a rate alone
+//! hides while the clients are the bound.
+//!
 //! Every round also has *interleaved* rows: each client runs a leasehold cycle and a floor
 //! cycle by turns, so that whatever else the machine runs falls on both alike. Round trips
 //! of an uncontended cycle are counted by the server (`pg_stat_statements`) when the binary
@@ -21,7 +26,9 @@
 //! ```sh
 //! cargo run --release -p leasehold-bench --bin postgres-compare            # starts its own PostgreSQL
 //! cargo run --release -p leasehold-bench --bin postgres-compare -- --url postgres://me@127.0.0.1/db --duration 5s --json
-//! cargo run --release -p leasehold-bench --bin postgres-compare -- --only floor   # or leasehold, advisory, advisory-floor, bare-advisory
+//! cargo run --release -p leasehold-bench --bin postgres-compare -- --only floor   # or leasehold, advisory, advisory-floor, bare-advisory, server-cpu
+//! # the server on core 0, the clients on core 1; prints the server's CPU time per cycle
+//! LEASEHOLD_SERVER_CPUS=0 taskset -c 1 cargo run --release -p leasehold-bench --bin postgres-compare
 //! ```
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark: failures should be loud
@@ -33,7 +40,10 @@ use leasehold_cli::bench::{BenchSpec, Row, Stats, cycles, json, table};
 use serde_json::json as j;
 
 mod common;
-use common::{Args, Cycle, Rounds, interleaved, leasehold_cycle, uncontended};
+use common::{
+    Args, Cycle, Rounds, interleaved, leasehold_cycle, pin_servers, process_tree, tree_cpu_time,
+    uncontended,
+};
 
 const ROUNDS: usize = 3;
 const TTL_MS: i64 = 30_000;
@@ -215,7 +225,8 @@ async fn statements(admin: &tokio_postgres::Client) -> Option<i64> {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let args = Args::parse();
-    let server;
+    let mut server;
+    let mut postmaster = None;
     let url = match &args.url {
         Some(url) => url.clone(),
         None => {
@@ -225,6 +236,10 @@ async fn main() {
                 .start()
                 .await
                 .expect("PostgreSQL");
+            // The postmaster and the processes it runs now; later sessions inherit its CPUs.
+            let pid = server.process().pid().expect("a running server");
+            pin_servers(&process_tree(pid));
+            postmaster = Some(pid);
             server.url()
         }
     };
@@ -361,6 +376,66 @@ async fn main() {
             }
         }
     }
+    // The server's CPU time per uncontended cycle of each advisory side and lease mode, at 1
+    // and at n clients: what a cycle costs the server, which a rate alone hides when the
+    // clients, not the server, are the bound.
+    let mut server_cpu = Vec::new();
+    if let (Some(postmaster), true) = (postmaster, args.runs("server-cpu")) {
+        let mut advisory_mutexes = Vec::new();
+        for i in 0..n {
+            let client = leasehold::connect(&advisory_url).await.expect("connect");
+            advisory_mutexes.push(client.mutex(&format!("cpu-advisory-{i}")).unwrap());
+        }
+        for clients in [1, n] {
+            type Make<'a> = Box<dyn Fn(usize) -> Box<dyn FnMut() -> Cycle + Send> + 'a>;
+            let sides: [(&str, Make); 5] = [
+                (
+                    "leasehold advisory",
+                    Box::new(|i| Box::new(leasehold_cycle(advisory_mutexes[i].clone()))),
+                ),
+                (
+                    "advisory statement floor",
+                    Box::new(|i| {
+                        Box::new(advisory_floor_cycle(
+                            raw[i].clone(),
+                            format!("cpu-floor-{i}"),
+                        ))
+                    }),
+                ),
+                (
+                    "bare pg_try_advisory_lock",
+                    Box::new(|i| {
+                        Box::new(bare_advisory_cycle(
+                            raw[i].clone(),
+                            key(&format!("cpu-bare-{i}")),
+                        ))
+                    }),
+                ),
+                (
+                    "leasehold",
+                    Box::new(|i| Box::new(leasehold_cycle(ours[i].clone()))),
+                ),
+                (
+                    "statement floor",
+                    Box::new(|i| {
+                        Box::new(floor_cycle(raw[i].clone(), format!("cpu-lease-{i}"), true))
+                    }),
+                ),
+            ];
+            for (side, make) in &sides {
+                let before = tree_cpu_time(postmaster);
+                let stats = cycles(clients, spec.duration, make).await;
+                let spent = tree_cpu_time(postmaster).saturating_sub(before);
+                let per_cycle = spent.as_secs_f64() * 1e6 / stats.cycles.max(1) as f64;
+                server_cpu.push(j!({
+                    "side": side,
+                    "clients": clients,
+                    "cycles_per_s": stats.rate(),
+                    "server_cpu_us_per_cycle": per_cycle,
+                }));
+            }
+        }
+    }
     let rows = rounds.best();
     let row = |name: &str| -> Stats {
         rows.iter()
@@ -404,6 +479,7 @@ async fn main() {
         "advisory_handoff_p50_ms": p("leasehold advisory hand-off (release -> next holds)", 0.5),
         "advisory_handoff_p99_ms": p("leasehold advisory hand-off (release -> next holds)", 0.99),
         "round_trips_per_leasehold_cycle": per_cycle,
+        "server_cpu": server_cpu,
     });
     if args.json {
         let mut out = json(&rows);
@@ -458,5 +534,14 @@ async fn main() {
             "round trips per uncontended leasehold cycle (acquire + release): {per_cycle:.2}"
         ),
         None => println!("round trips per cycle: pg_stat_statements is not loaded on this server"),
+    }
+    for row in &server_cpu {
+        println!(
+            "server CPU per uncontended cycle, {}, {} client(s): {:.1} µs ({:.0} cycles/s)",
+            row["side"].as_str().unwrap_or("?"),
+            row["clients"],
+            row["server_cpu_us_per_cycle"].as_f64().unwrap_or(f64::NAN),
+            row["cycles_per_s"].as_f64().unwrap_or(f64::NAN),
+        );
     }
 }

@@ -18,7 +18,7 @@ use leasehold_testkit::{FaultProxy, Postgres};
 use tokio::sync::watch;
 
 mod common;
-use common::{database, until};
+use common::{database, old_schema, until};
 
 async fn stock(db: &tokio_postgres::Client) {
     db.batch_execute(
@@ -226,6 +226,106 @@ async fn the_next_advisory_grant_waits_for_the_fenced_transaction() {
     let next = next.await.unwrap().unwrap();
     assert!(next.token() > holder.token());
     next.release().await.unwrap();
+}
+
+/// Version 4 of the schema keeps an advisory holder of version 3 holding, fenced and released once.
+/// The advisory table becomes unlogged with its rows, the holder's write still passes, the
+/// next grant has to wait for its release, and its release answers that it held. A session
+/// whose settings were reset (a pooler's RESET ALL) records its own start again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_advisory_holder_of_version_3_keeps_its_lock_across_version_4() {
+    let server = Postgres::start().await.unwrap();
+    let db = database(&server.url()).await;
+    old_schema(&db, 3).await;
+    stock(&db).await;
+    let holder = database(&server.url()).await;
+    let token: i64 = holder
+        .query_one(
+            "SELECT old.advisory_acquire('stock', 'old-holder', false, false, 600000, NULL)",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+
+    let url = format!("{}?schema=old&mode=advisory&session_ttl=30s", server.url());
+    let client = Client::new(PostgresBackend::connect(&url).await.unwrap());
+    let version: i32 = db
+        .query_one("SELECT max(version) FROM old.version", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(version, 4);
+    let persistence: i8 = db
+        .query_one(
+            "SELECT relpersistence FROM pg_class WHERE oid = 'old.advisory'::regclass",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        persistence as u8, b'u',
+        "the advisory table is still logged"
+    );
+    let fenced = "UPDATE stock SET left_ = left_ - 1 WHERE item = 'tea' AND old.holds($1, $2, $3)";
+    let write = async |token: i64, owner: &str| -> u64 {
+        db.execute(fenced, &[&"stock", &token, &owner])
+            .await
+            .unwrap()
+    };
+    assert_eq!(
+        write(token, "old-holder").await,
+        1,
+        "the holder's write was refused"
+    );
+    let mutex = client.mutex("stock").unwrap();
+    assert!(mutex.try_lock().await.unwrap().is_none(), "granted twice");
+
+    let released = async |session: &tokio_postgres::Client| -> bool {
+        session
+            .query_one("SELECT old.advisory_release('stock', false)", &[])
+            .await
+            .unwrap()
+            .get(0)
+    };
+    assert!(released(&holder).await);
+    assert!(!released(&holder).await, "released twice");
+    assert_eq!(
+        write(token, "old-holder").await,
+        0,
+        "a released holder wrote"
+    );
+    let next = mutex
+        .try_lock()
+        .await
+        .unwrap()
+        .expect("free after the release");
+    assert!(u64::from(next.token()) > token as u64);
+    next.release().await.unwrap();
+
+    // The holder's session again, its settings reset: its row names its own start.
+    holder.batch_execute("RESET ALL").await.unwrap();
+    let token: i64 = holder
+        .query_one(
+            "SELECT old.advisory_acquire('stock', 'again', false, false, 600000, NULL)",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let own_start: bool = holder
+        .query_one(
+            "SELECT a.started = s.backend_start FROM old.advisory a \
+             JOIN pg_stat_activity s ON s.pid = a.pid WHERE a.pid = pg_backend_pid()",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(own_start, "the row names another session's start");
+    assert_eq!(write(token, "again").await, 1);
+    assert!(released(&holder).await);
 }
 
 /// A token column on any table.

@@ -15,7 +15,7 @@ use leasehold_postgres::tokio_postgres;
 use leasehold_testkit::Postgres;
 
 mod common;
-use common::{database, until};
+use common::{database, old_schema, until};
 
 const KEEP: Duration = Duration::from_secs(600);
 
@@ -46,18 +46,7 @@ fn key(key: &str) -> RecordKey {
 async fn a_version_2_schema_is_brought_to_version_3_once() {
     let server = Postgres::start().await.unwrap();
     let db = database(&server.url()).await;
-    let render = |sql: &str| {
-        sql.replace("@schema@", "old")
-            .replace("@channel@", "old.wake")
-    };
-    db.batch_execute(&format!(
-        "BEGIN; CREATE SCHEMA old; CREATE TABLE old.version (version integer NOT NULL); \
-         {} {} INSERT INTO old.version VALUES (2); COMMIT",
-        render(include_str!("../sql/v1.sql")),
-        render(include_str!("../sql/v2.sql")),
-    ))
-    .await
-    .unwrap();
+    old_schema(&db, 2).await;
     db.batch_execute(
         "SELECT old.acquire('held', 'someone', 'x', NULL, 600000, false, false, 0, NULL)",
     )
@@ -68,10 +57,7 @@ async fn a_version_2_schema_is_brought_to_version_3_once() {
     let clients =
         futures_util::future::join_all((0..4).map(|_| PostgresBackend::connect(&url))).await;
     let backend = clients.into_iter().next().unwrap().unwrap();
-    assert_eq!(
-        count(&db, "SELECT max(version)::bigint FROM old.version").await,
-        3
-    );
+    assert!(count(&db, "SELECT max(version)::bigint FROM old.version").await >= 3);
     assert_eq!(count(&db, "SELECT count(*) FROM old.version").await, 1);
     // The holder of version 2 still holds, and a new one can write a record.
     let held = backend

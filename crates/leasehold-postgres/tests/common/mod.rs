@@ -22,3 +22,26 @@ pub(crate) async fn until(db: &tokio_postgres::Client, sql: &str) {
     .await;
     assert!(waited.is_ok(), "never true: {sql}");
 }
+
+/// Makes schema `old` as a client of schema version `version` left it.
+#[allow(dead_code, reason = "not every test file starts from an older schema")]
+pub(crate) async fn old_schema(db: &tokio_postgres::Client, version: usize) {
+    let migrations = [
+        include_str!("../../sql/v1.sql"),
+        include_str!("../../sql/v2.sql"),
+        include_str!("../../sql/v3.sql"),
+    ];
+    let sql: String = migrations[..version]
+        .iter()
+        .map(|sql| {
+            sql.replace("@schema@", "old")
+                .replace("@channel@", "old.wake")
+        })
+        .collect();
+    db.batch_execute(&format!(
+        "BEGIN; CREATE SCHEMA old; CREATE TABLE old.version (version integer NOT NULL); \
+         {sql} INSERT INTO old.version VALUES ({version}); COMMIT"
+    ))
+    .await
+    .unwrap();
+}

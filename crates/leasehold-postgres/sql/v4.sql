@@ -1,0 +1,56 @@
+-- leasehold's PostgreSQL schema, version 4: advisory mode's grant and release without a
+-- read of every session's state and without writing ahead. `@schema@` and `@channel@` as in
+-- v1.sql; run as v1 is (see src/schema.rs).
+
+-- An advisory lock ends with its server (a crash, a restart, a failover), so the rows saying
+-- who holds one need not outlive it either: the table is not written ahead, and a grant's
+-- commit waits for no log flush. After a crash the server empties it, as it has emptied the
+-- lock table. Tokens still come from the logged sequence, which never repeats a value.
+ALTER TABLE @schema@.advisory SET UNLOGGED;
+
+-- When this session started: read once per session (`pg_stat_get_activity` of this process
+-- alone, not the view of every session, whose cost grows with max_connections), then kept in
+-- the session's setting leasehold.session_start. A setting never outlives its process, so a
+-- process id handed out again starts without it; RESET ALL or DISCARD ALL (a pooler) clears
+-- it, and it is read again.
+CREATE OR REPLACE FUNCTION @schema@.advisory_session() RETURNS timestamptz
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_started text := current_setting('leasehold.session_start', true);
+BEGIN
+    IF v_started IS NULL OR v_started = '' THEN
+        SELECT s.backend_start::text INTO v_started
+        FROM pg_stat_get_activity(pg_backend_pid()) s;
+        PERFORM set_config('leasehold.session_start', v_started, false);
+    END IF;
+    RETURN v_started::timestamptz;
+END $$;
+
+-- As in v1, but whether the session held the name comes from the unlock itself rather than
+-- from pg_locks (a copy of the whole lock table): pg_advisory_unlock answers whether this
+-- session held the key in that mode.
+CREATE OR REPLACE FUNCTION @schema@.advisory_release(p_name text, p_shared boolean)
+RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_key bigint := @schema@.advisory_key(p_name);
+    v_held boolean;
+    v_value bytea;
+BEGIN
+    -- Unlocking a key the session does not hold warns; a release sent twice is no news.
+    PERFORM set_config('client_min_messages', 'error', true);
+    v_held := CASE WHEN p_shared THEN pg_advisory_unlock_shared(v_key)
+                   ELSE pg_advisory_unlock(v_key) END;
+    PERFORM pg_advisory_unlock_all();
+    SELECT a.value INTO v_value FROM @schema@.advisory a
+    WHERE a.pid = pg_backend_pid() AND a.name = p_name;
+    DELETE FROM @schema@.advisory a
+    WHERE (a.pid, a.started) IN (SELECT e.pid, e.started FROM @schema@.advisory e
+                                 WHERE e.pid = pg_backend_pid() FOR UPDATE SKIP LOCKED);
+    RESET idle_session_timeout;
+    IF current_setting('application_name') LIKE 'leasehold %' THEN
+        RESET application_name;
+    END IF;
+    IF v_value IS NOT NULL THEN PERFORM pg_notify('@channel@', p_name || ' *'); END IF;
+    RETURN v_held;
+END $$;

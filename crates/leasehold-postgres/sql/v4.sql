@@ -55,6 +55,44 @@ BEGIN
     RETURN v_held;
 END $$;
 
+-- As in v1, but the stale rows go in two statements, by process id and by name: one
+-- statement with either condition is a bitmap scan or, without bitmap scans (below), a scan
+-- of the whole table.
+CREATE OR REPLACE FUNCTION @schema@.advisory_acquire(
+    p_name text, p_owner text, p_shared boolean, p_wait boolean, p_ttl_ms bigint, p_value bytea)
+RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_key bigint := @schema@.advisory_key(p_name);
+    v_token bigint;
+BEGIN
+    PERFORM set_config('idle_session_timeout', p_ttl_ms || 'ms', false);
+    IF p_wait THEN
+        -- Shown in pg_stat_activity: who waits, for inspect.
+        PERFORM set_config('application_name', 'leasehold ' || p_owner, false);
+        IF p_shared THEN
+            PERFORM pg_advisory_lock_shared(v_key);
+        ELSE
+            PERFORM pg_advisory_lock(v_key);
+        END IF;
+    ELSIF NOT (CASE WHEN p_shared THEN pg_try_advisory_lock_shared(v_key)
+                    ELSE pg_try_advisory_lock(v_key) END) THEN
+        RETURN NULL;
+    END IF;
+    v_token := nextval('@schema@.tokens');
+    -- Any earlier row under this process id is stale (this session's, or a gone session's
+    -- whose id was handed out again), and so are the rows of holders this grant excludes.
+    -- They are removed, never updated: a fenced write holding one (see holds) makes this
+    -- wait for its commit.
+    DELETE FROM @schema@.advisory a WHERE a.pid = pg_backend_pid();
+    DELETE FROM @schema@.advisory a WHERE a.name = p_name AND (NOT p_shared OR a.mode = 'x');
+    INSERT INTO @schema@.advisory (pid, started, name, owner, mode, token, session_ttl_ms, value)
+    VALUES (pg_backend_pid(), @schema@.advisory_session(), p_name, p_owner,
+            CASE WHEN p_shared THEN 's' ELSE 'x' END, v_token, p_ttl_ms, p_value);
+    IF p_value IS NOT NULL THEN PERFORM pg_notify('@channel@', p_name || ' *'); END IF;
+    RETURN v_token;
+END $$;
+
 -- Every grant and release leaves a dead row behind until autovacuum comes (once a minute by
 -- default). The planner picks bitmap scans for the lookups by pid and by name, and a bitmap
 -- scan visits every dead row each time without marking its index entry dead, so the cost

@@ -1,67 +1,44 @@
 -- leasehold's PostgreSQL schema, version 4: advisory mode's grant and release without a
--- read of every session's state and without writing ahead. `@schema@` and `@channel@` as in
--- v1.sql; run as v1 is (see src/schema.rs).
+-- read of every session's state and without scans over dead rows. `@schema@` and
+-- `@channel@` as in v1.sql; run as v1 is (see src/schema.rs). It redefines functions, so
+-- it is run by a role that owns them (the one that made the schema).
 
--- An advisory lock ends with its server (a crash, a restart, a failover), so the rows saying
--- who holds one need not outlive it either: the table is not written ahead, and a grant's
--- commit waits for no log flush. After a crash the server empties it, as it has emptied the
--- lock table. Tokens still come from the logged sequence, which never repeats a value.
-ALTER TABLE @schema@.advisory SET UNLOGGED;
-
--- When this session started: read once per session (`pg_stat_get_activity` of this process
--- alone, not the view of every session, whose cost grows with max_connections), then kept in
--- the session's setting leasehold.session_start. A setting never outlives its process, so a
--- process id handed out again starts without it; RESET ALL or DISCARD ALL (a pooler) clears
--- it, and it is read again.
+-- When this session started: read once per session, then kept in the session's setting
+-- leasehold.session_start (reading it costs a copy of every session's state, which grows
+-- with max_connections). A setting never outlives its process, so a process id handed out
+-- again starts without it; RESET ALL or DISCARD ALL (a pooler) clears it, and it is read
+-- again. Kept in ISO form at UTC, which reads back the same whatever the session's DateStyle
+-- and TimeZone. A wrong value could only make this session's rows look like a gone
+-- session's (refused, swept), never another session's rows look like this one's.
 CREATE OR REPLACE FUNCTION @schema@.advisory_session() RETURNS timestamptz
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     v_started text := current_setting('leasehold.session_start', true);
 BEGIN
     IF v_started IS NULL OR v_started = '' THEN
-        SELECT s.backend_start::text INTO v_started
+        SELECT to_char(s.backend_start AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US') || 'Z'
+        INTO v_started
         FROM pg_stat_get_activity(pg_backend_pid()) s;
         PERFORM set_config('leasehold.session_start', v_started, false);
     END IF;
     RETURN v_started::timestamptz;
 END $$;
 
--- As in v1, but whether the session held the name comes from the unlock itself rather than
--- from pg_locks (a copy of the whole lock table): pg_advisory_unlock answers whether this
--- session held the key in that mode.
-CREATE OR REPLACE FUNCTION @schema@.advisory_release(p_name text, p_shared boolean)
-RETURNS boolean
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_key bigint := @schema@.advisory_key(p_name);
-    v_held boolean;
-    v_value bytea;
-BEGIN
-    -- Unlocking a key the session does not hold warns; a release sent twice is no news.
-    PERFORM set_config('client_min_messages', 'error', true);
-    v_held := CASE WHEN p_shared THEN pg_advisory_unlock_shared(v_key)
-                   ELSE pg_advisory_unlock(v_key) END;
-    PERFORM pg_advisory_unlock_all();
-    SELECT a.value INTO v_value FROM @schema@.advisory a
-    WHERE a.pid = pg_backend_pid() AND a.name = p_name;
-    DELETE FROM @schema@.advisory a
-    WHERE (a.pid, a.started) IN (SELECT e.pid, e.started FROM @schema@.advisory e
-                                 WHERE e.pid = pg_backend_pid() FOR UPDATE SKIP LOCKED);
-    RESET idle_session_timeout;
-    IF current_setting('application_name') LIKE 'leasehold %' THEN
-        RESET application_name;
-    END IF;
-    IF v_value IS NOT NULL THEN PERFORM pg_notify('@channel@', p_name || ' *'); END IF;
-    RETURN v_held;
-END $$;
-
--- As in v1, but the stale rows go in two statements, by process id and by name: one
--- statement with either condition is a bitmap scan or, without bitmap scans (below), a scan
--- of the whole table.
+-- As in v1, with the stale rows found by process id and by name apart, and locked in one
+-- order before they go. One statement with either condition is a bitmap scan or, without
+-- bitmap scans (below), a scan of the whole table; two statements that each lock as they
+-- go could deadlock with a grant of another session doing the same the other way round.
+--
+-- enable_bitmapscan = off: every grant and release leaves a dead row until autovacuum comes
+-- (once a minute by default). A bitmap scan visits every one of them on each lookup without
+-- marking its index entry dead; a plain index scan marks them, and later scans skip them.
+-- With one client, 40 % less server time per cycle (docs/backends/postgres.md, Performance).
 CREATE OR REPLACE FUNCTION @schema@.advisory_acquire(
     p_name text, p_owner text, p_shared boolean, p_wait boolean, p_ttl_ms bigint, p_value bytea)
 RETURNS bigint
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET enable_bitmapscan = off
+AS $$
 DECLARE
     v_key bigint := @schema@.advisory_key(p_name);
     v_token bigint;
@@ -84,6 +61,14 @@ BEGIN
     -- whose id was handed out again), and so are the rows of holders this grant excludes.
     -- They are removed, never updated: a fenced write holding one (see holds) makes this
     -- wait for its commit.
+    PERFORM 1 FROM @schema@.advisory a
+    WHERE (a.pid, a.started) IN (
+        SELECT e.pid, e.started FROM @schema@.advisory e WHERE e.pid = pg_backend_pid()
+        UNION ALL
+        SELECT e.pid, e.started FROM @schema@.advisory e
+        WHERE e.name = p_name AND (NOT p_shared OR e.mode = 'x'))
+    ORDER BY a.pid, a.started
+    FOR UPDATE OF a;
     DELETE FROM @schema@.advisory a WHERE a.pid = pg_backend_pid();
     DELETE FROM @schema@.advisory a WHERE a.name = p_name AND (NOT p_shared OR a.mode = 'x');
     INSERT INTO @schema@.advisory (pid, started, name, owner, mode, token, session_ttl_ms, value)
@@ -93,12 +78,34 @@ BEGIN
     RETURN v_token;
 END $$;
 
--- Every grant and release leaves a dead row behind until autovacuum comes (once a minute by
--- default). The planner picks bitmap scans for the lookups by pid and by name, and a bitmap
--- scan visits every dead row each time without marking its index entry dead, so the cost
--- of a cycle grew with the rows of the last minute. A plain index scan marks them, and
--- later scans skip them: with one client, 40 % less server time per cycle (see
--- docs/backends/postgres.md, Performance).
-ALTER FUNCTION @schema@.advisory_acquire(text, text, boolean, boolean, bigint, bytea)
-    SET enable_bitmapscan = off;
-ALTER FUNCTION @schema@.advisory_release(text, boolean) SET enable_bitmapscan = off;
+-- As in v1, but whether the session held the name comes from the unlock itself rather than
+-- from pg_locks (a copy of the whole lock table): pg_advisory_unlock answers whether this
+-- session held the key in that mode. Unlocking a key the session does not hold (a release
+-- sent twice) warns: not the client's business (client_min_messages). Bitmap scans off, as
+-- for the grant.
+CREATE OR REPLACE FUNCTION @schema@.advisory_release(p_name text, p_shared boolean)
+RETURNS boolean
+LANGUAGE plpgsql
+SET enable_bitmapscan = off
+SET client_min_messages = error
+AS $$
+DECLARE
+    v_key bigint := @schema@.advisory_key(p_name);
+    v_held boolean;
+    v_value bytea;
+BEGIN
+    v_held := CASE WHEN p_shared THEN pg_advisory_unlock_shared(v_key)
+                   ELSE pg_advisory_unlock(v_key) END;
+    PERFORM pg_advisory_unlock_all();
+    SELECT a.value INTO v_value FROM @schema@.advisory a
+    WHERE a.pid = pg_backend_pid() AND a.name = p_name;
+    DELETE FROM @schema@.advisory a
+    WHERE (a.pid, a.started) IN (SELECT e.pid, e.started FROM @schema@.advisory e
+                                 WHERE e.pid = pg_backend_pid() FOR UPDATE SKIP LOCKED);
+    RESET idle_session_timeout;
+    IF current_setting('application_name') LIKE 'leasehold %' THEN
+        RESET application_name;
+    END IF;
+    IF v_value IS NOT NULL THEN PERFORM pg_notify('@channel@', p_name || ' *'); END IF;
+    RETURN v_held;
+END $$;

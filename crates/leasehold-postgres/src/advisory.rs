@@ -2,7 +2,7 @@
 //!
 //! - **Grant**: `pg_try_advisory_lock` (or `_shared`) and a token from the schema's sequence
 //!   in one statement; the session records who holds with which token (see
-//!   `advisory_acquire` in `sql/v1.sql`). A session-level lock outlives the rollback of the
+//!   `advisory_acquire` in `sql/v4.sql`). A session-level lock outlives the rollback of the
 //!   statement that took it: after a failed or unanswered attempt the session is asked what
 //!   it holds (`pg_locks`, not the row), and a hold without its grant is given up before
 //!   the next attempt; a waiting statement that failed closes its connection.

@@ -13,9 +13,9 @@ use crate::error::{map, undecodable};
 
 /// The migrations, in order: version `i + 1` is `MIGRATIONS[i]`.
 /// Version 1 is the schema; version 2 adds force-release (the `evictions` table and `evict`);
-/// version 3 adds records beside a lock (the `records` table); version 4 makes advisory
-/// mode's grant and release cheaper (an unlogged `advisory` table, the session's start read
-/// once per session, the release's answer from the unlock itself).
+/// version 3 adds records beside a lock (the `records` table); version 4 redefines advisory
+/// mode's grant and release (the session's start read once per session, the release's
+/// answer from the unlock itself, index scans rather than bitmap scans).
 const MIGRATIONS: &[&str] = &[
     include_str!("../sql/v1.sql"),
     include_str!("../sql/v2.sql"),

@@ -229,9 +229,9 @@ async fn the_next_advisory_grant_waits_for_the_fenced_transaction() {
 }
 
 /// Version 4 of the schema keeps an advisory holder of version 3 holding, fenced and released once.
-/// The advisory table becomes unlogged with its rows, the holder's write still passes, the
-/// next grant has to wait for its release, and its release answers that it held. A session
-/// whose settings were reset (a pooler's RESET ALL) records its own start again.
+/// The holder's write still passes, the next grant has to wait for its release, and its
+/// release answers that it held. A session records its own start whatever its DateStyle,
+/// and again after its settings were reset (a pooler's RESET ALL).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_advisory_holder_of_version_3_keeps_its_lock_across_version_4() {
     let server = Postgres::start().await.unwrap();
@@ -256,18 +256,6 @@ async fn an_advisory_holder_of_version_3_keeps_its_lock_across_version_4() {
         .unwrap()
         .get(0);
     assert_eq!(version, 4);
-    let persistence: i8 = db
-        .query_one(
-            "SELECT relpersistence FROM pg_class WHERE oid = 'old.advisory'::regclass",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(
-        persistence as u8, b'u',
-        "the advisory table is still logged"
-    );
     let fenced = "UPDATE stock SET left_ = left_ - 1 WHERE item = 'tea' AND old.holds($1, $2, $3)";
     let write = async |token: i64, owner: &str| -> u64 {
         db.execute(fenced, &[&"stock", &token, &owner])
@@ -304,28 +292,39 @@ async fn an_advisory_holder_of_version_3_keeps_its_lock_across_version_4() {
     assert!(u64::from(next.token()) > token as u64);
     next.release().await.unwrap();
 
-    // The holder's session again, its settings reset: its row names its own start.
-    holder.batch_execute("RESET ALL").await.unwrap();
-    let token: i64 = holder
-        .query_one(
-            "SELECT old.advisory_acquire('stock', 'again', false, false, 600000, NULL)",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    let own_start: bool = holder
-        .query_one(
-            "SELECT a.started = s.backend_start FROM old.advisory a \
-             JOIN pg_stat_activity s ON s.pid = a.pid WHERE a.pid = pg_backend_pid()",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    assert!(own_start, "the row names another session's start");
-    assert_eq!(write(token, "again").await, 1);
-    assert!(released(&holder).await);
+    // The holder's session under version 4, in a DateStyle and time zone whose output does
+    // not read back the same: its row names its own start, which it keeps in a setting until
+    // its settings are reset (a pooler's RESET ALL), and then reads again.
+    let cached = "SELECT current_setting('leasehold.session_start', true)";
+    let own_start = "SELECT a.started = s.backend_start FROM old.advisory a \
+                     JOIN pg_stat_activity s ON s.pid = a.pid WHERE a.pid = pg_backend_pid()";
+    for round in ["first", "after RESET ALL"] {
+        holder
+            .batch_execute("SET DateStyle = 'SQL, DMY'; SET TimeZone = 'Asia/Kolkata'")
+            .await
+            .unwrap();
+        let token: i64 = holder
+            .query_one(
+                "SELECT old.advisory_acquire('stock', 'again', false, false, 600000, NULL)",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        let own: bool = holder.query_one(own_start, &[]).await.unwrap().get(0);
+        assert!(own, "{round}: the row names another session's start");
+        let kept: Option<String> = holder.query_one(cached, &[]).await.unwrap().get(0);
+        assert!(kept.is_some_and(|k| !k.is_empty()), "{round}: not kept");
+        assert_eq!(
+            write(token, "again").await,
+            1,
+            "{round}: the write was refused"
+        );
+        assert!(released(&holder).await);
+        holder.batch_execute("RESET ALL").await.unwrap();
+        let kept: Option<String> = holder.query_one(cached, &[]).await.unwrap().get(0);
+        assert!(kept.is_none_or(|k| k.is_empty()), "kept across RESET ALL");
+    }
 }
 
 /// A token column on any table.

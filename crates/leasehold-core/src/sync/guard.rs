@@ -263,7 +263,7 @@ impl Guard {
     ///   no grant for this owner.
     /// - [`Error::Unsupported`] where grants cannot be kept
     ///   ([`Capabilities::can_keep`](crate::Capabilities::can_keep)); the lock is released
-    ///   instead.
+    ///   instead, before this returns (a failed release is left to the background).
     /// - Backend errors: whether the hold was applied is unknown. A grant that expires ends
     ///   at the end of its last lease or `hold` after the request, whichever the server
     ///   applied; one that lives by a session is released.
@@ -296,8 +296,13 @@ impl Guard {
         }
         let keep = lease.ctx.backend.keep(&lease.request, hold);
         let kept = lease.ctx.call(lease.options.request_timeout(), keep).await;
+        if let Err(error @ Error::Unsupported { .. }) = kept {
+            // Released before this returns: the caller finds the lock free once it learns
+            // that it was not kept.
+            let _ = pending.run(lease.options.request_timeout()).await;
+            return Err(error);
+        }
         let release = match &kept {
-            Err(Error::Unsupported { .. }) => true,
             Err(_) => lease.session.is_some(),
             Ok(_) => false,
         };

@@ -364,6 +364,55 @@ pub(crate) fn tree_cpu_time(root: u32) -> Duration {
     Duration::from_millis((own + ticks(root, 13..15)) * 10)
 }
 
+/// A side of a server-CPU comparison: its name, and client `i`'s cycles.
+#[allow(dead_code)] // only the comparisons that report the server's CPU per cycle
+pub(crate) type CpuSide<'a> = (
+    &'a str,
+    Box<dyn Fn(usize) -> Box<dyn FnMut() -> Cycle + Send> + 'a>,
+);
+
+/// The server's CPU time per uncontended cycle of each side, at 1 and at `clients` clients.
+/// `spent` reads the server's CPU time so far; it is read around each side's run and shared
+/// out over its cycles: what a cycle costs the server, which a rate alone hides while the
+/// clients are the bound. One JSON object per side and client count.
+#[allow(dead_code)] // only the comparisons that report the server's CPU per cycle
+pub(crate) async fn server_cpu(
+    sides: &[CpuSide<'_>],
+    clients: usize,
+    duration: Duration,
+    spent: impl Fn() -> Duration,
+) -> Vec<serde_json::Value> {
+    let mut found = Vec::new();
+    for n in [1, clients] {
+        for (side, make) in sides {
+            let before = spent();
+            let stats = cycles(n, duration, make).await;
+            let cpu = spent().saturating_sub(before);
+            found.push(serde_json::json!({
+                "side": side,
+                "clients": n,
+                "cycles_per_s": stats.rate(),
+                "server_cpu_us_per_cycle": cpu.as_secs_f64() * 1e6 / stats.cycles.max(1) as f64,
+            }));
+        }
+    }
+    found
+}
+
+/// Prints what [`server_cpu`] found, a line per side and client count.
+#[allow(dead_code)] // only the comparisons that report the server's CPU per cycle
+pub(crate) fn print_server_cpu(found: &[serde_json::Value]) {
+    for row in found {
+        println!(
+            "server CPU per uncontended cycle, {}, {} client(s): {:.1} µs ({:.0} cycles/s)",
+            row["side"].as_str().unwrap_or("?"),
+            row["clients"],
+            row["server_cpu_us_per_cycle"].as_f64().unwrap_or(f64::NAN),
+            row["cycles_per_s"].as_f64().unwrap_or(f64::NAN),
+        );
+    }
+}
+
 /// One side's run: its rate, and the servers' CPU time per cycle.
 #[allow(dead_code)] // only the comparisons that read the servers' CPU time
 pub(crate) struct Run {

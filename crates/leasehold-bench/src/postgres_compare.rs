@@ -41,8 +41,8 @@ use serde_json::json as j;
 
 mod common;
 use common::{
-    Args, Cycle, Rounds, interleaved, leasehold_cycle, pin_servers, process_tree, tree_cpu_time,
-    uncontended,
+    Args, CpuSide, Cycle, Rounds, interleaved, leasehold_cycle, pin_servers, print_server_cpu,
+    process_tree, tree_cpu_time, uncontended,
 };
 
 const ROUNDS: usize = 3;
@@ -386,55 +386,42 @@ async fn main() {
             let client = leasehold::connect(&advisory_url).await.expect("connect");
             advisory_mutexes.push(client.mutex(&format!("cpu-advisory-{i}")).unwrap());
         }
-        for clients in [1, n] {
-            type Make<'a> = Box<dyn Fn(usize) -> Box<dyn FnMut() -> Cycle + Send> + 'a>;
-            let sides: [(&str, Make); 5] = [
-                (
-                    "leasehold advisory",
-                    Box::new(|i| Box::new(leasehold_cycle(advisory_mutexes[i].clone()))),
-                ),
-                (
-                    "advisory statement floor",
-                    Box::new(|i| {
-                        Box::new(advisory_floor_cycle(
-                            raw[i].clone(),
-                            format!("cpu-floor-{i}"),
-                        ))
-                    }),
-                ),
-                (
-                    "bare pg_try_advisory_lock",
-                    Box::new(|i| {
-                        Box::new(bare_advisory_cycle(
-                            raw[i].clone(),
-                            key(&format!("cpu-bare-{i}")),
-                        ))
-                    }),
-                ),
-                (
-                    "leasehold",
-                    Box::new(|i| Box::new(leasehold_cycle(ours[i].clone()))),
-                ),
-                (
-                    "statement floor",
-                    Box::new(|i| {
-                        Box::new(floor_cycle(raw[i].clone(), format!("cpu-lease-{i}"), true))
-                    }),
-                ),
-            ];
-            for (side, make) in &sides {
-                let before = tree_cpu_time(postmaster);
-                let stats = cycles(clients, spec.duration, make).await;
-                let spent = tree_cpu_time(postmaster).saturating_sub(before);
-                let per_cycle = spent.as_secs_f64() * 1e6 / stats.cycles.max(1) as f64;
-                server_cpu.push(j!({
-                    "side": side,
-                    "clients": clients,
-                    "cycles_per_s": stats.rate(),
-                    "server_cpu_us_per_cycle": per_cycle,
-                }));
-            }
-        }
+        let sides: [CpuSide; 5] = [
+            (
+                "leasehold advisory",
+                Box::new(|i| Box::new(leasehold_cycle(advisory_mutexes[i].clone()))),
+            ),
+            (
+                "advisory statement floor",
+                Box::new(|i| {
+                    Box::new(advisory_floor_cycle(
+                        raw[i].clone(),
+                        format!("cpu-floor-{i}"),
+                    ))
+                }),
+            ),
+            (
+                "bare pg_try_advisory_lock",
+                Box::new(|i| {
+                    Box::new(bare_advisory_cycle(
+                        raw[i].clone(),
+                        key(&format!("cpu-bare-{i}")),
+                    ))
+                }),
+            ),
+            (
+                "leasehold",
+                Box::new(|i| Box::new(leasehold_cycle(ours[i].clone()))),
+            ),
+            (
+                "statement floor",
+                Box::new(|i| Box::new(floor_cycle(raw[i].clone(), format!("cpu-lease-{i}"), true))),
+            ),
+        ];
+        server_cpu =
+            common::server_cpu(&sides, n, spec.duration, || tree_cpu_time(postmaster)).await;
+    } else if args.url.is_some() && args.runs("server-cpu") {
+        eprintln!("server CPU per cycle: measured only on a server this binary starts");
     }
     let rows = rounds.best();
     let row = |name: &str| -> Stats {
@@ -535,13 +522,5 @@ async fn main() {
         ),
         None => println!("round trips per cycle: pg_stat_statements is not loaded on this server"),
     }
-    for row in &server_cpu {
-        println!(
-            "server CPU per uncontended cycle, {}, {} client(s): {:.1} µs ({:.0} cycles/s)",
-            row["side"].as_str().unwrap_or("?"),
-            row["clients"],
-            row["server_cpu_us_per_cycle"].as_f64().unwrap_or(f64::NAN),
-            row["cycles_per_s"].as_f64().unwrap_or(f64::NAN),
-        );
-    }
+    print_server_cpu(&server_cpu);
 }

@@ -6,8 +6,13 @@
 //! ```sh
 //! cargo run --release -p leasehold-bench --bin redis-compare              # starts its own redis-server
 //! cargo run --release -p leasehold-bench --bin redis-compare -- --url redis://127.0.0.1:6379 --duration 5s --json
-//! cargo run --release -p leasehold-bench --bin redis-compare -- --only leasehold   # or bare, fenced, rslock: to profile one side
+//! cargo run --release -p leasehold-bench --bin redis-compare -- --only leasehold   # or bare, fenced, rslock, server-cpu
+//! # the server on core 0, the clients on core 1; prints the server's CPU time per cycle
+//! LEASEHOLD_SERVER_CPUS=0 taskset -c 1 cargo run --release -p leasehold-bench --bin redis-compare
 //! ```
+//!
+//! The *server-cpu* side runs uncontended cycles of every side once more, reading the
+//! redis-server's CPU time around each: what a cycle costs the server.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark: failures should be loud
 
@@ -21,7 +26,10 @@ use serde_json::json as j;
 mod bare;
 mod common;
 use bare::{BareGrant, FENCED_GRANT, TTL, bare_cycle};
-use common::{Args, Cycle, Rounds, bare_connection, uncontended};
+use common::{
+    Args, CpuSide, Cycle, Rounds, bare_connection, cpu_time, leasehold_cycle, pin_servers,
+    print_server_cpu, server_cpu as server_cpu_of, uncontended,
+};
 
 const ROUNDS: usize = 3;
 fn rslock_cycle(
@@ -58,13 +66,17 @@ async fn commands(conn: &mut ConnectionManager) -> u64 {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let args = Args::parse();
-    let server;
+    let mut server;
+    let mut server_pid = None;
     let url = match &args.url {
         Some(url) => url.clone(),
         None => {
             server = leasehold_testkit::Redis::start()
                 .await
                 .expect("redis-server");
+            let pid = server.process().pid().expect("a running server");
+            pin_servers(&[pid]);
+            server_pid = Some(pid);
             server.url()
         }
     };
@@ -151,6 +163,51 @@ async fn main() {
         }
         rounds.keep(rows);
     }
+    // The server's CPU time per uncontended cycle of each side.
+    let mut server_cpu = Vec::new();
+    if let (Some(pid), true) = (server_pid, args.runs("server-cpu")) {
+        let mut mutexes = Vec::new();
+        for i in 0..args.clients {
+            let client = leasehold::connect(&url).await.expect("connect");
+            mutexes.push(client.mutex(&format!("cpu-leasehold-{i}")).unwrap());
+        }
+        let sides: [CpuSide; 4] = [
+            (
+                "leasehold",
+                Box::new(|i| Box::new(leasehold_cycle(mutexes[i].clone()))),
+            ),
+            (
+                BareGrant::SetNx.label().0,
+                Box::new(|i| {
+                    Box::new(bare_cycle(
+                        BareGrant::SetNx,
+                        bare[i].clone(),
+                        format!("cpu-bare-{i}"),
+                    ))
+                }),
+            ),
+            (
+                BareGrant::FencedScript.label().0,
+                Box::new(|i| {
+                    Box::new(bare_cycle(
+                        BareGrant::FencedScript,
+                        bare[i].clone(),
+                        format!("cpu-fenced-{i}"),
+                    ))
+                }),
+            ),
+            (
+                "rslock",
+                Box::new(|i| {
+                    Box::new(rslock_cycle(managers[i].clone(), format!("cpu-rslock-{i}")))
+                }),
+            ),
+        ];
+        server_cpu = server_cpu_of(&sides, args.clients, spec.duration, || cpu_time(pid)).await;
+    } else if args.url.is_some() && args.runs("server-cpu") {
+        eprintln!("server CPU per cycle: measured only on a server this binary starts");
+    }
+
     let rows = rounds.best();
 
     let rate = |name: &str| -> Stats {
@@ -209,6 +266,7 @@ async fn main() {
             "leasehold_vs_rslock_16_clients": rounds.paired(ours_many, "rslock, 16"),
         },
         "round_trips_per_leasehold_cycle": per_cycle,
+        "server_cpu": server_cpu,
     });
     if args.json {
         let mut out = json(&rows);
@@ -248,5 +306,6 @@ async fn main() {
             args.clients
         );
         println!("round trips per uncontended leasehold cycle (acquire + release): {per_cycle:.2}");
+        print_server_cpu(&server_cpu);
     }
 }

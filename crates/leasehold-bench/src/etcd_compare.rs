@@ -22,7 +22,7 @@ use leasehold_cli::bench::{BenchSpec, Row, Stats, cycles, handoffs, json, table}
 use serde_json::json as j;
 
 mod common;
-use common::{Args, Cycle, Rounds, interleaved, leasehold_cycle, uncontended};
+use common::{Args, Cycle, Rounds, interleaved, leasehold_cycle, pin_servers, uncontended};
 
 const ROUNDS: usize = 3;
 /// Long enough for the whole run, so the stock clients need no keep-alive stream.
@@ -120,11 +120,15 @@ async fn unary_requests(member: SocketAddr) -> f64 {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let args = Args::parse();
-    let server;
+    let mut server;
     let url = match &args.url {
         Some(url) => url.clone(),
         None => {
             server = leasehold_testkit::Etcd::start().await.expect("etcd");
+            let pids: Vec<u32> = (server.members().iter_mut())
+                .filter_map(|m| m.process().pid())
+                .collect();
+            pin_servers(&pids);
             server.url()
         }
     };

@@ -16,7 +16,7 @@ use redis::aio::ConnectionManager;
 use serde_json::json as j;
 
 mod common;
-use common::{Args, Cycle, Rounds, bare_connection};
+use common::{Args, Cycle, Rounds, bare_connection, pin_servers};
 
 const ROUNDS: usize = 2;
 
@@ -40,12 +40,17 @@ fn ping_all(nodes: Vec<ConnectionManager>) -> impl FnMut() -> Cycle + Send + 'st
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let args = Args::parse();
-    let single = leasehold_testkit::Redis::start()
+    let mut single = leasehold_testkit::Redis::start()
         .await
         .expect("redis-server");
-    let nodes = leasehold_testkit::redis_servers(5)
+    let mut nodes = leasehold_testkit::redis_servers(5)
         .await
         .expect("redis-servers");
+    let pids: Vec<u32> = std::iter::once(&mut single)
+        .chain(nodes.iter_mut())
+        .filter_map(|server| server.process().pid())
+        .collect();
+    pin_servers(&pids);
     let hosts: Vec<String> = nodes
         .iter()
         .map(|n| format!("127.0.0.1:{}", n.port()))

@@ -33,7 +33,7 @@ use serde_json::json as j;
 
 #[allow(dead_code)] // the rounds table of the other comparisons is not used here
 mod common;
-use common::{Args, median};
+use common::{Args, median, pin_servers};
 
 const ROUNDS: usize = 10;
 /// How long each grant is held in the hand-off scenario.
@@ -326,7 +326,7 @@ impl Totals {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let args = Args::parse();
-    let server;
+    let mut server;
     let (url, hosts) = match &args.url {
         Some(url) => {
             let hosts = url
@@ -340,6 +340,10 @@ async fn main() {
         }
         None => {
             server = ZooKeeper::start().await.expect("zookeeper");
+            let pids: Vec<u32> = (server.servers().iter_mut())
+                .filter_map(|s| s.process().pid())
+                .collect();
+            pin_servers(&pids);
             (server.url(), server.connect_string())
         }
     };

@@ -595,6 +595,115 @@ impl Listing {
     }
 }
 
+/// A notice of [`Backend::changes`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Change {
+    /// This lock's holders, waiters or evictions may have changed.
+    Lock(LockName),
+    /// Notices may have been missed (the feed fell behind or was re-established).
+    /// Any lock under the prefix may have changed.
+    Resync,
+}
+
+/// How many notices a change feed holds for a watcher that has not read them yet.
+/// One more and the watcher gets a single [`Change::Resync`] instead.
+pub const CHANGE_FEED_CAPACITY: usize = 4096;
+
+/// The sending side of a change feed, kept by the backend task that serves it.
+///
+/// Sending never waits: a watcher that falls behind gets one [`Change::Resync`] in place of
+/// what did not fit. The task ends its subscription when [`closed`](ChangeSender::closed)
+/// completes.
+#[derive(Debug, Clone)]
+pub struct ChangeSender {
+    tx: tokio::sync::mpsc::Sender<Change>,
+    missed: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl ChangeSender {
+    /// Tells the watcher that `name` may have changed.
+    pub fn changed(&self, name: LockName) {
+        self.send(Change::Lock(name));
+    }
+
+    /// Tells the watcher that notices may have been missed.
+    pub fn resync(&self) {
+        self.send(Change::Resync);
+    }
+
+    fn send(&self, change: Change) {
+        use tokio::sync::mpsc::error::TrySendError;
+        if let Err(TrySendError::Full(_)) = self.tx.try_send(change) {
+            self.missed
+                .store(true, std::sync::atomic::Ordering::Release);
+        }
+    }
+
+    /// Whether the watcher has dropped its feed.
+    pub fn is_closed(&self) -> bool {
+        self.tx.is_closed()
+    }
+
+    /// Completes when the watcher drops its feed.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe.
+    pub async fn closed(&self) {
+        self.tx.closed().await;
+    }
+}
+
+/// A feed of [`Change`]s pushed by a backend (see [`Backend::changes`]).
+/// Dropping it ends the subscription on the backend.
+#[derive(Debug)]
+pub struct Changes {
+    rx: tokio::sync::mpsc::Receiver<Change>,
+    missed: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Changes {
+    /// A new feed and its sending side, holding up to [`CHANGE_FEED_CAPACITY`] notices.
+    pub fn channel() -> (ChangeSender, Changes) {
+        let (tx, rx) = tokio::sync::mpsc::channel(CHANGE_FEED_CAPACITY);
+        let missed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        (
+            ChangeSender {
+                tx,
+                missed: missed.clone(),
+            },
+            Changes { rx, missed },
+        )
+    }
+
+    /// The next notice; `None` once the backend has ended the feed for good (closed).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: a notice is taken only when it is returned.
+    pub async fn next(&mut self) -> Option<Change> {
+        if self
+            .missed
+            .swap(false, std::sync::atomic::Ordering::Acquire)
+        {
+            return Some(Change::Resync);
+        }
+        self.rx.recv().await
+    }
+
+    /// A notice already waiting, without waiting for one.
+    pub fn try_next(&mut self) -> Option<Change> {
+        if self
+            .missed
+            .swap(false, std::sync::atomic::Ordering::Acquire)
+        {
+            return Some(Change::Resync);
+        }
+        self.rx.try_recv().ok()
+    }
+}
+
 /// How far a backend's fencing tokens can be trusted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -718,6 +827,24 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         Err(Error::Unsupported {
             backend: self.capabilities().backend,
             feature: "listing locks",
+        })
+    }
+
+    /// A feed of notices, pushed by the server, of the locks under `prefix` that change.
+    ///
+    /// Once this returns, every later grant, release, queued or departed waiter and
+    /// eviction of a lock under `prefix` is followed by a notice naming that lock, or by a
+    /// [`Change::Resync`]; notices may also come when nothing changed. A lease that runs
+    /// out is noticed when the server frees it — where expiry is by time alone (memory,
+    /// PostgreSQL lease mode) not at all, so a watcher reads a lock again at its holders'
+    /// lease end. The feed is pushed (pub/sub, watch, `NOTIFY`, inotify), never polled.
+    /// Dropping it ends the subscription: no connection, watch or listener outlives it.
+    /// The default says the backend has no change feed.
+    async fn changes(&self, prefix: &NamePrefix) -> Result<Changes> {
+        let _ = prefix;
+        Err(Error::Unsupported {
+            backend: self.capabilities().backend,
+            feature: "a change feed (watching locks)",
         })
     }
 
@@ -851,6 +978,9 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
     }
     async fn evict(&self, name: &LockName, mode: Mode, eviction: &Eviction) -> Result<bool> {
         (**self).evict(name, mode, eviction).await
+    }
+    async fn changes(&self, prefix: &NamePrefix) -> Result<Changes> {
+        (**self).changes(prefix).await
     }
     async fn put_record(
         &self,

@@ -11,6 +11,7 @@ use crate::error::Result;
 use crate::name::{LockName, NamePrefix};
 use crate::options::LockOptions;
 use crate::sync::{Election, Job, MultiLock, Mutex, Part, RwLock, Semaphore, kept_record};
+use crate::watching::LockWatch;
 
 /// A connection to one lock backend, with the clock and default options its locks use.
 /// Cheap to clone; clones share everything.
@@ -254,6 +255,39 @@ impl Client {
             }
         }
         Ok(evicted)
+    }
+
+    /// Follows every lock whose name begins with `prefix` as it changes hands.
+    /// The watch is pushed by the backend's change feed ([`Backend::changes`]); see
+    /// [`LockWatch::next`] for what it reports.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future, or the watch, ends the backend's feed.
+    ///
+    /// # Errors
+    ///
+    /// A bad prefix; [`Error::Unsupported`](crate::Error::Unsupported) for a backend
+    /// without a change feed; backend errors.
+    pub async fn watch(&self, prefix: &str) -> Result<LockWatch> {
+        LockWatch::prefix(self.clone(), NamePrefix::new(prefix)?).await
+    }
+
+    /// Follows the locks called `names`, free or not, as they change hands.
+    /// As [`watch`](Client::watch).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`watch`](Client::watch).
+    ///
+    /// # Errors
+    ///
+    /// As [`watch`](Client::watch), and a bad name.
+    pub async fn watch_names(&self, names: &[&str]) -> Result<LockWatch> {
+        let names = (names.iter())
+            .map(|name| LockName::new(name))
+            .collect::<Result<_>>()?;
+        LockWatch::names(self.clone(), names).await
     }
 
     /// The longest `reason` or `by` [`evict`](Client::evict) records, in bytes.

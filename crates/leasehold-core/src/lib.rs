@@ -45,8 +45,11 @@ pub mod support;
 pub mod sync;
 pub mod telemetry;
 mod watchdog;
+mod watching;
 
-pub use backend::{Backend, Capabilities, Eviction, ListCursor, Listing, LockState, Mode};
+pub use backend::{
+    Backend, Capabilities, Change, Changes, Eviction, ListCursor, Listing, LockState, Mode,
+};
 pub use client::{Client, ClientBuilder};
 pub use error::{Error, LossReason, Result};
 pub use fencing::{Fence, FencingToken, StaleToken};
@@ -59,3 +62,4 @@ pub use sync::{
     MultiLock, Mutex, MutexGuard, Observer, Outcome, Owner, Part, Permit, ReadGuard, RwLock,
     Semaphore, Window, WriteGuard,
 };
+pub use watching::{LockChange, LockWatch};

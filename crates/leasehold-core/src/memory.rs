@@ -16,8 +16,9 @@ use async_trait::async_trait;
 use tokio::sync::watch;
 
 use crate::backend::{
-    Acquire, Backend, Capabilities, Eviction, Expiry, Grant, Holder, ListCursor, Listing,
-    LockState, Mode, Release, Renewal, Request, TokenDurability, WaitHint, Waiter,
+    Acquire, Backend, Capabilities, ChangeSender, Changes, Eviction, Expiry, Grant, Holder,
+    ListCursor, Listing, LockState, Mode, Release, Renewal, Request, TokenDurability, WaitHint,
+    Waiter,
 };
 use crate::clock::{Clock, Instant, SystemClock};
 use crate::error::{Error, LossReason, Result};
@@ -56,6 +57,9 @@ pub struct InMemory {
 struct Inner {
     clock: Arc<dyn Clock>,
     names: Mutex<HashMap<LockName, Entry>>,
+    /// Change feeds (see [`Backend::changes`]); one whose watcher has gone is dropped at
+    /// the next change.
+    feeds: Mutex<Vec<(NamePrefix, ChangeSender)>>,
 }
 
 /// How many evictions of a name are kept.
@@ -215,6 +219,7 @@ impl InMemory {
             inner: Arc::new(Inner {
                 clock: Arc::new(clock),
                 names: Mutex::new(HashMap::new()),
+                feeds: Mutex::new(Vec::new()),
             }),
         }
     }
@@ -223,8 +228,26 @@ impl InMemory {
         let now = self.inner.clock.now();
         let mut names = self.inner.names.lock().unwrap_or_else(|e| e.into_inner());
         let entry = names.entry(name.clone()).or_insert_with(Entry::new);
+        let before = *entry.version.borrow();
         entry.purge(now);
-        f(entry, now)
+        let out = f(entry, now);
+        let changed = *entry.version.borrow() != before;
+        drop(names);
+        if changed {
+            self.tell_feeds(name);
+        }
+        out
+    }
+
+    /// Sends a notice of `name` to every feed whose prefix it has.
+    fn tell_feeds(&self, name: &LockName) {
+        let mut feeds = self.inner.feeds.lock().unwrap_or_else(|e| e.into_inner());
+        feeds.retain(|(_, feed)| !feed.is_closed());
+        for (prefix, feed) in feeds.iter() {
+            if prefix.matches(name) {
+                feed.changed(name.clone());
+            }
+        }
     }
 }
 
@@ -443,6 +466,14 @@ impl Backend for InMemory {
             entry.bump();
             true
         }))
+    }
+
+    async fn changes(&self, prefix: &NamePrefix) -> Result<Changes> {
+        let (feed, changes) = Changes::channel();
+        let mut feeds = self.inner.feeds.lock().unwrap_or_else(|e| e.into_inner());
+        feeds.retain(|(_, feed)| !feed.is_closed());
+        feeds.push((prefix.clone(), feed));
+        Ok(changes)
     }
 
     async fn list(

@@ -217,6 +217,7 @@ cases!($
     reentrant_holds_are_counted,
     inspect_reports_holders_and_waiters,
     a_listing_finds_held_and_queued_locks_by_prefix,
+    a_watch_sees_locks_change_hands_by_push,
     a_force_release_evicts_the_holder_and_fences_it_out,
     a_record_is_written_only_while_the_writers_grant_holds,
     a_kept_grant_outlives_its_holder,
@@ -1233,6 +1234,113 @@ async fn a_listing_finds_held_and_queued_locks_by_prefix(case: &Case<'_>) {
         a.locks("bad*prefix").await,
         Err(Error::InvalidArgument { .. })
     ));
+}
+
+/// A watch of a prefix, pushed by the backend's change feed, sees a lock granted, queued
+/// for (fair backends), handed over and freed, each as it happens. Leases are a minute
+/// long, so nothing but the feed's notices can make it read the lock again in time. The
+/// feed names no lock outside its prefix.
+async fn a_watch_sees_locks_change_hands_by_push(case: &Case<'_>) {
+    let ttl = Duration::from_secs(60);
+    let a = case.client_with(options(ttl)).await;
+    let (b, faults) = case.faulty_client(options(ttl)).await;
+    let caps = a.capabilities().clone();
+    let prefix = format!("{}:", case.name);
+    let name = format!("{prefix}x");
+    let mut watch = match a.watch(&prefix).await {
+        Err(Error::Unsupported { .. }) => {
+            case.skip(&caps, Skip::NotClaimed("a change feed"));
+            return;
+        }
+        watch => watch.unwrap(),
+    };
+    let feed_prefix = leasehold_core::NamePrefix::new(&prefix).unwrap();
+    let mut feed = a.backend().changes(&feed_prefix).await.unwrap();
+    // A lock outside the prefix, taken and freed first: never named.
+    let outside = format!("{}-outside", case.name);
+    a.mutex(&outside)
+        .unwrap()
+        .lock()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+
+    // The watch has read the prefix before the grant: only a notice can show it.
+    let other = a
+        .mutex(&format!("{prefix}y"))
+        .unwrap()
+        .lock()
+        .await
+        .unwrap();
+    until_seen(&mut watch, "the first lock", |c| c.name == *other.name()).await;
+    let first = a.mutex(&name).unwrap().lock().await.unwrap();
+    let seen = until_seen(&mut watch, "the grant", |c| {
+        c.name.as_str() == name && tokens(&c.after) == [first.token()]
+    })
+    .await;
+    assert_eq!(seen.after.holders[0].owner, *first.owner());
+
+    let mutex = b.mutex(&name).unwrap();
+    let waiter = tokio::spawn(async move { mutex.lock().await });
+    faults.until_calls(Op::Wait, 1).await;
+    if caps.fair {
+        until_seen(&mut watch, "the queued waiter", |c| {
+            c.name.as_str() == name && c.after.waiters.len() == 1
+        })
+        .await;
+    }
+    first.release().await.unwrap();
+    let second = waiter.await.unwrap().unwrap();
+    until_seen(&mut watch, "the hand-off", |c| {
+        c.name.as_str() == name && tokens(&c.after) == [second.token()]
+    })
+    .await;
+    second.release().await.unwrap();
+    until_seen(&mut watch, "the release", |c| {
+        c.name.as_str() == name && c.after.holders.is_empty() && c.after.waiters.is_empty()
+    })
+    .await;
+    drop(watch);
+    other.release().await.unwrap();
+
+    let mut named = false;
+    while let Some(change) = feed.try_next() {
+        if let leasehold_core::Change::Lock(lock) = change {
+            assert!(
+                feed_prefix.matches(&lock),
+                "the feed of {feed_prefix:?} named {lock}"
+            );
+            named |= lock.as_str() == name;
+        }
+    }
+    assert!(named, "the feed never named {name}");
+}
+
+fn tokens(state: &leasehold_core::LockState) -> Vec<FencingToken> {
+    state.holders.iter().map(|h| h.token).collect()
+}
+
+/// The first change `want` accepts, from a watch.
+/// A minute without it fails the case (a feed that missed the change leaves the watch
+/// waiting for a lease end a minute away).
+async fn until_seen(
+    watch: &mut leasehold_core::LockWatch,
+    what: &str,
+    want: impl Fn(&leasehold_core::LockChange) -> bool,
+) -> leasehold_core::LockChange {
+    let seen = async {
+        loop {
+            let change = watch.next().await.unwrap();
+            if want(&change) {
+                return change;
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(50), seen)
+        .await
+        .unwrap_or_else(|_| panic!("the watch never saw {what}"))
 }
 
 /// A record beside a lock is written only while the writer's grant holds on the server.

@@ -18,7 +18,7 @@ use tokio::sync::watch;
 use leasehold_core::backend::{
     Acquire, Backend, Capabilities, LockState, Release, Renewal, Request, SessionLiveness, WaitHint,
 };
-use leasehold_core::backend::{Eviction, Mode};
+use leasehold_core::backend::{Changes, Eviction, Mode};
 use leasehold_core::{Error, ListCursor, Listing, LockName, NamePrefix, RecordKey, Result};
 
 /// A backend operation, for [`Faulty`].
@@ -236,6 +236,10 @@ impl Backend for Faulty {
 
     async fn evict(&self, name: &LockName, mode: Mode, eviction: &Eviction) -> Result<bool> {
         self.inner.evict(name, mode, eviction).await
+    }
+
+    async fn changes(&self, prefix: &NamePrefix) -> Result<Changes> {
+        self.inner.changes(prefix).await
     }
 
     async fn put_record(

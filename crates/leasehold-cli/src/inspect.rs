@@ -5,15 +5,22 @@ use std::fmt::Write as _;
 use std::io::IsTerminal as _;
 use std::time::Duration;
 
-use leasehold::{Client, Eviction, Leader, LockState, Mode};
+use leasehold::backend::Holder;
+use leasehold::{Client, Eviction, Leader, LockChange, LockState, Mode};
 use serde_json::{Value, json};
 
 /// The state of each named lock, as JSON.
 pub fn to_json(locks: &[(String, LockState)]) -> Value {
     let locks: Vec<Value> = locks
         .iter()
-        .map(|(name, state)| {
-            json!({
+        .map(|(name, state)| lock_json(name, state))
+        .collect();
+    json!({ "locks": locks })
+}
+
+/// One lock's state, as JSON.
+fn lock_json(name: &str, state: &LockState) -> Value {
+    json!({
                 "name": name,
                 "holders": state.holders.iter().map(|h| json!({
                     "owner": h.owner.as_str(),
@@ -29,10 +36,7 @@ pub fn to_json(locks: &[(String, LockState)]) -> Value {
                     "mode": mode(w.mode),
                 })).collect::<Vec<_>>(),
                 "evictions": evictions_json(&state.evictions),
-            })
-        })
-        .collect();
-    json!({ "locks": locks })
+    })
 }
 
 /// The state of each named lock, as a table for people.
@@ -238,4 +242,95 @@ fn value(bytes: &[u8]) -> String {
         Ok(text) => text.to_owned(),
         Err(_) => bytes.iter().map(|b| format!("{b:02x}")).collect(),
     }
+}
+
+/// What one change of a watched lock was, in words: one line per event.
+/// `held`/`waiting` for what a lock had when the watch started; then `granted`, `handoff`
+/// (an exclusive holder replaced by another in one read), `freed` (released or expired),
+/// `queued`, `left` (a waiter gone without a grant) and `evicted`.
+pub fn events(change: &LockChange) -> Vec<String> {
+    let (before, after) = (&change.before, &change.after);
+    let grant = |h: &Holder| format!("{} token {} ({})", h.owner, h.token, h.mode);
+    let is_in = |h: &Holder, state: &LockState| {
+        (state.holders.iter()).any(|o| o.owner == h.owner && o.token == h.token)
+    };
+    let name = &change.name;
+    let mut lines = Vec::new();
+    if change.first {
+        lines.extend(
+            after
+                .holders
+                .iter()
+                .map(|h| format!("{name} held by {}", grant(h))),
+        );
+        lines.extend(
+            (after.waiters.iter()).map(|w| format!("{name} waiting {} ({})", w.owner, w.mode)),
+        );
+        return lines;
+    }
+    let handoff = change
+        .hand_off()
+        .filter(|(from, to)| !is_in(from, after) && !is_in(to, before));
+    if let Some((from, to)) = handoff {
+        lines.push(format!("{name} handoff {} -> {}", grant(from), grant(to)));
+    }
+    let handed = |h: &Holder| handoff.is_some_and(|(from, to)| from == h || to == h);
+    for e in after
+        .evictions
+        .iter()
+        .filter(|e| !before.evictions.contains(e))
+    {
+        lines.push(format!(
+            "{name} evicted {} token {} by {}: {}",
+            e.owner, e.token, e.by, e.reason
+        ));
+    }
+    for h in before
+        .holders
+        .iter()
+        .filter(|h| !is_in(h, after) && !handed(h))
+    {
+        lines.push(format!("{name} freed {}", grant(h)));
+    }
+    for h in after
+        .holders
+        .iter()
+        .filter(|h| !is_in(h, before) && !handed(h))
+    {
+        lines.push(format!("{name} granted {}", grant(h)));
+    }
+    let granted = |owner: &leasehold::OwnerId| after.holders.iter().any(|h| h.owner == *owner);
+    for w in after.waiters.iter().filter(|w| !before.waiters.contains(w)) {
+        lines.push(format!("{name} queued {} ({})", w.owner, w.mode));
+    }
+    for w in before
+        .waiters
+        .iter()
+        .filter(|w| !after.waiters.contains(w) && !granted(&w.owner))
+    {
+        lines.push(format!("{name} left {} ({})", w.owner, w.mode));
+    }
+    lines
+}
+
+/// One change of a watched lock, as a JSON object.
+/// When it was seen, its events (as [`events`] words them) and the lock's state now.
+pub fn change_json(change: &LockChange, at_ms: u128) -> Value {
+    let mut object = lock_json(change.name.as_str(), &change.after);
+    object["at_ms"] = json!(at_ms);
+    object["first"] = json!(change.first);
+    object["events"] = json!(events(change));
+    object
+}
+
+/// Now as `HH:MM:SS.mmm` (UTC), for a watch's lines.
+pub fn clock_time(at_ms: u128) -> String {
+    let ms = at_ms % 86_400_000;
+    format!(
+        "{:02}:{:02}:{:02}.{:03}",
+        ms / 3_600_000,
+        ms / 60_000 % 60,
+        ms / 1000 % 60,
+        ms % 1000
+    )
 }

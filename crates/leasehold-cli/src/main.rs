@@ -1,6 +1,7 @@
 //! `leasehold`: run a command under a distributed lock, or inspect locks.
 
 use std::ffi::OsString;
+use std::io::IsTerminal as _;
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
@@ -241,6 +242,10 @@ struct InspectArgs {
     /// Print JSON instead of a table (also for errors).
     #[arg(long)]
     json: bool,
+    /// Keep watching: print each change as the backend pushes it, until interrupted.
+    /// With --json, one object per change and line.
+    #[arg(long)]
+    watch: bool,
     /// Lock names.
     #[arg(required = true)]
     names: Vec<String>,
@@ -256,11 +261,15 @@ struct LocksArgs {
     /// Only locks with a holder that has held at least this long.
     /// Locks whose grant time the backend does not record are left out, and counted on
     /// stderr.
-    #[arg(long, value_parser = duration)]
+    #[arg(long, value_parser = duration, conflicts_with = "watch")]
     older_than: Option<Duration>,
     /// Print JSON instead of a table (also for errors).
     #[arg(long)]
     json: bool,
+    /// Keep watching: print each change as the backend pushes it, until interrupted.
+    /// With --json, one object per change and line.
+    #[arg(long)]
+    watch: bool,
 }
 
 fn duration(text: &str) -> Result<Duration, String> {
@@ -495,6 +504,13 @@ fn interrupts() -> std::io::Result<impl Future<Output = i32> + Send> {
 }
 
 async fn inspect(args: InspectArgs) -> u8 {
+    if args.watch {
+        let names: Vec<&str> = args.names.iter().map(String::as_str).collect();
+        return watch(&args.connection, args.json, true, |client| async move {
+            client.watch_names(&names).await
+        })
+        .await;
+    }
     let result = match connect(&args.connection).await {
         Ok(client) => inspect::collect(&client, &args.names).await,
         Err(error) => Err(error),
@@ -513,6 +529,13 @@ async fn inspect(args: InspectArgs) -> u8 {
 }
 
 async fn locks(args: LocksArgs) -> u8 {
+    if args.watch {
+        let prefix = args.prefix.as_str();
+        return watch(&args.connection, args.json, false, |client| async move {
+            client.watch(prefix).await
+        })
+        .await;
+    }
     let result = match connect(&args.connection).await {
         Ok(client) => inspect::list(&client, &args.prefix, args.older_than).await,
         Err(error) => Err(error),
@@ -600,6 +623,89 @@ async fn print_leaders(args: &ElectArgs) -> Result<std::convert::Infallible, Err
     loop {
         let leader = observer.next().await?;
         println!("{}", inspect::leader_line(leader.as_ref(), args.json));
+    }
+}
+
+/// `inspect --watch` and `locks --watch`: each change as it is pushed, until interrupted.
+async fn watch<F>(
+    connection: &Connection,
+    json: bool,
+    names: bool,
+    start: impl FnOnce(leasehold::Client) -> F,
+) -> u8
+where
+    F: std::future::Future<Output = Result<leasehold::LockWatch, Error>>,
+{
+    let interrupted = match interrupts() {
+        Ok(interrupted) => interrupted,
+        Err(error) => {
+            eprintln!("leasehold: cannot handle signals: {error}");
+            return exit::BACKEND;
+        }
+    };
+    let mut interrupted = std::pin::pin!(interrupted);
+    let printed = async {
+        let client = connect(connection).await?;
+        let watch = start(client).await?;
+        print_changes(watch, json, names).await
+    };
+    tokio::select! {
+        Err(error) = printed => report(&error, json),
+        signal = &mut interrupted => exit::signal(signal),
+    }
+}
+
+/// Prints each change of `watch`; returns only with an error.
+/// With `names` (`inspect --watch`) the table keeps free names. On a terminal (without --json) the screen is redrawn: the locks as `inspect` shows
+/// them, then the latest events. Otherwise one line per event (or per change with --json).
+async fn print_changes(
+    mut watch: leasehold::LockWatch,
+    json: bool,
+    names: bool,
+) -> Result<std::convert::Infallible, Error> {
+    const EVENTS_SHOWN: usize = 12;
+    let screen = !json && std::io::stdout().is_terminal();
+    let mut locks: std::collections::BTreeMap<String, leasehold::LockState> =
+        std::collections::BTreeMap::new();
+    let mut recent: std::collections::VecDeque<String> = std::collections::VecDeque::new();
+    loop {
+        let change = watch.next().await?;
+        let at_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis());
+        if json {
+            println!("{}", inspect::change_json(&change, at_ms));
+            continue;
+        }
+        let time = inspect::clock_time(at_ms);
+        let lines: Vec<String> = inspect::events(&change)
+            .into_iter()
+            .map(|event| format!("{time} {event}"))
+            .collect();
+        if !screen {
+            for line in lines {
+                println!("{line}");
+            }
+            continue;
+        }
+        locks.insert(change.name.to_string(), change.after);
+        recent.extend(lines);
+        while recent.len() > EVENTS_SHOWN {
+            recent.pop_front();
+        }
+        let shown: Vec<(String, leasehold::LockState)> =
+            locks.iter().map(|(n, s)| (n.clone(), s.clone())).collect();
+        // Home, clear, the table, the events.
+        print!(
+            "\x1b[H\x1b[2J{}",
+            inspect::to_table(&shown, inspect::colour())
+        );
+        println!();
+        for line in &recent {
+            println!("{line}");
+        }
+        // Freed locks of a prefix leave the table after they have been shown free.
+        locks.retain(|_, s| names || !s.holders.is_empty() || !s.waiters.is_empty());
     }
 }
 

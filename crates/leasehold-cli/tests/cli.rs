@@ -384,6 +384,12 @@ async fn locks_lists_every_held_lock_without_its_name() {
 }
 
 #[tokio::test]
+async fn a_terminal_watch_shows_a_lock_change_hands() {
+    let d = Dir::new();
+    common::a_terminal_watch_shows_a_lock_change_hands(&d.url()).await;
+}
+
+#[tokio::test]
 async fn elect_hands_on_leadership_and_observers_see_each_leader() {
     let d = Dir::new();
     common::elect_hands_on_leadership_and_observers_see_each_leader(&d.url()).await;

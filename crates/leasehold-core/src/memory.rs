@@ -57,8 +57,8 @@ pub struct InMemory {
 struct Inner {
     clock: Arc<dyn Clock>,
     names: Mutex<HashMap<LockName, Entry>>,
-    /// Change feeds (see [`Backend::changes`]); one whose watcher has gone is dropped at
-    /// the next change.
+    /// Change feeds (see [`Backend::changes`]).
+    /// One whose watcher has gone is dropped at the next change.
     feeds: Mutex<Vec<(NamePrefix, ChangeSender)>>,
 }
 

@@ -30,11 +30,16 @@ pub struct LockChange {
     pub before: LockState,
     /// What it reads now (empty: free).
     pub after: LockState,
+    /// Read when the watch started.
+    /// `before` is empty because the watch had not read the lock yet, not because it was
+    /// free.
+    pub first: bool,
 }
 
 impl LockChange {
-    /// The holder that replaced another in one change: a hand-off from `before`'s
-    /// exclusive holder to `after`'s. `None` when the change was not a hand-off.
+    /// The holder that replaced another in one change, with the one it replaced.
+    /// A hand-off from `before`'s exclusive holder to `after`'s; `None` when the change was
+    /// not a hand-off.
     pub fn hand_off(&self) -> Option<(&Holder, &Holder)> {
         match (exclusive(&self.before), exclusive(&self.after)) {
             (Some(from), Some(to)) if from.token != to.token => Some((from, to)),
@@ -60,8 +65,8 @@ pub struct LockWatch {
     client: Client,
     scope: Scope,
     feed: Changes,
-    /// The last state read of each lock that had a holder, a waiter or an eviction
-    /// (and of every name of a [`Scope::Names`]); a lock freed is forgotten.
+    /// The last state read of each lock that had a holder, a waiter or an eviction.
+    /// And of every name of a [`Scope::Names`]; a lock freed is forgotten.
     known: HashMap<LockName, LockState>,
     /// When to read each lock again because a holder's lease ends then.
     lease_ends: BTreeSet<(Instant, LockName)>,
@@ -71,6 +76,8 @@ pub struct LockWatch {
     to_read_all: bool,
     /// Changes found and not returned yet.
     found: VecDeque<LockChange>,
+    /// The first reads are not done yet.
+    starting: bool,
 }
 
 impl LockWatch {
@@ -94,6 +101,7 @@ impl LockWatch {
             to_read: BTreeSet::new(),
             to_read_all: true,
             found: VecDeque::new(),
+            starting: true,
         }
     }
 
@@ -127,6 +135,7 @@ impl LockWatch {
                 self.saw(name, state);
                 continue;
             }
+            self.starting = false;
             let due = self.lease_ends.first().map(|(at, _)| *at);
             tokio::select! {
                 notice = self.feed.next() => self.take(notice)?,
@@ -166,8 +175,9 @@ impl LockWatch {
         Ok(())
     }
 
-    /// Reads every followed lock: the names one by one later, or a listing of the prefix
-    /// now (the locks known and no longer listed are read again: they are free, or nearly).
+    /// Reads every followed lock.
+    /// The names one by one later, or a listing of the prefix now (the locks known and no
+    /// longer listed are read again: they are free, or nearly).
     async fn read_all(&mut self) -> Result<()> {
         match &self.scope {
             Scope::Names(names) => self.to_read.extend(names.iter().cloned()),
@@ -190,8 +200,8 @@ impl LockWatch {
         Ok(())
     }
 
-    /// Takes `state` as `name`'s latest: notes a change (and the first read of a followed
-    /// name) and when to read it again.
+    /// Takes `state` as `name`'s latest.
+    /// Notes a change (and the first read of a followed name) and when to read it again.
     fn saw(&mut self, name: LockName, state: LockState) {
         self.lease_ends.retain(|(_, n)| *n != name);
         if let Some(end) = state.holders.iter().filter_map(|h| h.remaining).min() {
@@ -214,6 +224,7 @@ impl LockWatch {
                 name,
                 before: before.unwrap_or_default(),
                 after: state,
+                first: self.starting,
             });
         }
     }

@@ -124,6 +124,12 @@ impl Backend for FileBackend {
     ///
     /// It removes only records of dead processes and expired notes (records kept beside a
     /// lock); dropping it changes nothing else.
+    #[cfg(target_os = "linux")]
+    async fn changes(&self, prefix: &NamePrefix) -> Result<leasehold_core::Changes> {
+        crate::notify::feed(self.dir(), prefix.clone())
+            .map_err(|e| crate::directory::io_error("watching the lock directory", e))
+    }
+
     async fn list(
         &self,
         prefix: &NamePrefix,

@@ -71,6 +71,9 @@ impl Notifier {
 }
 
 #[cfg(target_os = "linux")]
+pub(crate) use linux::feed;
+
+#[cfg(target_os = "linux")]
 mod linux {
     use std::mem::MaybeUninit;
     use std::os::fd::OwnedFd;
@@ -78,6 +81,7 @@ mod linux {
     use std::sync::{Arc, Mutex};
 
     use leasehold_core::support::wakeups::{Board, EVERYONE};
+    use leasehold_core::{Changes, LockName, NamePrefix};
     use rustix::fs::inotify;
     use rustix::io::Errno;
     use tokio::io::unix::AsyncFd;
@@ -142,43 +146,93 @@ mod linux {
                 return false;
             };
             let board = self.board.clone();
-            *task = Some(runtime.spawn(async move {
-                let mut buf = [MaybeUninit::<u8>::uninit(); 4096];
-                loop {
-                    let Ok(mut ready) = async_fd.readable().await else {
-                        return;
-                    };
-                    let mut touched = Vec::new();
-                    let mut reader = inotify::Reader::new(async_fd.get_ref(), &mut buf);
-                    loop {
-                        match reader.next() {
-                            Ok(event) => {
-                                if let Some(file) = event.file_name().and_then(|f| f.to_str().ok())
-                                    && let Some((name, _)) = file.split_once('#')
-                                    && !name.is_empty()
-                                    && touched.last().map(String::as_str) != Some(name)
-                                {
-                                    touched.push(name.to_owned());
-                                }
-                            }
-                            Err(Errno::AGAIN) => {
-                                ready.clear_ready();
-                                break;
-                            }
-                            Err(error) => {
-                                tracing::warn!(%error, "inotify read failed; waiters will poll");
-                                return;
-                            }
-                        }
-                    }
-                    // Names nobody waits on have no state: their events are dropped.
-                    for name in &touched {
-                        board.wake(name, [EVERYONE]);
-                    }
+            *task = Some(runtime.spawn(each_batch(async_fd, move |names, _| {
+                // Names nobody waits on have no state: their events are dropped.
+                for name in names {
+                    board.wake(name, [EVERYONE]);
                 }
-            }));
+            })));
             true
         }
+    }
+
+    /// Reads `fd`'s events until it fails, handing each batch's lock names to `touched`.
+    /// A file is `NAME#kind`: its events belong to the lock `NAME`.
+    /// `overflowed` says the kernel's queue overflowed before the batch: events were lost.
+    async fn each_batch(async_fd: AsyncFd<Arc<OwnedFd>>, mut touched: impl FnMut(&[String], bool)) {
+        let mut buf = [MaybeUninit::<u8>::uninit(); 4096];
+        loop {
+            let Ok(mut ready) = async_fd.readable().await else {
+                return;
+            };
+            let mut names: Vec<String> = Vec::new();
+            let mut overflowed = false;
+            let mut reader = inotify::Reader::new(async_fd.get_ref(), &mut buf);
+            loop {
+                match reader.next() {
+                    Ok(event) => {
+                        overflowed |= event.events().contains(inotify::ReadFlags::QUEUE_OVERFLOW);
+                        if let Some(file) = event.file_name().and_then(|f| f.to_str().ok())
+                            && let Some((name, _)) = file.split_once('#')
+                            && !name.is_empty()
+                            && names.last().map(String::as_str) != Some(name)
+                        {
+                            names.push(name.to_owned());
+                        }
+                    }
+                    Err(Errno::AGAIN) => {
+                        ready.clear_ready();
+                        break;
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "inotify read failed");
+                        return;
+                    }
+                }
+            }
+            touched(&names, overflowed);
+        }
+    }
+
+    /// A change feed of `dir`, on an inotify descriptor of its own.
+    /// The descriptor is closed when the watcher drops the feed. Every file event names its
+    /// lock; the kernel's event queue overflowing is a resync.
+    pub(crate) fn feed(dir: &Path, prefix: NamePrefix) -> std::io::Result<Changes> {
+        let fd = inotify::init(inotify::CreateFlags::NONBLOCK | inotify::CreateFlags::CLOEXEC)?;
+        inotify::add_watch(
+            &fd,
+            dir,
+            inotify::WatchFlags::CLOSE_WRITE
+                | inotify::WatchFlags::ATTRIB
+                | inotify::WatchFlags::CREATE
+                | inotify::WatchFlags::DELETE
+                | inotify::WatchFlags::MOVED_FROM
+                | inotify::WatchFlags::MOVED_TO,
+        )?;
+        // SAFETY: the `AsyncFd` owns the only `Arc` of the descriptor, so it stays open
+        // and unchanged for as long as the `AsyncFd` lives.
+        #[allow(unsafe_code)]
+        let async_fd = unsafe { AsyncFd::register(Arc::new(fd))? };
+        let (sender, changes) = Changes::channel();
+        tokio::spawn(async move {
+            let notices = sender.clone();
+            let events = each_batch(async_fd, move |names, overflowed| {
+                if overflowed {
+                    notices.resync();
+                }
+                for name in names {
+                    match LockName::new(name) {
+                        Ok(name) if prefix.matches(&name) => notices.changed(name),
+                        _ => {}
+                    }
+                }
+            });
+            tokio::select! {
+                () = events => {}
+                () = sender.closed() => {}
+            }
+        });
+        Ok(changes)
     }
 
     impl Drop for Reader {

@@ -1236,10 +1236,10 @@ async fn a_listing_finds_held_and_queued_locks_by_prefix(case: &Case<'_>) {
     ));
 }
 
-/// A watch of a prefix, pushed by the backend's change feed, sees a lock granted, queued
-/// for (fair backends), handed over and freed, each as it happens. Leases are a minute
-/// long, so nothing but the feed's notices can make it read the lock again in time. The
-/// feed names no lock outside its prefix.
+/// A watch of a prefix sees a lock granted, queued for, handed over and freed.
+/// Each as it happens, pushed by the backend's change feed (queued: on fair backends).
+/// Leases are a minute long, so nothing but the feed's notices can make it read the lock
+/// again in time. The feed names no lock outside its prefix.
 async fn a_watch_sees_locks_change_hands_by_push(case: &Case<'_>) {
     let ttl = Duration::from_secs(60);
     let a = case.client_with(options(ttl)).await;

@@ -602,3 +602,174 @@ pub(crate) async fn a_jobs_at_least_counts_from_its_start(url: &str) {
         .unwrap();
     assert_eq!(out.status.code(), Some(75), "held after the job ended");
 }
+
+/// A tmux server of a test's own (its own socket), killed with everything in it when dropped.
+#[allow(dead_code, reason = "not every test file opens a terminal")]
+pub(crate) struct Terminal {
+    socket: String,
+}
+
+#[allow(dead_code, reason = "not every test file opens a terminal")]
+impl Terminal {
+    /// A detached 160×40 session running `command`; its pane stays when the command exits.
+    pub(crate) fn run(socket: &str, command: &str) -> Self {
+        let terminal = Self {
+            socket: socket.to_owned(),
+        };
+        terminal.tmux(&[
+            "new-session",
+            "-d",
+            "-s",
+            "w",
+            "-x",
+            "160",
+            "-y",
+            "40",
+            command,
+        ]);
+        terminal.tmux(&["set-option", "-w", "-t", "w", "remain-on-exit", "on"]);
+        terminal
+    }
+
+    /// Runs a tmux command on this server; its output.
+    pub(crate) fn tmux(&self, args: &[&str]) -> String {
+        let out = std::process::Command::new("tmux")
+            .args(["-L", &self.socket])
+            .args(args)
+            .output()
+            .expect("tmux");
+        assert!(
+            out.status.success(),
+            "tmux {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// The screen as it shows now (text only).
+    pub(crate) fn screen(&self) -> String {
+        self.tmux(&["capture-pane", "-p", "-t", "w"])
+    }
+
+    /// Waits until the screen shows what `want` accepts, and returns it.
+    /// The terminal has no event to await; it is read again every 50 ms, for a minute at
+    /// most.
+    pub(crate) async fn until(&self, what: &str, want: impl Fn(&str) -> bool) -> String {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let screen = self.screen();
+            if want(&screen) {
+                return screen;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the terminal never showed {what}; it shows:\n{screen}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+impl Drop for Terminal {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("tmux")
+            .args(["-L", &self.socket, "kill-server"])
+            .output();
+    }
+}
+
+/// `leasehold locks --watch` on `url`, in a real terminal (tmux), while a lock changes hands.
+/// The screen shows the first holder with its token, the hand-off to a waiting second
+/// holder with the later token, then the lock freed; Ctrl-C ends the watch with 130.
+#[allow(dead_code, reason = "not every test file watches")]
+pub(crate) async fn a_terminal_watch_shows_a_lock_change_hands(url: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir
+        .path()
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    let terminal = Terminal::run(
+        &socket,
+        &format!("exec {BIN} locks --watch --url '{url}' --prefix watched:"),
+    );
+    let fifo = |name: &str| {
+        let path = dir.path().join(name);
+        let made = std::process::Command::new("mkfifo").arg(&path).status();
+        assert!(made.unwrap().success());
+        path
+    };
+    let hold = |fifo: &std::path::Path| {
+        let script = format!(
+            "echo $$ $LEASEHOLD_TOKEN > {}; exec sleep 1000",
+            fifo.display()
+        );
+        leasehold_on(url, &["run", "watched:a", "--", "sh", "-c", &script])
+            .spawn()
+            .unwrap()
+    };
+    let started = async |fifo: &std::path::Path| {
+        let fifo = fifo.to_path_buf();
+        let written = tokio::task::spawn_blocking(move || std::fs::read_to_string(fifo))
+            .await
+            .unwrap()
+            .unwrap();
+        let (pid, token) = written.trim().split_once(' ').unwrap();
+        (
+            Pid::from_raw(pid.parse().unwrap()).unwrap(),
+            token.to_owned(),
+        )
+    };
+    // A line of the screen about watched:a that has all of `words`.
+    let line_with = |screen: &str, words: &[&str]| {
+        screen
+            .lines()
+            .any(|line| line.contains("watched:a") && words.iter().all(|w| line.contains(w)))
+    };
+
+    let (fifo_a, fifo_b) = (fifo("a"), fifo("b"));
+    let mut a = hold(&fifo_a);
+    let (command_a, token_a) = started(&fifo_a).await;
+    let token = format!("token {token_a} ");
+    terminal
+        .until("the first holder", |s| {
+            line_with(s, &["holder", &format!(" {token_a} ")]) && line_with(s, &[&token])
+        })
+        .await;
+
+    let mut b = hold(&fifo_b);
+    kill_process(command_a, Signal::KILL).unwrap();
+    a.wait().await.unwrap();
+    let (command_b, token_b) = started(&fifo_b).await;
+    assert!(token_b.parse::<u64>().unwrap() > token_a.parse::<u64>().unwrap());
+    let token = format!("token {token_b} ");
+    let screen = terminal
+        .until("the hand-off", |s| {
+            line_with(s, &["holder", &format!(" {token_b} ")])
+                && (line_with(s, &["handoff", &token]) || line_with(s, &["granted", &token]))
+        })
+        .await;
+    assert!(
+        line_with(&screen, &["handoff", &token]) || line_with(&screen, &["freed", &token_a]),
+        "the first holder's end is shown:\n{screen}"
+    );
+
+    kill_process(command_b, Signal::KILL).unwrap();
+    b.wait().await.unwrap();
+    terminal
+        .until("the lock freed", |s| {
+            line_with(s, &["free "]) && line_with(s, &["freed", &token])
+        })
+        .await;
+
+    terminal.tmux(&["send-keys", "-t", "w", "C-c"]);
+    terminal
+        .until("the watch ended", |_| {
+            terminal
+                .tmux(&["display-message", "-p", "-t", "w", "#{pane_dead_status}"])
+                .trim()
+                == "130"
+        })
+        .await;
+}

@@ -1,5 +1,5 @@
 //! The [`Backend`] implementation: etcd requests, and what their answers mean.
-//! Acquire, renew, release, wait, inspect, list, records, keep and abandon.
+//! Acquire, renew, release, wait, inspect, list, changes, records, keep and abandon.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::num::NonZeroU32;
@@ -8,13 +8,14 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures_util::future::join_all;
 use leasehold_core::backend::{
-    Acquire, Backend, Capabilities, Expiry, Grant, Holder, ListCursor, Listing, LockState, Mode,
-    Release, Renewal, Request, SessionLiveness, TokenDurability, WaitHint, Waiter,
+    Acquire, Backend, Capabilities, Changes, Expiry, Grant, Holder, ListCursor, Listing, LockState,
+    Mode, Release, Renewal, Request, SessionLiveness, TokenDurability, WaitHint, Waiter,
 };
 use leasehold_core::clock::{Clock, SystemClock};
 use leasehold_core::support::queue::{blocker, holding};
 use leasehold_core::{Error, LockName, LossReason, NamePrefix, OwnerId, RecordKey, Result};
 
+use crate::changes;
 use crate::connection::EtcdBackend;
 use crate::error::map_error;
 use crate::registry::Placed;
@@ -791,6 +792,36 @@ impl Backend for EtcdBackend {
             encode_cursor(&next)
         });
         Ok(Listing::new(locks, next))
+    }
+
+    /// A feed of the locks under `prefix` that change: one etcd watch on their keys.
+    ///
+    /// The watch covers every key of every name under the prefix (contenders, permits,
+    /// lock-delay markers; with no prefix, records too), from the revision at which etcd
+    /// created it, which happens before this returns. Each event names the lock its key
+    /// belongs to: a put is a waiter queued (or a grant into an empty queue), a delete a
+    /// release, a withdrawal or a session lease that ran out on the server. A waiter that
+    /// comes to hold writes nothing: the delete before it is its notice. A watch that
+    /// breaks or that etcd cancels is watched again from the current revision, and the
+    /// feed gets [`Change::Resync`](leasehold_core::Change::Resync) once it is in place.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped before it returns, the watch stream is dropped with it and etcd cancels the
+    /// watch. Dropping the feed does the same.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unavailable`] if no watch is created within the connect timeout; backend
+    /// errors if etcd refuses the watch (permissions).
+    async fn changes(&self, prefix: &NamePrefix) -> Result<Changes> {
+        changes::start(
+            self.rpc().clone(),
+            self.inner.layout.clone(),
+            prefix.clone(),
+            self.inner.options.connect_timeout,
+        )
+        .await
     }
 
     async fn session_liveness(&self) -> Option<SessionLiveness> {

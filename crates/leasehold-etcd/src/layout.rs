@@ -113,6 +113,28 @@ impl Layout {
         Some((name, permit))
     }
 
+    /// The name whose state `key` is part of: a contender, a lock-delay marker or a record.
+    /// That is `N` for `N/…` and `N#…` (its permits and markers) and for `#records/N/…`;
+    /// `None` for a session's fence, a key outside the root, or one that names no lock.
+    pub(crate) fn lock_of(&self, key: &[u8]) -> Option<LockName> {
+        let rest = key.strip_prefix(self.root.as_bytes())?;
+        let (name, after) = match rest.strip_prefix(b"#records/") {
+            Some(record) => {
+                let end = record.iter().position(|b| *b == b'/')?;
+                (&record[..end], &record[end..])
+            }
+            None => {
+                let end = rest.iter().position(|b| matches!(b, b'/' | b'#'))?;
+                (&rest[..end], &rest[end..])
+            }
+        };
+        // A name's keys all go on past it: `N` alone is no key of this layout.
+        if after.len() < 2 {
+            return None;
+        }
+        LockName::new(std::str::from_utf8(name).ok()?).ok()
+    }
+
     /// The names whose [`span`](Layout::span) starts before `key` and ends after it.
     /// Each is `key` (past the root) cut before a `+`, `-`, `.`, `#` or `/` that comes
     /// before the first `#` or `/`.
@@ -216,6 +238,41 @@ mod tests {
         ] {
             assert!(!is_ours("job/", foreign), "{foreign:?}");
         }
+    }
+
+    #[test]
+    fn every_key_of_a_name_leads_back_to_it_and_no_other_key_does() {
+        let name = |n: &str| Some(LockName::new(n).unwrap());
+        for layout in [Layout::new(""), Layout::new("L")] {
+            let key = |k: &str| {
+                let mut full = layout.root.clone().into_bytes();
+                full.extend_from_slice(k.as_bytes());
+                full
+            };
+            for (k, lock) in [
+                ("a.b/2a.0", "a.b"),
+                ("a/694d7a8e5c0d4b04", "a"),
+                ("a#delay/2a.0", "a"),
+                ("a#permits/2a.0", "a"),
+                ("a#permits#delay/2a.0", "a"),
+                ("#records/jobs:x/window:1", "jobs:x"),
+            ] {
+                assert_eq!(layout.lock_of(&key(k)), name(lock), "{k}");
+            }
+            for other in [
+                "#sessions/2a",
+                "#records/jobs:x",
+                "#records//k",
+                "a",
+                "a/",
+                ".a/2a.0",
+                "/2a.0",
+                "a\u{e9}/2a.0",
+            ] {
+                assert_eq!(layout.lock_of(&key(other)), None, "{other}");
+            }
+        }
+        assert_eq!(Layout::new("L").lock_of(b"M/a/2a.0"), None);
     }
 
     #[test]

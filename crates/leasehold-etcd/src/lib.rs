@@ -13,6 +13,7 @@
 //! - `requests.rs`: the transactions: acquire, remove, put a marker, put a record, keep, read;
 //! - `reply.rs`: what keys say: values, the queue a read returns, tokens;
 //! - `error.rs`: etcd errors as leasehold errors;
+//! - `changes.rs`: the change feed of a name prefix: one watch, watched again after a break;
 //! - `backend.rs`: the [`Backend`](leasehold_core::Backend) implementation.
 //!
 //! How it works:
@@ -53,6 +54,9 @@
 //! - **The session is suspended while its link is down** (a keep-alive unanswered for a
 //!   tenth of the ttl, its stream broken): its guards stay held until the same deadline,
 //!   and a release that fails meanwhile is retried until the link is back.
+//! - **Watching locks** (`changes`): one watch per feed on the key range of the name
+//!   prefix, from the revision at which etcd created it; each event names the lock its key
+//!   belongs to. A broken or canceled watch is watched again and the feed told to resync.
 //! - **A release that cannot be confirmed under a healthy session ends the session**
 //!   ([`Backend::abandon`](leasehold_core::Backend::abandon)): its key is bound to the
 //!   session's lease, so the session is revoked (or no longer kept alive) and later grants
@@ -75,6 +79,7 @@
 //! certificates). See [`EtcdOptions`] and `docs/backends/etcd.md`.
 
 mod backend;
+mod changes;
 mod connection;
 mod error;
 mod layout;

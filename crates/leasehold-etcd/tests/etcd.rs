@@ -1081,3 +1081,149 @@ async fn records_live_beside_the_locks_on_leases_of_their_own() {
         None
     );
 }
+
+/// The value of the gauge `metric` on the member whose metrics are served at `addr`.
+async fn gauge(addr: std::net::SocketAddr, metric: &str) -> f64 {
+    let metrics = leasehold_testkit::probe::http_get(addr, "/metrics")
+        .await
+        .unwrap();
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(metric)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("the member reports no {metric}"))
+}
+
+/// Reads the gauge `metric` until it is `want`, for at most 10 s.
+async fn until_gauge(addr: std::net::SocketAddr, metric: &str, want: f64) {
+    let limit = Duration::from_secs(10);
+    let started = Instant::now();
+    loop {
+        let now = gauge(addr, metric).await;
+        if now == want {
+            return;
+        }
+        assert!(
+            started.elapsed() < limit,
+            "{metric} is {now}, not {want}, after {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The next notice of `feed`, within `within`; fails the test with `what` if none comes.
+async fn next_notice(
+    feed: &mut leasehold_core::Changes,
+    within: Duration,
+    what: &str,
+) -> leasehold_core::Change {
+    tokio::time::timeout(within, feed.next())
+        .await
+        .unwrap_or_else(|_| panic!("no notice of {what} within {within:?}"))
+        .expect("the feed ended")
+}
+
+const WATCH_STREAMS: &str = "etcd_debugging_mvcc_watch_stream_total";
+const WATCHERS: &str = "etcd_debugging_mvcc_watcher_total";
+
+/// A change feed is one watch on the server, and dropping the feed cancels it there.
+#[tokio::test]
+async fn dropping_a_change_feed_cancels_its_watch_on_the_server() {
+    let mut etcd = Etcd::start().await.unwrap();
+    let metrics = etcd.members()[0].metrics_addr();
+    let locks = backend(&etcd.endpoints(), Duration::from_secs(30)).await;
+    let (streams, watchers) = (
+        gauge(metrics, WATCH_STREAMS).await,
+        gauge(metrics, WATCHERS).await,
+    );
+    let prefix = NamePrefix::new("jobs:").unwrap();
+    let mut feed = locks.changes(&prefix).await.unwrap();
+    // Created before `changes` returned.
+    assert_eq!(gauge(metrics, WATCH_STREAMS).await, streams + 1.0);
+    assert_eq!(gauge(metrics, WATCHERS).await, watchers + 1.0);
+    let c = Client::builder(locks.clone()).options(options()).build();
+    let guard = c.mutex("jobs:a").unwrap().lock().await.unwrap();
+    let named = next_notice(&mut feed, Duration::from_secs(10), "the grant").await;
+    assert_eq!(
+        named,
+        leasehold_core::Change::Lock(LockName::new("jobs:a").unwrap())
+    );
+    guard.release().await.unwrap();
+
+    drop(feed);
+    until_gauge(metrics, WATCHERS, watchers).await;
+    until_gauge(metrics, WATCH_STREAMS, streams).await;
+}
+
+/// A session lease that etcd expires (its client cut off) is a notice of each of its locks.
+#[tokio::test]
+async fn a_session_lease_expiring_on_the_server_is_noticed() {
+    let etcd = Etcd::start().await.unwrap();
+    let proxy = FaultProxy::start(etcd.endpoints()[0].parse().unwrap())
+        .await
+        .unwrap();
+    let holder = client_through(&proxy, "2s").await;
+    let watcher = client(&etcd.endpoints(), Duration::from_secs(30)).await;
+    let held = holder.mutex("job").unwrap().lock().await.unwrap();
+    let mut feed = watcher
+        .backend()
+        .changes(&NamePrefix::new("").unwrap())
+        .await
+        .unwrap();
+    assert_eq!(watcher.inspect("job").await.unwrap().holders.len(), 1);
+    // The holder's keep-alives stop reaching etcd, which expires its lease and its key.
+    proxy.cut(Direction::Both);
+    let job = LockName::new("job").unwrap();
+    let freed = async {
+        loop {
+            let notice = next_notice(&mut feed, Duration::from_secs(30), "the expiry").await;
+            assert_eq!(notice, leasehold_core::Change::Lock(job.clone()));
+            if watcher.inspect("job").await.unwrap().holders.is_empty() {
+                return;
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), freed)
+        .await
+        .expect("the lock was never noticed free");
+    assert_eq!(
+        tokio::time::timeout(Duration::from_secs(10), held.lost()).await,
+        Ok(LossReason::SessionEnded)
+    );
+    proxy.heal();
+}
+
+/// A feed whose watch stream breaks watches again, and then tells the watcher to resync.
+#[tokio::test]
+async fn a_change_feed_whose_stream_breaks_watches_again_and_resyncs() {
+    let etcd = Etcd::start().await.unwrap();
+    let proxy = FaultProxy::start(etcd.endpoints()[0].parse().unwrap())
+        .await
+        .unwrap();
+    let url = format!("etcd://{}?session_ttl=30s", proxy.addr());
+    let watcher = EtcdBackend::connect(&url).await.unwrap();
+    let mut feed = watcher
+        .changes(&NamePrefix::new("jobs:").unwrap())
+        .await
+        .unwrap();
+    let other = client(&etcd.endpoints(), Duration::from_secs(30)).await;
+    // The connection is reset: the watch is gone with it.
+    proxy.reset();
+    let notice = next_notice(&mut feed, Duration::from_secs(20), "the broken stream").await;
+    assert_eq!(notice, leasehold_core::Change::Resync);
+    // The new watch is in place before the resync: what changes after it is named.
+    let guard = other.mutex("jobs:a").unwrap().lock().await.unwrap();
+    // Outside the prefix: never named.
+    let elsewhere = other.mutex("elsewhere").unwrap().lock().await.unwrap();
+    elsewhere.release().await.unwrap();
+    let notice = next_notice(&mut feed, Duration::from_secs(10), "the grant").await;
+    assert_eq!(
+        notice,
+        leasehold_core::Change::Lock(LockName::new("jobs:a").unwrap())
+    );
+    guard.release().await.unwrap();
+    let notice = next_notice(&mut feed, Duration::from_secs(10), "the release").await;
+    assert_eq!(
+        notice,
+        leasehold_core::Change::Lock(LockName::new("jobs:a").unwrap())
+    );
+}

@@ -170,7 +170,8 @@ impl Rpc {
     }
 
     /// Opens a watch stream with one watch per request in `watches`.
-    /// The stream lives as long as the returned value.
+    /// The stream lives as long as the returned value: dropping it resets the stream, and
+    /// etcd then cancels its watches.
     pub(crate) async fn watch(&self, watches: Vec<WatchCreateRequest>) -> Result<Watching, Status> {
         let (sender, requests) = mpsc::channel(watches.len().max(1));
         for watch in watches {
@@ -182,7 +183,10 @@ impl Rpc {
             // The receiver is still here: a send into a channel with room cannot fail.
             let _ = sender.try_send(request);
         }
+        // Replies up to 64 MiB, as for reads: a change feed's watch can be sent the events of
+        // many revisions at once.
         let answers = WatchClient::with_interceptor(self.channel.clone(), self.token.clone())
+            .max_decoding_message_size(64 << 20)
             .watch(ReceiverStream::new(requests))
             .await?
             .into_inner();

@@ -10,8 +10,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures_util::future::{join_all, select_all};
 use leasehold_core::backend::{
-    Acquire, Backend, Capabilities, Expiry, Grant, Holder, ListCursor, Listing, LockState, Mode,
-    Release, Renewal, Request, SessionLiveness, TokenDurability, WaitHint, Waiter,
+    Acquire, Backend, Capabilities, Changes, Expiry, Grant, Holder, ListCursor, Listing, LockState,
+    Mode, Release, Renewal, Request, SessionLiveness, TokenDurability, WaitHint, Waiter,
 };
 use leasehold_core::{Error, LockName, LossReason, NamePrefix, OwnerId, RecordKey, Result};
 use zookeeper_client as zk;
@@ -474,6 +474,27 @@ impl Backend for ZooKeeperBackend {
             }
         }
         Ok(Listing::new(locks, next))
+    }
+
+    /// A feed of the locks under `prefix` that change: a persistent recursive watch on the root.
+    ///
+    /// It is set (ZooKeeper's `addWatch`, PERSISTENT_RECURSIVE) on `/<prefix>` in the
+    /// backend's session before this returns, and each node event below it names its lock:
+    /// grants, releases, waiters queued or gone, nodes deleted with an expired session.
+    /// After a reconnection, or when the session ends and the watch is set again in the
+    /// next one, a [`Change::Resync`](leasehold_core::Change::Resync) follows. See the
+    /// `changes` module.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped before it returns, the watch set meanwhile is removed again.
+    ///
+    /// # Errors
+    ///
+    /// Backend errors: no session can be opened, or the server refuses the watch (a server
+    /// older than 3.6 does not know `addWatch`).
+    async fn changes(&self, prefix: &NamePrefix) -> Result<Changes> {
+        self.open_changes(prefix).await
     }
 
     /// Writes a record beside the lock in one `multi` with the check of the grant's node.

@@ -31,6 +31,8 @@ pub(crate) struct Inner {
     session: Mutex<Option<Arc<Session>>>,
     /// Held while a session is being opened.
     opening: AsyncMutex<()>,
+    /// Held while a change feed adds or drops its watch (see `changes`).
+    pub(crate) watching: AsyncMutex<()>,
     /// The node of each acquisition in progress or held.
     registry: Mutex<Registry>,
     /// The epoch the first session found.
@@ -119,6 +121,7 @@ impl ZooKeeperBackend {
                 layout,
                 session: Mutex::new(None),
                 opening: AsyncMutex::new(()),
+                watching: AsyncMutex::new(()),
                 registry: Mutex::new(Registry::default()),
                 epoch: OnceLock::new(),
                 timeout_ms: AtomicU64::new(0),

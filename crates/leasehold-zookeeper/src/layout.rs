@@ -83,6 +83,14 @@ impl Layout {
     pub(crate) fn record(&self, name: &LockName, key: &RecordKey) -> String {
         format!("{}/{RECORDS}/{name}/{key}", self.root)
     }
+
+    /// The lock whose directory is `path` or holds it (a contender or a marker).
+    /// `None` for the root, the records and any other path that is no lock's.
+    pub(crate) fn lock_at(&self, path: &str) -> Option<LockName> {
+        let below = path.strip_prefix(&self.root)?.strip_prefix('/')?;
+        let child = below.split_once('/').map_or(below, |(child, _)| child);
+        lock_of(child).map(|(name, _)| name)
+    }
 }
 
 /// The lock whose directory is the child `child` of the root, and whether it is the permit set's.
@@ -221,6 +229,34 @@ mod tests {
         );
         for mode in [Mode::Exclusive, Mode::Permit { limit }] {
             assert!(!record.starts_with(&format!("{}/", layout.dir(&name, mode))));
+        }
+    }
+
+    #[test]
+    fn a_watched_path_names_the_lock_it_belongs_to() {
+        let layout = Layout::new("leasehold");
+        let name = LockName::new("jobs:1").unwrap();
+        let owner = OwnerId::parse("1a2b-00ff").unwrap();
+        let limit = NonZeroU32::MIN;
+        for mode in [Mode::Exclusive, Mode::Shared, Mode::Permit { limit }] {
+            let dir = layout.dir(&name, mode);
+            let node = format!("{dir}/{}0000000042", node_prefix(&owner, mode, false));
+            let marker = format!("{dir}/{}", marker_name(&owner));
+            for path in [&dir, &node, &marker] {
+                assert_eq!(layout.lock_at(path).as_ref(), Some(&name), "{path}");
+            }
+        }
+        let key = RecordKey::new("done:1").unwrap();
+        for other in [
+            "/leasehold".to_owned(),
+            "/leasehold/".to_owned(),
+            "/leaseholder/jobs:1".to_owned(),
+            "/other/jobs:1".to_owned(),
+            layout.records(),
+            layout.records_dir(name.as_str()),
+            layout.record(&name, &key),
+        ] {
+            assert_eq!(layout.lock_at(&other), None, "{other}");
         }
     }
 }

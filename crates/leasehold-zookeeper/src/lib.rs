@@ -11,6 +11,7 @@
 //! - `reply.rs`: what a listing says: the queue, who holds, whom a waiter watches;
 //! - `markers.rs`: lock-delay markers;
 //! - `records.rs`: records beside a lock: the write fenced by the grant's node, the sweep;
+//! - `changes.rs`: the change feed: a persistent recursive watch on the root;
 //! - `error.rs`: ZooKeeper errors as leasehold errors;
 //! - `backend.rs`: the [`Backend`](leasehold_core::Backend) implementation.
 //!
@@ -43,6 +44,9 @@
 //!   written in one `multi` with a check that the writer's node exists, kept at least
 //!   their keep by the leader's clock and swept by later writes (no TTL nodes).
 //!   Grants cannot be kept past their holder: they are ephemeral nodes of its session.
+//! - **Watching**: a change feed is one persistent recursive watch (`addWatch`) on the
+//!   root, on the backend's session; each node event names its lock. A reconnection or a
+//!   new session (the watch set again) is followed by a resync.
 //! - **Interop**: Apache Curator's InterProcessMutex on the same path takes part in the
 //!   same queue (see the node layout in
 //!   `docs/backends/zookeeper.md`).
@@ -51,6 +55,7 @@
 //! See `docs/backends/zookeeper.md`.
 
 mod backend;
+mod changes;
 mod connection;
 mod error;
 mod layout;

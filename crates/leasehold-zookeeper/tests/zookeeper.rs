@@ -1248,3 +1248,205 @@ async fn records_live_apart_from_locks_and_old_ones_are_swept() {
     );
     writer.release().await.unwrap();
 }
+
+/// The number of watches the (standalone) server holds, all sessions together.
+async fn watch_count(zookeeper: &ZooKeeper) -> usize {
+    let word = leasehold_testkit::probe::zookeeper_word(zookeeper.addrs()[0], "mntr")
+        .await
+        .unwrap();
+    word.lines()
+        .find_map(|l| l.strip_prefix("zk_watch_count"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// Reads `feed` until a notice that `want` accepts, up to `limit`.
+async fn until_notice(
+    feed: &mut leasehold_core::Changes,
+    what: &str,
+    limit: Duration,
+    want: impl Fn(&leasehold_core::Change) -> bool,
+) {
+    let seen = async {
+        loop {
+            let notice = feed.next().await.expect("the feed ended");
+            if want(&notice) {
+                return;
+            }
+        }
+    };
+    tokio::time::timeout(limit, seen)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: no such notice within {limit:?}"));
+}
+
+fn names(name: &LockName) -> impl Fn(&leasehold_core::Change) -> bool {
+    let name = name.clone();
+    move |notice| *notice == leasehold_core::Change::Lock(name.clone())
+}
+
+fn resync(notice: &leasehold_core::Change) -> bool {
+    *notice == leasehold_core::Change::Resync
+}
+
+/// A change feed's watch is on the server once the feed is returned, gone once it is dropped.
+/// Two feeds of one session share the server's watch of the root: the first one dropped
+/// leaves it to the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_feed_takes_its_watch_off_the_server() {
+    let zookeeper = ZooKeeper::start().await.unwrap();
+    let watching = backend(&zookeeper.url()).await;
+    let a = client_on(backend(&zookeeper.url()).await);
+    let name = LockName::new("feeds:x").unwrap();
+    let prefix = NamePrefix::new("feeds:").unwrap();
+    let before = watch_count(&zookeeper).await;
+    let first = watching.changes(&prefix).await.unwrap();
+    // ZooKeeper 3.8 counts a persistent recursive watch once for data, once for children.
+    let with = watch_count(&zookeeper).await;
+    assert!(with > before, "no watch on the server");
+    let mut second = watching.changes(&prefix).await.unwrap();
+    assert_eq!(watch_count(&zookeeper).await, with);
+
+    drop(first);
+    for _ in 0..2 {
+        let guard = a.mutex(name.as_str()).unwrap().lock().await.unwrap();
+        until_notice(
+            &mut second,
+            "the grant",
+            Duration::from_secs(10),
+            names(&name),
+        )
+        .await;
+        guard.release().await.unwrap();
+        until_notice(
+            &mut second,
+            "the release",
+            Duration::from_secs(10),
+            names(&name),
+        )
+        .await;
+    }
+    assert_eq!(watch_count(&zookeeper).await, with);
+
+    drop(second);
+    until(
+        "the watch taken off the server",
+        Duration::from_secs(10),
+        async || watch_count(&zookeeper).await == before,
+    )
+    .await;
+    // The session lives on, without the watch.
+    let guard = a.mutex(name.as_str()).unwrap().lock().await.unwrap();
+    assert_eq!(watch_count(&zookeeper).await, before);
+    guard.release().await.unwrap();
+    assert!(watching.session_id().is_some());
+}
+
+/// A feed names the lock of a holder whose session the server expired.
+/// The holder's link is cut: its session expires on the server, which deletes its node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_feed_names_the_lock_of_a_holder_whose_session_expired() {
+    let zookeeper = ZooKeeper::start().await.unwrap();
+    let watching = backend(&format!("{}?session_timeout=2s", zookeeper.url())).await;
+    let (cut, proxy) = through_proxy(&zookeeper, "session_timeout=2s").await;
+    let holder = client_on(cut);
+    let name = LockName::new("expiry:x").unwrap();
+    let guard = holder.mutex(name.as_str()).unwrap().lock().await.unwrap();
+    let mut feed = watching
+        .changes(&NamePrefix::new("expiry:").unwrap())
+        .await
+        .unwrap();
+    assert!(feed.try_next().is_none());
+
+    // Nothing else touches the lock: the server expires the session (its close cannot get
+    // through) and deletes the holder's node.
+    proxy.cut(Direction::Both);
+    until_notice(
+        &mut feed,
+        "the expired holder's node deleted",
+        Duration::from_secs(30),
+        names(&name),
+    )
+    .await;
+    let state = watching.inspect(&name).await.unwrap();
+    assert!(state.holders.is_empty(), "{state:?}");
+    assert_eq!(guard.lost().await, LossReason::Disconnected);
+    proxy.heal();
+}
+
+/// A feed whose own session ends watches again in the backend's next session.
+/// It says so with a resync: what happened meanwhile was not pushed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_feed_whose_session_ended_resyncs_and_watches_in_the_next_one() {
+    let zookeeper = ZooKeeper::start().await.unwrap();
+    let (cut, proxy) = through_proxy(&zookeeper, "session_timeout=2s").await;
+    let other = client_on(backend(&zookeeper.url()).await);
+    let name = LockName::new("again:x").unwrap();
+    let mut feed = cut
+        .changes(&NamePrefix::new("again:").unwrap())
+        .await
+        .unwrap();
+    let first = cut.session_id().unwrap();
+
+    proxy.cut(Direction::Both);
+    until(
+        "the session given up",
+        Duration::from_secs(10),
+        async || cut.session_id().is_none(),
+    )
+    .await;
+    // Changed while the feed could not hear of it.
+    let guard = other.mutex(name.as_str()).unwrap().lock().await.unwrap();
+    proxy.heal();
+    // The one after the watch is set in another session (others may come before it).
+    until_notice(&mut feed, "a resync", Duration::from_secs(30), |notice| {
+        resync(notice) && cut.session_id().is_some_and(|id| id != first)
+    })
+    .await;
+
+    guard.release().await.unwrap();
+    until_notice(
+        &mut feed,
+        "the release after the resync",
+        Duration::from_secs(10),
+        names(&name),
+    )
+    .await;
+}
+
+/// A feed whose link breaks and comes back within the session resyncs and watches on in it.
+/// ZooKeeper does not replay a persistent watch's events of a disconnection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_feed_resyncs_after_a_reconnection_and_watches_on() {
+    let zookeeper = ZooKeeper::start().await.unwrap();
+    let (cut, proxy) = through_proxy(&zookeeper, "session_timeout=10s").await;
+    let other = client_on(backend(&zookeeper.url()).await);
+    let name = LockName::new("reconnect:x").unwrap();
+    let mut feed = cut
+        .changes(&NamePrefix::new("reconnect:").unwrap())
+        .await
+        .unwrap();
+    let session = cut.session_id().unwrap();
+
+    // The open connection goes dead; the client's next one gets through.
+    proxy.cut_open(Direction::Both);
+    let guard = other.mutex(name.as_str()).unwrap().lock().await.unwrap();
+    until_notice(&mut feed, "a resync", Duration::from_secs(30), resync).await;
+    assert_eq!(
+        cut.session_id(),
+        Some(session),
+        "reconnected in the same session"
+    );
+
+    guard.release().await.unwrap();
+    until_notice(
+        &mut feed,
+        "the release after the resync",
+        Duration::from_secs(10),
+        names(&name),
+    )
+    .await;
+    proxy.heal();
+}

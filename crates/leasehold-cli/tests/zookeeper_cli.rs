@@ -24,6 +24,12 @@ async fn a_paused_run_has_its_command_stopped_by_the_deadline_and_exits_80_on_re
 }
 
 #[tokio::test]
+async fn a_terminal_watch_shows_a_lock_change_hands() {
+    let zookeeper = ZooKeeper::start().await.unwrap();
+    common::a_terminal_watch_shows_a_lock_change_hands(&zookeeper.url()).await;
+}
+
+#[tokio::test]
 async fn the_lock_ttl_is_the_session_timeout_the_server_negotiated() {
     // The testkit's servers grant sessions of at most 60 s (`maxSessionTimeout`).
     let zookeeper = ZooKeeper::start().await.unwrap();

@@ -6,14 +6,15 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use leasehold_core::backend::{
-    Acquire, Backend, Capabilities, Eviction, Expiry, Grant, ListCursor, Listing, LockState, Mode,
-    Release, Renewal, Request, TokenDurability, WaitHint,
+    Acquire, Backend, Capabilities, Changes, Eviction, Expiry, Grant, ListCursor, Listing,
+    LockState, Mode, Release, Renewal, Request, TokenDurability, WaitHint,
 };
 use leasehold_core::{
     Error, FencingToken, LockName, LossReason, NamePrefix, OwnerId, RecordKey, Result,
 };
 use redis::FromRedisValue;
 
+use crate::changes;
 use crate::connection::{self, Connection};
 use crate::error::{map_error, unexpected};
 use crate::eviction;
@@ -745,6 +746,29 @@ impl Backend for RedisBackend {
             locks,
             next.map(|next| ListCursor::new(next.to_string())),
         ))
+    }
+
+    /// A feed of the server's invalidations of the keys of the locks under `prefix`.
+    ///
+    /// On a connection of the feed's own, `CLIENT TRACKING ON BCAST PREFIX
+    /// <key prefix>:{<prefix>` (Redis 6 or later): the server pushes every write, deletion,
+    /// expiry and eviction of those keys, and each lock key is turned back into its name.
+    /// Through Sentinel the feed follows the master; in a Cluster it tracks on every master
+    /// and follows their changes. A new connection (after a loss, a move or a change of
+    /// masters) and a flush of the server's tracking state are each followed by a
+    /// [`Change::Resync`](leasehold_core::backend::Change::Resync). Locking costs nothing
+    /// more while nobody watches.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped before it returns, the connections it opened are closed.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`] for a server without `CLIENT TRACKING`; [`Error::Backend`]
+    /// for a user that may not run it; [`Error::Unavailable`] if a server cannot be reached.
+    async fn changes(&self, prefix: &NamePrefix) -> Result<Changes> {
+        changes::server_feed(&self.inner.conn, prefix).await
     }
 }
 

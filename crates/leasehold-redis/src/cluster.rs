@@ -29,6 +29,10 @@ pub(crate) struct ClusterNodes {
     url: String,
     /// A `redis://` (or `rediss://`) URL per node, with the URL's credentials.
     nodes: Vec<String>,
+    /// The URL, to put another node's address in.
+    parsed: std::sync::Arc<ParsedUrl>,
+    /// The scheme of a node's URL: `redis` or `rediss`.
+    scheme: &'static str,
 }
 
 impl ClusterNodes {
@@ -60,7 +64,14 @@ impl ClusterNodes {
         Ok(ClusterNodes {
             url: url.to_owned(),
             nodes,
+            parsed: std::sync::Arc::new(parsed),
+            scheme,
         })
+    }
+
+    /// The URL of the node at `address` (`host:port`), with the URL's credentials.
+    pub(crate) fn node_url(&self, address: &str) -> String {
+        self.parsed.with_address(self.scheme, address, "")
     }
 
     /// The URL as given.
@@ -140,6 +151,10 @@ mod tests {
     fn cluster_urls_name_their_nodes() {
         let nodes = ClusterNodes::parse("redis+cluster://u:pw@h1:1,h2:2").unwrap();
         assert_eq!(nodes.nodes, ["redis://u:pw@h1:1", "redis://u:pw@h2:2"]);
+        assert_eq!(
+            nodes.node_url("10.0.0.3:7002"),
+            "redis://u:pw@10.0.0.3:7002"
+        );
         let nodes = ClusterNodes::parse("rediss+cluster://h1:1/").unwrap();
         assert_eq!(nodes.nodes, ["rediss://h1:1"]);
         for bad in [

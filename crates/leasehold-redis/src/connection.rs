@@ -66,6 +66,8 @@ pub(crate) struct Connection {
     drops_count: bool,
     /// When the connection was last replaced; held while it is replaced (one at a time).
     replaced: tokio::sync::Mutex<Option<std::time::Instant>>,
+    /// Counts the replacements: a change feed that follows the server moves with it.
+    moves: tokio::sync::watch::Sender<u64>,
 }
 
 impl Connection {
@@ -89,7 +91,18 @@ impl Connection {
             health: Health::new(),
             drops_count,
             replaced: tokio::sync::Mutex::new(None),
+            moves: tokio::sync::watch::Sender::new(0),
         })
+    }
+
+    /// Where it connects.
+    pub(crate) fn address(&self) -> &Address {
+        &self.address
+    }
+
+    /// Changes each time the connection is replaced (through Sentinel: maybe by another server's).
+    pub(crate) fn moves(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.moves.subscribe()
     }
 
     /// The options it was made with.
@@ -285,6 +298,7 @@ impl Connection {
             *self.current.write().unwrap_or_else(|e| e.into_inner()) = fresh.conn;
         });
         *self.serving.write().unwrap_or_else(|e| e.into_inner()) = fresh.server;
+        self.moves.send_modify(|moves| *moves += 1);
         *replaced = Some(std::time::Instant::now());
         self.health.reset();
         self.wakeups.wake_all();
@@ -292,7 +306,7 @@ impl Connection {
     }
 
     /// The server the connection goes to: `host:port` through Sentinel, else the URL.
-    fn serving(&self) -> String {
+    pub(crate) fn serving(&self) -> String {
         self.serving
             .read()
             .unwrap_or_else(|e| e.into_inner())
@@ -421,7 +435,7 @@ async fn connect_url(
 }
 
 /// The redis-rs client for `url`: RESP3 (push messages), TLS with the options' files.
-fn client(url: &str, options: &RedisOptions) -> Result<redis::Client> {
+pub(crate) fn client(url: &str, options: &RedisOptions) -> Result<redis::Client> {
     let info = connection_info(url, options)?;
     match tls_certificates(options) {
         None => redis::Client::open(info),

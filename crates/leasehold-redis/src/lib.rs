@@ -14,6 +14,7 @@
 //! - `eviction.rs`: force-release records, as stored beside a lock; how long they are kept.
 //! - `error.rs`: Redis errors as leasehold errors.
 //! - `wakeups.rs`: push wake-ups from the lock's channel to this process's waiters.
+//! - `changes.rs`: change feeds (watching locks) from the servers' key invalidations.
 //! - `floors.rs`: the highest token seen granted per name, against servers that lost data.
 //! - `backend.rs`: [`RedisBackend`], the `Backend` of one server.
 //! - `node.rs`: one server as a Redlock node.
@@ -54,6 +55,9 @@
 //! - **Redis Cluster**: all keys of one lock share the hash tag `{name}`, so each lock
 //!   lives in one slot and its scripts run on that slot's master; wake-ups use sharded
 //!   pub/sub (`SPUBLISH`/`SSUBSCRIBE`), so a release reaches only its own shard.
+//! - **Watching locks at no cost to locking**: a change feed is the server's client-side
+//!   caching invalidations of the prefix's keys (`CLIENT TRACKING … BCAST`), pushed on a
+//!   connection of the feed's own; the lock path is the same whether anyone watches or not.
 //!
 //! URL: `redis://[user:password@]host:port[/db][?prefix=P&replicas=N&replica_timeout=D&replicas_required=true]`;
 //! `rediss://…[&tls_ca=PATH&tls_cert=PATH&tls_key=PATH]` for TLS;
@@ -64,6 +68,7 @@
 //! See `docs/backends/redis.md` for what this backend guarantees and what it does not.
 
 mod backend;
+mod changes;
 mod cluster;
 mod connection;
 mod error;

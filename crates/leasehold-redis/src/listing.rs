@@ -90,6 +90,19 @@ const SLOTS: u16 = 16_384;
 ///
 /// An unexpected reply if `slots` is not of the form `CLUSTER SLOTS` answers.
 pub(crate) fn next_master(slots: &Value, after: u16) -> Result<Option<u16>> {
+    Ok(masters(slots)?
+        .into_values()
+        .filter(|&slot| slot > after)
+        .min())
+}
+
+/// The masters of a `CLUSTER SLOTS` reply, by host and port, each with its lowest slot.
+/// A host is empty where the node's endpoint is not known.
+///
+/// # Errors
+///
+/// An unexpected reply if `slots` is not of the form `CLUSTER SLOTS` answers.
+pub(crate) fn masters(slots: &Value) -> Result<BTreeMap<(Vec<u8>, i64), u16>> {
     const WHAT: &str = "CLUSTER SLOTS";
     let Value::Array(ranges) = slots else {
         return Err(unexpected(WHAT, slots));
@@ -118,7 +131,7 @@ pub(crate) fn next_master(slots: &Value, after: u16) -> Result<Option<u16>> {
             .and_modify(|slot| *slot = (*slot).min(start))
             .or_insert(start);
     }
-    Ok(lowest.into_values().filter(|&slot| slot > after).min())
+    Ok(lowest)
 }
 
 #[cfg(test)]

@@ -175,6 +175,11 @@ impl Sentinels {
         }
     }
 
+    /// The URL of the server at `address` (`host:port`) as the master: credentials and db.
+    pub(crate) fn master_url(&self, address: &str) -> String {
+        self.parsed.with_address("redis", address, &self.db)
+    }
+
     /// A connection to the master at `address` (`host:port`), made until `until`.
     /// Its server is `address`; an error says why not, as text.
     async fn try_open(
@@ -183,7 +188,7 @@ impl Sentinels {
         until: Instant,
         opener: &Opener<'_>,
     ) -> std::result::Result<Connected, String> {
-        let url = self.parsed.with_address("redis", address, &self.db);
+        let url = self.master_url(address);
         let limit = until.saturating_duration_since(Instant::now());
         match tokio::time::timeout_at(until, opener.open(&url, limit, Some(self))).await {
             Ok(Ok(mut connected)) => {
@@ -326,7 +331,7 @@ mod tests {
         assert_eq!(s.addresses, ["h1:1", "h2:2"]);
         assert_eq!((s.master.as_str(), s.db.as_str()), ("main", "/3"));
         assert_eq!(
-            s.parsed.with_address("redis", "10.0.0.1:6379", &s.db),
+            s.master_url("10.0.0.1:6379"),
             "redis://u:pw@10.0.0.1:6379/3"
         );
         assert_eq!(

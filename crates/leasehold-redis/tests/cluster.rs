@@ -5,7 +5,8 @@
 
 use std::time::Duration;
 
-use leasehold_core::{Client, Error};
+use leasehold_core::backend::{Backend, Change};
+use leasehold_core::{Client, Error, LockName, NamePrefix};
 use leasehold_redis::{RedisBackend, RedlockBackend, RedlockOptions};
 use leasehold_testkit::probe::Resp;
 use leasehold_testkit::{RedisCluster, free_port};
@@ -13,7 +14,7 @@ use leasehold_testkit::{RedisCluster, free_port};
 mod common;
 use common::{
     Resource, TTL, a_lost_grant_is_told_and_fenced, client_of, holder_and_waiter_carry_on,
-    lock_keys, queued, renewed,
+    lock_keys, queued, renewed, tracking_clients, until_notice, until_tracking_clients,
 };
 
 mod conformance {
@@ -313,4 +314,37 @@ async fn bad_cluster_urls_are_typed_errors() {
     .unwrap_err();
     assert!(matches!(error, Error::Unavailable { .. }), "{error}");
     assert!(error.to_string().contains(&p1.to_string()), "{error}");
+}
+
+/// A change feed tracks on every master, and follows a failover.
+/// Once it tracks on the new master it says so with a resync, leaves the old one (now a
+/// replica), and the new master's changes come through it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_feed_follows_the_masters_across_a_failover() {
+    let mut cluster = failing_fast().await;
+    let redis = RedisBackend::connect(&cluster.url()).await.unwrap();
+    let mut feed = redis
+        .changes(&NamePrefix::new("jobs:").unwrap())
+        .await
+        .unwrap();
+    let slot = cluster.slot_of("{jobs:1}").await.unwrap();
+    let old = cluster.master_of(slot).await.unwrap();
+    let mut masters = 0;
+    for i in 0..cluster.servers().len() {
+        let tracking = tracking_clients(cluster.server(i)).await.len();
+        assert!(tracking <= 1, "server {i} has {tracking} tracking clients");
+        masters += tracking;
+    }
+    assert_eq!(masters, 3, "the feed does not track on every master");
+    let new = cluster.failover(slot).await.unwrap();
+    // The feed asks for the masters every few seconds.
+    until_tracking_clients(cluster.server(new), 1).await;
+    until_notice(&mut feed, "the new master", |c| *c == Change::Resync).await;
+    until_tracking_clients(cluster.server(old), 0).await;
+    let b = client(&cluster, TTL).await;
+    let guard = b.mutex("jobs:1").unwrap().lock().await.unwrap();
+    assert!(!lock_keys(cluster.server(new), "jobs:1").await.is_empty());
+    let name = LockName::new("jobs:1").unwrap();
+    until_notice(&mut feed, "the grant", |c| *c == Change::Lock(name.clone())).await;
+    guard.release().await.unwrap();
 }

@@ -5,7 +5,8 @@
 
 use std::time::Duration;
 
-use leasehold_core::{Client, Error};
+use leasehold_core::backend::{Backend, Change};
+use leasehold_core::{Client, Error, LockName, NamePrefix};
 use leasehold_redis::RedisBackend;
 use leasehold_testkit::probe::Resp;
 use leasehold_testkit::{Redis, RedisSentinel, free_port};
@@ -13,7 +14,8 @@ use leasehold_testkit::{Redis, RedisSentinel, free_port};
 mod common;
 use common::{
     Resource, TTL, a_lost_grant_is_told_and_fenced, client_of, holder_and_waiter_carry_on,
-    lock_after_failover, lock_keys, queued, renewed,
+    lock_after_failover, lock_keys, queued, renewed, tracking_clients, until_notice,
+    until_tracking_clients,
 };
 
 mod conformance {
@@ -168,4 +170,37 @@ async fn sentinels_that_cannot_be_reached_are_named_in_a_typed_error() {
         }
         other => panic!("{other:?}"),
     }
+}
+
+/// A change feed follows the master across a failover.
+/// It tracks on the master only; once it tracks on the new one it says so with a resync,
+/// and the new master's changes come through it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_feed_follows_the_master_across_a_failover() {
+    let set = RedisSentinel::start(2, 3).await.unwrap();
+    let redis = RedisBackend::connect(&set.url()).await.unwrap();
+    let mut feed = redis
+        .changes(&NamePrefix::new("jobs:").unwrap())
+        .await
+        .unwrap();
+    let old = set.master().await.unwrap();
+    for i in 0..3 {
+        let tracking = tracking_clients(set.server(i).unwrap()).await.len();
+        assert_eq!(tracking, usize::from(i == old), "server {i}");
+    }
+    let new = set.failover().await.unwrap();
+    // The backend moves when a sentinel names the new master, and the feed with it.
+    until_tracking_clients(set.server(new).unwrap(), 1).await;
+    until_notice(&mut feed, "the move", |c| *c == Change::Resync).await;
+    until_tracking_clients(set.server(old).unwrap(), 0).await;
+    let b = client(&set, TTL).await;
+    let guard = b.mutex("jobs:1").unwrap().lock().await.unwrap();
+    assert!(
+        !lock_keys(set.server(new).unwrap(), "jobs:1")
+            .await
+            .is_empty()
+    );
+    let name = LockName::new("jobs:1").unwrap();
+    until_notice(&mut feed, "the grant", |c| *c == Change::Lock(name.clone())).await;
+    guard.release().await.unwrap();
 }

@@ -41,6 +41,11 @@ impl Nodes {
         self.slots.len()
     }
 
+    /// The URL of every node, in order.
+    pub(super) fn urls(&self) -> &[String] {
+        &self.urls
+    }
+
     /// Node `i`, if it is connected.
     pub(super) fn get(&self, i: usize) -> Option<&Node> {
         self.slots.get(i)?.get()

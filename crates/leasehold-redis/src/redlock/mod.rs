@@ -41,12 +41,13 @@ use futures_util::StreamExt;
 use futures_util::future::{join_all, select_all};
 use futures_util::stream::FuturesUnordered;
 use leasehold_core::backend::{
-    Acquire, Backend, Capabilities, Eviction, Expiry, Grant, ListCursor, Listing, LockState, Mode,
-    Release, Renewal, Request, TokenDurability, WaitHint,
+    Acquire, Backend, Capabilities, Changes, Eviction, Expiry, Grant, ListCursor, Listing,
+    LockState, Mode, Release, Renewal, Request, TokenDurability, WaitHint,
 };
 use leasehold_core::{Error, LockName, LossReason, NamePrefix, RecordKey, Result};
 
 use crate::backend::keep_millis;
+use crate::changes::{Feed, track_node};
 use crate::node::Node;
 use listing::Place;
 pub use options::RedlockOptions;
@@ -717,5 +718,54 @@ impl Backend for RedlockBackend {
             }
         }
         Ok(Listing::new(locks, listing::cursor(&places)))
+    }
+
+    /// Every node's feed of its invalidations of the keys of the locks under `prefix`, merged.
+    ///
+    /// Each node is tracked as a single server is (see
+    /// [`RedisBackend::changes`](crate::RedisBackend)), on a connection of the feed's own.
+    /// It returns once a majority of the nodes track the prefix: every grant, release and
+    /// eviction is made on a majority, which meets this one. The other nodes are tried
+    /// again in the background; one that joins later, or whose connection comes back, is
+    /// followed by a [`Change::Resync`](leasehold_core::backend::Change::Resync). The feed
+    /// goes on while any node is reachable. A lock is named once per node that changed it.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped before it returns, the connections it opened are closed.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unavailable`] if too few nodes can be reached for a majority;
+    /// [`Error::Unsupported`] for a node without `CLIENT TRACKING`; [`Error::Backend`] for
+    /// a user that may not run it.
+    async fn changes(&self, prefix: &NamePrefix) -> Result<Changes> {
+        let urls = self.inner.nodes.urls();
+        let (feed, changes) = Feed::new("redlock", &self.inner.options.redis, prefix);
+        let (first, mut firsts) = tokio::sync::mpsc::unbounded_channel();
+        for url in urls {
+            tokio::spawn(track_node(feed.clone(), url.clone(), first.clone()));
+        }
+        drop((feed, first));
+        let majority = self.inner.majority;
+        let (mut tracking, mut unreachable) = (0, 0);
+        while !majority.reached(tracking) {
+            match firsts.recv().await {
+                Some(Ok(())) => tracking += 1,
+                Some(Err(error)) if error.is_retryable() => {
+                    unreachable += 1;
+                    if majority.out_of_reach(unreachable) {
+                        return Err(Error::unavailable(format!(
+                            "redlock: a change feed reaches too few of {} redis nodes for a                              majority ({}): {error}",
+                            urls.len(),
+                            majority.quorum()
+                        )));
+                    }
+                }
+                Some(Err(error)) => return Err(error),
+                None => return Err(Error::unavailable("redlock: a change feed reached no node")),
+            }
+        }
+        Ok(changes)
     }
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use leasehold_core::backend::Backend;
+use leasehold_core::backend::{Backend, Change, Changes};
 use leasehold_core::{Client, Guard, LockOptions, LossReason};
 use leasehold_redis::RedisBackend;
 use leasehold_redis::fence::RedisFence;
@@ -197,4 +197,68 @@ pub(crate) async fn holder_and_waiter_carry_on(
         .unwrap()
         .unwrap();
     assert!(next.token() > token);
+}
+
+/// How long a test waits for a change feed's notice, or its connection, that must come.
+pub(crate) const NOTICE: Duration = Duration::from_secs(10);
+
+/// The ids of the server's clients that track keys (`t` in their `CLIENT LIST` flags).
+pub(crate) async fn tracking_clients(server: &Redis) -> Vec<String> {
+    let list = server.command(&["CLIENT", "LIST"]).await.unwrap();
+    let list = match list {
+        Resp::Bulk(Some(list)) => String::from_utf8(list).unwrap(),
+        other => panic!("CLIENT LIST: {other:?}"),
+    };
+    list.lines()
+        .filter(|client| {
+            client.split(' ').any(|field| {
+                field
+                    .strip_prefix("flags=")
+                    .is_some_and(|f| f.contains('t'))
+            })
+        })
+        .filter_map(|client| {
+            let id = client.split(' ').find_map(|f| f.strip_prefix("id="))?;
+            Some(id.to_owned())
+        })
+        .collect()
+}
+
+/// Waits until `server` has `n` tracking clients, for up to a minute.
+/// The server closes a client when it reads the end of its connection, and a feed moves
+/// after a failover when the sentinels or the Cluster say so: no event of either reaches
+/// the test, so the server is asked again after each answer, with a short pause.
+pub(crate) async fn until_tracking_clients(server: &Redis, n: usize) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let clients = tracking_clients(server).await;
+        if clients.len() == n {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the server has {} tracking clients, not {n}",
+            clients.len()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The next notice of `feed` that `want` accepts, within [`NOTICE`].
+pub(crate) async fn until_notice(
+    feed: &mut Changes,
+    what: &str,
+    want: impl Fn(&Change) -> bool,
+) -> Change {
+    let seen = async {
+        loop {
+            let change = feed.next().await.expect("the feed ended");
+            if want(&change) {
+                return change;
+            }
+        }
+    };
+    tokio::time::timeout(NOTICE, seen)
+        .await
+        .unwrap_or_else(|_| panic!("the feed never told of {what}"))
 }

@@ -19,6 +19,12 @@ async fn a_paused_run_has_its_command_stopped_by_the_deadline_and_exits_80_on_re
     common::a_paused_run_has_its_command_stopped_by_the_deadline(&server.url()).await;
 }
 
+#[tokio::test]
+async fn a_terminal_watch_shows_a_lock_change_hands() {
+    let server = Redis::start().await.unwrap();
+    common::a_terminal_watch_shows_a_lock_change_hands(&server.url()).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn elect_hands_on_leadership_and_observers_see_each_leader() {
     let server = Redis::start().await.unwrap();

@@ -650,19 +650,25 @@ where
         print_changes(watch, json, names).await
     };
     tokio::select! {
-        Err(error) = printed => report(&error, json),
+        printed = printed => match printed {
+            Ok(()) => 0,
+            Err(error) => report(&error, json),
+        },
         signal = &mut interrupted => exit::signal(signal),
     }
 }
 
-/// Prints each change of `watch`; returns only with an error.
-/// With `names` (`inspect --watch`) the table keeps free names. On a terminal (without --json) the screen is redrawn: the locks as `inspect` shows
-/// them, then the latest events. Otherwise one line per event (or per change with --json).
+/// Prints each change of `watch`.
+/// Returns with an error, or `Ok` when stdout is closed (`| head`). With `names`
+/// (`inspect --watch`) the table keeps free names. On a terminal (without --json) the
+/// screen is redrawn: the locks as `inspect` shows them, then the latest events.
+/// Otherwise one line per event (or per change with --json).
 async fn print_changes(
     mut watch: leasehold::LockWatch,
     json: bool,
     names: bool,
-) -> Result<std::convert::Infallible, Error> {
+) -> Result<(), Error> {
+    use std::io::Write as _;
     const EVENTS_SHOWN: usize = 12;
     let screen = !json && std::io::stdout().is_terminal();
     let mut locks: std::collections::BTreeMap<String, leasehold::LockState> =
@@ -673,39 +679,50 @@ async fn print_changes(
         let at_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis());
+        let mut out = String::new();
         if json {
-            println!("{}", inspect::change_json(&change, at_ms));
-            continue;
-        }
-        let time = inspect::clock_time(at_ms);
-        let lines: Vec<String> = inspect::events(&change)
-            .into_iter()
-            .map(|event| format!("{time} {event}"))
-            .collect();
-        if !screen {
-            for line in lines {
-                println!("{line}");
+            out = format!("{}\n", inspect::change_json(&change, at_ms));
+        } else {
+            let time = inspect::clock_time(at_ms);
+            let lines = inspect::events(&change)
+                .into_iter()
+                .map(|event| format!("{time} {event}"));
+            if screen {
+                locks.insert(change.name.to_string(), change.after);
+                recent.extend(lines);
+                while recent.len() > EVENTS_SHOWN {
+                    recent.pop_front();
+                }
+                let shown: Vec<(String, leasehold::LockState)> =
+                    locks.iter().map(|(n, s)| (n.clone(), s.clone())).collect();
+                // Home, clear, the table, the events.
+                out = format!(
+                    "\x1b[H\x1b[2J{}\n",
+                    inspect::to_table(&shown, inspect::colour())
+                );
+                for line in &recent {
+                    out.push_str(line);
+                    out.push('\n');
+                }
+                // Freed locks of a prefix leave the table after they have been shown free.
+                locks.retain(|_, s| names || !s.holders.is_empty() || !s.waiters.is_empty());
+            } else {
+                for line in lines {
+                    out.push_str(&line);
+                    out.push('\n');
+                }
             }
-            continue;
         }
-        locks.insert(change.name.to_string(), change.after);
-        recent.extend(lines);
-        while recent.len() > EVENTS_SHOWN {
-            recent.pop_front();
+        let mut stdout = std::io::stdout().lock();
+        match stdout
+            .write_all(out.as_bytes())
+            .and_then(|()| stdout.flush())
+        {
+            Ok(()) => {}
+            // Whoever read the output has gone: done.
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(()),
+            Err(e) => return Err(Error::backend(format!("writing to stdout: {e}"), false)),
         }
-        let shown: Vec<(String, leasehold::LockState)> =
-            locks.iter().map(|(n, s)| (n.clone(), s.clone())).collect();
-        // Home, clear, the table, the events.
-        print!(
-            "\x1b[H\x1b[2J{}",
-            inspect::to_table(&shown, inspect::colour())
-        );
-        println!();
-        for line in &recent {
-            println!("{line}");
-        }
-        // Freed locks of a prefix leave the table after they have been shown free.
-        locks.retain(|_, s| names || !s.holders.is_empty() || !s.waiters.is_empty());
     }
 }
 

@@ -496,15 +496,22 @@ impl Backend for InMemory {
             .flatten();
         let matching: Vec<LockName> = matching.into_iter().cloned().collect();
         let mut locks = Vec::new();
+        let mut purged = Vec::new();
         for name in matching {
             let Some(entry) = names.get_mut(&name) else {
                 continue;
             };
-            entry.purge(now);
+            if entry.purge(now) {
+                purged.push(name.clone());
+            }
             let state = entry.state(now);
             if !state.holders.is_empty() || !state.waiters.is_empty() {
                 locks.push((name, state));
             }
+        }
+        drop(names);
+        for name in &purged {
+            self.tell_feeds(name);
         }
         Ok(Listing::new(locks, next))
     }

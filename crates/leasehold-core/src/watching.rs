@@ -69,7 +69,12 @@ pub struct LockWatch {
     /// And of every name of a [`Scope::Names`]; a lock freed is forgotten.
     known: HashMap<LockName, LockState>,
     /// When to read each lock again because a holder's lease ends then.
+    /// `lease_end_of` is the same by lock. Only where leases end by time: a session's end
+    /// is pushed by the feed.
     lease_ends: BTreeSet<(Instant, LockName)>,
+    lease_end_of: HashMap<LockName, Instant>,
+    /// Leases end by time on this backend: they are read again at their end.
+    timed_leases: bool,
     /// Locks to read again: named by a notice or at a lease end, and not read yet.
     to_read: BTreeSet<LockName>,
     /// Every lock is to be read again (at the start, and after a [`Change::Resync`]).
@@ -93,11 +98,16 @@ impl LockWatch {
 
     fn new(client: Client, scope: Scope, feed: Changes) -> Self {
         Self {
+            timed_leases: {
+                let caps = client.capabilities();
+                caps.expiring_leases && !caps.has_sessions()
+            },
             client,
             scope,
             feed,
             known: HashMap::new(),
             lease_ends: BTreeSet::new(),
+            lease_end_of: HashMap::new(),
             to_read: BTreeSet::new(),
             to_read_all: true,
             found: VecDeque::new(),
@@ -146,6 +156,7 @@ impl LockWatch {
                             self.lease_ends.insert((at, name));
                             break;
                         }
+                        self.lease_end_of.remove(&name);
                         self.to_read.insert(name);
                     }
                 }
@@ -182,6 +193,8 @@ impl LockWatch {
         match &self.scope {
             Scope::Names(names) => self.to_read.extend(names.iter().cloned()),
             Scope::Prefix(prefix) => {
+                // Every lock noticed so far is read by the listing (or below, if gone).
+                self.to_read.clear();
                 let listed: BTreeMap<LockName, LockState> = (self.client)
                     .locks(prefix.as_str())
                     .await?
@@ -203,10 +216,14 @@ impl LockWatch {
     /// Takes `state` as `name`'s latest.
     /// Notes a change (and the first read of a followed name) and when to read it again.
     fn saw(&mut self, name: LockName, state: LockState) {
-        self.lease_ends.retain(|(_, n)| *n != name);
-        if let Some(end) = state.holders.iter().filter_map(|h| h.remaining).min() {
+        if let Some(at) = self.lease_end_of.remove(&name) {
+            self.lease_ends.remove(&(at, name.clone()));
+        }
+        let end = state.holders.iter().filter_map(|h| h.remaining).min();
+        if let Some(end) = end.filter(|_| self.timed_leases) {
             let at = Instant::now() + end + AFTER_LEASE_END;
             self.lease_ends.insert((at, name.clone()));
+            self.lease_end_of.insert(name.clone(), at);
         }
         let empty = is_empty(&state);
         let before = match (&self.scope, empty) {
@@ -241,15 +258,18 @@ async fn sleep_until(at: Option<Instant>) {
     }
 }
 
+/// Nobody holds or waits.
+/// A lock's evictions alone do not keep it followed: backends keep them for days.
 fn is_empty(state: &LockState) -> bool {
-    state.holders.is_empty() && state.waiters.is_empty() && state.evictions.is_empty()
+    state.holders.is_empty() && state.waiters.is_empty()
 }
 
-/// Whether two reads show the same holders, waiters and evictions (times left aside).
+/// Whether two reads show the same holders, waiters and evictions.
+/// Times left aside, and `kept` (an inspect labels it, a listing does not).
 fn same(a: &LockState, b: &LockState) -> bool {
     let holders = |s: &LockState| {
         (s.holders.iter())
-            .map(|h| (h.owner.clone(), h.mode, h.token, h.kept, h.value.clone()))
+            .map(|h| (h.owner.clone(), h.mode, h.token, h.value.clone()))
             .collect::<Vec<_>>()
     };
     holders(a) == holders(b) && a.waiters == b.waiters && a.evictions == b.evictions

@@ -118,18 +118,23 @@ impl Backend for FileBackend {
         })
     }
 
-    /// Lists from one pass over the directory per page.
+    /// A feed of the directory's file events: inotify, on a descriptor of the feed's own.
     ///
     /// # Cancel safety
     ///
-    /// It removes only records of dead processes and expired notes (records kept beside a
-    /// lock); dropping it changes nothing else.
+    /// The descriptor is the feed's: dropped, it is closed.
     #[cfg(target_os = "linux")]
     async fn changes(&self, prefix: &NamePrefix) -> Result<leasehold_core::Changes> {
         crate::notify::feed(self.dir(), prefix.clone())
             .map_err(|e| crate::directory::io_error("watching the lock directory", e))
     }
 
+    /// Lists from one pass over the directory per page.
+    ///
+    /// # Cancel safety
+    ///
+    /// It removes only records of dead processes and expired notes (records kept beside a
+    /// lock); dropping it changes nothing else.
     async fn list(
         &self,
         prefix: &NamePrefix,

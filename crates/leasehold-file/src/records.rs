@@ -105,9 +105,21 @@ impl FileBackend {
         if record.pid == std::process::id() {
             return !acquisitions().contains_key(owner);
         }
-        rustix::process::Pid::from_raw(record.pid as i32)
-            .is_none_or(|pid| rustix::process::test_kill_process(pid) == Err(Errno::SRCH))
+        rustix::process::Pid::from_raw(record.pid as i32).is_none_or(|pid| {
+            rustix::process::test_kill_process(pid) == Err(Errno::SRCH) || is_zombie(record.pid)
+        })
     }
+}
+
+/// Whether process `pid` has exited and waits to be reaped (its locks are gone already).
+/// A record's holder that was killed is a zombie until its parent reaps it, and nothing on
+/// the lock's files changes when that happens.
+fn is_zombie(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        // `pid (comm) S …`: the state follows the last ')' (comm may hold one).
+        stat.rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
+    })
 }
 
 fn parse_mode(text: &str) -> Option<Mode> {

@@ -54,9 +54,15 @@ async fn a_dropped_feed_closes_its_inotify_descriptor() {
     guard.release().await.unwrap();
 
     drop(feed);
-    // The feed's task ends when it sees the watcher gone, and closes the descriptor.
-    while inotify_descriptors() > before {
-        tokio::task::yield_now().await;
-    }
+    // The feed's task ends when it sees the watcher gone, and closes the descriptor; it
+    // has no event to await from here, so the count is read again every 10 ms.
+    let closed = async {
+        while inotify_descriptors() > before {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(30), closed)
+        .await
+        .expect("the feed's descriptor is still open");
     assert_eq!(inotify_descriptors(), before);
 }

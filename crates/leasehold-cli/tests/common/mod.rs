@@ -611,23 +611,17 @@ pub(crate) struct Terminal {
 
 #[allow(dead_code, reason = "not every test file opens a terminal")]
 impl Terminal {
-    /// A detached 160×40 session running `command`; its pane stays when the command exits.
+    /// A detached 240×50 session running `command`; its pane stays when the command exits.
+    /// The pane is kept before the command starts, so a command that fails at once leaves
+    /// its output to read.
     pub(crate) fn run(socket: &str, command: &str) -> Self {
         let terminal = Self {
             socket: socket.to_owned(),
         };
-        terminal.tmux(&[
-            "new-session",
-            "-d",
-            "-s",
-            "w",
-            "-x",
-            "160",
-            "-y",
-            "40",
-            command,
-        ]);
-        terminal.tmux(&["set-option", "-w", "-t", "w", "remain-on-exit", "on"]);
+        let session = ["new-session", "-d", "-s", "w", "-x", "240", "-y", "50"];
+        let keep = ["set-option", "-w", "-t", "w", "remain-on-exit", "on"];
+        let start = ["respawn-pane", "-k", "-t", "w", command];
+        terminal.tmux(&[&session[..], &[";"], &keep, &[";"], &start].concat());
         terminal
     }
 
@@ -646,9 +640,9 @@ impl Terminal {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
-    /// The screen as it shows now (text only).
+    /// The screen as it shows now (text only; a line the terminal wrapped is one line).
     pub(crate) fn screen(&self) -> String {
-        self.tmux(&["capture-pane", "-p", "-t", "w"])
+        self.tmux(&["capture-pane", "-p", "-J", "-t", "w"])
     }
 
     /// Waits until the screen shows what `want` accepts, and returns it.
@@ -709,10 +703,14 @@ pub(crate) async fn a_terminal_watch_shows_a_lock_change_hands(url: &str) {
             .spawn()
             .unwrap()
     };
+    // A holder's command has started: its pid and token. A run that fails before its
+    // command starts would leave the read waiting: a minute at most.
     let started = async |fifo: &std::path::Path| {
         let fifo = fifo.to_path_buf();
-        let written = tokio::task::spawn_blocking(move || std::fs::read_to_string(fifo))
+        let read = tokio::task::spawn_blocking(move || std::fs::read_to_string(fifo));
+        let written = tokio::time::timeout(Duration::from_secs(60), read)
             .await
+            .expect("the holder's command never started")
             .unwrap()
             .unwrap();
         let (pid, token) = written.trim().split_once(' ').unwrap();

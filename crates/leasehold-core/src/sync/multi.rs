@@ -58,9 +58,10 @@ impl From<&Mutex> for Part {
 /// Several locks taken all or none.
 /// As Redisson's `MultiLock` and Curator's `InterProcessMultiLock` do.
 ///
-/// The parts are taken one after the other in one canonical order — by name — whatever
-/// order they were given in, so two clients taking overlapping sets never wait for each
-/// other in a circle. Each part keeps its own grant, lease and fencing token; the set is
+/// All parts are first asked for at once, without waiting (one round trip when they are
+/// free); if any is busy, the parts granted are given back and the parts are taken one
+/// after the other in one canonical order — by name — whatever order they were given in,
+/// so two clients taking overlapping sets never wait for each other in a circle. Each part keeps its own grant, lease and fencing token; the set is
 /// lost when any part is.
 ///
 /// ```
@@ -174,6 +175,9 @@ impl MultiLock {
             }
             _ => None,
         };
+        if let Some(set) = self.take_at_once(limit).await? {
+            return Ok(set);
+        }
         loop {
             let Some(set) = self.take_once(until.as_ref()).await? else {
                 return Ok(None);
@@ -183,6 +187,48 @@ impl MultiLock {
             }
             tracing::debug!("a part of a multi-lock was lost while a later one was waited for");
             give_back(set.guards).await;
+        }
+    }
+
+    /// Tries every part at once, without waiting: the uncontended set in one round trip.
+    /// The requests go out together (pipelined where the backend multiplexes one
+    /// connection), so the set costs one request's latency instead of one per part. No
+    /// request waits or queues, so two sets can never wait for each other; if any part is
+    /// busy, the parts granted are given back and the set is taken part by part, in order
+    /// ([`take_once`](MultiLock::take_once)).
+    ///
+    /// `Some(answer)`: the answer (the set; for a `try_lock`, also `None` when a part is
+    /// busy; an error that retrying would not cure). `None`: go on part by part.
+    async fn take_at_once(&self, limit: Option<Duration>) -> Result<Option<Option<MultiGuard>>> {
+        if self.parts.len() < 2 {
+            return Ok(None);
+        }
+        let tries = (self.parts.iter()).map(|part| part.target.acquire(part.mode, None, Wait::No));
+        let answers = futures_util::future::join_all(tries).await;
+        let mut guards = Vec::with_capacity(answers.len());
+        let mut busy = false;
+        let mut failed = None;
+        for answer in answers {
+            match answer {
+                Ok(Some(guard)) => guards.push(guard),
+                Ok(None) => busy = true,
+                Err(error) => failed = failed.or(Some(error)),
+            }
+        }
+        if !busy && failed.is_none() {
+            let set = MultiGuard { guards };
+            if set.is_held() {
+                return Ok(Some(Some(set)));
+            }
+            give_back(set.guards).await;
+            return Ok(None);
+        }
+        give_back(guards).await;
+        match failed {
+            Some(error) if !error.is_retryable() => Err(error),
+            // A try does not wait: busy is its answer.
+            None if limit == Some(Duration::ZERO) => Ok(Some(None)),
+            _ => Ok(None),
         }
     }
 

@@ -29,6 +29,10 @@
 //! cargo run --release -p leasehold-bench --bin postgres-compare -- --only floor   # or leasehold, advisory, advisory-floor, bare-advisory, server-cpu
 //! # the server on core 0, the clients on core 1; prints the server's CPU time per cycle
 //! LEASEHOLD_SERVER_CPUS=0 taskset -c 1 cargo run --release -p leasehold-bench --bin postgres-compare
+//! # the same while a change feed of every lock is open (its notices drained), or a watch
+//! # of every lock follows them (each lock named read back)
+//! LEASEHOLD_BENCH_WATCH=feed cargo run --release -p leasehold-bench --bin postgres-compare -- --only server-cpu
+//! LEASEHOLD_BENCH_WATCH=watch cargo run --release -p leasehold-bench --bin postgres-compare -- --only server-cpu
 //! ```
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark: failures should be loud
@@ -222,6 +226,29 @@ async fn statements(admin: &tokio_postgres::Client) -> Option<i64> {
         .map(|row| row.get(0))
 }
 
+/// Follows every lock while the server's CPU is read, as `LEASEHOLD_BENCH_WATCH` asks.
+/// `feed`: a change feed whose notices are drained; `watch`: a watch that reads each lock
+/// named. Unset: nothing follows them.
+async fn watcher(url: &str) -> Option<tokio::task::JoinHandle<()>> {
+    let how = std::env::var("LEASEHOLD_BENCH_WATCH").ok()?;
+    let client = leasehold::connect(url).await.expect("connect");
+    eprintln!("server CPU per cycle with a {how} of every lock");
+    Some(match how.as_str() {
+        "feed" => {
+            let mut feed = (client.backend())
+                .changes(&leasehold::NamePrefix::default())
+                .await
+                .expect("a change feed");
+            tokio::spawn(async move { while feed.next().await.is_some() {} })
+        }
+        "watch" => {
+            let mut watch = client.watch("").await.expect("a watch");
+            tokio::spawn(async move { while watch.next().await.is_ok() {} })
+        }
+        other => panic!("LEASEHOLD_BENCH_WATCH={other}: feed or watch"),
+    })
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let args = Args::parse();
@@ -381,6 +408,7 @@ async fn main() {
     // clients, not the server, are the bound.
     let mut server_cpu = Vec::new();
     if let (Some(postmaster), true) = (postmaster, args.runs("server-cpu")) {
+        let watcher = watcher(&url).await;
         let mut advisory_mutexes = Vec::new();
         for i in 0..n {
             let client = leasehold::connect(&advisory_url).await.expect("connect");
@@ -420,6 +448,9 @@ async fn main() {
         ];
         server_cpu =
             common::server_cpu(&sides, n, spec.duration, || tree_cpu_time(postmaster)).await;
+        if let Some(watcher) = watcher {
+            watcher.abort();
+        }
     } else if args.url.is_some() && args.runs("server-cpu") {
         eprintln!("server CPU per cycle: measured only on a server this binary starts");
     }

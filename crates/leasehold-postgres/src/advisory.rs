@@ -442,16 +442,18 @@ impl Advisory {
         }));
         // Busy only once the server has queued the request (or granted it meanwhile): a
         // request arriving after this answer comes after it in the queue.
-        self.until_queued(&slot).await.map(|granted| match granted {
-            Some(grant) => Acquire::Granted(grant),
-            None => Acquire::Busy(hint),
-        })
+        self.until_queued(&slot, &req.name)
+            .await
+            .map(|granted| match granted {
+                Some(grant) => Acquire::Granted(grant),
+                None => Acquire::Busy(hint),
+            })
     }
 
     /// Returns once the slot's blocking statement waits in the server's queue, or is done.
     /// It returns `None` while it waits, the grant if it was granted, the error if it
-    /// failed.
-    async fn until_queued(&self, slot: &Slot) -> Result<Option<Grant>> {
+    /// failed. The statement that finds it queued tells the watchers of `name`.
+    async fn until_queued(&self, slot: &Slot, name: &LockName) -> Result<Option<Grant>> {
         let mut state = slot.state.subscribe();
         loop {
             match state.borrow_and_update().clone() {
@@ -464,7 +466,11 @@ impl Advisory {
             }
             let conn = self.shared.get().await?;
             let row = conn
-                .query_one(Stmt::AdvisoryQueued, &[&slot.pid], "acquire")
+                .query_one(
+                    Stmt::AdvisoryQueued,
+                    &[&slot.pid, &name.as_str()],
+                    "acquire",
+                )
                 .await?;
             if reply::single::<bool>(&row, "acquire")? {
                 return Ok(None);
@@ -543,7 +549,8 @@ impl Advisory {
             return Ok(Release::NotHeld);
         };
         // Dropped before the end, the slot closes its connection, which frees its lock.
-        if matches!(slot.state(), State::Waiting) {
+        let waited = matches!(slot.state(), State::Waiting);
+        if waited {
             self.cancel_wait(&slot).await?;
         }
         if let Some(task) = slot.take_task() {
@@ -551,6 +558,10 @@ impl Advisory {
         }
         if let State::Failed(_) = slot.state() {
             // Nothing is held on a connection whose wait failed: it was closed.
+            if waited {
+                // A waiter left the queue, which no statement of the schema says.
+                self.tell_watchers(&req.name).await;
+            }
             return Ok(Release::Released);
         }
         let row = slot
@@ -593,6 +604,25 @@ impl Advisory {
         // whatever it held.
         drop(self.owners().remove(&req.owner));
         Ok(())
+    }
+
+    /// Tells the watchers of `name` that it changed, if any follows it; failures only logged.
+    /// It is for a waiter that left the server's queue: a cancelled wait commits nothing
+    /// that could tell them. A watcher that misses it reads the name again at its
+    /// next change.
+    async fn tell_watchers(&self, name: &LockName) {
+        let told = async {
+            let conn = self.shared.get().await?;
+            conn.query(
+                Stmt::TellWatchers,
+                &[&name.as_str()],
+                "telling the watchers",
+            )
+            .await
+        };
+        if let Err(error) = told.await {
+            tracing::debug!(%error, "telling the watchers of a waiter that left failed");
+        }
     }
 
     pub(crate) async fn wait(&self, hint: &WaitHint, max: Duration) -> Result<()> {

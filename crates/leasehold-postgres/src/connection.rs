@@ -96,6 +96,11 @@ impl Connector {
         self.tls.clone()
     }
 
+    /// How long connecting may take.
+    pub(crate) fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
     /// Where it connects, for messages (no credentials).
     pub(crate) fn shown(&self) -> &str {
         &self.shown
@@ -294,6 +299,11 @@ impl Pool {
             slots,
             next: AtomicUsize::new(0),
         }
+    }
+
+    /// What opens its connections (and those of change feeds).
+    pub(crate) fn connector(&self) -> &Arc<Connector> {
+        &self.connector
     }
 
     /// The next connection in turn, (re)connected if needed.

@@ -13,6 +13,7 @@
 //! - `advisory.rs`: advisory mode: a session-level advisory lock per acquisition.
 //! - `listing.rs`: listings of the locks under a prefix, a page of names per statement.
 //! - `wakeups.rs`: push wake-ups by LISTEN/NOTIFY.
+//! - `changes.rs`: change feeds (watching locks), a listening session of their own each.
 //! - `fence.rs`: fenced writes in the caller's own transaction.
 //! - `error.rs`: tokio-postgres errors as leasehold errors.
 //!
@@ -43,6 +44,10 @@
 //!   releasing statement's transaction and names whom it lets in. Through a
 //!   transaction-pooling proxy (PgBouncer `pool_mode = transaction`), where LISTEN cannot
 //!   work, waiters poll with backoff instead, and advisory mode is refused.
+//! - **Change feeds** (watching locks), both modes: a session per feed LISTENs on the
+//!   schema's feed channel and has a row in `<schema>.watchers`; the grant, release, queue
+//!   and eviction functions send the name of the lock they changed there only while a
+//!   watcher's prefix begins it, so a lock cycle nobody watches sends nothing.
 //! - **Fenced writes in the caller's own transaction**: [`still_owner`] gives the SQL
 //!   condition that is true only while the guard holds its lock and keeps the next grant
 //!   waiting until the caller's (`READ COMMITTED`) transaction ends; [`fence::TokenFence`]
@@ -56,6 +61,7 @@
 //! `tls_ca`, `tls_cert`, `tls_key`. See `docs/backends/postgres.md`.
 
 mod advisory;
+mod changes;
 mod connection;
 mod error;
 pub mod fence;
@@ -78,8 +84,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use leasehold_core::backend::{
-    Acquire, Backend, Capabilities, Eviction, ListCursor, Listing, LockState, Mode, Release,
-    Renewal, Request, TokenDurability, WaitHint,
+    Acquire, Backend, Capabilities, Changes, Eviction, ListCursor, Listing, LockState, Mode,
+    Release, Renewal, Request, TokenDurability, WaitHint,
 };
 use leasehold_core::{ConnectOptions, Error, LockName, NamePrefix, RecordKey, Result};
 
@@ -287,9 +293,11 @@ impl PostgresBackend {
     /// Drops what vanished holders left behind.
     /// That is the rows of names whose grants and queue entries have all expired (and whose
     /// lock-delay has ended) and nobody has touched since, advisory-mode rows of sessions
-    /// that are gone, and expired records. Every backend does this once a minute on its
-    /// own, up to 1 000 names and 1 000 records at a time; rows another transaction holds
-    /// are left for the next sweep. Returns how many names were dropped.
+    /// that are gone (telling the watchers of their names), the rows of change feeds whose
+    /// sessions are gone (where this role may call `<schema>.watch`), and expired records.
+    /// Every backend does this once a minute on its own, up to 1 000 names and 1 000
+    /// records at a time; rows another transaction holds are left for the next sweep.
+    /// Returns how many names were dropped.
     ///
     /// # Cancel safety
     ///
@@ -403,6 +411,32 @@ impl Backend for PostgresBackend {
             Kind::Lease(lease) => lease.list(&page).await,
             Kind::Advisory(advisory) => advisory.list(&page).await,
         }
+    }
+
+    /// A feed of the changes of the locks under `prefix` (see [`Backend::changes`]).
+    /// It comes from a session of its own that listens on the schema's feed channel and is
+    /// a watcher of the prefix (a row of `<schema>.watchers`), in both modes. A grant,
+    /// release, queued or departed waiter, eviction or kept grant sends the lock's name in
+    /// its own transaction, while a watcher follows it. A lease that runs out sends nothing
+    /// (lease mode frees it by time); in advisory mode a holder's session that ended without
+    /// a release is told by the next grant of the name, or by the next sweep (any client's,
+    /// once a minute), whichever comes first. Through a transaction-pooling proxy, where
+    /// LISTEN cannot work, [`Error::Unsupported`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped before it returned, the session closes: its transaction is rolled back, or
+    /// its row is a gone session's, dropped by the next watcher's start or a sweep.
+    async fn changes(&self, prefix: &NamePrefix) -> Result<Changes> {
+        if self.inner.pooled {
+            return Err(Error::Unsupported {
+                backend: "postgres",
+                feature: "a change feed (watching locks) through a transaction-pooling proxy \
+                          such as PgBouncer's pool_mode=transaction, where LISTEN cannot work",
+            });
+        }
+        let connector = self.inner.kind.pool().connector().clone();
+        changes::start(connector, &self.inner.options.schema, prefix).await
     }
 
     /// Force-releases one grant (see [`Backend::evict`]), in lease mode only.

@@ -15,17 +15,26 @@ use crate::error::{map, undecodable};
 /// Version 1 is the schema; version 2 adds force-release (the `evictions` table and `evict`);
 /// version 3 adds records beside a lock (the `records` table); version 4 redefines advisory
 /// mode's grant and release (the session's start read once per session, the release's
-/// answer from the unlock itself, index scans rather than bitmap scans).
+/// answer from the unlock itself, index scans rather than bitmap scans); version 5 adds
+/// change feeds (the `watchers` table, and a message on the feed channel from every grant,
+/// release, queue change and eviction while a watcher follows the name).
 const MIGRATIONS: &[&str] = &[
     include_str!("../sql/v1.sql"),
     include_str!("../sql/v2.sql"),
     include_str!("../sql/v3.sql"),
     include_str!("../sql/v4.sql"),
+    include_str!("../sql/v5.sql"),
 ];
 
 /// The channel wake-ups of `schema` are sent on.
 pub(crate) fn channel(schema: &str) -> String {
     format!("{schema}.wake")
+}
+
+/// The channel change feeds of `schema` listen on (see `sql/v5.sql`).
+/// As long as the wake-up channel's name, so that it fits in an identifier too.
+pub(crate) fn feed_channel(schema: &str) -> String {
+    format!("{schema}.feed")
 }
 
 /// The text of migration `sql` for `schema`.

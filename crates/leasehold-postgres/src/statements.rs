@@ -119,6 +119,7 @@ pub(crate) enum Stmt {
     /// Advisory mode: holders and waiters of a name.
     AdvisoryInspect,
     /// Advisory mode: whether a server process waits in an advisory lock's queue.
+    /// If it does, the watchers of the name it waits for are told (a new waiter).
     AdvisoryQueued,
     /// The server process of this connection.
     Ping,
@@ -141,13 +142,18 @@ pub(crate) enum Stmt {
     /// Both modes: a record beside a name, unless it has expired.
     GetRecord,
     /// Lease mode: a last owner-checked extension of a live lease, waking the waiters.
-    /// Its end may come sooner than they were told; one row or none.
+    /// Its end may come sooner than they were told; one row or none. The watchers of the
+    /// name are told too (the grant is kept now).
     Keep,
+    /// Both modes: tells the watchers of a name that it changed, if any follows it.
+    /// That is for a change no statement of the schema makes (an advisory waiter that
+    /// gave up: its cancelled wait ends nothing that commits).
+    TellWatchers,
 }
 
 impl Stmt {
     /// Every statement: those a connection prepares first, then those sent with their text.
-    pub(crate) const ALL: [Stmt; 20] = [
+    pub(crate) const ALL: [Stmt; 21] = [
         Stmt::Acquire,
         Stmt::Renew,
         Stmt::Release,
@@ -168,6 +174,7 @@ impl Stmt {
         Stmt::AdvisoryPutRecord,
         Stmt::GetRecord,
         Stmt::Keep,
+        Stmt::TellWatchers,
     ];
 
     /// Whether a connection prepares it when it opens.
@@ -175,7 +182,8 @@ impl Stmt {
     /// slowing down every connection's start (advisory mode opens one per held lock), and
     /// has the server plan each with its values, which turns `$3 IS NULL OR name < $3`
     /// into an index bound or nothing. Evictions, and the look for one after a renewal found
-    /// no grant, are rarer still; records are written and read about once per job run.
+    /// no grant, are rarer still; records are written and read about once per job run; a
+    /// waiter that gives up in advisory mode tells the watchers itself.
     pub(crate) fn prepared(self) -> bool {
         !matches!(
             self,
@@ -188,6 +196,7 @@ impl Stmt {
                 | Stmt::AdvisoryPutRecord
                 | Stmt::GetRecord
                 | Stmt::Keep
+                | Stmt::TellWatchers
         )
     }
 
@@ -211,7 +220,7 @@ impl Stmt {
                 "WITH kept AS (UPDATE @schema@.grants \
                  SET expires = clock_timestamp() + $3 * interval '1 millisecond' \
                  WHERE name = $1 AND owner = $2 AND expires > clock_timestamp() RETURNING name) \
-                 SELECT pg_notify('@channel@', name || ' *') FROM kept"
+                 SELECT pg_notify('@channel@', k.name || ' *'), @schema@.tell(k.name) FROM kept k"
             }
             Stmt::Release => "SELECT @schema@.release($1, $2)",
             Stmt::Inspect => concat!(
@@ -243,8 +252,9 @@ impl Stmt {
                 " ORDER BY l.granted DESC, a.token, l.waitstart"
             ),
             Stmt::AdvisoryQueued => {
-                "SELECT EXISTS (SELECT 1 FROM pg_locks l \
-                 WHERE l.pid = $1 AND l.locktype = 'advisory' AND NOT l.granted)"
+                "SELECT q.queued, CASE WHEN q.queued THEN @schema@.tell($2) END \
+                 FROM (SELECT EXISTS (SELECT 1 FROM pg_locks l \
+                     WHERE l.pid = $1 AND l.locktype = 'advisory' AND NOT l.granted) AS queued) q"
             }
             Stmt::Ping => "SELECT pg_backend_pid()",
             Stmt::List => concat!(
@@ -318,6 +328,7 @@ impl Stmt {
                 "SELECT r.value FROM @schema@.records r \
                  WHERE r.name = $1 AND r.key = $2 AND r.expires_at > clock_timestamp()"
             }
+            Stmt::TellWatchers => "SELECT @schema@.tell($1)",
         }
     }
 
@@ -369,7 +380,9 @@ impl Stmt {
                 Type::TEXT,
                 Type::INT8,
             ],
-            Stmt::Inspect | Stmt::AdvisoryHeld | Stmt::AdvisoryInspect => &[Type::TEXT],
+            Stmt::Inspect | Stmt::AdvisoryHeld | Stmt::AdvisoryInspect | Stmt::TellWatchers => {
+                &[Type::TEXT]
+            }
             Stmt::AdvisoryAcquire => &[
                 Type::TEXT,
                 Type::TEXT,
@@ -379,7 +392,8 @@ impl Stmt {
                 Type::BYTEA,
             ],
             Stmt::AdvisoryRelease => &[Type::TEXT, Type::BOOL],
-            Stmt::AdvisoryQueued | Stmt::Sweep => &[Type::INT4],
+            Stmt::AdvisoryQueued => &[Type::INT4, Type::TEXT],
+            Stmt::Sweep => &[Type::INT4],
             Stmt::Ping | Stmt::CodePointOrder => &[],
             Stmt::List | Stmt::AdvisoryList => {
                 &[Type::TEXT, Type::TEXT, Type::TEXT, Type::TEXT, Type::INT8]

@@ -59,7 +59,7 @@ async fn a_version_2_schema_is_brought_to_version_3_once() {
     let backend = clients.into_iter().next().unwrap().unwrap();
     assert_eq!(
         count(&db, "SELECT max(version)::bigint FROM old.version").await,
-        4,
+        5,
         "brought to the latest version"
     );
     assert_eq!(count(&db, "SELECT count(*) FROM old.version").await, 1);

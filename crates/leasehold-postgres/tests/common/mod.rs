@@ -30,6 +30,7 @@ pub(crate) async fn old_schema(db: &tokio_postgres::Client, version: usize) {
         include_str!("../../sql/v1.sql"),
         include_str!("../../sql/v2.sql"),
         include_str!("../../sql/v3.sql"),
+        include_str!("../../sql/v4.sql"),
     ];
     let sql: String = migrations[..version]
         .iter()

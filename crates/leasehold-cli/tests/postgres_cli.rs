@@ -69,6 +69,14 @@ async fn ttl_sets_the_session_ttl_of_advisory_locks() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_terminal_watch_shows_a_lock_change_hands_in_both_modes() {
+    let server = Postgres::start().await.unwrap();
+    common::a_terminal_watch_shows_a_lock_change_hands(&server.url()).await;
+    let advisory = format!("{}?mode=advisory", server.url());
+    common::a_terminal_watch_shows_a_lock_change_hands(&advisory).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn elect_hands_on_leadership_and_observers_see_each_leader_in_both_modes() {
     let server = Postgres::start().await.unwrap();
     common::elect_hands_on_leadership_and_observers_see_each_leader(&server.url()).await;

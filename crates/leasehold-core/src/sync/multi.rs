@@ -268,16 +268,11 @@ async fn give_back(guards: Vec<Guard>) {
     }
 }
 
-/// Releases `guards`, last taken first; the first error, if any.
+/// Releases `guards`, all at once; the first error, if any.
+/// One round trip where the backend pipelines.
 async fn release_all(guards: Vec<Guard>) -> Result<()> {
-    let mut first = Ok(());
-    for guard in guards.into_iter().rev() {
-        let released = guard.release().await;
-        if first.is_ok() {
-            first = released;
-        }
-    }
-    first
+    let released = futures_util::future::join_all(guards.into_iter().map(Guard::release)).await;
+    released.into_iter().collect()
 }
 
 impl From<Guard> for MultiGuard {
@@ -411,12 +406,12 @@ impl MultiGuard {
         }
     }
 
-    /// Releases every part, last taken first, and says how it went.
+    /// Releases every part, all at once, and says how it went.
     ///
     /// # Cancel safety
     ///
     /// As for [`Guard::release`]: a part whose release was not confirmed goes on in the
-    /// background; the parts not reached yet are released when their guards drop.
+    /// background (its guard drops).
     ///
     /// # Errors
     ///

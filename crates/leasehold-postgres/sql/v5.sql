@@ -359,11 +359,11 @@ BEGIN
     RETURN true;
 END $$;
 
--- As in v1, and first, while the counter says someone watches, it drops the rows of gone
--- watchers (through watch, which sets the counter again: where this role may call it); at
--- the end it tells the watchers of the names whose advisory rows it dropped: a session that
--- ended without a release (terminated, timed out, its client gone) freed its lock then,
--- which nothing else told.
+-- As in v1, and at the end it tells the watchers of the names whose advisory rows it
+-- dropped — a session that ended without a release (terminated, timed out, its client
+-- gone) freed its lock then, which nothing else told — and, while the counter says someone
+-- watches, drops the rows of gone watchers (through watch, which sets the counter again:
+-- where this role may call it).
 CREATE OR REPLACE FUNCTION @schema@.sweep(p_limit integer) RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -372,23 +372,6 @@ DECLARE
     v_swept integer := 0;
     v_told bigint;
 BEGIN
-    -- While this holds nothing yet: watch waits for the counter's readers. Read as a table,
-    -- the sequence is not locked against watch (AccessShareLock).
-    IF (SELECT c.last_value FROM @schema@.watcher_rows c) > 0
-       AND has_function_privilege('@schema@.watch(text)', 'EXECUTE')
-       AND ((SELECT c.last_value FROM @schema@.watcher_rows c)
-                > (SELECT count(*) FROM @schema@.watchers)
-            OR EXISTS (SELECT 1 FROM @schema@.watchers w
-                       WHERE NOT EXISTS (SELECT 1 FROM pg_stat_activity s
-                                         WHERE s.pid = w.pid
-                                           AND (s.backend_start IS NULL
-                                                OR s.backend_start = w.started)))) THEN
-        BEGIN
-            PERFORM @schema@.watch(NULL);
-        EXCEPTION WHEN lock_not_available THEN
-            -- Watchers starting or ending meanwhile: left for the next sweep.
-        END;
-    END IF;
     FOR v_name IN
         SELECT n.name FROM @schema@.names n
         WHERE NOT EXISTS (SELECT 1 FROM @schema@.grants g
@@ -423,6 +406,25 @@ BEGIN
     SELECT count(pg_notify('@schema@.feed', g.name)) INTO v_told
     FROM (SELECT DISTINCT gone.name FROM gone) g
     WHERE EXISTS (SELECT 1 FROM @schema@.watchers w WHERE starts_with(g.name, w.prefix));
+    -- Last, so that the lock watch takes on the counter (every grant reads it) is held
+    -- only until this statement commits, not through the sweep. Until here this holds no
+    -- lock on the counter: watch waits for the counter's readers. Read as a table,
+    -- the sequence is not locked against watch (AccessShareLock).
+    IF (SELECT c.last_value FROM @schema@.watcher_rows c) > 0
+       AND has_function_privilege('@schema@.watch(text)', 'EXECUTE')
+       AND ((SELECT c.last_value FROM @schema@.watcher_rows c)
+                > (SELECT count(*) FROM @schema@.watchers)
+            OR EXISTS (SELECT 1 FROM @schema@.watchers w
+                       WHERE NOT EXISTS (SELECT 1 FROM pg_stat_activity s
+                                         WHERE s.pid = w.pid
+                                           AND (s.backend_start IS NULL
+                                                OR s.backend_start = w.started)))) THEN
+        BEGIN
+            PERFORM @schema@.watch(NULL);
+        EXCEPTION WHEN lock_not_available THEN
+            -- Watchers starting or ending meanwhile: left for the next sweep.
+        END;
+    END IF;
     RETURN v_swept;
 END $$;
 

@@ -100,14 +100,19 @@ impl Feed {
             }
         });
         let session = Session { client, driver };
-        let listen = format!("BEGIN; LISTEN \"{}\"", feed_channel(&self.schema));
-        let watch = format!("SELECT {}.watch($1)", self.schema);
-        let started = async {
-            let client = &session.client;
-            client.batch_execute(&listen).await?;
-            client.execute(&watch, &[&self.prefix.as_str()]).await?;
-            client.batch_execute("COMMIT").await
-        };
+        // One simple query, so the server commits right after `watch` (which locks the
+        // counter every grant reads) without waiting for this client. The session's start
+        // is read first, as this role (a `SECURITY DEFINER` function reads as the owner,
+        // who may not see other roles' sessions), and kept in the session's setting, where
+        // `watch` finds it. Names hold no quote (see `LockName`); doubled all the same.
+        let start = format!(
+            "BEGIN ISOLATION LEVEL READ COMMITTED; SELECT {schema}.advisory_session(); \
+             LISTEN \"{channel}\"; SELECT {schema}.watch('{prefix}'); COMMIT",
+            schema = self.schema,
+            channel = feed_channel(&self.schema),
+            prefix = self.prefix.as_str().replace('\'', "''"),
+        );
+        let started = session.client.batch_execute(&start);
         // Dropped unfinished, the session closes and its transaction is rolled back.
         match tokio::time::timeout(self.connector.timeout() + START_LIMIT, started).await {
             Ok(Ok(())) => Ok(session),

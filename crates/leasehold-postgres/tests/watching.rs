@@ -516,3 +516,48 @@ async fn holders_of_version_4_keep_their_locks_across_version_5() {
     until_named(&mut feed, "by-locker").await;
     guard.release().await.unwrap();
 }
+
+/// Another role watches through a schema whose owner is no superuser.
+/// `watch` runs as that owner, who cannot read other roles' sessions, so the watcher's
+/// session start must come from the watcher itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_watches_a_schema_its_plain_owner_made() {
+    let server = Postgres::start().await.unwrap();
+    let db = database(&server.url()).await;
+    db.batch_execute(
+        "CREATE ROLE plain_owner LOGIN; CREATE ROLE onlooker LOGIN; \
+         GRANT CREATE ON DATABASE postgres TO plain_owner",
+    )
+    .await
+    .unwrap();
+    let as_owner = server.url().replace("postgres@", "plain_owner@");
+    let owner = PostgresBackend::connect(&format!("{as_owner}?schema=owned"))
+        .await
+        .unwrap();
+    let owners = database(&as_owner).await;
+    owners
+        .batch_execute(
+            "GRANT USAGE ON SCHEMA owned TO onlooker; \
+             GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA owned TO onlooker; \
+             GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA owned TO onlooker; \
+             GRANT EXECUTE ON FUNCTION owned.watch(text) TO onlooker",
+        )
+        .await
+        .unwrap();
+    let as_onlooker = server.url().replace("postgres@", "onlooker@");
+    let onlooker = PostgresBackend::connect(&format!("{as_onlooker}?schema=owned"))
+        .await
+        .unwrap();
+    let mut feed = onlooker
+        .changes(&NamePrefix::new("seen:").unwrap())
+        .await
+        .unwrap();
+    let guard = Client::new(owner)
+        .mutex("seen:a")
+        .unwrap()
+        .lock()
+        .await
+        .unwrap();
+    until_named(&mut feed, "seen:a").await;
+    guard.release().await.unwrap();
+}

@@ -389,6 +389,40 @@ async fn a_terminal_watch_shows_a_lock_change_hands() {
     common::a_terminal_watch_shows_a_lock_change_hands(&d.url()).await;
 }
 
+/// `locks --watch --json` prints one object per change as it happens.
+/// It ends with 130 on SIGINT.
+#[tokio::test]
+async fn a_watch_prints_json_lines_and_ends_with_130_on_sigint() {
+    use tokio::io::AsyncBufReadExt as _;
+    let d = Dir::new();
+    let mut watch = d
+        .leasehold(&["locks", "--watch", "--json", "--prefix", "w:"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(watch.stdout.take().unwrap()).lines();
+    // Taken and released again and again until the watch has shown a grant (it may have
+    // started after the first ones).
+    let seen = async {
+        loop {
+            let out = d.output(&["run", "w:job", "--", "true"]).await;
+            assert_eq!(out.status.code(), Some(0));
+            let line = tokio::time::timeout(Duration::from_millis(500), lines.next_line()).await;
+            if let Ok(line) = line {
+                return line.unwrap().expect("the watch ended");
+            }
+        }
+    };
+    let line = tokio::time::timeout(Duration::from_secs(60), seen)
+        .await
+        .unwrap();
+    let change: serde_json::Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(change["name"], "w:job");
+    let pid = Pid::from_raw(i32::try_from(watch.id().unwrap()).unwrap()).unwrap();
+    kill_process(pid, Signal::INT).unwrap();
+    assert_eq!(watch.wait().await.unwrap().code(), Some(130));
+}
+
 #[tokio::test]
 async fn elect_hands_on_leadership_and_observers_see_each_leader() {
     let d = Dir::new();

@@ -220,8 +220,11 @@ impl LockWatch {
             self.lease_ends.remove(&(at, name.clone()));
         }
         let end = state.holders.iter().filter_map(|h| h.remaining).min();
-        if let Some(end) = end.filter(|_| self.timed_leases) {
-            let at = Instant::now() + end + AFTER_LEASE_END;
+        // A time left too far off for the clock (a server's answer) is not waited for.
+        let at = end
+            .filter(|_| self.timed_leases)
+            .and_then(|end| Instant::now().checked_add(end.saturating_add(AFTER_LEASE_END)));
+        if let Some(at) = at {
             self.lease_ends.insert((at, name.clone()));
             self.lease_end_of.insert(name.clone(), at);
         }

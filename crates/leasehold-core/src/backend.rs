@@ -800,6 +800,18 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// Extends the owner's grant by `req.ttl` if it is still the owner's.
     async fn renew(&self, req: &Request) -> Result<Renewal>;
 
+    /// Renews each grant of `reqs` as [`renew`](Backend::renew) does.
+    /// The answers are in the order of `reqs`. The engine sends the renewals that fall due together in one
+    /// call, so a backend that can extend many leases in one request (one script, one
+    /// statement) should. The default renews them all at the same time, one call each.
+    ///
+    /// # Cancel safety
+    ///
+    /// As `renew`'s: dropped before its answers, any of the grants may have been extended.
+    async fn renew_many(&self, reqs: &[&Request]) -> Vec<Result<Renewal>> {
+        futures_util::future::join_all(reqs.iter().map(|req| self.renew(req))).await
+    }
+
     /// Removes the owner's grant or queue entry; never anyone else's.
     async fn release(&self, req: &Request) -> Result<Release>;
 
@@ -958,6 +970,9 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
     }
     async fn renew(&self, req: &Request) -> Result<Renewal> {
         (**self).renew(req).await
+    }
+    async fn renew_many(&self, reqs: &[&Request]) -> Vec<Result<Renewal>> {
+        (**self).renew_many(reqs).await
     }
     async fn release(&self, req: &Request) -> Result<Release> {
         (**self).release(req).await

@@ -15,6 +15,7 @@ use tokio::sync::watch;
 use crate::backend::{Backend, Capabilities};
 use crate::clock::{Clock, Instant};
 use crate::error::{Error, Result};
+use crate::lease::Lease;
 use crate::options::LockOptions;
 use crate::watchdog::Watchdog;
 
@@ -25,7 +26,7 @@ pub(crate) struct Context {
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) options: Arc<LockOptions>,
     /// The renewal schedule of this client's leases.
-    pub(crate) watchdog: Arc<Watchdog>,
+    pub(crate) watchdog: Arc<Watchdog<Lease>>,
     /// The lanes of this client's current acquisitions.
     pub(crate) lanes: Arc<Lanes>,
     /// How many background tasks run.

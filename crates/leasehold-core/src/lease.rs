@@ -9,6 +9,8 @@
 //! - Lost and Released are final: a renewal reply arriving after the deadline, or after a
 //!   "not owner", never revives the lease.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -19,12 +21,12 @@ use tokio::sync::Notify;
 use crate::backend::{Expiry, Liveness, Renewal, Request, SessionLiveness};
 use crate::clock::Instant;
 use crate::context::{Context, LaneHold};
-use crate::error::LossReason;
+use crate::error::{Error, LossReason, Result};
 use crate::fencing::FencingToken;
 use crate::options::LockOptions;
 use crate::release::{MAX_RETRY_PAUSE, PendingRelease};
 use crate::telemetry;
-use crate::watchdog::{Renewable, Renewing, Slot};
+use crate::watchdog::{Renewable, Slot, Watchdog};
 
 /// Where a lease stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -380,8 +382,7 @@ impl Lease {
             return;
         }
         let at = self.acquired_at.saturating_add(self.options.renew_every());
-        let lease: Arc<dyn Renewable> = self.clone();
-        self.ctx.watchdog.schedule(&lease, at);
+        self.ctx.watchdog.schedule(self, at);
     }
 
     /// Completes once the lease was released or marked lost (a renewal in progress stops).
@@ -496,8 +497,17 @@ impl Renewable for Lease {
         Lease::is_held(self)
     }
 
-    fn renew(self: Arc<Self>) -> Renewing {
-        Box::pin(async move { self.renew_once().await })
+    /// A quarter of the renewal interval.
+    /// Renewed that much early, a lease still has most of its margin.
+    fn slack(&self) -> Duration {
+        self.options.renew_every() / 4
+    }
+
+    fn renew_batch(
+        batch: Vec<Arc<Self>>,
+        watchdog: Arc<Watchdog<Self>>,
+    ) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        Box::pin(renew_together(batch, watchdog))
     }
 
     fn set_slot(&self, slot: Option<Slot>) -> Option<Slot> {
@@ -508,7 +518,131 @@ impl Renewable for Lease {
     }
 }
 
+/// What to do after one renewal's answer.
+enum Renewed {
+    /// Renew again at this instant (`None`: never: lost, released or at the hold cap).
+    Next(Option<Instant>),
+    /// It failed: try again before the deadline.
+    Retry,
+}
+
+/// Renews `batch` (leases of one client due together) with one backend call.
+/// A lease whose renewal failed goes on alone, retrying until its deadline; each lease
+/// to renew again goes back on `watchdog`.
+///
+/// Cancel safety: dropped before the answer (the client is gone), the leases run out at
+/// their deadlines; the grants on the server may or may not have been extended.
+async fn renew_together(batch: Vec<Arc<Lease>>, watchdog: Arc<Watchdog<Lease>>) {
+    let mut batch: Vec<(Arc<Lease>, Instant)> = batch
+        .into_iter()
+        .filter(|lease| lease.may_renew())
+        .filter_map(|lease| lease.deadline().map(|deadline| (lease, deadline)))
+        .collect();
+    if batch.len() == 1 {
+        let (lease, _) = batch.remove(0);
+        if let Some(at) = lease.renew_once().await {
+            watchdog.schedule(&lease, at);
+        }
+        return;
+    }
+    let Some((first, _)) = batch.first() else {
+        return;
+    };
+    let ctx = first.ctx.clone();
+    let limit = batch
+        .iter()
+        .map(|(lease, _)| lease.options.request_timeout())
+        .min()
+        .unwrap_or_default();
+    let sent = ctx.now();
+    for (lease, _) in &batch {
+        lease.note_sent(sent);
+    }
+    let requests: Vec<&Request> = batch.iter().map(|(lease, _)| &lease.request).collect();
+    let answers = ctx
+        .call(limit, async { Ok(ctx.backend.renew_many(&requests).await) })
+        .await;
+    let answers = match answers {
+        Ok(answers) if answers.len() == batch.len() => answers,
+        Ok(answers) => {
+            let wrong = Error::backend(
+                format!("{} answers to {} renewals", answers.len(), batch.len()),
+                true,
+            );
+            vec![Err(wrong); batch.len()]
+        }
+        Err(error) => vec![Err(error); batch.len()],
+    };
+    drop(requests);
+    for ((lease, deadline), answer) in batch.into_iter().zip(answers) {
+        match lease.after_renewal(sent, deadline, answer) {
+            Renewed::Next(Some(at)) => watchdog.schedule(&lease, at),
+            Renewed::Next(None) => {}
+            Renewed::Retry => {
+                let watchdog = watchdog.clone();
+                tokio::spawn(async move {
+                    if let Some(at) = lease.renew_once().await {
+                        watchdog.schedule(&lease, at);
+                    }
+                });
+            }
+        }
+    }
+}
+
 impl Lease {
+    /// When the hold cap ends the lease, if it has one.
+    fn hold_cap(&self) -> Option<Instant> {
+        self.options
+            .max_hold()
+            .map(|cap| self.acquired_at.saturating_add(cap))
+    }
+
+    /// Whether to renew now: not once the hold cap is reached.
+    /// Then renewal stops, and the lease runs out at its deadline.
+    fn may_renew(&self) -> bool {
+        if self.hold_cap().is_some_and(|cap| self.now() >= cap) {
+            self.cap();
+            return false;
+        }
+        true
+    }
+
+    /// Applies the answer to a renewal sent at `sent`, while the deadline was `deadline`.
+    /// A renewal confirmed moves the deadline (from `sent`) and says when the next is due;
+    /// "not owner" ends the lease at once; a failure says to retry.
+    fn after_renewal(&self, sent: Instant, deadline: Instant, answer: Result<Renewal>) -> Renewed {
+        let (ctx, name, options) = (&self.ctx, &self.request.name, &self.options);
+        match answer {
+            Ok(Renewal::Renewed(expiry)) => {
+                let margin = Some(deadline.saturating_duration_since(self.now()));
+                telemetry::renewed(ctx, name, options, "renewed", margin);
+                if let Expiry::After(granted) = expiry {
+                    self.note_granted(granted);
+                }
+                if !self.extend(sent, expiry) {
+                    return Renewed::Next(None);
+                }
+                let next = sent.saturating_add(options.renew_every());
+                if self.hold_cap().is_some_and(|cap| next >= cap) {
+                    self.cap();
+                    return Renewed::Next(None);
+                }
+                Renewed::Next(Some(next))
+            }
+            Ok(Renewal::Lost(reason)) => {
+                telemetry::renewed(ctx, name, options, "lost", None);
+                self.mark_lost(reason);
+                Renewed::Next(None)
+            }
+            Err(error) => {
+                telemetry::renewed(ctx, name, options, "failed", None);
+                tracing::debug!(lock = %name, %error, "renewal failed; retrying");
+                Renewed::Retry
+            }
+        }
+    }
+
     /// One renewal, retried until it succeeds or the lease is lost or released.
     /// Returns when the next renewal is due, if any.
     ///
@@ -520,22 +654,16 @@ impl Lease {
     /// - Renewal stops at the optional hold cap.
     async fn renew_once(&self) -> Option<Instant> {
         let clock = self.ctx.clock.clone();
-        let every = self.options.renew_every();
-        let retry_pause = (every / 4).clamp(Duration::from_millis(1), MAX_RETRY_PAUSE);
-        let cap = self
-            .options
-            .max_hold()
-            .map(|cap| self.acquired_at.saturating_add(cap));
-        if cap.is_some_and(|cap| clock.now() >= cap) {
-            // Stop renewing; the lease runs out at its deadline.
-            self.cap();
+        let retry_pause =
+            (self.options.renew_every() / 4).clamp(Duration::from_millis(1), MAX_RETRY_PAUSE);
+        if !self.may_renew() {
             return None;
         }
         loop {
             let deadline = self.deadline()?;
             let sent = clock.now();
             self.note_sent(sent);
-            let renewal = tokio::select! {
+            let answer = tokio::select! {
                 () = self.ended() => return None,
                 () = clock.sleep_until(deadline) => {
                     self.mark_lost(LossReason::Expired);
@@ -546,46 +674,17 @@ impl Lease {
                     self.ctx.backend.renew(&self.request),
                 ) => answer,
             };
-            let (ctx, name, options) = (&self.ctx, &self.request.name, &self.options);
-            match &renewal {
-                Ok(Renewal::Renewed(_)) => {
-                    let margin = Some(deadline.saturating_duration_since(clock.now()));
-                    telemetry::renewed(ctx, name, options, "renewed", margin);
-                }
-                Ok(Renewal::Lost(_)) => telemetry::renewed(ctx, name, options, "lost", None),
-                Err(_) => telemetry::renewed(ctx, name, options, "failed", None),
+            if let Renewed::Next(next) = self.after_renewal(sent, deadline, answer) {
+                return next;
             }
-            match renewal {
-                Ok(Renewal::Renewed(expiry)) => {
-                    if let Expiry::After(granted) = expiry {
-                        self.note_granted(granted);
-                    }
-                    if !self.extend(sent, expiry) {
-                        return None;
-                    }
-                    let next = sent.saturating_add(every);
-                    if cap.is_some_and(|cap| next >= cap) {
-                        self.cap();
-                        return None;
-                    }
-                    return Some(next);
-                }
-                Ok(Renewal::Lost(reason)) => {
-                    self.mark_lost(reason);
+            let retry_at = clock.now().saturating_add(retry_pause);
+            tokio::select! {
+                () = self.ended() => return None,
+                () = clock.sleep_until(deadline) => {
+                    self.mark_lost(LossReason::Expired);
                     return None;
                 }
-                Err(error) => {
-                    tracing::debug!(lock = %self.request.name, %error, "renewal failed; retrying");
-                    let retry_at = clock.now().saturating_add(retry_pause);
-                    tokio::select! {
-                        () = self.ended() => return None,
-                        () = clock.sleep_until(deadline) => {
-                            self.mark_lost(LossReason::Expired);
-                            return None;
-                        }
-                        () = clock.sleep_until(retry_at) => {}
-                    }
-                }
+                () = clock.sleep_until(retry_at) => {}
             }
         }
     }

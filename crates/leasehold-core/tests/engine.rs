@@ -85,6 +85,47 @@ async fn the_watchdog_keeps_a_lock_far_past_its_ttl() {
     assert!(r.other_try().await.is_some());
 }
 
+/// Leases due together are renewed in one backend call.
+/// A failed batch leaves each lease to retry alone, and a grant the batch finds gone ends
+/// that lease only.
+#[tokio::test]
+async fn leases_due_together_are_renewed_in_one_call() {
+    let r = rig();
+    let mut guards = Vec::new();
+    for name in ["a", "b", "c"] {
+        guards.push(r.client.mutex(name).unwrap().lock().await.unwrap());
+    }
+    r.clock.advance(3 * SEC);
+    r.faults.until_calls(Op::Renew, 3).await;
+    assert_eq!(r.faults.calls(Op::RenewMany), 1);
+
+    r.faults
+        .fail_next(Op::RenewMany, Error::unavailable("connection reset"));
+    r.clock.advance(3 * SEC);
+    // The batch failed before any renewal went out; the three retry alone, at once.
+    r.faults.until_calls(Op::Renew, 6).await;
+    assert_eq!(r.faults.calls(Op::RenewMany), 2);
+    // 11 s in: past the first leases' deadline (8.908 s).
+    r.clock.advance(5 * SEC);
+    for guard in &guards {
+        assert!(guard.is_held(), "{} lost", guard.name());
+    }
+
+    // An operator removes b's grant on the server: the next batch ends b alone.
+    let request = Request::new(
+        LockName::new("b").unwrap(),
+        guards[1].owner().clone(),
+        Mode::Exclusive,
+        9 * SEC,
+    );
+    r.server.release(&request).await.unwrap();
+    let renewed = r.faults.calls(Op::RenewMany);
+    r.clock.advance(3 * SEC);
+    assert_eq!(guards[1].lost().await, LossReason::NotOwner);
+    assert!(r.faults.calls(Op::RenewMany) > renewed);
+    assert!(guards[0].is_held() && guards[2].is_held());
+}
+
 #[tokio::test]
 async fn loss_is_signalled_at_the_local_deadline_before_the_server_expires_the_lock() {
     let r = rig();

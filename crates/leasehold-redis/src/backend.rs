@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures_util::future::join_all;
 use leasehold_core::backend::{
     Acquire, Backend, Capabilities, Changes, Eviction, Expiry, Grant, ListCursor, Listing,
     LockState, Mode, Release, Renewal, Request, TokenDurability, WaitHint,
@@ -23,7 +24,9 @@ use crate::link::{Address, Link};
 use crate::listing::{self, LISTED, Position};
 use crate::options::{RedisOptions, ReplicaAck, parse_url};
 use crate::reply::{self, Acquired};
-use crate::script::{Call, Calls, Key, Keys, Values, millis_up};
+use crate::script::{
+    Call, Calls, Key, Keys, RENEW_MANY, Values, millis_up, renew_many_cmd, renews_in_batch,
+};
 use crate::sentinel;
 use crate::wakeups::{Hint, Router, Wakeups};
 
@@ -176,20 +179,38 @@ impl RedisBackend {
         values: &Values<'_>,
     ) -> Result<T> {
         let cmd = call.cmd(keys, values);
+        self.run_script(call.script(), &cmd, &values.req.name).await
+    }
+
+    /// Sends `cmd`, an `EVALSHA` of `script`, loading the script if the server lost it.
+    /// Errors name `what`.
+    async fn run_script<T: FromRedisValue>(
+        &self,
+        script: &redis::Script,
+        cmd: &redis::Cmd,
+        what: &(dyn std::fmt::Display + Sync),
+    ) -> Result<T> {
         let connection = &self.inner.conn;
         let mut conn = connection.for_request().await?;
-        let name = &values.req.name;
-        match connection.query(&mut conn, &cmd).await {
+        match connection.query(&mut conn, cmd).await {
             Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                call.script()
+                script
                     .load_async(&mut conn)
                     .await
-                    .map_err(|e| map_error(e, name))?;
-                connection.query(&mut conn, &cmd).await
+                    .map_err(|e| map_error(e, what))?;
+                connection.query(&mut conn, cmd).await
             }
             answer => answer,
         }
-        .map_err(|e| map_error(e, name))
+        .map_err(|e| map_error(e, what))
+    }
+
+    /// Runs [`RENEW_MANY`] for `reqs` (each [`renews_in_batch`]): its answer per grant.
+    async fn renew_batch(&self, reqs: &[&Request]) -> Result<Vec<i64>> {
+        let keys: Vec<Keys> = reqs.iter().map(|req| self.keys(&req.name)).collect();
+        let cmd = renew_many_cmd(reqs, &keys);
+        self.run_script(&RENEW_MANY, &cmd, &"(a batch of renewals)")
+            .await
     }
 
     /// An acquire as one Redlock node (no token-floor check: Redlock's majority does it).
@@ -553,6 +574,76 @@ impl Backend for RedisBackend {
         } else {
             Renewal::Lost(self.loss_reason(req, &keys).await)
         })
+    }
+
+    /// Renews the plain exclusive grants in one script call (`lua/renew_many.lua`).
+    /// Those are the grants without a lock-delay or a stored value; the others are renewed
+    /// one by one at the same time. A grant the batch
+    /// finds with waiters about (its lease written in its value) is renewed alone after it.
+    /// In a Cluster, where one script cannot reach keys of other slots, each goes alone.
+    ///
+    /// # Cancel safety
+    ///
+    /// As `renew`'s: dropped before the answers, any of the grants may have been extended.
+    async fn renew_many(&self, reqs: &[&Request]) -> Vec<Result<Renewal>> {
+        let (batched, alone): (Vec<usize>, Vec<usize>) =
+            (0..reqs.len()).partition(|&i| renews_in_batch(reqs[i]));
+        if batched.len() < 2 || self.inner.conn.is_cluster() {
+            return join_all(reqs.iter().map(|req| self.renew(req))).await;
+        }
+        let batch: Vec<&Request> = batched.iter().map(|&i| reqs[i]).collect();
+        let (codes, alone_answers) = tokio::join!(
+            self.renew_batch(&batch),
+            join_all(alone.iter().map(|&i| self.renew(reqs[i])))
+        );
+        let mut answers: Vec<Option<Result<Renewal>>> = reqs.iter().map(|_| None).collect();
+        for (i, answer) in alone.into_iter().zip(alone_answers) {
+            answers[i] = Some(answer);
+        }
+        let codes = match codes {
+            Ok(codes) if codes.len() == batch.len() => Ok(codes),
+            Ok(codes) => Err(unexpected("a batch of renewals", codes)),
+            Err(error) => Err(error),
+        };
+        match codes {
+            Ok(codes) => {
+                // A renewed grant is answered here; the few that need another request
+                // (the loss's reason, a full renewal) make it at the same time.
+                let mut others = Vec::new();
+                for (i, code) in batched.into_iter().zip(codes) {
+                    let req = reqs[i];
+                    match code {
+                        1 => {
+                            let lease = Duration::from_millis(millis_up(req.ttl));
+                            answers[i] = Some(Ok(Renewal::Renewed(Expiry::After(lease))));
+                        }
+                        0 | 2 => others.push((i, code)),
+                        other => answers[i] = Some(Err(unexpected("a batch of renewals", other))),
+                    }
+                }
+                let each = others.iter().map(|&(i, code)| async move {
+                    let req = reqs[i];
+                    if code == 0 {
+                        let reason = self.loss_reason(req, &self.keys(&req.name)).await;
+                        Ok(Renewal::Lost(reason))
+                    } else {
+                        self.renew(req).await
+                    }
+                });
+                for ((i, _), answer) in others.iter().zip(join_all(each).await) {
+                    answers[*i] = Some(answer);
+                }
+            }
+            Err(error) => {
+                for i in batched {
+                    answers[i] = Some(Err(error.clone()));
+                }
+            }
+        }
+        answers
+            .into_iter()
+            .map(|answer| answer.unwrap_or_else(|| Err(unexpected("a batch of renewals", "none"))))
+            .collect()
     }
 
     async fn release(&self, req: &Request) -> Result<Release> {

@@ -32,7 +32,7 @@ use crate::error::{is_link_error, map_error};
 use crate::link::{Address, Link};
 use crate::options::RedisOptions;
 use crate::reply;
-use crate::script::Calls;
+use crate::script::{Call, Calls, RENEW_MANY_CODE};
 use crate::sentinel::Sentinels;
 use crate::wakeups::{Router, Wakeups};
 
@@ -481,16 +481,17 @@ pub(crate) fn tls_certificates(options: &RedisOptions) -> Option<TlsCertificates
     })
 }
 
-/// Loads every script of `calls`.
+/// Loads every script of `calls`, and the batch renewal.
 /// On a server's connection they go together, in one round trip; in a Cluster to every
 /// node (where `SCRIPT LOAD` goes to all of them).
 pub(crate) async fn load_scripts(conn: &mut Link, calls: &Calls) -> Result<()> {
-    let each = calls.all().into_iter().map(|call| {
+    let codes = calls.all().map(Call::script_code);
+    let each = codes.into_iter().chain([RENEW_MANY_CODE]).map(|code| {
         let mut conn = conn.clone();
         async move {
             redis::cmd("SCRIPT")
                 .arg("LOAD")
-                .arg(call.script_code())
+                .arg(code)
                 .query_async::<redis::Value>(&mut conn)
                 .await
         }

@@ -578,13 +578,50 @@ impl Calls {
     /// entries; others every key.
     pub(crate) fn renew_of(&self, req: &Request) -> &Call {
         match req.mode {
-            Mode::Exclusive if req.value.is_some() || req.lock_delay.is_some() => {
-                &self.renew_exclusive_more
-            }
-            Mode::Exclusive => &self.renew_exclusive,
+            _ if renews_in_batch(req) => &self.renew_exclusive,
+            Mode::Exclusive => &self.renew_exclusive_more,
             _ => &self.renew,
         }
     }
+}
+
+/// Whether `req`'s renewal can go in a [`RENEW_MANY`] batch.
+/// That is an exclusive grant without a lock-delay or a stored value, whose lease is its
+/// lock key's expiry.
+pub(crate) fn renews_in_batch(req: &Request) -> bool {
+    req.mode == Mode::Exclusive && req.value.is_none() && req.lock_delay.is_none()
+}
+
+/// Many exclusive renewals in one script call (`lua/renew_many.lua`).
+/// It passes one key (the lock) and two arguments (owner, lease in ms) per grant. The one
+/// call whose length varies, so
+/// it has no [`Shape`]; [`renew_many_cmd`] writes it.
+pub(crate) static RENEW_MANY: LazyLock<Script> = LazyLock::new(|| Script::new(RENEW_MANY_CODE));
+
+/// The text of [`RENEW_MANY`] (to load it).
+pub(crate) const RENEW_MANY_CODE: &str = include_str!("../lua/renew_many.lua");
+
+/// The `EVALSHA` of [`RENEW_MANY`] for the grants of `reqs`.
+/// Each [`renews_in_batch`]; `keys` are their keys.
+pub(crate) fn renew_many_cmd(reqs: &[&Request], keys: &[Keys]) -> redis::Cmd {
+    let mut cmd = redis::Cmd::with_capacity(
+        3 + 3 * reqs.len(),
+        64 + keys.iter().map(|k| k.text.len() + 4).sum::<usize>()
+            + reqs
+                .iter()
+                .map(|r| r.owner.as_str().len() + 8)
+                .sum::<usize>(),
+    );
+    cmd.arg("EVALSHA")
+        .arg(RENEW_MANY.get_hash())
+        .arg(reqs.len());
+    for keys in keys {
+        keys.write(&mut cmd, Key::Lock);
+    }
+    for req in reqs {
+        cmd.arg(req.owner.as_str()).arg(millis_up(req.ttl));
+    }
+    cmd
 }
 
 /// The keys of one lock name and its wake-up channel.

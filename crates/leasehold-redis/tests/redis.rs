@@ -1226,3 +1226,107 @@ async fn a_kept_grant_ends_at_its_hold_and_its_waiters_are_told() {
             .unwrap();
     }
 }
+
+/// How many `EVALSHA` calls the server has run.
+async fn script_calls(server: &Redis) -> u64 {
+    let stats = server.command(&["INFO", "commandstats"]).await.unwrap();
+    let stats = stats.text().unwrap_or_default();
+    stats
+        .lines()
+        .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A batch of renewals answers each grant as its own renewal would.
+/// The plain exclusive grants go in one script call: renewed, not the owner's, evicted; a
+/// grant with a waiter
+/// behind it, a shared grant and one with a lock-delay are renewed by their own scripts.
+#[tokio::test]
+async fn a_batch_renews_each_grant_as_its_own_renewal_would() {
+    let server = Redis::start().await.unwrap();
+    let redis = RedisBackend::connect(&server.url()).await.unwrap();
+    let short = Duration::from_secs(2);
+    let request = |name: &str, mode| {
+        Request::new(
+            LockName::new(name).unwrap(),
+            OwnerId::generate(),
+            mode,
+            short,
+        )
+    };
+    let plain = request("plain", Mode::Exclusive);
+    let waited = request("waited", Mode::Exclusive);
+    let stolen = request("stolen", Mode::Exclusive);
+    let evicted = request("evicted", Mode::Exclusive);
+    let shared = request("shared", Mode::Shared);
+    let mut delayed = request("delayed", Mode::Exclusive);
+    delayed.lock_delay = Some(Duration::from_millis(100));
+    let mut tokens = Vec::new();
+    for req in [&plain, &waited, &stolen, &evicted, &shared, &delayed] {
+        match redis.acquire(req).await.unwrap() {
+            Acquire::Granted(grant) => tokens.push(grant.token),
+            busy => panic!("{}: {busy:?}", req.name),
+        }
+    }
+    let mut waiter = request("waited", Mode::Exclusive);
+    waiter.waiting = true;
+    assert!(matches!(
+        redis.acquire(&waiter).await.unwrap(),
+        Acquire::Busy(_)
+    ));
+    assert!(matches!(
+        redis.release(&stolen).await.unwrap(),
+        Release::Released
+    ));
+    let eviction = Eviction::new(
+        evicted.owner.clone(),
+        tokens[3],
+        "ops@host".into(),
+        "stuck".into(),
+    );
+    assert!(
+        redis
+            .evict(&evicted.name, Mode::Exclusive, &eviction)
+            .await
+            .unwrap()
+    );
+
+    let long = Duration::from_secs(30);
+    let renewals: Vec<Request> = [&plain, &waited, &stolen, &evicted, &shared, &delayed]
+        .into_iter()
+        .map(|req| {
+            let mut renewal = req.clone();
+            renewal.ttl = long;
+            renewal
+        })
+        .collect();
+    let before = script_calls(&server).await;
+    let answers = redis.renew_many(&renewals.iter().collect::<Vec<_>>()).await;
+    // One batch (plain, waited, stolen, evicted), then waited again by its own script,
+    // and the shared and delayed grants by theirs.
+    assert_eq!(script_calls(&server).await - before, 4);
+    let answers: Vec<Renewal> = answers.into_iter().map(Result::unwrap).collect();
+    assert!(matches!(answers[0], Renewal::Renewed(_)), "{answers:?}");
+    assert!(matches!(answers[1], Renewal::Renewed(_)), "{answers:?}");
+    assert_eq!(answers[2], Renewal::Lost(LossReason::NotOwner));
+    assert_eq!(answers[3], Renewal::Lost(LossReason::Evicted));
+    assert!(matches!(answers[4], Renewal::Renewed(_)), "{answers:?}");
+    assert!(matches!(answers[5], Renewal::Renewed(_)), "{answers:?}");
+    match server
+        .command(&["PTTL", "leasehold:{plain}:lock"])
+        .await
+        .unwrap()
+    {
+        Resp::Integer(ms) => assert!(ms > 20_000, "not extended: {ms} ms"),
+        other => panic!("{other:?}"),
+    }
+    // The renewed grants are still their owners': each renews again on its own.
+    for req in [&renewals[0], &renewals[1], &renewals[4], &renewals[5]] {
+        assert!(
+            matches!(redis.renew(req).await.unwrap(), Renewal::Renewed(_)),
+            "{}",
+            req.name
+        );
+    }
+}

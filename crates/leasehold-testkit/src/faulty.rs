@@ -28,6 +28,8 @@ pub enum Op {
     Acquire,
     /// [`Backend::renew`].
     Renew,
+    /// [`Backend::renew_many`]: a batch, whose renewals are each a [`Op::Renew`] too.
+    RenewMany,
     /// [`Backend::release`].
     Release,
     /// [`Backend::wait`].
@@ -209,6 +211,20 @@ impl Backend for Faulty {
 
     async fn renew(&self, req: &Request) -> Result<Renewal> {
         self.intercept(Op::Renew, self.inner.renew(req)).await
+    }
+
+    /// A batch is one [`Op::RenewMany`] call made of one [`Op::Renew`] call per request.
+    /// So faults set on renewals apply to batched ones too (the inner backend's own batch is
+    /// not used). Failing a batch fails each of its renewals.
+    async fn renew_many(&self, reqs: &[&Request]) -> Vec<Result<Renewal>> {
+        let each = futures_util::future::join_all(reqs.iter().map(|req| self.renew(req)));
+        match self
+            .intercept(Op::RenewMany, async { Ok(each.await) })
+            .await
+        {
+            Ok(answers) => answers,
+            Err(error) => vec![Err(error); reqs.len()],
+        }
     }
 
     async fn release(&self, req: &Request) -> Result<Release> {

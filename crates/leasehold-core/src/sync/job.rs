@@ -277,7 +277,8 @@ impl Job {
     }
 
     /// This job, locking with `options`.
-    pub fn with_options(mut self, options: LockOptions) -> Self {
+    /// Pass an `Arc` to share one copy among many handles (many held locks).
+    pub fn with_options(mut self, options: impl Into<std::sync::Arc<LockOptions>>) -> Self {
         self.mutex = self.mutex.with_options(options);
         self
     }

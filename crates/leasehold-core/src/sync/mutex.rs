@@ -53,7 +53,8 @@ impl Mutex {
     }
 
     /// This handle with other options.
-    pub fn with_options(mut self, options: LockOptions) -> Self {
+    /// Pass an `Arc` to share one copy among many handles (many held locks).
+    pub fn with_options(mut self, options: impl Into<Arc<LockOptions>>) -> Self {
         self.target.options = options.into();
         self
     }

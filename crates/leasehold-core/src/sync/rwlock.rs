@@ -47,7 +47,8 @@ impl RwLock {
     }
 
     /// This handle with other options.
-    pub fn with_options(mut self, options: LockOptions) -> Self {
+    /// Pass an `Arc` to share one copy among many handles (many held locks).
+    pub fn with_options(mut self, options: impl Into<Arc<LockOptions>>) -> Self {
         self.target.options = options.into();
         self
     }

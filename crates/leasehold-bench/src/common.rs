@@ -273,16 +273,9 @@ pub(crate) fn leasehold_cycle(mutex: leasehold::Mutex) -> impl FnMut() -> Cycle 
 }
 
 /// User + system CPU time of process `pid` so far.
-/// From `/proc/<pid>/stat`, in ticks of 10 ms.
 #[allow(dead_code)] // only the comparisons that read the servers' CPU time
 pub(crate) fn cpu_time(pid: u32) -> Duration {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("the server's stat");
-    // The fields after the command name (which is in parentheses): utime is the 14th field
-    // of the line, stime the 15th.
-    let after = &stat[stat.rfind(')').expect("a stat line") + 2..];
-    let fields: Vec<&str> = after.split(' ').collect();
-    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
-    Duration::from_millis(ticks * 10)
+    leasehold_cli::bench::cpu_time_of(pid).expect("the server's stat")
 }
 
 /// Pins the processes `pids` to the CPUs in `LEASEHOLD_SERVER_CPUS`, if it is set.
@@ -304,64 +297,15 @@ pub(crate) fn pin_servers(pids: &[u32]) {
 }
 
 /// The process `root` and every process below it, as they are now.
-/// From the parent ids in `/proc/<pid>/stat`.
 #[allow(dead_code)] // only the comparisons whose servers fork (PostgreSQL)
 pub(crate) fn process_tree(root: u32) -> Vec<u32> {
-    let mut parents = Vec::new();
-    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        let Some(after) = stat.rfind(')').map(|at| &stat[at + 2..]) else {
-            continue;
-        };
-        if let Some(ppid) = after.split(' ').nth(1).and_then(|p| p.parse::<u32>().ok()) {
-            parents.push((pid, ppid));
-        }
-    }
-    let mut tree = vec![root];
-    let mut at = 0;
-    while at < tree.len() {
-        let parent = tree[at];
-        tree.extend(
-            parents
-                .iter()
-                .filter(|(_, p)| *p == parent)
-                .map(|(c, _)| *c),
-        );
-        at += 1;
-    }
-    tree
+    leasehold_cli::bench::process_tree(root)
 }
 
 /// User + system CPU time of the process `root` and of every process below it.
-/// Live or ended (a forking server's sessions: PostgreSQL); ended children count once
-/// their parent has waited for them.
 #[allow(dead_code)] // only the comparisons whose servers fork (PostgreSQL)
 pub(crate) fn tree_cpu_time(root: u32) -> Duration {
-    let ticks = |pid: u32, fields: std::ops::Range<usize>| -> u64 {
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            return 0; // ended meanwhile
-        };
-        let after = &stat[stat.rfind(')').map_or(0, |at| at + 2)..];
-        let values: Vec<&str> = after.split(' ').collect();
-        fields
-            .filter_map(|i| values.get(i)?.parse::<u64>().ok())
-            .sum()
-    };
-    // utime and stime are the 14th and 15th fields of the line, cutime and cstime the next two.
-    let own: u64 = process_tree(root)
-        .into_iter()
-        .map(|pid| ticks(pid, 11..13))
-        .sum();
-    Duration::from_millis((own + ticks(root, 13..15)) * 10)
+    leasehold_cli::bench::tree_cpu_time(root)
 }
 
 /// A side of a server-CPU comparison: its name, and client `i`'s cycles.

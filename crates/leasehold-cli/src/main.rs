@@ -92,9 +92,21 @@ struct SuperviseArgs {
 struct BenchArgs {
     #[command(flatten)]
     connection: Connection,
-    /// How long each throughput run lasts.
-    #[arg(long, default_value = "3s", value_parser = duration)]
-    duration: Duration,
+    /// How long each throughput run lasts (default 3s).
+    /// With `--hold`, how long the locks are held while measuring (default: one ttl, three
+    /// renewal periods).
+    #[arg(long, value_parser = duration)]
+    duration: Option<Duration>,
+    /// Instead of throughput: hold this many locks at once with one client.
+    /// It prints the CPU and memory the process spends per held lock (renewals included).
+    #[arg(long, value_name = "N")]
+    hold: Option<usize>,
+    /// The lease length of the held locks (`--hold`).
+    #[arg(long, default_value = "30s", value_parser = duration, requires = "hold")]
+    ttl: Duration,
+    /// With `--hold` and a server on this machine: its process id, to report its CPU too.
+    #[arg(long, value_name = "PID", requires = "hold")]
+    server_pid: Vec<u32>,
     /// Clients (each with its own connection) of the concurrent runs.
     #[arg(long, default_value_t = 16)]
     clients: usize,
@@ -740,12 +752,15 @@ fn report(error: &Error, json: bool) -> u8 {
 }
 
 async fn bench(args: BenchArgs) -> u8 {
-    if args.clients == 0 || args.handoffs == 0 {
-        eprintln!("leasehold: --clients and --handoffs must be at least 1");
+    if args.clients == 0 || args.handoffs == 0 || args.hold == Some(0) {
+        eprintln!("leasehold: --clients, --handoffs and --hold must be at least 1");
         return exit::USAGE;
     }
+    if let Some(locks) = args.hold {
+        return bench_hold(&args, locks).await;
+    }
     let spec = leasehold_cli::bench::BenchSpec {
-        duration: args.duration,
+        duration: args.duration.unwrap_or(Duration::from_secs(3)),
         clients: args.clients,
         handoffs: args.handoffs,
     };
@@ -757,6 +772,31 @@ async fn bench(args: BenchArgs) -> u8 {
         }
         Ok(rows) => {
             print!("{}", leasehold_cli::bench::table(&rows));
+            0
+        }
+        Err(error) => report(&error, args.json),
+    }
+}
+
+/// `leasehold bench --hold N`.
+async fn bench_hold(args: &BenchArgs, locks: usize) -> u8 {
+    let spec = leasehold_cli::bench::HoldSpec {
+        locks,
+        ttl: args.ttl,
+        window: args.duration.unwrap_or(args.ttl),
+        servers: args.server_pid.clone(),
+    };
+    let held = match connect(&args.connection).await {
+        Ok(client) => leasehold_cli::bench::hold(&spec, &client).await,
+        Err(error) => Err(error),
+    };
+    match held {
+        Ok(report) if args.json => {
+            println!("{}", report.json());
+            0
+        }
+        Ok(report) => {
+            print!("{}", report.table());
             0
         }
         Err(error) => report(&error, args.json),

@@ -69,3 +69,59 @@ async fn a_jobs_at_least_counts_from_its_start() {
     let server = Redis::start().await.unwrap();
     common::a_jobs_at_least_counts_from_its_start(&server.url()).await;
 }
+
+/// `bench --hold` keeps every lock through several renewals and frees them all after.
+/// A lock it cannot take ends it with 69, and the locks it took are freed too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_hold_keeps_every_lock_through_its_renewals_and_frees_them() {
+    let mut server = Redis::start().await.unwrap();
+    let url = server.url();
+    let pid = server.process().pid().unwrap().to_string();
+    // A 3 s lease renewed every second: four renewal rounds of 300 locks in the window.
+    let held = common::leasehold_on(
+        &url,
+        &[
+            "bench",
+            "--hold",
+            "300",
+            "--ttl",
+            "3s",
+            "--duration",
+            "4s",
+            "--server-pid",
+            &pid,
+            "--json",
+        ],
+    )
+    .output()
+    .await
+    .unwrap();
+    assert_eq!(
+        held.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&held.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&held.stdout).unwrap();
+    assert_eq!(report["locks"], 300);
+    assert!(report["window_seconds"].as_f64().unwrap() >= 4.0);
+    assert!(report["server_cpu_seconds"].as_f64().is_some(), "{report}");
+    let client = leasehold::connect(&url).await.unwrap();
+    let listed = client.locks("bench-hold-").await.unwrap();
+    assert!(
+        listed.is_empty(),
+        "left held after the benchmark: {listed:?}"
+    );
+
+    let busy = client.mutex("bench-hold-7").unwrap().lock().await.unwrap();
+    let refused = common::leasehold_on(&url, &["bench", "--hold", "20", "--duration", "1s"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(69));
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("bench-hold-7"));
+    let listed = client.locks("bench-hold-").await.unwrap();
+    let names: Vec<&str> = listed.iter().map(|(name, _)| name.as_str()).collect();
+    assert_eq!(names, ["bench-hold-7"]);
+    busy.release().await.unwrap();
+}

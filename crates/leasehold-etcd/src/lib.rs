@@ -14,6 +14,7 @@
 //! - `reply.rs`: what keys say: values, the queue a read returns, tokens;
 //! - `error.rs`: etcd errors as leasehold errors;
 //! - `changes.rs`: the change feed of a name prefix: one watch, watched again after a break;
+//! - `grants.rs`: the watch of this client's grants, which hears of their eviction;
 //! - `backend.rs`: the [`Backend`](leasehold_core::Backend) implementation.
 //!
 //! How it works:
@@ -82,6 +83,7 @@ mod backend;
 mod changes;
 mod connection;
 mod error;
+mod grants;
 mod layout;
 mod options;
 mod registry;

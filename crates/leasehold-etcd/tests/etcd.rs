@@ -1227,3 +1227,127 @@ async fn a_change_feed_whose_stream_breaks_watches_again_and_resyncs() {
         leasehold_core::Change::Lock(LockName::new("jobs:a").unwrap())
     );
 }
+
+/// An evicted holder hears of it by push, and every write of it after the eviction is refused.
+/// Its session lives on (its other lock stays held): only the push can tell it, and the
+/// next grant, after the lock stayed closed for the holder's session ttl, fences it out.
+#[tokio::test]
+async fn an_evicted_holder_is_told_by_push_and_fenced_out() {
+    let etcd = Etcd::start().await.unwrap();
+    let holder = client(&etcd.endpoints(), Duration::from_secs(2)).await;
+    let operator = client(&etcd.endpoints(), Duration::from_secs(2)).await;
+    let guard = job_within(&holder, Duration::from_secs(10), "job is free").await;
+    let other = holder.mutex("other").unwrap().lock().await.unwrap();
+    let fence = leasehold_core::Fence::new();
+    let token = guard.token();
+    let write = || fence.apply(token, || ()).is_ok();
+    assert!(
+        write(),
+        "the holder's write before the eviction was refused"
+    );
+
+    let evicted = operator
+        .evict("job", None, "ops@host", "stuck job")
+        .await
+        .unwrap();
+    assert_eq!(evicted.len(), 1, "{evicted:?}");
+    assert_eq!(
+        (&evicted[0].owner, evicted[0].token),
+        (guard.owner(), guard.token())
+    );
+    fence.exclude(evicted[0].token);
+    // The holder goes on writing, unaware until the push arrives: refused all the same.
+    assert!(!write(), "a write after the eviction was accepted");
+    assert_eq!(guard.lost().await, LossReason::Evicted);
+    assert!(!write(), "a write after the loss was accepted");
+    assert!(
+        other.is_held(),
+        "the holder's session was lost with the evicted grant"
+    );
+
+    let next = job_within(&operator, Duration::from_secs(20), "job after the eviction").await;
+    assert!(next.token() > guard.token());
+    assert!(fence.apply(next.token(), || ()).is_ok());
+    assert!(!write(), "a write after the next grant was accepted");
+    let record = operator.inspect("job").await.unwrap().evictions;
+    assert_eq!(record.len(), 1, "{record:?}");
+    assert_eq!(
+        (record[0].reason.as_str(), &record[0].owner, record[0].token),
+        ("stuck job", guard.owner(), guard.token())
+    );
+    // The evicted guard's release removes nothing of the next holder's.
+    let _ = guard.release().await;
+    assert!(next.is_held());
+    assert_eq!(operator.inspect("job").await.unwrap().holders.len(), 1);
+    next.release().await.unwrap();
+    other.release().await.unwrap();
+}
+
+/// An eviction names one grant by owner and token: an older token spares a newer grant.
+#[tokio::test]
+async fn an_eviction_with_an_old_token_spares_the_newer_grant() {
+    let etcd = Etcd::start().await.unwrap();
+    let holder = client(&etcd.endpoints(), Duration::from_secs(2)).await;
+    let operator = backend(&etcd.endpoints(), Duration::from_secs(2)).await;
+    let name = LockName::new("job").unwrap();
+    let first = job_within(&holder, Duration::from_secs(10), "job is free").await;
+    let (old_owner, old_token) = (first.owner().clone(), first.token());
+    first.release().await.unwrap();
+    let newer = job_within(&holder, Duration::from_secs(10), "job again").await;
+    assert!(newer.token() > old_token);
+    let evict = |owner: &OwnerId, token, mode| {
+        let eviction =
+            leasehold_core::Eviction::new(owner.clone(), token, "ops@host".into(), "stale".into());
+        let operator = operator.clone();
+        let name = name.clone();
+        async move { operator.evict(&name, mode, &eviction).await.unwrap() }
+    };
+    // The released grant's owner and token, the newer owner with the old token, the newer
+    // grant in another mode: none is the newer grant.
+    assert!(!evict(&old_owner, old_token, Mode::Exclusive).await);
+    assert!(!evict(newer.owner(), old_token, Mode::Exclusive).await);
+    assert!(!evict(newer.owner(), newer.token(), Mode::Shared).await);
+    assert!(newer.is_held());
+    let state = holder.inspect("job").await.unwrap();
+    assert_eq!(state.holders.len(), 1);
+    assert!(state.evictions.is_empty(), "{:?}", state.evictions);
+    // The newer grant itself is evicted, once.
+    assert!(evict(newer.owner(), newer.token(), Mode::Exclusive).await);
+    assert!(!evict(newer.owner(), newer.token(), Mode::Exclusive).await);
+    assert_eq!(newer.lost().await, LossReason::Evicted);
+}
+
+/// A grant's watch of its key lives only while the grant does.
+/// Released, dropped or evicted, it leaves no watch and no watch stream on the server.
+#[tokio::test]
+async fn a_grant_leaves_no_watch_behind() {
+    let mut etcd = Etcd::start().await.unwrap();
+    let metrics = etcd.members()[0].metrics_addr();
+    let holder = client(&etcd.endpoints(), Duration::from_secs(2)).await;
+    let operator = client(&etcd.endpoints(), Duration::from_secs(2)).await;
+    let (streams, watchers) = (
+        gauge(metrics, WATCH_STREAMS).await,
+        gauge(metrics, WATCHERS).await,
+    );
+    // Two grants share one stream, a watch each.
+    let a = holder.mutex("a").unwrap().lock().await.unwrap();
+    let b = holder.mutex("b").unwrap().lock().await.unwrap();
+    until_gauge(metrics, WATCHERS, watchers + 2.0).await;
+    until_gauge(metrics, WATCH_STREAMS, streams + 1.0).await;
+    a.release().await.unwrap();
+    until_gauge(metrics, WATCHERS, watchers + 1.0).await;
+    drop(b);
+    until_gauge(metrics, WATCHERS, watchers).await;
+    until_gauge(metrics, WATCH_STREAMS, streams).await;
+    // An evicted grant's watch goes when the eviction reaches it.
+    let c = holder.mutex("c").unwrap().lock().await.unwrap();
+    until_gauge(metrics, WATCHERS, watchers + 1.0).await;
+    operator
+        .evict("c", None, "ops@host", "leak check")
+        .await
+        .unwrap();
+    assert_eq!(c.lost().await, LossReason::Evicted);
+    until_gauge(metrics, WATCHERS, watchers).await;
+    until_gauge(metrics, WATCH_STREAMS, streams).await;
+    let _ = c.release().await;
+}

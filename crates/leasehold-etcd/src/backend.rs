@@ -502,6 +502,38 @@ impl EtcdBackend {
         Ok(states)
     }
 
+    /// Adds each lock's latest evictions to its state.
+    /// They are read in one transaction per [`NAMES_PER_READ`] locks.
+    async fn read_evictions(&self, locks: &mut [(LockName, LockState)]) -> Result<()> {
+        let layout = &self.inner.layout;
+        for chunk in locks.chunks_mut(NAMES_PER_READ) {
+            let reads = chunk.iter().map(|(name, _)| {
+                requests::evictions(&layout.evictions(name), evictions::KEPT).into()
+            });
+            let answer = self
+                .rpc()
+                .txn(requests::read_ops(reads))
+                .await
+                .map_err(|e| map_error(e, "listing"))?;
+            let records = ranges(&answer.responses);
+            if records.len() != chunk.len() {
+                return Err(Error::backend(
+                    format!(
+                        "etcd: a transaction of {} reads was answered with {}",
+                        chunk.len(),
+                        records.len()
+                    ),
+                    false,
+                ));
+            }
+            for ((_, state), records) in chunk.iter_mut().zip(records) {
+                state.evictions =
+                    evictions::decode_all(records.kvs.iter().map(|kv| kv.value.as_slice()));
+            }
+        }
+        Ok(())
+    }
+
     /// The time left on each of `leases`, asked at once (see [`time_left`](Self::time_left)).
     async fn times_left(
         &self,
@@ -819,6 +851,7 @@ impl Backend for EtcdBackend {
         }
         locks.retain(|(_, state)| !state.holders.is_empty() || !state.waiters.is_empty());
         locks.sort_by(|a, b| a.0.cmp(&b.0));
+        self.read_evictions(&mut locks).await?;
         let next = last.map(|last| {
             let mut next = last.to_vec();
             next.push(0);

@@ -311,7 +311,12 @@ pub(crate) fn evict(key: &[u8], revision: i64, writes: EvictionWrites) -> TxnReq
 
 /// Reads every queue in `dirs` in one transaction.
 pub(crate) fn read_all(dirs: &[String]) -> TxnRequest {
-    txn([], dirs.iter().map(|dir| sorted(dir).into()), [])
+    read_ops(dirs.iter().map(|dir| sorted(dir).into()))
+}
+
+/// Runs every read of `reads` in one transaction.
+pub(crate) fn read_ops(reads: impl IntoIterator<Item = RequestOp>) -> TxnRequest {
+    txn([], reads, [])
 }
 
 #[cfg(test)]

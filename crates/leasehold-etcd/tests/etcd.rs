@@ -1269,12 +1269,18 @@ async fn an_evicted_holder_is_told_by_push_and_fenced_out() {
     assert!(next.token() > guard.token());
     assert!(fence.apply(next.token(), || ()).is_ok());
     assert!(!write(), "a write after the next grant was accepted");
-    let record = operator.inspect("job").await.unwrap().evictions;
-    assert_eq!(record.len(), 1, "{record:?}");
-    assert_eq!(
-        (record[0].reason.as_str(), &record[0].owner, record[0].token),
-        ("stuck job", guard.owner(), guard.token())
-    );
+    // The record, as inspect and a listing show it.
+    let all = NamePrefix::new("").unwrap();
+    let page = operator.backend().list(&all, None, 100).await.unwrap();
+    let listed = page.locks.iter().find(|(name, _)| name.as_str() == "job");
+    let inspected = operator.inspect("job").await.unwrap().evictions;
+    for record in [inspected, listed.unwrap().1.evictions.clone()] {
+        assert_eq!(record.len(), 1, "{record:?}");
+        assert_eq!(
+            (record[0].reason.as_str(), &record[0].owner, record[0].token),
+            ("stuck job", guard.owner(), guard.token())
+        );
+    }
     // The evicted guard's release removes nothing of the next holder's.
     let _ = guard.release().await;
     assert!(next.is_held());

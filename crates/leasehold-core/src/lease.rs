@@ -735,6 +735,10 @@ mod tests {
     }
 
     fn session_lease(clock: &ManualClock, keeper: &SessionKeeper) -> Option<Arc<Lease>> {
+        session_lease_on(clock, keeper.liveness())
+    }
+
+    fn session_lease_on(clock: &ManualClock, liveness: SessionLiveness) -> Option<Arc<Lease>> {
         let ctx = context(clock);
         let lane = ctx.lanes.take();
         let request = Request {
@@ -755,7 +759,7 @@ mod tests {
             Arc::new(LockOptions::default()),
             FencingToken::new(1),
             clock.now(),
-            Expiry::Session(keeper.liveness()),
+            Expiry::Session(liveness),
         )
     }
 
@@ -798,24 +802,7 @@ mod tests {
         let clock = ManualClock::new();
         let keeper = SessionKeeper::new(clock.now().checked_add(60 * SEC).unwrap());
         let revoker = Revoker::new();
-        let ctx = context(&clock);
-        let lane = ctx.lanes.take();
-        let request = Request::new(
-            LockName::new("lease").unwrap(),
-            OwnerId::generate(),
-            Mode::Exclusive,
-            10 * SEC,
-        );
-        let lease = Lease::new(
-            ctx,
-            request,
-            lane,
-            Arc::new(LockOptions::default()),
-            FencingToken::new(1),
-            clock.now(),
-            Expiry::Session(keeper.liveness().revocable_by(&revoker)),
-        )
-        .unwrap();
+        let lease = session_lease_on(&clock, keeper.liveness().revocable_by(&revoker)).unwrap();
         let other = session_lease(&clock, &keeper).unwrap();
         let lost = lease.lost();
         revoker.revoke(LossReason::Evicted);

@@ -198,7 +198,19 @@ async fn connect(
     })
 }
 
+/// The session timeout asked for a session that must last the server's longest: a day.
+/// The server grants its `maxSessionTimeout` instead.
+const LONGEST_ASKED: Duration = Duration::from_secs(24 * 3600);
+
 impl Session {
+    /// A client of a new session that is never closed, whose timeout is the server's longest.
+    /// Dropped, the client leaves its session to the server, which expires it a whole
+    /// timeout later (with its ephemeral nodes): no session of that server outlives its
+    /// holder by more.
+    pub(crate) async fn open_unclosed(&self) -> Result<zk::Client> {
+        connect(&self.target, &self.options, LONGEST_ASKED, true).await
+    }
+
     /// Opens a session and makes sure `root` (the epoch node) exists.
     ///
     /// `on_end` is called with the session's id when it ends by itself (deadline, expiry):

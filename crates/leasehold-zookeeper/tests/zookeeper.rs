@@ -1328,7 +1328,13 @@ async fn a_dropped_feed_takes_its_watch_off_the_server() {
         )
         .await;
     }
-    assert_eq!(watch_count(&zookeeper).await, with);
+    // Each grant's own watch of its node went with its release.
+    until(
+        "the grants' watches gone",
+        Duration::from_secs(10),
+        async || watch_count(&zookeeper).await == with,
+    )
+    .await;
 
     drop(second);
     until(
@@ -1337,9 +1343,14 @@ async fn a_dropped_feed_takes_its_watch_off_the_server() {
         async || watch_count(&zookeeper).await == before,
     )
     .await;
-    // The session lives on, without the watch.
+    // The session lives on, without the feed's watch: only the grant's own watch of its node.
     let guard = a.mutex(name.as_str()).unwrap().lock().await.unwrap();
-    assert_eq!(watch_count(&zookeeper).await, before);
+    until(
+        "the grant's own watch",
+        Duration::from_secs(10),
+        async || watch_count(&zookeeper).await == before + 1,
+    )
+    .await;
     guard.release().await.unwrap();
     assert!(watching.session_id().is_some());
 }
@@ -1449,4 +1460,93 @@ async fn a_feed_resyncs_after_a_reconnection_and_watches_on() {
     )
     .await;
     proxy.heal();
+}
+
+/// An evicted holder hears of it by push, and every write of it after the eviction is refused.
+/// Its session lives on (its other lock stays held): only the push can tell it. The lock
+/// stays closed meanwhile (for the server's longest session timeout).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_evicted_holder_is_told_by_push_and_fenced_out() {
+    let zookeeper = ZooKeeper::start().await.unwrap();
+    let holder = client_on(backend(&zookeeper.url()).await);
+    let operator = client_on(backend(&zookeeper.url()).await);
+    let guard = holder.mutex("job").unwrap().lock().await.unwrap();
+    let other = holder.mutex("other").unwrap().lock().await.unwrap();
+    let fence = Fence::new();
+    let token = guard.token();
+    let write = || fence.apply(token, || ()).is_ok();
+    assert!(
+        write(),
+        "the holder's write before the eviction was refused"
+    );
+
+    let evicted = operator
+        .evict("job", None, "ops@host", "stuck job")
+        .await
+        .unwrap();
+    assert_eq!(evicted.len(), 1, "{evicted:?}");
+    assert_eq!(
+        (&evicted[0].owner, evicted[0].token),
+        (guard.owner(), guard.token())
+    );
+    fence.exclude(evicted[0].token);
+    // The holder goes on writing, unaware until the push arrives: refused all the same.
+    assert!(!write(), "a write after the eviction was accepted");
+    assert_eq!(guard.lost().await, LossReason::Evicted);
+    assert!(!write(), "a write after the loss was accepted");
+    assert!(
+        other.is_held(),
+        "the holder's session was lost with the evicted grant"
+    );
+    let try_job = operator.mutex("job").unwrap().try_lock().await.unwrap();
+    assert!(try_job.is_none(), "granted again right after the eviction");
+    let state = operator.inspect("job").await.unwrap();
+    assert!(state.holders.is_empty(), "{:?}", state.holders);
+    assert_eq!(state.evictions.len(), 1, "{:?}", state.evictions);
+    assert_eq!(
+        (
+            state.evictions[0].reason.as_str(),
+            &state.evictions[0].owner,
+            state.evictions[0].token
+        ),
+        ("stuck job", guard.owner(), guard.token())
+    );
+    let _ = guard.release().await;
+    other.release().await.unwrap();
+}
+
+/// A grant's watch of its node lives only while the grant does.
+/// Released, dropped or evicted, it leaves no watch on the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_leaves_no_watch_behind() {
+    let zookeeper = ZooKeeper::start().await.unwrap();
+    let holder = client_on(backend(&zookeeper.url()).await);
+    let operator = client_on(backend(&zookeeper.url()).await);
+    let before = watch_count(&zookeeper).await;
+    let count_is = |want: usize| {
+        let zookeeper = &zookeeper;
+        async move {
+            until("the watch count", Duration::from_secs(10), async || {
+                watch_count(zookeeper).await == want
+            })
+            .await;
+        }
+    };
+    let a = holder.mutex("a").unwrap().lock().await.unwrap();
+    let b = holder.mutex("b").unwrap().lock().await.unwrap();
+    count_is(before + 2).await;
+    a.release().await.unwrap();
+    count_is(before + 1).await;
+    drop(b);
+    count_is(before).await;
+    // An evicted grant's watch fires with the eviction, and is gone.
+    let c = holder.mutex("c").unwrap().lock().await.unwrap();
+    count_is(before + 1).await;
+    operator
+        .evict("c", None, "ops@host", "leak check")
+        .await
+        .unwrap();
+    assert_eq!(c.lost().await, LossReason::Evicted);
+    count_is(before).await;
+    let _ = c.release().await;
 }

@@ -1289,40 +1289,6 @@ async fn an_evicted_holder_is_told_by_push_and_fenced_out() {
     other.release().await.unwrap();
 }
 
-/// An eviction names one grant by owner and token: an older token spares a newer grant.
-#[tokio::test]
-async fn an_eviction_with_an_old_token_spares_the_newer_grant() {
-    let etcd = Etcd::start().await.unwrap();
-    let holder = client(&etcd.endpoints(), Duration::from_secs(2)).await;
-    let operator = backend(&etcd.endpoints(), Duration::from_secs(2)).await;
-    let name = LockName::new("job").unwrap();
-    let first = job_within(&holder, Duration::from_secs(10), "job is free").await;
-    let (old_owner, old_token) = (first.owner().clone(), first.token());
-    first.release().await.unwrap();
-    let newer = job_within(&holder, Duration::from_secs(10), "job again").await;
-    assert!(newer.token() > old_token);
-    let evict = |owner: &OwnerId, token, mode| {
-        let eviction =
-            leasehold_core::Eviction::new(owner.clone(), token, "ops@host".into(), "stale".into());
-        let operator = operator.clone();
-        let name = name.clone();
-        async move { operator.evict(&name, mode, &eviction).await.unwrap() }
-    };
-    // The released grant's owner and token, the newer owner with the old token, the newer
-    // grant in another mode: none is the newer grant.
-    assert!(!evict(&old_owner, old_token, Mode::Exclusive).await);
-    assert!(!evict(newer.owner(), old_token, Mode::Exclusive).await);
-    assert!(!evict(newer.owner(), newer.token(), Mode::Shared).await);
-    assert!(newer.is_held());
-    let state = holder.inspect("job").await.unwrap();
-    assert_eq!(state.holders.len(), 1);
-    assert!(state.evictions.is_empty(), "{:?}", state.evictions);
-    // The newer grant itself is evicted, once.
-    assert!(evict(newer.owner(), newer.token(), Mode::Exclusive).await);
-    assert!(!evict(newer.owner(), newer.token(), Mode::Exclusive).await);
-    assert_eq!(newer.lost().await, LossReason::Evicted);
-}
-
 /// A grant's watch of its key lives only while the grant does.
 /// Released, dropped or evicted, it leaves no watch and no watch stream on the server.
 #[tokio::test]

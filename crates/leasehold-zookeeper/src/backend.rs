@@ -582,7 +582,7 @@ impl Backend for ZooKeeperBackend {
     /// Force-releases the grant `eviction` names, in one `multi` (see the `evict` module).
     ///
     /// The node is deleted at the version read; the evicted owner's lock-delay marker,
-    /// put on a session that the server expires after its longest session timeout, keeps
+    /// put on a session that the server expires after the holder's session timeout, keeps
     /// the set closed until the holder's session deadline has passed; the record goes
     /// under `#evictions/<name>/<token>`. The holder's client hears of it by its watch of
     /// its node. `Ok(false)` if that grant is not held.

@@ -6,7 +6,9 @@
 //! - **The set stays closed** by a lock-delay marker of the evicted owner (its own, if its
 //!   grant had a lock-delay, is deleted in the same `multi`: its session is the holder's,
 //!   kept alive). The new marker is an ephemeral node of a session opened for it alone,
-//!   asking for a day: the server grants its longest session timeout
+//!   of the holder's session timeout and a twentieth more: every session says its
+//!   negotiated timeout in `#sessions/<id>` (see `session.rs`); where that is missing, the
+//!   marker's session asks for a day, and the server grants its longest
 //!   (`maxSessionTimeout`), which no holder's session exceeds. The session is then let go
 //!   of without closing, so the server expires it — and deletes the marker — a whole
 //!   timeout later, whatever the evicting process does: by then the evicted holder, even
@@ -16,6 +18,8 @@
 //!   the last [`KEPT`](leasehold_core::support::evictions::KEPT) of a name stay, older ones
 //!   are deleted by the next eviction. The evicted holder's client hears of the deletion by
 //!   its watch (see `grants`) and reads the record.
+
+use std::time::Duration;
 
 use leasehold_core::backend::{Eviction, Mode};
 use leasehold_core::support::evictions;
@@ -66,8 +70,18 @@ impl ZooKeeperBackend {
         let records = layout.evictions(name);
         let record = layout.eviction(name, stat.czxid);
         let data = evictions::encode(eviction).into_bytes();
-        // The marker's session: its client is dropped unclosed, and the server expires it.
-        let closer = session.open_unclosed().await?;
+        // The marker's session, as long as the holder's: its client is dropped unclosed, and
+        // the server expires it.
+        let said = layout::session_node(layout.root(), stat.ephemeral_owner);
+        let holders = match client.get_data(&said).await {
+            Ok((data, _)) => std::str::from_utf8(&data)
+                .ok()
+                .and_then(|ms| ms.parse().ok()),
+            Err(_) => None,
+        };
+        let closer = session
+            .open_unclosed(holders.map(Duration::from_millis))
+            .await?;
         for _ in 0..ATTEMPTS {
             let older = match client.list_children(&records).await {
                 Ok(mut older) => {

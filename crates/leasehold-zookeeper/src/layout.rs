@@ -14,6 +14,8 @@
 //! /leasehold/#records               records beside locks (a container node)
 //!     <name>                        a name's records (a container node)
 //!         <key>                     one record (persistent; see `records`)
+//! /leasehold/#sessions               the sessions' timeouts (persistent)
+//!     <session id>                  its negotiated timeout in ms (ephemeral; see `evict`)
 //! /leasehold/#evictions             eviction records (a container node)
 //!     <name>                        a name's (a container node)
 //!         <token>                   one eviction, in 20 digits (persistent; see `evict`)
@@ -47,6 +49,15 @@ const RECORDS: &str = "#records";
 
 /// The child of the root that holds the eviction records, by name: no lock's directory.
 const EVICTIONS: &str = "#evictions";
+
+/// The child of the root where each session says its timeout, by name: no lock's directory.
+const SESSIONS: &str = "#sessions";
+
+/// The node under `root` where the session `id` says its negotiated timeout.
+/// An eviction of one of its grants reads it (see `evict`).
+pub(crate) fn session_node(root: &str, id: i64) -> String {
+    format!("{root}/{SESSIONS}/{id:x}")
+}
 
 /// The paths of the nodes of this client's locks.
 #[derive(Debug, Clone)]

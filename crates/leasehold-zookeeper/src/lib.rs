@@ -48,7 +48,8 @@
 //!   Grants cannot be kept past their holder: they are ephemeral nodes of its session.
 //! - **Force release** (`evict`): one `multi` deletes the holder's node at the version read
 //!   (its czxid the token), creates the evicted owner's lock-delay marker on a session the
-//!   server expires after its longest timeout, and the eviction record. The holder's
+//!   server expires after the holder's session timeout (each session says its timeout in
+//!   `#sessions/<id>`), and the eviction record. The holder's
 //!   client watches each granted node (`grants`: one-shot `exists` watches, one task) and
 //!   revokes the grant whose node another client deleted: `Evicted` when the record names it.
 //! - **Watching**: a change feed is one persistent recursive watch (`addWatch`) on the

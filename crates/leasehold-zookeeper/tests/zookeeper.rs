@@ -1464,11 +1464,13 @@ async fn a_feed_resyncs_after_a_reconnection_and_watches_on() {
 
 /// An evicted holder hears of it by push, and every write of it after the eviction is refused.
 /// Its session lives on (its other lock stays held): only the push can tell it. The lock
-/// stays closed meanwhile (for the server's longest session timeout).
+/// stays closed meanwhile (for the holder's session timeout), and the next grant, after
+/// it, fences the holder out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_evicted_holder_is_told_by_push_and_fenced_out() {
     let zookeeper = ZooKeeper::start().await.unwrap();
-    let holder = client_on(backend(&zookeeper.url()).await);
+    let url = format!("zk://{}?session_timeout=2s", zookeeper.connect_string());
+    let holder = client_on(backend(&url).await);
     let operator = client_on(backend(&zookeeper.url()).await);
     let guard = holder.mutex("job").unwrap().lock().await.unwrap();
     let other = holder.mutex("other").unwrap().lock().await.unwrap();
@@ -1511,7 +1513,13 @@ async fn an_evicted_holder_is_told_by_push_and_fenced_out() {
         ),
         ("stuck job", guard.owner(), guard.token())
     );
+    let next = operator.mutex("job").unwrap().lock().await.unwrap();
+    assert!(next.token() > guard.token());
+    assert!(fence.apply(next.token(), || ()).is_ok());
+    assert!(!write(), "a write after the next grant was accepted");
     let _ = guard.release().await;
+    assert!(next.is_held());
+    next.release().await.unwrap();
     other.release().await.unwrap();
 }
 

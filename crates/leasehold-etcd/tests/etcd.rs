@@ -1236,57 +1236,7 @@ async fn an_evicted_holder_is_told_by_push_and_fenced_out() {
     let etcd = Etcd::start().await.unwrap();
     let holder = client(&etcd.endpoints(), Duration::from_secs(2)).await;
     let operator = client(&etcd.endpoints(), Duration::from_secs(2)).await;
-    let guard = job_within(&holder, Duration::from_secs(10), "job is free").await;
-    let other = holder.mutex("other").unwrap().lock().await.unwrap();
-    let fence = leasehold_core::Fence::new();
-    let token = guard.token();
-    let write = || fence.apply(token, || ()).is_ok();
-    assert!(
-        write(),
-        "the holder's write before the eviction was refused"
-    );
-
-    let evicted = operator
-        .evict("job", None, "ops@host", "stuck job")
-        .await
-        .unwrap();
-    assert_eq!(evicted.len(), 1, "{evicted:?}");
-    assert_eq!(
-        (&evicted[0].owner, evicted[0].token),
-        (guard.owner(), guard.token())
-    );
-    fence.exclude(evicted[0].token);
-    // The holder goes on writing, unaware until the push arrives: refused all the same.
-    assert!(!write(), "a write after the eviction was accepted");
-    assert_eq!(guard.lost().await, LossReason::Evicted);
-    assert!(!write(), "a write after the loss was accepted");
-    assert!(
-        other.is_held(),
-        "the holder's session was lost with the evicted grant"
-    );
-
-    let next = job_within(&operator, Duration::from_secs(20), "job after the eviction").await;
-    assert!(next.token() > guard.token());
-    assert!(fence.apply(next.token(), || ()).is_ok());
-    assert!(!write(), "a write after the next grant was accepted");
-    // The record, as inspect and a listing show it.
-    let all = NamePrefix::new("").unwrap();
-    let page = operator.backend().list(&all, None, 100).await.unwrap();
-    let listed = page.locks.iter().find(|(name, _)| name.as_str() == "job");
-    let inspected = operator.inspect("job").await.unwrap().evictions;
-    for record in [inspected, listed.unwrap().1.evictions.clone()] {
-        assert_eq!(record.len(), 1, "{record:?}");
-        assert_eq!(
-            (record[0].reason.as_str(), &record[0].owner, record[0].token),
-            ("stuck job", guard.owner(), guard.token())
-        );
-    }
-    // The evicted guard's release removes nothing of the next holder's.
-    let _ = guard.release().await;
-    assert!(next.is_held());
-    assert_eq!(operator.inspect("job").await.unwrap().holders.len(), 1);
-    next.release().await.unwrap();
-    other.release().await.unwrap();
+    leasehold_testkit::eviction::an_evicted_holder_is_told_and_fenced_out(&holder, &operator).await;
 }
 
 /// A grant's watch of its key lives only while the grant does.

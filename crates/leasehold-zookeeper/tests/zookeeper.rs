@@ -1472,55 +1472,7 @@ async fn an_evicted_holder_is_told_by_push_and_fenced_out() {
     let url = format!("zk://{}?session_timeout=2s", zookeeper.connect_string());
     let holder = client_on(backend(&url).await);
     let operator = client_on(backend(&zookeeper.url()).await);
-    let guard = holder.mutex("job").unwrap().lock().await.unwrap();
-    let other = holder.mutex("other").unwrap().lock().await.unwrap();
-    let fence = Fence::new();
-    let token = guard.token();
-    let write = || fence.apply(token, || ()).is_ok();
-    assert!(
-        write(),
-        "the holder's write before the eviction was refused"
-    );
-
-    let evicted = operator
-        .evict("job", None, "ops@host", "stuck job")
-        .await
-        .unwrap();
-    assert_eq!(evicted.len(), 1, "{evicted:?}");
-    assert_eq!(
-        (&evicted[0].owner, evicted[0].token),
-        (guard.owner(), guard.token())
-    );
-    fence.exclude(evicted[0].token);
-    // The holder goes on writing, unaware until the push arrives: refused all the same.
-    assert!(!write(), "a write after the eviction was accepted");
-    assert_eq!(guard.lost().await, LossReason::Evicted);
-    assert!(!write(), "a write after the loss was accepted");
-    assert!(
-        other.is_held(),
-        "the holder's session was lost with the evicted grant"
-    );
-    let try_job = operator.mutex("job").unwrap().try_lock().await.unwrap();
-    assert!(try_job.is_none(), "granted again right after the eviction");
-    let state = operator.inspect("job").await.unwrap();
-    assert!(state.holders.is_empty(), "{:?}", state.holders);
-    assert_eq!(state.evictions.len(), 1, "{:?}", state.evictions);
-    assert_eq!(
-        (
-            state.evictions[0].reason.as_str(),
-            &state.evictions[0].owner,
-            state.evictions[0].token
-        ),
-        ("stuck job", guard.owner(), guard.token())
-    );
-    let next = operator.mutex("job").unwrap().lock().await.unwrap();
-    assert!(next.token() > guard.token());
-    assert!(fence.apply(next.token(), || ()).is_ok());
-    assert!(!write(), "a write after the next grant was accepted");
-    let _ = guard.release().await;
-    assert!(next.is_held());
-    next.release().await.unwrap();
-    other.release().await.unwrap();
+    leasehold_testkit::eviction::an_evicted_holder_is_told_and_fenced_out(&holder, &operator).await;
 }
 
 /// A grant's watch of its node lives only while the grant does.

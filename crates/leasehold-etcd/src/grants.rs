@@ -254,11 +254,12 @@ impl GrantWatch {
             }
             return vec![id];
         }
-        // Canceled by etcd (its history compacted, say): look the key up instead.
+        // Canceled by etcd (its history compacted, say): look the key up instead. etcd
+        // counts a compacted watch until the client cancels it too.
         tracing::debug!(watch = id, reason = %answer.cancel_reason, "etcd: a grant's watch was canceled");
         drop(state);
         tokio::spawn(self.clone().look_up(owner, id));
-        Vec::new()
+        vec![id]
     }
 
     /// Looks up the key of the grant of `owner` watched as `id`, whose watch was canceled.
@@ -274,6 +275,9 @@ impl GrantWatch {
         let read = self.rpc.range(requests::get(key)).await;
         let gone = {
             let mut state = self.state();
+            // Watched again under a new id: a create of the old one still on its way (a
+            // stream opened again meanwhile) cannot clash with it.
+            let new_id = state.last_id + 1;
             let Some(watched) = state.by_owner.get_mut(&owner).filter(|w| w.id == id) else {
                 return;
             };
@@ -281,7 +285,8 @@ impl GrantWatch {
                 Ok(read)
                     if read.kvs.first().map(|kv| kv.create_revision) != Some(watched.revision) =>
                 {
-                    state.by_owner.remove(&owner)
+                    // The task hears of it, and ends if it was the last grant.
+                    state.remove(&owner)
                 }
                 read => {
                     match read {
@@ -290,7 +295,9 @@ impl GrantWatch {
                         }
                         Err(e) => tracing::debug!("etcd: looking up a grant's key: {e}"),
                     }
+                    watched.id = new_id;
                     let create = watched.create();
+                    state.last_id = new_id;
                     state.send(Command::Watch(create), &self);
                     None
                 }

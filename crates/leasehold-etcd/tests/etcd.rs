@@ -1273,3 +1273,56 @@ async fn a_grant_leaves_no_watch_behind() {
     until_gauge(metrics, WATCH_STREAMS, streams).await;
     let _ = c.release().await;
 }
+
+/// A grant whose watch broke hears of its eviction all the same, once the link is back.
+/// The watch is opened again from its grant's revision; etcd compacted that history
+/// meanwhile and cancels it, so the key is looked up, found gone, and the record read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_whose_watch_broke_hears_of_its_eviction_past_a_compaction() {
+    let mut etcd = Etcd::start().await.unwrap();
+    let metrics = etcd.members()[0].metrics_addr();
+    let proxy = FaultProxy::start(etcd.members()[0].addr()).await.unwrap();
+    let (streams, watchers) = (
+        gauge(metrics, WATCH_STREAMS).await,
+        gauge(metrics, WATCHERS).await,
+    );
+    // A session that outlasts the break by far: only the eviction can end the guard.
+    let holder = client(
+        &[format!("127.0.0.1:{}", proxy.port())],
+        Duration::from_secs(30),
+    )
+    .await;
+    let operator = client(&etcd.endpoints(), Duration::from_secs(2)).await;
+    let guard = job_within(&holder, Duration::from_secs(10), "job is free").await;
+    until_gauge(metrics, WATCHERS, watchers + 1.0).await;
+
+    // The holder's connections are reset and none may open: its watch is broken.
+    proxy.refuse_new(true);
+    proxy.reset();
+    until_gauge(metrics, WATCHERS, watchers).await;
+    let evicted = operator
+        .evict("job", None, "ops@host", "while cut off")
+        .await
+        .unwrap();
+    assert_eq!(evicted.len(), 1, "{evicted:?}");
+    let put = etcd
+        .etcdctl(&["put", "compact-here", "x", "-w", "json"], "")
+        .await
+        .unwrap();
+    // `{"header":{…,"revision":N,…}}`: the first revision in it is the header's.
+    let revision: String = put
+        .split("\"revision\":")
+        .nth(1)
+        .unwrap()
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    etcd.etcdctl(&["compact", &revision], "").await.unwrap();
+
+    proxy.refuse_new(false);
+    assert_eq!(guard.lost().await, LossReason::Evicted);
+    // Neither the canceled watch nor its stream stays on the server.
+    until_gauge(metrics, WATCHERS, watchers).await;
+    until_gauge(metrics, WATCH_STREAMS, streams).await;
+    let _ = guard.release().await;
+}

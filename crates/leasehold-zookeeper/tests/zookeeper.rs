@@ -1510,3 +1510,37 @@ async fn a_grant_leaves_no_watch_behind() {
     count_is(before).await;
     let _ = c.release().await;
 }
+
+/// A grant whose link broke hears of its eviction once its session reconnects.
+/// The client sets its one-shot watch again on the new connection, and the server reports
+/// the deletion it missed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_whose_link_broke_hears_of_its_eviction_on_reconnecting() {
+    let zookeeper = ZooKeeper::start().await.unwrap();
+    // A session that outlasts the break by far: only the eviction can end the guard.
+    let (holder, proxy) = through_proxy(&zookeeper, "session_timeout=30s").await;
+    let holder = client_on(holder);
+    let operator = client_on(backend(&zookeeper.url()).await);
+    let before = watch_count(&zookeeper).await;
+    let guard = holder.mutex("job").unwrap().lock().await.unwrap();
+    until("the grant's watch", Duration::from_secs(10), async || {
+        watch_count(&zookeeper).await == before + 1
+    })
+    .await;
+
+    // The holder's connection is reset and none may open while it is evicted.
+    proxy.refuse_new(true);
+    proxy.reset();
+    let evicted = operator
+        .evict("job", None, "ops@host", "while cut off")
+        .await
+        .unwrap();
+    assert_eq!(evicted.len(), 1, "{evicted:?}");
+    proxy.refuse_new(false);
+    assert_eq!(guard.lost().await, LossReason::Evicted);
+    until("the watch gone", Duration::from_secs(10), async || {
+        watch_count(&zookeeper).await == before
+    })
+    .await;
+    let _ = guard.release().await;
+}

@@ -25,6 +25,12 @@ async fn a_paused_run_has_its_command_stopped_by_the_deadline_and_exits_80_on_re
     common::a_paused_run_has_its_command_stopped_by_the_deadline(&url).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forced_release_stops_the_holders_command_and_is_recorded() {
+    let etcd = Etcd::start().await.unwrap();
+    common::a_forced_release_stops_the_holders_command_and_is_recorded(&etcd.url()).await;
+}
+
 #[tokio::test]
 async fn a_terminal_watch_shows_a_lock_change_hands() {
     let etcd = Etcd::start().await.unwrap();

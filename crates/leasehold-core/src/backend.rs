@@ -248,42 +248,84 @@ struct Published {
 
 /// The engine's view of a backend session.
 /// It changes when the backend keeps the session alive, suspends it or loses it. Session
-/// deadlines are on the system clock.
+/// deadlines are on the system clock. A grant's view may also carry the grant's own
+/// loss signal ([`revocable_by`](SessionLiveness::revocable_by)).
 #[derive(Debug, Clone)]
-pub struct SessionLiveness(watch::Receiver<Published>);
+pub struct SessionLiveness {
+    session: watch::Receiver<Published>,
+    revocation: Option<watch::Receiver<Option<LossReason>>>,
+}
 
 impl SessionLiveness {
     /// The session's liveness now.
     pub fn current(&self) -> Liveness {
-        self.0.borrow().liveness
+        self.session.borrow().liveness
+    }
+
+    /// This view, for one grant that `revoker` can also end.
+    /// The grant is then lost when the session ends or when the backend revokes it,
+    /// whichever comes first.
+    #[must_use]
+    pub fn revocable_by(mut self, revoker: &Revoker) -> Self {
+        self.revocation = Some(revoker.0.subscribe());
+        self
+    }
+
+    /// Why the grant was revoked, if the backend revoked it.
+    /// Always `None` for a view that is not [revocable](SessionLiveness::revocable_by).
+    pub fn revoked(&self) -> Option<LossReason> {
+        self.revocation.as_ref().and_then(|r| *r.borrow())
     }
 
     /// Whether the session is suspended (in jeopardy): its link to the server is down.
     /// Its grants still count only until the deadline, unless a keep-alive gets through
     /// before it. Always `false` once the session ended.
     pub fn is_suspended(&self) -> bool {
-        let published = *self.0.borrow();
+        let published = *self.session.borrow();
         published.suspended && matches!(published.liveness, Liveness::Alive { .. })
     }
 
     /// What the server was last shown to know of the session, if the backend says.
     /// See [`ServerView`].
     pub fn server_view(&self) -> Option<ServerView> {
-        self.0.borrow().server
+        self.session.borrow().server
     }
 
-    /// Completes when the liveness changes.
+    /// Completes when the liveness changes, or the grant is revoked.
     /// It completes at once if the keeper is gone, which ends the session.
     pub async fn changed(&mut self) {
-        if self.0.changed().await.is_err() {
-            std::future::pending::<()>().await;
+        let Self {
+            session,
+            revocation,
+        } = self;
+        let revoked = async {
+            // A revoker dropped without revoking revokes nothing.
+            let revoked = match revocation {
+                Some(revocation) => revocation.changed().await.is_ok(),
+                None => false,
+            };
+            if !revoked {
+                std::future::pending::<()>().await;
+            }
+        };
+        tokio::select! {
+            changed = session.changed() => {
+                if changed.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            }
+            () = revoked => {}
         }
     }
 }
 
 impl PartialEq for SessionLiveness {
     fn eq(&self, other: &Self) -> bool {
-        self.0.same_channel(&other.0)
+        let revocation = match (&self.revocation, &other.revocation) {
+            (Some(a), Some(b)) => a.same_channel(b),
+            (a, b) => a.is_none() && b.is_none(),
+        };
+        self.session.same_channel(&other.session) && revocation
     }
 }
 
@@ -372,7 +414,50 @@ impl SessionKeeper {
 
     /// A view for grants bound to this session.
     pub fn liveness(&self) -> SessionLiveness {
-        SessionLiveness(self.0.subscribe())
+        SessionLiveness {
+            session: self.0.subscribe(),
+            revocation: None,
+        }
+    }
+}
+
+/// The backend's side of one grant's own loss signal, beside its session's liveness.
+///
+/// A grant that lives by a session has no renewal of its own at which to hear that it is
+/// gone while the session lives on (evicted by an operator). A backend that learns of
+/// that by push revokes the grant here; the grant's
+/// [`SessionLiveness`](SessionLiveness::revocable_by) carries the signal, so the engine
+/// follows it as it follows the session, with no task per grant.
+#[derive(Debug)]
+pub struct Revoker(watch::Sender<Option<LossReason>>);
+
+impl Revoker {
+    /// A grant's signal, not revoked.
+    pub fn new() -> Self {
+        Self(watch::Sender::new(None))
+    }
+
+    /// Revokes the grant for `reason`: it is lost, and stays lost.
+    /// A second revocation changes nothing (the first reason stays).
+    pub fn revoke(&self, reason: LossReason) {
+        self.0.send_if_modified(|revoked| {
+            let first = revoked.is_none();
+            if first {
+                *revoked = Some(reason);
+            }
+            first
+        });
+    }
+
+    /// Why the grant was revoked, if it was.
+    pub fn revoked(&self) -> Option<LossReason> {
+        *self.0.borrow()
+    }
+}
+
+impl Default for Revoker {
+    fn default() -> Self {
+        Self::new()
     }
 }
 

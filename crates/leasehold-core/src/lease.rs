@@ -57,8 +57,13 @@ fn at_deadline(capped: bool, session: Option<&SessionLiveness>) -> LossReason {
 }
 
 /// A held state of a lease bound to `session` takes the session's deadline, or is lost.
-/// It is lost when the session ended.
+/// It is lost when the session ended, or when the backend revoked the grant.
 fn with_session(state: State, session: Option<&SessionLiveness>) -> State {
+    // The grant's own loss signal (an eviction the backend was told of) comes first.
+    if let (State::Held { .. }, Some(reason)) = (state, session.and_then(SessionLiveness::revoked))
+    {
+        return State::Lost(reason);
+    }
     match (state, session.map(SessionLiveness::current)) {
         (State::Held { capped, .. }, Some(Liveness::Alive { until })) => State::Held {
             deadline: Some(until),
@@ -829,6 +834,10 @@ mod tests {
     }
 
     fn session_lease(clock: &ManualClock, keeper: &SessionKeeper) -> Option<Arc<Lease>> {
+        session_lease_on(clock, keeper.liveness())
+    }
+
+    fn session_lease_on(clock: &ManualClock, liveness: SessionLiveness) -> Option<Arc<Lease>> {
         let ctx = context(clock);
         let lane = ctx.lanes.take();
         let request = Request {
@@ -849,7 +858,7 @@ mod tests {
             Arc::new(LockOptions::default()),
             FencingToken::new(1),
             clock.now(),
-            Expiry::Session(keeper.liveness()),
+            Expiry::Session(liveness),
         )
     }
 
@@ -884,6 +893,24 @@ mod tests {
         keeper.alive_until(clock.now().checked_add(60 * SEC).unwrap());
         assert!(!lease.is_held());
         assert!(session_lease(&clock, &keeper).is_none());
+    }
+
+    #[tokio::test]
+    async fn a_revoked_grant_is_lost_at_once_while_its_session_lives() {
+        use crate::backend::Revoker;
+        let clock = ManualClock::new();
+        let keeper = SessionKeeper::new(clock.now().checked_add(60 * SEC).unwrap());
+        let revoker = Revoker::new();
+        let lease = session_lease_on(&clock, keeper.liveness().revocable_by(&revoker)).unwrap();
+        let other = session_lease(&clock, &keeper).unwrap();
+        let lost = lease.lost();
+        revoker.revoke(LossReason::Evicted);
+        assert_eq!(lost.await, LossReason::Evicted);
+        // Final: a later reason or keep-alive changes nothing; the session's other grants hold.
+        revoker.revoke(LossReason::NotOwner);
+        keeper.alive_until(clock.now().checked_add(60 * SEC).unwrap());
+        assert_eq!(lease.finish(), State::Lost(LossReason::Evicted));
+        assert!(other.is_held());
     }
 
     #[tokio::test]

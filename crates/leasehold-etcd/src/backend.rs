@@ -8,19 +8,21 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures_util::future::join_all;
 use leasehold_core::backend::{
-    Acquire, Backend, Capabilities, Changes, Expiry, Grant, Holder, ListCursor, Listing, LockState,
-    Mode, Release, Renewal, Request, SessionLiveness, TokenDurability, WaitHint, Waiter,
+    Acquire, Backend, Capabilities, Changes, Eviction, Expiry, Grant, Holder, ListCursor, Listing,
+    LockState, Mode, Release, Renewal, Request, SessionLiveness, TokenDurability, WaitHint, Waiter,
 };
 use leasehold_core::clock::{Clock, SystemClock};
+use leasehold_core::support::evictions;
 use leasehold_core::support::queue::{blocker, holding};
 use leasehold_core::{Error, LockName, LossReason, NamePrefix, OwnerId, RecordKey, Result};
 
 use crate::changes;
 use crate::connection::EtcdBackend;
 use crate::error::map_error;
+use crate::layout::MARKER;
 use crate::registry::Placed;
 use crate::reply::{Entry, decode, encode, queue_of, ranges, token};
-use crate::requests::{self, AcquireShape, Fence};
+use crate::requests::{self, AcquireShape, EvictionWrites, Fence};
 use crate::rpc::{
     FilterType, OpAnswer, RangeRequest, RangeResponse, ResponseOp, WatchCreateRequest,
 };
@@ -326,6 +328,8 @@ impl EtcdBackend {
     /// session's fence in the same transaction (see
     /// [`Layout::anchor`](crate::layout::Layout::anchor)).
     async fn remove(&self, req: &Request, doing: &str) -> Result<Release> {
+        // Its own deletion is no news to the grant.
+        self.inner.grants.unwatch(&req.owner);
         let Some(placed) = self.registry().get(&req.owner) else {
             return Ok(Release::NotHeld);
         };
@@ -375,9 +379,17 @@ impl EtcdBackend {
             self.put_marker(session, placed, &req.owner, revision, delay)
                 .await?;
         }
+        // Its deletion by anyone but its release is pushed to the grant (see `grants.rs`).
+        let liveness = self.inner.grants.watch(
+            &req.owner,
+            &req.name,
+            placed.key(),
+            revision,
+            session.liveness(),
+        );
         Ok(Step::Done(Acquire::Granted(Grant::new(
             token,
-            Expiry::Session(session.liveness()),
+            Expiry::Session(liveness),
         ))))
     }
 
@@ -490,6 +502,38 @@ impl EtcdBackend {
         Ok(states)
     }
 
+    /// Adds each lock's latest evictions to its state.
+    /// They are read in one transaction per [`NAMES_PER_READ`] locks.
+    async fn read_evictions(&self, locks: &mut [(LockName, LockState)]) -> Result<()> {
+        let layout = &self.inner.layout;
+        for chunk in locks.chunks_mut(NAMES_PER_READ) {
+            let reads = chunk.iter().map(|(name, _)| {
+                requests::evictions(&layout.evictions(name), evictions::KEPT).into()
+            });
+            let answer = self
+                .rpc()
+                .txn(requests::read_ops(reads))
+                .await
+                .map_err(|e| map_error(e, "listing"))?;
+            let records = ranges(&answer.responses);
+            if records.len() != chunk.len() {
+                return Err(Error::backend(
+                    format!(
+                        "etcd: a transaction of {} reads was answered with {}",
+                        chunk.len(),
+                        records.len()
+                    ),
+                    false,
+                ));
+            }
+            for ((_, state), records) in chunk.iter_mut().zip(records) {
+                state.evictions =
+                    evictions::decode_all(records.kvs.iter().map(|kv| kv.value.as_slice()));
+            }
+        }
+        Ok(())
+    }
+
     /// The time left on each of `leases`, asked at once (see [`time_left`](Self::time_left)).
     async fn times_left(
         &self,
@@ -502,6 +546,21 @@ impl EtcdBackend {
             .zip(answers)
             .map(|(lease, left)| left.map(|left| (lease, left)))
             .collect()
+    }
+
+    /// The ttl etcd granted `lease` (zero for a key without a lease, or a lease gone).
+    async fn granted_ttl(&self, lease: i64) -> Result<Duration> {
+        if lease == 0 {
+            return Ok(Duration::ZERO);
+        }
+        let answer = self
+            .rpc()
+            .lease_time_to_live(lease)
+            .await
+            .map_err(|e| map_error(e, "inspecting a lease"))?;
+        Ok(Duration::from_secs(
+            u64::try_from(answer.granted_ttl).unwrap_or(0),
+        ))
     }
 
     /// The time left on `lease` as etcd says: `None` for a key without a lease.
@@ -683,18 +742,24 @@ impl Backend for EtcdBackend {
 
     async fn inspect(&self, name: &LockName) -> Result<LockState> {
         let dirs = self.dirs(name);
+        let mut read = requests::read_all(&dirs);
+        let evicted = self.inner.layout.evictions(name);
+        read.success
+            .push(requests::evictions(&evicted, evictions::KEPT).into());
         let answer = self
             .rpc()
-            .txn(requests::read_all(&dirs))
+            .txn(read)
             .await
             .map_err(|e| map_error(e, "inspecting"))?;
         let revision = answer.revision();
-        let sets: [&RangeResponse; 2] = reads(&answer.responses)?;
+        let [lock_set, permit_set, records]: [&RangeResponse; 3] = reads(&answer.responses)?;
+        let sets = [lock_set, permit_set];
         let queues = [0, 1].map(|set| {
             let dir = &dirs[set];
             sets[set].kvs.iter().map(|kv| decode(dir, kv)).collect()
         });
         let mut state = self.state_of(queues, &mut HashMap::new()).await?;
+        state.evictions = evictions::decode_all(records.kvs.iter().map(|kv| kv.value.as_slice()));
         state.hint = WaitHint::new(Hint {
             keys: self
                 .inner
@@ -786,6 +851,7 @@ impl Backend for EtcdBackend {
         }
         locks.retain(|(_, state)| !state.holders.is_empty() || !state.waiters.is_empty());
         locks.sort_by(|a, b| a.0.cmp(&b.0));
+        self.read_evictions(&mut locks).await?;
         let next = last.map(|last| {
             let mut next = last.to_vec();
             next.push(0);
@@ -822,6 +888,111 @@ impl Backend for EtcdBackend {
             self.inner.options.connect_timeout,
         )
         .await
+    }
+
+    /// Force-releases the grant `eviction` names, in one transaction.
+    ///
+    /// The set's queue is read to find the grant: the owner's key in `mode`'s set, created
+    /// at the token, holding. One transaction compares that key's create revision and
+    /// deletes it, deletes the grant's own lock-delay marker (kept alive with the holder's
+    /// session), puts a marker that closes the set — bound to a lease of its own of the
+    /// holder's session ttl (or the lock-delay lease's, if longer), so the holder's session
+    /// deadline, counted from a keep-alive sent before now, has passed before the set
+    /// opens — and puts the record under `#evictions/<name>/<token>`, kept a week (the
+    /// last 10 of a name). The holder's client hears of it by its watch of the key (see
+    /// `grants.rs`) and finds the record. The next grant's key is created later: its token
+    /// is greater.
+    ///
+    /// # Cancel safety
+    ///
+    /// The transaction is applied whole or not at all: dropped before its answer, the
+    /// grant may be evicted or not, and evicting again answers `false` if it was. Leases
+    /// granted for a transaction that never ran out by themselves.
+    ///
+    /// # Errors
+    ///
+    /// Backend errors, after which the grant may be evicted or not.
+    async fn evict(&self, name: &LockName, mode: Mode, eviction: &Eviction) -> Result<bool> {
+        let set = self.set(name, mode);
+        let layout = &self.inner.layout;
+        let evicted_dir = layout.evictions(name);
+        let mut read = requests::read_all(&[set.dir.clone(), set.markers.clone()]);
+        read.success.push(
+            RangeRequest {
+                keys_only: true,
+                ..requests::evictions(&evicted_dir, usize::MAX)
+            }
+            .into(),
+        );
+        let answer = self
+            .rpc()
+            .txn(read)
+            .await
+            .map_err(|e| map_error(e, "evicting"))?;
+        let [contenders, markers, records]: [&RangeResponse; 3] = reads(&answer.responses)?;
+        let (queue, _) = queue_of(&set.dir, contenders, markers);
+        let token = eviction.token.get();
+        let found = queue.iter().zip(holding(&queue)).find(|(entry, holds)| {
+            *holds
+                && !entry.foreign
+                && entry.owner == eviction.owner
+                && entry.mode == mode
+                && u64::try_from(entry.revision).ok() == Some(token)
+        });
+        let Some((entry, _)) = found else {
+            return Ok(false);
+        };
+        let mut owner_marker = MARKER.to_vec();
+        owner_marker.extend_from_slice(eviction.owner.as_str().as_bytes());
+        let own_marker = markers.kvs.iter().find(|kv| kv.value == owner_marker);
+        // Closed as long as the holder's session could last, or its lock-delay lease.
+        let mut closed_for = self.granted_ttl(entry.lease).await?;
+        if let Some(marker) = own_marker {
+            closed_for = closed_for.max(self.granted_ttl(marker.lease).await?);
+        }
+        let (marker_lease, _) = grant_unkept(
+            self.rpc(),
+            closed_for,
+            "session ttl",
+            "lease of an eviction",
+        )
+        .await?;
+        let (record_lease, _) = grant_unkept(
+            self.rpc(),
+            evictions::KEPT_FOR,
+            "eviction record keep",
+            "lease of an eviction record",
+        )
+        .await?;
+        // The records of the name past the newest few go, to keep the last `KEPT`.
+        let older = (records.kvs.iter().skip(evictions::KEPT - 1)).map(|kv| kv.key.clone());
+        let writes = EvictionWrites {
+            marker: (
+                format!("{}evicted.{}", set.markers, entry.revision),
+                owner_marker,
+                marker_lease,
+            ),
+            record: (
+                layout.eviction(name, entry.revision),
+                evictions::encode(eviction).into_bytes(),
+                record_lease,
+            ),
+            deletes: own_marker
+                .map(|kv| kv.key.clone())
+                .into_iter()
+                .chain(older)
+                .collect(),
+        };
+        let done = self
+            .rpc()
+            .txn(requests::evict(&entry.key, entry.revision, writes))
+            .await
+            .map_err(|e| map_error(e, "evicting"))?;
+        if !done.succeeded {
+            self.drop_lease(marker_lease).await;
+            self.drop_lease(record_lease).await;
+        }
+        Ok(done.succeeded)
     }
 
     async fn session_liveness(&self) -> Option<SessionLiveness> {
@@ -916,6 +1087,8 @@ impl Backend for EtcdBackend {
     /// [`Error::InvalidArgument`] for a `hold` over etcd's longest lease; backend errors,
     /// after which the key may be moved or not (its release deletes it either way).
     async fn keep(&self, req: &Request, hold: Duration) -> Result<bool> {
+        // Its holder lets go of it: whatever becomes of the key is no news to the grant.
+        self.inner.grants.unwatch(&req.owner);
         let Some((placed, revision)) = self.granted_key(req) else {
             return Ok(false);
         };
@@ -955,6 +1128,7 @@ impl Backend for EtcdBackend {
     /// be confirmed is bound to the session's lease, so nothing else ends it. A session
     /// that has ended already is left to run out (its lock-delay markers keep their delay).
     async fn abandon(&self, req: &Request) -> Result<()> {
+        self.inner.grants.unwatch(&req.owner);
         let Some(placed) = self.registry().forget(&req.owner) else {
             return Ok(());
         };

@@ -10,6 +10,7 @@ use leasehold_core::{Error, Guard, LockName, Result};
 use tokio::sync::Mutex as AsyncMutex;
 
 use crate::error::map_error;
+use crate::grants::GrantWatch;
 use crate::layout::{Layout, Set};
 use crate::options::{EtcdOptions, parse_url};
 use crate::registry::Registry;
@@ -53,6 +54,8 @@ pub(crate) struct Inner {
     pub(crate) layout: Layout,
     session: AsyncMutex<Option<Arc<Session>>>,
     registry: Mutex<Registry>,
+    /// The watches of this client's grants (see `grants.rs`).
+    pub(crate) grants: GrantWatch,
 }
 
 impl std::fmt::Debug for Inner {
@@ -129,10 +132,12 @@ impl EtcdBackend {
             ))
         })?
         .map_err(|e| map_error(e, "connecting"))?;
+        let layout = Layout::new(&options.prefix);
         Ok(Self {
             inner: Arc::new(Inner {
+                grants: GrantWatch::new(rpc.clone(), layout.clone()),
                 rpc,
-                layout: Layout::new(&options.prefix),
+                layout,
                 options,
                 session: AsyncMutex::new(None),
                 registry: Mutex::new(Registry::default()),

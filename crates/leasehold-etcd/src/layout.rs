@@ -11,6 +11,7 @@
 //! | `N#permits#delay/<lease>.<slot>` | a permit's lock-delay marker |
 //! | `#sessions/<lease>` | a session's fence (see [`Layout::anchor`]) |
 //! | `#records/N/<key>` | a record beside `N` (see [`Layout::record`]) |
+//! | `#evictions/N/<token>` | the record of an eviction of `N`'s grant with that token (see [`Layout::eviction`]) |
 //!
 //! `<lease>` is the session's lease id in hex, `<slot>` a number the session reuses once
 //! the key is gone. Names cannot contain `#` or `/`, so no name's keys fall into another
@@ -186,6 +187,22 @@ impl Layout {
     }
 }
 
+impl Layout {
+    /// The key of the record of the eviction of `name`'s grant created at `revision`.
+    ///
+    /// Eviction records live apart from every name's keys, as records do: no queue read
+    /// and no listing reads them as contenders. The token is written in 20 digits, so the
+    /// records of a name sort by token, the newest last.
+    pub(crate) fn eviction(&self, name: &LockName, revision: i64) -> String {
+        format!("{}{revision:020}", self.evictions(name))
+    }
+
+    /// The directory of the eviction records of `name`.
+    pub(crate) fn evictions(&self, name: &LockName) -> String {
+        format!("{}#evictions/{name}/", self.root)
+    }
+}
+
 /// The two directories of one set of a name: contenders and their lock-delay markers.
 /// The contenders are its holders and waiters.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -224,6 +241,12 @@ mod tests {
         assert_eq!(plain.anchor(0x2a), "#sessions/2a");
         let key = RecordKey::new("window:1").unwrap();
         assert_eq!(plain.record(&name, &key), "#records/job/window:1");
+        assert_eq!(
+            plain.eviction(&name, 42),
+            "#evictions/job/00000000000000000042"
+        );
+        assert_eq!(plain.lock_of(plain.eviction(&name, 42).as_bytes()), None);
+        assert_eq!(plain.contender(plain.eviction(&name, 42).as_bytes()), None);
         let prefixed = Layout::new("/locks");
         assert_eq!(prefixed.set(&name, Mode::Exclusive).dir, "/locks/job/");
         assert_eq!(prefixed.all_of(&name), ["/locks/job/", "/locks/job#"]);

@@ -14,6 +14,7 @@
 //! - `reply.rs`: what keys say: values, the queue a read returns, tokens;
 //! - `error.rs`: etcd errors as leasehold errors;
 //! - `changes.rs`: the change feed of a name prefix: one watch, watched again after a break;
+//! - `grants.rs`: the watch of this client's grants, which hears of their eviction;
 //! - `backend.rs`: the [`Backend`](leasehold_core::Backend) implementation.
 //!
 //! How it works:
@@ -64,6 +65,12 @@
 //! - **Lock-delay**: a grant with a lock-delay also puts a marker bound to a lease that
 //!   outlives the session's by the delay; a marker whose holder's key is gone closes the
 //!   queue until it expires; release deletes it with the key.
+//! - **Force release** (`evict`): one transaction compares the holder's key's create
+//!   revision (its token) and deletes it, puts a marker of the evicted owner bound to a
+//!   lease of the holder's session ttl (the queue stays closed until the holder's session
+//!   deadline has passed) and the eviction record `#evictions/<name>/<token>`. The holder's
+//!   client watches each granted key (`grants.rs`: one stream, one watch per key) and
+//!   revokes the grant whose key another client deleted: `Evicted` when the record names it.
 //! - **Records beside a lock** live under `#records/<name>/<key>`, apart from every
 //!   name's keys, each bound to a lease of its own of the time it is kept. One transaction
 //!   compares the writer's key (its create revision) and puts the record; a read is
@@ -82,6 +89,7 @@ mod backend;
 mod changes;
 mod connection;
 mod error;
+mod grants;
 mod layout;
 mod options;
 mod registry;

@@ -271,9 +271,52 @@ pub(crate) fn keep(placed: &Placed, revision: i64, lease: i64, marker: bool) -> 
     txn([created(key, CompareResult::Equal, revision)], then, [])
 }
 
+/// A read of the latest `limit` eviction records in `dir`, newest (highest token) first.
+pub(crate) fn evictions(dir: &str, limit: usize) -> RangeRequest {
+    RangeRequest {
+        key: dir.into(),
+        range_end: prefix_end(dir),
+        limit: i64::try_from(limit).unwrap_or(i64::MAX),
+        sort_order: SortOrder::Descend.into(),
+        sort_target: SortTarget::Key.into(),
+        ..RangeRequest::default()
+    }
+}
+
+/// What an eviction writes beside the key it deletes.
+#[derive(Debug)]
+pub(crate) struct EvictionWrites {
+    /// The marker that keeps the set closed, its value and its lease.
+    pub(crate) marker: (String, Vec<u8>, i64),
+    /// The eviction record, its value and its lease.
+    pub(crate) record: (String, Vec<u8>, i64),
+    /// Keys to delete with it: the grant's own lock-delay marker, records past the last kept.
+    pub(crate) deletes: Vec<Vec<u8>>,
+}
+
+/// Deletes `key` if it is the one created at `revision`, and makes `writes`.
+/// Succeeds when it deleted the key; writes nothing otherwise.
+pub(crate) fn evict(key: &[u8], revision: i64, writes: EvictionWrites) -> TxnRequest {
+    let EvictionWrites {
+        marker: (marker, marker_value, marker_lease),
+        record: (record, record_value, record_lease),
+        deletes,
+    } = writes;
+    let mut then = vec![delete(key)];
+    then.extend(deletes.into_iter().map(delete));
+    then.push(put(marker, marker_value, marker_lease));
+    then.push(put(record, record_value, record_lease));
+    txn([created(key, CompareResult::Equal, revision)], then, [])
+}
+
 /// Reads every queue in `dirs` in one transaction.
 pub(crate) fn read_all(dirs: &[String]) -> TxnRequest {
-    txn([], dirs.iter().map(|dir| sorted(dir).into()), [])
+    read_ops(dirs.iter().map(|dir| sorted(dir).into()))
+}
+
+/// Runs every read of `reads` in one transaction.
+pub(crate) fn read_ops(reads: impl IntoIterator<Item = RequestOp>) -> TxnRequest {
+    txn([], reads, [])
 }
 
 #[cfg(test)]

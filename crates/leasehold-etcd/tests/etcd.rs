@@ -1227,3 +1227,102 @@ async fn a_change_feed_whose_stream_breaks_watches_again_and_resyncs() {
         leasehold_core::Change::Lock(LockName::new("jobs:a").unwrap())
     );
 }
+
+/// An evicted holder hears of it by push, and every write of it after the eviction is refused.
+/// Its session lives on (its other lock stays held): only the push can tell it, and the
+/// next grant, after the lock stayed closed for the holder's session ttl, fences it out.
+#[tokio::test]
+async fn an_evicted_holder_is_told_by_push_and_fenced_out() {
+    let etcd = Etcd::start().await.unwrap();
+    let holder = client(&etcd.endpoints(), Duration::from_secs(2)).await;
+    let operator = client(&etcd.endpoints(), Duration::from_secs(2)).await;
+    leasehold_testkit::eviction::an_evicted_holder_is_told_and_fenced_out(&holder, &operator).await;
+}
+
+/// A grant's watch of its key lives only while the grant does.
+/// Released, dropped or evicted, it leaves no watch and no watch stream on the server.
+#[tokio::test]
+async fn a_grant_leaves_no_watch_behind() {
+    let mut etcd = Etcd::start().await.unwrap();
+    let metrics = etcd.members()[0].metrics_addr();
+    let holder = client(&etcd.endpoints(), Duration::from_secs(2)).await;
+    let operator = client(&etcd.endpoints(), Duration::from_secs(2)).await;
+    let (streams, watchers) = (
+        gauge(metrics, WATCH_STREAMS).await,
+        gauge(metrics, WATCHERS).await,
+    );
+    // Two grants share one stream, a watch each.
+    let a = holder.mutex("a").unwrap().lock().await.unwrap();
+    let b = holder.mutex("b").unwrap().lock().await.unwrap();
+    until_gauge(metrics, WATCHERS, watchers + 2.0).await;
+    until_gauge(metrics, WATCH_STREAMS, streams + 1.0).await;
+    a.release().await.unwrap();
+    until_gauge(metrics, WATCHERS, watchers + 1.0).await;
+    drop(b);
+    until_gauge(metrics, WATCHERS, watchers).await;
+    until_gauge(metrics, WATCH_STREAMS, streams).await;
+    // An evicted grant's watch goes when the eviction reaches it.
+    let c = holder.mutex("c").unwrap().lock().await.unwrap();
+    until_gauge(metrics, WATCHERS, watchers + 1.0).await;
+    operator
+        .evict("c", None, "ops@host", "leak check")
+        .await
+        .unwrap();
+    assert_eq!(c.lost().await, LossReason::Evicted);
+    until_gauge(metrics, WATCHERS, watchers).await;
+    until_gauge(metrics, WATCH_STREAMS, streams).await;
+    let _ = c.release().await;
+}
+
+/// A grant whose watch broke hears of its eviction all the same, once the link is back.
+/// The watch is opened again from its grant's revision; etcd compacted that history
+/// meanwhile and cancels it, so the key is looked up, found gone, and the record read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_whose_watch_broke_hears_of_its_eviction_past_a_compaction() {
+    let mut etcd = Etcd::start().await.unwrap();
+    let metrics = etcd.members()[0].metrics_addr();
+    let proxy = FaultProxy::start(etcd.members()[0].addr()).await.unwrap();
+    let (streams, watchers) = (
+        gauge(metrics, WATCH_STREAMS).await,
+        gauge(metrics, WATCHERS).await,
+    );
+    // A session that outlasts the break by far: only the eviction can end the guard.
+    let holder = client(
+        &[format!("127.0.0.1:{}", proxy.port())],
+        Duration::from_secs(30),
+    )
+    .await;
+    let operator = client(&etcd.endpoints(), Duration::from_secs(2)).await;
+    let guard = job_within(&holder, Duration::from_secs(10), "job is free").await;
+    until_gauge(metrics, WATCHERS, watchers + 1.0).await;
+
+    // The holder's connections are reset and none may open: its watch is broken.
+    proxy.refuse_new(true);
+    proxy.reset();
+    until_gauge(metrics, WATCHERS, watchers).await;
+    let evicted = operator
+        .evict("job", None, "ops@host", "while cut off")
+        .await
+        .unwrap();
+    assert_eq!(evicted.len(), 1, "{evicted:?}");
+    let put = etcd
+        .etcdctl(&["put", "compact-here", "x", "-w", "json"], "")
+        .await
+        .unwrap();
+    // `{"header":{…,"revision":N,…}}`: the first revision in it is the header's.
+    let revision: String = put
+        .split("\"revision\":")
+        .nth(1)
+        .unwrap()
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    etcd.etcdctl(&["compact", &revision], "").await.unwrap();
+
+    proxy.refuse_new(false);
+    assert_eq!(guard.lost().await, LossReason::Evicted);
+    // Neither the canceled watch nor its stream stays on the server.
+    until_gauge(metrics, WATCHERS, watchers).await;
+    until_gauge(metrics, WATCH_STREAMS, streams).await;
+    let _ = guard.release().await;
+}

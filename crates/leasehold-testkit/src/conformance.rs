@@ -24,6 +24,7 @@
 // These are test bodies: a failed step must fail the test, with the panic's location.
 #![allow(clippy::unwrap_used)]
 
+use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
@@ -32,8 +33,8 @@ use crate::faulty::{Faulty, Op};
 use async_trait::async_trait;
 use leasehold_core::backend::{Backend, Mode, Release, Request};
 use leasehold_core::{
-    Capabilities, Claim, Client, Error, Fence, FencingToken, LockName, LockOptions, LossReason,
-    MultiLock, Outcome, Owner, Part, RecordKey, Window,
+    Capabilities, Claim, Client, Error, Eviction, Fence, FencingToken, LockName, LockOptions,
+    LossReason, MultiLock, Outcome, Owner, OwnerId, Part, RecordKey, Window,
 };
 
 use crate::proxy::{Direction, FaultProxy};
@@ -219,6 +220,7 @@ cases!($
     a_listing_finds_held_and_queued_locks_by_prefix,
     a_watch_sees_locks_change_hands_by_push,
     a_force_release_evicts_the_holder_and_fences_it_out,
+    an_eviction_with_an_old_token_spares_the_newer_grant,
     a_record_is_written_only_while_the_writers_grant_holds,
     a_kept_grant_outlives_its_holder,
     a_job_runs_once_per_window_and_a_lost_run_leaves_it_open,
@@ -1531,8 +1533,8 @@ async fn a_job_runs_once_per_window_and_a_lost_run_leaves_it_open(case: &Case<'_
 
 /// A force release evicts the holder, records who and why, and fences the holder out.
 /// The evicted guard's writes through a fence moved past its token are refused at once;
-/// the guard learns of the eviction (at its next renewal, or its deadline) before anyone
-/// else holds the lock, and the next grant's token is greater.
+/// the guard learns of the eviction (at its next renewal, or pushed where grants live by a
+/// session) before anyone else holds the lock, and the next grant's token is greater.
 async fn a_force_release_evicts_the_holder_and_fences_it_out(case: &Case<'_>) {
     let a = case.client().await;
     let operator = case.client().await;
@@ -1581,8 +1583,9 @@ async fn a_force_release_evicts_the_holder_and_fences_it_out(case: &Case<'_>) {
     // Closed while the evicted holder may still think it holds.
     assert!(try_lock(&operator, case.name).await.is_none() || !guard.is_held());
 
+    // Told at its next renewal, or pushed where grants live by a session.
     let reason = guard.lost().await;
-    if caps.expiring_leases && !caps.has_sessions() {
+    if caps.expiring_leases {
         assert_eq!(reason, LossReason::Evicted);
     }
     let next = operator.mutex(case.name).unwrap().lock().await.unwrap();
@@ -1603,6 +1606,62 @@ async fn a_force_release_evicts_the_holder_and_fences_it_out(case: &Case<'_>) {
             .unwrap()
             .is_empty()
     );
+}
+
+/// An eviction names one grant by owner, token and set: an older token spares a newer grant.
+/// The grant itself is evicted once, and its holder told.
+async fn an_eviction_with_an_old_token_spares_the_newer_grant(case: &Case<'_>) {
+    let holder = case.client().await;
+    let operator = case.client().await;
+    let caps = holder.capabilities().clone();
+    let name = LockName::new(case.name).unwrap();
+    let first = holder.mutex(case.name).unwrap().lock().await.unwrap();
+    let (old_owner, old_token) = (first.owner().clone(), first.token());
+    first.release().await.unwrap();
+    let newer = holder.mutex(case.name).unwrap().lock().await.unwrap();
+    assert!(newer.token() > old_token);
+    let evict = |owner: &OwnerId, token: FencingToken, mode: Mode| {
+        let eviction = Eviction::new(owner.clone(), token, "ops@host".into(), "stale".into());
+        let (operator, name) = (operator.backend().clone(), name.clone());
+        async move { operator.evict(&name, mode, &eviction).await }
+    };
+    // The released grant's owner and token.
+    match evict(&old_owner, old_token, Mode::Exclusive).await {
+        Err(Error::Unsupported { .. }) => {
+            case.skip(&caps, Skip::NotClaimed("force-release"));
+            newer.release().await.unwrap();
+            return;
+        }
+        evicted => assert!(!evicted.unwrap(), "a released grant was evicted"),
+    }
+    // The newer owner with the old token; the newer owner and token in the other set.
+    let permit = Mode::Permit {
+        limit: NonZeroU32::MIN,
+    };
+    for (token, mode) in [(old_token, Mode::Exclusive), (newer.token(), permit)] {
+        let evicted = evict(newer.owner(), token, mode).await.unwrap();
+        assert!(!evicted, "evicted the newer grant as {token} in {mode}");
+    }
+    assert!(newer.is_held());
+    let state = operator.inspect(case.name).await.unwrap();
+    assert_eq!(state.holders.len(), 1, "{:?}", state.holders);
+    assert!(state.evictions.is_empty(), "{:?}", state.evictions);
+    // The newer grant itself is evicted, once.
+    assert!(
+        evict(newer.owner(), newer.token(), Mode::Exclusive)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !evict(newer.owner(), newer.token(), Mode::Exclusive)
+            .await
+            .unwrap()
+    );
+    let reason = newer.lost().await;
+    if caps.expiring_leases {
+        assert_eq!(reason, LossReason::Evicted);
+    }
+    let _ = newer.release().await;
 }
 
 /// After a holder's lease expires without a release, the lock stays closed for the lock-delay.

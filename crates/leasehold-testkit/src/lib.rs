@@ -8,6 +8,7 @@
 //! [`servers`] in temporary directories and stopped (by pid) when their handle drops.
 
 pub mod conformance;
+pub mod eviction;
 pub mod faulty;
 pub mod probe;
 mod process;

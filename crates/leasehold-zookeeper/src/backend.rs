@@ -10,9 +10,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures_util::future::{join_all, select_all};
 use leasehold_core::backend::{
-    Acquire, Backend, Capabilities, Changes, Expiry, Grant, Holder, ListCursor, Listing, LockState,
-    Mode, Release, Renewal, Request, SessionLiveness, TokenDurability, WaitHint, Waiter,
+    Acquire, Backend, Capabilities, Changes, Eviction, Expiry, Grant, Holder, ListCursor, Listing,
+    LockState, Mode, Release, Renewal, Request, SessionLiveness, TokenDurability, WaitHint, Waiter,
 };
+use leasehold_core::support::evictions;
 use leasehold_core::{Error, LockName, LossReason, NamePrefix, OwnerId, RecordKey, Result};
 use zookeeper_client as zk;
 
@@ -88,9 +89,18 @@ impl ZooKeeperBackend {
         let token = reply::token(node.czxid)?;
         self.registry()
             .update(&req.owner, |n| n.stage = Stage::Granted);
+        // Its deletion by anyone but its release is pushed to the grant (see `grants`).
+        let liveness = self.watch_grant(
+            &req.owner,
+            &req.name,
+            &session.client,
+            path,
+            node.czxid,
+            session.liveness(),
+        );
         Ok(Acquire::Granted(Grant::new(
             token,
-            Expiry::Session(session.liveness()),
+            Expiry::Session(liveness),
         )))
     }
 
@@ -160,7 +170,29 @@ impl ZooKeeperBackend {
                 );
             }
         }
+        state.evictions = self.read_evictions(client, name).await?;
         Ok((state, watched))
+    }
+
+    /// The latest evictions of `name`, newest (highest token) first.
+    async fn read_evictions(&self, client: &zk::Client, name: &LockName) -> Result<Vec<Eviction>> {
+        let dir = self.inner.layout.evictions(name);
+        let mut records = or_empty(client.list_children(&dir).await, &dir)?;
+        records.sort_unstable_by(|a, b| b.cmp(a));
+        records.truncate(evictions::KEPT);
+        let reads = records
+            .iter()
+            .map(|r| client.get_data(&format!("{dir}/{r}")));
+        let mut read = Vec::with_capacity(records.len());
+        for answer in join_all(reads).await {
+            match answer {
+                Ok((data, _)) => read.push(data),
+                // Deleted by a later eviction since the listing.
+                Err(zk::Error::NoNode) => {}
+                Err(e) => return Err(map(e, "reading eviction records")),
+            }
+        }
+        Ok(evictions::decode_all(read.iter().map(Vec::as_slice)))
     }
 
     /// The one node in the way of `hint`'s sole waiter is gone: it holds.
@@ -331,6 +363,8 @@ impl Backend for ZooKeeperBackend {
     }
 
     async fn release(&self, req: &Request) -> Result<Release> {
+        // Its own deletion is no news to the grant.
+        self.inner.grants.unwatch(&req.owner);
         let Some(placed) = self.registry().get(&req.owner) else {
             return Ok(Release::NotHeld);
         };
@@ -545,11 +579,33 @@ impl Backend for ZooKeeperBackend {
         })
     }
 
+    /// Force-releases the grant `eviction` names, in one `multi` (see the `evict` module).
+    ///
+    /// The node is deleted at the version read; the evicted owner's lock-delay marker,
+    /// put on a session that the server expires after the holder's session timeout, keeps
+    /// the set closed until the holder's session deadline has passed; the record goes
+    /// under `#evictions/<name>/<token>`. The holder's client hears of it by its watch of
+    /// its node. `Ok(false)` if that grant is not held.
+    ///
+    /// # Cancel safety
+    ///
+    /// The `multi` is applied whole or not at all: dropped before its answer, the grant
+    /// may be evicted or not, and evicting again answers `false` if it was. A marker
+    /// session opened for a `multi` that never ran expires with nothing on it.
+    ///
+    /// # Errors
+    ///
+    /// Backend errors, after which the grant may be evicted or not.
+    async fn evict(&self, name: &LockName, mode: Mode, eviction: &Eviction) -> Result<bool> {
+        self.evict_node(name, mode, eviction).await
+    }
+
     async fn session_liveness(&self) -> Option<SessionLiveness> {
         self.current().map(|session| session.liveness())
     }
 
     async fn abandon(&self, req: &Request) -> Result<()> {
+        self.inner.grants.unwatch(&req.owner);
         let Some(placed) = self.registry().forget(&req.owner) else {
             return Ok(());
         };

@@ -10,6 +10,7 @@ use std::time::Duration;
 use leasehold_core::{ConnectOptions, Error, Result};
 use tokio::sync::Mutex as AsyncMutex;
 
+use crate::grants::GrantWatch;
 use crate::layout::Layout;
 use crate::markers::{self, Marker};
 use crate::options::{Target, ZooKeeperOptions, parse_url};
@@ -44,6 +45,8 @@ pub(crate) struct Inner {
     pub(crate) watch_events: AtomicU64,
     /// The last name whose records a write swept besides its own (see `records`).
     pub(crate) swept: Mutex<Option<String>>,
+    /// The watches of this client's grants (see `grants`).
+    pub(crate) grants: GrantWatch,
 }
 
 impl std::fmt::Debug for Inner {
@@ -127,6 +130,7 @@ impl ZooKeeperBackend {
                 timeout_ms: AtomicU64::new(0),
                 watch_events: AtomicU64::new(0),
                 swept: Mutex::new(None),
+                grants: GrantWatch::default(),
             }),
         };
         backend.session().await?;

@@ -14,6 +14,11 @@
 //! /leasehold/#records               records beside locks (a container node)
 //!     <name>                        a name's records (a container node)
 //!         <key>                     one record (persistent; see `records`)
+//! /leasehold/#sessions               the sessions' timeouts (persistent)
+//!     <session id>                  its negotiated timeout in ms (ephemeral; see `evict`)
+//! /leasehold/#evictions             eviction records (a container node)
+//!     <name>                        a name's (a container node)
+//!         <token>                   one eviction, in 20 digits (persistent; see `evict`)
 //! ```
 //!
 //! Contenders are EPHEMERAL_SEQUENTIAL children, ordered by the sequence number ZooKeeper
@@ -41,6 +46,18 @@ const PERMITS: &str = "#permits";
 
 /// The child of the root that holds the records, by name: no lock's directory.
 const RECORDS: &str = "#records";
+
+/// The child of the root that holds the eviction records, by name: no lock's directory.
+const EVICTIONS: &str = "#evictions";
+
+/// The child of the root where each session says its timeout, by name: no lock's directory.
+const SESSIONS: &str = "#sessions";
+
+/// The node under `root` where the session `id` says its negotiated timeout.
+/// An eviction of one of its grants reads it (see `evict`).
+pub(crate) fn session_node(root: &str, id: i64) -> String {
+    format!("{root}/{SESSIONS}/{id:x}")
+}
 
 /// The paths of the nodes of this client's locks.
 #[derive(Debug, Clone)]
@@ -77,6 +94,17 @@ impl Layout {
     /// The directory of `name`'s records.
     pub(crate) fn records_dir(&self, name: &str) -> String {
         format!("{}/{RECORDS}/{name}", self.root)
+    }
+
+    /// The directory of `name`'s eviction records (a container node).
+    pub(crate) fn evictions(&self, name: &LockName) -> String {
+        format!("{}/{EVICTIONS}/{name}", self.root)
+    }
+
+    /// The node of the record of the eviction of `name`'s grant with token `czxid`.
+    /// Twenty digits: a name's records sort by token.
+    pub(crate) fn eviction(&self, name: &LockName, czxid: i64) -> String {
+        format!("{}/{czxid:020}", self.evictions(name))
     }
 
     /// The node of `name`'s record under `key`.

@@ -12,6 +12,8 @@
 //! - `markers.rs`: lock-delay markers;
 //! - `records.rs`: records beside a lock: the write fenced by the grant's node, the sweep;
 //! - `changes.rs`: the change feed: a persistent recursive watch on the root;
+//! - `grants.rs`: the watch of this client's grants, which hears of their eviction;
+//! - `evict.rs`: force release: the `multi` that evicts a grant, its marker and record;
 //! - `error.rs`: ZooKeeper errors as leasehold errors;
 //! - `backend.rs`: the [`Backend`](leasehold_core::Backend) implementation.
 //!
@@ -44,6 +46,12 @@
 //!   written in one `multi` with a check that the writer's node exists, kept at least
 //!   their keep by the leader's clock and swept by later writes (no TTL nodes).
 //!   Grants cannot be kept past their holder: they are ephemeral nodes of its session.
+//! - **Force release** (`evict`): one `multi` deletes the holder's node at the version read
+//!   (its czxid the token), creates the evicted owner's lock-delay marker on a session the
+//!   server expires after the holder's session timeout (each session says its timeout in
+//!   `#sessions/<id>`), and the eviction record. The holder's
+//!   client watches each granted node (`grants`: one-shot `exists` watches, one task) and
+//!   revokes the grant whose node another client deleted: `Evicted` when the record names it.
 //! - **Watching**: a change feed is one persistent recursive watch (`addWatch`) on the
 //!   root, on the backend's session; each node event names its lock. A reconnection or a
 //!   new session (the watch set again) is followed by a resync.
@@ -58,6 +66,8 @@ mod backend;
 mod changes;
 mod connection;
 mod error;
+mod evict;
+mod grants;
 mod layout;
 mod markers;
 mod options;

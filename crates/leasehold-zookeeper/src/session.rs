@@ -36,6 +36,7 @@ use tokio::task::JoinHandle;
 use zookeeper_client as zk;
 
 use crate::error::{ends_session, map};
+use crate::layout;
 use crate::options::{Target, ZooKeeperOptions};
 
 /// The drift allowance subtracted from the session timeout: 1 % + 2 ms, as for the engine.
@@ -198,7 +199,23 @@ async fn connect(
     })
 }
 
+/// The session timeout asked for a session that must last the server's longest: a day.
+/// The server grants its `maxSessionTimeout` instead.
+const LONGEST_ASKED: Duration = Duration::from_secs(24 * 3600);
+
 impl Session {
+    /// A client of a new session that is never closed, of at least `outlast`'s timeout.
+    /// It asks for `outlast`'s timeout and a twentieth more (as a lock-delay session
+    /// does), or, without one, for the server's longest. Dropped, the client leaves its
+    /// session to the server, which expires it a whole timeout later, with its ephemeral
+    /// nodes.
+    pub(crate) async fn open_unclosed(&self, outlast: Option<Duration>) -> Result<zk::Client> {
+        let timeout = outlast.map_or(LONGEST_ASKED, |t| {
+            Duration::from_millis(u64::try_from(t.as_millis() * 20 / 19 + 1).unwrap_or(u64::MAX))
+        });
+        connect(&self.target, &self.options, timeout, true).await
+    }
+
     /// Opens a session and makes sure `root` (the epoch node) exists.
     ///
     /// `on_end` is called with the session's id when it ends by itself (deadline, expiry):
@@ -219,6 +236,9 @@ impl Session {
             ensure_epoch(&client, root, options.digest.is_some())
         );
         let epoch = epoch?;
+        let id = client.session_id().0;
+        let private = options.digest.is_some();
+        publish_timeout(&client, &layout::session_node(root, id), timeout, private).await;
         // Members are listed in an ensemble's configuration, not in a standalone server's;
         // anything else counts as an ensemble (the safe side).
         let ensemble = !config.is_ok_and(|(data, _)| data.is_empty());
@@ -233,7 +253,6 @@ impl Session {
             heard,
             on_end,
         ));
-        let id = client.session_id().0;
         tracing::debug!(session = %format_args!("{id:x}"), ?timeout, ensemble, "zookeeper session opened");
         Ok(Session {
             client,
@@ -491,6 +510,30 @@ impl Drop for DelaySession {
 }
 
 /// Makes sure the epoch node exists and carries an epoch; returns it.
+/// Says the session's negotiated `timeout` (in ms) in the ephemeral node at `path`.
+/// An eviction of one of its grants keeps the lock closed that long (see `evict`); where
+/// the node is missing it takes the server's longest. Best effort: a failure is logged.
+async fn publish_timeout(client: &zk::Client, path: &str, timeout: Duration, private: bool) {
+    let data = timeout.as_millis().to_string();
+    let node = zk::CreateMode::Ephemeral.with_acls(acls(private));
+    for _ in 0..2 {
+        match client.create(path, data.as_bytes(), &node).await {
+            Ok(_) | Err(zk::Error::NodeExists) => return,
+            Err(zk::Error::NoNode) => {
+                let parent = path.rsplit_once('/').map_or(path, |(parent, _)| parent);
+                let dir = zk::CreateMode::Persistent.with_acls(acls(private));
+                if let Err(e) = client.mkdir(parent, &dir).await {
+                    tracing::debug!("zookeeper: creating {parent}: {e}");
+                }
+            }
+            Err(e) => {
+                tracing::debug!("zookeeper: saying the session's timeout at {path}: {e}");
+                return;
+            }
+        }
+    }
+}
+
 async fn ensure_epoch(client: &zk::Client, root: &str, private: bool) -> Result<String> {
     let fresh = format!("{EPOCH}{}", OwnerId::generate());
     let options = zk::CreateMode::Persistent.with_acls(acls(private));

@@ -1328,7 +1328,13 @@ async fn a_dropped_feed_takes_its_watch_off_the_server() {
         )
         .await;
     }
-    assert_eq!(watch_count(&zookeeper).await, with);
+    // Each grant's own watch of its node went with its release.
+    until(
+        "the grants' watches gone",
+        Duration::from_secs(10),
+        async || watch_count(&zookeeper).await == with,
+    )
+    .await;
 
     drop(second);
     until(
@@ -1337,9 +1343,14 @@ async fn a_dropped_feed_takes_its_watch_off_the_server() {
         async || watch_count(&zookeeper).await == before,
     )
     .await;
-    // The session lives on, without the watch.
+    // The session lives on, without the feed's watch: only the grant's own watch of its node.
     let guard = a.mutex(name.as_str()).unwrap().lock().await.unwrap();
-    assert_eq!(watch_count(&zookeeper).await, before);
+    until(
+        "the grant's own watch",
+        Duration::from_secs(10),
+        async || watch_count(&zookeeper).await == before + 1,
+    )
+    .await;
     guard.release().await.unwrap();
     assert!(watching.session_id().is_some());
 }
@@ -1449,4 +1460,87 @@ async fn a_feed_resyncs_after_a_reconnection_and_watches_on() {
     )
     .await;
     proxy.heal();
+}
+
+/// An evicted holder hears of it by push, and every write of it after the eviction is refused.
+/// Its session lives on (its other lock stays held): only the push can tell it. The lock
+/// stays closed meanwhile (for the holder's session timeout), and the next grant, after
+/// it, fences the holder out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_evicted_holder_is_told_by_push_and_fenced_out() {
+    let zookeeper = ZooKeeper::start().await.unwrap();
+    let url = format!("zk://{}?session_timeout=2s", zookeeper.connect_string());
+    let holder = client_on(backend(&url).await);
+    let operator = client_on(backend(&zookeeper.url()).await);
+    leasehold_testkit::eviction::an_evicted_holder_is_told_and_fenced_out(&holder, &operator).await;
+}
+
+/// A grant's watch of its node lives only while the grant does.
+/// Released, dropped or evicted, it leaves no watch on the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_leaves_no_watch_behind() {
+    let zookeeper = ZooKeeper::start().await.unwrap();
+    let holder = client_on(backend(&zookeeper.url()).await);
+    let operator = client_on(backend(&zookeeper.url()).await);
+    let before = watch_count(&zookeeper).await;
+    let count_is = |want: usize| {
+        let zookeeper = &zookeeper;
+        async move {
+            until("the watch count", Duration::from_secs(10), async || {
+                watch_count(zookeeper).await == want
+            })
+            .await;
+        }
+    };
+    let a = holder.mutex("a").unwrap().lock().await.unwrap();
+    let b = holder.mutex("b").unwrap().lock().await.unwrap();
+    count_is(before + 2).await;
+    a.release().await.unwrap();
+    count_is(before + 1).await;
+    drop(b);
+    count_is(before).await;
+    // An evicted grant's watch fires with the eviction, and is gone.
+    let c = holder.mutex("c").unwrap().lock().await.unwrap();
+    count_is(before + 1).await;
+    operator
+        .evict("c", None, "ops@host", "leak check")
+        .await
+        .unwrap();
+    assert_eq!(c.lost().await, LossReason::Evicted);
+    count_is(before).await;
+    let _ = c.release().await;
+}
+
+/// A grant whose link broke hears of its eviction once its session reconnects.
+/// The client sets its one-shot watch again on the new connection, and the server reports
+/// the deletion it missed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_whose_link_broke_hears_of_its_eviction_on_reconnecting() {
+    let zookeeper = ZooKeeper::start().await.unwrap();
+    // A session that outlasts the break by far: only the eviction can end the guard.
+    let (holder, proxy) = through_proxy(&zookeeper, "session_timeout=30s").await;
+    let holder = client_on(holder);
+    let operator = client_on(backend(&zookeeper.url()).await);
+    let before = watch_count(&zookeeper).await;
+    let guard = holder.mutex("job").unwrap().lock().await.unwrap();
+    until("the grant's watch", Duration::from_secs(10), async || {
+        watch_count(&zookeeper).await == before + 1
+    })
+    .await;
+
+    // The holder's connection is reset and none may open while it is evicted.
+    proxy.refuse_new(true);
+    proxy.reset();
+    let evicted = operator
+        .evict("job", None, "ops@host", "while cut off")
+        .await
+        .unwrap();
+    assert_eq!(evicted.len(), 1, "{evicted:?}");
+    proxy.refuse_new(false);
+    assert_eq!(guard.lost().await, LossReason::Evicted);
+    until("the watch gone", Duration::from_secs(10), async || {
+        watch_count(&zookeeper).await == before
+    })
+    .await;
+    let _ = guard.release().await;
 }

@@ -2,10 +2,11 @@
 //!
 //! The concerns: who holds in a queue, who waits for a wake-up, connections that stopped
 //! answering, URLs, TLS files (and, with the `tls` feature, their rustls configuration),
-//! key prefixes, credentials kept out of messages.
+//! key prefixes, credentials kept out of messages, eviction records.
 
 #[cfg(feature = "tls")]
 mod client_tls;
+pub mod evictions;
 pub mod health;
 mod prefix;
 pub mod queue;

@@ -407,7 +407,7 @@ pub struct TxnResponse {
 }
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct WatchRequest {
-    #[prost(oneof = "watch_request::RequestUnion", tags = "1")]
+    #[prost(oneof = "watch_request::RequestUnion", tags = "1, 2")]
     pub request_union: ::core::option::Option<watch_request::RequestUnion>,
 }
 /// Nested message and enum types in `WatchRequest`.
@@ -416,6 +416,8 @@ pub mod watch_request {
     pub enum RequestUnion {
         #[prost(message, tag = "1")]
         CreateRequest(super::WatchCreateRequest),
+        #[prost(message, tag = "2")]
+        CancelRequest(super::WatchCancelRequest),
     }
 }
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -432,6 +434,9 @@ pub struct WatchCreateRequest {
     pub filters: ::prost::alloc::vec::Vec<i32>,
     #[prost(bool, tag = "6")]
     pub prev_kv: bool,
+    /// Chosen by the client (etcd 3.4 and later), so that one stream can carry many watches.
+    #[prost(int64, tag = "7")]
+    pub watch_id: i64,
 }
 /// Nested message and enum types in `WatchCreateRequest`.
 pub mod watch_create_request {
@@ -471,6 +476,11 @@ pub mod watch_create_request {
             }
         }
     }
+}
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct WatchCancelRequest {
+    #[prost(int64, tag = "1")]
+    pub watch_id: i64,
 }
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct WatchResponse {

@@ -32,9 +32,9 @@ pub(crate) use etcdserverpb::response_op::Response as OpAnswer;
 pub(crate) use etcdserverpb::watch_create_request::FilterType;
 use etcdserverpb::{
     AuthenticateRequest, LeaseGrantRequest, LeaseGrantResponse, LeaseRevokeRequest,
-    LeaseTimeToLiveRequest, StatusRequest, WatchRequest, auth_client::AuthClient,
-    kv_client::KvClient, lease_client::LeaseClient, maintenance_client::MaintenanceClient,
-    watch_client::WatchClient,
+    LeaseTimeToLiveRequest, StatusRequest, WatchCancelRequest, WatchRequest,
+    auth_client::AuthClient, kv_client::KvClient, lease_client::LeaseClient,
+    maintenance_client::MaintenanceClient, watch_client::WatchClient,
 };
 pub(crate) use etcdserverpb::{
     Compare, DeleteRangeRequest, KeyValue, LeaseKeepAliveRequest, LeaseKeepAliveResponse,
@@ -173,15 +173,10 @@ impl Rpc {
     /// The stream lives as long as the returned value: dropping it resets the stream, and
     /// etcd then cancels its watches.
     pub(crate) async fn watch(&self, watches: Vec<WatchCreateRequest>) -> Result<Watching, Status> {
-        let (sender, requests) = mpsc::channel(watches.len().max(1));
+        let (sender, requests) = mpsc::channel(watches.len().max(WATCH_REQUESTS_QUEUED));
         for watch in watches {
-            let request = WatchRequest {
-                request_union: Some(etcdserverpb::watch_request::RequestUnion::CreateRequest(
-                    watch,
-                )),
-            };
             // The receiver is still here: a send into a channel with room cannot fail.
-            let _ = sender.try_send(request);
+            let _ = sender.try_send(create_request(watch));
         }
         // Replies up to 64 MiB, as for reads: a change feed's watch can be sent the events of
         // many revisions at once.
@@ -191,9 +186,21 @@ impl Rpc {
             .await?
             .into_inner();
         Ok(Watching {
-            _requests: sender,
+            requests: sender,
             answers,
         })
+    }
+}
+
+/// How many watch requests a stream queues before a sender waits.
+const WATCH_REQUESTS_QUEUED: usize = 16;
+
+/// The request that creates `watch`.
+fn create_request(watch: WatchCreateRequest) -> WatchRequest {
+    WatchRequest {
+        request_union: Some(etcdserverpb::watch_request::RequestUnion::CreateRequest(
+            watch,
+        )),
     }
 }
 
@@ -221,8 +228,27 @@ impl KeepAlive {
 /// An open watch stream: its answers, and the request side that keeps it open.
 #[derive(Debug)]
 pub(crate) struct Watching {
-    _requests: mpsc::Sender<WatchRequest>,
+    requests: mpsc::Sender<WatchRequest>,
     pub(crate) answers: Streaming<WatchResponse>,
+}
+
+impl Watching {
+    /// Adds `watch` to the stream; etcd answers it as created (or canceled).
+    /// Returns `false` if the stream is gone.
+    pub(crate) async fn create(&self, watch: WatchCreateRequest) -> bool {
+        self.requests.send(create_request(watch)).await.is_ok()
+    }
+
+    /// Cancels the stream's watch `watch_id`.
+    /// Returns `false` if the stream is gone.
+    pub(crate) async fn cancel(&self, watch_id: i64) -> bool {
+        let request = WatchRequest {
+            request_union: Some(etcdserverpb::watch_request::RequestUnion::CancelRequest(
+                WatchCancelRequest { watch_id },
+            )),
+        };
+        self.requests.send(request).await.is_ok()
+    }
 }
 
 /// A comparison of `key`'s `target` that passes on `result`.

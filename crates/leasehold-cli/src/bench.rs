@@ -391,41 +391,37 @@ pub async fn hold(spec: &HoldSpec, client: &Client) -> leasehold::Result<HoldRep
         let options = options.clone();
         let locks = spec.locks;
         takers.spawn(async move {
+            // The guards taken so far come back with the error, to be released too.
             let mut held = Vec::with_capacity(locks / in_flight + 1);
             for i in (first..locks).step_by(in_flight) {
-                let mutex = client
-                    .mutex(&format!("bench-hold-{i}"))?
-                    .with_options(options.clone());
-                match mutex.try_lock().await? {
-                    Some(guard) => held.push(guard),
-                    None => {
-                        return Err(leasehold::Error::unavailable(format!(
-                            "bench-hold-{i} is held by another owner"
-                        )));
+                let taken = match client.mutex(&format!("bench-hold-{i}")) {
+                    Ok(mutex) => mutex.with_options(options.clone()).try_lock().await,
+                    Err(error) => Err(error),
+                };
+                match taken {
+                    Ok(Some(guard)) => held.push(guard),
+                    Ok(None) => {
+                        let busy = format!("bench-hold-{i} is held by another owner");
+                        return (held, Some(leasehold::Error::unavailable(busy)));
                     }
+                    Err(error) => return (held, Some(error)),
                 }
             }
-            Ok(held)
+            (held, None)
         });
     }
     let mut guards = Vec::with_capacity(spec.locks);
     let mut failed = None;
     while let Some(taken) = takers.join_next().await {
-        match taken.expect("a taker does not panic") {
-            Ok(held) => guards.extend(held),
-            Err(error) => failed = Some(error),
-        }
+        let (held, error) = taken.expect("a taker does not panic");
+        guards.extend(held);
+        failed = failed.or(error);
     }
     let acquired_in = started.elapsed();
     let outcome = match failed {
         Some(error) => Err(error),
         None => {
-            let servers_cpu = || {
-                spec.servers
-                    .iter()
-                    .filter_map(|pid| cpu_time_of(*pid))
-                    .sum()
-            };
+            let servers_cpu = || spec.servers.iter().map(|pid| tree_cpu_time(*pid)).sum();
             let (cpu_before, server_before) = (process_cpu(), servers_cpu());
             let window_start = Instant::now();
             tokio::time::sleep(spec.window).await;

@@ -138,6 +138,10 @@ struct RunArgs {
     /// Wait at most this long for the lock (default: as long as it takes).
     #[arg(long, value_parser = duration, conflicts_with = "no_wait")]
     wait: Option<Duration>,
+    /// Append a record of every grant, renewal, loss and release to this file.
+    /// One JSON object per line (lock events; see docs/cli.md).
+    #[arg(long, value_name = "FILE")]
+    events: Option<std::path::PathBuf>,
     /// Do not wait: exit 75 at once if the lock is held.
     #[arg(long)]
     no_wait: bool,
@@ -206,6 +210,10 @@ struct ElectArgs {
     /// Wait at most this long to be elected (default: as long as it takes).
     #[arg(long, value_parser = duration, conflicts_with = "no_wait")]
     wait: Option<Duration>,
+    /// Append a record of every grant, renewal, loss and release (each term) to this file.
+    /// One JSON object per line, as `run --events` does.
+    #[arg(long, value_name = "FILE", conflicts_with = "observe")]
+    events: Option<std::path::PathBuf>,
     /// Do not wait: exit 75 at once if someone else leads.
     #[arg(long)]
     no_wait: bool,
@@ -331,6 +339,7 @@ fn main() -> ExitCode {
                     connection: args.connection,
                     ttl: args.ttl,
                     wait: args.wait,
+                    events: args.events,
                     no_wait: args.no_wait,
                     shared: false,
                     permits: None,
@@ -453,9 +462,27 @@ async fn run(args: RunArgs, campaign: Option<Vec<u8>>) -> u8 {
         }
     };
     let mut interrupted = std::pin::pin!(interrupted);
+    let events = match args
+        .events
+        .as_ref()
+        .map(leasehold::events::JsonLines::create)
+    {
+        Some(Err(error)) => {
+            eprintln!("leasehold: {error}");
+            return exit::USAGE;
+        }
+        Some(Ok(events)) => Some(events),
+        None => None,
+    };
     let client = tokio::select! {
-        client = leasehold::connect_with(&url, connect_options) => match client {
-            Ok(client) => client,
+        backend = leasehold::connect_backend_with(&url, connect_options) => match backend {
+            Ok(backend) => {
+                let client = leasehold::Client::builder_from_arc(backend);
+                match events {
+                    Some(events) => client.events(events).build(),
+                    None => client.build(),
+                }
+            }
             Err(error) => {
                 eprintln!("leasehold: {error}");
                 return exit::for_error(&error);

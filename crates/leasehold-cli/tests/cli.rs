@@ -83,6 +83,67 @@ async fn runs_a_command_under_the_lock() {
     assert_eq!(text(&out.stdout), "hello\n");
 }
 
+/// `run --events FILE` appends one JSON line per grant and release.
+/// Each names the holder and its token; a second run appends to the same file.
+#[tokio::test]
+async fn run_records_its_grant_and_release_as_json_lines() {
+    let d = Dir::new();
+    let events = d.path("events.jsonl");
+    let events_arg = events.to_str().unwrap();
+    for _ in 0..2 {
+        let out = d
+            .output(&[
+                "run",
+                "--events",
+                events_arg,
+                "audited",
+                "--",
+                "sh",
+                "-c",
+                "echo $LEASEHOLD_TOKEN",
+            ])
+            .await;
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    }
+    let written = std::fs::read_to_string(&events).unwrap();
+    let lines: Vec<serde_json::Value> = written
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    let kinds: Vec<&str> = lines.iter().map(|l| l["kind"].as_str().unwrap()).collect();
+    assert_eq!(
+        kinds,
+        ["granted", "released", "granted", "released"],
+        "{written}"
+    );
+    for line in &lines {
+        assert_eq!(line["name"], "audited");
+        assert_eq!(line["backend"], "file");
+        assert!(line["at_ms"].as_u64().unwrap() > 0);
+    }
+    assert_eq!(lines[0]["owner"], lines[1]["owner"]);
+    assert_eq!(lines[0]["token"], lines[1]["token"]);
+    assert!(lines[0]["sent_ms"].as_u64().unwrap() <= lines[0]["at_ms"].as_u64().unwrap());
+    assert_ne!(lines[0]["owner"], lines[2]["owner"]);
+
+    let unwritable = d
+        .output(&[
+            "run",
+            "--events",
+            "/nonexistent/dir/e.jsonl",
+            "x",
+            "--",
+            "true",
+        ])
+        .await;
+    assert_eq!(
+        unwritable.status.code(),
+        Some(64),
+        "{}",
+        text(&unwritable.stderr)
+    );
+}
+
 #[tokio::test]
 async fn twenty_processes_count_exactly_and_see_increasing_tokens() {
     let d = Dir::new();

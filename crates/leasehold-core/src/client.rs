@@ -8,6 +8,7 @@ use crate::backend::{Backend, Capabilities, Eviction, LockState};
 use crate::clock::{Clock, SystemClock};
 use crate::context::Context;
 use crate::error::Result;
+use crate::events::EventSink;
 use crate::name::{LockName, NamePrefix};
 use crate::options::LockOptions;
 use crate::sync::{Election, Job, MultiLock, Mutex, Part, RwLock, Semaphore, kept_record};
@@ -59,6 +60,7 @@ impl Client {
             backend,
             clock: Arc::new(SystemClock),
             options: LockOptions::default(),
+            events: None,
         }
     }
 
@@ -336,6 +338,7 @@ pub struct ClientBuilder {
     backend: Arc<dyn Backend>,
     clock: Arc<dyn Clock>,
     options: LockOptions,
+    events: Option<Arc<dyn EventSink>>,
 }
 
 impl ClientBuilder {
@@ -351,10 +354,17 @@ impl ClientBuilder {
         self
     }
 
+    /// Sends every lock event of the client to `sink`.
+    /// Those are grants, renewals, losses, releases and unknown outcomes (see [`events`](crate::events)). Without it none is made.
+    pub fn events(mut self, sink: impl EventSink) -> Self {
+        self.events = Some(Arc::new(sink));
+        self
+    }
+
     /// The client.
     pub fn build(self) -> Client {
         Client {
-            ctx: Context::new(self.backend, self.clock, self.options),
+            ctx: Context::new(self.backend, self.clock, self.options, self.events),
         }
     }
 }

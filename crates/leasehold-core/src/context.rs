@@ -15,6 +15,7 @@ use tokio::sync::watch;
 use crate::backend::{Backend, Capabilities};
 use crate::clock::{Clock, Instant};
 use crate::error::{Error, Result};
+use crate::events::EventSink;
 use crate::lease::Lease;
 use crate::options::LockOptions;
 use crate::watchdog::Watchdog;
@@ -29,6 +30,8 @@ pub(crate) struct Context {
     pub(crate) watchdog: Arc<Watchdog<Lease>>,
     /// The lanes of this client's current acquisitions.
     pub(crate) lanes: Arc<Lanes>,
+    /// Where lock events go, if anywhere ([`crate::events`]).
+    pub(crate) events: Option<Arc<dyn EventSink>>,
     /// How many background tasks run.
     background: watch::Sender<usize>,
 }
@@ -48,6 +51,7 @@ impl Context {
         backend: Arc<dyn Backend>,
         clock: Arc<dyn Clock>,
         options: LockOptions,
+        events: Option<Arc<dyn EventSink>>,
     ) -> Arc<Self> {
         Arc::new(Self {
             capabilities: backend.capabilities(),
@@ -56,6 +60,7 @@ impl Context {
             lanes: Arc::new(Lanes::from(rand::random::<u32>())),
             clock,
             options: Arc::new(options),
+            events,
             background: watch::Sender::new(0),
         })
     }

@@ -17,6 +17,7 @@ use tracing::Instrument;
 use crate::backend::{Acquire, Capabilities, Mode, Request, WaitHint};
 use crate::context::Context;
 use crate::error::{Error, Result};
+use crate::events::{self, EventKind};
 use crate::lease::Lease;
 use crate::name::{LockName, OwnerId};
 use crate::options::{LockOptions, MAX_DURATION};
@@ -99,7 +100,10 @@ async fn take(ctx: &Arc<Context>, spec: &Spec, wait: Wait) -> Result<Option<Arc<
     let mut unknown = false;
     // When the last wait for a change ended (a wake-up, or its slice running out).
     let mut woken_at = None;
-    let resolved = |how| telemetry::unknown_resolved(ctx, &spec.name, options, how);
+    let resolved = |how, token| {
+        telemetry::unknown_resolved(ctx, &spec.name, options, how);
+        events::record(ctx, EventKind::Unknown(how), &request, token, None, None);
+    };
     loop {
         let sent = ctx.now();
         // From here on the request may have created something on the server.
@@ -109,6 +113,7 @@ async fn take(ctx: &Arc<Context>, spec: &Spec, wait: Wait) -> Result<Option<Arc<
             Ok(Acquire::Granted(grant)) => {
                 failures = Failures::default();
                 let was_unknown = std::mem::take(&mut unknown);
+                let promise = ctx.events.is_some().then(|| grant.expiry.clone());
                 let lease = Lease::new(
                     ctx.clone(),
                     request.clone(),
@@ -120,8 +125,18 @@ async fn take(ctx: &Arc<Context>, spec: &Spec, wait: Wait) -> Result<Option<Arc<
                 );
                 if let Some(lease) = lease {
                     if was_unknown {
-                        resolved("adopted");
+                        resolved("adopted", Some(grant.token));
                     }
+                    let token = Some(grant.token);
+                    let promise = promise.as_ref();
+                    events::record(
+                        ctx,
+                        EventKind::Granted,
+                        &request,
+                        token,
+                        Some(sent),
+                        promise,
+                    );
                     if let Some(woken) = woken_at {
                         let took = ctx.now().saturating_duration_since(woken);
                         telemetry::handed_off(ctx, &request.name, options, took);
@@ -132,7 +147,7 @@ async fn take(ctx: &Arc<Context>, spec: &Spec, wait: Wait) -> Result<Option<Arc<
                     return Ok(Some(lease));
                 }
                 if was_unknown {
-                    resolved("released");
+                    resolved("released", None);
                 }
                 tracing::debug!(lock = %request.name, "the grant arrived after its deadline; giving it back");
                 let _ = ctx.call(timeout, ctx.backend.release(&request)).await;
@@ -141,7 +156,7 @@ async fn take(ctx: &Arc<Context>, spec: &Spec, wait: Wait) -> Result<Option<Arc<
             Ok(Acquire::Busy(hint)) => {
                 failures = Failures::default();
                 if std::mem::take(&mut unknown) {
-                    resolved("not_granted");
+                    resolved("not_granted", None);
                 }
                 // A busy answer leaves a queue entry only for a request that waits.
                 if !request.waiting {
@@ -157,7 +172,7 @@ async fn take(ctx: &Arc<Context>, spec: &Spec, wait: Wait) -> Result<Option<Arc<
                     .next(sent, timeout)
                     .filter(|pause| give_up_at.is_none_or(|at| sent.saturating_add(*pause) < at));
                 let Some(pause) = pause else {
-                    resolved("released");
+                    resolved("released", None);
                     give_up(leftover, timeout).await;
                     return Err(error);
                 };
@@ -167,7 +182,7 @@ async fn take(ctx: &Arc<Context>, spec: &Spec, wait: Wait) -> Result<Option<Arc<
             }
             Err(error) => {
                 if unknown {
-                    resolved("released");
+                    resolved("released", None);
                 }
                 give_up(leftover, timeout).await;
                 return Err(error);

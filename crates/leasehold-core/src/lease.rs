@@ -22,6 +22,7 @@ use crate::backend::{Expiry, Liveness, Renewal, Request, SessionLiveness};
 use crate::clock::Instant;
 use crate::context::{Context, LaneHold};
 use crate::error::{Error, LossReason, Result};
+use crate::events::{self, EventKind};
 use crate::fencing::FencingToken;
 use crate::options::LockOptions;
 use crate::release::{MAX_RETRY_PAUSE, PendingRelease};
@@ -115,6 +116,8 @@ pub(crate) struct Lease {
     _lane: LaneHold,
     /// Its end (released or lost) was counted in the metrics.
     end_counted: AtomicBool,
+    /// The last batch it was renewed in failed as a whole (see `renew_together`).
+    batch_failed: AtomicBool,
 }
 
 impl Lease {
@@ -171,6 +174,7 @@ impl Lease {
             extended: std::sync::Mutex::new((sent, granted)),
             _lane: lane,
             end_counted: AtomicBool::new(false),
+            batch_failed: AtomicBool::new(false),
         }))
     }
 
@@ -341,6 +345,8 @@ impl Lease {
         }
         let held_for = self.now().saturating_duration_since(self.acquired_at);
         telemetry::ended(&self.ctx, &self.request.name, &self.options, held_for, lost);
+        let kind = lost.map_or(EventKind::Released, EventKind::Lost);
+        events::record(&self.ctx, kind, &self.request, Some(self.token), None, None);
     }
 
     /// Ends the lease on release, and returns the state it ended in.
@@ -579,10 +585,19 @@ async fn renew_together(batch: Vec<Arc<Lease>>, watchdog: Arc<Watchdog<Lease>>) 
         Err(error) => vec![Err(error); batch.len()],
     };
     drop(requests);
+    // No answer at all (the server or the link is down): the leases try again together
+    // after a pause, rather than each at once on its own. A lease whose batch failed
+    // twice in a row goes on alone, in case it is the batch that fails.
+    let all_failed = answers.iter().all(Result::is_err);
     for ((lease, deadline), answer) in batch.into_iter().zip(answers) {
+        let failed_before = lease.batch_failed.swap(all_failed, Ordering::AcqRel);
         match lease.after_renewal(sent, deadline, answer) {
             Renewed::Next(Some(at)) => watchdog.schedule(&lease, at),
             Renewed::Next(None) => {}
+            Renewed::Retry if all_failed && !failed_before => {
+                let again = lease.now().saturating_add(lease.retry_pause());
+                watchdog.schedule(&lease, again);
+            }
             Renewed::Retry => {
                 let watchdog = watchdog.clone();
                 tokio::spawn(async move {
@@ -596,6 +611,11 @@ async fn renew_together(batch: Vec<Arc<Lease>>, watchdog: Arc<Watchdog<Lease>>) 
 }
 
 impl Lease {
+    /// How long to wait before trying a failed renewal again.
+    fn retry_pause(&self) -> Duration {
+        (self.options.renew_every() / 4).clamp(Duration::from_millis(1), MAX_RETRY_PAUSE)
+    }
+
     /// When the hold cap ends the lease, if it has one.
     fn hold_cap(&self) -> Option<Instant> {
         self.options
@@ -622,6 +642,15 @@ impl Lease {
             Ok(Renewal::Renewed(expiry)) => {
                 let margin = Some(deadline.saturating_duration_since(self.now()));
                 telemetry::renewed(ctx, name, options, "renewed", margin);
+                let (req, token) = (&self.request, Some(self.token));
+                events::record(
+                    ctx,
+                    EventKind::Renewed,
+                    req,
+                    token,
+                    Some(sent),
+                    Some(&expiry),
+                );
                 if let Expiry::After(granted) = expiry {
                     self.note_granted(granted);
                 }
@@ -642,6 +671,8 @@ impl Lease {
             }
             Err(error) => {
                 telemetry::renewed(ctx, name, options, "failed", None);
+                let (req, token) = (&self.request, Some(self.token));
+                events::record(ctx, EventKind::RenewalFailed, req, token, Some(sent), None);
                 tracing::debug!(lock = %name, %error, "renewal failed; retrying");
                 Renewed::Retry
             }
@@ -659,8 +690,7 @@ impl Lease {
     /// - Renewal stops at the optional hold cap.
     async fn renew_once(&self) -> Option<Instant> {
         let clock = self.ctx.clock.clone();
-        let retry_pause =
-            (self.options.renew_every() / 4).clamp(Duration::from_millis(1), MAX_RETRY_PAUSE);
+        let retry_pause = self.retry_pause();
         if !self.may_renew() {
             return None;
         }
@@ -718,6 +748,7 @@ mod tests {
             Arc::new(InMemory::new()),
             Arc::new(clock.clone()),
             LockOptions::default(),
+            None,
         )
     }
 

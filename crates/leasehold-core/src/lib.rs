@@ -35,6 +35,7 @@ pub mod clock;
 mod context;
 mod engine;
 mod error;
+pub mod events;
 pub mod fencing;
 mod lease;
 pub mod memory;

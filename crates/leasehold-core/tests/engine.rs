@@ -86,8 +86,8 @@ async fn the_watchdog_keeps_a_lock_far_past_its_ttl() {
 }
 
 /// Leases due together are renewed in one backend call.
-/// A failed batch leaves each lease to retry alone, and a grant the batch finds gone ends
-/// that lease only.
+/// A batch that fails as a whole is tried again as one after a pause, and a grant the
+/// batch finds gone ends that lease only.
 #[tokio::test]
 async fn leases_due_together_are_renewed_in_one_call() {
     let r = rig();
@@ -102,11 +102,18 @@ async fn leases_due_together_are_renewed_in_one_call() {
     r.faults
         .fail_next(Op::RenewMany, Error::unavailable("connection reset"));
     r.clock.advance(3 * SEC);
-    // The batch failed before any renewal went out; the three retry alone, at once.
+    r.faults.until_calls(Op::RenewMany, 2).await;
+    // The batch failed before any renewal went out; after a pause (renew_every / 4) the
+    // three try again together, not each on its own.
+    r.clock.advance(750 * MS);
+    let retried = r.faults.until_calls(Op::RenewMany, 3);
+    tokio::time::timeout(30 * SEC, retried)
+        .await
+        .expect("the batch was not tried again as one");
     r.faults.until_calls(Op::Renew, 6).await;
-    assert_eq!(r.faults.calls(Op::RenewMany), 2);
-    // 11 s in: past the first leases' deadline (8.908 s).
-    r.clock.advance(5 * SEC);
+    assert_eq!(r.faults.calls(Op::RenewMany), 3);
+    // Past the deadline the first renewal gave (3 s + 8.908 s): held by the retried batch.
+    r.clock.advance(5_250 * MS);
     for guard in &guards {
         assert!(guard.is_held(), "{} lost", guard.name());
     }

@@ -1262,8 +1262,15 @@ async fn a_batch_renews_each_grant_as_its_own_renewal_would() {
     let shared = request("shared", Mode::Shared);
     let mut delayed = request("delayed", Mode::Exclusive);
     delayed.lock_delay = Some(Duration::from_millis(100));
+    // Held by "owner-abc"; a renewal by "owner-ab" (a prefix of it) is not the owner's.
+    let mut longer = request("prefix", Mode::Exclusive);
+    longer.owner = OwnerId::parse("owner-abc").unwrap();
+    let mut prefix = longer.clone();
+    prefix.owner = OwnerId::parse("owner-ab").unwrap();
     let mut tokens = Vec::new();
-    for req in [&plain, &waited, &stolen, &evicted, &shared, &delayed] {
+    for req in [
+        &plain, &waited, &stolen, &evicted, &shared, &delayed, &longer,
+    ] {
         match redis.acquire(req).await.unwrap() {
             Acquire::Granted(grant) => tokens.push(grant.token),
             busy => panic!("{}: {busy:?}", req.name),
@@ -1293,17 +1300,19 @@ async fn a_batch_renews_each_grant_as_its_own_renewal_would() {
     );
 
     let long = Duration::from_secs(30);
-    let renewals: Vec<Request> = [&plain, &waited, &stolen, &evicted, &shared, &delayed]
-        .into_iter()
-        .map(|req| {
-            let mut renewal = req.clone();
-            renewal.ttl = long;
-            renewal
-        })
-        .collect();
+    let renewals: Vec<Request> = [
+        &plain, &waited, &stolen, &evicted, &shared, &delayed, &prefix,
+    ]
+    .into_iter()
+    .map(|req| {
+        let mut renewal = req.clone();
+        renewal.ttl = long;
+        renewal
+    })
+    .collect();
     let before = script_calls(&server).await;
     let answers = redis.renew_many(&renewals.iter().collect::<Vec<_>>()).await;
-    // One batch (plain, waited, stolen, evicted), then waited again by its own script,
+    // One batch (plain, waited, stolen, evicted, prefix), then waited again by its own script,
     // and the shared and delayed grants by theirs.
     assert_eq!(script_calls(&server).await - before, 4);
     let answers: Vec<Renewal> = answers.into_iter().map(Result::unwrap).collect();
@@ -1313,6 +1322,15 @@ async fn a_batch_renews_each_grant_as_its_own_renewal_would() {
     assert_eq!(answers[3], Renewal::Lost(LossReason::Evicted));
     assert!(matches!(answers[4], Renewal::Renewed(_)), "{answers:?}");
     assert!(matches!(answers[5], Renewal::Renewed(_)), "{answers:?}");
+    assert_eq!(answers[6], Renewal::Lost(LossReason::NotOwner));
+    match server
+        .command(&["PTTL", "leasehold:{prefix}:lock"])
+        .await
+        .unwrap()
+    {
+        Resp::Integer(ms) => assert!(ms <= 2_000, "extended by a prefix of its owner: {ms} ms"),
+        other => panic!("{other:?}"),
+    }
     match server
         .command(&["PTTL", "leasehold:{plain}:lock"])
         .await

@@ -92,6 +92,20 @@ pub async fn connect_backend(url: &str) -> Result<Arc<dyn Backend>> {
     open(url, &ConnectOptions::default()).await
 }
 
+/// The backend behind `url`, with `options` not in the URL (see [`connect_with`]).
+/// For use with [`Client::builder_from_arc`].
+///
+/// # Cancel safety
+///
+/// As for [`connect`].
+///
+/// # Errors
+///
+/// As for [`connect_with`].
+pub async fn connect_backend_with(url: &str, options: ConnectOptions) -> Result<Arc<dyn Backend>> {
+    open(url, &options).await
+}
+
 /// The one table of URL schemes, which [`connect`] and [`supported_schemes`] follow.
 /// Each row has a backend's schemes, the cargo feature that builds the backend in, and
 /// whether this build has it; the table in [`connect`]'s docs follows it too. The first

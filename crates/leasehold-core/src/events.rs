@@ -1,0 +1,330 @@
+//! Lock events: one record per grant, renewal, loss, release and unknown outcome.
+//!
+//! They are what an auditor of production traffic needs to tell, across hosts, whether two
+//! holders' promises overlapped (issue #29, `docs/audit.md` to come): who was granted which
+//! token, when the request that carried the promise was sent, and what the server promised
+//! (a lease counted from that send, or the session's deadline) — on each host's wall clock,
+//! whose uncertainty the auditor allows for.
+//!
+//! Off unless the client is built with a sink ([`ClientBuilder::events`]); then nothing is
+//! made for an event but the record itself, handed to the sink as it happens. Sinks:
+//! [`JsonLines`] (a file, one object per line, written by a thread of its own so that no
+//! lock call waits on the disk) and [`TracingEvents`] (`tracing` events on the target
+//! `leasehold::events`, which an OpenTelemetry layer exports as log records).
+//!
+//! [`ClientBuilder::events`]: crate::ClientBuilder::events
+
+use std::fmt::{self, Write as _};
+use std::io::Write as _;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::backend::{Expiry, Liveness, Mode, Request};
+use crate::clock::Instant;
+use crate::context::Context;
+use crate::error::{Error, LossReason, Result};
+use crate::fencing::FencingToken;
+use crate::name::{LockName, OwnerId};
+
+/// What happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum EventKind {
+    /// The server granted the lock (the guard exists from now on).
+    Granted,
+    /// A renewal was confirmed: a new promise, counted from its send.
+    Renewed,
+    /// A renewal got no answer or an error (it is retried until the deadline).
+    RenewalFailed,
+    /// The guard was lost, for this reason.
+    Lost(LossReason),
+    /// The holder let go (its release is on its way to the server).
+    Released,
+    /// An acquire request went unanswered, and its outcome was resolved so.
+    /// `adopted` (a retry found the grant), `not_granted` or `released`.
+    Unknown(&'static str),
+}
+
+impl EventKind {
+    /// The kind's name in the records.
+    /// It is `granted`, `renewed`, `renewal_failed`, `lost`, `released` or `unknown`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventKind::Granted => "granted",
+            EventKind::Renewed => "renewed",
+            EventKind::RenewalFailed => "renewal_failed",
+            EventKind::Lost(_) => "lost",
+            EventKind::Released => "released",
+            EventKind::Unknown(_) => "unknown",
+        }
+    }
+}
+
+/// One lock event. Times are milliseconds since the Unix epoch on this host's clock.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct LockEvent {
+    /// What happened.
+    pub kind: EventKind,
+    /// When it was recorded.
+    pub at_ms: u64,
+    /// The backend's name (`redis`, `etcd`, …).
+    pub backend: &'static str,
+    /// The lock.
+    pub name: LockName,
+    /// How it was held or asked for.
+    pub mode: Mode,
+    /// The acquisition's owner id (one per acquisition).
+    pub owner: OwnerId,
+    /// The grant's fencing token (`None` for an unknown outcome not adopted).
+    pub token: Option<FencingToken>,
+    /// When the request behind a grant or renewal was sent.
+    pub sent_ms: Option<u64>,
+    /// The lease the server promised from `sent_ms`, for a grant or renewal of a lease.
+    pub lease_ms: Option<u64>,
+    /// The session's deadline, for a grant that lives by a session.
+    /// That is on etcd, ZooKeeper and PostgreSQL advisory locks.
+    pub session_until_ms: Option<u64>,
+}
+
+impl LockEvent {
+    /// The event as one JSON object (no line break), as [`JsonLines`] writes it.
+    pub fn to_json(&self) -> String {
+        let mut out = String::with_capacity(192);
+        let _ = write!(
+            out,
+            r#"{{"kind":"{}","at_ms":{},"backend":"#,
+            self.kind.as_str(),
+            self.at_ms
+        );
+        json_string(&mut out, self.backend);
+        out.push_str(r#","name":"#);
+        json_string(&mut out, self.name.as_str());
+        out.push_str(r#","mode":"#);
+        json_string(&mut out, &self.mode.to_string());
+        out.push_str(r#","owner":"#);
+        json_string(&mut out, self.owner.as_str());
+        let number = |out: &mut String, key: &str, value: Option<u64>| {
+            if let Some(value) = value {
+                let _ = write!(out, r#","{key}":{value}"#);
+            }
+        };
+        number(&mut out, "token", self.token.map(FencingToken::get));
+        number(&mut out, "sent_ms", self.sent_ms);
+        number(&mut out, "lease_ms", self.lease_ms);
+        number(&mut out, "session_until_ms", self.session_until_ms);
+        match self.kind {
+            EventKind::Lost(reason) => {
+                out.push_str(r#","reason":"#);
+                json_string(&mut out, &format!("{reason:?}"));
+            }
+            EventKind::Unknown(resolved) => {
+                out.push_str(r#","resolved":"#);
+                json_string(&mut out, resolved);
+            }
+            _ => {}
+        }
+        out.push('}');
+        out
+    }
+}
+
+/// Appends `text` to `out` as a JSON string.
+fn json_string(out: &mut String, text: &str) {
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if u32::from(c) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", u32::from(c));
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+/// Where events go. Called on the lock path: it must not block.
+pub trait EventSink: Send + Sync + fmt::Debug + 'static {
+    /// Takes one event.
+    fn record(&self, event: &LockEvent);
+}
+
+/// Milliseconds since the Unix epoch, now.
+fn wall_ms_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// Records an event of `kind` about `req`'s acquisition, if the client has a sink.
+/// `sent` and `expiry` are the request behind a grant or renewal and its answer.
+pub(crate) fn record(
+    ctx: &Context,
+    kind: EventKind,
+    req: &Request,
+    token: Option<FencingToken>,
+    sent: Option<Instant>,
+    expiry: Option<&Expiry>,
+) {
+    let Some(sink) = &ctx.events else {
+        return;
+    };
+    let now = ctx.now();
+    let at_ms = wall_ms_now();
+    // An instant of the client's clock on the wall clock: as far from now as it is.
+    let wall = |instant: Instant| -> u64 {
+        let before = millis(now.saturating_duration_since(instant));
+        let after = millis(instant.saturating_duration_since(now));
+        at_ms.saturating_sub(before).saturating_add(after)
+    };
+    let (lease_ms, session_until_ms) = match expiry {
+        Some(Expiry::After(lease)) => (Some(millis(*lease)), None),
+        Some(Expiry::Session(session)) => match session.current() {
+            Liveness::Alive { until } => (None, Some(wall(until))),
+            Liveness::Ended => (None, Some(at_ms)),
+        },
+        Some(Expiry::Never) | None => (None, None),
+    };
+    sink.record(&LockEvent {
+        kind,
+        at_ms,
+        backend: ctx.capabilities.backend,
+        name: req.name.clone(),
+        mode: req.mode,
+        owner: req.owner.clone(),
+        token,
+        sent_ms: sent.map(wall),
+        lease_ms,
+        session_until_ms,
+    });
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Events as JSON lines appended to a file, one object per line.
+///
+/// A thread of its own writes them, so a lock call never waits on the disk; it flushes
+/// whenever it has written everything queued. The queue holds [`JsonLines::QUEUE`]
+/// events; when the disk cannot keep up, further events are dropped and counted, and the
+/// next line written says how many (`{"kind":"dropped","count":N,…}`), so an auditor
+/// knows where the record has a gap. Dropping the sink writes out what is queued.
+#[derive(Debug)]
+pub struct JsonLines {
+    queue: Option<mpsc::SyncSender<String>>,
+    dropped: Arc<AtomicU64>,
+    writer: Option<std::thread::JoinHandle<()>>,
+}
+
+impl JsonLines {
+    /// Events queued before new ones are dropped.
+    pub const QUEUE: usize = 65_536;
+
+    /// Appends to the file at `path` (created if missing).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] if the file cannot be opened for appending.
+    pub fn create(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(|e| Error::invalid("events file", format!("{}: {e}", path.display())))?;
+        let (queue, lines) = mpsc::sync_channel::<String>(Self::QUEUE);
+        let dropped = Arc::new(AtomicU64::new(0));
+        let counted = dropped.clone();
+        let writer = std::thread::Builder::new()
+            .name("leasehold-events".into())
+            .spawn(move || write_lines(file, &lines, &counted))
+            .map_err(|e| Error::invalid("events file", format!("no writer thread: {e}")))?;
+        Ok(Self {
+            queue: Some(queue),
+            dropped,
+            writer: Some(writer),
+        })
+    }
+}
+
+/// The writer thread: writes every line queued, flushing when the queue is empty.
+fn write_lines(file: std::fs::File, lines: &mpsc::Receiver<String>, dropped: &AtomicU64) {
+    let mut out = std::io::BufWriter::with_capacity(64 * 1024, file);
+    while let Ok(first) = lines.recv() {
+        let mut next = Some(first);
+        while let Some(line) = next {
+            let gap = dropped.swap(0, Ordering::AcqRel);
+            if gap > 0 {
+                let _ = writeln!(
+                    out,
+                    r#"{{"kind":"dropped","count":{gap},"at_ms":{}}}"#,
+                    wall_ms_now()
+                );
+            }
+            let _ = writeln!(out, "{line}");
+            next = lines.try_recv().ok();
+        }
+        let _ = out.flush();
+    }
+}
+
+impl EventSink for JsonLines {
+    fn record(&self, event: &LockEvent) {
+        let Some(queue) = &self.queue else {
+            return;
+        };
+        if queue.try_send(event.to_json()).is_err() {
+            self.dropped.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+}
+
+impl Drop for JsonLines {
+    fn drop(&mut self) {
+        // The writer ends once the queue is closed and written out.
+        drop(self.queue.take());
+        if let Some(writer) = self.writer.take() {
+            let _ = writer.join();
+        }
+    }
+}
+
+/// Events as `tracing` events at level INFO on the target `leasehold::events`.
+/// Each has the fields of [`LockEvent`] (`kind`, `lock`, `owner`, `token`, …): an
+/// OpenTelemetry layer (`tracing-opentelemetry`, or an appender of the OpenTelemetry log
+/// bridge) exports them as log records, a `fmt` layer prints them. Made with
+/// `TracingEvents::default()`.
+#[derive(Debug, Clone, Copy, Default)]
+#[non_exhaustive]
+pub struct TracingEvents;
+
+impl EventSink for TracingEvents {
+    fn record(&self, event: &LockEvent) {
+        let reason = match event.kind {
+            EventKind::Lost(reason) => Some(format!("{reason:?}")),
+            EventKind::Unknown(resolved) => Some(resolved.to_owned()),
+            _ => None,
+        };
+        tracing::info!(
+            target: "leasehold::events",
+            kind = event.kind.as_str(),
+            at_ms = event.at_ms,
+            backend = event.backend,
+            lock = %event.name,
+            mode = %event.mode,
+            owner = %event.owner,
+            token = event.token.map(FencingToken::get),
+            sent_ms = event.sent_ms,
+            lease_ms = event.lease_ms,
+            session_until_ms = event.session_until_ms,
+            reason = reason.as_deref(),
+            "lock event"
+        );
+    }
+}

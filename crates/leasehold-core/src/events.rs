@@ -148,10 +148,85 @@ fn json_string(out: &mut String, text: &str) {
     out.push('"');
 }
 
+/// One access a fence judged: accepted, or refused as stale.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct AccessEvent {
+    /// When it was judged (ms since the Unix epoch, this host's clock).
+    pub at_ms: u64,
+    /// Which kind of fence: `fence` (in process) or `redis`.
+    pub fence: &'static str,
+    /// What the fence guards, as its owner named it (a Redis fence: its key).
+    pub resource: String,
+    /// The token presented.
+    pub token: FencingToken,
+    /// Whether the access went ahead.
+    pub accepted: bool,
+    /// The highest token the fence had accepted (or excluded up to) when it refused.
+    pub highest: Option<FencingToken>,
+}
+
+impl AccessEvent {
+    /// An access to `resource` behind a `fence` with `token`, judged now.
+    pub fn new(
+        fence: &'static str,
+        resource: &str,
+        token: FencingToken,
+        accepted: bool,
+        highest: Option<FencingToken>,
+    ) -> Self {
+        Self {
+            at_ms: wall_ms_now(),
+            fence,
+            resource: resource.to_owned(),
+            token,
+            accepted,
+            highest,
+        }
+    }
+
+    /// The event as one JSON object (no line break), as [`JsonLines`] writes it.
+    /// Its `kind` is `access`.
+    pub fn to_json(&self) -> String {
+        let mut out = String::with_capacity(128);
+        let _ = write!(out, r#"{{"kind":"access","at_ms":{},"fence":"#, self.at_ms);
+        json_string(&mut out, self.fence);
+        out.push_str(r#","resource":"#);
+        json_string(&mut out, &self.resource);
+        let _ = write!(
+            out,
+            r#","token":{},"accepted":{}"#,
+            self.token.get(),
+            self.accepted
+        );
+        if let Some(highest) = self.highest {
+            let _ = write!(out, r#","highest":{}"#, highest.get());
+        }
+        out.push('}');
+        out
+    }
+}
+
 /// Where events go. Called on the lock path: it must not block.
 pub trait EventSink: Send + Sync + fmt::Debug + 'static {
-    /// Takes one event.
+    /// Takes one lock event.
     fn record(&self, event: &LockEvent);
+
+    /// Takes one fence access. The default drops it.
+    fn record_access(&self, event: &AccessEvent) {
+        let _ = event;
+    }
+}
+
+/// One sink for many clients: each client's builder gets a clone of the `Arc`.
+impl<S: EventSink + ?Sized> EventSink for Arc<S> {
+    fn record(&self, event: &LockEvent) {
+        (**self).record(event);
+    }
+
+    fn record_access(&self, event: &AccessEvent) {
+        (**self).record_access(event);
+    }
 }
 
 /// Milliseconds since the Unix epoch, now.
@@ -210,9 +285,8 @@ fn millis(d: Duration) -> u64 {
 
 /// Events as JSON lines appended to a file, one object per line.
 ///
-/// A thread of its own writes them, so a lock call never waits on the disk; it flushes
-/// whenever it has written everything queued. The queue holds [`JsonLines::QUEUE`]
-/// events; when the disk cannot keep up, further events are dropped and counted, and the
+/// A thread of its own writes them, so a lock call never waits on the disk; it writes out
+/// what was queued every 50 ms. The queue holds [`JsonLines::QUEUE`] events; when the disk cannot keep up, further events are dropped and counted, and the
 /// next line written says how many (`{"kind":"dropped","count":N,…}`), so an auditor
 /// knows where the record has a gap. Dropping the sink writes out what is queued.
 #[derive(Debug)]
@@ -253,35 +327,60 @@ impl JsonLines {
     }
 }
 
-/// The writer thread: writes every line queued, flushing when the queue is empty.
+/// How often the writer thread writes out what was queued.
+/// Waking for every event would cost a thread switch and a `write` each; a lock event is
+/// on disk at most this long after it happened (and at once when the sink is dropped).
+const WRITE_EVERY: Duration = Duration::from_millis(50);
+
+/// The writer thread: every [`WRITE_EVERY`], writes every line queued and flushes.
+/// It ends once the queue is closed and written out.
 fn write_lines(file: std::fs::File, lines: &mpsc::Receiver<String>, dropped: &AtomicU64) {
     let mut out = std::io::BufWriter::with_capacity(64 * 1024, file);
-    while let Ok(first) = lines.recv() {
-        let mut next = Some(first);
-        while let Some(line) = next {
-            let gap = dropped.swap(0, Ordering::AcqRel);
-            if gap > 0 {
-                let _ = writeln!(
-                    out,
-                    r#"{{"kind":"dropped","count":{gap},"at_ms":{}}}"#,
-                    wall_ms_now()
-                );
+    loop {
+        let closed = loop {
+            match lines.try_recv() {
+                Ok(line) => {
+                    let gap = dropped.swap(0, Ordering::AcqRel);
+                    if gap > 0 {
+                        let _ = writeln!(
+                            out,
+                            r#"{{"kind":"dropped","count":{gap},"at_ms":{}}}"#,
+                            wall_ms_now()
+                        );
+                    }
+                    let _ = writeln!(out, "{line}");
+                }
+                Err(mpsc::TryRecvError::Empty) => break false,
+                Err(mpsc::TryRecvError::Disconnected) => break true,
             }
-            let _ = writeln!(out, "{line}");
-            next = lines.try_recv().ok();
-        }
+        };
         let _ = out.flush();
+        if closed {
+            return;
+        }
+        std::thread::park_timeout(WRITE_EVERY);
+    }
+}
+
+impl JsonLines {
+    /// Queues `line`, or counts it dropped.
+    fn queue(&self, line: String) {
+        let Some(queue) = &self.queue else {
+            return;
+        };
+        if queue.try_send(line).is_err() {
+            self.dropped.fetch_add(1, Ordering::AcqRel);
+        }
     }
 }
 
 impl EventSink for JsonLines {
     fn record(&self, event: &LockEvent) {
-        let Some(queue) = &self.queue else {
-            return;
-        };
-        if queue.try_send(event.to_json()).is_err() {
-            self.dropped.fetch_add(1, Ordering::AcqRel);
-        }
+        self.queue(event.to_json());
+    }
+
+    fn record_access(&self, event: &AccessEvent) {
+        self.queue(event.to_json());
     }
 }
 
@@ -290,6 +389,7 @@ impl Drop for JsonLines {
         // The writer ends once the queue is closed and written out.
         drop(self.queue.take());
         if let Some(writer) = self.writer.take() {
+            writer.thread().unpark();
             let _ = writer.join();
         }
     }
@@ -325,6 +425,20 @@ impl EventSink for TracingEvents {
             session_until_ms = event.session_until_ms,
             reason = reason.as_deref(),
             "lock event"
+        );
+    }
+
+    fn record_access(&self, event: &AccessEvent) {
+        tracing::info!(
+            target: "leasehold::events",
+            kind = "access",
+            at_ms = event.at_ms,
+            fence = event.fence,
+            resource = %event.resource,
+            token = event.token.get(),
+            accepted = event.accepted,
+            highest = event.highest.map(FencingToken::get),
+            "fence access"
         );
     }
 }

@@ -9,7 +9,9 @@
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+
+use crate::events::{AccessEvent, EventSink};
 
 /// A number attached to a grant, strictly increasing per lock name.
 /// It increases per name (and set: a mutex, a read-write lock and an election share one, a
@@ -84,6 +86,8 @@ impl StaleToken {
 #[derive(Debug)]
 pub struct Fence {
     state: Mutex<FenceState>,
+    /// Where each access is reported, and the resource's name in the reports.
+    events: Option<(Arc<dyn EventSink>, String)>,
 }
 
 #[derive(Debug)]
@@ -121,6 +125,23 @@ impl Fence {
                 accepted: 0,
                 rejected: 0,
             }),
+            events: None,
+        }
+    }
+
+    /// This fence, reporting every access it judges to `sink`.
+    /// Each is an [`AccessEvent`] of `resource`.
+    pub fn reporting_to(mut self, sink: Arc<dyn EventSink>, resource: impl Into<String>) -> Self {
+        self.events = Some((sink, resource.into()));
+        self
+    }
+
+    /// Reports an access, if the fence reports.
+    fn report(&self, token: FencingToken, accepted: bool, highest: Option<FencingToken>) {
+        if let Some((sink, resource)) = &self.events {
+            sink.record_access(&AccessEvent::new(
+                "fence", resource, token, accepted, highest,
+            ));
         }
     }
 
@@ -144,7 +165,9 @@ impl Fence {
             && token < highest
         {
             state.rejected += 1;
+            drop(state);
             crate::telemetry::fence_refused("fence");
+            self.report(token, false, Some(highest));
             return Err(StaleToken {
                 presented: token,
                 highest,
@@ -158,7 +181,10 @@ impl Fence {
             }
             state.recent.push_back(token);
         }
-        Ok(write())
+        let written = write();
+        drop(state);
+        self.report(token, true, None);
+        Ok(written)
     }
 
     /// Refuses `token` and every older one from now on.

@@ -8,21 +8,29 @@ use std::time::Duration;
 
 use leasehold_core::backend::{Backend, Mode, Request};
 use leasehold_core::clock::ManualClock;
-use leasehold_core::events::{EventKind, EventSink, LockEvent};
+use leasehold_core::events::{AccessEvent, EventKind, EventSink, LockEvent};
 use leasehold_core::memory::InMemory;
 use leasehold_core::{Client, LockName, LockOptions, LossReason};
+use leasehold_core::{Fence, FencingToken};
 use leasehold_testkit::faulty::{Faulty, Op};
 
 const SEC: Duration = Duration::from_secs(1);
 
 /// Keeps every event, and wakes whoever waits for the next.
 #[derive(Debug, Default, Clone)]
-struct Kept(Arc<(Mutex<Vec<LockEvent>>, tokio::sync::Notify)>);
+struct Kept(
+    Arc<(Mutex<Vec<LockEvent>>, tokio::sync::Notify)>,
+    Arc<Mutex<Vec<AccessEvent>>>,
+);
 
 impl EventSink for Kept {
     fn record(&self, event: &LockEvent) {
         self.0.0.lock().unwrap().push(event.clone());
         self.0.1.notify_waiters();
+    }
+
+    fn record_access(&self, event: &AccessEvent) {
+        self.1.lock().unwrap().push(event.clone());
     }
 }
 
@@ -122,4 +130,33 @@ async fn every_grant_renewal_release_and_loss_is_recorded() {
         .await
         .unwrap();
     assert_eq!(kept.all().len(), 5);
+}
+
+/// A fence that reports says which accesses it let through and which it refused.
+#[test]
+fn a_reporting_fence_records_each_access() {
+    let kept = Kept::default();
+    let fence = Fence::new().reporting_to(Arc::new(kept.clone()), "stock");
+    let mut count = 0;
+    fence.apply(FencingToken::new(7), || count += 1).unwrap();
+    assert!(fence.apply(FencingToken::new(6), || count += 1).is_err());
+    let accesses = kept.1.lock().unwrap().clone();
+    let seen: Vec<(u64, bool, Option<u64>)> = accesses
+        .iter()
+        .map(|a| (a.token.get(), a.accepted, a.highest.map(FencingToken::get)))
+        .collect();
+    assert_eq!(seen, [(7, true, None), (6, false, Some(7))]);
+    assert!(
+        accesses
+            .iter()
+            .all(|a| a.resource == "stock" && a.fence == "fence")
+    );
+    assert_eq!(
+        accesses[1].to_json(),
+        format!(
+            r#"{{"kind":"access","at_ms":{},"fence":"fence","resource":"stock","token":6,"accepted":false,"highest":7}}"#,
+            accesses[1].at_ms
+        )
+    );
+    assert_eq!(count, 1);
 }

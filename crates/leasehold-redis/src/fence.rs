@@ -3,7 +3,9 @@
 //! accepted.
 
 use std::fmt;
+use std::sync::Arc;
 
+use leasehold_core::events::{AccessEvent, EventSink};
 use leasehold_core::{Error, FencingToken, Result, StaleToken};
 use redis::aio::ConnectionLike;
 use redis::{FromRedisValue, Script, ToRedisArgs, Value};
@@ -37,6 +39,8 @@ use crate::error::map_error;
 pub struct RedisFence {
     key: String,
     script: Script,
+    /// Where each access is reported ([`RedisFence::reporting_to`]).
+    events: Option<Arc<dyn EventSink>>,
 }
 
 impl fmt::Debug for RedisFence {
@@ -53,6 +57,23 @@ impl RedisFence {
         Self {
             key: key.into(),
             script: Script::new(include_str!("../lua/fence.lua")),
+            events: None,
+        }
+    }
+
+    /// This fence, reporting every access it judges to `sink`.
+    /// Each is an [`AccessEvent`] whose resource is the fence's key.
+    pub fn reporting_to(mut self, sink: Arc<dyn EventSink>) -> Self {
+        self.events = Some(sink);
+        self
+    }
+
+    /// Reports an access, if the fence reports.
+    fn report(&self, token: FencingToken, accepted: bool, highest: Option<FencingToken>) {
+        if let Some(sink) = &self.events {
+            sink.record_access(&AccessEvent::new(
+                "redis", &self.key, token, accepted, highest,
+            ));
         }
     }
 
@@ -76,6 +97,7 @@ impl RedisFence {
             .map_err(|e| map_error(e, &self.key))?;
         match applied {
             1 => {
+                self.report(token, true, None);
                 let value = T::from_redis_value(value)
                     .map_err(|e| Error::backend(format!("redis fence on {key}: {e}"), false))?;
                 Ok(Ok(value))
@@ -84,7 +106,9 @@ impl RedisFence {
                 let highest = u64::from_redis_value(value.clone())
                     .map_err(|_| crate::error::unexpected("a fence's highest token", &value))?;
                 leasehold_core::telemetry::fence_refused("redis");
-                Ok(Err(StaleToken::new(token, FencingToken::new(highest))))
+                let highest = FencingToken::new(highest);
+                self.report(token, false, Some(highest));
+                Ok(Err(StaleToken::new(token, highest)))
             }
             other => Err(crate::error::unexpected("a fenced write", other)),
         }

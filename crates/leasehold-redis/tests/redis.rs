@@ -762,7 +762,8 @@ async fn a_fence_is_one_key_whatever_the_number_of_writes() {
         .get_multiplexed_async_connection()
         .await
         .unwrap();
-    let fence = RedisFence::new("{stock}:fence");
+    let accesses = Arc::new(Accesses::default());
+    let fence = RedisFence::new("{stock}:fence").reporting_to(accesses.clone());
     for token in 1..=2_000u64 {
         let written = fence
             .incr_by(&mut conn, FencingToken::new(token), "{stock}:count", 1)
@@ -785,6 +786,33 @@ async fn a_fence_is_one_key_whatever_the_number_of_writes() {
         server.command(&["GET", "{stock}:fence"]).await.unwrap(),
         Resp::Bulk(Some(b"2000".to_vec()))
     );
+    // Each access was reported, with the fence's key as the resource.
+    let accesses = accesses.0.lock().unwrap();
+    let accepted = accesses.iter().filter(|a| a.accepted).count();
+    assert_eq!(accepted, 2_000);
+    assert!(accesses.len() - accepted >= 1_999);
+    assert!(
+        accesses
+            .iter()
+            .all(|a| a.resource == "{stock}:fence" && a.fence == "redis")
+    );
+    let refused = accesses.iter().find(|a| !a.accepted).unwrap();
+    assert_eq!(
+        refused.highest.map(|h| h.get()),
+        Some(refused.token.get() + 1)
+    );
+}
+
+/// Keeps the fence accesses reported to it.
+#[derive(Debug, Default)]
+struct Accesses(Mutex<Vec<leasehold_core::events::AccessEvent>>);
+
+impl leasehold_core::events::EventSink for Accesses {
+    fn record(&self, _: &leasehold_core::events::LockEvent) {}
+
+    fn record_access(&self, event: &leasehold_core::events::AccessEvent) {
+        self.0.lock().unwrap().push(event.clone());
+    }
 }
 
 /// A connection that goes silent without closing is replaced once requests time out on it.

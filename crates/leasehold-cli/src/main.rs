@@ -69,6 +69,10 @@ enum Command {
     /// Uncontended and contended acquire+release cycles, acquire latency, and hand-off from
     /// a release to the next holder.
     Bench(BenchArgs),
+    /// Check the lock events of many hosts for double grants and stale accesses.
+    /// Each FILE is one host's `--events` record. Exit codes: 0 nothing found; 1 findings
+    /// (printed); 64 a file that cannot be read.
+    Audit(AuditArgs),
     /// Run fault scenarios against a backend and check what every process saw.
     Chaos(leasehold_cli::chaos::ChaosArgs),
     /// Internal: the supervisor `run` starts between itself and the command.
@@ -256,6 +260,19 @@ struct ReleaseArgs {
 }
 
 #[derive(Debug, Args)]
+struct AuditArgs {
+    /// How far apart the hosts' clocks may be (NTP's estimate): nothing shorter is reported.
+    #[arg(long, default_value = "50ms", value_parser = duration)]
+    clock_uncertainty: Duration,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+    /// The event files, one per host (the host is the file's name).
+    #[arg(required = true)]
+    files: Vec<std::path::PathBuf>,
+}
+
+#[derive(Debug, Args)]
 struct InspectArgs {
     #[command(flatten)]
     connection: Connection,
@@ -359,6 +376,7 @@ fn main() -> ExitCode {
             Command::Locks(args) => locks(args).await,
             Command::Release(args) => release(args).await,
             Command::Bench(args) => bench(args).await,
+            Command::Audit(args) => audit(&args),
             Command::Chaos(_) => exit::USAGE,
             Command::Supervise(args) => {
                 leasehold_cli::supervise::supervise(leasehold_cli::supervise::Supervision {
@@ -802,6 +820,25 @@ async fn bench(args: BenchArgs) -> u8 {
             0
         }
         Err(error) => report(&error, args.json),
+    }
+}
+
+/// `leasehold audit FILE…`.
+fn audit(args: &AuditArgs) -> u8 {
+    let uncertainty = u64::try_from(args.clock_uncertainty.as_millis()).unwrap_or(u64::MAX);
+    match leasehold_cli::audit::audit(&args.files, uncertainty) {
+        Ok(found) => {
+            if args.json {
+                println!("{}", found.json());
+            } else {
+                print!("{}", found.table());
+            }
+            u8::from(!found.findings.is_empty())
+        }
+        Err(error) => {
+            eprintln!("leasehold: {error}");
+            exit::USAGE
+        }
     }
 }
 

@@ -126,3 +126,73 @@ async fn bench_hold_keeps_every_lock_through_its_renewals_and_frees_them() {
     assert_eq!(names, ["bench-hold-7"]);
     busy.release().await.unwrap();
 }
+
+/// `audit` finds nothing in the records of runs that took turns on one server.
+/// It finds the double grant when two hosts lock one name on two servers (a split brain).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn audit_finds_a_split_brain_and_nothing_in_runs_that_took_turns() {
+    let (one, two) = (Redis::start().await.unwrap(), Redis::start().await.unwrap());
+    let dir = tempfile::tempdir().unwrap();
+    let events = |host: &str| dir.path().join(format!("{host}.jsonl"));
+    let run = |url: String, host: &str, seconds: &str| {
+        let file = events(host).to_str().unwrap().to_owned();
+        let seconds = seconds.to_owned();
+        async move {
+            let args = ["run", "--events", &file, "nightly", "--", "sleep", &seconds];
+            let out = common::leasehold_on(&url, &args).output().await.unwrap();
+            assert_eq!(
+                out.status.code(),
+                Some(0),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    };
+    let audit = |hosts: &[&str]| {
+        let files: Vec<String> = hosts
+            .iter()
+            .map(|h| events(h).to_str().unwrap().to_owned())
+            .collect();
+        let mut command = tokio::process::Command::new(common::BIN);
+        command
+            .args(["audit", "--json", "--clock-uncertainty", "50ms"])
+            .args(files)
+            .kill_on_drop(true);
+        async move { command.output().await.unwrap() }
+    };
+
+    // Five hosts take turns on one server.
+    tokio::join!(
+        run(one.url(), "a", "0.1"),
+        run(one.url(), "b", "0.1"),
+        run(one.url(), "c", "0.1"),
+        run(one.url(), "d", "0.1"),
+        run(one.url(), "e", "0.1"),
+    );
+    let clean = audit(&["a", "b", "c", "d", "e"]).await;
+    assert_eq!(
+        clean.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&clean.stdout)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&clean.stdout).unwrap();
+    assert_eq!(report["events"]["granted"], 5);
+    assert_eq!(report["events"]["released"], 5);
+
+    // Two hosts, each told a different server, hold "nightly" at once.
+    tokio::join!(run(one.url(), "x", "1.5"), run(two.url(), "y", "1.5"));
+    let split = audit(&["x", "y"]).await;
+    assert_eq!(
+        split.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&split.stdout)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&split.stdout).unwrap();
+    let findings = report["findings"].as_array().unwrap();
+    assert_eq!(findings.len(), 1, "{report}");
+    assert_eq!(findings[0]["check"], "double_grant");
+    assert_eq!(findings[0]["subject"], "nightly");
+    assert!(findings[0]["overlap_ms"].as_u64().unwrap() > 0);
+}

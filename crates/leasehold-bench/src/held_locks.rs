@@ -171,8 +171,7 @@ async fn start(backend: &str, ttl: Duration) -> (Server, String, u32) {
 
 /// A child: holds the locks on one side and prints its report as JSON.
 async fn child(side: &str, url: &str, server: u32, settings: &Settings) {
-    let backend: Arc<dyn Backend> =
-        Arc::new(leasehold::redis::RedisBackend::connect(url).await.unwrap());
+    let backend: Arc<dyn Backend> = leasehold::connect_backend(url).await.unwrap();
     let backend: Arc<dyn Backend> = match side {
         "one-by-one" => Arc::new(OneByOne(backend)),
         _ => backend,

@@ -114,6 +114,12 @@ struct RunArgs {
     /// Keep every run's history (JSON lines) in this directory.
     #[arg(long, value_name = "DIR")]
     history: Option<PathBuf>,
+    /// Have the workers write their lock events below this directory.
+    /// One directory per run (`<backend>-<scenario>-<seed>`), one file per worker process
+    /// in it (`w1.0.jsonl`, …), as `run --events` writes them: `leasehold audit
+    /// DIR/redis-pause-holder-1/*.jsonl` checks a run.
+    #[arg(long, value_name = "DIR")]
+    events: Option<PathBuf>,
     /// A planted bug (the checker's own tests; needs a build with `planted-bugs`).
     #[arg(long, hide = true)]
     bug: Option<String>,
@@ -354,6 +360,7 @@ fn run(args: RunArgs, launcher: &Launcher, harness: Option<&'static Harness>) ->
                     harness,
                     bug: args.bug.clone(),
                     history_dir: args.history.clone(),
+                    events_dir: args.events.clone(),
                 });
             }
         }

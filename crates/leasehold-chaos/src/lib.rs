@@ -14,6 +14,7 @@
 // and read by the checker and its own tests, and change with it.
 #![allow(clippy::exhaustive_structs)]
 
+pub mod audit;
 #[cfg(feature = "planted-bugs")]
 pub mod bugs;
 pub mod checks;

@@ -88,6 +88,9 @@ pub struct RunSpec {
     pub bug: Option<String>,
     /// Where to keep the history (JSON lines), if anywhere.
     pub history_dir: Option<PathBuf>,
+    /// Where the workers write their lock events (`leasehold audit`'s input), if anywhere.
+    /// They go in `<backend>-<scenario>-<seed>/` below it, one file per worker process.
+    pub events_dir: Option<PathBuf>,
 }
 
 /// How a run ended.
@@ -504,6 +507,19 @@ async fn drive(
     )
     .await?;
     let names: Vec<String> = (1..=setup.workers).map(|i| format!("w{i}")).collect();
+    // Each run's events in a directory of its own: a run's servers start afresh, and so
+    // do its tokens.
+    let events_dir = match &spec.events_dir {
+        Some(dir) => {
+            let run = dir.join(format!(
+                "{}-{}-{}",
+                spec.backend.name, spec.scenario.name, spec.seed
+            ));
+            std::fs::create_dir_all(&run)?;
+            Some(run)
+        }
+        None => None,
+    };
     let base = WorkerConfig {
         processes: Vec::new(),
         incarnation: 0,
@@ -514,6 +530,7 @@ async fn drive(
         ttl_ms: ttl.as_millis() as u64,
         request_timeout_ms: request_timeout.as_millis() as u64,
         lock_delay_ms: setup.lock_delay.map(|f| ttl.mul_f64(f).as_millis() as u64),
+        events_dir,
         wait_ms: (ttl * 3).as_millis() as u64,
         rounds: setup.rounds,
         pause_ms: (ttl / 10).as_millis() as u64,

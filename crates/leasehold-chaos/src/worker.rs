@@ -10,10 +10,12 @@
 
 use std::io;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold::backend::{Backend, Mode, Request};
+use leasehold::events::JsonLines;
 use leasehold::{Client, LockName, LockOptions, OwnerId};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -49,6 +51,10 @@ pub struct WorkerConfig {
     /// Lock-delay, if any.
     #[serde(default)]
     pub lock_delay_ms: Option<u64>,
+    /// Where each worker writes its lock events (`<worker>.<incarnation>.jsonl`), if anywhere.
+    /// They are what `leasehold audit` reads.
+    #[serde(default)]
+    pub events_dir: Option<PathBuf>,
     /// How long one lock call waits.
     pub wait_ms: u64,
     /// Read-modify-write rounds per hold: at least, at most.
@@ -161,7 +167,14 @@ pub async fn run(config: WorkerConfig, link: Option<LinkWorker>) -> io::Result<(
         } else {
             options.clone()
         };
-        let client = build_client(top, options, bug);
+        let events = match &config.events_dir {
+            Some(dir) => {
+                let file = dir.join(format!("{name}.{}.jsonl", config.incarnation));
+                Some(JsonLines::create(file).map_err(io::Error::other)?)
+            }
+            None => None,
+        };
+        let client = build_client(top, options, bug, events);
         let worker = Worker {
             name: name.clone(),
             config: config.clone(),
@@ -256,8 +269,17 @@ fn wrap_bug(bug: PlantedBug, backend: Arc<dyn Backend>, in_backend: bool) -> Arc
     }
 }
 
-fn build_client(backend: Arc<dyn Backend>, options: LockOptions, bug: PlantedBug) -> Client {
+fn build_client(
+    backend: Arc<dyn Backend>,
+    options: LockOptions,
+    bug: PlantedBug,
+    events: Option<JsonLines>,
+) -> Client {
     let builder = Client::builder_from_arc(backend).options(options);
+    let builder = match events {
+        Some(events) => builder.events(events),
+        None => builder,
+    };
     match bug {
         #[cfg(feature = "planted-bugs")]
         Some(crate::bugs::Bug::WallClock) => builder.clock(crate::bugs::WallClock).build(),

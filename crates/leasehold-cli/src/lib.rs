@@ -3,7 +3,6 @@
 // The command's own parts, shared with its tests and the benches: not an API for users.
 #![allow(clippy::exhaustive_structs)]
 
-pub mod audit;
 pub mod bench;
 pub mod chaos;
 pub mod inspect;

@@ -826,7 +826,7 @@ async fn bench(args: BenchArgs) -> u8 {
 /// `leasehold audit FILE…`.
 fn audit(args: &AuditArgs) -> u8 {
     let uncertainty = u64::try_from(args.clock_uncertainty.as_millis()).unwrap_or(u64::MAX);
-    match leasehold_cli::audit::audit(&args.files, uncertainty) {
+    match leasehold_chaos::audit::audit(&args.files, uncertainty) {
         Ok(found) => {
             if args.json {
                 println!("{}", found.json());

@@ -29,6 +29,7 @@ pub fn spec(backend: &str, scenario: &str, seed: u64) -> RunSpec {
         harness: Some(&leasehold_chaos_harness::HARNESS),
         bug: None,
         history_dir: history_dir(),
+        events_dir: None,
     }
 }
 

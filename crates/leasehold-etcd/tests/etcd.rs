@@ -1326,3 +1326,37 @@ async fn a_grant_whose_watch_broke_hears_of_its_eviction_past_a_compaction() {
     until_gauge(metrics, WATCH_STREAMS, streams).await;
     let _ = guard.release().await;
 }
+
+/// An eviction's marker outlasts the holder's session ttl counted from the eviction on.
+/// etcd counts what is left of a lease in whole seconds, rounded down: the marker's end is
+/// no earlier than when its lease was read + what is left of it.
+#[tokio::test]
+async fn an_evictions_marker_lasts_the_holders_session_ttl_past_the_eviction() {
+    let etcd = Etcd::start().await.unwrap();
+    let ttl = Duration::from_secs(5);
+    let holder = client(&etcd.endpoints(), ttl).await;
+    let operator = client(&etcd.endpoints(), Duration::from_secs(30)).await;
+    let guard = job_within(&holder, Duration::from_secs(10), "job is free").await;
+    let evicted = operator
+        .evict("job", None, "ops@host", "marker check")
+        .await
+        .unwrap();
+    let done = Instant::now();
+    assert_eq!(evicted.len(), 1, "{evicted:?}");
+    let markers = keys_under(&etcd, "job#delay/").await;
+    assert_eq!(markers.len(), 1, "{markers:?}");
+    let lease = lease_of(&etcd, &markers[0]).await;
+    let read = Instant::now();
+    let said = lease_ttl(&etcd, lease).await;
+    let left: u64 = said
+        .split("remaining(")
+        .nth(1)
+        .and_then(|rest| rest.split('s').next())
+        .and_then(|secs| secs.parse().ok())
+        .unwrap_or_else(|| panic!("{said}"));
+    assert!(
+        Duration::from_secs(left) + (read - done) >= ttl,
+        "the marker ends before the holder's session ttl has passed since the eviction: {said}"
+    );
+    let _ = guard.release().await;
+}

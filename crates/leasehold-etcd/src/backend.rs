@@ -567,6 +567,24 @@ impl EtcdBackend {
         ))
     }
 
+    /// Whether `lease` is a session's: one with the session's fence key on it.
+    /// A kept grant's hold lease has none (see [`Layout::anchor`](crate::layout::Layout::anchor)).
+    async fn is_session_lease(&self, lease: i64) -> Result<bool> {
+        if lease == 0 {
+            return Ok(false);
+        }
+        let read = RangeRequest {
+            count_only: true,
+            ..requests::get(self.inner.layout.anchor(lease))
+        };
+        let found = self
+            .rpc()
+            .range(read)
+            .await
+            .map_err(|e| map_error(e, "reading a session's fence"))?;
+        Ok(found.count > 0)
+    }
+
     /// Renews `lease` once: its full ttl counts from now.
     /// Best effort, within [`MARKER_MARGIN`]; a lease not renewed keeps its first term.
     async fn renew_once(&self, lease: i64) {
@@ -922,9 +940,10 @@ impl Backend for EtcdBackend {
     /// answered (the margin covers a transaction answered within it whose renewal fails).
     /// So the marker ends no earlier than the transaction + the holder's session ttl: the
     /// holder's session deadline, counted from a keep-alive sent before the transaction,
-    /// has passed before the set opens. The holder's client hears of the eviction by its
-    /// watch of the key (see `grants.rs`) and finds the record. The next grant's key is
-    /// created later: its token is greater.
+    /// has passed before the set opens. A key not bound to a session (kept: on a hold
+    /// lease) has no holder left to outlast, and gets a marker only for its lock-delay.
+    /// The holder's client hears of the eviction by its watch of the key (see `grants.rs`)
+    /// and finds the record. The next grant's key is created later: its token is greater.
     ///
     /// # Cancel safety
     ///
@@ -970,7 +989,11 @@ impl Backend for EtcdBackend {
         owner_marker.extend_from_slice(eviction.owner.as_str().as_bytes());
         let own_marker = markers.kvs.iter().find(|kv| kv.value == owner_marker);
         // Closed as long as the holder's session could last, or its lock-delay lease.
-        let mut closed_for = self.granted_ttl(entry.lease).await?;
+        let mut closed_for = if self.is_session_lease(entry.lease).await? {
+            self.granted_ttl(entry.lease).await?
+        } else {
+            Duration::ZERO
+        };
         if let Some(marker) = own_marker {
             closed_for = closed_for.max(self.granted_ttl(marker.lease).await?);
         }

@@ -1360,3 +1360,25 @@ async fn an_evictions_marker_lasts_the_holders_session_ttl_past_the_eviction() {
     );
     let _ = guard.release().await;
 }
+
+/// Evicting a kept grant leaves the lock open at once.
+/// A kept key lives by a hold lease, not by a session: no holder can still think it holds.
+#[tokio::test]
+async fn evicting_a_kept_grant_leaves_the_lock_open() {
+    let etcd = Etcd::start().await.unwrap();
+    let holder = client(&etcd.endpoints(), Duration::from_secs(30)).await;
+    let operator = client(&etcd.endpoints(), Duration::from_secs(30)).await;
+    let guard = job_within(&holder, Duration::from_secs(10), "job is free").await;
+    guard.keep_for(Duration::from_secs(3600)).await.unwrap();
+    let evicted = operator
+        .evict("job", None, "ops@host", "kept too long")
+        .await
+        .unwrap();
+    assert_eq!(evicted.len(), 1, "{evicted:?}");
+    let next = operator.mutex("job").unwrap().try_lock().await.unwrap();
+    assert!(
+        next.is_some(),
+        "the evicted kept grant still closes the lock"
+    );
+    next.unwrap().release().await.unwrap();
+}

@@ -601,6 +601,22 @@ impl EtcdBackend {
         }
     }
 
+    /// Whether the record of `eviction`'s token names `eviction` itself: it was applied.
+    async fn evicted_by(&self, name: &LockName, eviction: &Eviction) -> Result<bool> {
+        let Ok(revision) = i64::try_from(eviction.token.get()) else {
+            return Ok(false);
+        };
+        let read = requests::get(self.inner.layout.eviction(name, revision));
+        let found = self
+            .rpc()
+            .range(read)
+            .await
+            .map_err(|e| map_error(e, "reading an eviction record"))?;
+        Ok((found.kvs.first())
+            .and_then(|kv| evictions::decode(&kv.value))
+            .is_some_and(|recorded| recorded == *eviction))
+    }
+
     /// The time left on `lease` as etcd says: `None` for a key without a lease.
     async fn time_left(&self, lease: i64) -> Result<Option<Duration>> {
         if lease == 0 {
@@ -944,11 +960,13 @@ impl Backend for EtcdBackend {
     /// lease) has no holder left to outlast, and gets a marker only for its lock-delay.
     /// The holder's client hears of the eviction by its watch of the key (see `grants.rs`)
     /// and finds the record. The next grant's key is created later: its token is greater.
+    /// A grant that is gone, but whose record names this very eviction, was evicted by it
+    /// (an attempt whose answer was lost): `true`.
     ///
     /// # Cancel safety
     ///
     /// The transaction is applied whole or not at all: dropped before its answer, the
-    /// grant may be evicted or not, and evicting again answers `false` if it was. Leases
+    /// grant may be evicted or not, and evicting again answers whether it was. Leases
     /// granted for a transaction that never ran out by themselves; those of a transaction
     /// that was answered as not applied are revoked.
     ///
@@ -983,7 +1001,7 @@ impl Backend for EtcdBackend {
                 && u64::try_from(entry.revision).ok() == Some(token)
         });
         let Some((entry, _)) = found else {
-            return Ok(false);
+            return self.evicted_by(name, eviction).await;
         };
         let mut owner_marker = MARKER.to_vec();
         owner_marker.extend_from_slice(eviction.owner.as_str().as_bytes());

@@ -197,15 +197,15 @@ impl GrantWatch {
             loop {
                 let open = tokio::select! {
                     command = commands.recv() => match command {
-                        Some(Command::Watch(create)) => stream.create(create).await,
-                        Some(Command::Cancel(id)) => stream.cancel(id).await,
+                        Some(Command::Watch(create)) => stream.create(create),
+                        Some(Command::Cancel(id)) => stream.cancel(id),
                         None => return,
                     },
                     answer = stream.answers.message() => match answer {
                         Ok(Some(answer)) => {
                             retry = RETRY_FIRST;
                             for id in self.answered(&answer) {
-                                stream.cancel(id).await;
+                                stream.cancel(id);
                             }
                             true
                         }

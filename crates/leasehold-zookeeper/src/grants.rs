@@ -36,6 +36,9 @@ const RETRY_FIRST: Duration = Duration::from_millis(100);
 /// The longest wait between two attempts to set a watch.
 const RETRY_MOST: Duration = Duration::from_secs(2);
 
+/// How long the eviction record of a deleted node is waited for, the grant still held.
+const JUDGE_WITHIN: Duration = Duration::from_secs(2);
+
 /// The watches of a backend's grants.
 #[derive(Debug, Default)]
 pub(crate) struct GrantWatch {
@@ -247,13 +250,23 @@ async fn serve(inner: Weak<Inner>, mut watches: mpsc::UnboundedReceiver<Watching
 }
 
 /// Revokes `owner`'s grant, whose node was deleted other than by its own release.
-/// Evicted if the name's eviction record of its token names it; otherwise not the owner's
-/// any more, unless its session has ended (which says so itself).
+/// Evicted if the name's eviction record of its token names it, read within
+/// [`JUDGE_WITHIN`]; otherwise not the owner's any more, unless its session has ended
+/// (which says so itself). The read decides only the reason: the grant is revoked either
+/// way once it is answered or has taken too long.
 async fn judge(backend: ZooKeeperBackend, owner: OwnerId, watched: Watched) {
     let path = backend.inner.layout.eviction(&watched.name, watched.czxid);
     let token = FencingToken::new(watched.czxid.unsigned_abs());
-    let record = match backend.current() {
-        Some(session) => session.client.get_data(&path).await.ok(),
+    let client = backend.current().map(|session| session.client.clone());
+    drop(backend);
+    let record = match client {
+        Some(client) => match tokio::time::timeout(JUDGE_WITHIN, client.get_data(&path)).await {
+            Ok(read) => read.ok(),
+            Err(_) => {
+                tracing::debug!("zookeeper: an eviction record not read within {JUDGE_WITHIN:?}");
+                None
+            }
+        },
         None => None,
     };
     let evicted = record

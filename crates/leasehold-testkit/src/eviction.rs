@@ -11,6 +11,8 @@ use std::time::Duration;
 
 use leasehold_core::{Client, Fence, LossReason, NamePrefix};
 
+use crate::{Direction, FaultProxy};
+
 /// `operator` evicts `holder`'s lock `job` while `holder` also holds `other`.
 /// The holder goes on writing through a fence that the operator moves past its token:
 /// every write after the eviction is refused. Its guard is told (`Evicted`) while its
@@ -80,4 +82,24 @@ pub async fn an_evicted_holder_is_told_and_fenced_out(holder: &Client, operator:
     assert_eq!(operator.inspect("job").await.unwrap().holders.len(), 1);
     next.release().await.unwrap();
     other.release().await.unwrap();
+}
+
+/// `operator` evicts `holder`'s lock `job` while every reply to `holder` through `slow` is 5 s late.
+/// The grant waits for the eviction record less long than that: it is revoked as no longer
+/// its owner's, not left held until the record comes.
+pub async fn a_deleted_grant_is_revoked_without_waiting_long_for_its_record(
+    holder: &Client,
+    operator: &Client,
+    slow: &FaultProxy,
+) {
+    let guard = holder.mutex("job").unwrap().lock().await.unwrap();
+    slow.set_delay(Direction::ToClient, Duration::from_secs(5));
+    let evicted = operator
+        .evict("job", None, "ops@host", "slow link")
+        .await
+        .unwrap();
+    assert_eq!(evicted.len(), 1, "{evicted:?}");
+    assert_eq!(guard.lost().await, LossReason::NotOwner);
+    slow.heal();
+    let _ = guard.release().await;
 }

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use leasehold_core::backend::{Backend, Eviction, Mode, Request};
+use leasehold_core::backend::{Backend, Mode, Request};
 use leasehold_core::{
     Client, Error, FencingToken, Guard, LockName, LockOptions, LockState, LossReason, NamePrefix,
     OwnerId, RecordKey,
@@ -1384,40 +1384,15 @@ async fn evicting_a_kept_grant_leaves_the_lock_open() {
 }
 
 /// An eviction asked again after it was applied (its answer lost, say) answers `true`.
-/// Its record names that very eviction; another eviction of the same grant answers `false`.
 #[tokio::test]
 async fn an_eviction_asked_again_after_it_was_applied_answers_true() {
     let etcd = Etcd::start().await.unwrap();
     let holder = client(&etcd.endpoints(), Duration::from_secs(30)).await;
     let locks = backend(&etcd.endpoints(), Duration::from_secs(30)).await;
-    let guard = job_within(&holder, Duration::from_secs(10), "job is free").await;
-    let name = LockName::new("job").unwrap();
-    let eviction = Eviction::new(
-        guard.owner().clone(),
-        guard.token(),
-        "ops@host".into(),
-        "retried".into(),
-    );
-    assert!(
-        locks
-            .evict(&name, Mode::Exclusive, &eviction)
-            .await
-            .unwrap()
-    );
-    assert!(
-        locks
-            .evict(&name, Mode::Exclusive, &eviction)
-            .await
-            .unwrap()
-    );
-    let another = Eviction::new(
-        guard.owner().clone(),
-        guard.token(),
-        "ops@host".into(),
-        "someone else".into(),
-    );
-    assert!(!locks.evict(&name, Mode::Exclusive, &another).await.unwrap());
-    let _ = guard.release().await;
+    leasehold_testkit::eviction::an_eviction_asked_again_after_it_was_applied_answers_true(
+        &holder, &locks,
+    )
+    .await;
 }
 
 /// A grant whose key was deleted is revoked without waiting long for the eviction record.

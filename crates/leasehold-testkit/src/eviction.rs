@@ -9,7 +9,8 @@
 
 use std::time::Duration;
 
-use leasehold_core::{Client, Fence, LossReason, NamePrefix};
+use leasehold_core::backend::{Backend, Eviction, Mode};
+use leasehold_core::{Client, Fence, LockName, LossReason, NamePrefix};
 
 use crate::{Direction, FaultProxy};
 
@@ -101,5 +102,28 @@ pub async fn a_deleted_grant_is_revoked_without_waiting_long_for_its_record(
     assert_eq!(evicted.len(), 1, "{evicted:?}");
     assert_eq!(guard.lost().await, LossReason::NotOwner);
     slow.heal();
+    let _ = guard.release().await;
+}
+
+/// An eviction asked again of `backend` after it was applied (its answer lost) answers `true`.
+/// Its record names that very eviction; another eviction of the same grant answers `false`.
+pub async fn an_eviction_asked_again_after_it_was_applied_answers_true(
+    holder: &Client,
+    backend: &impl Backend,
+) {
+    let guard = holder.mutex("job").unwrap().lock().await.unwrap();
+    let name = LockName::new("job").unwrap();
+    let of = |reason: &str| {
+        let (owner, token) = (guard.owner().clone(), guard.token());
+        Eviction::new(owner, token, "ops@host".into(), reason.into())
+    };
+    let eviction = of("retried");
+    for attempt in ["first", "again"] {
+        let evicted = backend.evict(&name, Mode::Exclusive, &eviction).await;
+        assert!(evicted.unwrap(), "the {attempt} attempt answered false");
+    }
+    let another = of("someone else");
+    let evicted = backend.evict(&name, Mode::Exclusive, &another).await;
+    assert!(!evicted.unwrap(), "another eviction answered true");
     let _ = guard.release().await;
 }

@@ -37,6 +37,8 @@ const ATTEMPTS: usize = 3;
 
 impl ZooKeeperBackend {
     /// Force-releases the grant `eviction` names (see the module docs).
+    /// A grant that is gone, but whose record names this very eviction, was evicted by it
+    /// (an attempt whose answer was lost): `true`.
     pub(crate) async fn evict_node(
         &self,
         name: &LockName,
@@ -54,12 +56,12 @@ impl ZooKeeperBackend {
             *holds && c.mode == mode && c.owner.as_ref() == Some(&eviction.owner)
         });
         let Some((contender, _)) = found else {
-            return Ok(false);
+            return self.evicted_by(client, name, eviction).await;
         };
         let path = format!("{dir}/{}", contender.node);
         let stat = match client.check_stat(&path).await {
             Ok(Some(stat)) => stat,
-            Ok(None) => return Ok(false),
+            Ok(None) => return self.evicted_by(client, name, eviction).await,
             Err(e) => return Err(map(e, "evicting")),
         };
         if u64::try_from(stat.czxid).ok() != Some(eviction.token.get()) {
@@ -142,6 +144,26 @@ impl ZooKeeperBackend {
             format!("zookeeper: {records} keeps coming and going; cannot evict"),
             true,
         ))
+    }
+}
+
+impl ZooKeeperBackend {
+    /// Whether the record of `eviction`'s token names `eviction` itself: it was applied.
+    async fn evicted_by(
+        &self,
+        client: &zk::Client,
+        name: &LockName,
+        eviction: &Eviction,
+    ) -> Result<bool> {
+        let Ok(czxid) = i64::try_from(eviction.token.get()) else {
+            return Ok(false);
+        };
+        let path = self.inner.layout.eviction(name, czxid);
+        match client.get_data(&path).await {
+            Ok((data, _)) => Ok(evictions::decode(&data).is_some_and(|e| e == *eviction)),
+            Err(zk::Error::NoNode) => Ok(false),
+            Err(e) => Err(map(e, "reading an eviction record")),
+        }
     }
 }
 

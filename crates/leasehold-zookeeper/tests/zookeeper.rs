@@ -1631,3 +1631,15 @@ async fn a_deleted_grant_is_revoked_without_waiting_long_for_its_record() {
     )
     .await;
 }
+
+/// An eviction asked again after it was applied (its answer lost, say) answers `true`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_eviction_asked_again_after_it_was_applied_answers_true() {
+    let zookeeper = ZooKeeper::start().await.unwrap();
+    let holder = client_on(backend(&zookeeper.url()).await);
+    let locks = backend(&zookeeper.url()).await;
+    leasehold_testkit::eviction::an_eviction_asked_again_after_it_was_applied_answers_true(
+        &holder, &locks,
+    )
+    .await;
+}

@@ -88,6 +88,10 @@ type Queues = [Vec<Entry>; 2];
 /// How long after a read found a kept key still there its slot is looked at again.
 const KEPT_RECHECK: Duration = Duration::from_secs(1);
 
+/// How much longer than the holder's session an eviction's marker lease is asked for.
+/// It covers the time until the transaction is answered, should the renewal after it fail.
+const MARKER_MARGIN: Duration = Duration::from_secs(2);
+
 impl EtcdBackend {
     /// Whether what `hint` watches may have changed from its read to a watch at `now`.
     /// The watch, created at revision `now`, is in place: a single key is looked up (gone
@@ -563,6 +567,56 @@ impl EtcdBackend {
         ))
     }
 
+    /// Whether `lease` is a session's: one with the session's fence key on it.
+    /// A kept grant's hold lease has none (see [`Layout::anchor`](crate::layout::Layout::anchor)).
+    async fn is_session_lease(&self, lease: i64) -> Result<bool> {
+        if lease == 0 {
+            return Ok(false);
+        }
+        let read = RangeRequest {
+            count_only: true,
+            ..requests::get(self.inner.layout.anchor(lease))
+        };
+        let found = self
+            .rpc()
+            .range(read)
+            .await
+            .map_err(|e| map_error(e, "reading a session's fence"))?;
+        Ok(found.count > 0)
+    }
+
+    /// Renews `lease` once: its full ttl counts from now.
+    /// Best effort, within [`MARKER_MARGIN`]; a lease not renewed keeps its first term.
+    async fn renew_once(&self, lease: i64) {
+        let renewed = tokio::time::timeout(MARKER_MARGIN, async {
+            let (_sender, mut answers) = self.rpc().lease_keep_alive(lease).await?;
+            answers.message().await
+        })
+        .await;
+        match renewed {
+            Ok(Ok(Some(answer))) if answer.ttl > 0 => {}
+            Ok(Ok(_)) => tracing::warn!(lease, "etcd: an eviction's marker lease is gone"),
+            Ok(Err(e)) => tracing::warn!(lease, "etcd: renewing an eviction's marker: {e}"),
+            Err(_) => tracing::warn!(lease, "etcd: an eviction's marker not renewed in time"),
+        }
+    }
+
+    /// Whether the record of `eviction`'s token names `eviction` itself: it was applied.
+    async fn evicted_by(&self, name: &LockName, eviction: &Eviction) -> Result<bool> {
+        let Ok(revision) = i64::try_from(eviction.token.get()) else {
+            return Ok(false);
+        };
+        let read = requests::get(self.inner.layout.eviction(name, revision));
+        let found = self
+            .rpc()
+            .range(read)
+            .await
+            .map_err(|e| map_error(e, "reading an eviction record"))?;
+        Ok((found.kvs.first())
+            .and_then(|kv| evictions::decode(&kv.value))
+            .is_some_and(|recorded| recorded == *eviction))
+    }
+
     /// The time left on `lease` as etcd says: `None` for a key without a lease.
     async fn time_left(&self, lease: i64) -> Result<Option<Duration>> {
         if lease == 0 {
@@ -895,19 +949,26 @@ impl Backend for EtcdBackend {
     /// The set's queue is read to find the grant: the owner's key in `mode`'s set, created
     /// at the token, holding. One transaction compares that key's create revision and
     /// deletes it, deletes the grant's own lock-delay marker (kept alive with the holder's
-    /// session), puts a marker that closes the set — bound to a lease of its own of the
-    /// holder's session ttl (or the lock-delay lease's, if longer), so the holder's session
-    /// deadline, counted from a keep-alive sent before now, has passed before the set
-    /// opens — and puts the record under `#evictions/<name>/<token>`, kept a week (the
-    /// last 10 of a name). The holder's client hears of it by its watch of the key (see
-    /// `grants.rs`) and finds the record. The next grant's key is created later: its token
-    /// is greater.
+    /// session), puts a marker that closes the set, and puts the record under
+    /// `#evictions/<name>/<token>`, kept a week (the last 10 of a name). The marker is bound
+    /// to a lease of its own, granted last, of the holder's session ttl (or the lock-delay
+    /// lease's, if longer) and `MARKER_MARGIN` more, and renewed once the transaction is
+    /// answered (the margin covers a transaction answered within it whose renewal fails).
+    /// So the marker ends no earlier than the transaction + the holder's session ttl: the
+    /// holder's session deadline, counted from a keep-alive sent before the transaction,
+    /// has passed before the set opens. A key not bound to a session (kept: on a hold
+    /// lease) has no holder left to outlast, and gets a marker only for its lock-delay.
+    /// The holder's client hears of the eviction by its watch of the key (see `grants.rs`)
+    /// and finds the record. The next grant's key is created later: its token is greater.
+    /// A grant that is gone, but whose record names this very eviction, was evicted by it
+    /// (an attempt whose answer was lost): `true`.
     ///
     /// # Cancel safety
     ///
     /// The transaction is applied whole or not at all: dropped before its answer, the
-    /// grant may be evicted or not, and evicting again answers `false` if it was. Leases
-    /// granted for a transaction that never ran out by themselves.
+    /// grant may be evicted or not, and evicting again answers whether it was. Leases
+    /// granted for a transaction that never ran out by themselves; those of a transaction
+    /// that was answered as not applied are revoked.
     ///
     /// # Errors
     ///
@@ -940,23 +1001,20 @@ impl Backend for EtcdBackend {
                 && u64::try_from(entry.revision).ok() == Some(token)
         });
         let Some((entry, _)) = found else {
-            return Ok(false);
+            return self.evicted_by(name, eviction).await;
         };
         let mut owner_marker = MARKER.to_vec();
         owner_marker.extend_from_slice(eviction.owner.as_str().as_bytes());
         let own_marker = markers.kvs.iter().find(|kv| kv.value == owner_marker);
         // Closed as long as the holder's session could last, or its lock-delay lease.
-        let mut closed_for = self.granted_ttl(entry.lease).await?;
+        let mut closed_for = if self.is_session_lease(entry.lease).await? {
+            self.granted_ttl(entry.lease).await?
+        } else {
+            Duration::ZERO
+        };
         if let Some(marker) = own_marker {
             closed_for = closed_for.max(self.granted_ttl(marker.lease).await?);
         }
-        let (marker_lease, _) = grant_unkept(
-            self.rpc(),
-            closed_for,
-            "session ttl",
-            "lease of an eviction",
-        )
-        .await?;
         let (record_lease, _) = grant_unkept(
             self.rpc(),
             evictions::KEPT_FOR,
@@ -964,14 +1022,34 @@ impl Backend for EtcdBackend {
             "lease of an eviction record",
         )
         .await?;
+        let marker_lease = if closed_for.is_zero() {
+            None
+        } else {
+            let granted = grant_unkept(
+                self.rpc(),
+                closed_for.saturating_add(MARKER_MARGIN),
+                "session ttl",
+                "lease of an eviction",
+            )
+            .await;
+            match granted {
+                Ok((lease, _)) => Some(lease),
+                Err(e) => {
+                    self.drop_lease(record_lease).await;
+                    return Err(e);
+                }
+            }
+        };
         // The records of the name past the newest few go, to keep the last `KEPT`.
         let older = (records.kvs.iter().skip(evictions::KEPT - 1)).map(|kv| kv.key.clone());
         let writes = EvictionWrites {
-            marker: (
-                format!("{}evicted.{}", set.markers, entry.revision),
-                owner_marker,
-                marker_lease,
-            ),
+            marker: marker_lease.map(|lease| {
+                (
+                    format!("{}evicted.{}", set.markers, entry.revision),
+                    owner_marker,
+                    lease,
+                )
+            }),
             record: (
                 layout.eviction(name, entry.revision),
                 evictions::encode(eviction).into_bytes(),
@@ -989,8 +1067,12 @@ impl Backend for EtcdBackend {
             .await
             .map_err(|e| map_error(e, "evicting"))?;
         if !done.succeeded {
-            self.drop_lease(marker_lease).await;
             self.drop_lease(record_lease).await;
+            if let Some(lease) = marker_lease {
+                self.drop_lease(lease).await;
+            }
+        } else if let Some(lease) = marker_lease {
+            self.renew_once(lease).await;
         }
         Ok(done.succeeded)
     }

@@ -35,8 +35,8 @@ const RETRY_FIRST: Duration = Duration::from_millis(100);
 /// The longest wait between two attempts to open the stream.
 const RETRY_MOST: Duration = Duration::from_secs(5);
 
-/// How often the eviction record of a deleted key is asked for before giving up on it.
-const JUDGE_ATTEMPTS: u32 = 3;
+/// How long the eviction record of a deleted key is waited for, the grant still held.
+const JUDGE_WITHIN: Duration = Duration::from_secs(2);
 
 /// The watches of this backend's grants. Clones share them.
 #[derive(Debug, Clone)]
@@ -197,15 +197,15 @@ impl GrantWatch {
             loop {
                 let open = tokio::select! {
                     command = commands.recv() => match command {
-                        Some(Command::Watch(create)) => stream.create(create).await,
-                        Some(Command::Cancel(id)) => stream.cancel(id).await,
+                        Some(Command::Watch(create)) => stream.create(create),
+                        Some(Command::Cancel(id)) => stream.cancel(id),
                         None => return,
                     },
                     answer = stream.answers.message() => match answer {
                         Ok(Some(answer)) => {
                             retry = RETRY_FIRST;
                             for id in self.answered(&answer) {
-                                stream.cancel(id).await;
+                                stream.cancel(id);
                             }
                             true
                         }
@@ -309,38 +309,37 @@ impl GrantWatch {
     }
 
     /// Revokes the grant whose key was deleted, other than by its own release.
-    /// Evicted if the name's eviction record of its token names it; otherwise not the
-    /// owner's any more, unless its session has ended or run out (which says so itself).
+    /// Evicted if the name's eviction record of its token names it, read within
+    /// [`JUDGE_WITHIN`]; otherwise not the owner's any more, unless its session has ended
+    /// or run out (which says so itself). The read decides only the reason: the grant is
+    /// revoked either way once it is answered or has taken too long.
     async fn judge(self, watched: Watched) {
         let record = self.layout.eviction(&watched.name, watched.revision);
         let token = FencingToken::new(watched.revision.unsigned_abs());
-        let mut evicted = None;
-        for attempt in 1..=JUDGE_ATTEMPTS {
-            match self.rpc.range(requests::get(record.clone())).await {
-                Ok(read) => {
-                    evicted = Some(
-                        read.kvs
-                            .first()
-                            .and_then(|kv| evictions::decode(&kv.value))
-                            .is_some_and(|e| e.owner == watched.owner && e.token == token),
-                    );
-                    break;
-                }
-                Err(e) if attempt < JUDGE_ATTEMPTS => {
-                    tracing::debug!("etcd: reading an eviction record: {e}");
-                    tokio::time::sleep(RETRY_FIRST * attempt).await;
-                }
-                Err(e) => tracing::warn!("etcd: reading an eviction record: {e}"),
+        let read = tokio::time::timeout(JUDGE_WITHIN, self.rpc.range(requests::get(record)));
+        let evicted = match read.await {
+            Ok(Ok(read)) => read
+                .kvs
+                .first()
+                .and_then(|kv| evictions::decode(&kv.value))
+                .is_some_and(|e| e.owner == watched.owner && e.token == token),
+            Ok(Err(e)) => {
+                tracing::debug!("etcd: reading an eviction record: {e}");
+                false
             }
-        }
+            Err(_) => {
+                tracing::debug!("etcd: an eviction record not read within {JUDGE_WITHIN:?}");
+                false
+            }
+        };
         let alive = match watched.session.current() {
             Liveness::Alive { until } => SystemClock.now() < until,
             Liveness::Ended => false,
         };
-        let reason = match evicted {
-            Some(true) => LossReason::Evicted,
-            _ if alive => LossReason::NotOwner,
-            _ => return,
+        let reason = match (evicted, alive) {
+            (true, _) => LossReason::Evicted,
+            (false, true) => LossReason::NotOwner,
+            (false, false) => return,
         };
         tracing::warn!(lock = %watched.name, owner = %watched.owner, ?reason,
             "etcd: a grant's key was deleted");

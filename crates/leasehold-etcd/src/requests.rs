@@ -286,8 +286,8 @@ pub(crate) fn evictions(dir: &str, limit: usize) -> RangeRequest {
 /// What an eviction writes beside the key it deletes.
 #[derive(Debug)]
 pub(crate) struct EvictionWrites {
-    /// The marker that keeps the set closed, its value and its lease.
-    pub(crate) marker: (String, Vec<u8>, i64),
+    /// The marker that keeps the set closed, its value and its lease (none: not closed).
+    pub(crate) marker: Option<(String, Vec<u8>, i64)>,
     /// The eviction record, its value and its lease.
     pub(crate) record: (String, Vec<u8>, i64),
     /// Keys to delete with it: the grant's own lock-delay marker, records past the last kept.
@@ -298,13 +298,13 @@ pub(crate) struct EvictionWrites {
 /// Succeeds when it deleted the key; writes nothing otherwise.
 pub(crate) fn evict(key: &[u8], revision: i64, writes: EvictionWrites) -> TxnRequest {
     let EvictionWrites {
-        marker: (marker, marker_value, marker_lease),
+        marker,
         record: (record, record_value, record_lease),
         deletes,
     } = writes;
     let mut then = vec![delete(key)];
     then.extend(deletes.into_iter().map(delete));
-    then.push(put(marker, marker_value, marker_lease));
+    then.extend(marker.map(|(key, value, lease)| put(key, value, lease)));
     then.push(put(record, record_value, record_lease));
     txn([created(key, CompareResult::Equal, revision)], then, [])
 }

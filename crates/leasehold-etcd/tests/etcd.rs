@@ -1326,3 +1326,85 @@ async fn a_grant_whose_watch_broke_hears_of_its_eviction_past_a_compaction() {
     until_gauge(metrics, WATCH_STREAMS, streams).await;
     let _ = guard.release().await;
 }
+
+/// An eviction's marker outlasts the holder's session ttl counted from the eviction on.
+/// etcd counts what is left of a lease in whole seconds, rounded down: the marker's end is
+/// no earlier than when its lease was read + what is left of it.
+#[tokio::test]
+async fn an_evictions_marker_lasts_the_holders_session_ttl_past_the_eviction() {
+    let etcd = Etcd::start().await.unwrap();
+    let ttl = Duration::from_secs(5);
+    let holder = client(&etcd.endpoints(), ttl).await;
+    let operator = client(&etcd.endpoints(), Duration::from_secs(30)).await;
+    let guard = job_within(&holder, Duration::from_secs(10), "job is free").await;
+    let evicted = operator
+        .evict("job", None, "ops@host", "marker check")
+        .await
+        .unwrap();
+    let done = Instant::now();
+    assert_eq!(evicted.len(), 1, "{evicted:?}");
+    let markers = keys_under(&etcd, "job#delay/").await;
+    assert_eq!(markers.len(), 1, "{markers:?}");
+    let lease = lease_of(&etcd, &markers[0]).await;
+    let read = Instant::now();
+    let said = lease_ttl(&etcd, lease).await;
+    let left: u64 = said
+        .split("remaining(")
+        .nth(1)
+        .and_then(|rest| rest.split('s').next())
+        .and_then(|secs| secs.parse().ok())
+        .unwrap_or_else(|| panic!("{said}"));
+    assert!(
+        Duration::from_secs(left) + (read - done) >= ttl,
+        "the marker ends before the holder's session ttl has passed since the eviction: {said}"
+    );
+    let _ = guard.release().await;
+}
+
+/// Evicting a kept grant leaves the lock open at once.
+/// A kept key lives by a hold lease, not by a session: no holder can still think it holds.
+#[tokio::test]
+async fn evicting_a_kept_grant_leaves_the_lock_open() {
+    let etcd = Etcd::start().await.unwrap();
+    let holder = client(&etcd.endpoints(), Duration::from_secs(30)).await;
+    let operator = client(&etcd.endpoints(), Duration::from_secs(30)).await;
+    let guard = job_within(&holder, Duration::from_secs(10), "job is free").await;
+    guard.keep_for(Duration::from_secs(3600)).await.unwrap();
+    let evicted = operator
+        .evict("job", None, "ops@host", "kept too long")
+        .await
+        .unwrap();
+    assert_eq!(evicted.len(), 1, "{evicted:?}");
+    let next = operator.mutex("job").unwrap().try_lock().await.unwrap();
+    assert!(
+        next.is_some(),
+        "the evicted kept grant still closes the lock"
+    );
+    next.unwrap().release().await.unwrap();
+}
+
+/// An eviction asked again after it was applied (its answer lost, say) answers `true`.
+#[tokio::test]
+async fn an_eviction_asked_again_after_it_was_applied_answers_true() {
+    let etcd = Etcd::start().await.unwrap();
+    let holder = client(&etcd.endpoints(), Duration::from_secs(30)).await;
+    let locks = backend(&etcd.endpoints(), Duration::from_secs(30)).await;
+    leasehold_testkit::eviction::an_eviction_asked_again_after_it_was_applied_answers_true(
+        &holder, &locks,
+    )
+    .await;
+}
+
+/// A grant whose key was deleted is revoked without waiting long for the eviction record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_grant_is_revoked_without_waiting_long_for_its_record() {
+    let mut etcd = Etcd::start().await.unwrap();
+    let proxy = FaultProxy::start(etcd.members()[0].addr()).await.unwrap();
+    let through = [format!("127.0.0.1:{}", proxy.port())];
+    let holder = client(&through, Duration::from_secs(30)).await;
+    let operator = client(&etcd.endpoints(), Duration::from_secs(30)).await;
+    leasehold_testkit::eviction::a_deleted_grant_is_revoked_without_waiting_long_for_its_record(
+        &holder, &operator, &proxy,
+    )
+    .await;
+}

@@ -9,7 +9,10 @@
 
 use std::time::Duration;
 
-use leasehold_core::{Client, Fence, LossReason, NamePrefix};
+use leasehold_core::backend::{Backend, Eviction, Mode};
+use leasehold_core::{Client, Fence, LockName, LossReason, NamePrefix};
+
+use crate::{Direction, FaultProxy};
 
 /// `operator` evicts `holder`'s lock `job` while `holder` also holds `other`.
 /// The holder goes on writing through a fence that the operator moves past its token:
@@ -40,9 +43,12 @@ pub async fn an_evicted_holder_is_told_and_fenced_out(holder: &Client, operator:
     fence.exclude(token);
     // The holder goes on writing, unaware until the push arrives: refused all the same.
     assert!(!write(), "a write after the eviction was accepted");
+    // Held before the try, the guard was held all through it (a lost guard is never held
+    // again): the try must fail.
+    let held = guard.is_held();
     let try_job = operator.mutex("job").unwrap().try_lock().await.unwrap();
     assert!(
-        try_job.is_none() || !guard.is_held(),
+        !held || try_job.is_none(),
         "granted again while the evicted guard was held"
     );
     drop(try_job);
@@ -77,4 +83,47 @@ pub async fn an_evicted_holder_is_told_and_fenced_out(holder: &Client, operator:
     assert_eq!(operator.inspect("job").await.unwrap().holders.len(), 1);
     next.release().await.unwrap();
     other.release().await.unwrap();
+}
+
+/// `operator` evicts `holder`'s lock `job` while every reply to `holder` through `slow` is 5 s late.
+/// The grant waits for the eviction record less long than that: it is revoked as no longer
+/// its owner's, not left held until the record comes.
+pub async fn a_deleted_grant_is_revoked_without_waiting_long_for_its_record(
+    holder: &Client,
+    operator: &Client,
+    slow: &FaultProxy,
+) {
+    let guard = holder.mutex("job").unwrap().lock().await.unwrap();
+    slow.set_delay(Direction::ToClient, Duration::from_secs(5));
+    let evicted = operator
+        .evict("job", None, "ops@host", "slow link")
+        .await
+        .unwrap();
+    assert_eq!(evicted.len(), 1, "{evicted:?}");
+    assert_eq!(guard.lost().await, LossReason::NotOwner);
+    slow.heal();
+    let _ = guard.release().await;
+}
+
+/// An eviction asked again of `backend` after it was applied (its answer lost) answers `true`.
+/// Its record names that very eviction; another eviction of the same grant answers `false`.
+pub async fn an_eviction_asked_again_after_it_was_applied_answers_true(
+    holder: &Client,
+    backend: &impl Backend,
+) {
+    let guard = holder.mutex("job").unwrap().lock().await.unwrap();
+    let name = LockName::new("job").unwrap();
+    let of = |reason: &str| {
+        let (owner, token) = (guard.owner().clone(), guard.token());
+        Eviction::new(owner, token, "ops@host".into(), reason.into())
+    };
+    let eviction = of("retried");
+    for attempt in ["first", "again"] {
+        let evicted = backend.evict(&name, Mode::Exclusive, &eviction).await;
+        assert!(evicted.unwrap(), "the {attempt} attempt answered false");
+    }
+    let another = of("someone else");
+    let evicted = backend.evict(&name, Mode::Exclusive, &another).await;
+    assert!(!evicted.unwrap(), "another eviction answered true");
+    let _ = guard.release().await;
 }

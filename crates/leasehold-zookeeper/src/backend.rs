@@ -585,12 +585,13 @@ impl Backend for ZooKeeperBackend {
     /// put on a session that the server expires after the holder's session timeout, keeps
     /// the set closed until the holder's session deadline has passed; the record goes
     /// under `#evictions/<name>/<token>`. The holder's client hears of it by its watch of
-    /// its node. `Ok(false)` if that grant is not held.
+    /// its node. `Ok(false)` if that grant is not held, unless its record names this very
+    /// eviction (an attempt whose answer was lost).
     ///
     /// # Cancel safety
     ///
     /// The `multi` is applied whole or not at all: dropped before its answer, the grant
-    /// may be evicted or not, and evicting again answers `false` if it was. A marker
+    /// may be evicted or not, and evicting again answers whether it was. A marker
     /// session opened for a `multi` that never ran expires with nothing on it.
     ///
     /// # Errors

@@ -9,11 +9,12 @@
 //!   of the holder's session timeout and a twentieth more: every session says its
 //!   negotiated timeout in `#sessions/<id>` (see `session.rs`); where that is missing, the
 //!   marker's session asks for a day, and the server grants its longest
-//!   (`maxSessionTimeout`), which no holder's session exceeds. The session is then let go
-//!   of without closing, so the server expires it — and deletes the marker — a whole
-//!   timeout later, whatever the evicting process does: by then the evicted holder, even
-//!   one cut off from the ensemble, has passed its session deadline. Waiters watch the
-//!   marker's deletion, as they do a vanished holder's.
+//!   (`maxSessionTimeout`), which no holder's session exceeds. The session sends one more
+//!   request once the `multi` is applied, and is then let go of without closing, so the
+//!   server expires it — and deletes the marker — a whole timeout after the eviction,
+//!   whatever the evicting process does: by then the evicted holder, even one cut off
+//!   from the ensemble, has passed its session deadline. Waiters watch the marker's
+//!   deletion, as they do a vanished holder's.
 //! - **The record** is a persistent node `#evictions/<name>/<token>` in the same `multi`;
 //!   the last [`KEPT`](leasehold_core::support::evictions::KEPT) of a name stay, older ones
 //!   are deleted by the next eviction. The evicted holder's client hears of the deletion by
@@ -36,6 +37,8 @@ const ATTEMPTS: usize = 3;
 
 impl ZooKeeperBackend {
     /// Force-releases the grant `eviction` names (see the module docs).
+    /// A grant that is gone, but whose record names this very eviction, was evicted by it
+    /// (an attempt whose answer was lost): `true`.
     pub(crate) async fn evict_node(
         &self,
         name: &LockName,
@@ -53,12 +56,12 @@ impl ZooKeeperBackend {
             *holds && c.mode == mode && c.owner.as_ref() == Some(&eviction.owner)
         });
         let Some((contender, _)) = found else {
-            return Ok(false);
+            return self.evicted_by(client, name, eviction).await;
         };
         let path = format!("{dir}/{}", contender.node);
         let stat = match client.check_stat(&path).await {
             Ok(Some(stat)) => stat,
-            Ok(None) => return Ok(false),
+            Ok(None) => return self.evicted_by(client, name, eviction).await,
             Err(e) => return Err(map(e, "evicting")),
         };
         if u64::try_from(stat.czxid).ok() != Some(eviction.token.get()) {
@@ -111,7 +114,10 @@ impl ZooKeeperBackend {
             let marker_at = 1 + usize::from(own_marker);
             let record_at = marker_at + 1;
             match multi.commit().await {
-                Ok(_) => return Ok(true),
+                Ok(_) => {
+                    heard_after(&closer, &marker).await;
+                    return Ok(true);
+                }
                 // The grant's node is gone or changed: not that grant any more.
                 Err(zk::MultiWriteError::OperationFailed { index: 0, .. }) => return Ok(false),
                 Err(zk::MultiWriteError::OperationFailed { index, source }) => match source {
@@ -138,5 +144,36 @@ impl ZooKeeperBackend {
             format!("zookeeper: {records} keeps coming and going; cannot evict"),
             true,
         ))
+    }
+}
+
+impl ZooKeeperBackend {
+    /// Whether the record of `eviction`'s token names `eviction` itself: it was applied.
+    async fn evicted_by(
+        &self,
+        client: &zk::Client,
+        name: &LockName,
+        eviction: &Eviction,
+    ) -> Result<bool> {
+        let Ok(czxid) = i64::try_from(eviction.token.get()) else {
+            return Ok(false);
+        };
+        let path = self.inner.layout.eviction(name, czxid);
+        match client.get_data(&path).await {
+            Ok((data, _)) => Ok(evictions::decode(&data).is_some_and(|e| e == *eviction)),
+            Err(zk::Error::NoNode) => Ok(false),
+            Err(e) => Err(map(e, "reading an eviction record")),
+        }
+    }
+}
+
+/// Sends one more request on the marker's session `closer`, after its `multi` was applied.
+/// The server counts a session's timeout from the last request it heard, and it heard
+/// the `multi` before applying it: from now on, the marker outlasts the holder's session
+/// deadline counted from before the eviction by the whole timeout. Best effort: the
+/// twentieth more covers the `multi`'s own time where this fails.
+async fn heard_after(closer: &zk::Client, marker: &str) {
+    if let Err(e) = closer.check_stat(marker).await {
+        tracing::debug!("zookeeper: touching an eviction's marker session: {e}");
     }
 }

@@ -6,14 +6,17 @@
 //! gets a one-shot `exists` watch in the session, set right after the grant, and one task
 //! per backend awaits them all (it ends with the last grant). One-shot watches, unlike
 //! persistent ones, are set again by the client after a reconnection, and the server then
-//! reports a deletion it missed. A release stops watching its node before it deletes it
-//! (the watch is removed from the server); any other deletion revokes the grant: as
-//! [`LossReason::Evicted`] if the name's eviction record names it (the eviction writes
-//! the record in the `multi` that deletes the node), else as [`LossReason::NotOwner`]
-//! while its session is alive — a session that ended reports its own loss.
+//! reports a deletion it missed; a watch whose request was lost with its connection, or
+//! that fired for anything but a deletion, is set again by the task. A release stops
+//! watching its node before it deletes it (the watch is removed from the server); any
+//! other deletion revokes the grant: as [`LossReason::Evicted`] if the name's eviction
+//! record names it (the eviction writes the record in the `multi` that deletes the node),
+//! else as [`LossReason::NotOwner`] while its session is alive — a session that ended
+//! reports its own loss.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
 
 use futures_util::StreamExt;
 use futures_util::future::{AbortHandle, Abortable, BoxFuture};
@@ -26,6 +29,15 @@ use tokio::sync::mpsc;
 use zookeeper_client as zk;
 
 use crate::connection::{Inner, ZooKeeperBackend};
+
+/// The first wait before setting a failed watch again; it doubles each time.
+const RETRY_FIRST: Duration = Duration::from_millis(100);
+
+/// The longest wait between two attempts to set a watch.
+const RETRY_MOST: Duration = Duration::from_secs(2);
+
+/// How long the eviction record of a deleted node is waited for, the grant still held.
+const JUDGE_WITHIN: Duration = Duration::from_secs(2);
 
 /// The watches of a backend's grants.
 #[derive(Debug, Default)]
@@ -62,7 +74,7 @@ struct Watched {
 enum Seen {
     /// Deleted, or another node by now.
     Gone,
-    /// The session ended, or the watch failed: the session's liveness says the rest.
+    /// The session ended or was replaced: the session's liveness says the rest.
     Nothing,
 }
 
@@ -109,27 +121,13 @@ impl ZooKeeperBackend {
         let id = state.last_id;
         // The task sets the watch and awaits its event. A deletion before the watch is set
         // shows as a node that is gone (or another one), which it reports the same way.
-        let client = client.clone();
-        let wait: BoxFuture<'static, Seen> = Box::pin(async move {
-            let answer = client.check_and_watch_stat(&path).await;
-            // The watcher does not keep the session open; the client would.
-            drop(client);
-            match answer {
-                Ok((Some(stat), watcher)) if stat.czxid == czxid => {
-                    match watcher.changed().await.event_type {
-                        zk::EventType::NodeDeleted => Seen::Gone,
-                        // The session ended; or its data changed, which a granted node's
-                        // never does.
-                        _ => Seen::Nothing,
-                    }
-                }
-                Ok(_) => Seen::Gone,
-                Err(e) => {
-                    tracing::debug!("zookeeper: watching a grant's node: {e}");
-                    Seen::Nothing
-                }
-            }
-        });
+        let wait: BoxFuture<'static, Seen> = Box::pin(watch_node(
+            Arc::downgrade(&self.inner),
+            (owner.clone(), id),
+            client.session_id().0,
+            path,
+            czxid,
+        ));
         let (stop, registration) = AbortHandle::new_pair();
         let watched = Watched {
             id,
@@ -154,6 +152,66 @@ impl ZooKeeperBackend {
         state.task = Some(sender);
         tokio::spawn(serve(Arc::downgrade(&self.inner), watches));
         revocable
+    }
+}
+
+/// Watches the node at `path`, created at `czxid` in session `session`, until it goes.
+/// A watch that fails short of the session's end (a connection lost with the request in
+/// flight), or that fires for anything but the node's deletion, is set again, with
+/// backoff, while the grant's watch is still `watch` (owner and id) and the session the
+/// backend's. A node gone (or another node by now) is [`Seen::Gone`]; a session that
+/// ended or was replaced, or a backend that went, is [`Seen::Nothing`].
+async fn watch_node(
+    inner: Weak<Inner>,
+    watch: (OwnerId, u64),
+    session: i64,
+    path: String,
+    czxid: i64,
+) -> Seen {
+    let mut retry = RETRY_FIRST;
+    loop {
+        // The client is held for one request only: a grant's watch keeps no session open.
+        let client = {
+            let Some(inner) = inner.upgrade() else {
+                return Seen::Nothing;
+            };
+            let ours =
+                (inner.grants.state().by_owner.get(&watch.0)).is_some_and(|w| w.id == watch.1);
+            let backend = ZooKeeperBackend { inner };
+            match backend.current() {
+                Some(current) if ours && current.id == session => current.client.clone(),
+                _ => return Seen::Nothing,
+            }
+        };
+        let answer = client.check_and_watch_stat(&path).await;
+        drop(client);
+        match answer {
+            Ok((Some(stat), watcher)) if stat.czxid == czxid => {
+                let event = watcher.changed().await;
+                match event.event_type {
+                    zk::EventType::NodeDeleted => return Seen::Gone,
+                    zk::EventType::Session if event.session_state.is_terminated() => {
+                        return Seen::Nothing;
+                    }
+                    // Its data changed, say: the node is still there, watched again.
+                    other => {
+                        tracing::debug!(?other, "zookeeper: a grant's watch fired; set again");
+                        retry = RETRY_FIRST;
+                        continue;
+                    }
+                }
+            }
+            Ok(_) => return Seen::Gone,
+            Err(
+                zk::Error::SessionExpired
+                | zk::Error::ClientClosed
+                | zk::Error::AuthFailed
+                | zk::Error::NoHosts,
+            ) => return Seen::Nothing,
+            Err(e) => tracing::debug!("zookeeper: watching a grant's node: {e}; again"),
+        }
+        tokio::time::sleep(retry).await;
+        retry = (retry * 2).min(RETRY_MOST);
     }
 }
 
@@ -192,13 +250,23 @@ async fn serve(inner: Weak<Inner>, mut watches: mpsc::UnboundedReceiver<Watching
 }
 
 /// Revokes `owner`'s grant, whose node was deleted other than by its own release.
-/// Evicted if the name's eviction record of its token names it; otherwise not the owner's
-/// any more, unless its session has ended (which says so itself).
+/// Evicted if the name's eviction record of its token names it, read within
+/// [`JUDGE_WITHIN`]; otherwise not the owner's any more, unless its session has ended
+/// (which says so itself). The read decides only the reason: the grant is revoked either
+/// way once it is answered or has taken too long.
 async fn judge(backend: ZooKeeperBackend, owner: OwnerId, watched: Watched) {
     let path = backend.inner.layout.eviction(&watched.name, watched.czxid);
     let token = FencingToken::new(watched.czxid.unsigned_abs());
-    let record = match backend.current() {
-        Some(session) => session.client.get_data(&path).await.ok(),
+    let client = backend.current().map(|session| session.client.clone());
+    drop(backend);
+    let record = match client {
+        Some(client) => match tokio::time::timeout(JUDGE_WITHIN, client.get_data(&path)).await {
+            Ok(read) => read.ok(),
+            Err(_) => {
+                tracing::debug!("zookeeper: an eviction record not read within {JUDGE_WITHIN:?}");
+                None
+            }
+        },
         None => None,
     };
     let evicted = record

@@ -509,7 +509,6 @@ impl Drop for DelaySession {
     }
 }
 
-/// Makes sure the epoch node exists and carries an epoch; returns it.
 /// Says the session's negotiated `timeout` (in ms) in the ephemeral node at `path`.
 /// An eviction of one of its grants keeps the lock closed that long (see `evict`); where
 /// the node is missing it takes the server's longest. Best effort: a failure is logged.
@@ -534,6 +533,7 @@ async fn publish_timeout(client: &zk::Client, path: &str, timeout: Duration, pri
     }
 }
 
+/// Makes sure the epoch node exists and carries an epoch; returns it.
 async fn ensure_epoch(client: &zk::Client, root: &str, private: bool) -> Result<String> {
     let fresh = format!("{EPOCH}{}", OwnerId::generate());
     let options = zk::CreateMode::Persistent.with_acls(acls(private));

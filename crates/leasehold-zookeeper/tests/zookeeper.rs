@@ -1544,3 +1544,102 @@ async fn a_grant_whose_link_broke_hears_of_its_eviction_on_reconnecting() {
     .await;
     let _ = guard.release().await;
 }
+
+/// Awaits `guard`'s loss, which must be its eviction: one never heard fails the test.
+async fn told_evicted(guard: &leasehold_core::Guard) {
+    let lost = tokio::time::timeout(Duration::from_secs(60), guard.lost()).await;
+    assert_eq!(
+        lost.ok(),
+        Some(LossReason::Evicted),
+        "the eviction went unheard"
+    );
+}
+
+/// A grant whose watch request was lost with its connection sets it again, and hears of its eviction.
+/// Every reply is late, so the request is still unanswered when the connection is reset:
+/// the client fails it (the session lives on) and sets nothing again by itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_whose_watch_request_was_lost_sets_it_again() {
+    let zookeeper = ZooKeeper::start().await.unwrap();
+    let (holder, proxy) = through_proxy(&zookeeper, "session_timeout=30s").await;
+    let options = LockOptions::builder()
+        .request_timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let holder = Client::builder(holder).options(options).build();
+    let operator = client_on(backend(&zookeeper.url()).await);
+    proxy.set_delay(Direction::ToClient, Duration::from_secs(1));
+    let guard = holder.mutex("job").unwrap().lock().await.unwrap();
+    // The grant's watch request went out as the grant was answered; its reply is late.
+    proxy.refuse_new(true);
+    proxy.reset();
+    proxy.set_delay(Direction::ToClient, Duration::ZERO);
+    let evicted = operator
+        .evict("job", None, "ops@host", "watch request lost")
+        .await
+        .unwrap();
+    assert_eq!(evicted.len(), 1, "{evicted:?}");
+    proxy.refuse_new(false);
+    told_evicted(&guard).await;
+    let _ = guard.release().await;
+}
+
+/// A grant whose node's data changed watches it again, and hears of its eviction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_whose_node_changed_watches_it_again() {
+    let zookeeper = ZooKeeper::start().await.unwrap();
+    let raw = raw(&zookeeper).await;
+    let holder = client_on(backend(&zookeeper.url()).await);
+    let operator = client_on(backend(&zookeeper.url()).await);
+    let before = watch_count(&zookeeper).await;
+    let guard = holder.mutex("job").unwrap().lock().await.unwrap();
+    let watched = || async { watch_count(&zookeeper).await == before + 1 };
+    until("the grant's watch", Duration::from_secs(10), async || {
+        watched().await
+    })
+    .await;
+    let dir = "/leasehold/job";
+    let node = children(&raw, dir).await;
+    assert_eq!(node.len(), 1, "{node:?}");
+    // The change fires the one-shot watch (the server drops it before it answers the
+    // change); the grant sets it again.
+    raw.set_data(&format!("{dir}/{}", node[0]), b"changed", None)
+        .await
+        .unwrap();
+    until("the watch set again", Duration::from_secs(10), async || {
+        watched().await
+    })
+    .await;
+    operator
+        .evict("job", None, "ops@host", "after a change")
+        .await
+        .unwrap();
+    told_evicted(&guard).await;
+    let _ = guard.release().await;
+}
+
+/// A grant whose node was deleted is revoked without waiting long for the eviction record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_grant_is_revoked_without_waiting_long_for_its_record() {
+    let zookeeper = ZooKeeper::start().await.unwrap();
+    let (holder, proxy) = through_proxy(&zookeeper, "session_timeout=30s").await;
+    let operator = client_on(backend(&zookeeper.url()).await);
+    leasehold_testkit::eviction::a_deleted_grant_is_revoked_without_waiting_long_for_its_record(
+        &client_on(holder),
+        &operator,
+        &proxy,
+    )
+    .await;
+}
+
+/// An eviction asked again after it was applied (its answer lost, say) answers `true`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_eviction_asked_again_after_it_was_applied_answers_true() {
+    let zookeeper = ZooKeeper::start().await.unwrap();
+    let holder = client_on(backend(&zookeeper.url()).await);
+    let locks = backend(&zookeeper.url()).await;
+    leasehold_testkit::eviction::an_eviction_asked_again_after_it_was_applied_answers_true(
+        &holder, &locks,
+    )
+    .await;
+}

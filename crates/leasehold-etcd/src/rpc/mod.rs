@@ -6,7 +6,7 @@
 //! auth token, and the few builders here make up transactions.
 
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::wrappers::{ReceiverStream, UnboundedReceiverStream};
 use tonic::codec::Streaming;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::Interceptor;
@@ -171,18 +171,20 @@ impl Rpc {
 
     /// Opens a watch stream with one watch per request in `watches`.
     /// The stream lives as long as the returned value: dropping it resets the stream, and
-    /// etcd then cancels its watches.
+    /// etcd then cancels its watches. Its requests queue unbounded, so that adding or
+    /// canceling a watch never waits on etcd, which may itself wait for its answers to be
+    /// read.
     pub(crate) async fn watch(&self, watches: Vec<WatchCreateRequest>) -> Result<Watching, Status> {
-        let (sender, requests) = mpsc::channel(watches.len().max(WATCH_REQUESTS_QUEUED));
+        let (sender, requests) = mpsc::unbounded_channel();
         for watch in watches {
-            // The receiver is still here: a send into a channel with room cannot fail.
-            let _ = sender.try_send(create_request(watch));
+            // The receiver is still here: the send cannot fail.
+            let _ = sender.send(create_request(watch));
         }
         // Replies up to 64 MiB, as for reads: a change feed's watch can be sent the events of
         // many revisions at once.
         let answers = WatchClient::with_interceptor(self.channel.clone(), self.token.clone())
             .max_decoding_message_size(64 << 20)
-            .watch(ReceiverStream::new(requests))
+            .watch(UnboundedReceiverStream::new(requests))
             .await?
             .into_inner();
         Ok(Watching {
@@ -191,9 +193,6 @@ impl Rpc {
         })
     }
 }
-
-/// How many watch requests a stream queues before a sender waits.
-const WATCH_REQUESTS_QUEUED: usize = 16;
 
 /// The request that creates `watch`.
 fn create_request(watch: WatchCreateRequest) -> WatchRequest {
@@ -228,26 +227,26 @@ impl KeepAlive {
 /// An open watch stream: its answers, and the request side that keeps it open.
 #[derive(Debug)]
 pub(crate) struct Watching {
-    requests: mpsc::Sender<WatchRequest>,
+    requests: mpsc::UnboundedSender<WatchRequest>,
     pub(crate) answers: Streaming<WatchResponse>,
 }
 
 impl Watching {
-    /// Adds `watch` to the stream; etcd answers it as created (or canceled).
+    /// Adds `watch` to the stream, without waiting; etcd answers it as created (or canceled).
     /// Returns `false` if the stream is gone.
-    pub(crate) async fn create(&self, watch: WatchCreateRequest) -> bool {
-        self.requests.send(create_request(watch)).await.is_ok()
+    pub(crate) fn create(&self, watch: WatchCreateRequest) -> bool {
+        self.requests.send(create_request(watch)).is_ok()
     }
 
-    /// Cancels the stream's watch `watch_id`.
+    /// Cancels the stream's watch `watch_id`, without waiting.
     /// Returns `false` if the stream is gone.
-    pub(crate) async fn cancel(&self, watch_id: i64) -> bool {
+    pub(crate) fn cancel(&self, watch_id: i64) -> bool {
         let request = WatchRequest {
             request_union: Some(etcdserverpb::watch_request::RequestUnion::CancelRequest(
                 WatchCancelRequest { watch_id },
             )),
         };
-        self.requests.send(request).await.is_ok()
+        self.requests.send(request).is_ok()
     }
 }
 

@@ -7,48 +7,66 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use leasehold_chaos::audit::{Audit, audit};
+use leasehold_chaos::audit::follow::follow;
+use leasehold_chaos::audit::{Audit, Spec};
 use leasehold_chaos::bugs::Bug;
 use leasehold_chaos::checks::Status;
 
-/// The events files the workers of a run wrote in `dir`.
-fn events_in(dir: &Path) -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|entry| entry.unwrap().path())
-        .filter(|path| path.extension().is_some_and(|e| e == "jsonl"))
-        .collect();
-    files.sort();
-    files
-}
-
-/// Runs `scenario` on Redis with `seed` (and `bug`, if any), its workers writing events.
-/// It returns the checker's failed checks and the audit of the events (clocks of one host:
-/// ±1 ms).
-fn run_and_audit(scenario: &str, seed: u64, bug: Option<Bug>) -> (Vec<String>, Audit) {
+/// Runs `scenario` on Redis with `seed` (and `bug`, if any) under a live audit.
+/// Its workers write events while `leasehold audit --follow` reads them from the run's
+/// directory (a host per worker process, as they appear). It returns the checker's failed checks and the audit
+/// (clocks of one host: ±1 ms), the run's page of timelines written to `html`.
+fn run_and_audit(scenario: &str, seed: u64, bug: Option<Bug>, html: &Path) -> (Vec<String>, Audit) {
     let dir = tempfile::tempdir().unwrap();
     let mut spec = common::spec("redis", scenario, seed);
     spec.bug = bug.map(|bug| bug.name().to_owned());
     spec.events_dir = Some(dir.path().to_path_buf());
+    let run_dir = dir.path().join(format!("redis-{scenario}-{seed}"));
+    std::fs::create_dir_all(&run_dir).unwrap();
+    let mut audit_spec = Spec::new(vec![run_dir], 1);
+    audit_spec.timeline_ms = Some(10_000);
+    audit_spec.html = Some(html.to_path_buf());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let live = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(follow(
+            &audit_spec,
+            async {
+                let _ = stopped.await;
+            },
+            |_| {},
+        ))
+    });
     let report = common::run(&spec);
+    stop.send(()).unwrap();
+    let found = live.join().unwrap().unwrap();
     let failed = report
         .verdicts()
         .iter()
         .filter(|v| matches!(v.status, Status::Fail))
         .map(|v| format!("{:?}", v.check))
         .collect();
-    let files = events_in(&dir.path().join(format!("redis-{scenario}-{seed}")));
-    assert!(!files.is_empty(), "{scenario}: no worker wrote events");
-    (failed, audit(&files, 1).unwrap())
+    assert!(
+        found.hosts.len() >= 2,
+        "{scenario}: the audit saw {:?}",
+        found.hosts
+    );
+    (failed, found)
 }
 
 #[test]
 fn the_audit_finds_the_double_grant_of_a_release_without_owner_check() {
     // A release that deletes whoever holds lets a second holder in beside the first.
+    let pages = tempfile::tempdir().unwrap();
     for seed in 1..=3 {
-        let (failed, found) = run_and_audit("non-owner-release", seed, Some(Bug::ReleaseAny));
+        let html = pages.path().join(format!("audit-{seed}.html"));
+        let (failed, found) =
+            run_and_audit("non-owner-release", seed, Some(Bug::ReleaseAny), &html);
         if failed.is_empty() {
             continue;
         }
@@ -58,6 +76,12 @@ fn the_audit_finds_the_double_grant_of_a_release_without_owner_check() {
             "the checker failed {failed:?}; the audit found {:?}",
             found.findings
         );
+        // The page draws each finding's timeline in a real browser: lanes, the finding.
+        let dom = common::chromium_dom(&html);
+        assert!(!dom.contains("data-error"), "a script error:\n{dom}");
+        let drawn = found.findings.len().min(100);
+        assert_eq!(dom.matches("class=\"violation\"").count(), drawn, "{dom}");
+        assert!(dom.matches("class=\"hold\"").count() >= 2, "{dom}");
         return;
     }
     panic!("the planted bug was not caught by the checker in 3 seeds");
@@ -73,7 +97,8 @@ fn the_audit_raises_no_alarm_where_every_promise_was_kept() {
         "delayed-grant-reply",
         "lost-grant-reply",
     ] {
-        let (failed, found) = run_and_audit(scenario, 1, None);
+        let html = tempfile::NamedTempFile::new().unwrap();
+        let (failed, found) = run_and_audit(scenario, 1, None, html.path());
         assert!(
             failed.is_empty(),
             "{scenario}: the checker failed {failed:?}"

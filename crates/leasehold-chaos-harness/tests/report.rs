@@ -4,33 +4,6 @@
 
 mod common;
 
-use std::path::Path;
-use std::process::Command;
-
-fn chromium(profile: &Path, args: &[&str]) -> std::process::Output {
-    let program = ["chromium", "/usr/bin/chromium"]
-        .into_iter()
-        .find(|p| Command::new(p).arg("--version").output().is_ok())
-        .expect("chromium is not installed; ./scripts/test installs it");
-    Command::new("timeout")
-        .arg("120")
-        .arg(program)
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-        ])
-        .arg(format!("--user-data-dir={}", profile.display()))
-        .args(args)
-        .output()
-        .expect("chromium runs")
-}
-
 #[test]
 fn the_html_timeline_renders_its_lanes_in_headless_chromium() {
     // A run with a violation to mark: Redis restarted empty under a holder.
@@ -55,7 +28,7 @@ fn the_html_timeline_renders_its_lanes_in_headless_chromium() {
     let url = format!("file://{}", page.display());
 
     let profile = tempfile::tempdir().unwrap();
-    let dom = chromium(profile.path(), &["--dump-dom", &url]);
+    let dom = common::chromium(profile.path(), &["--dump-dom", &url]);
     let dom_text = String::from_utf8_lossy(&dom.stdout);
     assert!(
         dom_text.contains(&format!("data-rendered=\"{lanes}\"")),
@@ -76,7 +49,7 @@ fn the_html_timeline_renders_its_lanes_in_headless_chromium() {
 
     let profile = tempfile::tempdir().unwrap();
     let shot = dir.path().join("report.png");
-    let out = chromium(
+    let out = common::chromium(
         profile.path(),
         &[
             &format!("--screenshot={}", shot.display()),

@@ -264,9 +264,30 @@ struct AuditArgs {
     /// How far apart the hosts' clocks may be (NTP's estimate): nothing shorter is reported.
     #[arg(long, default_value = "50ms", value_parser = duration)]
     clock_uncertainty: Duration,
-    /// Print JSON instead of text.
+    /// Print JSON instead of text (with --follow: one object per finding and line).
     #[arg(long)]
     json: bool,
+    /// Keep reading the files as they grow, reporting each finding as it is made.
+    /// It goes on until interrupted (SIGINT, SIGTERM, SIGHUP); a FILE may be a directory.
+    #[arg(long)]
+    follow: bool,
+    /// With --follow: keep the auditor's state and each file's position here.
+    /// A restart resumes from it.
+    #[arg(long, requires = "follow")]
+    state: Option<std::path::PathBuf>,
+    /// A host silent this long (by the others' clocks) no longer holds the audit back.
+    #[arg(long, default_value = "60s", value_parser = duration)]
+    host_idle: Duration,
+    /// Write a self-contained HTML page drawing the minutes around each finding.
+    /// With --follow it is rewritten as each is drawn.
+    #[arg(long)]
+    html: Option<std::path::PathBuf>,
+    /// With --html: how much before and after each finding to draw.
+    #[arg(long, default_value = "60s", value_parser = duration)]
+    html_window: Duration,
+    /// Serve the audit's counters for Prometheus at this address (`/metrics`).
+    #[arg(long, requires = "follow")]
+    metrics_listen: Option<std::net::SocketAddr>,
     /// The event files, one per host (the host is the file's name).
     #[arg(required = true)]
     files: Vec<std::path::PathBuf>,
@@ -376,6 +397,7 @@ fn main() -> ExitCode {
             Command::Locks(args) => locks(args).await,
             Command::Release(args) => release(args).await,
             Command::Bench(args) => bench(args).await,
+            Command::Audit(args) if args.follow => audit_follow(&args).await,
             Command::Audit(args) => audit(&args),
             Command::Chaos(_) => exit::USAGE,
             Command::Supervise(args) => {
@@ -823,10 +845,21 @@ async fn bench(args: BenchArgs) -> u8 {
     }
 }
 
+/// What `leasehold audit` was asked to do.
+fn audit_spec(args: &AuditArgs) -> leasehold_chaos::audit::Spec {
+    let millis = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    let mut spec =
+        leasehold_chaos::audit::Spec::new(args.files.clone(), millis(args.clock_uncertainty));
+    spec.idle_ms = millis(args.host_idle);
+    spec.state.clone_from(&args.state);
+    spec.html.clone_from(&args.html);
+    spec.timeline_ms = args.html.as_ref().map(|_| millis(args.html_window));
+    spec
+}
+
 /// `leasehold audit FILE…`.
 fn audit(args: &AuditArgs) -> u8 {
-    let uncertainty = u64::try_from(args.clock_uncertainty.as_millis()).unwrap_or(u64::MAX);
-    match leasehold_chaos::audit::audit(&args.files, uncertainty) {
+    match leasehold_chaos::audit::audit(&audit_spec(args)) {
         Ok(found) => {
             if args.json {
                 println!("{}", found.json());
@@ -834,6 +867,53 @@ fn audit(args: &AuditArgs) -> u8 {
                 print!("{}", found.table());
             }
             u8::from(!found.findings.is_empty())
+        }
+        Err(error) => {
+            eprintln!("leasehold: {error}");
+            exit::USAGE
+        }
+    }
+}
+
+/// `leasehold audit --follow FILE…`.
+async fn audit_follow(args: &AuditArgs) -> u8 {
+    let spec = audit_spec(args);
+    if let Some(address) = args.metrics_listen {
+        let installed = metrics_exporter_prometheus::PrometheusBuilder::new()
+            .with_http_listener(address)
+            .install();
+        if let Err(error) = installed {
+            eprintln!("leasehold: cannot serve metrics on {address}: {error}");
+            return exit::USAGE;
+        }
+    }
+    let stop = match interrupts() {
+        Ok(stop) => stop,
+        Err(error) => {
+            eprintln!("leasehold: cannot catch signals: {error}");
+            return exit::USAGE;
+        }
+    };
+    let json = args.json;
+    let report = leasehold_chaos::audit::follow::follow(
+        &spec,
+        async {
+            stop.await;
+        },
+        |finding| {
+            if json {
+                println!("{}", finding.json());
+            } else {
+                println!("{}", finding.line());
+            }
+        },
+    )
+    .await;
+    match report {
+        Ok(report) => {
+            // The summary, for people, also with --json (stdout had the findings).
+            eprint!("{}", report.table());
+            u8::from(!report.findings.is_empty())
         }
         Err(error) => {
             eprintln!("leasehold: {error}");

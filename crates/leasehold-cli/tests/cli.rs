@@ -692,3 +692,90 @@ async fn failed_jobs_close_their_window_unless_retried() {
     // The kernel's locks end with their holder: none outlives it.
     common::at_least_holds_the_lock_after_the_command(&d.url(), false).await;
 }
+
+/// `audit --follow DIR` reports a double grant as the hosts' files grow.
+/// It serves its counters for Prometheus, and when stopped prints its summary and exits 1.
+/// The two hosts lock one name in two lock directories: a split brain, on purpose.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn audit_follow_reports_a_split_brain_as_it_happens_and_serves_counters() {
+    use tokio::io::AsyncBufReadExt as _;
+    let d = Dir::new();
+    let events = d.path("events");
+    std::fs::create_dir(&events).unwrap();
+    let port = leasehold_testkit::free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut auditor = d
+        .leasehold(&[
+            "audit",
+            "--follow",
+            "--json",
+            "--clock-uncertainty",
+            "5ms",
+            "--metrics-listen",
+            &listen,
+            events.to_str().unwrap(),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let host = |name: &str| {
+        let url = format!("file://{}", d.path(&format!("locks-{name}")).display());
+        let file = events.join(format!("{name}.jsonl"));
+        let mut cmd = Command::new(BIN);
+        cmd.args(["run", "--url", &url, "--events", file.to_str().unwrap()])
+            .args(["nightly", "--", "sleep", "0.5"])
+            .stdin(Stdio::null())
+            .kill_on_drop(true);
+        async move { cmd.output().await.unwrap() }
+    };
+    let (x, y) = tokio::join!(host("x"), host("y"));
+    assert_eq!(x.status.code(), Some(0), "{}", text(&x.stderr));
+    assert_eq!(y.status.code(), Some(0), "{}", text(&y.stderr));
+
+    // The finding comes while the auditor still runs.
+    let mut lines = tokio::io::BufReader::new(auditor.stdout.take().unwrap()).lines();
+    let finding: serde_json::Value = tokio::time::timeout(Duration::from_secs(60), async {
+        let line = lines.next_line().await.unwrap().unwrap();
+        serde_json::from_str(&line).unwrap()
+    })
+    .await
+    .expect("no finding from audit --follow");
+    assert_eq!(finding["check"], "double_grant", "{finding}");
+    assert_eq!(finding["subject"], "nightly");
+    let detail = finding["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("x token") && detail.contains("y token"),
+        "{detail}"
+    );
+
+    let scraped = leasehold_testkit::scrape_metrics(port).await;
+    let series = |prefix: &str| {
+        scraped
+            .lines()
+            .find(|l| l.starts_with(prefix))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+    };
+    assert_eq!(
+        series(r#"leasehold_audit_findings_total{check="double_grant"}"#),
+        Some(1.0),
+        "{scraped}"
+    );
+    assert_eq!(
+        series(r#"leasehold_audit_events_total{kind="granted"}"#),
+        Some(2.0),
+        "{scraped}"
+    );
+    assert!(series("leasehold_audit_overlap_milliseconds_total").unwrap() > 0.0);
+
+    let pid = Pid::from_raw(i32::try_from(auditor.id().unwrap()).unwrap()).unwrap();
+    kill_process(pid, Signal::TERM).unwrap();
+    let out = auditor.wait_with_output().await.unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let summary = text(&out.stderr);
+    assert!(
+        summary.contains("2 hosts") && summary.contains("double_grant"),
+        "{summary}"
+    );
+}

@@ -71,6 +71,8 @@ pub struct LockEvent {
     pub kind: EventKind,
     /// When it was recorded.
     pub at_ms: u64,
+    /// The same moment on this process's steady clock (see [`steady_ms_now`]).
+    pub steady_ms: u64,
     /// The backend's name (`redis`, `etcd`, …).
     pub backend: &'static str,
     /// The lock.
@@ -96,9 +98,10 @@ impl LockEvent {
         let mut out = String::with_capacity(192);
         let _ = write!(
             out,
-            r#"{{"kind":"{}","at_ms":{},"backend":"#,
+            r#"{{"kind":"{}","at_ms":{},"steady_ms":{},"backend":"#,
             self.kind.as_str(),
-            self.at_ms
+            self.at_ms,
+            self.steady_ms
         );
         json_string(&mut out, self.backend);
         out.push_str(r#","name":"#);
@@ -154,6 +157,8 @@ fn json_string(out: &mut String, text: &str) {
 pub struct AccessEvent {
     /// When it was judged (ms since the Unix epoch, this host's clock).
     pub at_ms: u64,
+    /// The same moment on this process's steady clock (see [`steady_ms_now`]).
+    pub steady_ms: u64,
     /// Which kind of fence: `fence` (in process) or `redis`.
     pub fence: &'static str,
     /// What the fence guards, as its owner named it (a Redis fence: its key).
@@ -177,6 +182,7 @@ impl AccessEvent {
     ) -> Self {
         Self {
             at_ms: wall_ms_now(),
+            steady_ms: steady_ms_now(),
             fence,
             resource: resource.to_owned(),
             token,
@@ -189,7 +195,11 @@ impl AccessEvent {
     /// Its `kind` is `access`.
     pub fn to_json(&self) -> String {
         let mut out = String::with_capacity(128);
-        let _ = write!(out, r#"{{"kind":"access","at_ms":{},"fence":"#, self.at_ms);
+        let _ = write!(
+            out,
+            r#"{{"kind":"access","at_ms":{},"steady_ms":{},"fence":"#,
+            self.at_ms, self.steady_ms
+        );
         json_string(&mut out, self.fence);
         out.push_str(r#","resource":"#);
         json_string(&mut out, &self.resource);
@@ -236,6 +246,18 @@ fn wall_ms_now() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
+/// This process's steady clock, in ms on the wall clock's scale.
+///
+/// It reads the wall clock once, at its first use, and from then on adds the monotonic
+/// clock's progress to that reading, so a step of the wall clock (an operator, NTP, a VM
+/// restored) does not move it. An auditor orders a host's events by it, and sees a step as
+/// the gap between it and `at_ms` changing.
+pub fn steady_ms_now() -> u64 {
+    static ANCHOR: std::sync::OnceLock<(std::time::Instant, u64)> = std::sync::OnceLock::new();
+    let (anchor, wall) = ANCHOR.get_or_init(|| (std::time::Instant::now(), wall_ms_now()));
+    wall.saturating_add(millis(anchor.elapsed()))
+}
+
 /// Records an event of `kind` about `req`'s acquisition, if the client has a sink.
 /// `sent` and `expiry` are the request behind a grant or renewal and its answer.
 pub(crate) fn record(
@@ -268,6 +290,7 @@ pub(crate) fn record(
     sink.record(&LockEvent {
         kind,
         at_ms,
+        steady_ms: steady_ms_now(),
         backend: ctx.capabilities.backend,
         name: req.name.clone(),
         mode: req.mode,
@@ -415,6 +438,7 @@ impl EventSink for TracingEvents {
             target: "leasehold::events",
             kind = event.kind.as_str(),
             at_ms = event.at_ms,
+            steady_ms = event.steady_ms,
             backend = event.backend,
             lock = %event.name,
             mode = %event.mode,
@@ -433,6 +457,7 @@ impl EventSink for TracingEvents {
             target: "leasehold::events",
             kind = "access",
             at_ms = event.at_ms,
+            steady_ms = event.steady_ms,
             fence = event.fence,
             resource = %event.resource,
             token = event.token.get(),

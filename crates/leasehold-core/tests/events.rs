@@ -113,6 +113,11 @@ async fn every_grant_renewal_release_and_loss_is_recorded() {
         let sent = event.sent_ms.unwrap();
         assert!(sent <= event.at_ms, "{event:?}");
     }
+    // The steady clock never goes back, whatever the wall clock does.
+    assert!(
+        events.windows(2).all(|w| w[0].steady_ms <= w[1].steady_ms),
+        "{events:?}"
+    );
     assert_eq!(events[3].token, Some(lost.token()));
     let line = events[4].to_json();
     assert!(line.starts_with(r#"{"kind":"lost","#), "{line}");
@@ -154,8 +159,8 @@ fn a_reporting_fence_records_each_access() {
     assert_eq!(
         accesses[1].to_json(),
         format!(
-            r#"{{"kind":"access","at_ms":{},"fence":"fence","resource":"stock","token":6,"accepted":false,"highest":7}}"#,
-            accesses[1].at_ms
+            r#"{{"kind":"access","at_ms":{},"steady_ms":{},"fence":"fence","resource":"stock","token":6,"accepted":false,"highest":7}}"#,
+            accesses[1].at_ms, accesses[1].steady_ms
         )
     );
     assert_eq!(count, 1);

@@ -10,25 +10,9 @@ use leasehold_core::memory::InMemory;
 use leasehold_core::{Client, Fence, FencingToken, LockOptions, LossReason};
 use leasehold_testkit::faulty::{Faulty, Op};
 use metrics_exporter_prometheus::PrometheusBuilder;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn options(ttl: Duration) -> LockOptions {
     LockOptions::builder().ttl(ttl).build().unwrap()
-}
-
-/// The exposition text at `port`'s `/metrics`.
-async fn scrape(port: u16) -> String {
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .unwrap();
-    stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
-        .await
-        .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.unwrap();
-    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
-    response
 }
 
 /// The value of the series `metric` whose labels include every one of `labels`.
@@ -134,7 +118,7 @@ async fn a_known_sequence_is_counted_as_it_happened() {
     let mutex = a.mutex("named").unwrap().with_options(named);
     mutex.lock().await.unwrap().release().await.unwrap();
 
-    let text = scrape(port).await;
+    let text = leasehold_testkit::scrape_metrics(port).await;
     let memory = "backend=\"memory\"";
     let count = |outcome: &str| {
         let outcome = format!("outcome=\"{outcome}\"");

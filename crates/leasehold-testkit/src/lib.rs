@@ -16,7 +16,7 @@ pub mod servers;
 
 /// The TCP fault proxy (the `leasehold-faultproxy` crate, which `leasehold chaos` uses too).
 pub use leasehold_faultproxy as proxy;
-pub use process::{ServerProcess, free_port};
+pub use process::{ServerProcess, free_port, scrape_metrics};
 pub use proxy::{Direction, FaultProxy};
 pub use servers::{
     ClientAuth, Curator, Etcd, PgBouncer, Postgres, Redis, RedisCluster, RedisReplicated,

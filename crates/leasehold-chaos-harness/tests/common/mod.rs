@@ -4,7 +4,8 @@
 
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 
 use leasehold_chaos::deploy;
 use leasehold_chaos::resource::{FenceMode, Workload};
@@ -137,4 +138,37 @@ pub fn sample(backend: &str) {
             .any(|r| matches!(r.outcome, runner::Outcome::Ran { .. })),
         "{backend}: nothing ran"
     );
+}
+
+/// Runs headless Debian `chromium` (120 s at most) with a fresh profile in `profile`.
+pub fn chromium(profile: &Path, args: &[&str]) -> std::process::Output {
+    let program = ["chromium", "/usr/bin/chromium"]
+        .into_iter()
+        .find(|p| Command::new(p).arg("--version").output().is_ok())
+        .expect("chromium is not installed; ./scripts/test installs it");
+    Command::new("timeout")
+        .arg("120")
+        .arg(program)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .args(args)
+        .output()
+        .expect("chromium runs")
+}
+
+/// The DOM of the page at `path` once its scripts ran, from headless `chromium`.
+pub fn chromium_dom(path: &Path) -> String {
+    let profile = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", path.display());
+    let dom = chromium(profile.path(), &["--dump-dom", &url]);
+    String::from_utf8_lossy(&dom.stdout).into_owned()
 }

@@ -136,17 +136,29 @@ pub fn html(reports: &[RunReport]) -> String {
             _ => None,
         })
         .collect();
+    page("leasehold chaos report", &runs, &skipped)
+}
+
+/// A self-contained page titled `title` that draws the timelines `runs`.
+/// They are in the shape [`timeline`] makes (times in µs from each run's start); the page
+/// lists `skipped` below them.
+pub fn page(title: &str, runs: &[Value], skipped: &[Value]) -> String {
     let data = json!({"runs": runs, "skipped": skipped});
     // `</` cannot close the script element from inside the data.
     let data = data.to_string().replace("</", "<\\/");
-    PAGE.replace("/*DATA*/null", &data)
+    let title = title
+        .replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;");
+    PAGE.replace("/*TITLE*/", &title)
+        .replace("/*DATA*/null", &data)
 }
 
 const PAGE: &str = r##"<!DOCTYPE html>
 <html lang="en">
 <head>
 <meta charset="utf-8">
-<title>leasehold chaos report</title>
+<title>/*TITLE*/</title>
 <style>
 body { font: 14px/1.4 system-ui, sans-serif; margin: 1.5em; color: #222; }
 h1 { font-size: 1.4em; }
@@ -165,7 +177,7 @@ svg text { font: 11px system-ui, sans-serif; }
 </style>
 </head>
 <body>
-<h1>leasehold chaos report</h1>
+<h1>/*TITLE*/</h1>
 <p class="legend"><span>▇ hold (token)</span><span style="color:#48a">▁ server's promise</span>
 <span style="color:#080">| access accepted</span><span style="color:#c00">| refused</span>
 <span>✕ loss signalled</span><span style="background:#fd9">&nbsp;fault&nbsp;</span>

@@ -12,7 +12,7 @@ use serde_json::json;
 use crate::checks::{Check, Status};
 use crate::runner::{Outcome, RunReport};
 
-pub use html::{html, timeline};
+pub use html::{html, page, timeline};
 
 /// One cell of the table: the verdicts of one check over every run of a row.
 fn aggregate(statuses: &[Status]) -> (Status, usize) {

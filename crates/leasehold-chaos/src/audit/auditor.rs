@@ -1,0 +1,740 @@
+//! The auditor: lock events in, findings out, in bounded memory.
+//!
+//! Events arrive per host in the order the host wrote them. The auditor keeps, per host,
+//! the latest time it has seen; the **watermark** is the earliest of these over the hosts
+//! that are still writing, so every event stamped before it has arrived. What the checks
+//! need of the past is kept only while an event still to come could need it:
+//! - a hold (one grant's entitlement) until it has ended more than the clock slack before
+//!   both the watermark and the start of every hold of its name still open;
+//! - each grant and fence access until it has been checked and lies more than the slack
+//!   before the watermark; after that only the highest token survives, per name;
+//! - a name or resource with nothing else kept for `forget_ms` of event time is forgotten.
+//!
+//! A host whose latest event is more than `idle_ms` behind the newest host's stops holding
+//! the watermark back (it crashed, or it has nothing to say); its holds end at their
+//! promises. Its events that arrive after that are checked against what is still kept and
+//! counted as late.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::Finding;
+use super::timeline::{Mark, Timelines};
+
+/// One grant's entitlement, as its host's events show it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Hold {
+    id: u64,
+    host: usize,
+    owner: String,
+    token: u64,
+    exclusive: bool,
+    from_ms: u64,
+    /// The latest end its promises allow; `None`: promised nothing (it ends with its host).
+    promised_ms: Option<u64>,
+    /// Its end, once known (released, lost, or its promise ran out).
+    until_ms: Option<u64>,
+}
+
+/// A token seen at a time: a grant, or an access a fence let through.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Seen {
+    at_ms: u64,
+    token: u64,
+    /// The host, and for a grant its owner.
+    who: String,
+    host: String,
+    checked: bool,
+}
+
+/// The tokens of one name (grants) or one resource (accesses) still needed.
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
+struct Tokens {
+    recent: Vec<Seen>,
+    /// The highest token of those folded away: all far enough back for every check to come.
+    settled: Option<Seen>,
+}
+
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
+struct NameState {
+    holds: Vec<Hold>,
+    grants: Tokens,
+    last_ms: u64,
+}
+
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
+struct Host {
+    name: String,
+    latest_ms: u64,
+    /// Its steady clock less its wall clock, as of its latest event that had both.
+    shift_ms: Option<i64>,
+    /// By owner: the name and hold id of each hold not yet ended.
+    open: HashMap<String, (String, u64)>,
+}
+
+/// Counts of what an auditor read and found.
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct Counts {
+    /// Events read, by kind.
+    pub events: BTreeMap<String, u64>,
+    /// Lines that were not events (bad JSON, missing fields).
+    pub unreadable: u64,
+    /// Events the hosts' sinks dropped (their `dropped` lines): the record has gaps.
+    pub dropped: u64,
+    /// Accesses fences refused.
+    pub refused: u64,
+    /// Events that arrived after the watermark had passed them.
+    /// That is a host that fell idle and came back; they are checked against what was
+    /// still kept, which may be less than they needed.
+    pub late: u64,
+    /// Findings, by check.
+    pub findings: BTreeMap<String, u64>,
+    /// The overlaps of double grants beyond the clock slack, summed, in ms.
+    pub overlap_ms: u64,
+    /// Steps of a host's wall clock, the first hundred.
+    /// A step is the gap between its wall and steady clocks changing by more than the
+    /// uncertainty. Each is: host, when (steady clock), by how much (ms). Times follow the
+    /// steady clock, so a step moves nothing.
+    pub clock_steps: Vec<(String, u64, i64)>,
+}
+
+/// The engine of `leasehold audit`.
+/// Feed it each host's events in order, and take its findings as they are made.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Auditor {
+    uncertainty_ms: u64,
+    idle_ms: u64,
+    forget_ms: u64,
+    hosts: Vec<Host>,
+    names: HashMap<String, NameState>,
+    resources: HashMap<String, (Tokens, u64)>,
+    /// Names and resources with something that a later watermark settles.
+    busy: HashSet<String>,
+    busy_resources: HashSet<String>,
+    watermark_ms: u64,
+    swept_ms: u64,
+    next_id: u64,
+    counts: Counts,
+    /// Findings made and not yet taken, with their hosts.
+    #[serde(skip)]
+    made: Vec<(Finding, Vec<String>)>,
+    #[serde(skip)]
+    new_findings: Vec<Finding>,
+    #[serde(skip)]
+    timelines: Option<Timelines>,
+}
+
+impl Auditor {
+    /// An auditor of `hosts`, whose clocks agree to within `uncertainty_ms`.
+    ///
+    /// A host silent for `idle_ms` of the others' event time no longer holds the watermark
+    /// back; a name idle for `forget_ms` is forgotten (its highest token with it).
+    pub fn new(hosts: &[String], uncertainty_ms: u64, idle_ms: u64, forget_ms: u64) -> Self {
+        Self {
+            uncertainty_ms,
+            idle_ms,
+            forget_ms: forget_ms.max(idle_ms),
+            hosts: hosts
+                .iter()
+                .map(|name| Host {
+                    name: name.clone(),
+                    ..Host::default()
+                })
+                .collect(),
+            names: HashMap::new(),
+            resources: HashMap::new(),
+            busy: HashSet::new(),
+            busy_resources: HashSet::new(),
+            watermark_ms: 0,
+            swept_ms: 0,
+            next_id: 0,
+            counts: Counts::default(),
+            made: Vec::new(),
+            new_findings: Vec::new(),
+            timelines: None,
+        }
+    }
+
+    /// Draws each finding with `window_ms` before and after it.
+    /// It keeps what happened on each name and resource in the last `window_ms` (see [`Auditor::timelines`]).
+    #[must_use]
+    pub fn with_timelines(mut self, window_ms: u64) -> Self {
+        self.timelines = Some(Timelines::new(window_ms));
+        self
+    }
+
+    /// The timelines of the findings drawn so far, and how many findings were not drawn.
+    /// They are in the chaos report's shape ([`crate::report::page`] makes the page).
+    pub fn timelines(&self) -> (&[Value], u64) {
+        self.timelines
+            .as_ref()
+            .map_or((&[], 0), |t| (t.drawn(), t.left_out))
+    }
+
+    fn mark(&mut self, subject: &str, mark: Mark) {
+        if let Some(timelines) = &mut self.timelines {
+            timelines.mark(subject, mark);
+        }
+    }
+
+    /// Moves the findings just made to those to take, starting their timelines.
+    fn publish(&mut self) {
+        for (finding, lanes) in std::mem::take(&mut self.made) {
+            if let Some(timelines) = &mut self.timelines {
+                timelines.found(&finding, lanes);
+            }
+            self.new_findings.push(finding);
+        }
+    }
+
+    /// Adds a host (a new process's events), and returns its index.
+    pub fn add_host(&mut self, name: String) -> usize {
+        self.hosts.push(Host {
+            name,
+            ..Host::default()
+        });
+        self.hosts.len() - 1
+    }
+
+    /// The clock uncertainty it allows, in ms.
+    pub fn uncertainty_ms(&self) -> u64 {
+        self.uncertainty_ms
+    }
+
+    /// The hosts, in the order given to [`Auditor::new`].
+    pub fn hosts(&self) -> Vec<String> {
+        self.hosts.iter().map(|h| h.name.clone()).collect()
+    }
+
+    /// What it has read and found so far.
+    pub fn counts(&self) -> &Counts {
+        &self.counts
+    }
+
+    /// Every event stamped before this time (ms) has been read.
+    pub fn watermark_ms(&self) -> u64 {
+        self.watermark_ms
+    }
+
+    /// Holds, grants and accesses kept: what its memory grows with.
+    pub fn kept(&self) -> usize {
+        self.names
+            .values()
+            .map(|n| n.holds.len() + n.grants.recent.len() + 1)
+            .sum::<usize>()
+            + self
+                .resources
+                .values()
+                .map(|(t, _)| t.recent.len() + 1)
+                .sum::<usize>()
+    }
+
+    /// The findings made since the last call.
+    pub fn take_findings(&mut self) -> Vec<Finding> {
+        std::mem::take(&mut self.new_findings)
+    }
+
+    fn slack(&self) -> u64 {
+        self.uncertainty_ms.saturating_mul(2)
+    }
+
+    /// Reads one line of `host`'s events (an index into the hosts given to `new`).
+    pub fn line(&mut self, host: usize, line: &str) {
+        if line.trim().is_empty() {
+            return;
+        }
+        match serde_json::from_str::<Value>(line) {
+            Ok(event) => self.event(host, &event),
+            Err(_) => self.counts.unreadable += 1,
+        }
+    }
+
+    /// Reads one event of `host`.
+    pub fn event(&mut self, host: usize, event: &Value) {
+        let (Some(kind), Some(wall)) = (event["kind"].as_str(), event["at_ms"].as_u64()) else {
+            self.counts.unreadable += 1;
+            return;
+        };
+        if host >= self.hosts.len() {
+            self.counts.unreadable += 1;
+            return;
+        }
+        // Every time of the event, moved onto the host's steady clock.
+        let shift = self.steady_shift(host, wall, event["steady_ms"].as_u64());
+        let steady = |ms: u64| ms.saturating_add_signed(shift);
+        let at = steady(wall);
+        *self.counts.events.entry(kind.to_owned()).or_default() += 1;
+        metrics::counter!("leasehold_audit_events_total", "kind" => kind.to_owned()).increment(1);
+        if at < self.watermark_ms {
+            self.counts.late += 1;
+        }
+        let host_state = &mut self.hosts[host];
+        host_state.latest_ms = host_state.latest_ms.max(at);
+        let name = event["name"].as_str().unwrap_or_default();
+        let owner = event["owner"].as_str().unwrap_or_default();
+        let promise = match (event["sent_ms"].as_u64(), event["lease_ms"].as_u64()) {
+            (Some(sent), Some(lease)) => Some(steady(sent).saturating_add(lease)),
+            _ => event["session_until_ms"].as_u64().map(steady),
+        };
+        match kind {
+            "granted" => {
+                let Some(token) = event["token"].as_u64() else {
+                    self.counts.unreadable += 1;
+                    return;
+                };
+                let exclusive = event["mode"].as_str() == Some("exclusive");
+                self.granted(host, name, owner, token, exclusive, at, promise);
+            }
+            "renewed" => {
+                if let (Some(hold), Some(promise)) = (self.open_hold(host, owner), promise) {
+                    hold.promised_ms = Some(hold.promised_ms.map_or(promise, |p| p.max(promise)));
+                }
+            }
+            "released" => self.end(host, owner, at, "released"),
+            "lost" => {
+                let mark = Mark::Loss {
+                    lane: self.hosts[host].name.clone(),
+                    at,
+                    reason: event["reason"].as_str().unwrap_or_default().to_owned(),
+                    token: event["token"].as_u64(),
+                };
+                self.mark(name, mark);
+                self.end(host, owner, at, "lost");
+            }
+            "access" => {
+                let resource = event["resource"].as_str().unwrap_or_default();
+                let accepted = event["accepted"].as_bool() == Some(true);
+                let lane = self.hosts[host].name.clone();
+                self.mark(
+                    resource,
+                    Mark::Access {
+                        lane: lane.clone(),
+                        at,
+                        accepted,
+                        token: event["token"].as_u64(),
+                    },
+                );
+                if accepted {
+                    if let Some(token) = event["token"].as_u64() {
+                        let entry = self.resources.entry(resource.to_owned()).or_default();
+                        entry.0.recent.push(Seen {
+                            at_ms: at,
+                            token,
+                            who: lane.clone(),
+                            host: lane,
+                            checked: false,
+                        });
+                        entry.1 = entry.1.max(at);
+                        self.busy_resources.insert(resource.to_owned());
+                    }
+                } else {
+                    self.counts.refused += 1;
+                    metrics::counter!("leasehold_audit_fence_refusals_total").increment(1);
+                }
+            }
+            "dropped" => {
+                let count = event["count"].as_u64().unwrap_or(0);
+                self.counts.dropped += count;
+                metrics::counter!("leasehold_audit_dropped_events_total").increment(count);
+            }
+            _ => {}
+        }
+    }
+
+    /// How far `host`'s steady clock is from its wall clock (`steady - wall`, ms).
+    /// It comes from this event's two readings or, for an event with only the wall clock's,
+    /// is the last known.
+    /// A change beyond the uncertainty is a step of the wall clock, and is noted.
+    fn steady_shift(&mut self, host: usize, wall: u64, steady: Option<u64>) -> i64 {
+        let state = &mut self.hosts[host];
+        let Some(steady) = steady else {
+            return state.shift_ms.unwrap_or(0);
+        };
+        let shift = i64::try_from(i128::from(steady) - i128::from(wall)).unwrap_or(0);
+        if let Some(before) = state.shift_ms
+            && before.abs_diff(shift) > self.uncertainty_ms.max(100)
+        {
+            metrics::counter!("leasehold_audit_clock_steps_total").increment(1);
+            if self.counts.clock_steps.len() < 100 {
+                self.counts
+                    .clock_steps
+                    .push((state.name.clone(), steady, before - shift));
+            }
+        }
+        state.shift_ms = Some(shift);
+        shift
+    }
+
+    #[allow(clippy::too_many_arguments)] // one grant event's fields
+    fn granted(
+        &mut self,
+        host: usize,
+        name: &str,
+        owner: &str,
+        token: u64,
+        exclusive: bool,
+        at: u64,
+        promise: Option<u64>,
+    ) {
+        // A second grant to one owner ends the first (a re-acquisition under one id).
+        self.end(host, owner, at, "released");
+        let id = self.next_id;
+        self.next_id += 1;
+        let who = format!("{} {owner}", self.hosts[host].name);
+        let state = self.names.entry(name.to_owned()).or_default();
+        state.last_ms = state.last_ms.max(at);
+        state.grants.recent.push(Seen {
+            at_ms: at,
+            token,
+            who,
+            host: self.hosts[host].name.clone(),
+            checked: false,
+        });
+        state.holds.push(Hold {
+            id,
+            host,
+            owner: owner.to_owned(),
+            token,
+            exclusive,
+            from_ms: at,
+            promised_ms: promise,
+            until_ms: None,
+        });
+        self.busy.insert(name.to_owned());
+        self.hosts[host]
+            .open
+            .insert(owner.to_owned(), (name.to_owned(), id));
+    }
+
+    fn open_hold(&mut self, host: usize, owner: &str) -> Option<&mut Hold> {
+        let (name, id) = self.hosts[host].open.get(owner)?;
+        self.names
+            .get_mut(name)?
+            .holds
+            .iter_mut()
+            .find(|h| h.id == *id)
+    }
+
+    /// The hold `owner` has open on `host`, if any, ended at `at` (or its promise, if sooner).
+    /// `how` it ended: `released`, `lost` or `expired`.
+    fn end(&mut self, host: usize, owner: &str, at: u64, how: &'static str) {
+        let Some((name, id)) = self.hosts[host].open.remove(owner) else {
+            return;
+        };
+        self.close(&name, id, at, how);
+        self.publish();
+    }
+
+    /// Sets the end of hold `id` of `name` and checks it against every ended hold kept.
+    fn close(&mut self, name: &str, id: u64, at: u64, how: &'static str) {
+        let slack = self.slack();
+        let Some(state) = self.names.get_mut(name) else {
+            return;
+        };
+        let Some(index) = state.holds.iter().position(|h| h.id == id) else {
+            return;
+        };
+        let until = state.holds[index].promised_ms.map_or(at, |p| p.min(at));
+        state.holds[index].until_ms = Some(until);
+        state.last_ms = state.last_ms.max(at);
+        let ended = &state.holds[index];
+        if let Some(timelines) = &mut self.timelines {
+            let lane = &self.hosts[ended.host].name;
+            timelines.mark(
+                name,
+                Mark::Hold {
+                    lane: lane.clone(),
+                    from: ended.from_ms,
+                    to: until,
+                    token: ended.token,
+                    how,
+                },
+            );
+            timelines.mark(
+                name,
+                Mark::Promise {
+                    lane: lane.clone(),
+                    from: ended.from_ms,
+                    to: ended.promised_ms.unwrap_or(until),
+                    token: ended.token,
+                },
+            );
+        }
+        for other in &state.holds {
+            let Some(other_until) = other.until_ms else {
+                continue;
+            };
+            if other.id == ended.id
+                || other.owner == ended.owner
+                || !(other.exclusive || ended.exclusive)
+            {
+                continue;
+            }
+            let from = other.from_ms.max(ended.from_ms);
+            let overlap = other_until.min(until).saturating_sub(from);
+            if overlap <= slack {
+                continue;
+            }
+            let (first, second) = if other.from_ms <= ended.from_ms {
+                (other, ended)
+            } else {
+                (ended, other)
+            };
+            let finding = Finding {
+                check: "double_grant",
+                subject: name.to_owned(),
+                at_ms: from,
+                overlap_ms: overlap - slack,
+                detail: format!(
+                    "{} token {} ({}) and {} token {} ({}) held it together for {} ms",
+                    self.hosts[first.host].name,
+                    first.token,
+                    first.owner,
+                    self.hosts[second.host].name,
+                    second.token,
+                    second.owner,
+                    overlap
+                ),
+            };
+            self.counts.overlap_ms += finding.overlap_ms;
+            metrics::counter!("leasehold_audit_overlap_milliseconds_total")
+                .increment(finding.overlap_ms);
+            let lanes = vec![
+                self.hosts[first.host].name.clone(),
+                self.hosts[second.host].name.clone(),
+            ];
+            found(&mut self.counts, &mut self.made, finding, lanes);
+        }
+    }
+
+    /// Moves the watermark up to what every active host has reached.
+    /// Then it settles what the watermark passed: holds whose promises ran out end, grants and accesses are checked, and what
+    /// no event to come can need is dropped.
+    pub fn advance(&mut self) {
+        let newest = self.hosts.iter().map(|h| h.latest_ms).max().unwrap_or(0);
+        let active = self
+            .hosts
+            .iter()
+            .filter(|h| h.latest_ms.saturating_add(self.idle_ms) >= newest)
+            .map(|h| h.latest_ms)
+            .min()
+            .unwrap_or(newest);
+        self.watermark_ms = self.watermark_ms.max(active);
+        metrics::gauge!("leasehold_audit_lag_seconds")
+            .set(newest.saturating_sub(self.watermark_ms) as f64 / 1000.0);
+        let slack = self.slack();
+        // Holds whose promise ran out before their host (or every host) went past it.
+        let mut ran_out = Vec::new();
+        for (index, host) in self.hosts.iter().enumerate() {
+            for (owner, (name, id)) in &host.open {
+                let Some(hold) = self
+                    .names
+                    .get(name)
+                    .and_then(|s| s.holds.iter().find(|h| h.id == *id))
+                else {
+                    continue;
+                };
+                let idle = host.latest_ms.saturating_add(self.idle_ms) < newest;
+                match hold.promised_ms {
+                    Some(promise) => {
+                        let seen = host.latest_ms.max(self.watermark_ms);
+                        if promise.saturating_add(slack) < seen {
+                            ran_out.push((index, owner.clone(), promise));
+                        }
+                    }
+                    // Promised nothing, and its host went quiet: it proves nothing past its
+                    // start.
+                    None if idle => ran_out.push((index, owner.clone(), hold.from_ms)),
+                    None => {}
+                }
+            }
+        }
+        for (host, owner, promise) in ran_out {
+            self.end(host, &owner, promise, "expired");
+        }
+        let watermark = self.watermark_ms;
+        let mut settled = Vec::new();
+        for name in &self.busy {
+            let Some(state) = self.names.get_mut(name) else {
+                settled.push(name.clone());
+                continue;
+            };
+            check_order(
+                name,
+                &mut state.grants,
+                watermark,
+                slack,
+                true,
+                &mut self.counts,
+                &mut self.made,
+            );
+            let open_from = state
+                .holds
+                .iter()
+                .filter(|h| h.until_ms.is_none())
+                .map(|h| h.from_ms)
+                .min()
+                .unwrap_or(u64::MAX)
+                .min(watermark);
+            state.holds.retain(|h| {
+                h.until_ms
+                    .is_none_or(|u| u.saturating_add(slack) >= open_from)
+            });
+            if state.holds.is_empty() && state.grants.recent.is_empty() {
+                settled.push(name.clone());
+            }
+        }
+        for name in settled {
+            self.busy.remove(&name);
+        }
+        let mut settled = Vec::new();
+        for resource in &self.busy_resources {
+            if let Some((tokens, _)) = self.resources.get_mut(resource) {
+                check_order(
+                    resource,
+                    tokens,
+                    watermark,
+                    slack,
+                    false,
+                    &mut self.counts,
+                    &mut self.made,
+                );
+                if tokens.recent.is_empty() {
+                    settled.push(resource.clone());
+                }
+            } else {
+                settled.push(resource.clone());
+            }
+        }
+        for resource in settled {
+            self.busy_resources.remove(&resource);
+        }
+        self.publish();
+        if let Some(timelines) = &mut self.timelines {
+            timelines.advance(watermark);
+        }
+        if watermark.saturating_sub(self.swept_ms) >= self.forget_ms / 4 {
+            self.swept_ms = watermark;
+            let horizon = watermark.saturating_sub(self.forget_ms);
+            let busy = &self.busy;
+            self.names
+                .retain(|name, state| state.last_ms >= horizon || busy.contains(name));
+            let busy = &self.busy_resources;
+            self.resources
+                .retain(|name, (_, last)| *last >= horizon || busy.contains(name));
+        }
+    }
+
+    /// Ends every hold still open at its promise (the record stops here), and checks all.
+    pub fn finish(&mut self) {
+        let names = &self.names;
+        let open: Vec<(usize, String, u64)> = self
+            .hosts
+            .iter()
+            .enumerate()
+            .flat_map(|(index, host)| {
+                host.open.iter().filter_map(move |(owner, (name, id))| {
+                    let hold = names.get(name)?.holds.iter().find(|h| h.id == *id)?;
+                    // A hold that promised nothing proves nothing past its start.
+                    Some((
+                        index,
+                        owner.clone(),
+                        hold.promised_ms.unwrap_or(hold.from_ms),
+                    ))
+                })
+            })
+            .collect();
+        for (host, owner, end) in open {
+            self.end(host, &owner, end, "expired");
+        }
+        for host in &mut self.hosts {
+            host.latest_ms = u64::MAX;
+        }
+        self.watermark_ms = u64::MAX;
+        self.advance();
+    }
+}
+
+/// Checks the tokens `tokens` holds that the watermark has passed.
+/// Each must be above (`strict`) or not below every token seen more than `slack` before it. Then folds what
+/// no later check can need into the settled highest.
+fn check_order(
+    subject: &str,
+    tokens: &mut Tokens,
+    watermark: u64,
+    slack: u64,
+    strict: bool,
+    counts: &mut Counts,
+    findings: &mut Vec<(Finding, Vec<String>)>,
+) {
+    let (check, verb) = if strict {
+        ("token_order", "granted")
+    } else {
+        ("stale_access", "accepted")
+    };
+    for i in 0..tokens.recent.len() {
+        let seen = &tokens.recent[i];
+        if seen.checked || seen.at_ms >= watermark {
+            continue;
+        }
+        let earlier = tokens
+            .recent
+            .iter()
+            .filter(|e| e.at_ms.saturating_add(slack) < seen.at_ms)
+            .chain(tokens.settled.iter())
+            .max_by_key(|e| e.token);
+        if let Some(highest) = earlier {
+            let stale = if strict {
+                seen.token <= highest.token
+            } else {
+                seen.token < highest.token
+            };
+            if stale {
+                let finding = Finding {
+                    check,
+                    subject: subject.to_owned(),
+                    at_ms: seen.at_ms,
+                    overlap_ms: 0,
+                    detail: format!(
+                        "token {} {verb} ({}) after token {} ({}, {} ms before)",
+                        seen.token,
+                        seen.who,
+                        highest.token,
+                        highest.who,
+                        seen.at_ms.saturating_sub(highest.at_ms)
+                    ),
+                };
+                let lanes = vec![highest.host.clone(), seen.host.clone()];
+                found(counts, findings, finding, lanes);
+            }
+        }
+        tokens.recent[i].checked = true;
+    }
+    let mut kept = Vec::with_capacity(tokens.recent.len());
+    for seen in tokens.recent.drain(..) {
+        if seen.checked && seen.at_ms.saturating_add(slack) < watermark {
+            if tokens.settled.as_ref().is_none_or(|s| seen.token > s.token) {
+                tokens.settled = Some(seen);
+            }
+        } else {
+            kept.push(seen);
+        }
+    }
+    tokens.recent = kept;
+}
+
+/// Counts `finding` (by `lanes`, its hosts) and adds it to `findings`.
+fn found(
+    counts: &mut Counts,
+    findings: &mut Vec<(Finding, Vec<String>)>,
+    finding: Finding,
+    mut lanes: Vec<String>,
+) {
+    *counts.findings.entry(finding.check.to_owned()).or_default() += 1;
+    metrics::counter!("leasehold_audit_findings_total", "check" => finding.check).increment(1);
+    lanes.dedup();
+    findings.push((finding, lanes));
+}

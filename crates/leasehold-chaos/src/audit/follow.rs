@@ -1,0 +1,417 @@
+//! `leasehold audit --follow`: the auditor on files that are still being written.
+//!
+//! Each file is read from where the last read stopped, complete lines only; the kernel says
+//! when one grows (inotify on their directories), so nothing is polled on Linux. A file
+//! replaced (a new inode) or cut shorter (truncated) is read again from its start. With a
+//! state file, the auditor's state and each file's position are saved together (written to
+//! a temporary file and renamed over, so a crash leaves the old or the new one, whole) once
+//! a second, as soon as a finding is made, and on the way out; a restart loads them and goes
+//! on where it stopped, so a finding is reported once.
+
+use std::future::Future;
+use std::io::{Read as _, Seek as _, SeekFrom};
+use std::os::unix::fs::MetadataExt as _;
+use std::path::{Path, PathBuf};
+use std::pin::pin;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use super::{Audit, Auditor, Finding, Spec, host_of};
+
+/// Where the reading of one file stands.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+struct Tail {
+    path: PathBuf,
+    /// Its host, an index into the auditor's hosts.
+    host: usize,
+    offset: u64,
+    inode: u64,
+}
+
+/// What a restart resumes from.
+#[derive(Debug, Deserialize)]
+struct Saved {
+    roots: Vec<PathBuf>,
+    auditor: Auditor,
+    tails: Vec<Tail>,
+}
+
+/// What is saved: [`Saved`], borrowed.
+#[derive(Debug, Serialize)]
+struct Saving<'a> {
+    roots: &'a [PathBuf],
+    auditor: &'a Auditor,
+    tails: &'a [Tail],
+}
+
+/// Follows `spec.files` until `stop` completes, and returns the report.
+/// It calls `on_finding` for each finding as it is made; the report's findings are this
+/// run's.
+///
+/// A directory among `spec.files` stands for every `*.jsonl` file in it, those created
+/// later included: each is a host of its own (a new process, a restarted one).
+///
+/// On `stop`, with a state file the state is saved for the next run to resume from; without
+/// one the record is taken as complete, and holds still open end at their promises (as
+/// [`super::audit`] ends them).
+///
+/// # Errors
+///
+/// A state file that cannot be read or written, or a directory that cannot be watched.
+///
+/// # Cancel safety
+///
+/// Dropping the future loses what was read since the last save; a restart reads it again.
+pub async fn follow(
+    spec: &Spec,
+    stop: impl Future<Output = ()>,
+    mut on_finding: impl FnMut(&Finding),
+) -> Result<Audit, String> {
+    let (mut auditor, mut tails) = match &spec.state {
+        Some(path) if path.exists() => resume(path, spec)?,
+        _ => {
+            let files: Vec<PathBuf> = spec.files.iter().filter(|p| !p.is_dir()).cloned().collect();
+            let tails = (0..files.len())
+                .map(|host| Tail {
+                    path: files[host].clone(),
+                    host,
+                    ..Tail::default()
+                })
+                .collect();
+            (spec.auditor_of(&files), tails)
+        }
+    };
+    let mut changes = Changes::watch(&spec.files)?;
+    let mut stop = pin!(stop);
+    let mut found = Vec::new();
+    let mut kept_at_most = 0;
+    let mut saved_at = Instant::now();
+    let mut written = 0;
+    let mut stopping = false;
+    loop {
+        discover(&spec.files, &mut tails, &mut auditor);
+        for tail in &mut tails {
+            let host = tail.host;
+            read_new(tail, |line| auditor.line(host, line));
+        }
+        if stopping && spec.state.is_none() {
+            auditor.finish();
+        } else {
+            auditor.advance();
+        }
+        kept_at_most = kept_at_most.max(auditor.kept());
+        let new = auditor.take_findings();
+        for finding in &new {
+            on_finding(finding);
+        }
+        if let Some(path) = &spec.state
+            && (stopping || !new.is_empty() || saved_at.elapsed() >= Duration::from_secs(1))
+        {
+            save(path, &spec.files, &auditor, &tails)?;
+            saved_at = Instant::now();
+        }
+        let drawn = auditor.timelines().0.len();
+        if let Some(path) = &spec.html
+            && (stopping || drawn > written)
+        {
+            write_page(path, &auditor)?;
+            written = drawn;
+        }
+        found.extend(new);
+        if stopping {
+            break;
+        }
+        // One more round after the stop: what was written up to it is read.
+        tokio::select! {
+            () = &mut stop => stopping = true,
+            () = changes.next() => {}
+        }
+    }
+    Ok(Audit::of(&auditor, found, kept_at_most))
+}
+
+/// Adds a host for each `*.jsonl` file that appeared in a directory of `roots`.
+fn discover(roots: &[PathBuf], tails: &mut Vec<Tail>, auditor: &mut Auditor) {
+    for dir in roots.iter().filter(|p| p.is_dir()) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            continue;
+        };
+        let mut new: Vec<PathBuf> = entries
+            .filter_map(|e| Some(e.ok()?.path()))
+            .filter(|p| p.extension().is_some_and(|e| e == "jsonl"))
+            .filter(|p| !tails.iter().any(|t| &t.path == p))
+            .collect();
+        new.sort();
+        for path in new {
+            let host = auditor.add_host(host_of(&path));
+            tails.push(Tail {
+                path,
+                host,
+                ..Tail::default()
+            });
+        }
+    }
+}
+
+/// The state saved at `path`, if it is for `spec.files`.
+fn resume(path: &Path, spec: &Spec) -> Result<(Auditor, Vec<Tail>), String> {
+    let text = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let saved: Saved = serde_json::from_slice(&text)
+        .map_err(|e| format!("{}: not a saved audit state: {e}", path.display()))?;
+    if saved.roots != spec.files {
+        return Err(format!(
+            "{}: saved for other files ({}); give the same files in the same order, or \
+             another state file",
+            path.display(),
+            saved
+                .roots
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    let mut auditor = saved.auditor;
+    if let Some(window) = spec.timeline_ms {
+        // What happened before the restart is not kept: its first timelines start there.
+        auditor = auditor.with_timelines(window);
+    }
+    Ok((auditor, saved.tails))
+}
+
+/// Writes the page of the timelines drawn so far to `path`, through a temporary file.
+fn write_page(path: &Path, auditor: &Auditor) -> Result<(), String> {
+    let temporary = path.with_extension("tmp");
+    std::fs::write(&temporary, super::page(auditor))
+        .and_then(|()| std::fs::rename(&temporary, path))
+        .map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// Writes the state to `path` through a temporary file renamed over it.
+fn save(path: &Path, roots: &[PathBuf], auditor: &Auditor, tails: &[Tail]) -> Result<(), String> {
+    let saving = Saving {
+        roots,
+        auditor,
+        tails,
+    };
+    let text = serde_json::to_vec(&saving).map_err(|e| e.to_string())?;
+    let temporary = path.with_extension("tmp");
+    std::fs::write(&temporary, text)
+        .and_then(|()| std::fs::rename(&temporary, path))
+        .map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// Feeds `tail`'s complete new lines to `line`, and moves its position past them.
+/// A file not there yet is read when it appears.
+fn read_new(tail: &mut Tail, mut line: impl FnMut(&str)) {
+    let Ok(mut file) = std::fs::File::open(&tail.path) else {
+        return;
+    };
+    let Ok(meta) = file.metadata() else {
+        return;
+    };
+    if meta.ino() != tail.inode || meta.len() < tail.offset {
+        // Replaced or truncated: a new record, from its start.
+        tail.inode = meta.ino();
+        tail.offset = 0;
+    }
+    if meta.len() == tail.offset || file.seek(SeekFrom::Start(tail.offset)).is_err() {
+        return;
+    }
+    let mut bytes = Vec::new();
+    if file.read_to_end(&mut bytes).is_err() {
+        return;
+    }
+    // Only complete lines: the rest is still being written.
+    let Some(end) = bytes.iter().rposition(|&b| b == b'\n') else {
+        return;
+    };
+    for piece in bytes[..end].split(|&b| b == b'\n') {
+        line(&String::from_utf8_lossy(piece));
+    }
+    tail.offset += end as u64 + 1;
+}
+
+/// Tells when a followed file may have grown.
+struct Changes {
+    #[cfg(target_os = "linux")]
+    fd: tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>,
+}
+
+impl Changes {
+    /// Watches the directories of `files`.
+    #[cfg(target_os = "linux")]
+    fn watch(files: &[PathBuf]) -> Result<Self, String> {
+        use rustix::fs::inotify;
+        let fd = inotify::init(inotify::CreateFlags::NONBLOCK | inotify::CreateFlags::CLOEXEC)
+            .map_err(|e| format!("inotify: {e}"))?;
+        for file in files {
+            let dir = match file.parent() {
+                _ if file.is_dir() => file.as_path(),
+                Some(dir) if !dir.as_os_str().is_empty() => dir,
+                _ => Path::new("."),
+            };
+            inotify::add_watch(
+                &fd,
+                dir,
+                inotify::WatchFlags::MODIFY
+                    | inotify::WatchFlags::CLOSE_WRITE
+                    | inotify::WatchFlags::CREATE
+                    | inotify::WatchFlags::MOVED_TO,
+            )
+            .map_err(|e| format!("{}: cannot watch: {e}", dir.display()))?;
+        }
+        // SAFETY: the `AsyncFd` owns the descriptor, so it stays open and unchanged for as
+        // long as the `AsyncFd` lives.
+        #[allow(unsafe_code)]
+        let fd = unsafe { tokio::io::unix::AsyncFd::register(fd) }
+            .map_err(|e| format!("inotify: {e}"))?;
+        Ok(Self { fd })
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    fn watch(_files: &[PathBuf]) -> Result<Self, String> {
+        Ok(Self {})
+    }
+
+    /// Returns when a watched directory changed, or after a second in any case.
+    /// So a file on a filesystem that sends no events is still read.
+    async fn next(&mut self) {
+        #[cfg(target_os = "linux")]
+        {
+            let wait = async {
+                if let Ok(mut ready) = self.fd.readable().await {
+                    let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 4096];
+                    let mut events = rustix::fs::inotify::Reader::new(ready.get_inner(), &mut buf);
+                    while events.next().is_ok() {}
+                    ready.clear_ready();
+                }
+            };
+            let _ = tokio::time::timeout(Duration::from_secs(1), wait).await;
+        }
+        #[cfg(not(target_os = "linux"))]
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write as _;
+
+    use super::*;
+
+    fn granted(owner: &str, token: u64, at: u64) -> String {
+        format!(
+            r#"{{"kind":"granted","at_ms":{at},"backend":"redis","name":"n","mode":"exclusive","owner":"{owner}","token":{token},"sent_ms":{at},"lease_ms":30000}}"#
+        )
+    }
+
+    fn released(owner: &str, token: u64, at: u64) -> String {
+        format!(
+            r#"{{"kind":"released","at_ms":{at},"backend":"redis","name":"n","mode":"exclusive","owner":"{owner}","token":{token}}}"#
+        )
+    }
+
+    /// Appends `lines` to `path` in one write.
+    fn append(path: &Path, lines: &[String]) {
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .unwrap();
+        file.write_all(format!("{}\n", lines.join("\n")).as_bytes())
+            .unwrap();
+    }
+
+    #[test]
+    fn only_complete_lines_are_read_and_a_truncated_file_is_read_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.jsonl");
+        std::fs::write(&path, "one\ntw").unwrap();
+        let mut tail = Tail {
+            path: path.clone(),
+            ..Tail::default()
+        };
+
+        let mut read = Vec::new();
+        read_new(&mut tail, |l| read.push(l.to_owned()));
+        assert_eq!(read, ["one"]);
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap()
+            .write_all(b"o\nthree\n")
+            .unwrap();
+        read_new(&mut tail, |l| read.push(l.to_owned()));
+        assert_eq!(read, ["one", "two", "three"]);
+        std::fs::write(&path, "four\n").unwrap();
+        read_new(&mut tail, |l| read.push(l.to_owned()));
+        assert_eq!(read, ["one", "two", "three", "four"]);
+    }
+
+    #[tokio::test]
+    async fn findings_come_as_the_files_grow_and_a_restart_resumes_where_it_stopped() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a.jsonl"), dir.path().join("b.jsonl"));
+        let mut spec = Spec::new(vec![a.clone(), b.clone()], 5);
+        spec.state = Some(dir.path().join("audit.state"));
+
+        // First run: a's second hold is still open when it stops.
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (found, mut findings) = tokio::sync::mpsc::unbounded_channel();
+        let first = tokio::spawn({
+            let spec = spec.clone();
+            async move {
+                follow(&spec, async { stopped.await.unwrap_or(()) }, |f| {
+                    found.send(f.clone()).unwrap();
+                })
+                .await
+            }
+        });
+        append(
+            &a,
+            &[
+                granted("a1", 1, 1_000),
+                released("a1", 1, 2_000),
+                granted("a2", 3, 5_000),
+            ],
+        );
+        append(&b, &[granted("b1", 2, 1_500), released("b1", 2, 1_800)]);
+        let finding = findings.recv().await.unwrap();
+        assert_eq!(finding.check, "double_grant");
+        assert!(finding.detail.contains("a token 1") && finding.detail.contains("b token 2"));
+        stop.send(()).unwrap();
+        let report = first.await.unwrap().unwrap();
+        assert_eq!(report.findings.len(), 1);
+
+        // Second run, from the saved state: b's grant over a2's hold, which only the state
+        // remembers, is found; the first run's finding is not made again.
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (found, mut findings) = tokio::sync::mpsc::unbounded_channel();
+        let second = tokio::spawn({
+            let spec = spec.clone();
+            async move {
+                follow(&spec, async { stopped.await.unwrap_or(()) }, |f| {
+                    found.send(f.clone()).unwrap();
+                })
+                .await
+            }
+        });
+        append(&b, &[granted("b2", 4, 5_500), released("b2", 4, 5_600)]);
+        append(&a, &[released("a2", 3, 6_000)]);
+        let finding = findings.recv().await.unwrap();
+        assert!(finding.detail.contains("a token 3") && finding.detail.contains("b token 4"));
+        stop.send(()).unwrap();
+        let report = second.await.unwrap().unwrap();
+        assert_eq!(report.findings.len(), 1, "{:?}", report.findings);
+        // The counts go on from the first run's: four grants in all, each read once.
+        assert_eq!(report.events["granted"], 4);
+
+        // A state saved for other files is refused, not misapplied.
+        let mut other = spec.clone();
+        other.files.reverse();
+        let refused = follow(&other, async {}, |_| {}).await.unwrap_err();
+        assert!(refused.contains("saved for other files"), "{refused}");
+    }
+}

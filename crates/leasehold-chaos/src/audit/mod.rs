@@ -1,0 +1,589 @@
+//! `leasehold audit`: the lock events of many hosts, checked for what must never happen.
+//!
+//! Input: one JSON-lines file of lock events per host (`run --events`,
+//! [`leasehold::events::JsonLines`]); output: findings, each naming the hosts, owners,
+//! tokens and times involved. Each host's times are its own wall clock, trusted only to
+//! within `uncertainty` of the others: every check widens what it compares by that much
+//! in the holder's favour, so a finding is certain whatever the clocks did within it, and
+//! an overlap shorter than the uncertainty is not reported.
+//!
+//! The checks (those of `leasehold chaos` that need no global clock):
+//! - **double grant** (C5): two owners' entitlements to an exclusive hold of one name
+//!   overlapped. An entitlement runs from the grant's arrival to the earliest of the
+//!   holder's release, its loss, and the end of the server's last promise (`sent_ms +
+//!   lease_ms` of its latest grant or renewal); a grant on a session runs to its release,
+//!   loss, or the session deadline it was granted with.
+//! - **token order** (C1): a grant whose token is not above every token granted earlier
+//!   on the name.
+//! - **stale access** (C2/C3): a fence accepted a token below one it had accepted before.
+//! - **unknown outcome** (C10): reported by kind; `released` and `not_granted` are fine,
+//!   counted only.
+//!
+//! [`Auditor`] is the engine: it takes each host's events in order and keeps only what a
+//! check still to come can need, so it runs on live streams in bounded memory. [`audit`]
+//! reads whole files through it; [`follow`] tails files as they grow and resumes after a
+//! restart.
+
+mod auditor;
+pub mod follow;
+mod timeline;
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
+use std::fmt::Write as _;
+use std::io::BufRead as _;
+use std::path::{Path, PathBuf};
+
+use serde_json::{Value, json};
+
+pub use auditor::{Auditor, Counts};
+
+/// How long (ms of event time) a silent host holds the watermark back, by default.
+pub const IDLE_MS: u64 = 60_000;
+/// How long (ms of event time) an idle name's highest token is kept, by default.
+pub const FORGET_MS: u64 = 3_600_000;
+
+/// Something that must never happen, found in the events.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Finding {
+    /// `double_grant`, `token_order` or `stale_access`.
+    pub check: &'static str,
+    /// The lock's name, or the fenced resource.
+    pub subject: String,
+    /// When it happened (ms since the epoch, the first host's clock).
+    pub at_ms: u64,
+    /// How long it lasted beyond the clock uncertainty (double grants), in ms.
+    pub overlap_ms: u64,
+    /// What was involved, for people.
+    pub detail: String,
+}
+
+impl Finding {
+    /// One line for people.
+    pub fn line(&self) -> String {
+        format!(
+            "{} {} at {}: {}",
+            self.check,
+            self.subject,
+            utc(self.at_ms),
+            self.detail
+        )
+    }
+
+    /// The finding as JSON.
+    pub fn json(&self) -> Value {
+        json!({
+            "check": self.check,
+            "subject": self.subject,
+            "at_ms": self.at_ms,
+            "overlap_ms": self.overlap_ms,
+            "detail": self.detail,
+        })
+    }
+}
+
+/// A time in ms since the epoch as `YYYY-MM-DDTHH:MM:SS.mmmZ`.
+pub fn utc(ms: u64) -> String {
+    let days = ms / 86_400_000;
+    let of_day = ms % 86_400_000;
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm, proleptic Gregorian).
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z % 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + u64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        of_day / 3_600_000,
+        of_day / 60_000 % 60,
+        of_day / 1_000 % 60,
+        of_day % 1_000
+    )
+}
+
+/// What to audit, and how.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Spec {
+    /// The event files, one per host (the host is the file's name).
+    /// Following, also directories of them.
+    pub files: Vec<PathBuf>,
+    /// How far apart the hosts' clocks may be, in ms.
+    pub uncertainty_ms: u64,
+    /// How long (event time) a silent host holds the others back, in ms.
+    pub idle_ms: u64,
+    /// How long (event time) an idle name's highest token is kept, in ms.
+    pub forget_ms: u64,
+    /// Draw each finding with this much (ms) before and after it.
+    pub timeline_ms: Option<u64>,
+    /// Where to write the page of timelines (following: rewritten as they are drawn).
+    pub html: Option<PathBuf>,
+    /// Following: where to keep the state that a restart resumes from.
+    pub state: Option<PathBuf>,
+}
+
+impl Spec {
+    /// Audit `files` with clocks `uncertainty_ms` apart and the default horizons.
+    pub fn new(files: Vec<PathBuf>, uncertainty_ms: u64) -> Self {
+        Self {
+            files,
+            uncertainty_ms,
+            idle_ms: IDLE_MS,
+            forget_ms: FORGET_MS,
+            timeline_ms: None,
+            html: None,
+            state: None,
+        }
+    }
+
+    /// A fresh auditor of `files`, one host each.
+    pub fn auditor_of(&self, files: &[PathBuf]) -> Auditor {
+        let hosts: Vec<String> = files.iter().map(|f| host_of(f)).collect();
+        let auditor = Auditor::new(&hosts, self.uncertainty_ms, self.idle_ms, self.forget_ms);
+        match self.timeline_ms {
+            Some(window) => auditor.with_timelines(window),
+            None => auditor,
+        }
+    }
+}
+
+/// The page of `auditor`'s timelines: one self-contained HTML file.
+pub fn page(auditor: &Auditor) -> String {
+    let (drawn, left_out) = auditor.timelines();
+    let skipped: Vec<Value> = if left_out > 0 {
+        vec![
+            json!({"backend": "audit", "scenario": format!("{left_out} more findings"),
+            "reason": "not drawn (a page draws at most 100)"}),
+        ]
+    } else {
+        Vec::new()
+    };
+    crate::report::page("leasehold audit", drawn, &skipped)
+}
+
+/// What an audit read and found.
+#[derive(Debug, Default)]
+pub struct Audit {
+    /// Events read, by kind.
+    pub events: BTreeMap<String, u64>,
+    /// Lines that were not events (bad JSON, missing fields).
+    pub unreadable: u64,
+    /// Events the hosts' sinks dropped (their `dropped` lines): the record has gaps.
+    pub dropped: u64,
+    /// Accesses fences refused.
+    pub refused: u64,
+    /// What must never happen.
+    pub findings: Vec<Finding>,
+    /// The clock uncertainty allowed between hosts, in ms.
+    pub uncertainty_ms: u64,
+    /// The hosts (files) read.
+    pub hosts: Vec<String>,
+    /// Events that came after the watermark had passed them (see [`Counts::late`]).
+    pub late: u64,
+    /// Steps of the hosts' wall clocks (see [`Counts::clock_steps`]).
+    pub clock_steps: Vec<(String, u64, i64)>,
+    /// The most holds, grants and accesses the auditor kept at once.
+    pub kept_at_most: usize,
+}
+
+impl Audit {
+    /// The report of what `auditor` read, with the findings it made.
+    pub fn of(auditor: &Auditor, findings: Vec<Finding>, kept_at_most: usize) -> Self {
+        let counts = auditor.counts();
+        Self {
+            events: counts.events.clone(),
+            unreadable: counts.unreadable,
+            dropped: counts.dropped,
+            refused: counts.refused,
+            late: counts.late,
+            clock_steps: counts.clock_steps.clone(),
+            findings,
+            uncertainty_ms: auditor.uncertainty_ms(),
+            hosts: auditor.hosts(),
+            kept_at_most,
+        }
+    }
+}
+
+/// Reads `spec.files` (one per host) to their ends and checks them.
+/// It writes the page of timelines if `spec.html` says where.
+///
+/// The files are read side by side in time order, so memory stays bounded by what the
+/// checks need (as when following), not by the files' length.
+///
+/// # Errors
+///
+/// A file that cannot be read or written, with its path.
+pub fn audit(spec: &Spec) -> Result<Audit, String> {
+    let files = &spec.files;
+    let mut auditor = spec.auditor_of(files);
+    let mut readers = Vec::with_capacity(files.len());
+    for file in files {
+        let opened = std::fs::File::open(file).map_err(|e| format!("{}: {e}", file.display()))?;
+        readers.push((file, std::io::BufReader::new(opened).lines()));
+    }
+    // The next event of each host, by time: the earliest goes in first.
+    let mut next = BinaryHeap::new();
+    let mut pending: Vec<Option<Value>> = vec![None; files.len()];
+    let mut read_next = |host: usize,
+                         auditor: &mut Auditor,
+                         pending: &mut Vec<Option<Value>>,
+                         next: &mut BinaryHeap<Reverse<(u64, usize)>>|
+     -> Result<(), String> {
+        let (file, lines) = &mut readers[host];
+        for line in lines.by_ref() {
+            let line = line.map_err(|e| format!("{}: {e}", file.display()))?;
+            if line.trim().is_empty() {
+                continue;
+            }
+            match serde_json::from_str::<Value>(&line) {
+                Ok(event) if event["at_ms"].as_u64().is_some() => {
+                    next.push(Reverse((event["at_ms"].as_u64().unwrap_or(0), host)));
+                    pending[host] = Some(event);
+                    return Ok(());
+                }
+                _ => auditor.line(host, &line),
+            }
+        }
+        Ok(())
+    };
+    for host in 0..files.len() {
+        read_next(host, &mut auditor, &mut pending, &mut next)?;
+    }
+    let mut findings = Vec::new();
+    let mut kept_at_most = 0;
+    let mut since_advance = 0_u32;
+    while let Some(Reverse((_, host))) = next.pop() {
+        if let Some(event) = pending[host].take() {
+            auditor.event(host, &event);
+        }
+        read_next(host, &mut auditor, &mut pending, &mut next)?;
+        since_advance += 1;
+        if since_advance >= 1_024 {
+            since_advance = 0;
+            auditor.advance();
+            kept_at_most = kept_at_most.max(auditor.kept());
+            findings.extend(auditor.take_findings());
+        }
+    }
+    kept_at_most = kept_at_most.max(auditor.kept());
+    auditor.finish();
+    findings.extend(auditor.take_findings());
+    findings.sort_by_key(|f| f.at_ms);
+    if let Some(path) = &spec.html {
+        std::fs::write(path, page(&auditor)).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    Ok(Audit::of(&auditor, findings, kept_at_most))
+}
+
+/// The host a file records: its name without the extension.
+pub fn host_of(file: &Path) -> String {
+    file.file_stem().map_or_else(
+        || file.display().to_string(),
+        |s| s.to_string_lossy().into_owned(),
+    )
+}
+
+impl Audit {
+    /// The report for people.
+    pub fn table(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "{} hosts, {} events ({}), clock uncertainty ±{} ms",
+            self.hosts.len(),
+            self.events.values().sum::<u64>(),
+            self.events
+                .iter()
+                .map(|(kind, n)| format!("{kind} {n}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            self.uncertainty_ms
+        );
+        if self.dropped > 0 || self.unreadable > 0 || self.late > 0 {
+            let _ = writeln!(
+                out,
+                "gaps: {} events dropped by the hosts, {} lines unreadable, {} events late",
+                self.dropped, self.unreadable, self.late
+            );
+        }
+        for (host, at, by) in &self.clock_steps {
+            let _ = writeln!(
+                out,
+                "clock step: {host}'s wall clock moved by {by} ms at {} (its steady clock was followed)",
+                utc(*at)
+            );
+        }
+        let _ = writeln!(out, "fence refusals: {}", self.refused);
+        if self.findings.is_empty() {
+            out.push_str("no findings\n");
+        }
+        for f in &self.findings {
+            let _ = writeln!(out, "{}", f.line());
+        }
+        out
+    }
+
+    /// The report as JSON.
+    pub fn json(&self) -> Value {
+        json!({
+            "hosts": self.hosts,
+            "events": self.events,
+            "unreadable": self.unreadable,
+            "dropped": self.dropped,
+            "fence_refusals": self.refused,
+            "clock_uncertainty_ms": self.uncertainty_ms,
+            "late": self.late,
+            "clock_steps": self.clock_steps.iter().map(|(host, at, by)| json!({
+                "host": host, "at_ms": at, "by_ms": by,
+            })).collect::<Vec<_>>(),
+            "kept_at_most": self.kept_at_most,
+            "findings": self.findings.iter().map(Finding::json).collect::<Vec<_>>(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn host(dir: &Path, name: &str, lines: &[String]) -> PathBuf {
+        let path = dir.join(format!("{name}.jsonl"));
+        std::fs::write(&path, lines.join("\n")).unwrap();
+        path
+    }
+
+    fn granted(owner: &str, token: u64, at: u64, lease: u64) -> String {
+        format!(
+            r#"{{"kind":"granted","at_ms":{at},"backend":"redis","name":"n","mode":"exclusive","owner":"{owner}","token":{token},"sent_ms":{},"lease_ms":{lease}}}"#,
+            at - 1
+        )
+    }
+
+    fn ended(kind: &str, owner: &str, token: u64, at: u64) -> String {
+        format!(
+            r#"{{"kind":"{kind}","at_ms":{at},"backend":"redis","name":"n","mode":"exclusive","owner":"{owner}","token":{token}}}"#
+        )
+    }
+
+    #[test]
+    fn holds_one_after_the_other_are_clean_and_an_overlap_is_found() {
+        let dir = tempfile::tempdir().unwrap();
+        // a holds 1000..2000 on one host; b from 2030 on another: clean within ±20 ms.
+        let a = host(
+            dir.path(),
+            "a",
+            &[
+                granted("a1", 1, 1_000, 30_000),
+                ended("released", "a1", 1, 2_000),
+            ],
+        );
+        let b = host(
+            dir.path(),
+            "b",
+            &[
+                granted("b1", 2, 2_030, 30_000),
+                ended("released", "b1", 2, 3_000),
+            ],
+        );
+        let clean = audit(&Spec::new(vec![a.clone(), b], 20)).unwrap();
+        assert!(clean.findings.is_empty(), "{:?}", clean.findings);
+        // c is granted at 1500 while a holds until 2000: 500 ms together, 460 beyond ±20.
+        let c = host(
+            dir.path(),
+            "c",
+            &[
+                granted("c1", 3, 1_500, 30_000),
+                ended("released", "c1", 3, 2_500),
+            ],
+        );
+        let found = audit(&Spec::new(vec![a.clone(), c.clone()], 20)).unwrap();
+        assert_eq!(found.findings.len(), 1, "{:?}", found.findings);
+        assert_eq!(found.findings[0].check, "double_grant");
+        assert_eq!(found.findings[0].overlap_ms, 460);
+        assert!(
+            found.findings[0].detail.contains("a token 1")
+                && found.findings[0].detail.contains("c token 3")
+        );
+        // With clocks trusted only to ±300 ms, 500 ms is not beyond doubt.
+        assert!(
+            audit(&Spec::new(vec![a, c], 300))
+                .unwrap()
+                .findings
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn a_lease_that_ran_out_ends_the_hold_and_a_lower_token_later_is_found() {
+        let dir = tempfile::tempdir().unwrap();
+        // a's promise ends at 999 + 500; it never said it let go (a crash). b at 2000: clean.
+        let a = host(dir.path(), "a", &[granted("a1", 5, 1_000, 500)]);
+        let b = host(
+            dir.path(),
+            "b",
+            &[granted("b1", 4, 2_000, 500), ended("lost", "b1", 4, 2_400)],
+        );
+        let found = audit(&Spec::new(vec![a, b], 10)).unwrap();
+        let checks: Vec<&str> = found.findings.iter().map(|f| f.check).collect();
+        assert_eq!(checks, ["token_order"], "{:?}", found.findings);
+    }
+
+    #[test]
+    fn a_long_record_is_checked_in_bounded_memory_and_an_overlap_in_it_is_still_found() {
+        let dir = tempfile::tempdir().unwrap();
+        // Two hosts take turns on 10 names for 20 000 grants each, each hold 40 ms, the
+        // other host's next hold on the name 10 ms after it ends.
+        let mut lines = [Vec::new(), Vec::new()];
+        let mut token = 0;
+        for round in 0..20_000_u64 {
+            for (side, lines) in lines.iter_mut().enumerate() {
+                token += 1;
+                let name = format!("n{}", round % 10);
+                let at = 1_000_000 + round * 100 + side as u64 * 50;
+                let owner = format!("o{token}");
+                lines.push(format!(
+                    r#"{{"kind":"granted","at_ms":{at},"backend":"redis","name":"{name}","mode":"exclusive","owner":"{owner}","token":{token},"sent_ms":{},"lease_ms":30000}}"#,
+                    at - 1
+                ));
+                // Round 12 345 on host a: released 30 ms late, over b's grant.
+                let end = if round == 12_345 && side == 0 {
+                    at + 70
+                } else {
+                    at + 40
+                };
+                lines.push(format!(
+                    r#"{{"kind":"released","at_ms":{end},"backend":"redis","name":"{name}","mode":"exclusive","owner":"{owner}","token":{token}}}"#
+                ));
+            }
+        }
+        let a = host(dir.path(), "a", &lines[0]);
+        let b = host(dir.path(), "b", &lines[1]);
+        let found = audit(&Spec::new(vec![a, b], 5)).unwrap();
+        assert_eq!(found.events["granted"], 40_000);
+        let checks: Vec<(&str, u64)> = found
+            .findings
+            .iter()
+            .map(|f| (f.check, f.overlap_ms))
+            .collect();
+        assert_eq!(checks, [("double_grant", 10)], "{:?}", found.findings);
+        // What is kept does not grow with the record: a few holds per name, not 40 000.
+        assert!(found.kept_at_most < 400, "kept {}", found.kept_at_most);
+    }
+
+    #[test]
+    fn a_silent_host_stops_holding_the_audit_back_and_its_hold_ends_at_its_promise() {
+        let mut auditor = Auditor::new(&["a".into(), "b".into()], 5, 1_000, 10_000);
+        // b takes n with a 500 ms promise and is never heard from again (a crash).
+        auditor.line(1, &granted("b1", 1, 1_000, 500));
+        // a keeps writing for 5 s; its grant at 1 600 comes after b's promise ran out.
+        auditor.line(0, &granted("a1", 2, 1_600, 500));
+        auditor.line(0, &ended("released", "a1", 2, 1_700));
+        for at in (2_000..6_000).step_by(100) {
+            auditor.line(
+                0,
+                &format!(r#"{{"kind":"access","at_ms":{at},"fence":"fence","resource":"r","token":2,"accepted":true}}"#),
+            );
+            auditor.advance();
+        }
+        assert!(auditor.watermark_ms() > 4_000, "{}", auditor.watermark_ms());
+        assert!(auditor.take_findings().is_empty());
+        // Only the resource's latest accesses are still kept.
+        assert!(auditor.kept() < 10, "kept {}", auditor.kept());
+        // b comes back with a grant the watermark has passed: counted late, and checked
+        // against what is kept. a's hold is gone (no double grant can be seen any more),
+        // but the name's highest token is not: the token going back is found.
+        auditor.line(1, &granted("b2", 1, 1_650, 500));
+        auditor.line(1, &ended("released", "b2", 1, 1_690));
+        auditor.advance();
+        assert_eq!(auditor.counts().late, 2);
+        let checks: Vec<&str> = auditor.take_findings().iter().map(|f| f.check).collect();
+        assert_eq!(checks, ["token_order"]);
+    }
+
+    #[test]
+    fn a_wall_clock_step_moves_nothing_and_is_noted() {
+        let dir = tempfile::tempdir().unwrap();
+        let line = |kind: &str, owner: &str, token: u64, wall: u64, steady: Option<u64>| {
+            let steady = steady
+                .map(|s| format!(r#","steady_ms":{s}"#))
+                .unwrap_or_default();
+            format!(
+                r#"{{"kind":"{kind}","at_ms":{wall}{steady},"backend":"redis","name":"n","mode":"exclusive","owner":"{owner}","token":{token},"sent_ms":{},"lease_ms":1000}}"#,
+                wall - 1
+            )
+        };
+        let hour = 3_600_000;
+        // a is granted at 1 000 and renews at 1 500 by its steady clock, while its wall
+        // clock is an hour ahead; then it crashes, so its hold ends with that promise, at
+        // 2 499. The wall clock is back by a fence access at 1 900. c holds 2 600..2 700.
+        let a_events = |steady: bool| {
+            let s = |ms: u64| steady.then_some(ms);
+            vec![
+                line("granted", "a1", 1, 1_000, s(1_000)),
+                line("renewed", "a1", 1, 1_500 + hour, s(1_500)),
+                format!(
+                    r#"{{"kind":"access","at_ms":1900{},"fence":"fence","resource":"r","token":1,"accepted":true}}"#,
+                    s(1_900)
+                        .map(|s| format!(r#","steady_ms":{s}"#))
+                        .unwrap_or_default()
+                ),
+            ]
+        };
+        let c = host(
+            dir.path(),
+            "c",
+            &[
+                line("granted", "c1", 2, 2_600, Some(2_600)),
+                line("released", "c1", 2, 2_700, Some(2_700)),
+            ],
+        );
+        let a = host(dir.path(), "a", &a_events(true));
+        let found = audit(&Spec::new(vec![a, c.clone()], 5)).unwrap();
+        assert!(found.findings.is_empty(), "{:?}", found.findings);
+        let steps: Vec<i64> = found.clock_steps.iter().map(|s| s.2).collect();
+        assert_eq!(steps, [hour as i64, -(hour as i64)]);
+        // Read by its wall clock alone, a's renewal promised it the name an hour on: c's
+        // hold would be a double grant.
+        let a = host(dir.path(), "a", &a_events(false));
+        let found = audit(&Spec::new(vec![a, c], 5)).unwrap();
+        let checks: Vec<&str> = found.findings.iter().map(|f| f.check).collect();
+        assert_eq!(checks, ["double_grant"]);
+    }
+
+    #[test]
+    fn times_are_shown_as_utc_dates() {
+        assert_eq!(utc(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(utc(951_782_400_123), "2000-02-29T00:00:00.123Z");
+        assert_eq!(utc(1_795_000_000_999), "2026-11-18T11:06:40.999Z");
+    }
+
+    #[test]
+    fn a_fence_that_accepted_an_older_token_is_found_and_refusals_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let access = |token: u64, at: u64, accepted: bool| {
+            format!(
+                r#"{{"kind":"access","at_ms":{at},"fence":"fence","resource":"stock","token":{token},"accepted":{accepted}}}"#
+            )
+        };
+        let a = host(
+            dir.path(),
+            "a",
+            &[
+                access(7, 1_000, true),
+                access(6, 1_100, false),
+                access(6, 1_200, true),
+                "not json".into(),
+            ],
+        );
+        let found = audit(&Spec::new(vec![a], 10)).unwrap();
+        assert_eq!(found.refused, 1);
+        assert_eq!(found.unreadable, 1);
+        let checks: Vec<&str> = found.findings.iter().map(|f| f.check).collect();
+        assert_eq!(checks, ["stale_access"]);
+    }
+}

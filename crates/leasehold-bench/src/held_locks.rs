@@ -1,7 +1,7 @@
 //! One client holding many locks at once: what keeping them costs the client and the server.
-//! On Redis, batched renewals (as leasehold does) and one call per renewal (as a watchdog
-//! renewing each lock by itself does, Redisson's among them) side by side; on the other
-//! backends leasehold alone.
+//! On Redis and PostgreSQL (lease mode), batched renewals (as leasehold does) and one call
+//! per renewal (as a watchdog renewing each lock by itself does, Redisson's among them)
+//! side by side; on the other backends leasehold alone.
 //!
 //! The binary starts the server (pinned to `LEASEHOLD_SERVER_CPUS`), then runs itself as a
 //! child per side, the sides one after the other: a child takes N locks (names
@@ -14,7 +14,7 @@
 //! LEASEHOLD_SERVER_CPUS=0 taskset -c 1 cargo run --release -p leasehold-bench --bin held-locks -- --locks 1000000
 //! cargo run --release -p leasehold-bench --bin held-locks -- --backend postgres --locks 100000
 //! # --backend redis (the default), postgres (lease mode), advisory, etcd, zookeeper;
-//! # --only batched|one-by-one (Redis), --window D (default: the ttl), --json
+//! # --only batched|one-by-one (Redis, postgres), --window D (default: the ttl), --json
 //! ```
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark: failures should be loud
@@ -38,8 +38,9 @@ const SIDE: &str = "LEASEHOLD_HELD_SIDE";
 const URL: &str = "LEASEHOLD_HELD_URL";
 const SERVER: &str = "LEASEHOLD_HELD_SERVER";
 
-/// Redis's sides; every other backend has one, `leasehold`.
-const REDIS_SIDES: [&str; 2] = ["batched", "one-by-one"];
+/// The sides of the backends that batch renewals (Redis, PostgreSQL's lease mode).
+/// Every other backend has one, `leasehold`.
+const BATCHING_SIDES: [&str; 2] = ["batched", "one-by-one"];
 
 /// A backend that renews each lease with a call of its own.
 /// Every method but `renew_many` is the inner backend's, and `renew_many` is the trait's
@@ -199,8 +200,8 @@ async fn main() {
         return;
     }
     let (_server, url, pid) = start(&settings.backend, settings.ttl).await;
-    let sides: &[&str] = if settings.backend == "redis" {
-        &REDIS_SIDES
+    let sides: &[&str] = if ["redis", "postgres"].contains(&settings.backend.as_str()) {
+        &BATCHING_SIDES
     } else {
         &["leasehold"]
     };

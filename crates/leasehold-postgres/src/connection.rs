@@ -327,7 +327,18 @@ impl Pool {
     ///
     /// [`Error::Unavailable`] if the server cannot be reached.
     pub(crate) async fn get_for(&self, req: &Request) -> Result<Arc<Conn>> {
-        self.at(req.lane as usize).await
+        self.at(self.place_for(req)).await
+    }
+
+    /// The place of the connection [`get_for`](Pool::get_for) takes for `req`.
+    /// Requests with the same place go on the same connection.
+    pub(crate) fn place_for(&self, req: &Request) -> usize {
+        req.lane as usize % self.slots.len()
+    }
+
+    /// How many connections it has (places, from 0).
+    pub(crate) fn size(&self) -> usize {
+        self.slots.len()
     }
 
     async fn at(&self, place: usize) -> Result<Arc<Conn>> {

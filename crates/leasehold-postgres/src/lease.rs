@@ -2,19 +2,22 @@
 //!
 //! Every request is one statement on one of the pooled connections: acquire, release and
 //! evict call the schema's functions (which lock the name's row first, so that changes of a
-//! name happen one at a time), renewal is one owner-checked `UPDATE`, a record's write one
-//! owner-checked upsert. See `sql/v1.sql`, `sql/v2.sql` and `sql/v3.sql`.
+//! name happen one at a time), renewal is one owner-checked `UPDATE` (the renewals falling
+//! due together, one per pooled connection), a record's write one owner-checked upsert.
+//! See `sql/v1.sql`, `sql/v2.sql` and `sql/v3.sql`.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::future::join_all;
 use leasehold_core::backend::{
     Acquire, Eviction, Expiry, Grant, Listing, LockState, Mode, Release, Renewal, Request, WaitHint,
 };
-use leasehold_core::{LockName, LossReason, RecordKey, Result};
+use leasehold_core::{Error, LockName, LossReason, RecordKey, Result};
 use tokio::task::JoinHandle;
 
-use crate::connection::Pool;
+use crate::connection::{Conn, Pool};
+use crate::error::undecodable;
 use crate::fence::token_param;
 use crate::listing::Page;
 use crate::reply::{self, Acquired};
@@ -45,6 +48,31 @@ struct Hint {
 /// A duration in whole milliseconds, rounded up (leases are never shortened).
 pub(crate) fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(i64::MAX)
+}
+
+/// A renewal's answer when the grant was extended by `ttl` milliseconds.
+fn renewed_by(ttl: i64) -> Renewal {
+    Renewal::Renewed(Expiry::After(Duration::from_millis(ttl.unsigned_abs())))
+}
+
+/// Why `req`'s grant, which a renewal found gone, was lost: evicted, or not the owner's.
+/// Only once the grant is found gone is this asked (a second round trip, never taken by a
+/// renewal that succeeds). Any failure to read the records (a role without rights on the
+/// table, a dropped connection) still reports the loss, as not the owner's: it is certain
+/// already.
+async fn loss_reason(conn: &Conn, req: &Request) -> LossReason {
+    let evicted = conn
+        .query_one(
+            Stmt::Evicted,
+            &[&req.name.as_str(), &req.owner.as_str()],
+            "renew",
+        )
+        .await
+        .and_then(|row| reply::single(&row, "renew"));
+    match evicted.unwrap_or(false) {
+        true => LossReason::Evicted,
+        false => LossReason::NotOwner,
+    }
 }
 
 /// A mode as the schema stores it, with its permit limit.
@@ -154,28 +182,98 @@ impl Lease {
                 "renew",
             )
             .await?;
-        if !renewed.is_empty() {
-            return Ok(Renewal::Renewed(Expiry::After(Duration::from_millis(
-                ttl.unsigned_abs(),
-            ))));
+        Ok(match renewed.is_empty() {
+            false => renewed_by(ttl),
+            true => Renewal::Lost(loss_reason(&conn, req).await),
+        })
+    }
+
+    /// Renews each grant of `reqs` as [`renew`](Lease::renew) does, one statement per connection.
+    /// The requests of one connection (one place of the pool, see [`Pool::place_for`]) go
+    /// in one `Stmt::RenewMany` on it, where the server runs them in the order they were
+    /// sent among that acquisition's other requests, as their own renewals would be run; the
+    /// connections' statements are sent at the same time (one round trip in all). A grant
+    /// it finds gone is then looked up as `renew` does (was it evicted?), those alone. A
+    /// connection with a single request, and a name and owner given twice, take `renew`.
+    /// A statement that fails answers its error for each of its requests.
+    pub(crate) async fn renew_many(&self, reqs: &[&Request]) -> Vec<Result<Renewal>> {
+        let mut places: Vec<Vec<usize>> = vec![Vec::new(); self.pool.size()];
+        let mut alone = Vec::new();
+        let mut seen = std::collections::HashSet::with_capacity(reqs.len());
+        for (i, req) in reqs.iter().enumerate() {
+            match seen.insert((req.name.as_str(), req.owner.as_str())) {
+                true => places[self.pool.place_for(req)].push(i),
+                false => alone.push(i),
+            }
         }
-        // Only once the grant is found gone: was it evicted? (A second round trip, never
-        // taken by a renewal that succeeds.)
-        // Any failure to read the records (a role without rights on the table, a dropped
-        // connection) still reports the loss: it is certain already.
-        let evicted = conn
-            .query_one(
-                Stmt::Evicted,
-                &[&req.name.as_str(), &req.owner.as_str()],
-                "renew",
-            )
+        let (batches, single): (Vec<Vec<usize>>, Vec<Vec<usize>>) =
+            places.into_iter().partition(|place| place.len() > 1);
+        alone.extend(single.into_iter().flatten());
+        let (batched, alone_answers) = tokio::join!(
+            join_all(batches.iter().map(|batch| self.renew_batch(reqs, batch))),
+            join_all(alone.iter().map(|&i| self.renew(reqs[i])))
+        );
+        let mut answers: Vec<Option<Result<Renewal>>> = reqs.iter().map(|_| None).collect();
+        let places = batches.iter().flatten().chain(&alone);
+        for (&i, answer) in places.zip(batched.into_iter().flatten().chain(alone_answers)) {
+            answers[i] = Some(answer);
+        }
+        answers
+            .into_iter()
+            .map(|answer| answer.unwrap_or_else(|| Err(undecodable("renew", "no answer"))))
+            .collect()
+    }
+
+    /// The answers to the renewals `batch` (places in `reqs`, on one connection), in its order.
+    async fn renew_batch(&self, reqs: &[&Request], batch: &[usize]) -> Vec<Result<Renewal>> {
+        let failed = |error: Error| -> Vec<Result<Renewal>> {
+            batch.iter().map(|_| Err(error.clone())).collect()
+        };
+        let Some(&first) = batch.first() else {
+            return Vec::new();
+        };
+        let conn = match self.pool.get_for(reqs[first]).await {
+            Ok(conn) => conn,
+            Err(error) => return failed(error),
+        };
+        let names: Vec<&str> = batch.iter().map(|&i| reqs[i].name.as_str()).collect();
+        let owners: Vec<&str> = batch.iter().map(|&i| reqs[i].owner.as_str()).collect();
+        let ttls: Vec<i64> = batch.iter().map(|&i| millis(reqs[i].ttl)).collect();
+        let renewed = conn
+            .query(Stmt::RenewMany, &[&names, &owners, &ttls], "renew")
             .await
-            .and_then(|row| reply::single(&row, "renew"));
-        Ok(Renewal::Lost(if evicted.unwrap_or(false) {
-            LossReason::Evicted
-        } else {
-            LossReason::NotOwner
-        }))
+            .and_then(|rows| {
+                let mut renewed = vec![false; batch.len()];
+                for row in &rows {
+                    let place: i64 = reply::single(row, "renew")?;
+                    let found = usize::try_from(place - 1)
+                        .ok()
+                        .and_then(|i| renewed.get_mut(i))
+                        .ok_or_else(|| undecodable("renew", place))?;
+                    *found = true;
+                }
+                Ok(renewed)
+            });
+        let renewed = match renewed {
+            Ok(renewed) => renewed,
+            Err(error) => return failed(error),
+        };
+        // Only the grants found gone take a second statement each (which `renew` would
+        // send too), all at the same time.
+        let answers = batch
+            .iter()
+            .zip(renewed)
+            .zip(ttls)
+            .map(|((&i, renewed), ttl)| {
+                let conn = &conn;
+                async move {
+                    Ok(match renewed {
+                        true => renewed_by(ttl),
+                        false => Renewal::Lost(loss_reason(conn, reqs[i]).await),
+                    })
+                }
+            });
+        join_all(answers).await
     }
 
     pub(crate) async fn release(&self, req: &Request) -> Result<Release> {

@@ -25,7 +25,8 @@
 //!   (one round trip) that locks the name's row, drops expired grants and takes the lock or
 //!   a place in the FIFO queue; its token comes from a sequence drawn while the name's row is
 //!   locked, so tokens of a name increase in grant order and survive restarts. Renewal and
-//!   release are owner-checked single statements. Exclusive, shared, permits, FIFO waiters,
+//!   release are owner-checked single statements; the renewals falling due together are
+//!   one statement per pooled connection (`UPDATE … FROM unnest(…)`). Exclusive, shared, permits, FIFO waiters,
 //!   lock-delay — every primitive of the core engine. A force-release (evict) removes one
 //!   grant, closes its set until the grant's lease would have ended, and keeps a record
 //!   (the last 10 per name) that the evicted holder's renewal finds; advisory mode cannot
@@ -374,6 +375,23 @@ impl Backend for PostgresBackend {
         match &self.inner.kind {
             Kind::Lease(lease) => lease.renew(req).await,
             Kind::Advisory(advisory) => advisory.renew(req).await,
+        }
+    }
+
+    /// Renews each grant of `reqs` as [`renew`](Backend::renew) does.
+    /// In lease mode, the grants on one pooled connection are renewed by one statement
+    /// (`UPDATE … FROM unnest(…)`), those of all connections at the same time; advisory
+    /// mode, whose locks each have a session of their own, renews each by itself.
+    ///
+    /// # Cancel safety
+    ///
+    /// As `renew`'s: dropped before its answers, any of the grants may have been extended.
+    async fn renew_many(&self, reqs: &[&Request]) -> Vec<Result<Renewal>> {
+        match &self.inner.kind {
+            Kind::Lease(lease) => lease.renew_many(reqs).await,
+            Kind::Advisory(advisory) => {
+                futures_util::future::join_all(reqs.iter().map(|req| advisory.renew(req))).await
+            }
         }
     }
 

@@ -103,6 +103,10 @@ pub(crate) enum Stmt {
     Acquire,
     /// Lease mode: owner-checked extension of a live lease; answers one row or none.
     Renew,
+    /// Lease mode: [`Renew`](Stmt::Renew) for many grants at once.
+    /// Its parameters are arrays (names, owners, leases in ms), one element per grant; it
+    /// answers the place (from 1) of each grant it extended.
+    RenewMany,
     /// Lease mode: owner-checked removal of a grant or queue entry.
     Release,
     /// Lease mode: holders, waiters and evictions of a name.
@@ -153,9 +157,10 @@ pub(crate) enum Stmt {
 
 impl Stmt {
     /// Every statement: those a connection prepares first, then those sent with their text.
-    pub(crate) const ALL: [Stmt; 21] = [
+    pub(crate) const ALL: [Stmt; 22] = [
         Stmt::Acquire,
         Stmt::Renew,
+        Stmt::RenewMany,
         Stmt::Release,
         Stmt::Inspect,
         Stmt::Sweep,
@@ -215,6 +220,21 @@ impl Stmt {
             Stmt::Renew => {
                 "UPDATE @schema@.grants SET expires = clock_timestamp() + $3 * interval '1 millisecond' \
                  WHERE name = $1 AND owner = $2 AND expires > clock_timestamp() RETURNING true"
+            }
+            // Renew's condition and new expiry, row by row: each grant's lease measured from
+            // when its row is updated. A name and owner given twice are extended once (and
+            // answered once): the caller sends each grant once. The arrays are read through
+            // subqueries so that the planner does not see their length: told of 512 grants
+            // to renew (a statement sent with its text is planned with its values), it
+            // would read the whole table into a hash rather than look each one up by the
+            // primary key (40 ms rather than 5 with 10⁵ grants).
+            Stmt::RenewMany => {
+                "UPDATE @schema@.grants g \
+                 SET expires = clock_timestamp() + r.ttl * interval '1 millisecond' \
+                 FROM unnest((SELECT $1::text[]), (SELECT $2::text[]), (SELECT $3::bigint[])) \
+                      WITH ORDINALITY AS r(name, owner, ttl, i) \
+                 WHERE g.name = r.name AND g.owner = r.owner AND g.expires > clock_timestamp() \
+                 RETURNING r.i"
             }
             Stmt::Keep => {
                 "WITH kept AS (UPDATE @schema@.grants \
@@ -354,6 +374,7 @@ impl Stmt {
                 Type::BYTEA,
             ],
             Stmt::Renew | Stmt::Keep => &[Type::TEXT, Type::TEXT, Type::INT8],
+            Stmt::RenewMany => &[Type::TEXT_ARRAY, Type::TEXT_ARRAY, Type::INT8_ARRAY],
             Stmt::Release | Stmt::Evicted | Stmt::GetRecord => &[Type::TEXT, Type::TEXT],
             Stmt::PutRecord => &[
                 Type::TEXT,

@@ -14,18 +14,14 @@ use leasehold_core::{
     Client, FencingToken, LockName, LockState, LossReason, Mode, NamePrefix, OwnerId,
 };
 use leasehold_postgres::PostgresBackend;
-use leasehold_postgres::tokio_postgres::{self, NoTls};
 use leasehold_testkit::Postgres;
+
+mod common;
+use common::{counting_server, database};
 
 const LOCKS: usize = 100_000;
 const PAGE: usize = 1000;
 const POOL: usize = 4;
-
-async fn connect_db(url: &str) -> tokio_postgres::Client {
-    let (db, connection) = tokio_postgres::connect(url, NoTls).await.unwrap();
-    tokio::spawn(connection);
-    db
-}
 
 /// Takes `name` for a new owner with the backend's own acquire statement, on `lane`.
 async fn hold(backend: &PostgresBackend, name: &str, lane: u32) -> (OwnerId, FencingToken) {
@@ -60,15 +56,7 @@ async fn pages(backend: &PostgresBackend, prefix: &str, page: usize) -> Vec<Vec<
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hundred_thousand_held_locks_are_all_listed_one_bounded_statement_per_page() {
-    let server = Postgres::builder()
-        .config("shared_preload_libraries", "pg_stat_statements")
-        .start()
-        .await
-        .unwrap();
-    let db = connect_db(&server.url()).await;
-    db.batch_execute("CREATE EXTENSION pg_stat_statements")
-        .await
-        .unwrap();
+    let (server, db) = counting_server().await;
     let url = format!("{}?pool_size={POOL}", server.url());
     let backend = Arc::new(PostgresBackend::connect(&url).await.unwrap());
 
@@ -151,7 +139,7 @@ async fn a_hundred_thousand_held_locks_are_all_listed_one_bounded_statement_per_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_linguistic_collation_lists_every_lock_under_the_prefix() {
     let server = Postgres::start().await.unwrap();
-    let db = connect_db(&server.url()).await;
+    let db = database(&server.url()).await;
     // ICU's root collation puts `:` before the digits, so "a9…" is not in the code point
     // range ["a9", "a:"), and weighs letters before case: "A9b" sorts among "a9…".
     db.batch_execute("CREATE DATABASE icu TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE 'und'")

@@ -3,12 +3,28 @@
 use std::time::Duration;
 
 use leasehold_postgres::tokio_postgres::{self, NoTls};
+use leasehold_testkit::Postgres;
 
 /// A plain connection to the server at `url`, its driver running on a task.
 pub(crate) async fn database(url: &str) -> tokio_postgres::Client {
     let (client, connection) = tokio_postgres::connect(url, NoTls).await.unwrap();
     tokio::spawn(connection);
     client
+}
+
+/// A server whose statements `pg_stat_statements` counts, and a plain connection to it.
+#[allow(dead_code, reason = "not every test file counts statements")]
+pub(crate) async fn counting_server() -> (Postgres, tokio_postgres::Client) {
+    let server = Postgres::builder()
+        .config("shared_preload_libraries", "pg_stat_statements")
+        .start()
+        .await
+        .unwrap();
+    let db = database(&server.url()).await;
+    db.batch_execute("CREATE EXTENSION pg_stat_statements")
+        .await
+        .unwrap();
+    (server, db)
 }
 
 /// Polls the server until `sql` (one boolean) is true.

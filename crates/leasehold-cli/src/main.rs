@@ -285,11 +285,16 @@ struct AuditArgs {
     /// With --html: how much before and after each finding to draw.
     #[arg(long, default_value = "60s", value_parser = duration)]
     html_window: Duration,
+    /// With --follow: also take events that hosts stream to this address over TCP.
+    /// One host per connection, one JSON line per event; a first line `{"host":"NAME"}`
+    /// names it.
+    #[arg(long, requires = "follow")]
+    listen: Option<std::net::SocketAddr>,
     /// Serve the audit's counters for Prometheus at this address (`/metrics`).
     #[arg(long, requires = "follow")]
     metrics_listen: Option<std::net::SocketAddr>,
     /// The event files, one per host (the host is the file's name).
-    #[arg(required = true)]
+    #[arg(required_unless_present = "listen")]
     files: Vec<std::path::PathBuf>,
 }
 
@@ -853,6 +858,7 @@ fn audit_spec(args: &AuditArgs) -> leasehold_chaos::audit::Spec {
     spec.idle_ms = millis(args.host_idle);
     spec.state.clone_from(&args.state);
     spec.html.clone_from(&args.html);
+    spec.listen = args.listen;
     spec.timeline_ms = args.html.as_ref().map(|_| millis(args.html_window));
     spec
 }

@@ -199,6 +199,19 @@ impl Auditor {
         self.hosts.len() - 1
     }
 
+    /// The index of the host named `name`, added if there is none.
+    pub fn host_named(&mut self, name: String) -> usize {
+        match self.hosts.iter().position(|h| h.name == name) {
+            Some(index) => index,
+            None => self.add_host(name),
+        }
+    }
+
+    /// Counts a line that could not be read.
+    pub fn unreadable(&mut self) {
+        self.counts.unreadable += 1;
+    }
+
     /// The clock uncertainty it allows, in ms.
     pub fn uncertainty_ms(&self) -> u64 {
         self.uncertainty_ms

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use super::listen::{Incoming, Streams};
 use super::{Audit, Auditor, Finding, Spec, host_of};
 
 /// Where the reading of one file stands.
@@ -50,7 +51,8 @@ struct Saving<'a> {
 /// run's.
 ///
 /// A directory among `spec.files` stands for every `*.jsonl` file in it, those created
-/// later included: each is a host of its own (a new process, a restarted one).
+/// later included: each is a host of its own (a new process, a restarted one). With
+/// `spec.listen`, hosts may also stream their events to it ([`super::listen`]).
 ///
 /// On `stop`, with a state file the state is saved for the next run to resume from; without
 /// one the record is taken as complete, and holds still open end at their promises (as
@@ -83,6 +85,10 @@ pub async fn follow(
         }
     };
     let mut changes = Changes::watch(&spec.files)?;
+    let mut streams = match spec.listen {
+        Some(address) => Some(Streams::bind(address).await?),
+        None => None,
+    };
     let mut stop = pin!(stop);
     let mut found = Vec::new();
     let mut kept_at_most = 0;
@@ -91,6 +97,9 @@ pub async fn follow(
     let mut stopping = false;
     loop {
         discover(&spec.files, &mut tails, &mut auditor);
+        if let Some(streams) = &mut streams {
+            streams.drain(&mut auditor);
+        }
         for tail in &mut tails {
             let host = tail.host;
             read_new(tail, |line| auditor.line(host, line));
@@ -126,9 +135,22 @@ pub async fn follow(
         tokio::select! {
             () = &mut stop => stopping = true,
             () = changes.next() => {}
+            Some(incoming) = next_line(&mut streams) => {
+                if let Some(streams) = &mut streams {
+                    streams.feed(incoming, &mut auditor);
+                }
+            }
         }
     }
     Ok(Audit::of(&auditor, found, kept_at_most))
+}
+
+/// The next line of a stream, if the auditor listens; else never.
+async fn next_line(streams: &mut Option<Streams>) -> Option<Incoming> {
+    match streams {
+        Some(streams) => streams.next().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Adds a host for each `*.jsonl` file that appeared in a directory of `roots`.
@@ -348,6 +370,96 @@ mod tests {
         std::fs::write(&path, "four\n").unwrap();
         read_new(&mut tail, |l| read.push(l.to_owned()));
         assert_eq!(read, ["one", "two", "three", "four"]);
+    }
+
+    #[tokio::test]
+    async fn hosts_streaming_their_events_are_audited_as_they_send() {
+        use tokio::io::AsyncWriteExt as _;
+        let address: std::net::SocketAddr = {
+            let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            probe.local_addr().unwrap()
+        };
+        let mut spec = Spec::new(Vec::new(), 5);
+        spec.listen = Some(address);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (found, mut findings) = tokio::sync::mpsc::unbounded_channel();
+        let auditing = tokio::spawn(async move {
+            follow(&spec, async { stopped.await.unwrap_or(()) }, |f| {
+                found.send(f.clone()).unwrap();
+            })
+            .await
+        });
+        let connect = || async {
+            loop {
+                // The auditor binds in its own task: until then, connections are refused.
+                match tokio::net::TcpStream::connect(address).await {
+                    Ok(stream) => return stream,
+                    Err(_) => tokio::task::yield_now().await,
+                }
+            }
+        };
+        // x names itself; the other is named by its address.
+        let mut x = connect().await;
+        let hello = r#"{"host":"x"}"#.to_owned();
+        x.write_all(format!("{hello}\n{}\n", granted("a1", 1, 1_000)).as_bytes())
+            .await
+            .unwrap();
+        let mut other = connect().await;
+        other
+            .write_all(
+                format!(
+                    "{}\n{}\n",
+                    granted("b1", 2, 1_500),
+                    released("b1", 2, 1_800)
+                )
+                .as_bytes(),
+            )
+            .await
+            .unwrap();
+        x.write_all(format!("{}\n", released("a1", 1, 2_000)).as_bytes())
+            .await
+            .unwrap();
+        let finding = findings.recv().await.unwrap();
+        assert_eq!(finding.check, "double_grant");
+        assert!(finding.detail.contains("x token 1"), "{}", finding.detail);
+        // x connects again, under its name, after a line too long: it goes on as the same
+        // host, and its hold over b2's is found.
+        drop(x);
+        let mut again = connect().await;
+        again
+            .write_all(&vec![b'{'; super::super::listen::MAX_LINE + 10])
+            .await
+            .unwrap();
+        again
+            .write_all(
+                format!(
+                    "\n{hello}\n{}\n{}\n",
+                    granted("a2", 3, 3_000),
+                    released("a2", 3, 3_400)
+                )
+                .as_bytes(),
+            )
+            .await
+            .unwrap();
+        other
+            .write_all(
+                format!(
+                    "{}\n{}\n",
+                    granted("b2", 4, 3_100),
+                    released("b2", 4, 3_200)
+                )
+                .as_bytes(),
+            )
+            .await
+            .unwrap();
+        let finding = findings.recv().await.unwrap();
+        assert!(finding.detail.contains("x token 3"), "{}", finding.detail);
+        stop.send(()).unwrap();
+        let report = auditing.await.unwrap().unwrap();
+        assert_eq!(report.hosts.len(), 2, "{:?}", report.hosts);
+        assert!(report.hosts.contains(&"x".to_owned()));
+        assert_eq!(report.events["granted"], 4, "{:?}", report.events);
+        assert_eq!(report.unreadable, 1);
     }
 
     #[tokio::test]

@@ -26,6 +26,7 @@
 
 mod auditor;
 pub mod follow;
+pub mod listen;
 mod timeline;
 
 use std::cmp::Reverse;
@@ -124,6 +125,8 @@ pub struct Spec {
     pub html: Option<PathBuf>,
     /// Following: where to keep the state that a restart resumes from.
     pub state: Option<PathBuf>,
+    /// Following: also take hosts' events streamed to this address (see [`listen`]).
+    pub listen: Option<std::net::SocketAddr>,
 }
 
 impl Spec {
@@ -137,6 +140,7 @@ impl Spec {
             timeline_ms: None,
             html: None,
             state: None,
+            listen: None,
         }
     }
 

@@ -252,10 +252,15 @@ fn wall_ms_now() -> u64 {
 /// clock's progress to that reading, so a step of the wall clock (an operator, NTP, a VM
 /// restored) does not move it. An auditor orders a host's events by it, and sees a step as
 /// the gap between it and `at_ms` changing.
+///
+/// The monotonic clock is the boot-time one, as for lease deadlines: it goes on while the
+/// host is suspended, so a resume is no step.
 pub fn steady_ms_now() -> u64 {
-    static ANCHOR: std::sync::OnceLock<(std::time::Instant, u64)> = std::sync::OnceLock::new();
-    let (anchor, wall) = ANCHOR.get_or_init(|| (std::time::Instant::now(), wall_ms_now()));
-    wall.saturating_add(millis(anchor.elapsed()))
+    use crate::clock::{Clock as _, SystemClock};
+    static ANCHOR: std::sync::OnceLock<(Instant, u64)> = std::sync::OnceLock::new();
+    let now = SystemClock.now();
+    let (anchor, wall) = *ANCHOR.get_or_init(|| (now, wall_ms_now()));
+    wall.saturating_add(millis(now.saturating_duration_since(anchor)))
 }
 
 /// Records an event of `kind` about `req`'s acquisition, if the client has a sink.
@@ -367,8 +372,9 @@ fn write_lines(file: std::fs::File, lines: &mpsc::Receiver<String>, dropped: &At
                     if gap > 0 {
                         let _ = writeln!(
                             out,
-                            r#"{{"kind":"dropped","count":{gap},"at_ms":{}}}"#,
-                            wall_ms_now()
+                            r#"{{"kind":"dropped","count":{gap},"at_ms":{},"steady_ms":{}}}"#,
+                            wall_ms_now(),
+                            steady_ms_now()
                         );
                     }
                     let _ = writeln!(out, "{line}");

@@ -10,8 +10,9 @@
 //!   before the watermark; after that only the highest token survives, per name;
 //! - a name or resource with nothing else kept for `forget_ms` of event time is forgotten.
 //!
-//! A host whose latest event is more than `idle_ms` behind the newest host's stops holding
-//! the watermark back (it crashed, or it has nothing to say); its holds end at their
+//! A host from which nothing has arrived for `idle_ms` (of this process's time, not of
+//! event time, so that one host's clock running ahead cannot silence the others) stops
+//! holding the watermark back: it crashed, or it has nothing to say. Its holds end at their
 //! promises. Its events that arrive after that are checked against what is still kept and
 //! counted as late.
 
@@ -70,6 +71,11 @@ struct Host {
     latest_ms: u64,
     /// Its steady clock less its wall clock, as of its latest event that had both.
     shift_ms: Option<i64>,
+    /// When its latest event arrived (this process's clock).
+    #[serde(skip)]
+    heard: Option<std::time::Instant>,
+    /// Its record has ended (a file read to its end): it holds nothing back.
+    done: bool,
     /// By owner: the name and hold id of each hold not yet ended.
     open: HashMap<String, (String, u64)>,
 }
@@ -256,17 +262,47 @@ impl Auditor {
 
     /// Reads one line of `host`'s events (an index into the hosts given to `new`).
     pub fn line(&mut self, host: usize, line: &str) {
+        self.line_at(host, line, std::time::Instant::now());
+    }
+
+    /// Reads one line of `host`'s events, which arrived at `arrived`.
+    pub fn line_at(&mut self, host: usize, line: &str, arrived: std::time::Instant) {
         if line.trim().is_empty() {
             return;
         }
         match serde_json::from_str::<Value>(line) {
-            Ok(event) => self.event(host, &event),
+            Ok(event) => self.event_at(host, &event, arrived),
             Err(_) => self.counts.unreadable += 1,
         }
     }
 
+    /// `host` has no more events (its file was read to its end).
+    pub fn done(&mut self, host: usize) {
+        if let Some(host) = self.hosts.get_mut(host) {
+            host.done = true;
+        }
+    }
+
+    /// When `event` of `host` happened on the host's steady clock, as the auditor takes it.
+    /// Several records read side by side are merged in that order.
+    pub fn steady_at(&self, host: usize, event: &Value) -> Option<u64> {
+        let wall = event["at_ms"].as_u64()?;
+        Some(match event["steady_ms"].as_u64() {
+            Some(steady) => steady,
+            None => {
+                let shift = self.hosts.get(host).and_then(|h| h.shift_ms).unwrap_or(0);
+                wall.saturating_add_signed(shift)
+            }
+        })
+    }
+
     /// Reads one event of `host`.
     pub fn event(&mut self, host: usize, event: &Value) {
+        self.event_at(host, event, std::time::Instant::now());
+    }
+
+    /// Reads one event of `host`, which arrived at `arrived`.
+    pub fn event_at(&mut self, host: usize, event: &Value, arrived: std::time::Instant) {
         let (Some(kind), Some(wall)) = (event["kind"].as_str(), event["at_ms"].as_u64()) else {
             self.counts.unreadable += 1;
             return;
@@ -286,6 +322,8 @@ impl Auditor {
         }
         let host_state = &mut self.hosts[host];
         host_state.latest_ms = host_state.latest_ms.max(at);
+        host_state.heard = Some(arrived);
+        host_state.done = false;
         let name = event["name"].as_str().unwrap_or_default();
         let owner = event["owner"].as_str().unwrap_or_default();
         let promise = match (event["sent_ms"].as_u64(), event["lease_ms"].as_u64()) {
@@ -524,18 +562,34 @@ impl Auditor {
     }
 
     /// Moves the watermark up to what every active host has reached.
-    /// Then it settles what the watermark passed: holds whose promises ran out end, grants and accesses are checked, and what
-    /// no event to come can need is dropped.
+    /// Then it settles what the watermark passed: holds whose promises ran out end, grants
+    /// and accesses are checked, and what no event to come can need is dropped.
     pub fn advance(&mut self) {
+        self.advance_at(std::time::Instant::now());
+    }
+
+    /// Whether `host` holds the watermark back at `now`.
+    /// It does while it has events to come and has been heard from within `idle_ms`.
+    fn active(&self, host: &Host, now: std::time::Instant) -> bool {
+        let idle = std::time::Duration::from_millis(self.idle_ms);
+        !host.done
+            && host
+                .heard
+                .is_some_and(|t| now.saturating_duration_since(t) < idle)
+    }
+
+    /// [`Auditor::advance`], with `now` as this process's time.
+    pub fn advance_at(&mut self, now: std::time::Instant) {
         let newest = self.hosts.iter().map(|h| h.latest_ms).max().unwrap_or(0);
         let active = self
             .hosts
             .iter()
-            .filter(|h| h.latest_ms.saturating_add(self.idle_ms) >= newest)
+            .filter(|h| self.active(h, now))
             .map(|h| h.latest_ms)
-            .min()
-            .unwrap_or(newest);
-        self.watermark_ms = self.watermark_ms.max(active);
+            .min();
+        // With no host active, nothing moves until one speaks again.
+        let reached = active.unwrap_or(self.watermark_ms);
+        self.watermark_ms = self.watermark_ms.max(reached);
         metrics::gauge!("leasehold_audit_lag_seconds")
             .set(newest.saturating_sub(self.watermark_ms) as f64 / 1000.0);
         let slack = self.slack();
@@ -550,7 +604,7 @@ impl Auditor {
                 else {
                     continue;
                 };
-                let idle = host.latest_ms.saturating_add(self.idle_ms) < newest;
+                let idle = !self.active(host, now);
                 match hold.promised_ms {
                     Some(promise) => {
                         let seen = host.latest_ms.max(self.watermark_ms);
@@ -558,9 +612,9 @@ impl Auditor {
                             ran_out.push((index, owner.clone(), promise));
                         }
                     }
-                    // Promised nothing, and its host went quiet: it proves nothing past its
-                    // start.
-                    None if idle => ran_out.push((index, owner.clone(), hold.from_ms)),
+                    // Promised nothing, and its host went quiet: held at least until the
+                    // host's last word, and nothing is known after that.
+                    None if idle => ran_out.push((index, owner.clone(), host.latest_ms)),
                     None => {}
                 }
             }
@@ -584,17 +638,26 @@ impl Auditor {
                 &mut self.counts,
                 &mut self.made,
             );
-            let open_from = state
-                .holds
-                .iter()
-                .filter(|h| h.until_ms.is_none())
-                .map(|h| h.from_ms)
-                .min()
-                .unwrap_or(u64::MAX)
-                .min(watermark);
+            // An ended hold is kept while a hold still open could conflict with it: any open
+            // hold for an exclusive one, an open exclusive hold for a shared one.
+            let open_from = |exclusive_only: bool| {
+                state
+                    .holds
+                    .iter()
+                    .filter(|h| h.until_ms.is_none() && (h.exclusive || !exclusive_only))
+                    .map(|h| h.from_ms)
+                    .min()
+                    .unwrap_or(u64::MAX)
+                    .min(watermark)
+            };
+            let (any_from, exclusive_from) = (open_from(false), open_from(true));
             state.holds.retain(|h| {
-                h.until_ms
-                    .is_none_or(|u| u.saturating_add(slack) >= open_from)
+                let from = if h.exclusive {
+                    any_from
+                } else {
+                    exclusive_from
+                };
+                h.until_ms.is_none_or(|u| u.saturating_add(slack) >= from)
             });
             if state.holds.is_empty() && state.grants.recent.is_empty() {
                 settled.push(name.clone());
@@ -651,11 +714,11 @@ impl Auditor {
             .flat_map(|(index, host)| {
                 host.open.iter().filter_map(move |(owner, (name, id))| {
                     let hold = names.get(name)?.holds.iter().find(|h| h.id == *id)?;
-                    // A hold that promised nothing proves nothing past its start.
+                    // A hold that promised nothing: held until its host's last word at least.
                     Some((
                         index,
                         owner.clone(),
-                        hold.promised_ms.unwrap_or(hold.from_ms),
+                        hold.promised_ms.unwrap_or(host.latest_ms),
                     ))
                 })
             })
@@ -665,6 +728,7 @@ impl Auditor {
         }
         for host in &mut self.hosts {
             host.latest_ms = u64::MAX;
+            host.done = true;
         }
         self.watermark_ms = u64::MAX;
         self.advance();
@@ -693,11 +757,13 @@ fn check_order(
         if seen.checked || seen.at_ms >= watermark {
             continue;
         }
+        // The settled highest is from far enough back for every in-order event; a late one
+        // may be older than it, and is held only to what came well before it.
         let earlier = tokens
             .recent
             .iter()
-            .filter(|e| e.at_ms.saturating_add(slack) < seen.at_ms)
             .chain(tokens.settled.iter())
+            .filter(|e| e.at_ms.saturating_add(slack) < seen.at_ms)
             .max_by_key(|e| e.token);
         if let Some(highest) = earlier {
             let stale = if strict {

@@ -2,11 +2,14 @@
 //!
 //! Each file is read from where the last read stopped, complete lines only; the kernel says
 //! when one grows (inotify on their directories), so nothing is polled on Linux. A file
-//! replaced (a new inode) or cut shorter (truncated) is read again from its start. With a
-//! state file, the auditor's state and each file's position are saved together (written to
-//! a temporary file and renamed over, so a crash leaves the old or the new one, whole) once
-//! a second, as soon as a finding is made, and on the way out; a restart loads them and goes
-//! on where it stopped, so a finding is reported once.
+//! replaced by a copy of itself (a new inode that starts with the same bytes, as a shipper's
+//! write-and-rename makes) is read on from where it was; one cut shorter (truncated) or
+//! starting differently is a new record, read from its start. A backlog is read in pieces,
+//! the watermark moving between them. With a state file, the auditor's state and each
+//! file's position are saved together (written to a temporary file and renamed over, so a
+//! crash leaves the old or the new one, whole) every few seconds, as soon as a finding is
+//! made, and on the way out; a restart loads them and goes on where it stopped. A finding
+//! is reported at least once: only a crash between reporting it and the save repeats it.
 
 use std::future::Future;
 use std::io::{Read as _, Seek as _, SeekFrom};
@@ -28,7 +31,21 @@ struct Tail {
     host: usize,
     offset: u64,
     inode: u64,
+    /// The file's first bytes (up to [`HEAD`]) as read.
+    /// A file replaced by a copy of itself (a shipper's write-and-rename) starts with them,
+    /// a new record does not.
+    #[serde(default)]
+    head: Vec<u8>,
 }
+
+/// How many of a file's first bytes tell it apart from another.
+const HEAD: usize = 256;
+/// The most read from one file in one round.
+/// A backlog is read in pieces, the auditor moving its watermark (and freeing what it
+/// kept) between them.
+const CHUNK: u64 = 4 << 20;
+/// How often the state is saved, at most (and as soon as a finding is made).
+const SAVE_EVERY: Duration = Duration::from_secs(5);
 
 /// What a restart resumes from.
 #[derive(Debug, Deserialize)]
@@ -93,6 +110,7 @@ pub async fn follow(
     let mut found = Vec::new();
     let mut kept_at_most = 0;
     let mut saved_at = Instant::now();
+    let mut counted_at = Instant::now();
     let mut written = 0;
     let mut stopping = false;
     loop {
@@ -100,25 +118,30 @@ pub async fn follow(
         if let Some(streams) = &mut streams {
             streams.drain(&mut auditor);
         }
+        let mut more = false;
         for tail in &mut tails {
             let host = tail.host;
-            read_new(tail, |line| auditor.line(host, line));
+            more |= read_new(tail, |line| auditor.line(host, line));
         }
         if stopping && spec.state.is_none() {
             auditor.finish();
         } else {
             auditor.advance();
         }
-        kept_at_most = kept_at_most.max(auditor.kept());
         let new = auditor.take_findings();
         for finding in &new {
             on_finding(finding);
         }
         if let Some(path) = &spec.state
-            && (stopping || !new.is_empty() || saved_at.elapsed() >= Duration::from_secs(1))
+            && (stopping || !new.is_empty() || saved_at.elapsed() >= SAVE_EVERY)
         {
             save(path, &spec.files, &auditor, &tails)?;
             saved_at = Instant::now();
+        }
+        // Counted now and then: it walks every name kept.
+        if stopping || counted_at.elapsed() >= SAVE_EVERY {
+            kept_at_most = kept_at_most.max(auditor.kept());
+            counted_at = Instant::now();
         }
         let drawn = auditor.timelines().0.len();
         if let Some(path) = &spec.html
@@ -132,6 +155,15 @@ pub async fn follow(
             break;
         }
         // One more round after the stop: what was written up to it is read.
+        if more {
+            // A backlog: read on at once, unless told to stop.
+            tokio::select! {
+                biased;
+                () = &mut stop => stopping = true,
+                () = std::future::ready(()) => {}
+            }
+            continue;
+        }
         tokio::select! {
             () = &mut stop => stopping = true,
             () = changes.next() => {}
@@ -224,35 +256,51 @@ fn save(path: &Path, roots: &[PathBuf], auditor: &Auditor, tails: &[Tail]) -> Re
         .map_err(|e| format!("{}: {e}", path.display()))
 }
 
-/// Feeds `tail`'s complete new lines to `line`, and moves its position past them.
+/// Feeds `tail`'s complete new lines (at most [`CHUNK`] bytes of them) to `line`.
+/// It moves the position past them, and returns whether more is there to read.
 /// A file not there yet is read when it appears.
-fn read_new(tail: &mut Tail, mut line: impl FnMut(&str)) {
+fn read_new(tail: &mut Tail, mut line: impl FnMut(&str)) -> bool {
     let Ok(mut file) = std::fs::File::open(&tail.path) else {
-        return;
+        return false;
     };
     let Ok(meta) = file.metadata() else {
-        return;
+        return false;
     };
-    if meta.ino() != tail.inode || meta.len() < tail.offset {
-        // Replaced or truncated: a new record, from its start.
-        tail.inode = meta.ino();
+    let mut head = Vec::with_capacity(HEAD);
+    if (&mut file)
+        .take(HEAD as u64)
+        .read_to_end(&mut head)
+        .is_err()
+    {
+        return false;
+    }
+    let same_start = head.starts_with(&tail.head) || tail.head.starts_with(&head);
+    if meta.len() < tail.offset || !same_start {
+        // Truncated, or another record (replaced, or cut and written again): from its start.
         tail.offset = 0;
+        tail.head.clear();
+    }
+    // A new inode with the same start and at least as long: the same record, copied.
+    tail.inode = meta.ino();
+    if head.len() > tail.head.len() {
+        tail.head = head;
     }
     if meta.len() == tail.offset || file.seek(SeekFrom::Start(tail.offset)).is_err() {
-        return;
+        return false;
     }
     let mut bytes = Vec::new();
-    if file.read_to_end(&mut bytes).is_err() {
-        return;
+    if (&mut file).take(CHUNK).read_to_end(&mut bytes).is_err() {
+        return false;
     }
     // Only complete lines: the rest is still being written.
     let Some(end) = bytes.iter().rposition(|&b| b == b'\n') else {
-        return;
+        return false;
     };
     for piece in bytes[..end].split(|&b| b == b'\n') {
         line(&String::from_utf8_lossy(piece));
     }
     tail.offset += end as u64 + 1;
+    tail.offset < meta.len()
 }
 
 /// Tells when a followed file may have grown.
@@ -347,7 +395,7 @@ mod tests {
     }
 
     #[test]
-    fn only_complete_lines_are_read_and_a_truncated_file_is_read_again() {
+    fn only_complete_lines_are_read_and_only_a_new_record_is_read_again() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("a.jsonl");
         std::fs::write(&path, "one\ntw").unwrap();
@@ -367,9 +415,20 @@ mod tests {
             .unwrap();
         read_new(&mut tail, |l| read.push(l.to_owned()));
         assert_eq!(read, ["one", "two", "three"]);
+        // Replaced by a copy of itself (write and rename, as a shipper does): read on.
+        let copy = dir.path().join("a.jsonl.tmp");
+        std::fs::write(&copy, "one\ntwo\nthree\nfive\n").unwrap();
+        std::fs::rename(&copy, &path).unwrap();
+        read_new(&mut tail, |l| read.push(l.to_owned()));
+        assert_eq!(read, ["one", "two", "three", "five"]);
+        // Truncated, or replaced by another record: from its start.
         std::fs::write(&path, "four\n").unwrap();
         read_new(&mut tail, |l| read.push(l.to_owned()));
-        assert_eq!(read, ["one", "two", "three", "four"]);
+        assert_eq!(read, ["one", "two", "three", "five", "four"]);
+        std::fs::write(&copy, "six\nseven\neight\nnine\nten\n").unwrap();
+        std::fs::rename(&copy, &path).unwrap();
+        read_new(&mut tail, |l| read.push(l.to_owned()));
+        assert_eq!(read[5..], ["six", "seven", "eight", "nine", "ten"]);
     }
 
     #[tokio::test]

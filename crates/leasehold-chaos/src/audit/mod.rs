@@ -246,13 +246,15 @@ pub fn audit(spec: &Spec) -> Result<Audit, String> {
             }
             match serde_json::from_str::<Value>(&line) {
                 Ok(event) if event["at_ms"].as_u64().is_some() => {
-                    next.push(Reverse((event["at_ms"].as_u64().unwrap_or(0), host)));
+                    let at = auditor.steady_at(host, &event).unwrap_or(0);
+                    next.push(Reverse((at, host)));
                     pending[host] = Some(event);
                     return Ok(());
                 }
                 _ => auditor.line(host, &line),
             }
         }
+        auditor.done(host);
         Ok(())
     };
     for host in 0..files.len() {
@@ -481,18 +483,25 @@ mod tests {
 
     #[test]
     fn a_silent_host_stops_holding_the_audit_back_and_its_hold_ends_at_its_promise() {
+        // Silence is judged by arrivals, not by event times: a host whose clock runs ahead
+        // cannot silence the others (see the next test).
+        use std::time::{Duration, Instant};
         let mut auditor = Auditor::new(&["a".into(), "b".into()], 5, 1_000, 10_000);
+        // Arrivals on this process's clock: b is heard from once, a for 4 s on.
+        let start = Instant::now();
+        let arrived = |ms: u64| start + Duration::from_millis(ms);
         // b takes n with a 500 ms promise and is never heard from again (a crash).
-        auditor.line(1, &granted("b1", 1, 1_000, 500));
-        // a keeps writing for 5 s; its grant at 1 600 comes after b's promise ran out.
-        auditor.line(0, &granted("a1", 2, 1_600, 500));
-        auditor.line(0, &ended("released", "a1", 2, 1_700));
+        auditor.line_at(1, &granted("b1", 1, 1_000, 500), arrived(0));
+        // a keeps writing; its grant at 1 600 comes after b's promise ran out.
+        auditor.line_at(0, &granted("a1", 2, 1_600, 500), arrived(0));
+        auditor.line_at(0, &ended("released", "a1", 2, 1_700), arrived(0));
         for at in (2_000..6_000).step_by(100) {
-            auditor.line(
+            auditor.line_at(
                 0,
                 &format!(r#"{{"kind":"access","at_ms":{at},"fence":"fence","resource":"r","token":2,"accepted":true}}"#),
+                arrived(at - 2_000),
             );
-            auditor.advance();
+            auditor.advance_at(arrived(at - 2_000));
         }
         assert!(auditor.watermark_ms() > 4_000, "{}", auditor.watermark_ms());
         assert!(auditor.take_findings().is_empty());
@@ -501,9 +510,9 @@ mod tests {
         // b comes back with a grant the watermark has passed: counted late, and checked
         // against what is kept. a's hold is gone (no double grant can be seen any more),
         // but the name's highest token is not: the token going back is found.
-        auditor.line(1, &granted("b2", 1, 1_650, 500));
-        auditor.line(1, &ended("released", "b2", 1, 1_690));
-        auditor.advance();
+        auditor.line_at(1, &granted("b2", 1, 1_650, 500), arrived(4_000));
+        auditor.line_at(1, &ended("released", "b2", 1, 1_690), arrived(4_000));
+        auditor.advance_at(arrived(4_000));
         assert_eq!(auditor.counts().late, 2);
         let checks: Vec<&str> = auditor.take_findings().iter().map(|f| f.check).collect();
         assert_eq!(checks, ["token_order"]);
@@ -557,6 +566,90 @@ mod tests {
         let found = audit(&Spec::new(vec![a, c], 5)).unwrap();
         let checks: Vec<&str> = found.findings.iter().map(|f| f.check).collect();
         assert_eq!(checks, ["double_grant"]);
+    }
+
+    /// One event line with both clocks: `wall` as the host read it, `steady` its steady clock.
+    fn stamped(kind: &str, name: &str, owner: &str, token: u64, wall: u64, steady: u64) -> String {
+        format!(
+            r#"{{"kind":"{kind}","at_ms":{wall},"steady_ms":{steady},"backend":"redis","name":"{name}","mode":"exclusive","owner":"{owner}","token":{token},"sent_ms":{},"lease_ms":30000}}"#,
+            wall - 1
+        )
+    }
+
+    #[test]
+    fn a_host_whose_clock_runs_ahead_or_steps_silences_no_one() {
+        use std::time::{Duration, Instant};
+        let base = 1_795_000_000_000_u64;
+        let hour = 3_600_000;
+        let mut auditor = Auditor::new(&["x".into(), "b".into(), "c".into()], 5, 60_000, 600_000);
+        let start = Instant::now();
+        // 40 s of traffic, arriving as it happens. x works alone on its own names; its clock
+        // is two minutes ahead, and its wall clock steps back an hour half-way. b and c take
+        // turns on m every 100 ms; at 20 s, c comes in 50 ms early.
+        for i in 0..400_u64 {
+            let arrived = start + Duration::from_millis(i * 100);
+            let steady = base + 120_000 + i * 100;
+            let wall = if i < 200 { steady } else { steady - hour };
+            let name = format!("x{}", i % 7);
+            let owner = format!("x{i}");
+            for line in [
+                stamped("granted", &name, &owner, i + 1, wall, steady),
+                stamped("released", &name, &owner, i + 1, wall + 5, steady + 5),
+            ] {
+                auditor.line_at(0, &line, arrived);
+            }
+            let from = base + i * 100 - if i == 200 { 50 } else { 0 };
+            let until = base + i * 100 + 90;
+            let (host, owner) = if i % 2 == 0 { (1, "b") } else { (2, "c") };
+            let owner = format!("{owner}{i}");
+            auditor.line_at(
+                host,
+                &stamped("granted", "m", &owner, i + 1, from, from),
+                arrived,
+            );
+            auditor.line_at(
+                host,
+                &stamped("released", "m", &owner, i + 1, until, until),
+                arrived,
+            );
+            auditor.advance_at(arrived);
+        }
+        let checks: Vec<(&str, String)> = auditor
+            .take_findings()
+            .into_iter()
+            .map(|f| (f.check, f.subject))
+            .collect();
+        assert_eq!(checks, [("double_grant", "m".to_owned())]);
+        // Nobody was taken for silent: nothing came late. (x's holds are kept until the
+        // others' clocks reach them: memory grows with a clock's lead, not the record.)
+        assert_eq!(auditor.counts().late, 0);
+        assert_eq!(auditor.counts().clock_steps.len(), 1);
+    }
+
+    #[test]
+    fn a_hold_without_a_promise_lasts_at_least_to_its_hosts_last_word() {
+        let dir = tempfile::tempdir().unwrap();
+        // The file backend promises nothing: b's hold from 1 500 is still on at its host's
+        // last event, 1 900, while a held until 2 000.
+        let a = host(
+            dir.path(),
+            "a",
+            &[
+                granted("a1", 1, 1_000, 30_000),
+                ended("released", "a1", 1, 2_000),
+            ],
+        );
+        let b = host(
+            dir.path(),
+            "b",
+            &[
+                r#"{"kind":"granted","at_ms":1500,"backend":"file","name":"n","mode":"exclusive","owner":"b1","token":2}"#.to_owned(),
+                r#"{"kind":"access","at_ms":1900,"fence":"fence","resource":"r","token":2,"accepted":true}"#.to_owned(),
+            ],
+        );
+        let found = audit(&Spec::new(vec![a, b], 5)).unwrap();
+        let overlaps: Vec<u64> = found.findings.iter().map(|f| f.overlap_ms).collect();
+        assert_eq!(overlaps, [400 - 10], "{:?}", found.findings);
     }
 
     #[test]

@@ -115,3 +115,26 @@ fn the_audit_raises_no_alarm_where_every_promise_was_kept() {
         );
     }
 }
+
+#[test]
+fn the_audit_follows_steady_clocks_through_wall_clock_jumps() {
+    // The workers' wall clocks jump an hour back and forth (libfaketime); their steady
+    // clocks do not. Read by the wall clock, holds would stretch over hours and overlap.
+    let html = tempfile::NamedTempFile::new().unwrap();
+    let (failed, found) = run_and_audit("client-clock-jump", 1, None, html.path());
+    assert!(failed.is_empty(), "the checker failed {failed:?}");
+    assert!(
+        found.events.get("granted").copied().unwrap_or(0) > 0,
+        "nothing was granted: {:?}",
+        found.events
+    );
+    assert!(
+        !found.clock_steps.is_empty(),
+        "no step of a wall clock was seen: {found:?}"
+    );
+    assert!(
+        found.findings.is_empty(),
+        "false alarms {:?}",
+        found.findings
+    );
+}

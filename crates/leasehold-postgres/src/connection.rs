@@ -11,10 +11,21 @@
 //! given up by their callers (a request timeout, a cancel) with nothing answered since
 //! they were sent (`support::health`), the connection counts as closed, and its place
 //! connects anew.
+//!
+//! What was sent on a silent connection may still reach its server session later (a link
+//! that heals delivers what it held), and run there after the requests sent on the new
+//! connection meanwhile: an acquire after its own release, a grant nobody will release.
+//! So before a new connection takes the place of one that went silent with its socket
+//! still open, it ends the old one's server session (`pg_terminate_backend`, waiting
+//! until the process is gone): whatever the old session ran, it ran before anything the
+//! new one runs, and what it had not read yet it never runs. A connection whose socket
+//! closed is not ended that way: through a session-pooling proxy its server session may
+//! already serve another client. Through a transaction-pooling proxy, which shares server
+//! sessions between clients, no session is ended.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use leasehold_core::backend::Request;
 use leasehold_core::support::health::Health;
@@ -131,11 +142,21 @@ impl Connector {
     }
 }
 
+/// A server session: its process and when it started.
+/// The two name one session; a process id is used again once its process is gone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Session {
+    pid: i32,
+    started: SystemTime,
+}
+
 /// One connection with its statements.
 #[derive(Debug)]
 pub(crate) struct Conn {
     client: Client,
     prepared: Option<Vec<Statement>>,
+    /// Its server session, known once prepared (never through a transaction pool).
+    session: Option<Session>,
     sql: Arc<[String]>,
     closed: watch::Receiver<bool>,
     /// Ends the driver (see [`close`](Conn::close)).
@@ -174,6 +195,7 @@ impl Conn {
         Self {
             client,
             prepared: None,
+            session: None,
             sql: connector.sql.clone(),
             closed,
             close,
@@ -188,7 +210,10 @@ impl Conn {
         self.close.notify_one();
     }
 
-    /// Prepares its statements ([`Stmt::prepared`]), unless `connector` says not to.
+    /// Prepares its statements ([`Stmt::prepared`]) and learns its session.
+    /// Both are sent at once (one round trip), unless `connector` says not to prepare. The
+    /// session is learnt so that a connection replacing this one can end it (see the module
+    /// docs).
     pub(crate) async fn prepare(&mut self, connector: &Connector) -> Result<()> {
         if !connector.prepare {
             return Ok(());
@@ -197,12 +222,63 @@ impl Conn {
             self.client
                 .prepare_typed(&connector.sql[s.index()], s.types())
         });
-        self.prepared = Some(
-            futures_util::future::try_join_all(prepares)
+        let session = self
+            .client
+            .query_typed(&connector.sql[Stmt::Session.index()], &[]);
+        let (prepared, session) =
+            futures_util::future::try_join(futures_util::future::try_join_all(prepares), session)
                 .await
-                .map_err(|e| map(e, "preparing statements"))?,
-        );
+                .map_err(|e| map(e, "preparing statements"))?;
+        self.prepared = Some(prepared);
+        let doing = "finding the connection's session";
+        self.session = match session.first() {
+            Some(row) => Some(Session {
+                pid: row.try_get(0).map_err(|e| undecodable(doing, e))?,
+                started: row.try_get(1).map_err(|e| undecodable(doing, e))?,
+            }),
+            None => None,
+        };
         Ok(())
+    }
+
+    /// Ends the server session of `old`, which this connection replaces, if it may still run.
+    /// It may when its socket is still open (it went silent); the server is given up to
+    /// `wait` for the session's process to be gone. Then nothing sent on `old` can run
+    /// after what is sent on this one.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unavailable`] if the session did not end in time; errors of the statement.
+    pub(crate) async fn end_session_of(&self, old: &Conn, wait: Duration) -> Result<()> {
+        let Some(session) = old.session else {
+            return Ok(());
+        };
+        if old.has_ended() {
+            return Ok(());
+        }
+        let wait_ms = i64::try_from(wait.as_millis()).unwrap_or(i64::MAX).max(1);
+        let row = self
+            .query_one(
+                Stmt::EndSession,
+                &[&session.pid, &session.started, &wait_ms],
+                "ending the session of a replaced connection",
+            )
+            .await?;
+        let ended: bool = row
+            .try_get(0)
+            .map_err(|e| undecodable("ending the session of a replaced connection", e))?;
+        if ended {
+            tracing::debug!(
+                pid = session.pid,
+                "ended the session of a silent connection"
+            );
+            Ok(())
+        } else {
+            Err(Error::unavailable(format!(
+                "postgres: the session of a silent connection (process {}) did not end within {wait:?}",
+                session.pid
+            )))
+        }
     }
 
     /// The client, for statements of the caller's own.
@@ -212,7 +288,12 @@ impl Conn {
 
     /// Whether the connection has ended, or went silent (see the module docs).
     pub(crate) fn is_closed(&self) -> bool {
-        self.client.is_closed() || *self.closed.borrow() || self.health.is_stalled()
+        self.has_ended() || self.health.is_stalled()
+    }
+
+    /// Whether its socket has closed.
+    fn has_ended(&self) -> bool {
+        self.client.is_closed() || *self.closed.borrow()
     }
 
     /// Completes when the connection has ended.
@@ -351,6 +432,12 @@ impl Pool {
             return Ok(conn);
         }
         let conn = Arc::new(self.connector.connect().await?);
+        let replaced = slot.conn.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if let Some(old) = replaced {
+            // Before anything is sent on the new connection (see the module docs).
+            conn.end_session_of(&old, self.connector.timeout()).await?;
+            old.close();
+        }
         *slot.conn.lock().unwrap_or_else(|e| e.into_inner()) = Some(conn.clone());
         Ok(conn)
     }

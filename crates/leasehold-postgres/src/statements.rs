@@ -153,11 +153,17 @@ pub(crate) enum Stmt {
     /// That is for a change no statement of the schema makes (an advisory waiter that
     /// gave up: its cancelled wait ends nothing that commits).
     TellWatchers,
+    /// This connection's server session: its process id and when it started.
+    /// The two name one session (a process id is used again once its process is gone).
+    Session,
+    /// Ends the session of process `$1` started at `$2`, waiting up to `$3` ms for it to end.
+    /// Answers whether it has ended (true if it was gone already).
+    EndSession,
 }
 
 impl Stmt {
     /// Every statement: those a connection prepares first, then those sent with their text.
-    pub(crate) const ALL: [Stmt; 22] = [
+    pub(crate) const ALL: [Stmt; 24] = [
         Stmt::Acquire,
         Stmt::Renew,
         Stmt::RenewMany,
@@ -180,6 +186,8 @@ impl Stmt {
         Stmt::GetRecord,
         Stmt::Keep,
         Stmt::TellWatchers,
+        Stmt::Session,
+        Stmt::EndSession,
     ];
 
     /// Whether a connection prepares it when it opens.
@@ -188,7 +196,8 @@ impl Stmt {
     /// has the server plan each with its values, which turns `$3 IS NULL OR name < $3`
     /// into an index bound or nothing. Evictions, and the look for one after a renewal found
     /// no grant, are rarer still; records are written and read about once per job run; a
-    /// waiter that gives up in advisory mode tells the watchers itself.
+    /// waiter that gives up in advisory mode tells the watchers itself. A connection asks
+    /// for its session once, and ends another's only when it replaces it.
     pub(crate) fn prepared(self) -> bool {
         !matches!(
             self,
@@ -202,6 +211,8 @@ impl Stmt {
                 | Stmt::GetRecord
                 | Stmt::Keep
                 | Stmt::TellWatchers
+                | Stmt::Session
+                | Stmt::EndSession
         )
     }
 
@@ -349,6 +360,13 @@ impl Stmt {
                  WHERE r.name = $1 AND r.key = $2 AND r.expires_at > clock_timestamp()"
             }
             Stmt::TellWatchers => "SELECT @schema@.tell($1)",
+            Stmt::Session => {
+                "SELECT pid, backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()"
+            }
+            Stmt::EndSession => {
+                "SELECT coalesce(bool_and(pg_terminate_backend(pid, $3)), true) \
+                 FROM pg_stat_activity WHERE pid = $1 AND backend_start = $2"
+            }
         }
     }
 
@@ -415,7 +433,8 @@ impl Stmt {
             Stmt::AdvisoryRelease => &[Type::TEXT, Type::BOOL],
             Stmt::AdvisoryQueued => &[Type::INT4, Type::TEXT],
             Stmt::Sweep => &[Type::INT4],
-            Stmt::Ping | Stmt::CodePointOrder => &[],
+            Stmt::Ping | Stmt::CodePointOrder | Stmt::Session => &[],
+            Stmt::EndSession => &[Type::INT4, Type::TIMESTAMPTZ, Type::INT8],
             Stmt::List | Stmt::AdvisoryList => {
                 &[Type::TEXT, Type::TEXT, Type::TEXT, Type::TEXT, Type::INT8]
             }

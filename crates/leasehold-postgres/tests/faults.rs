@@ -281,6 +281,76 @@ async fn an_acquisition_that_gave_up_leaves_nothing_behind() {
     );
 }
 
+/// An acquire held on a connection given up as silent never runs after its release.
+/// The acquisition gives up on the connection (its requests, then its release, held
+/// back), and its release goes on the connection that replaced it. When the old link heals,
+/// the acquires it held arrive at a session that was ended first: they cannot grant the
+/// lock again after the release, to an owner that has gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_held_on_a_replaced_connection_grants_nothing_late() {
+    let server = Postgres::start().await.unwrap();
+    let db = database(&server.url()).await;
+    let target = format!("127.0.0.1:{}", server.port()).parse().unwrap();
+    let proxy = FaultProxy::start(target).await.unwrap();
+    // One pooled connection: every request of `a` goes on it until it is replaced.
+    let a = client(
+        proxy.port(),
+        "pool_size=1&application_name=replaced",
+        impatient(),
+    )
+    .await;
+    let probe = client(server.port(), "", LockOptions::default()).await;
+    // The server sessions of `a`'s connections (but its wake-up listener's), which the held
+    // requests will reach.
+    let sessions: Vec<i32> = db
+        .query(
+            "SELECT pid FROM pg_stat_activity \
+             WHERE application_name = 'replaced' AND query NOT LIKE 'LISTEN%'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert!(!sessions.is_empty());
+    // The connections open now go silent both ways; new ones pass.
+    proxy.cut_open(Direction::Both);
+    let gave_up = a.mutex("job").unwrap().lock().await;
+    assert!(
+        matches!(gave_up, Err(ref e) if e.is_unknown_outcome()),
+        "{gave_up:?}"
+    );
+    // The acquires were held, and the release went through on a new connection.
+    a.settle().await;
+    assert!(probe.inspect("job").await.unwrap().holders.is_empty());
+    proxy.heal();
+    // The held acquires are delivered, to sessions that are gone or that run them before
+    // they read the end of their connection and end.
+    while db
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1)",
+            &[&sessions],
+        )
+        .await
+        .unwrap()
+        .get::<_, i64>(0)
+        > 0
+    {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        probe
+            .mutex("job")
+            .unwrap()
+            .try_lock()
+            .await
+            .unwrap()
+            .is_some(),
+        "an acquire held on the replaced connection granted the lock after its release"
+    );
+}
+
 /// Advisory mode: a waiter whose client vanished leaves the queue.
 /// Its connections closed while it waited in the server's queue; it leaves instead of being
 /// granted the lock first.

@@ -275,7 +275,7 @@ struct AuditArgs {
     /// A restart resumes from it.
     #[arg(long, requires = "follow")]
     state: Option<std::path::PathBuf>,
-    /// A host silent this long (by the others' clocks) no longer holds the audit back.
+    /// A host from which nothing arrived for this long no longer holds the audit back.
     #[arg(long, default_value = "60s", value_parser = duration)]
     host_idle: Duration,
     /// Write a self-contained HTML page drawing the minutes around each finding.

@@ -5,7 +5,8 @@
 //! that are still writing, so every event stamped before it has arrived. What the checks
 //! need of the past is kept only while an event still to come could need it:
 //! - a hold (one grant's entitlement) until it has ended more than the clock slack before
-//!   both the watermark and the start of every hold of its name still open;
+//!   both the watermark and the start of every hold of its name still open that could
+//!   conflict with it (any, for an exclusive hold; an exclusive one, for a shared hold);
 //! - each grant and fence access until it has been checked and lies more than the slack
 //!   before the watermark; after that only the highest token survives, per name;
 //! - a name or resource with nothing else kept for `forget_ms` of event time is forgotten.
@@ -13,8 +14,9 @@
 //! A host from which nothing has arrived for `idle_ms` (of this process's time, not of
 //! event time, so that one host's clock running ahead cannot silence the others) stops
 //! holding the watermark back: it crashed, or it has nothing to say. Its holds end at their
-//! promises. Its events that arrive after that are checked against what is still kept and
-//! counted as late.
+//! promises (one that promised nothing at its last event, once it has been silent for
+//! `forget_ms`). Its events that arrive after that are checked against what is still kept
+//! and counted as late.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -136,8 +138,9 @@ pub struct Auditor {
 impl Auditor {
     /// An auditor of `hosts`, whose clocks agree to within `uncertainty_ms`.
     ///
-    /// A host silent for `idle_ms` of the others' event time no longer holds the watermark
-    /// back; a name idle for `forget_ms` is forgotten (its highest token with it).
+    /// A host from which nothing arrived for `idle_ms` (this process's time) no longer holds
+    /// the watermark back; a name idle for `forget_ms` of event time is forgotten (its
+    /// highest token with it).
     pub fn new(hosts: &[String], uncertainty_ms: u64, idle_ms: u64, forget_ms: u64) -> Self {
         Self {
             uncertainty_ms,
@@ -276,6 +279,28 @@ impl Auditor {
         }
     }
 
+    /// Every host still writing counts as heard from at `now`.
+    /// After a restart, silence is then measured from it.
+    pub fn heard_all_at(&mut self, now: std::time::Instant) {
+        for host in self.hosts.iter_mut().filter(|h| !h.done) {
+            host.heard = Some(now);
+        }
+    }
+
+    /// `host` connected again after a break in its stream.
+    /// What it sent in the break may be lost, so each hold it had open ends at its last
+    /// event (the least it lasted) rather than run on to a release that may never come.
+    pub fn reconnected(&mut self, host: usize) {
+        let Some(state) = self.hosts.get(host) else {
+            return;
+        };
+        let last = state.latest_ms;
+        let owners: Vec<String> = state.open.keys().cloned().collect();
+        for owner in owners {
+            self.end(host, &owner, last, "expired");
+        }
+    }
+
     /// `host` has no more events (its file was read to its end).
     pub fn done(&mut self, host: usize) {
         if let Some(host) = self.hosts.get_mut(host) {
@@ -321,7 +346,11 @@ impl Auditor {
             self.counts.late += 1;
         }
         let host_state = &mut self.hosts[host];
-        host_state.latest_ms = host_state.latest_ms.max(at);
+        // A `dropped` line is written after older lines still queued: it says nothing of
+        // how far the host's record has come.
+        if kind != "dropped" {
+            host_state.latest_ms = host_state.latest_ms.max(at);
+        }
         host_state.heard = Some(arrived);
         host_state.done = false;
         let name = event["name"].as_str().unwrap_or_default();
@@ -604,7 +633,12 @@ impl Auditor {
                 else {
                     continue;
                 };
-                let idle = !self.active(host, now);
+                // A hold that promised nothing ends with a release; a host silent for as
+                // long as a name is remembered has let it go, or is gone.
+                let gone = host.heard.is_none_or(|t| {
+                    now.saturating_duration_since(t)
+                        >= std::time::Duration::from_millis(self.forget_ms)
+                });
                 match hold.promised_ms {
                     Some(promise) => {
                         let seen = host.latest_ms.max(self.watermark_ms);
@@ -612,9 +646,10 @@ impl Auditor {
                             ran_out.push((index, owner.clone(), promise));
                         }
                     }
-                    // Promised nothing, and its host went quiet: held at least until the
-                    // host's last word, and nothing is known after that.
-                    None if idle => ran_out.push((index, owner.clone(), host.latest_ms)),
+                    // Held at least until the host's last word; nothing is known after that.
+                    None if gone && host.heard.is_some() => {
+                        ran_out.push((index, owner.clone(), host.latest_ms));
+                    }
                     None => {}
                 }
             }

@@ -156,7 +156,9 @@ pub async fn follow(
         }
         // One more round after the stop: what was written up to it is read.
         if more {
-            // A backlog: read on at once, unless told to stop.
+            // A backlog: read on once the runtime has had a turn (signals, streams, the
+            // metrics endpoint), unless told to stop.
+            tokio::task::yield_now().await;
             tokio::select! {
                 biased;
                 () = &mut stop => stopping = true,
@@ -227,6 +229,7 @@ fn resume(path: &Path, spec: &Spec) -> Result<(Auditor, Vec<Tail>), String> {
         ));
     }
     let mut auditor = saved.auditor;
+    auditor.heard_all_at(Instant::now());
     if let Some(window) = spec.timeline_ms {
         // What happened before the restart is not kept: its first timelines start there.
         auditor = auditor.with_timelines(window);
@@ -275,10 +278,14 @@ fn read_new(tail: &mut Tail, mut line: impl FnMut(&str)) -> bool {
         return false;
     }
     let same_start = head.starts_with(&tail.head) || tail.head.starts_with(&head);
-    if meta.len() < tail.offset || !same_start {
-        // Truncated, or another record (replaced, or cut and written again): from its start.
+    if !same_start {
+        // Another record (replaced, or cut and written again): from its start.
         tail.offset = 0;
         tail.head.clear();
+    } else if meta.len() < tail.offset {
+        // Shorter, with the same start: cut (and being written again), or being copied
+        // over in place. Wait: a new record shows by its start.
+        return false;
     }
     // A new inode with the same start and at least as long: the same record, copied.
     tail.inode = meta.ino();
@@ -515,6 +522,7 @@ mod tests {
         assert!(finding.detail.contains("x token 3"), "{}", finding.detail);
         stop.send(()).unwrap();
         let report = auditing.await.unwrap().unwrap();
+        assert_eq!(report.findings.len(), 2, "{:?}", report.findings);
         assert_eq!(report.hosts.len(), 2, "{:?}", report.hosts);
         assert!(report.hosts.contains(&"x".to_owned()));
         assert_eq!(report.events["granted"], 4, "{:?}", report.events);

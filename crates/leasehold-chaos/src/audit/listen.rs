@@ -1,8 +1,10 @@
 //! `leasehold audit --follow --listen ADDR`: events streamed to the auditor over TCP.
 //!
 //! Each connection is a host sending JSON lines, as a file would hold them. Its first line
-//! may name it (`{"host":"web-1"}`); otherwise it is named by its peer's address. A host that
-//! connects again under the same name goes on as the same host. Lines longer than
+//! may name it (`{"host":"web-1"}`); otherwise it is named by its peer's IP address. A host
+//! that connects again under the same name goes on as the same host, its holds still open
+//! ended at its last event (what it sent in the break may be lost). Nothing is
+//! authenticated: listen on a private address. Lines longer than
 //! [`MAX_LINE`] are skipped and counted as unreadable. What was received after the last save
 //! of the state is not received again after a restart (the sender does not resend): a
 //! sender that must not lose a line writes a file the auditor follows instead.
@@ -17,6 +19,9 @@ use tokio::sync::mpsc;
 use tokio::task::{JoinHandle, JoinSet};
 
 use super::Auditor;
+
+/// The most connections open at once; more are closed as they come.
+pub const MAX_CONNECTIONS: usize = 1_024;
 
 /// The longest line taken, in bytes.
 pub const MAX_LINE: usize = 64 * 1024;
@@ -101,8 +106,13 @@ impl Streams {
             .ok()
             .filter(|v| v.get("kind").is_none())
             .and_then(|v| v.get("host").and_then(Value::as_str).map(str::to_owned));
-        let name = hello.clone().unwrap_or_else(|| peer.to_string());
+        // Unnamed, a host is its address (not its port: that changes with every connection).
+        let name = hello.clone().unwrap_or_else(|| peer.ip().to_string());
+        let known = auditor.hosts().contains(&name);
         let host = auditor.host_named(name);
+        if known {
+            auditor.reconnected(host);
+        }
         self.hosts.insert(conn, host);
         if hello.is_none() {
             auditor.line(host, &text);
@@ -118,8 +128,13 @@ async fn accept(listener: TcpListener, send: mpsc::Sender<Incoming>) {
         tokio::select! {
             accepted = listener.accept() => {
                 let Ok((stream, peer)) = accepted else {
+                    // Out of descriptors, most likely: give the readers a moment to end.
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                     continue;
                 };
+                if readers.len() >= MAX_CONNECTIONS {
+                    continue;
+                }
                 next += 1;
                 readers.spawn(read(BufReader::new(stream), next, peer, send.clone()));
             }

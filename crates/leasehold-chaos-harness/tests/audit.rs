@@ -1,7 +1,8 @@
 //! `leasehold audit` on the checker's own runs.
 //! The workers write their lock events (as `run --events` does on a host), the audit reads
 //! them, and its findings are held against the checker's verdicts: the double grant a
-//! planted bug causes is found, and runs that keep every promise raise no alarm.
+//! planted bug causes is found, a stale access the resource let through is found, and runs
+//! that keep every promise raise no alarm.
 
 #![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
@@ -12,15 +13,35 @@ use std::path::Path;
 use leasehold_chaos::audit::follow::follow;
 use leasehold_chaos::audit::{Audit, Spec};
 use leasehold_chaos::bugs::Bug;
-use leasehold_chaos::checks::Status;
+use leasehold_chaos::checks::{Check, Status, Verdict};
+use leasehold_chaos::resource::FenceMode;
 
 /// Runs `scenario` on Redis with `seed` (and `bug`, if any) under a live audit.
-/// Its workers write events while `leasehold audit --follow` reads them from the run's
-/// directory (a host per worker process, as they appear). It returns the checker's failed checks and the audit
-/// (clocks of one host: ±1 ms), the run's page of timelines written to `html`.
-fn run_and_audit(scenario: &str, seed: u64, bug: Option<Bug>, html: &Path) -> (Vec<String>, Audit) {
+/// Its workers and its resource write events while `leasehold audit --follow` reads them
+/// from the run's directory (a host per process, as they appear). It returns the checker's
+/// failed checks and the audit (clocks of one host: ±1 ms), the run's page of timelines
+/// written to `html`.
+fn run_and_audit(scenario: &str, seed: u64, bug: Option<Bug>, html: &Path) -> (Vec<Check>, Audit) {
+    let (verdicts, found) = run_and_audit_in(FenceMode::Enforce, scenario, seed, bug, html);
+    let failed = verdicts
+        .iter()
+        .filter(|v| matches!(v.status, Status::Fail))
+        .map(|v| v.check)
+        .collect();
+    (failed, found)
+}
+
+/// [`run_and_audit`] with the resource's fence in `mode`; every verdict of the checker.
+fn run_and_audit_in(
+    mode: FenceMode,
+    scenario: &str,
+    seed: u64,
+    bug: Option<Bug>,
+    html: &Path,
+) -> (Vec<Verdict>, Audit) {
     let dir = tempfile::tempdir().unwrap();
     let mut spec = common::spec("redis", scenario, seed);
+    spec.mode = mode;
     spec.bug = bug.map(|bug| bug.name().to_owned());
     spec.events_dir = Some(dir.path().to_path_buf());
     let run_dir = dir.path().join(format!("redis-{scenario}-{seed}"));
@@ -45,18 +66,12 @@ fn run_and_audit(scenario: &str, seed: u64, bug: Option<Bug>, html: &Path) -> (V
     let report = common::run(&spec);
     stop.send(()).unwrap();
     let found = live.join().unwrap().unwrap();
-    let failed = report
-        .verdicts()
-        .iter()
-        .filter(|v| matches!(v.status, Status::Fail))
-        .map(|v| format!("{:?}", v.check))
-        .collect();
     assert!(
         found.hosts.len() >= 2,
         "{scenario}: the audit saw {:?}",
         found.hosts
     );
-    (failed, found)
+    (report.verdicts().to_vec(), found)
 }
 
 #[test]
@@ -109,11 +124,46 @@ fn the_audit_raises_no_alarm_where_every_promise_was_kept() {
             found.events
         );
         assert!(
+            found.events.get("access").copied().unwrap_or(0) > 0,
+            "{scenario}: the resource's accesses were not seen: {:?}",
+            found.events
+        );
+        assert!(
             found.findings.is_empty(),
             "{scenario}: false alarms {:?}",
             found.findings
         );
     }
+}
+
+#[test]
+fn the_audit_finds_a_stale_access_the_resource_let_through() {
+    // A renewal that extends whoever holds keeps a holder whose lease the server's clock
+    // jump ended; it writes with its old token after the next holder's writes, and a fence
+    // that only observes accepts it. The resource's access events show it.
+    for seed in 1..=3 {
+        let html = tempfile::NamedTempFile::new().unwrap();
+        let (verdicts, found) = run_and_audit_in(
+            FenceMode::Observe,
+            "server-clock-jump",
+            seed,
+            Some(Bug::RenewAny),
+            html.path(),
+        );
+        let stale = |v: &Verdict| v.check == Check::C2 && !v.violations.is_empty();
+        let Some(c2) = verdicts.iter().find(|v| stale(v)) else {
+            continue;
+        };
+        let checks: Vec<&str> = found.findings.iter().map(|f| f.check).collect();
+        assert!(
+            checks.contains(&"stale_access"),
+            "the checker found {}; the audit found {:?}",
+            c2.summary,
+            found.findings
+        );
+        return;
+    }
+    panic!("the checker found no stale access in 3 seeds behind an observing fence");
 }
 
 #[test]

@@ -11,12 +11,19 @@
 //! worker is one transaction of the resource's, opened at its first access and ended when
 //! the worker says the hold is over (or its connection closes). An access the check refuses
 //! is refused, whatever its token.
+//!
+//! With `events` it also writes an `access` event per access to a JSON-lines file (fence
+//! `chaos`, resource `resource`), as a shipped fence does: `leasehold audit` reads it beside
+//! the workers' lock events.
 
 use std::io;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use leasehold::FencingToken;
+use leasehold::events::{AccessEvent, EventSink, JsonLines};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -88,6 +95,16 @@ pub struct ResourceConfig {
     /// Also check accesses with `still_owner`.
     #[serde(default)]
     pub still_owner: Option<StillOwnerCheck>,
+    /// Where to write an `access` event per access, if anywhere (see the module docs).
+    #[serde(default)]
+    pub events: Option<PathBuf>,
+}
+
+/// What every connection of the resource shares.
+struct Served {
+    config: ResourceConfig,
+    /// The access events' sink, if the config names a file.
+    events: Option<JsonLines>,
 }
 
 /// Where the resource checks accesses with `still_owner`: the lock's PostgreSQL database.
@@ -182,12 +199,17 @@ struct State {
 ///
 /// # Cancel safety
 ///
-/// Dropping the future stops serving; the state is lost.
+/// Dropping the future stops serving; the state is lost. When stdin closes it returns, and
+/// its access events are written out.
 ///
 /// # Errors
 ///
-/// If it cannot listen or reach the collector.
+/// If it cannot listen, reach the collector or open the events file.
 pub async fn serve(config: ResourceConfig) -> io::Result<()> {
+    let events = match &config.events {
+        Some(path) => Some(JsonLines::create(path).map_err(io::Error::other)?),
+        None => None,
+    };
     let (sink, _commands) = Sink::connect(config.collector, "resource", 0).await?;
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     println!("listening {}", listener.local_addr()?);
@@ -195,7 +217,7 @@ pub async fn serve(config: ResourceConfig) -> io::Result<()> {
         value: config.workload.initial(),
         highest: None,
     }));
-    let config = Arc::new(config);
+    let served = Arc::new(Served { config, events });
     let accept = async {
         loop {
             let Ok((stream, _)) = listener.accept().await else {
@@ -205,7 +227,7 @@ pub async fn serve(config: ResourceConfig) -> io::Result<()> {
                 stream,
                 state.clone(),
                 sink.clone(),
-                config.clone(),
+                served.clone(),
             ));
         }
     };
@@ -229,7 +251,7 @@ async fn connection(
     stream: TcpStream,
     state: Arc<AsyncMutex<State>>,
     sink: Sink,
-    config: Arc<ResourceConfig>,
+    served: Arc<Served>,
 ) {
     let _ = stream.set_nodelay(true);
     let (read, mut write) = stream.into_split();
@@ -240,7 +262,7 @@ async fn connection(
         let Ok(req) = serde_json::from_str::<ResourceRequest>(&line) else {
             return;
         };
-        let checked = match &config.still_owner {
+        let checked = match &served.config.still_owner {
             Some(_) if req.op == "end" => {
                 hold.end().await;
                 let reply = ResourceReply {
@@ -257,7 +279,7 @@ async fn connection(
             Some(check) if req.op != "final" => Some(hold.holds(check, &req).await),
             _ => None,
         };
-        let reply = apply(&req, &state, &sink, &config, checked).await;
+        let reply = apply(&req, &state, &sink, &served, checked).await;
         if send_line(&mut write, &reply).await.is_err() {
             return;
         }
@@ -270,9 +292,10 @@ async fn apply(
     req: &ResourceRequest,
     state: &AsyncMutex<State>,
     sink: &Sink,
-    config: &ResourceConfig,
+    served: &Served,
     checked: Option<Result<bool, String>>,
 ) -> ResourceReply {
+    let config = &served.config;
     let mut state = state.lock().await;
     if req.op == "final" {
         let value = json!({"workload": config.workload.as_str(), "value": state.value, "highest": state.highest});
@@ -298,6 +321,13 @@ async fn apply(
         Some(Err(error)) => Some(format!("still_owner could not check: {error}")),
         _ => None,
     };
+    if let Some(events) = &served.events {
+        let highest = state.highest.filter(|_| !accepted).map(FencingToken::new);
+        let token = FencingToken::new(req.token);
+        events.record_access(&AccessEvent::new(
+            "chaos", "resource", token, accepted, highest,
+        ));
+    }
     event.worker = Some(req.worker.clone());
     event.target = Some(req.op.clone());
     let value = if req.op == "write" {

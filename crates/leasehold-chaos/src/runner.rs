@@ -493,20 +493,6 @@ async fn drive(
         Event::new("runner", Kind::Start, Phase::Info)
             .value(serde_json::to_value(&info).unwrap_or(Value::Null)),
     );
-    let resource = start_resource(
-        launcher,
-        &ResourceConfig {
-            collector: collector.addr(),
-            mode: spec.mode,
-            workload: spec.workload,
-            still_owner: setup.still_owner.then(|| StillOwnerCheck {
-                url: deployment.observer_url.clone(),
-                lock: lock.to_owned(),
-            }),
-        },
-    )
-    .await?;
-    let names: Vec<String> = (1..=setup.workers).map(|i| format!("w{i}")).collect();
     // Each run's events in a directory of its own: a run's servers start afresh, and so
     // do its tokens.
     let events_dir = match &spec.events_dir {
@@ -520,6 +506,21 @@ async fn drive(
         }
         None => None,
     };
+    let resource = start_resource(
+        launcher,
+        &ResourceConfig {
+            collector: collector.addr(),
+            mode: spec.mode,
+            workload: spec.workload,
+            still_owner: setup.still_owner.then(|| StillOwnerCheck {
+                url: deployment.observer_url.clone(),
+                lock: lock.to_owned(),
+            }),
+            events: events_dir.as_ref().map(|dir| dir.join("resource.jsonl")),
+        },
+    )
+    .await?;
+    let names: Vec<String> = (1..=setup.workers).map(|i| format!("w{i}")).collect();
     let base = WorkerConfig {
         processes: Vec::new(),
         incarnation: 0,
@@ -783,5 +784,12 @@ async fn resource_final(collector: &Collector, mut resource: Resource) {
     collector
         .until_recorded(Kind::Final, Duration::from_secs(10))
         .await;
-    let _ = resource.child.kill().await;
+    // Its stdin closing ends it, its access events written out; else it is killed.
+    drop(resource.child.stdin.take());
+    if tokio::time::timeout(Duration::from_secs(5), resource.child.wait())
+        .await
+        .is_err()
+    {
+        let _ = resource.child.kill().await;
+    }
 }

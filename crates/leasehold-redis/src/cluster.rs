@@ -133,6 +133,7 @@ impl ClusterNodes {
                 server: self.url.clone(),
                 warnings: Vec::new(),
                 run_id: None,
+                client: None,
             })
         };
         tokio::time::timeout(limit, connecting).await.map_err(|_| {

@@ -24,7 +24,7 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use leasehold_core::support::health::{Health, Silence};
 use leasehold_core::support::redact_url;
-use leasehold_core::{Error, Result};
+use leasehold_core::{Error, OwnerId, Result};
 use redis::aio::ConnectionManagerConfig;
 use redis::{ConnectionInfo, IntoConnectionInfo, ProtocolVersion, RedisError, TlsCertificates};
 
@@ -46,6 +46,15 @@ pub(crate) struct Connected {
     pub(crate) warnings: Vec<String>,
     /// The server's run id, if asked for.
     pub(crate) run_id: Option<String>,
+    /// The connection as its server knows it; none in a Cluster or if `CLIENT` is refused.
+    pub(crate) client: Option<ServerClient>,
+}
+
+/// One connection as its server knows it: its `CLIENT ID` and the random name given it.
+#[derive(Debug, Clone)]
+pub(crate) struct ServerClient {
+    id: i64,
+    name: String,
 }
 
 /// The connection a backend sends its requests on, replaced when it stalls.
@@ -57,6 +66,8 @@ pub(crate) struct Connection {
     address: Address,
     /// The server connected to (see [`Connected::server`]).
     serving: RwLock<String>,
+    /// The connection as the server knows it (see [`Connected::client`]).
+    client: RwLock<Option<ServerClient>>,
     /// Through Sentinel: the server may no longer be the master (see the module docs).
     moved: AtomicBool,
     options: RedisOptions,
@@ -85,6 +96,7 @@ impl Connection {
             current: RwLock::new(connected.conn),
             address,
             serving: RwLock::new(connected.server),
+            client: RwLock::new(connected.client),
             moved: AtomicBool::new(false),
             options,
             wakeups,
@@ -246,7 +258,8 @@ impl Connection {
     /// `announced` (a failover announcement's new master, `host:port`) is another server:
     /// then only that one is tried. The new connection is opened and the wake-up channels
     /// in use are subscribed on it first, within twice the connect timeout; waiters are
-    /// woken because messages may have been lost.
+    /// woken because messages may have been lost. On the same server the old connection is
+    /// ended first (see [`end_client`]).
     async fn replace(&self, announced: Option<String>) -> Result<()> {
         let mut replaced = self.replaced.lock().await;
         let limit = self.options.connect_limit();
@@ -285,7 +298,7 @@ impl Connection {
                     })??;
             Ok((fresh, subscribed))
         };
-        let (fresh, subscribed) = match opening.await {
+        let (mut fresh, subscribed) = match opening.await {
             Ok(opened) => opened,
             Err(e) => {
                 if moved {
@@ -294,10 +307,27 @@ impl Connection {
                 return Err(e);
             }
         };
+        let old = self
+            .client
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if let Some(old) = old.filter(|_| fresh.server == self.serving()) {
+            // Before any request goes on the new connection: what the old one holds must
+            // not run after them.
+            match tokio::time::timeout(limit, end_client(&mut fresh.conn, &old)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(error)) => {
+                    tracing::warn!(%url, %error, "redis: the old connection could not be ended");
+                }
+                Err(_) => tracing::warn!(%url, "redis: ending the old connection timed out"),
+            }
+        }
         self.wakeups.replaced(subscribed, || {
             *self.current.write().unwrap_or_else(|e| e.into_inner()) = fresh.conn;
         });
         *self.serving.write().unwrap_or_else(|e| e.into_inner()) = fresh.server;
+        *self.client.write().unwrap_or_else(|e| e.into_inner()) = fresh.client;
         self.moves.send_modify(|moves| *moves += 1);
         *replaced = Some(std::time::Instant::now());
         self.health.reset();
@@ -402,7 +432,8 @@ async fn connect_url(
         // front, so that even the first grant is one round trip (after a server restart
         // EVALSHA falls back to loading them again).
         let (mut config_conn, mut info_conn) = (conn.clone(), conn.clone());
-        let (loaded, warning, id) = tokio::join!(
+        let mut client_conn = conn.clone();
+        let (loaded, warning, id, client) = tokio::join!(
             load_scripts(&mut conn, opener.calls),
             eviction_warning(&mut config_conn),
             async {
@@ -410,7 +441,8 @@ async fn connect_url(
                     true => Some(server_run_id(&mut info_conn).await),
                     false => None,
                 }
-            }
+            },
+            name_client(&mut client_conn)
         );
         loaded?;
         if let Some(sentinels) = sentinels {
@@ -421,6 +453,7 @@ async fn connect_url(
             server: url.to_owned(),
             warnings: warning?.into_iter().collect(),
             run_id: id.transpose()?,
+            client,
         })
     };
     let connected = tokio::time::timeout(limit, connecting)
@@ -521,6 +554,51 @@ async fn eviction_warning(conn: &mut Link) -> Result<Option<String>> {
         }
         Err(e) => Err(map_error(e, "(CONFIG GET)")),
     }
+}
+
+/// Names the connection with a random name and reads its id (`CLIENT SETNAME`, `CLIENT ID`).
+/// That lets a replacement end it on the server ([`end_client`]). None where the server
+/// refuses either (`CLIENT` not permitted to the user): that connection is replaced
+/// without being ended.
+async fn name_client(conn: &mut Link) -> Option<ServerClient> {
+    let name = format!("leasehold-{}", OwnerId::generate());
+    let mut naming = redis::pipe();
+    naming.cmd("CLIENT").arg("SETNAME").arg(&name).ignore();
+    naming.cmd("CLIENT").arg("ID");
+    match naming.query_async::<(i64,)>(conn).await {
+        Ok((id,)) => Some(ServerClient { id, name }),
+        Err(error) => {
+            tracing::debug!(%error, "redis: the connection cannot be named; it will not be ended when replaced");
+            None
+        }
+    }
+}
+
+/// Ends the server's side of the connection `old`, through `conn` to the same server.
+/// What `old` still carries is then never run: a request held in the network on a link
+/// given up as silent would otherwise run when the link heals, after the requests sent
+/// since on `conn` (an acquire after its own release, granting the lock to an owner that
+/// has gone until its lease ends). The client of `old`'s id is ended only if it has
+/// `old`'s name still: ids start over when a server restarts.
+async fn end_client(conn: &mut Link, old: &ServerClient) -> Result<()> {
+    let what = "(ending a replaced connection)";
+    let listed: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .arg("ID")
+        .arg(old.id)
+        .query_async(conn)
+        .await
+        .map_err(|e| map_error(e, what))?;
+    if reply::lists_client_named(&listed, &old.name) {
+        let _ended: i64 = redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("ID")
+            .arg(old.id)
+            .query_async(conn)
+            .await
+            .map_err(|e| map_error(e, what))?;
+    }
+    Ok(())
 }
 
 /// The server's run id (`INFO server`): tells two addresses of one server apart.

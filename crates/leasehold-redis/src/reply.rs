@@ -217,6 +217,14 @@ pub(crate) fn run_id(info: &str) -> Result<String> {
         .ok_or_else(|| unexpected("INFO server (no run_id)", info.len()))
 }
 
+/// Whether a `CLIENT LIST` reply lists a client named `name`.
+pub(crate) fn lists_client_named(list: &str, name: &str) -> bool {
+    list.lines().any(|line| {
+        line.split(' ')
+            .any(|field| field.strip_prefix("name=") == Some(name))
+    })
+}
+
 /// A warning if the `maxmemory*` configuration lets the server evict lock keys.
 pub(crate) fn eviction_warning(config: &HashMap<String, String>) -> Option<String> {
     let limit = config.get("maxmemory").map(String::as_str).unwrap_or("0");
@@ -236,6 +244,16 @@ pub(crate) fn eviction_warning(config: &HashMap<String, String>) -> Option<Strin
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_client_is_found_by_its_whole_name_only() {
+        let list =
+            "id=7 addr=127.0.0.1:5 laddr=127.0.0.1:6379 fd=8 name=leasehold-ab age=3 cmd=evalsha\n";
+        assert!(lists_client_named(list, "leasehold-ab"));
+        assert!(!lists_client_named(list, "leasehold-a"));
+        assert!(!lists_client_named("", "leasehold-ab"));
+        assert!(!lists_client_named("id=7 name= age=3\n", "leasehold-ab"));
+    }
 
     fn bulk(s: &str) -> Value {
         Value::BulkString(s.as_bytes().to_vec())

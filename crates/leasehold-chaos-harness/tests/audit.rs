@@ -8,13 +8,16 @@
 
 mod common;
 
-use std::path::Path;
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use leasehold_chaos::audit::follow::follow;
-use leasehold_chaos::audit::{Audit, Spec};
+use leasehold_chaos::audit::{Audit, Finding, Spec};
 use leasehold_chaos::bugs::Bug;
 use leasehold_chaos::checks::{Check, Status, Verdict};
 use leasehold_chaos::resource::FenceMode;
+use leasehold_chaos::runner::skewed_offset;
 
 /// Runs `scenario` on Redis with `seed` (and `bug`, if any) under a live audit.
 /// Its workers and its resource write events while `leasehold audit --follow` reads them
@@ -22,56 +25,101 @@ use leasehold_chaos::resource::FenceMode;
 /// failed checks and the audit (clocks of one host: ±1 ms), the run's page of timelines
 /// written to `html`.
 fn run_and_audit(scenario: &str, seed: u64, bug: Option<Bug>, html: &Path) -> (Vec<Check>, Audit) {
-    let (verdicts, found) = run_and_audit_in(FenceMode::Enforce, scenario, seed, bug, html);
-    let failed = verdicts
+    let audited = Case::new(scenario, seed, bug).audit(html);
+    let failed = audited
+        .verdicts
         .iter()
         .filter(|v| matches!(v.status, Status::Fail))
         .map(|v| v.check)
         .collect();
-    (failed, found)
+    (failed, audited.found)
 }
 
-/// [`run_and_audit`] with the resource's fence in `mode`; every verdict of the checker.
-fn run_and_audit_in(
-    mode: FenceMode,
-    scenario: &str,
+/// One chaos run on Redis to audit live (see [`run_and_audit`]).
+struct Case<'a> {
+    scenario: &'a str,
     seed: u64,
     bug: Option<Bug>,
-    html: &Path,
-) -> (Vec<Verdict>, Audit) {
-    let dir = tempfile::tempdir().unwrap();
-    let mut spec = common::spec("redis", scenario, seed);
-    spec.mode = mode;
-    spec.bug = bug.map(|bug| bug.name().to_owned());
-    spec.events_dir = Some(dir.path().to_path_buf());
-    let run_dir = dir.path().join(format!("redis-{scenario}-{seed}"));
-    std::fs::create_dir_all(&run_dir).unwrap();
-    let mut audit_spec = Spec::new(vec![run_dir], 1);
-    audit_spec.timeline_ms = Some(10_000);
-    audit_spec.html = Some(html.to_path_buf());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let live = std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        runtime.block_on(follow(
-            &audit_spec,
-            async {
-                let _ = stopped.await;
-            },
-            |_| {},
-        ))
-    });
-    let report = common::run(&spec);
-    stop.send(()).unwrap();
-    let found = live.join().unwrap().unwrap();
-    assert!(
-        found.hosts.len() >= 2,
-        "{scenario}: the audit saw {:?}",
-        found.hosts
-    );
-    (report.verdicts().to_vec(), found)
+    /// The resource's fence.
+    mode: FenceMode,
+    /// How far from the real time the workers' clocks start.
+    /// It is the audit's clock uncertainty too (else 1 ms: one host's clocks).
+    clock_skew: Option<Duration>,
+    /// The lease, instead of the backend's.
+    ttl: Option<Duration>,
+}
+
+/// What a [`Case`] gave: every verdict of the checker, the live audit, and the events.
+struct Audited {
+    verdicts: Vec<Verdict>,
+    found: Audit,
+    /// The run's event files (kept until this is dropped).
+    files: Vec<PathBuf>,
+    _events: tempfile::TempDir,
+}
+
+impl<'a> Case<'a> {
+    fn new(scenario: &'a str, seed: u64, bug: Option<Bug>) -> Self {
+        Case {
+            scenario,
+            seed,
+            bug,
+            mode: FenceMode::Enforce,
+            clock_skew: None,
+            ttl: None,
+        }
+    }
+
+    /// Runs it under a live audit; the audit's page of timelines is written to `html`.
+    fn audit(&self, html: &Path) -> Audited {
+        let (scenario, seed) = (self.scenario, self.seed);
+        let dir = tempfile::tempdir().unwrap();
+        let mut spec = common::spec("redis", scenario, seed);
+        spec.mode = self.mode;
+        spec.bug = self.bug.map(|bug| bug.name().to_owned());
+        spec.events_dir = Some(dir.path().to_path_buf());
+        spec.clock_skew = self.clock_skew;
+        spec.ttl = self.ttl;
+        let run_dir = dir.path().join(format!("redis-{scenario}-{seed}"));
+        std::fs::create_dir_all(&run_dir).unwrap();
+        let uncertainty_ms = self.clock_skew.map_or(1, |skew| skew.as_millis() as u64);
+        let mut audit_spec = Spec::new(vec![run_dir.clone()], uncertainty_ms);
+        audit_spec.timeline_ms = Some(10_000);
+        audit_spec.html = Some(html.to_path_buf());
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let live = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(follow(
+                &audit_spec,
+                async {
+                    let _ = stopped.await;
+                },
+                |_| {},
+            ))
+        });
+        let report = common::run(&spec);
+        stop.send(()).unwrap();
+        let found = live.join().unwrap().unwrap();
+        assert!(
+            found.hosts.len() >= 2,
+            "{scenario}: the audit saw {:?}",
+            found.hosts
+        );
+        let mut files: Vec<PathBuf> = std::fs::read_dir(&run_dir)
+            .unwrap()
+            .map(|entry| entry.unwrap().path())
+            .collect();
+        files.sort();
+        Audited {
+            verdicts: report.verdicts().to_vec(),
+            found,
+            files,
+            _events: dir,
+        }
+    }
 }
 
 #[test]
@@ -143,13 +191,13 @@ fn the_audit_finds_a_stale_access_the_resource_let_through() {
     // that only observes accepts it. The resource's access events show it.
     for seed in 1..=3 {
         let html = tempfile::NamedTempFile::new().unwrap();
-        let (verdicts, found) = run_and_audit_in(
-            FenceMode::Observe,
-            "server-clock-jump",
-            seed,
-            Some(Bug::RenewAny),
-            html.path(),
-        );
+        let Audited {
+            verdicts, found, ..
+        } = Case {
+            mode: FenceMode::Observe,
+            ..Case::new("server-clock-jump", seed, Some(Bug::RenewAny))
+        }
+        .audit(html.path());
         let stale = |v: &Verdict| v.check == Check::C2 && !v.violations.is_empty();
         let Some(c2) = verdicts.iter().find(|v| stale(v)) else {
             continue;
@@ -187,4 +235,125 @@ fn the_audit_follows_steady_clocks_through_wall_clock_jumps() {
         "false alarms {:?}",
         found.findings
     );
+}
+
+#[test]
+fn the_audit_judges_clocks_seconds_apart_within_their_uncertainty() {
+    // The workers' wall clocks start a second behind, a second ahead and on time
+    // (libfaketime): two hosts differ by up to 2 s, as an NTP estimate of ±1 s allows.
+    let skew = Duration::from_secs(1);
+    let html = tempfile::NamedTempFile::new().unwrap();
+    // A run that keeps every promise: no alarm within the uncertainty. Read as if the
+    // clocks agreed, the same events show hand-offs as overlaps: the skew is real.
+    let clean = Case {
+        clock_skew: Some(skew),
+        ..Case::new("non-owner-release", 1, None)
+    }
+    .audit(html.path());
+    let violated: Vec<&Verdict> = clean
+        .verdicts
+        .iter()
+        .filter(|v| matches!(v.check, Check::C5 | Check::C8) && !v.violations.is_empty())
+        .collect();
+    assert!(violated.is_empty(), "the checker found {violated:?}");
+    assert!(
+        clean.found.findings.is_empty(),
+        "false alarms {:?}",
+        clean.found.findings
+    );
+    let misread = leasehold_chaos::audit::audit(&Spec::new(clean.files.clone(), 1)).unwrap();
+    assert!(
+        misread.findings.iter().any(|f| f.check == "double_grant"),
+        "the clocks did not differ: {:?}",
+        misread.findings
+    );
+    // A release of another's lock, with a 10 s lease so that holds last seconds. The
+    // overlaps that really were are those of the events with each host's skew taken off,
+    // audited as from one exact clock: every one longer than twice the uncertainty (and a
+    // margin) is found, and nothing else is.
+    for seed in 1..=3 {
+        let buggy = Case {
+            clock_skew: Some(skew),
+            ttl: Some(Duration::from_secs(10)),
+            ..Case::new("non-owner-release", seed, Some(Bug::ReleaseAny))
+        }
+        .audit(html.path());
+        let true_times = tempfile::tempdir().unwrap();
+        let unskewed = buggy
+            .files
+            .iter()
+            .map(|file| unskew(file, skew, true_times.path()))
+            .collect();
+        let real = leasehold_chaos::audit::audit(&Spec::new(unskewed, 0)).unwrap();
+        let pairs = |findings: &[Finding], longer_than: u64| -> BTreeSet<Vec<u64>> {
+            findings
+                .iter()
+                .filter(|f| f.check == "double_grant" && f.overlap_ms > longer_than)
+                .map(|f| tokens_in(&f.detail))
+                .collect()
+        };
+        let must = pairs(&real.findings, 2 * 1_000 + 200);
+        let may = pairs(&real.findings, 0);
+        let found = pairs(&buggy.found.findings, 0);
+        assert!(
+            found.is_subset(&may),
+            "invented: {:?} (real: {may:?})",
+            found.difference(&may).collect::<Vec<_>>()
+        );
+        if must.is_empty() {
+            continue;
+        }
+        assert!(
+            must.is_subset(&found),
+            "missed: {:?} (found: {found:?})",
+            must.difference(&found).collect::<Vec<_>>()
+        );
+        return;
+    }
+    panic!("no overlap longer than 2.2 s in 3 seeds of a release without owner check");
+}
+
+/// A copy of the events `file` in `dir`, its times moved back by its host's clock skew.
+/// Worker process `wN`'s clock started [`skewed_offset`]`(N - 1, skew)` from the real time;
+/// the resource's is real.
+fn unskew(file: &Path, skew: Duration, dir: &Path) -> PathBuf {
+    let name = file.file_name().unwrap().to_str().unwrap();
+    let offset_ms = match name
+        .strip_prefix('w')
+        .and_then(|rest| rest.split('.').next())
+    {
+        Some(n) => {
+            let process = n.parse::<usize>().unwrap() - 1;
+            let seconds: f64 = skewed_offset(process, skew).parse().unwrap();
+            (seconds * 1000.0).round() as i64
+        }
+        None => 0,
+    };
+    let lines: Vec<String> = std::fs::read_to_string(file)
+        .unwrap()
+        .lines()
+        .map(|line| {
+            let mut event: serde_json::Value = serde_json::from_str(line).unwrap();
+            for key in ["at_ms", "steady_ms", "sent_ms", "session_until_ms"] {
+                if let Some(ms) = event[key].as_i64() {
+                    event[key] = (ms - offset_ms).into();
+                }
+            }
+            event.to_string()
+        })
+        .collect();
+    let copy = dir.join(name);
+    std::fs::write(&copy, lines.join("\n")).unwrap();
+    copy
+}
+
+/// The tokens a finding names, in order.
+fn tokens_in(detail: &str) -> Vec<u64> {
+    let mut tokens: Vec<u64> = detail
+        .split("token ")
+        .skip(1)
+        .filter_map(|rest| rest.split(' ').next()?.parse().ok())
+        .collect();
+    tokens.sort_unstable();
+    tokens
 }

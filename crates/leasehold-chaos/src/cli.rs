@@ -120,6 +120,14 @@ struct RunArgs {
     /// DIR/redis-pause-holder-1/*.jsonl` checks a run.
     #[arg(long, value_name = "DIR")]
     events: Option<PathBuf>,
+    /// Start the worker processes' wall clocks this far from the real time (libfaketime).
+    /// They go behind, ahead and on time in turn, so two differ by up to twice it: hosts
+    /// NTP keeps within this of the real time (`leasehold audit --clock-uncertainty`).
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    clock_skew: Option<std::time::Duration>,
+    /// The lease, instead of the scenario's or the backend's (1 s); faults scale with it.
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    ttl: Option<std::time::Duration>,
     /// A planted bug (the checker's own tests; needs a build with `planted-bugs`).
     #[arg(long, hide = true)]
     bug: Option<String>,
@@ -181,6 +189,11 @@ pub fn main(
             }
         },
     }
+}
+
+/// A duration argument (`1s`, `1500ms`).
+fn duration(text: &str) -> Result<std::time::Duration, String> {
+    leasehold::parse_duration(text).map_err(|e| e.to_string())
 }
 
 fn usage(message: &str) -> u8 {
@@ -361,12 +374,20 @@ fn run(args: RunArgs, launcher: &Launcher, harness: Option<&'static Harness>) ->
                     bug: args.bug.clone(),
                     history_dir: args.history.clone(),
                     events_dir: args.events.clone(),
+                    clock_skew: args.clock_skew,
+                    ttl: args.ttl,
                 });
             }
         }
     }
     if args.jobs == 0 {
         return usage("--jobs must be at least 1");
+    }
+    if args
+        .ttl
+        .is_some_and(|ttl| ttl < std::time::Duration::from_millis(100))
+    {
+        return usage("--ttl must be at least 100ms");
     }
     let mut progress = report::Progress::new(specs.len());
     let mut slots: Vec<Option<RunReport>> = specs.iter().map(|_| None).collect();

@@ -36,6 +36,8 @@ pub(crate) struct WorkerProcess {
     pub(crate) config: WorkerConfig,
     /// The file libfaketime reads this process's clock offset from.
     pub(crate) faketime: Option<PathBuf>,
+    /// The offset its clock starts with and returns to at the end (`+0`, unless skewed).
+    pub(crate) clock_base: String,
 }
 
 impl WorkerProcess {
@@ -802,7 +804,7 @@ impl<'a> Ctx<'a> {
         }
         for w in self.workers.iter() {
             if let Some(file) = &w.faketime {
-                let _ = std::fs::write(file, "+0");
+                let _ = std::fs::write(file, &w.clock_base);
             }
         }
         for id in self.open.keys().copied().collect::<Vec<_>>() {

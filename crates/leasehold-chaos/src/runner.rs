@@ -91,6 +91,12 @@ pub struct RunSpec {
     /// Where the workers write their lock events (`leasehold audit`'s input), if anywhere.
     /// They go in `<backend>-<scenario>-<seed>/` below it, one file per worker process.
     pub events_dir: Option<PathBuf>,
+    /// How far from the real time the worker processes' wall clocks start, if at all.
+    /// See [`skewed_offset`]: hosts whose clocks differ by up to twice this, for the whole
+    /// run (libfaketime), as hosts an NTP estimate puts within this of the real time.
+    pub clock_skew: Option<Duration>,
+    /// The lease, instead of the scenario's or the backend's; the schedule scales with it.
+    pub ttl: Option<Duration>,
 }
 
 /// How a run ended.
@@ -299,7 +305,13 @@ pub async fn run(spec: &RunSpec, launcher: &Launcher) -> RunReport {
         };
         return report;
     }
-    if setup.faketime && faketime_library().is_none() {
+    if spec.clock_skew.is_some() && !spec.backend.traits.processes {
+        report.outcome = Outcome::Skipped {
+            reason: "a clock skew needs workers in processes of their own".into(),
+        };
+        return report;
+    }
+    if (setup.faketime || spec.clock_skew.is_some()) && faketime_library().is_none() {
         report.outcome = Outcome::Skipped {
             reason: "libfaketime is not installed (Debian: faketime libfaketime)".into(),
         };
@@ -384,6 +396,18 @@ fn stats(history: &History, verdicts: &[Verdict], faults: usize) -> Stats {
     }
 }
 
+/// The wall-clock offset of worker process `i` under a clock skew of `skew` (libfaketime).
+/// Processes go behind, ahead and on time in turn: two of them differ by up to `2 × skew`.
+pub fn skewed_offset(i: usize, skew: Duration) -> String {
+    let ms = skew.as_millis();
+    let (sign, ms) = match i % 3 {
+        0 => ('-', ms),
+        1 => ('+', ms),
+        _ => ('+', 0),
+    };
+    format!("{sign}{}.{:03}", ms / 1000, ms % 1000)
+}
+
 /// Where libfaketime is, if installed.
 pub fn faketime_library() -> Option<PathBuf> {
     let dirs = [
@@ -429,7 +453,7 @@ async fn execute(
     report: &mut RunReport,
     recorded: &mut Option<History>,
 ) -> io::Result<()> {
-    let ttl = setup.ttl.unwrap_or(spec.backend.ttl);
+    let ttl = spec.ttl.or(setup.ttl).unwrap_or(spec.backend.ttl);
     let request_timeout = ttl
         .mul_f64(setup.request_timeout)
         .max(Duration::from_millis(500));
@@ -488,6 +512,7 @@ async fn drive(
         } else {
             1
         },
+        clock_skew_us: spec.clock_skew.map_or(0, |skew| skew.as_micros() as u64),
     };
     collector.record(
         Event::new("runner", Kind::Start, Phase::Info)
@@ -549,11 +574,8 @@ async fn drive(
         still_owner: setup.still_owner,
     };
     let clocks = tempfile::tempdir()?;
-    let faketime = if setup.faketime {
-        faketime_library()
-    } else {
-        None
-    };
+    let faked = setup.faketime || spec.clock_skew.is_some();
+    let faketime = if faked { faketime_library() } else { None };
     let launcher_for_workers = launcher.clone();
     let spawner: Spawner = Box::new(move |config: &WorkerConfig, clock: Option<&PathBuf>| {
         let mut command = launcher_for_workers.command("worker", config)?;
@@ -583,9 +605,12 @@ async fn drive(
         });
         config.seed = spec.seed.wrapping_mul(31).wrapping_add(i as u64);
         config.processes = group;
-        let clock = if setup.faketime {
+        let clock_base = spec
+            .clock_skew
+            .map_or_else(|| "+0".to_owned(), |skew| skewed_offset(i, skew));
+        let clock = if faked {
             let file = clocks.path().join(format!("clock-{i}"));
-            std::fs::write(&file, "+0")?;
+            std::fs::write(&file, &clock_base)?;
             Some(file)
         } else {
             None
@@ -596,6 +621,7 @@ async fn drive(
             child: Some(child),
             config,
             faketime: clock,
+            clock_base,
         });
     }
     // Every worker connected.

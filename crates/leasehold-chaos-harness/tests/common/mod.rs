@@ -31,6 +31,8 @@ pub fn spec(backend: &str, scenario: &str, seed: u64) -> RunSpec {
         bug: None,
         history_dir: history_dir(),
         events_dir: None,
+        clock_skew: None,
+        ttl: None,
     }
 }
 

@@ -34,6 +34,9 @@ pub struct RunInfo {
     /// Copies of each lock the backend keeps (Redlock: one per node).
     /// A holder's release may remove its own stale copies after it was superseded.
     pub copies: u32,
+    /// How far from the real time the workers' wall clocks started, µs (0: not skewed).
+    /// The checks do not read the workers' wall clocks; `leasehold audit` does.
+    pub clock_skew_us: u64,
 }
 
 impl Default for RunInfo {
@@ -48,6 +51,7 @@ impl Default for RunInfo {
             workload: "counter".into(),
             mode: "enforce".into(),
             copies: 1,
+            clock_skew_us: 0,
         }
     }
 }

@@ -13,11 +13,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use leasehold_chaos::audit::follow::follow;
-use leasehold_chaos::audit::{Audit, Finding, Spec};
+use leasehold_chaos::audit::{Audit, Spec};
 use leasehold_chaos::bugs::Bug;
 use leasehold_chaos::checks::{Check, Status, Verdict};
 use leasehold_chaos::resource::FenceMode;
-use leasehold_chaos::runner::skewed_offset;
+use leasehold_chaos::runner::skewed_offset_ms;
 
 /// Runs `scenario` on Redis with `seed` (and `bug`, if any) under a live audit.
 /// Its workers and its resource write events while `leasehold audit --follow` reads them
@@ -243,10 +243,13 @@ fn the_audit_judges_clocks_seconds_apart_within_their_uncertainty() {
     // (libfaketime): two hosts differ by up to 2 s, as an NTP estimate of ±1 s allows.
     let skew = Duration::from_secs(1);
     let html = tempfile::NamedTempFile::new().unwrap();
-    // A run that keeps every promise: no alarm within the uncertainty. Read as if the
-    // clocks agreed, the same events show hand-offs as overlaps: the skew is real.
+    // A run that keeps every promise, with a 10 s lease so that holds last seconds: no
+    // alarm within the uncertainty. Read as if the clocks agreed, the same events show
+    // hand-offs as overlaps: the skew is real.
+    let ttl = Some(Duration::from_secs(10));
     let clean = Case {
         clock_skew: Some(skew),
+        ttl,
         ..Case::new("non-owner-release", 1, None)
     }
     .audit(html.path());
@@ -267,14 +270,15 @@ fn the_audit_judges_clocks_seconds_apart_within_their_uncertainty() {
         "the clocks did not differ: {:?}",
         misread.findings
     );
-    // A release of another's lock, with a 10 s lease so that holds last seconds. The
-    // overlaps that really were are those of the events with each host's skew taken off,
-    // audited as from one exact clock: every one longer than twice the uncertainty (and a
-    // margin) is found, and nothing else is.
+    // A release of another's lock. The overlaps that really were are those of the events
+    // with each host's skew taken off, audited as from one exact clock. Each is found that
+    // outlasts twice the uncertainty (the audit's slack) plus what the second holder's
+    // clock is ahead of the first's (it shortens the overlap as measured; 4 × the
+    // uncertainty at worst), with a margin. Nothing else is.
     for seed in 1..=3 {
         let buggy = Case {
             clock_skew: Some(skew),
-            ttl: Some(Duration::from_secs(10)),
+            ttl,
             ..Case::new("non-owner-release", seed, Some(Bug::ReleaseAny))
         }
         .audit(html.path());
@@ -285,16 +289,32 @@ fn the_audit_judges_clocks_seconds_apart_within_their_uncertainty() {
             .map(|file| unskew(file, skew, true_times.path()))
             .collect();
         let real = leasehold_chaos::audit::audit(&Spec::new(unskewed, 0)).unwrap();
-        let pairs = |findings: &[Finding], longer_than: u64| -> BTreeSet<Vec<u64>> {
-            findings
-                .iter()
-                .filter(|f| f.check == "double_grant" && f.overlap_ms > longer_than)
-                .map(|f| tokens_in(&f.detail))
+        let double_grants = |audit: &Audit| -> Vec<(Vec<(String, u64)>, u64)> {
+            (audit.findings.iter())
+                .filter(|f| f.check == "double_grant")
+                .map(|f| (holders_in(&f.detail), f.overlap_ms))
                 .collect()
         };
-        let must = pairs(&real.findings, 2 * 1_000 + 200);
-        let may = pairs(&real.findings, 0);
-        let found = pairs(&buggy.found.findings, 0);
+        let tokens = |holders: &[(String, u64)]| holders.iter().map(|h| h.1).collect::<Vec<_>>();
+        let must: BTreeSet<Vec<u64>> = double_grants(&real)
+            .into_iter()
+            .filter(|(holders, overlap_ms)| {
+                // The first holder has the lower token.
+                let [first, second] = &holders[..] else {
+                    return false;
+                };
+                let ahead = host_offset_ms(&second.0, skew) - host_offset_ms(&first.0, skew);
+                let beyond = 2 * 1_000 + ahead.max(0) + 200;
+                i64::try_from(*overlap_ms).unwrap() > beyond
+            })
+            .map(|(holders, _)| tokens(&holders))
+            .collect();
+        let may: BTreeSet<Vec<u64>> = (double_grants(&real).iter())
+            .map(|(holders, _)| tokens(holders))
+            .collect();
+        let found: BTreeSet<Vec<u64>> = (double_grants(&buggy.found).iter())
+            .map(|(holders, _)| tokens(holders))
+            .collect();
         assert!(
             found.is_subset(&may),
             "invented: {:?} (real: {may:?})",
@@ -310,30 +330,21 @@ fn the_audit_judges_clocks_seconds_apart_within_their_uncertainty() {
         );
         return;
     }
-    panic!("no overlap longer than 2.2 s in 3 seeds of a release without owner check");
+    panic!("no overlap long enough to be certain in 3 seeds of a release without owner check");
 }
 
 /// A copy of the events `file` in `dir`, its times moved back by its host's clock skew.
-/// Worker process `wN`'s clock started [`skewed_offset`]`(N - 1, skew)` from the real time;
+/// Worker process `wN`'s clock started [`skewed_offset_ms`]`(N - 1, skew)` from the real time;
 /// the resource's is real.
 fn unskew(file: &Path, skew: Duration, dir: &Path) -> PathBuf {
     let name = file.file_name().unwrap().to_str().unwrap();
-    let offset_ms = match name
-        .strip_prefix('w')
-        .and_then(|rest| rest.split('.').next())
-    {
-        Some(n) => {
-            let process = n.parse::<usize>().unwrap() - 1;
-            let seconds: f64 = skewed_offset(process, skew).parse().unwrap();
-            (seconds * 1000.0).round() as i64
-        }
-        None => 0,
-    };
+    let offset_ms = host_offset_ms(name.trim_end_matches(".jsonl"), skew);
+    // A line cut short (a worker killed while writing) is left out, as the audit skips it.
     let lines: Vec<String> = std::fs::read_to_string(file)
         .unwrap()
         .lines()
-        .map(|line| {
-            let mut event: serde_json::Value = serde_json::from_str(line).unwrap();
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .map(|mut event| {
             for key in ["at_ms", "steady_ms", "sent_ms", "session_until_ms"] {
                 if let Some(ms) = event[key].as_i64() {
                     event[key] = (ms - offset_ms).into();
@@ -347,13 +358,30 @@ fn unskew(file: &Path, skew: Duration, dir: &Path) -> PathBuf {
     copy
 }
 
-/// The tokens a finding names, in order.
-fn tokens_in(detail: &str) -> Vec<u64> {
-    let mut tokens: Vec<u64> = detail
-        .split("token ")
-        .skip(1)
-        .filter_map(|rest| rest.split(' ').next()?.parse().ok())
+/// How far host `host`'s clock was from the real time, in ms (see [`unskew`]).
+/// A worker process's host is `wN.<incarnation>`; the resource's clock is real.
+fn host_offset_ms(host: &str, skew: Duration) -> i64 {
+    match host
+        .strip_prefix('w')
+        .and_then(|rest| rest.split('.').next())
+    {
+        Some(n) => skewed_offset_ms(n.parse::<usize>().unwrap() - 1, skew),
+        None => 0,
+    }
+}
+
+/// The holders a double-grant finding names (host and token), by token.
+/// Its detail reads `HOST token N (OWNER) and HOST token N (OWNER) held it together …`.
+fn holders_in(detail: &str) -> Vec<(String, u64)> {
+    let mut holders: Vec<(String, u64)> = detail
+        .split(" and ")
+        .filter_map(|part| {
+            let mut words = part.split(' ');
+            let host = words.next()?.to_owned();
+            (words.next()? == "token").then_some(())?;
+            Some((host, words.next()?.parse().ok()?))
+        })
         .collect();
-    tokens.sort_unstable();
-    tokens
+    holders.sort_by_key(|h| h.1);
+    holders
 }

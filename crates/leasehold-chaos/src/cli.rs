@@ -126,6 +126,7 @@ struct RunArgs {
     #[arg(long, value_name = "DURATION", value_parser = duration)]
     clock_skew: Option<std::time::Duration>,
     /// The lease, instead of the scenario's or the backend's (1 s); faults scale with it.
+    /// It overrides the lease a scenario chose for itself too.
     #[arg(long, value_name = "DURATION", value_parser = duration)]
     ttl: Option<std::time::Duration>,
     /// A planted bug (the checker's own tests; needs a build with `planted-bugs`).
@@ -388,6 +389,10 @@ fn run(args: RunArgs, launcher: &Launcher, harness: Option<&'static Harness>) ->
         .is_some_and(|ttl| ttl < std::time::Duration::from_millis(100))
     {
         return usage("--ttl must be at least 100ms");
+    }
+    let skews = std::time::Duration::from_millis(1)..=std::time::Duration::from_secs(3600);
+    if args.clock_skew.is_some_and(|skew| !skews.contains(&skew)) {
+        return usage("--clock-skew must be from 1ms to 1h");
     }
     let mut progress = report::Progress::new(specs.len());
     let mut slots: Vec<Option<RunReport>> = specs.iter().map(|_| None).collect();

@@ -36,8 +36,8 @@ pub(crate) struct WorkerProcess {
     pub(crate) config: WorkerConfig,
     /// The file libfaketime reads this process's clock offset from.
     pub(crate) faketime: Option<PathBuf>,
-    /// The offset its clock starts with and returns to at the end (`+0`, unless skewed).
-    pub(crate) clock_base: String,
+    /// The offset its clock starts with and returns to, in ms (0 unless skewed).
+    pub(crate) clock_base_ms: i64,
 }
 
 impl WorkerProcess {
@@ -386,14 +386,15 @@ impl<'a> Ctx<'a> {
         Ok(())
     }
 
-    /// Moves the worker's wall clock by `offset` (libfaketime syntax: `-1h`, `+3600`).
-    /// `+0` puts it back. Its monotonic clocks are untouched.
-    pub fn jump_clock(&mut self, worker: &str, offset: &str) {
+    /// Moves the worker's wall clock `by_s` seconds from where it started.
+    /// 0 puts it back (to its skew, if the run has one). Its monotonic clocks are untouched.
+    pub fn jump_clock(&mut self, worker: &str, by_s: i64) {
         if let Some(i) = self.process_of(worker)
             && let Some(file) = &self.workers[i].faketime
         {
-            let _ = std::fs::write(file, offset);
-            self.instant("clock", worker, json!({"offset": offset}));
+            let base = self.workers[i].clock_base_ms;
+            let _ = crate::runner::set_clock(file, base.saturating_add(by_s.saturating_mul(1000)));
+            self.instant("clock", worker, json!({"offset": format!("{by_s:+}")}));
         }
     }
 
@@ -804,7 +805,7 @@ impl<'a> Ctx<'a> {
         }
         for w in self.workers.iter() {
             if let Some(file) = &w.faketime {
-                let _ = std::fs::write(file, &w.clock_base);
+                let _ = crate::runner::set_clock(file, w.clock_base_ms);
             }
         }
         for id in self.open.keys().copied().collect::<Vec<_>>() {

@@ -322,7 +322,9 @@ async fn apply(
         _ => None,
     };
     if let Some(events) = &served.events {
-        let highest = state.highest.filter(|_| !accepted).map(FencingToken::new);
+        // The highest token only where the access was refused as stale.
+        let highest = state.highest.filter(|_| stale && !accepted);
+        let highest = highest.map(FencingToken::new);
         let token = FencingToken::new(req.token);
         events.record_access(&AccessEvent::new(
             "chaos", "resource", token, accepted, highest,

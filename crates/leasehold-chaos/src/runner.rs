@@ -92,7 +92,7 @@ pub struct RunSpec {
     /// They go in `<backend>-<scenario>-<seed>/` below it, one file per worker process.
     pub events_dir: Option<PathBuf>,
     /// How far from the real time the worker processes' wall clocks start, if at all.
-    /// See [`skewed_offset`]: hosts whose clocks differ by up to twice this, for the whole
+    /// See [`skewed_offset_ms`]: hosts whose clocks differ by up to twice this, for the whole
     /// run (libfaketime), as hosts an NTP estimate puts within this of the real time.
     pub clock_skew: Option<Duration>,
     /// The lease, instead of the scenario's or the backend's; the schedule scales with it.
@@ -396,16 +396,26 @@ fn stats(history: &History, verdicts: &[Verdict], faults: usize) -> Stats {
     }
 }
 
-/// The wall-clock offset of worker process `i` under a clock skew of `skew` (libfaketime).
+/// The wall-clock offset of worker process `i` under a clock skew of `skew`, in ms.
 /// Processes go behind, ahead and on time in turn: two of them differ by up to `2 × skew`.
-pub fn skewed_offset(i: usize, skew: Duration) -> String {
-    let ms = skew.as_millis();
-    let (sign, ms) = match i % 3 {
-        0 => ('-', ms),
-        1 => ('+', ms),
-        _ => ('+', 0),
-    };
-    format!("{sign}{}.{:03}", ms / 1000, ms % 1000)
+pub fn skewed_offset_ms(i: usize, skew: Duration) -> i64 {
+    let ms = i64::try_from(skew.as_millis()).unwrap_or(i64::MAX);
+    match i % 3 {
+        0 => -ms,
+        1 => ms,
+        _ => 0,
+    }
+}
+
+/// Sets the libfaketime offset in `file` to `ms` milliseconds from the real time.
+/// The file is replaced whole: libfaketime reads it at every clock call, and must never
+/// see it half written.
+pub(crate) fn set_clock(file: &Path, ms: i64) -> io::Result<()> {
+    let sign = if ms < 0 { '-' } else { '+' };
+    let ms = ms.unsigned_abs();
+    let next = file.with_extension("next");
+    std::fs::write(&next, format!("{sign}{}.{:03}", ms / 1000, ms % 1000))?;
+    std::fs::rename(&next, file)
 }
 
 /// Where libfaketime is, if installed.
@@ -605,12 +615,10 @@ async fn drive(
         });
         config.seed = spec.seed.wrapping_mul(31).wrapping_add(i as u64);
         config.processes = group;
-        let clock_base = spec
-            .clock_skew
-            .map_or_else(|| "+0".to_owned(), |skew| skewed_offset(i, skew));
+        let clock_base_ms = spec.clock_skew.map_or(0, |skew| skewed_offset_ms(i, skew));
         let clock = if faked {
             let file = clocks.path().join(format!("clock-{i}"));
-            std::fs::write(&file, &clock_base)?;
+            set_clock(&file, clock_base_ms)?;
             Some(file)
         } else {
             None
@@ -621,7 +629,7 @@ async fn drive(
             child: Some(child),
             config,
             faketime: clock,
-            clock_base,
+            clock_base_ms,
         });
     }
     // Every worker connected.
@@ -661,9 +669,14 @@ async fn drive(
         &spawner,
     );
     let script = (spec.scenario.script)(&mut ctx);
-    let played = match tokio::time::timeout(Duration::from_secs(120), script).await {
+    // Schedules are counted in leases: a longer lease (`--ttl`) gives the script longer.
+    let limit = Duration::from_secs(120).max(ttl.saturating_mul(120));
+    let played = match tokio::time::timeout(limit, script).await {
         Ok(result) => result,
-        Err(_) => Err(io::Error::other("the scenario did not finish in 120 s")),
+        Err(_) => Err(io::Error::other(format!(
+            "the scenario did not finish in {} s",
+            limit.as_secs()
+        ))),
     };
     ctx.cleanup().await;
     report.stats.faults = ctx.injected;

@@ -775,16 +775,16 @@ async fn client_clock_jump(ctx: &mut Ctx<'_>) -> io::Result<()> {
         return Err(io::Error::other("workers do not run under libfaketime"));
     }
     let w = holder(ctx, 0.05).await?;
-    ctx.jump_clock(&w, "-3600");
+    ctx.jump_clock(&w, -3600);
     ctx.sleep(ctx.ttls(3.0)).await;
-    ctx.jump_clock(&w, "+0");
+    ctx.jump_clock(&w, 0);
     let others: Vec<String> = ctx.worker_names().into_iter().filter(|o| *o != w).collect();
     for o in &others {
-        ctx.jump_clock(o, "+3600");
+        ctx.jump_clock(o, 3600);
     }
     ctx.sleep(ctx.ttls(3.0)).await;
     for o in &others {
-        ctx.jump_clock(o, "+0");
+        ctx.jump_clock(o, 0);
     }
     ctx.sleep(ctx.ttls(1.0)).await;
     Ok(())

@@ -158,7 +158,25 @@ impl Connection {
                     Error::unavailable(format!("redis: replacing the connection: {e}"))
                 })??;
         }
+        if self.wakeups.take_disconnected()
+            && !self.is_cluster()
+            && let Some(me) = self.me.upgrade()
+        {
+            tokio::spawn(async move { me.rename().await });
+        }
         Ok(self.current())
+    }
+
+    /// Names the connection again, after redis-rs reconnected it by itself.
+    /// The server then knows it under another id, without a name; a replacement could not
+    /// end it (see [`end_client`]). Done between replacements, within the connect timeout.
+    async fn rename(&self) {
+        let _replacing = self.replaced.lock().await;
+        let mut link = self.current();
+        let limit = self.options.connect_limit();
+        if let Ok(Some(client)) = tokio::time::timeout(limit, name_client(&mut link)).await {
+            *self.client.write().unwrap_or_else(|e| e.into_inner()) = Some(client);
+        }
     }
 
     /// A sentinel named `address` (`host:port`) as the master: the connection moves there.
@@ -259,7 +277,8 @@ impl Connection {
     /// then only that one is tried. The new connection is opened and the wake-up channels
     /// in use are subscribed on it first, within twice the connect timeout; waiters are
     /// woken because messages may have been lost. On the same server the old connection is
-    /// ended first (see [`end_client`]).
+    /// ended first, within another connect timeout (see [`end_client`]); if that fails
+    /// the new connection is used all the same, and the failure logged.
     async fn replace(&self, announced: Option<String>) -> Result<()> {
         let mut replaced = self.replaced.lock().await;
         let limit = self.options.connect_limit();
@@ -589,15 +608,20 @@ async fn end_client(conn: &mut Link, old: &ServerClient) -> Result<()> {
         .query_async(conn)
         .await
         .map_err(|e| map_error(e, what))?;
-    if reply::lists_client_named(&listed, &old.name) {
-        let _ended: i64 = redis::cmd("CLIENT")
-            .arg("KILL")
-            .arg("ID")
-            .arg(old.id)
-            .query_async(conn)
-            .await
-            .map_err(|e| map_error(e, what))?;
+    if !reply::lists_client_named(&listed, &old.name) {
+        tracing::info!(
+            id = old.id,
+            "redis: the replaced connection is gone from the server, or is not the one named"
+        );
+        return Ok(());
     }
+    let _ended: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("ID")
+        .arg(old.id)
+        .query_async(conn)
+        .await
+        .map_err(|e| map_error(e, what))?;
     Ok(())
 }
 

@@ -27,6 +27,7 @@
 //! are unsubscribed there by the next sweep.
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -56,6 +57,10 @@ pub(crate) struct Wakeups {
     order: tokio::sync::Mutex<()>,
     /// Wakes the sweep when there are strays.
     strayed: Notify,
+    /// Whether a connection was lost since it was last taken.
+    /// redis-rs reconnects by itself, as another client of the server (see
+    /// [`take_disconnected`](Wakeups::take_disconnected)).
+    disconnected: AtomicBool,
 }
 
 #[derive(Debug, Default)]
@@ -114,6 +119,7 @@ impl Wakeups {
             state: Mutex::default(),
             order: tokio::sync::Mutex::default(),
             strayed: Notify::new(),
+            disconnected: AtomicBool::new(false),
         }
     }
 
@@ -332,6 +338,11 @@ impl Wakeups {
     pub(crate) fn wake_all(&self) {
         self.board.wake_all();
     }
+
+    /// Whether a connection was lost since the last call.
+    pub(crate) fn take_disconnected(&self) -> bool {
+        self.disconnected.swap(false, Ordering::AcqRel)
+    }
 }
 
 /// Sends one `SUBSCRIBE` of `names` on `conn` (`place` says where, in an error).
@@ -394,7 +405,10 @@ impl AsyncPushSender for Router {
                     self.0.board.wake(&channel, [EVERYONE]);
                 }
             }
-            PushKind::Disconnection => self.0.wake_all(),
+            PushKind::Disconnection => {
+                self.0.disconnected.store(true, Ordering::Release);
+                self.0.wake_all();
+            }
             _ => {}
         }
         Ok(())

@@ -867,6 +867,17 @@ async fn a_blackholed_connection_is_replaced_after_requests_time_out() {
 /// that has gone, for a whole lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acquire_held_on_a_replaced_connection_grants_nothing_late() {
+    held_acquires_grant_nothing_late(false).await;
+}
+
+/// As above, on a connection that redis-rs had reconnected by itself before it went silent.
+/// The server knows a reconnected connection under another id: it is named again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_held_on_a_reconnected_then_replaced_connection_grants_nothing_late() {
+    held_acquires_grant_nothing_late(true).await;
+}
+
+async fn held_acquires_grant_nothing_late(reconnect_first: bool) {
     let server = Redis::start().await.unwrap();
     let proxy = FaultProxy::start(server.addr()).await.unwrap();
     let url = format!("redis://127.0.0.1:{}", proxy.port());
@@ -879,8 +890,26 @@ async fn an_acquire_held_on_a_replaced_connection_grants_nothing_late() {
         .options(impatient)
         .build();
     // The connection `a` sends its requests on, which the held acquires will reach.
-    let old = named_clients(&server).await;
+    let mut old = named_clients(&server).await;
     assert_eq!(old.len(), 1, "{old:?}");
+    if reconnect_first {
+        proxy.reset();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            // Requests after the reset reconnect, and name the new connection.
+            let _ = a.inspect("job").await;
+            let named = named_clients(&server).await;
+            if named.len() == 1 && named != old {
+                old = named;
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the reconnected connection was not named: {named:?} (before: {old:?})"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
     proxy.cut_open(Direction::Both);
     let mutex = a.mutex("job").unwrap();
     match mutex.lock_timeout(Duration::from_secs(30)).await {

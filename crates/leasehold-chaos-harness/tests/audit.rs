@@ -243,39 +243,18 @@ fn the_audit_judges_clocks_seconds_apart_within_their_uncertainty() {
     // (libfaketime): two hosts differ by up to 2 s, as an NTP estimate of ±1 s allows.
     let skew = Duration::from_secs(1);
     let html = tempfile::NamedTempFile::new().unwrap();
-    // A run that keeps every promise, with a 10 s lease so that holds last seconds: no
-    // alarm within the uncertainty. Read as if the clocks agreed, the same events show
-    // hand-offs as overlaps: the skew is real.
+    // Runs with a release of another's lock, and a 10 s lease so that holds last seconds.
+    // The overlaps that really were are those of the events with each host's skew taken
+    // off, audited as from one exact clock. Nothing else is found: no hand-off is taken
+    // for an overlap (read as if the clocks agreed, the same events show some: the skew is
+    // real). Each is found that outlasts twice the uncertainty (the audit's slack) plus
+    // what the second holder's clock is ahead of the first's (it shortens the overlap as
+    // measured; 4 × the uncertainty at worst). The audit measures the same events, so that
+    // bound is exact up to rounding (5 ms). Whether a run has an overlap that long depends
+    // on when a rogue release hits the paused holder: about two runs in three.
     let ttl = Some(Duration::from_secs(10));
-    let clean = Case {
-        clock_skew: Some(skew),
-        ttl,
-        ..Case::new("non-owner-release", 1, None)
-    }
-    .audit(html.path());
-    let violated: Vec<&Verdict> = clean
-        .verdicts
-        .iter()
-        .filter(|v| matches!(v.check, Check::C5 | Check::C8) && !v.violations.is_empty())
-        .collect();
-    assert!(violated.is_empty(), "the checker found {violated:?}");
-    assert!(
-        clean.found.findings.is_empty(),
-        "false alarms {:?}",
-        clean.found.findings
-    );
-    let misread = leasehold_chaos::audit::audit(&Spec::new(clean.files.clone(), 1)).unwrap();
-    assert!(
-        misread.findings.iter().any(|f| f.check == "double_grant"),
-        "the clocks did not differ: {:?}",
-        misread.findings
-    );
-    // A release of another's lock. The overlaps that really were are those of the events
-    // with each host's skew taken off, audited as from one exact clock. Each is found that
-    // outlasts twice the uncertainty (the audit's slack) plus what the second holder's
-    // clock is ahead of the first's (it shortens the overlap as measured; 4 × the
-    // uncertainty at worst), with a margin. Nothing else is.
-    for seed in 1..=3 {
+    let mut skew_seen = false;
+    for seed in 1..=8 {
         let buggy = Case {
             clock_skew: Some(skew),
             ttl,
@@ -304,7 +283,7 @@ fn the_audit_judges_clocks_seconds_apart_within_their_uncertainty() {
                     return false;
                 };
                 let ahead = host_offset_ms(&second.0, skew) - host_offset_ms(&first.0, skew);
-                let beyond = 2 * 1_000 + ahead.max(0) + 200;
+                let beyond = 2 * 1_000 + ahead.max(0) + 5;
                 i64::try_from(*overlap_ms).unwrap() > beyond
             })
             .map(|(holders, _)| tokens(&holders))
@@ -315,6 +294,9 @@ fn the_audit_judges_clocks_seconds_apart_within_their_uncertainty() {
         let found: BTreeSet<Vec<u64>> = (double_grants(&buggy.found).iter())
             .map(|(holders, _)| tokens(holders))
             .collect();
+        let misread = leasehold_chaos::audit::audit(&Spec::new(buggy.files.clone(), 1)).unwrap();
+        skew_seen |=
+            (double_grants(&misread).iter()).any(|(holders, _)| !may.contains(&tokens(holders)));
         assert!(
             found.is_subset(&may),
             "invented: {:?} (real: {may:?})",
@@ -328,9 +310,13 @@ fn the_audit_judges_clocks_seconds_apart_within_their_uncertainty() {
             "missed: {:?} (found: {found:?})",
             must.difference(&found).collect::<Vec<_>>()
         );
+        assert!(
+            skew_seen,
+            "read as if the clocks agreed, no hand-off looked like an overlap"
+        );
         return;
     }
-    panic!("no overlap long enough to be certain in 3 seeds of a release without owner check");
+    panic!("no overlap long enough to be certain in 8 seeds of a release without owner check");
 }
 
 /// A copy of the events `file` in `dir`, its times moved back by its host's clock skew.

@@ -17,7 +17,7 @@ use leasehold_chaos::audit::{Audit, Spec};
 use leasehold_chaos::bugs::Bug;
 use leasehold_chaos::checks::{Check, Status, Verdict};
 use leasehold_chaos::resource::FenceMode;
-use leasehold_chaos::runner::skewed_offset_ms;
+use leasehold_chaos::runner::{Outcome, skewed_offset_ms};
 
 /// Runs `scenario` on Redis with `seed` (and `bug`, if any) under a live audit.
 /// Its workers and its resource write events while `leasehold audit --follow` reads them
@@ -370,4 +370,25 @@ fn holders_in(detail: &str) -> Vec<(String, u64)> {
         .collect();
     holders.sort_by_key(|h| h.1);
     holders
+}
+
+#[test]
+fn a_run_into_an_events_directory_with_an_earlier_runs_events_is_refused() {
+    // Appended to, one record would hold two runs' tokens: an audit of nothing that
+    // happened.
+    let dir = tempfile::tempdir().unwrap();
+    let mut spec = common::spec("redis", "pause-holder", 1);
+    spec.events_dir = Some(dir.path().to_path_buf());
+    let run_dir = dir.path().join("redis-pause-holder-1");
+    std::fs::create_dir_all(&run_dir).unwrap();
+    std::fs::write(run_dir.join("w1.0.jsonl"), "{}\n").unwrap();
+    let report = common::run(&spec);
+    match &report.outcome {
+        Outcome::Error { message, .. } => {
+            assert!(message.contains("events of an earlier run"), "{message}");
+        }
+        other => panic!("the run was made: {other:?}"),
+    }
+    let left = std::fs::read_to_string(run_dir.join("w1.0.jsonl")).unwrap();
+    assert_eq!(left, "{}\n", "the earlier record was written to");
 }

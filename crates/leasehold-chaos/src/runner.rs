@@ -537,6 +537,14 @@ async fn drive(
                 spec.backend.name, spec.scenario.name, spec.seed
             ));
             std::fs::create_dir_all(&run)?;
+            // Files there would be appended to: two runs' tokens in one record are an audit
+            // of nothing that happened.
+            if std::fs::read_dir(&run)?.next().is_some() {
+                return Err(io::Error::other(format!(
+                    "{} has events of an earlier run; give another --events directory",
+                    run.display()
+                )));
+            }
             Some(run)
         }
         None => None,

@@ -9,24 +9,11 @@ use std::time::Duration;
 use leasehold_core::memory::InMemory;
 use leasehold_core::{Client, Fence, FencingToken, LockOptions, LossReason};
 use leasehold_testkit::faulty::{Faulty, Op};
+use leasehold_testkit::metric_value as value;
 use metrics_exporter_prometheus::PrometheusBuilder;
 
 fn options(ttl: Duration) -> LockOptions {
     LockOptions::builder().ttl(ttl).build().unwrap()
-}
-
-/// The value of the series `metric` whose labels include every one of `labels`.
-/// A series labelled with a lock's name is one only where `labels` name it.
-fn value(text: &str, metric: &str, labels: &[&str]) -> Option<f64> {
-    let named = labels.iter().any(|l| l.starts_with("name="));
-    text.lines()
-        .filter(|line| named || !line.contains("name=\""))
-        .filter(|line| {
-            line.starts_with(&format!("{metric}{{")) || line.starts_with(&format!("{metric} "))
-        })
-        .find(|line| labels.iter().all(|l| line.contains(l)))
-        .and_then(|line| line.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

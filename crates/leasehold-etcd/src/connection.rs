@@ -14,7 +14,8 @@ use crate::grants::GrantWatch;
 use crate::layout::{Layout, Set};
 use crate::options::{EtcdOptions, parse_url};
 use crate::registry::Registry;
-use crate::rpc::Rpc;
+use crate::requests;
+use crate::rpc::{RequestOp, Rpc};
 use crate::session::Session;
 use crate::transport::{self, KeepAlive};
 
@@ -40,6 +41,14 @@ pub struct StillOwner {
     pub key: Vec<u8>,
     /// The revision that created it: the guard's fencing token.
     pub create_revision: i64,
+}
+
+impl StillOwner {
+    /// Counts one refusal of this condition in `leasehold_fence_refusals_total{fence="etcd"}`.
+    /// For a transaction of the caller's that carried the comparison and failed on it.
+    pub fn count_refusal(&self) {
+        leasehold_core::telemetry::fence_refused("etcd");
+    }
 }
 
 /// A client's connection to an etcd cluster. Clones share the connection and the session.
@@ -287,6 +296,88 @@ impl EtcdBackend {
             key: key.into_bytes(),
             create_revision: i64::try_from(guard.token().get()).unwrap_or(i64::MAX),
         }
+    }
+
+    /// Puts `key` = `value`, only while `guard` holds its lock: one transaction.
+    /// `Ok(true)`: written. `Ok(false)`: refused, the lock's key gone or created by a later
+    /// grant; counted in `leasehold_fence_refusals_total{fence="etcd"}`. A transaction of
+    /// your own with [`still_owner`](Self::still_owner)'s comparison counts nothing by
+    /// itself (count its refusals with [`StillOwner::count_refusal`]).
+    ///
+    /// # Cancel safety
+    ///
+    /// One transaction: dropped, it was applied whole or not at all, and which is unknown.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for a key among the lock's own (`<name>/…`, `<name>#…`,
+    /// under the prefix): etcd would count it as a contender, and the lock would stay busy.
+    /// Backend errors; [`Error::Unavailable`] while no member answers. It has no timeout of
+    /// its own beyond the connection's pings: wrap it in one for a deadline.
+    pub async fn put_if_owner(
+        &self,
+        guard: &Guard,
+        key: impl Into<Vec<u8>>,
+        value: impl Into<Vec<u8>>,
+    ) -> Result<bool> {
+        let key = key.into();
+        self.outside_the_lock(guard, &key)?;
+        self.write_if_owner(guard, requests::put(key, value.into(), 0))
+            .await
+    }
+
+    /// Deletes `key`, only while `guard` holds its lock.
+    /// It answers as [`put_if_owner`](Self::put_if_owner) does.
+    ///
+    /// # Cancel safety
+    ///
+    /// One transaction: dropped, it was applied whole or not at all, and which is unknown.
+    ///
+    /// # Errors
+    ///
+    /// As [`put_if_owner`](Self::put_if_owner).
+    pub async fn delete_if_owner(&self, guard: &Guard, key: impl Into<Vec<u8>>) -> Result<bool> {
+        let key = key.into();
+        self.outside_the_lock(guard, &key)?;
+        self.write_if_owner(guard, requests::delete(key)).await
+    }
+
+    /// Refuses `key` if it is one of the keys of `guard`'s own lock (`N/…`, `N#…`).
+    /// A key in the lock's directory counts as a contender there, as in etcd's own lock
+    /// recipe: it would keep the lock from everyone until deleted.
+    fn outside_the_lock(&self, guard: &Guard, key: &[u8]) -> Result<()> {
+        let dir = self.set(guard.name(), Mode::Exclusive).dir;
+        let own = dir.strip_suffix('/').unwrap_or(&dir);
+        let inside = key
+            .strip_prefix(own.as_bytes())
+            .is_some_and(|rest| rest.first().is_some_and(|c| *c == b'/' || *c == b'#'));
+        if inside {
+            return Err(Error::invalid(
+                "key",
+                format!(
+                    "{:?} is inside the keys of the lock {:?} (its directory {dir:?}): a key there \
+                     counts as a contender and keeps the lock from everyone",
+                    String::from_utf8_lossy(key),
+                    guard.name().as_str()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// `write` in a transaction that runs it only if `guard`'s lock key is its grant's.
+    async fn write_if_owner(&self, guard: &Guard, write: RequestOp) -> Result<bool> {
+        let fence = self.still_owner(guard);
+        let txn = requests::fenced(fence.key.clone(), fence.create_revision, write);
+        let answer = self
+            .rpc()
+            .txn(txn)
+            .await
+            .map_err(|e| map_error(e, "a fenced write"))?;
+        if !answer.succeeded {
+            fence.count_refusal();
+        }
+        Ok(answer.succeeded)
     }
 
     /// The entries this backend has placed.

@@ -58,8 +58,8 @@ fn txn(
     }
 }
 
-/// A put of `key` bound to `lease`.
-fn put(key: impl Into<Vec<u8>>, value: Vec<u8>, lease: i64) -> RequestOp {
+/// A put of `key` bound to `lease` (none: 0).
+pub(crate) fn put(key: impl Into<Vec<u8>>, value: Vec<u8>, lease: i64) -> RequestOp {
     PutRequest {
         key: key.into(),
         value,
@@ -70,7 +70,7 @@ fn put(key: impl Into<Vec<u8>>, value: Vec<u8>, lease: i64) -> RequestOp {
 }
 
 /// A delete of the one key `key`.
-fn delete(key: impl Into<Vec<u8>>) -> RequestOp {
+pub(crate) fn delete(key: impl Into<Vec<u8>>) -> RequestOp {
     DeleteRangeRequest {
         key: key.into(),
         range_end: Vec::new(),
@@ -81,6 +81,11 @@ fn delete(key: impl Into<Vec<u8>>) -> RequestOp {
 /// Whether `key` exists (`Equal` to 0: it does not).
 fn created(key: impl Into<Vec<u8>>, result: CompareResult, revision: i64) -> Compare {
     compare(key, result, TargetUnion::CreateRevision(revision))
+}
+
+/// `write`, only if `key` was created at `revision`: a write fenced by the grant of that key.
+pub(crate) fn fenced(key: Vec<u8>, revision: i64, write: RequestOp) -> TxnRequest {
+    txn([created(key, CompareResult::Equal, revision)], [write], [])
 }
 
 /// Which acquire transaction to send.

@@ -263,7 +263,7 @@ async fn the_owner_predicate_guards_writes_in_the_callers_own_transactions() {
     let condition = locks.still_owner(&guard);
     let write = |value: &str| {
         format!(
-            "create(\"{}\") = \"{}\"\n\nput ledger/balance {value}\n\n\n",
+            "create(\"{}\") = \"{}\"\n\nput books/balance {value}\n\n\n",
             String::from_utf8(condition.key.clone()).unwrap(),
             condition.create_revision
         )
@@ -276,10 +276,89 @@ async fn the_owner_predicate_guards_writes_in_the_callers_own_transactions() {
         "a write after the release"
     );
     let balance = etcd
-        .etcdctl(&["get", "--print-value-only", "ledger/balance"], "")
+        .etcdctl(&["get", "--print-value-only", "books/balance"], "")
         .await
         .unwrap();
     assert_eq!(balance.trim_end(), "100");
+}
+
+/// `put_if_owner` and `delete_if_owner`: the fenced write as one call.
+/// They write while the guard holds; after it was evicted and the lock moved on they change
+/// nothing, and each refusal counts in `leasehold_fence_refusals_total{fence="etcd"}`, as do
+/// the ones of the caller's own transactions counted by hand. A key among the lock's own,
+/// which etcd would count as a contender, is refused.
+#[tokio::test]
+async fn a_fenced_put_or_delete_writes_only_while_held_and_counts_its_refusals() {
+    let refusals = || {
+        let text = leasehold_testkit::recorded_metrics();
+        let label = ["fence=\"etcd\""];
+        leasehold_testkit::metric_value(&text, "leasehold_fence_refusals_total", &label)
+            .unwrap_or(0.0)
+    };
+    // Only this test of the file counts refusals.
+    let before = refusals();
+    let etcd = Etcd::start().await.unwrap();
+    let locks = backend(&etcd.endpoints(), Duration::from_secs(2)).await;
+    let c = Client::builder(locks.clone()).options(options()).build();
+    let operating = backend(&etcd.endpoints(), Duration::from_secs(2)).await;
+    let operator = Client::builder(operating.clone())
+        .options(options())
+        .build();
+    let get = async |key: &str| {
+        let value = etcd.etcdctl(&["get", "--print-value-only", key], "").await;
+        value.unwrap().trim_end().to_owned()
+    };
+
+    let stale = c.mutex("ledger").unwrap().lock().await.unwrap();
+    assert!(
+        locks
+            .put_if_owner(&stale, "books/balance", "100")
+            .await
+            .unwrap()
+    );
+    assert!(locks.put_if_owner(&stale, "books/note", "x").await.unwrap());
+    assert!(locks.delete_if_owner(&stale, "books/note").await.unwrap());
+    for inside in ["ledger/balance", "ledger#delay/x"] {
+        let refused = locks.put_if_owner(&stale, inside, "1").await;
+        assert!(
+            matches!(refused, Err(Error::InvalidArgument { .. })),
+            "{refused:?}"
+        );
+    }
+    assert!(locks.put_if_owner(&stale, "ledgers", "1").await.unwrap());
+    assert_eq!(refusals(), before);
+    // Evicted: the guard is still there, and the lock moves on to another client.
+    operator
+        .evict("ledger", None, "ops@host", "stuck")
+        .await
+        .unwrap();
+    assert_eq!(stale.lost().await, LossReason::Evicted);
+    let next = operator.mutex("ledger").unwrap().lock().await.unwrap();
+    assert!(
+        !locks
+            .put_if_owner(&stale, "books/balance", "42")
+            .await
+            .unwrap()
+    );
+    assert!(
+        !locks
+            .delete_if_owner(&stale, "books/balance")
+            .await
+            .unwrap()
+    );
+    assert_eq!(get("books/balance").await, "100");
+    assert!(
+        operating
+            .put_if_owner(&next, "books/balance", "7")
+            .await
+            .unwrap()
+    );
+    assert_eq!(get("books/balance").await, "7");
+    assert_eq!(refusals(), before + 2.0);
+    locks.still_owner(&stale).count_refusal();
+    assert_eq!(refusals(), before + 3.0);
+    next.release().await.unwrap();
+    drop(stale);
 }
 
 /// The keys under `prefix`, as etcd has them.

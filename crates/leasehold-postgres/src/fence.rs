@@ -6,6 +6,7 @@
 //!   row, so a later grant of the lock (which must remove that row) waits until the caller's
 //!   transaction has ended: the write commits only while the guard holds the lock. Works
 //!   for data in the same database as the locks, in a `READ COMMITTED` transaction.
+//!   [`StillOwner::verify`] runs the check as a statement of its own and counts refusals.
 //! - [`TokenFence`] — for any table, anywhere: a column that keeps the highest token a row
 //!   has accepted, and the condition that refuses a write carrying a lower one.
 //!
@@ -110,6 +111,50 @@ impl StillOwner {
             first + 1,
             first + 2
         )
+    }
+
+    /// Checks, as a statement of its own in `client`'s transaction, that the grant is current.
+    /// `Ok(true)`: it is, and the lock's next grant now waits until the transaction ends,
+    /// so every later statement of the transaction runs while the guard holds. `Ok(false)`:
+    /// it is not (its lease ran out, or it was released or evicted); the refusal counts in
+    /// `leasehold_fence_refusals_total{fence="postgres"}`. It costs one round trip more than
+    /// the [`condition`](Self::condition) in the caller's own statement, which cannot tell
+    /// a refusal from a `WHERE` that matched nothing (count those with
+    /// [`count_refusal`](Self::count_refusal)).
+    ///
+    /// Outside a transaction the check ends with its statement and fences nothing after it.
+    ///
+    /// # Cancel safety
+    ///
+    /// One `SELECT`: dropped, it may have taken the grant's row lock for the rest of the
+    /// transaction, and nothing else.
+    ///
+    /// # Errors
+    ///
+    /// Backend errors; under `REPEATABLE READ` or `SERIALIZABLE`, SQLSTATE `0A000` (see
+    /// [`still_owner`]).
+    pub async fn verify(&self, client: &impl GenericClient) -> Result<bool> {
+        let row = client
+            .query_one(
+                &format!("SELECT {}", self.condition(1)),
+                &[&self.name, &self.token, &self.owner],
+            )
+            .await
+            .map_err(|e| map(e, "checking a grant"))?;
+        let holds: bool = row
+            .try_get(0)
+            .map_err(|e| map(e, "reading a grant's check"))?;
+        if !holds {
+            self.count_refusal();
+        }
+        Ok(holds)
+    }
+
+    /// Counts one refusal of this condition in `leasehold_fence_refusals_total{fence="postgres"}`.
+    /// For a statement of the caller's that carried the condition and changed nothing
+    /// because of it.
+    pub fn count_refusal(&self) {
+        leasehold_core::telemetry::fence_refused("postgres");
     }
 
     /// The lock's name: the condition's first parameter.
@@ -220,6 +265,13 @@ impl TokenFence {
     /// the row has accepted.
     pub fn condition(&self, param: usize) -> String {
         format!("{} <= ${param}", self.column)
+    }
+
+    /// Counts one refusal of this fence in `leasehold_fence_refusals_total{fence="postgres_token"}`.
+    /// For a write whose row was there but changed nothing because the row had accepted
+    /// a newer token.
+    pub fn count_refusal(&self) {
+        leasehold_core::telemetry::fence_refused("postgres_token");
     }
 
     /// `<column> = $param`: records the write's token (parameter `param`) in the row.

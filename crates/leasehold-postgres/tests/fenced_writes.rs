@@ -147,6 +147,57 @@ async fn the_next_grant_waits_for_the_fenced_transaction() {
     next.release().await.unwrap();
 }
 
+/// `verify`: the check as a statement of its own in the caller's transaction.
+/// While it holds, the next grant waits for the transaction, as with the condition in the
+/// caller's statement. Once the lock moved on it answers false, and each refusal counts in
+/// `leasehold_fence_refusals_total{fence="postgres"}`, as do the ones counted by hand.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_fences_the_transaction_and_counts_its_refusals() {
+    let refusals = |fence: &str| {
+        let label = format!("fence=\"{fence}\"");
+        let text = leasehold_testkit::recorded_metrics();
+        leasehold_testkit::metric_value(&text, "leasehold_fence_refusals_total", &[&label])
+            .unwrap_or(0.0)
+    };
+    // Only this test of the file counts refusals (the others' conditions count nothing).
+    let (postgres, token) = (refusals("postgres"), refusals("postgres_token"));
+    let server = Postgres::start().await.unwrap();
+    let mut db = database(&server.url()).await;
+    let observer = database(&server.url()).await;
+    stock(&db).await;
+    let a = Client::new(PostgresBackend::connect(&server.url()).await.unwrap());
+    let b = Client::new(PostgresBackend::connect(&server.url()).await.unwrap());
+
+    let holder = a.mutex("stock").unwrap().lock().await.unwrap();
+    let fence = still_owner(&holder);
+    let tx = db.transaction().await.unwrap();
+    assert!(fence.verify(&tx).await.unwrap());
+    holder.release().await.unwrap();
+    let mutex = b.mutex("stock").unwrap();
+    let next = tokio::spawn(async move { mutex.lock().await });
+    until(
+        &observer,
+        "SELECT count(*) = 1 FROM leasehold.waiters WHERE name = 'stock'",
+    )
+    .await;
+    assert!(
+        !next.is_finished(),
+        "granted while the verified transaction was open"
+    );
+    assert_eq!(refusals("postgres"), postgres);
+    tx.commit().await.unwrap();
+    let next = next.await.unwrap().unwrap();
+
+    assert!(!fence.verify(&db).await.unwrap(), "a released grant passed");
+    assert!(still_owner(&next).verify(&db).await.unwrap());
+    assert_eq!(refusals("postgres"), postgres + 1.0);
+    fence.count_refusal();
+    TokenFence::default().count_refusal();
+    assert_eq!(refusals("postgres"), postgres + 2.0);
+    assert_eq!(refusals("postgres_token"), token + 1.0);
+    next.release().await.unwrap();
+}
+
 /// An advisory-mode backend with 1 s sessions, through `port`.
 async fn advisory(port: u16) -> PostgresBackend {
     let url = format!("postgres://postgres@127.0.0.1:{port}/postgres?mode=advisory&session_ttl=1s");
@@ -622,6 +673,18 @@ async fn still_owner_under_snapshot_isolation_is_not_a_silent_refusal() {
                 assert_eq!(db_error.code().code(), "0A000", "{level:?}: {e}");
                 assert!(db_error.message().contains("READ COMMITTED"), "{e}");
             }
+        }
+        tx.rollback().await.unwrap();
+        // The check on its own: an error, never a refusal.
+        let tx = db
+            .build_transaction()
+            .isolation_level(level)
+            .start()
+            .await
+            .unwrap();
+        match fence.verify(&tx).await {
+            Err(leasehold_core::Error::Backend { message, .. }) if message.contains("0A000") => {}
+            other => panic!("{level:?}: verify answered {other:?}"),
         }
         tx.rollback().await.unwrap();
     }

@@ -10,13 +10,15 @@
 pub mod conformance;
 pub mod eviction;
 pub mod faulty;
+mod metrics;
 pub mod probe;
 mod process;
 pub mod servers;
 
 /// The TCP fault proxy (the `leasehold-faultproxy` crate, which `leasehold chaos` uses too).
 pub use leasehold_faultproxy as proxy;
-pub use process::{ServerProcess, free_port, scrape_metrics};
+pub use metrics::{metric_value, recorded_metrics, scrape_metrics};
+pub use process::{ServerProcess, free_port};
 pub use proxy::{Direction, FaultProxy};
 pub use servers::{
     ClientAuth, Curator, Etcd, PgBouncer, Postgres, Redis, RedisCluster, RedisReplicated,

@@ -227,30 +227,6 @@ pub fn free_port() -> u16 {
         .unwrap_or(0)
 }
 
-/// The exposition text a Prometheus exporter serves at loopback `port`'s `/metrics`.
-///
-/// # Panics
-///
-/// If the exporter cannot be reached or does not answer 200.
-pub async fn scrape_metrics(port: u16) -> String {
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .unwrap_or_else(|e| panic!("no exporter on port {port}: {e}"));
-    let mut response = String::new();
-    let exchanged = async {
-        stream
-            .write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
-            .await?;
-        stream.read_to_string(&mut response).await
-    };
-    if let Err(error) = exchanged.await {
-        panic!("scraping port {port}: {error}");
-    }
-    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
-    response
-}
-
 /// Finds `program` on `PATH` or in `extra` directories.
 pub(crate) fn find_program(program: &str, extra: &[&str]) -> io::Result<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();

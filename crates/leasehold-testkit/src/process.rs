@@ -183,17 +183,20 @@ impl Drop for ServerProcess {
     }
 }
 
-/// Polls `check` until it succeeds or `limit` passes; fails early if `process` exits.
-/// Readiness of an external program has no event to await, so this is the one place the
-/// testkit polls.
+/// Polls `check` until it succeeds on `process` itself, or `limit` passes.
+/// It fails early if `process` exits. A check counts only once `process` listens on loopback
+/// `port`: a server that lost its port to another test's (between `free_port` and its
+/// bind) must not pass for ready because the other one answered. Readiness of an external
+/// program has no event to await, so this is the one place the testkit polls.
 pub(crate) async fn wait_ready(
     process: &mut ServerProcess,
+    port: u16,
     limit: Duration,
     mut check: impl AsyncFnMut() -> bool,
 ) -> io::Result<()> {
     let started = Instant::now();
     loop {
-        if check().await {
+        if check().await && process.pid().is_none_or(|pid| listens_on(pid, port)) {
             return Ok(());
         }
         if process.exited() {
@@ -215,6 +218,32 @@ pub(crate) async fn wait_ready(
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
+}
+
+/// Whether process `pid` holds a TCP socket listening on `port` (any address, IPv4 or 6).
+/// Read from `/proc`; where that cannot be read, it is taken to (as before the check).
+fn listens_on(pid: u32, port: u16) -> bool {
+    let mut sockets = Vec::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let Ok(table) = std::fs::read_to_string(table) else {
+            return true;
+        };
+        // `sl local_address rem_address st … inode`, the address `HEX:PORT`; 0A is LISTEN.
+        let wanted = format!(":{port:04X}");
+        sockets.extend(
+            (table.lines().skip(1))
+                .map(|line| line.split_whitespace().collect::<Vec<_>>())
+                .filter(|f| f.len() > 9 && f[1].ends_with(&wanted) && f[3] == "0A")
+                .map(|f| format!("socket:[{}]", f[9])),
+        );
+    }
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return true;
+    };
+    fds.flatten().any(|fd| {
+        std::fs::read_link(fd.path())
+            .is_ok_and(|target| sockets.iter().any(|s| target.as_os_str() == s.as_str()))
+    })
 }
 
 /// A loopback port nobody listens on right now.
@@ -242,4 +271,35 @@ pub(crate) fn find_program(program: &str, extra: &[&str]) -> io::Result<PathBuf>
                 ),
             )
         })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // test code: a failed step fails the test
+
+    use super::*;
+
+    /// A process that does not listen on the port is not ready, whoever answers there.
+    /// Here the test itself answers on the port, as another test's server would after
+    /// taking the port first; the "server" (`sleep`) listens on nothing.
+    #[tokio::test]
+    async fn another_process_answering_on_the_port_is_not_the_server_being_ready() {
+        let other = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = other.local_addr().unwrap().port();
+        assert!(listens_on(std::process::id(), port));
+        let dir = tempfile::tempdir().unwrap();
+        let sleep = find_program("sleep", &[]).unwrap();
+        let mut server =
+            ServerProcess::start("sleep", &sleep, vec!["60".into()], dir.path().join("log"))
+                .unwrap();
+        assert!(!listens_on(server.pid().unwrap(), port));
+        let answered = wait_ready(&mut server, port, Duration::from_millis(300), async || {
+            tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_ok()
+        })
+        .await;
+        let error = answered.expect_err("ready on another process's answer");
+        assert_eq!(error.kind(), io::ErrorKind::TimedOut, "{error}");
+    }
 }

@@ -460,6 +460,8 @@ mod tests {
                 // The auditor binds in its own task: until then, connections are refused.
                 match tokio::net::TcpStream::connect(address).await {
                     Ok(stream) => return stream,
+                    // Its port taken meanwhile: the auditor ended, and nothing will listen.
+                    Err(e) if auditing.is_finished() => panic!("the auditor is gone: {e}"),
                     Err(_) => tokio::task::yield_now().await,
                 }
             }

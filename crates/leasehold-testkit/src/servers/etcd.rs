@@ -242,7 +242,7 @@ impl Etcd {
 impl EtcdMember {
     async fn wait_ready(&mut self) -> io::Result<()> {
         let addr = self.metrics_addr();
-        wait_ready(&mut self.process, READY_LIMIT, async || {
+        wait_ready(&mut self.process, addr.port(), READY_LIMIT, async || {
             http_get(addr, "/health")
                 .await
                 .is_ok_and(|body| body.contains("\"health\":\"true\""))

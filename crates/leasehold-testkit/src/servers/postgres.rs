@@ -190,7 +190,7 @@ impl Postgres {
     async fn wait_ready(&mut self) -> io::Result<()> {
         let isready = self.bin.join("pg_isready");
         let port = self.port.to_string();
-        wait_ready(&mut self.process, READY_LIMIT, async || {
+        wait_ready(&mut self.process, self.port, READY_LIMIT, async || {
             tokio::process::Command::new(&isready)
                 .args(["-q", "-h", "127.0.0.1", "-U", "postgres", "-p", &port])
                 .status()
@@ -438,8 +438,9 @@ impl PgBouncer {
                 port,
                 _dir: dir,
             };
+            let listening = bouncer.port;
             let port = port.to_string();
-            wait_ready(&mut bouncer.process, READY_LIMIT, async || {
+            wait_ready(&mut bouncer.process, listening, READY_LIMIT, async || {
                 tokio::process::Command::new(&isready)
                     .args(["-q", "-h", "127.0.0.1", "-U", "postgres", "-p", &port])
                     .status()

@@ -160,7 +160,7 @@ impl Redis {
 
     async fn wait_ready(&mut self) -> io::Result<()> {
         let addr = self.addr();
-        wait_ready(&mut self.process, READY_LIMIT, async || {
+        wait_ready(&mut self.process, self.port, READY_LIMIT, async || {
             redis_command(addr, &["PING"]).await.ok() == Some(Resp::Simple("PONG".into()))
         })
         .await
@@ -322,7 +322,8 @@ impl Redis {
             .start()
             .await?;
         let addr = replica.addr();
-        wait_ready(&mut replica.process, READY_LIMIT, async || {
+        let port = replica.port;
+        wait_ready(&mut replica.process, port, READY_LIMIT, async || {
             redis_command(addr, &["INFO", "replication"])
                 .await
                 .ok()
@@ -599,7 +600,7 @@ async fn start_sentinel(
             dir.join(format!("sentinel-{name}.log")),
         )?;
         let addr = loopback(port);
-        wait_ready(&mut process, READY_LIMIT, async || ready(addr).await).await?;
+        wait_ready(&mut process, port, READY_LIMIT, async || ready(addr).await).await?;
         Ok((process, port))
     })
     .await

@@ -135,34 +135,40 @@ impl RedisCluster {
         let Some(live) = (self.servers.iter_mut()).position(|s| !s.process().exited()) else {
             return Err(io::Error::other("every node of the cluster is down"));
         };
-        wait_ready(self.servers[live].process(), READY_LIMIT, async || {
-            for addr in &addrs {
-                let Ok(replies) = crate::probe::redis_commands(
-                    *addr,
-                    &[&["CLUSTER", "INFO"], &["INFO", "replication"]],
-                )
-                .await
-                else {
-                    continue; // A node killed by the test.
-                };
-                let (info, replication) = match &replies[..] {
-                    [info, replication] => (
-                        info.text().unwrap_or_default(),
-                        replication.text().unwrap_or_default(),
-                    ),
-                    _ => return false,
-                };
-                let settled = info.contains("cluster_state:ok")
-                    && info.contains("cluster_slots_assigned:16384")
-                    && info.contains(&format!("cluster_known_nodes:{total}"));
-                let linked = !replication.contains("role:slave")
-                    || replication.contains("master_link_status:up");
-                if !settled || !linked {
-                    return false;
+        let port = self.servers[live].port();
+        wait_ready(
+            self.servers[live].process(),
+            port,
+            READY_LIMIT,
+            async || {
+                for addr in &addrs {
+                    let Ok(replies) = crate::probe::redis_commands(
+                        *addr,
+                        &[&["CLUSTER", "INFO"], &["INFO", "replication"]],
+                    )
+                    .await
+                    else {
+                        continue; // A node killed by the test.
+                    };
+                    let (info, replication) = match &replies[..] {
+                        [info, replication] => (
+                            info.text().unwrap_or_default(),
+                            replication.text().unwrap_or_default(),
+                        ),
+                        _ => return false,
+                    };
+                    let settled = info.contains("cluster_state:ok")
+                        && info.contains("cluster_slots_assigned:16384")
+                        && info.contains(&format!("cluster_known_nodes:{total}"));
+                    let linked = !replication.contains("role:slave")
+                        || replication.contains("master_link_status:up");
+                    if !settled || !linked {
+                        return false;
+                    }
                 }
-            }
-            true
-        })
+                true
+            },
+        )
         .await
     }
 

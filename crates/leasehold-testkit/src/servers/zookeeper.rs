@@ -107,17 +107,23 @@ impl ZooKeeper {
                 // Every server having a mode is not enough: while an election settles, two
                 // can say "leader" for a moment. Ready is one leader and n - 1 followers.
                 let addrs: Vec<SocketAddr> = zookeeper.servers.iter().map(|s| s.addr()).collect();
-                wait_ready(&mut zookeeper.servers[0].process, READY_LIMIT, async || {
-                    let mut leaders = 0;
-                    for addr in &addrs {
-                        match zookeeper_mode(*addr).await.as_deref() {
-                            Some("leader") => leaders += 1,
-                            Some("follower") => {}
-                            _ => return false,
+                let port = addrs[0].port();
+                wait_ready(
+                    &mut zookeeper.servers[0].process,
+                    port,
+                    READY_LIMIT,
+                    async || {
+                        let mut leaders = 0;
+                        for addr in &addrs {
+                            match zookeeper_mode(*addr).await.as_deref() {
+                                Some("leader") => leaders += 1,
+                                Some("follower") => {}
+                                _ => return false,
+                            }
                         }
-                    }
-                    leaders == 1
-                })
+                        leaders == 1
+                    },
+                )
                 .await?;
             }
             Ok(zookeeper)
@@ -162,7 +168,7 @@ async fn zookeeper_mode(addr: SocketAddr) -> Option<String> {
 impl ZooKeeperServer {
     async fn wait_ready(&mut self) -> io::Result<()> {
         let addr = self.addr();
-        wait_ready(&mut self.process, READY_LIMIT, async || {
+        wait_ready(&mut self.process, addr.port(), READY_LIMIT, async || {
             zookeeper_word(addr, "srvr")
                 .await
                 .is_ok_and(|answer| answer.contains("Mode: "))

@@ -47,9 +47,10 @@ pub const UNKNOWN_OUTCOMES: &str = "leasehold_unknown_outcomes_total";
 /// one); acquisitions granted without waiting have none.
 pub const HANDOFF_SECONDS: &str = "leasehold_handoff_seconds";
 /// Accesses a fence refused.
-/// By `fence`: `fence` (in process), `redis`, `postgres`, `postgres_token` and `etcd`. The
-/// last three count what their checks see; a refusal inside the application's own
-/// statement is counted where the application calls their `count_refusal`.
+/// By `fence`: `fence` (in process), `redis`, `postgres`, `postgres_token` and `etcd`.
+/// PostgreSQL's `StillOwner::verify` and etcd's `put_if_owner`/`delete_if_owner` count
+/// their own refusals; a refusal inside the application's own statement (and every one of
+/// `postgres_token`) is counted where the application calls `count_refusal`.
 pub const FENCE_REFUSALS: &str = "leasehold_fence_refusals_total";
 
 /// Counts an access the fence `fence` refused.

@@ -19,13 +19,15 @@ fn options(ttl: Duration) -> LockOptions {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_known_sequence_is_counted_as_it_happened() {
     // A free port may be taken before the exporter binds it: then another.
-    let port = (0..5)
-        .find_map(|_| {
-            let port = leasehold_testkit::free_port();
-            let exporter = PrometheusBuilder::new().with_http_listener(([127, 0, 0, 1], port));
-            exporter.install().ok().map(|()| port)
-        })
-        .expect("no exporter could listen");
+    let mut tries = (0..5).map(|_| {
+        let port = leasehold_testkit::free_port();
+        let exporter = PrometheusBuilder::new().with_http_listener(([127, 0, 0, 1], port));
+        exporter.install().map(|()| port)
+    });
+    let port = tries
+        .by_ref()
+        .find_map(Result::ok)
+        .expect("no exporter could listen (each try's port was taken)");
     let backend = Arc::new(InMemory::new());
     let a = Client::builder_from_arc(backend.clone())
         .options(options(Duration::from_secs(30)))

@@ -311,7 +311,10 @@ impl EtcdBackend {
     /// # Errors
     ///
     /// [`Error::InvalidArgument`] for a key among the lock's own (`<name>/…`, `<name>#…`,
-    /// under the prefix): etcd would count it as a contender, and the lock would stay busy.
+    /// under the prefix: etcd would count it as a contender, and the lock would stay busy)
+    /// or leasehold's (`#…` under the prefix). A key that falls into another lock's
+    /// directory is not refused; keep data apart with a prefix for the locks. An answer
+    /// that did not arrive (`Unavailable`, `Timeout`) leaves whether it was written unknown.
     /// Backend errors; [`Error::Unavailable`] while no member answers. It has no timeout of
     /// its own beyond the connection's pings: wrap it in one for a deadline.
     pub async fn put_if_owner(
@@ -342,21 +345,27 @@ impl EtcdBackend {
         self.write_if_owner(guard, requests::delete(key)).await
     }
 
-    /// Refuses `key` if it is one of the keys of `guard`'s own lock (`N/…`, `N#…`).
-    /// A key in the lock's directory counts as a contender there, as in etcd's own lock
+    /// Refuses `key` if it is one of `guard`'s own lock's keys or one of leasehold's own.
+    /// The lock's are `N/…` and `N#…`; leasehold's are sessions, records and evictions under
+    /// `#`. A key in the lock's directory counts as a contender there, as in etcd's own lock
     /// recipe: it would keep the lock from everyone until deleted.
     fn outside_the_lock(&self, guard: &Guard, key: &[u8]) -> Result<()> {
         let dir = self.set(guard.name(), Mode::Exclusive).dir;
         let own = dir.strip_suffix('/').unwrap_or(&dir);
-        let inside = key
+        let root = &own[..own.len() - guard.name().as_str().len()];
+        let in_lock = key
             .strip_prefix(own.as_bytes())
             .is_some_and(|rest| rest.first().is_some_and(|c| *c == b'/' || *c == b'#'));
-        if inside {
+        let reserved = key
+            .strip_prefix(root.as_bytes())
+            .is_some_and(|rest| rest.first() == Some(&b'#'));
+        if in_lock || reserved {
             return Err(Error::invalid(
                 "key",
                 format!(
-                    "{:?} is inside the keys of the lock {:?} (its directory {dir:?}): a key there \
-                     counts as a contender and keeps the lock from everyone",
+                    "{:?} is one of leasehold's keys (under {root:?}#) or of the lock {:?} \
+                     (its directory {dir:?}, where a key counts as a contender and keeps the \
+                     lock from everyone)",
                     String::from_utf8_lossy(key),
                     guard.name().as_str()
                 ),

@@ -318,7 +318,12 @@ async fn a_fenced_put_or_delete_writes_only_while_held_and_counts_its_refusals()
     );
     assert!(locks.put_if_owner(&stale, "books/note", "x").await.unwrap());
     assert!(locks.delete_if_owner(&stale, "books/note").await.unwrap());
-    for inside in ["ledger/balance", "ledger#delay/x"] {
+    for inside in [
+        "ledger/balance",
+        "ledger#delay/x",
+        "#sessions/1",
+        "#evictions/ledger/3",
+    ] {
         let refused = locks.put_if_owner(&stale, inside, "1").await;
         assert!(
             matches!(refused, Err(Error::InvalidArgument { .. })),

@@ -114,8 +114,10 @@ impl StillOwner {
     }
 
     /// Checks, as a statement of its own in `client`'s transaction, that the grant is current.
-    /// `Ok(true)`: it is, and the lock's next grant now waits until the transaction ends,
-    /// so every later statement of the transaction runs while the guard holds. `Ok(false)`:
+    /// `Ok(true)`: it is, and every grant that would exclude this one now waits until the
+    /// transaction ends, so every later statement of the transaction runs while the guard
+    /// holds. Run it in the transaction itself, not in a savepoint: rolling a savepoint
+    /// back releases the row lock that keeps the next grant waiting. `Ok(false)`:
     /// it is not (its lease ran out, or it was released or evicted); the refusal counts in
     /// `leasehold_fence_refusals_total{fence="postgres"}`. It costs one round trip more than
     /// the [`condition`](Self::condition) in the caller's own statement, which cannot tell

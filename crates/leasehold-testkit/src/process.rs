@@ -221,7 +221,8 @@ pub(crate) async fn wait_ready(
 }
 
 /// Whether process `pid` holds a TCP socket listening on `port` (any address, IPv4 or 6).
-/// Read from `/proc`; where that cannot be read, it is taken to (as before the check).
+/// Read from `/proc`; where that cannot be read (another user's process, without
+/// `CAP_SYS_PTRACE`), it is taken to, as before the check.
 fn listens_on(pid: u32, port: u16) -> bool {
     let mut sockets = Vec::new();
     for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
@@ -240,10 +241,17 @@ fn listens_on(pid: u32, port: u16) -> bool {
     let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
         return true;
     };
-    fds.flatten().any(|fd| {
-        std::fs::read_link(fd.path())
-            .is_ok_and(|target| sockets.iter().any(|s| target.as_os_str() == s.as_str()))
-    })
+    // Root lists another user's descriptors, but reads their links only with CAP_SYS_PTRACE.
+    let mut readable = false;
+    for fd in fds.flatten() {
+        if let Ok(target) = std::fs::read_link(fd.path()) {
+            readable = true;
+            if sockets.iter().any(|s| target.as_os_str() == s.as_str()) {
+                return true;
+            }
+        }
+    }
+    !readable
 }
 
 /// A loopback port nobody listens on right now.

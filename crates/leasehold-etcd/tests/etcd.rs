@@ -697,10 +697,10 @@ async fn a_short_outage_ends_only_what_was_let_go_during_it() {
 
     // The releases complete once the link is back, long before the session could expire.
     a.settle().await;
-    assert!(
-        kept.is_held() && !kept.is_suspended(),
-        "the other guard did not survive the outage"
-    );
+    // The session resumes at the first keep-alive answered after the heal, which need not
+    // have come back by the time the releases have (on a loaded machine it had not).
+    until_true("resumed", kept.remaining(), || !kept.is_suspended()).await;
+    assert!(kept.is_held(), "the other guard did not survive the outage");
     assert_eq!(keys_under(&etcd, "kept/").await, kept_key);
     for name in ["dropped", "tried"] {
         let left = keys_under(&etcd, &format!("{name}/")).await;

@@ -240,10 +240,11 @@ async fn a_node_that_just_restarted_refuses_grants_for_the_quarantine() {
             .is_none()
     );
 
-    // Let the servers age past a 2 s quarantine, then restart one.
+    // Let the servers age past a 2 s quarantine, then restart one. The uptime is counted in
+    // truncated seconds: a reading of 3 is more than 2 s.
     let quarantine = RedlockOptions::default().quarantine(Duration::from_secs(2));
     for server in &servers {
-        while uptime(server).await < 2 {
+        while uptime(server).await < 3 {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
@@ -260,6 +261,49 @@ async fn a_node_that_just_restarted_refuses_grants_for_the_quarantine() {
     assert!(!holds(&servers[0], "job").await, "a restarted node granted");
     assert!(holds(&servers[1], "job").await && holds(&servers[2], "job").await);
     guard.release().await.unwrap();
+}
+
+/// A restarted node refuses grants for the whole quarantine, whenever the second ticks over.
+/// Found by the chaos sample (restart-empty, under load): `uptime_in_seconds` reads 1 as soon
+/// as the wall-clock second ticks over after a start, so nodes restarted about 300 ms earlier
+/// ended a 1 s quarantine and a second majority formed while the first holder still held.
+#[tokio::test]
+async fn the_quarantine_is_not_cut_short_by_the_wall_clock_second_ticking_over() {
+    let mut servers = redis_servers(3).await.unwrap();
+    let quarantine = Duration::from_secs(1);
+    let options = RedlockOptions::default().quarantine(quarantine);
+    let mut judged = 0;
+    for _ in 0..10 {
+        // Two of three restart: a majority needs both of them.
+        let spawned = std::time::Instant::now();
+        servers[0].restart().await.unwrap();
+        servers[1].restart().await.unwrap();
+        // The moment both report an uptime of 1, which can be any time in their first second.
+        while uptime(&servers[0]).await < 1 || uptime(&servers[1]).await < 1 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let c = client(&urls(&servers), options.clone(), Duration::from_secs(5)).await;
+        let guard = c.mutex("job").unwrap().try_lock().await.unwrap();
+        // Answered within the quarantine of the spawn, so within it of the servers' start.
+        if spawned.elapsed() < quarantine {
+            assert!(
+                guard.is_none(),
+                "granted by nodes up for less than {:?}",
+                spawned.elapsed()
+            );
+            judged += 1;
+        }
+        if let Some(guard) = guard {
+            guard.release().await.unwrap();
+        }
+    }
+    // Each round is judged unless its second ticked over at the very end of the quarantine.
+    assert!(judged > 0, "no round answered within the quarantine");
+    // Past the quarantine the nodes grant again.
+    let c = client(&urls(&servers), options, Duration::from_secs(5)).await;
+    let mutex = c.mutex("job").unwrap();
+    let guard = mutex.lock_timeout(Duration::from_secs(10)).await.unwrap();
+    assert!(guard.is_some(), "the quarantine never ended");
 }
 
 #[tokio::test]

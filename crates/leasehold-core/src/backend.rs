@@ -167,12 +167,27 @@ pub struct Grant {
     pub token: FencingToken,
     /// How long the server keeps it without renewal.
     pub expiry: Expiry,
+    /// The hand-off: how long the name stood released before this grant, if measured.
+    /// The server's measure, from the release that left waiters behind to the grant. `None`
+    /// when the backend does not measure it, or no release came just before.
+    pub handoff: Option<Duration>,
 }
 
 impl Grant {
     /// A grant with `token`, kept as `expiry` says.
     pub fn new(token: FencingToken, expiry: Expiry) -> Self {
-        Self { token, expiry }
+        Self {
+            token,
+            expiry,
+            handoff: None,
+        }
+    }
+
+    /// The same grant, made `handoff` after the release before it.
+    #[must_use]
+    pub fn with_handoff(mut self, handoff: Option<Duration>) -> Self {
+        self.handoff = handoff;
+        self
     }
 }
 

@@ -114,6 +114,7 @@ async fn take(ctx: &Arc<Context>, spec: &Spec, wait: Wait) -> Result<Option<Arc<
                 failures = Failures::default();
                 let was_unknown = std::mem::take(&mut unknown);
                 let promise = ctx.events.is_some().then(|| grant.expiry.clone());
+                let handoff = grant.handoff;
                 let lease = Lease::new(
                     ctx.clone(),
                     request.clone(),
@@ -137,8 +138,11 @@ async fn take(ctx: &Arc<Context>, spec: &Spec, wait: Wait) -> Result<Option<Arc<
                         Some(sent),
                         promise,
                     );
+                    // A waiter's hand-off: the server's measure from the release, where
+                    // the backend has one; else from the wake-up that ended its wait.
                     if let Some(woken) = woken_at {
-                        let took = ctx.now().saturating_duration_since(woken);
+                        let took =
+                            handoff.unwrap_or_else(|| ctx.now().saturating_duration_since(woken));
                         telemetry::handed_off(ctx, &request.name, options, took);
                     }
                     leftover.disarm();

@@ -85,6 +85,9 @@ struct Set {
     queue: VecDeque<Queued>,
     /// Lock-delay: closed to new grants until then.
     closed_until: Option<Instant>,
+    /// When a holder last released.
+    /// The next grant, if it goes to a waiting request, reports the hand-off from it.
+    released: Option<Instant>,
 }
 
 #[derive(Debug)]
@@ -289,10 +292,10 @@ impl Backend for InMemory {
             let set = &mut sets[usize::from(req.mode.is_permit())];
             if let Some(held) = set.holders.iter_mut().find(|h| h.owner == req.owner) {
                 held.expires = expires;
-                return Ok(Acquire::Granted(Grant {
-                    token: held.token,
-                    expiry: Expiry::After(req.ttl),
-                }));
+                return Ok(Acquire::Granted(Grant::new(
+                    held.token,
+                    Expiry::After(req.ttl),
+                )));
             }
             let mut changed = false;
             let mut position = set.queue.iter().position(|q| q.owner == req.owner);
@@ -337,10 +340,11 @@ impl Backend for InMemory {
             });
             *last_token = next_token;
             bump(version);
-            Ok(Acquire::Granted(Grant {
-                token: FencingToken::new(next_token),
-                expiry: Expiry::After(req.ttl),
-            }))
+            let handoff = set.released.take().filter(|_| req.waiting);
+            Ok(Acquire::Granted(
+                Grant::new(FencingToken::new(next_token), Expiry::After(req.ttl))
+                    .with_handoff(handoff.map(|at| now.saturating_duration_since(at))),
+            ))
         })
     }
 
@@ -367,13 +371,16 @@ impl Backend for InMemory {
     }
 
     async fn release(&self, req: &Request) -> Result<Release> {
-        Ok(self.with_entry(&req.name, |entry, _| {
+        Ok(self.with_entry(&req.name, |entry, now| {
             let set = entry.set(req.mode);
             let before = (set.holders.len(), set.queue.len());
             set.holders.retain(|h| h.owner != req.owner);
             set.queue.retain(|q| q.owner != req.owner);
             if before == (set.holders.len(), set.queue.len()) {
                 return Release::NotHeld;
+            }
+            if set.holders.len() < before.0 {
+                set.released = Some(now);
             }
             entry.bump();
             Release::Released

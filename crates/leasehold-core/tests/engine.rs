@@ -5,10 +5,10 @@
 
 use std::time::Duration;
 
-use leasehold_core::backend::{Backend, Mode, Request};
+use leasehold_core::backend::{Acquire, Backend, Mode, Request};
 use leasehold_core::clock::{Clock, ManualClock};
 use leasehold_core::memory::InMemory;
-use leasehold_core::{Client, Error, Guard, LockName, LockOptions, LossReason, Owner};
+use leasehold_core::{Client, Error, Guard, LockName, LockOptions, LossReason, Owner, OwnerId};
 use leasehold_testkit::faulty::{Faulty, Op};
 
 const MS: Duration = Duration::from_millis(1);
@@ -489,6 +489,41 @@ async fn tokens_increase_across_grants_of_a_name() {
     let permit = r.client.semaphore("m", 3).unwrap().acquire().await.unwrap();
     assert!(Some(permit.token()) > last);
     let _ = r.clock.now();
+}
+
+/// The in-memory server measures a hand-off from the release to the waiter's grant.
+/// A grant that follows no release, or goes to a request that did not wait, carries none.
+#[tokio::test]
+async fn a_waiters_grant_carries_the_time_since_the_release_before_it() {
+    let r = rig();
+    let request = |waiting| {
+        let mut req = Request::new(
+            LockName::new("m").unwrap(),
+            OwnerId::generate(),
+            Mode::Exclusive,
+            9 * SEC,
+        );
+        req.fair = true;
+        req.waiting = waiting;
+        req
+    };
+    let (a, b, c) = (request(false), request(true), request(false));
+    let granted = |answer| match answer {
+        Acquire::Granted(grant) => grant,
+        other => panic!("not granted: {other:?}"),
+    };
+    assert_eq!(granted(r.server.acquire(&a).await.unwrap()).handoff, None);
+    let busy = r.server.acquire(&b).await.unwrap();
+    assert!(matches!(busy, Acquire::Busy(_)));
+    r.clock.advance(7 * MS);
+    r.server.release(&a).await.unwrap();
+    r.clock.advance(3 * MS);
+    let handed = granted(r.server.acquire(&b).await.unwrap());
+    assert_eq!(handed.handoff, Some(3 * MS));
+    // Released with nobody waiting; taken by a request that did not wait.
+    r.server.release(&b).await.unwrap();
+    r.clock.advance(5 * MS);
+    assert_eq!(granted(r.server.acquire(&c).await.unwrap()).handoff, None);
 }
 
 #[test]

@@ -1,6 +1,8 @@
 -- acquire: grant the lock to OWNER, or answer busy. One integer (cheaper than a table):
 --   > 0   granted, this is the token (the same token again if OWNER already holds it,
 --         unless FLAGS ask for a fresh one);
+--   {token, µs}  granted to a waiting request over the gate a release left: the token, and
+--         how long the name stood released (the hand-off, on the server's clock);
 --   0     (the fast path only, acquire_fast.lua) the name is not simply free;
 --   -1    busy, nothing will change without a wake-up message;
 --   < -1  busy, the state may change on its own in -(answer + 2) ms (an expiry, or the end
@@ -124,7 +126,9 @@ if ok then
   if rank then redis.call('ZREM', QUEUE, me) end
   redis.call('ZREM', QEXP, me, '~' .. me)
   local token = next_token(TOKEN)
+  local handoff = false
   if MODE == 'x' then
+    if WAITING then handoff = since_release(value) end
     redis.call('SET', LOCK, lock_value(OWNER, token, false), 'PX', ttl)
     if HAS_VALUE then redis.call('SET', XINFO, VALUE, 'PX', ttl) end
     -- Others still waiting: keep the key up for them (which marks our value with the end
@@ -140,6 +144,7 @@ if ok then
   end
   if LOCK_DELAY > 0 then hold(delay, now + ttl + LOCK_DELAY, OWNER) end
   if HAS_VALUE then redis.call(PUBLISH, CHANNEL, '*') end
+  if handoff then return {token, handoff} end
   return token
 end
 

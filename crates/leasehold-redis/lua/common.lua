@@ -27,6 +27,22 @@ local function live_holder(value, now)
   return false
 end
 
+-- The gate a release leaves for the waiters it wakes: nobody's value, with the release's
+-- server time in µs where a holder's value has its token. The grant that follows answers
+-- how long the name stood released: the hand-off (acquire.lua).
+local function released_gate()
+  local t = redis.call('TIME')
+  return '* w0 ' .. t[1] .. string.format('%06d', tonumber(t[2]))
+end
+
+-- The µs from a released gate's time to now, or false if `value` is not such a gate.
+local function since_release(value)
+  local owner, released = parse_lock(value)
+  if owner ~= '*' or not released or released == 0 then return false end
+  local t = redis.call('TIME')
+  return math.max(tonumber(t[1]) * 1000000 + tonumber(t[2]) - released, 0)
+end
+
 -- Whether OWNER's grant in MODE is live at `now`: for the lock set the exclusive holder in
 -- the lock value (whose lease may end before the key does), else an entry of the mode's
 -- holder zset whose lease (its score) has not ended.

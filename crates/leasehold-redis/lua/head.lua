@@ -12,7 +12,9 @@
 --   "<owner> w<until> <token>"  a holder whose lease ends at <until> (ms, server time)
 --                               while the key may live on for others: its release wakes
 --                               waiters and leaves the key as a gate if they remain;
---   GATE_ONLY                   nobody holds; the key only keeps the fast path shut.
+--   GATE_ONLY                   nobody holds; the key only keeps the fast path shut;
+--   "* w0 <µs>"                 the same, left by a release that woke waiters, with its
+--                               server time (the next grant answers the hand-off).
 local MODE = string.sub(FLAGS, 1, 1)
 local FAIR = string.sub(FLAGS, 2, 2) == '1'
 local WAITING = string.sub(FLAGS, 3, 3) == '1'

@@ -44,7 +44,7 @@ if mine and live_holder(mine, now) then
   if others == 0 then
     redis.call('DEL', LOCK)
   else
-    redis.call('SET', LOCK, GATE_ONLY, 'KEEPTTL')
+    redis.call('SET', LOCK, released_gate(), 'KEEPTTL')
   end
   wake_next(false)
   return 1

@@ -316,16 +316,19 @@ impl RedisBackend {
         let (fast_call, full_call) = self.calls().acquire_of(node.redlock);
         let mut answer = Acquired::NotFast;
         if fast {
-            answer = reply::acquired(self.run(fast_call, keys, &values).await?);
+            answer = reply::acquired(&self.run(fast_call, keys, &values).await?)?;
         }
         if answer == Acquired::NotFast {
-            answer = reply::acquired(self.run(full_call, keys, &values).await?);
+            answer = reply::acquired(&self.run(full_call, keys, &values).await?)?;
         }
         match answer {
-            Acquired::Granted(token) => Ok(Acquire::Granted(Grant::new(
-                FencingToken::new(token),
-                Expiry::After(Duration::from_millis(millis_up(req.ttl))),
-            ))),
+            Acquired::Granted(token, handoff) => Ok(Acquire::Granted(
+                Grant::new(
+                    FencingToken::new(token),
+                    Expiry::After(Duration::from_millis(millis_up(req.ttl))),
+                )
+                .with_handoff(handoff),
+            )),
             Acquired::Busy(_) if !req.waiting => Ok(Acquire::Busy(WaitHint::none())),
             Acquired::Busy(retry) => Ok(Acquire::Busy(WaitHint::new(Hint::new(
                 channel, ticket, retry,

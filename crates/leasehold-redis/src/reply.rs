@@ -17,21 +17,34 @@ use crate::eviction;
 /// What an acquire answered (the encoding is `lua/acquire.lua`'s).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Acquired {
-    /// Granted with this token.
-    Granted(u64),
+    /// Granted with this token; to a waiter after a release, this long after it.
+    Granted(u64, Option<Duration>),
     /// The fast path did not apply: make the full call.
     NotFast,
     /// Busy; the state may change on its own after this long (an expiry).
     Busy(Option<Duration>),
 }
 
-pub(crate) fn acquired(answer: i64) -> Acquired {
+pub(crate) fn acquired(answer: &Value) -> Result<Acquired> {
+    const WHAT: &str = "acquire";
     match answer {
-        token if token > 0 => Acquired::Granted(token.unsigned_abs()),
-        0 => Acquired::NotFast,
-        -1 => Acquired::Busy(None),
-        // -(ms + 2): no overflow for any i64.
-        busy => Acquired::Busy(Some(Duration::from_millis((-(busy + 2)).unsigned_abs()))),
+        Value::Int(answer) => Ok(match *answer {
+            token if token > 0 => Acquired::Granted(token.unsigned_abs(), None),
+            0 => Acquired::NotFast,
+            -1 => Acquired::Busy(None),
+            // -(ms + 2): no overflow for any i64.
+            busy => Acquired::Busy(Some(Duration::from_millis((-(busy + 2)).unsigned_abs()))),
+        }),
+        Value::Array(parts) => match parts.as_slice() {
+            [Value::Int(token), Value::Int(micros)] if *token > 0 && *micros >= 0 => {
+                Ok(Acquired::Granted(
+                    token.unsigned_abs(),
+                    Some(Duration::from_micros(micros.unsigned_abs())),
+                ))
+            }
+            _ => Err(unexpected(WHAT, answer)),
+        },
+        other => Err(unexpected(WHAT, other)),
     }
 }
 
@@ -279,14 +292,22 @@ mod tests {
 
     #[test]
     fn acquire_answers_decode() {
-        assert_eq!(acquired(42), Acquired::Granted(42));
-        assert_eq!(acquired(0), Acquired::NotFast);
-        assert_eq!(acquired(-1), Acquired::Busy(None));
+        let int = |i| acquired(&Value::Int(i)).unwrap();
+        assert_eq!(int(42), Acquired::Granted(42, None));
+        assert_eq!(int(0), Acquired::NotFast);
+        assert_eq!(int(-1), Acquired::Busy(None));
+        assert_eq!(int(-502), Acquired::Busy(Some(Duration::from_millis(500))));
+        assert!(matches!(int(i64::MIN), Acquired::Busy(Some(_))));
+        let pair = |a, b| acquired(&Value::Array(vec![Value::Int(a), Value::Int(b)]));
         assert_eq!(
-            acquired(-502),
-            Acquired::Busy(Some(Duration::from_millis(500)))
+            pair(42, 310).unwrap(),
+            Acquired::Granted(42, Some(Duration::from_micros(310)))
         );
-        assert!(matches!(acquired(i64::MIN), Acquired::Busy(Some(_))));
+        for (a, b) in [(0, 310), (42, -1), (-1, 310)] {
+            assert!(pair(a, b).is_err(), "{a} {b}");
+        }
+        assert!(acquired(&Value::Array(vec![Value::Int(42)])).is_err());
+        assert!(acquired(&Value::Nil).is_err());
         assert!(yes_or_no(2, "renew").is_err());
     }
 

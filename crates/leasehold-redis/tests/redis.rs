@@ -467,6 +467,63 @@ fn request(ttl: Duration, waiting: bool) -> Request {
     request
 }
 
+/// A waiter's grant after a release carries the hand-off, measured by the server.
+/// It is the time from the release to the grant on the server's clock, so at most the time
+/// from the release's send to the grant's answer here; a grant after no release (a free
+/// name, a lease that ended) carries none.
+#[tokio::test]
+async fn a_waiters_grant_after_a_release_carries_the_servers_handoff() {
+    let server = Redis::start().await.unwrap();
+    let a = RedisBackend::connect(&server.url()).await.unwrap();
+    let b = RedisBackend::connect(&server.url()).await.unwrap();
+    let granted = |answer| match answer {
+        Acquire::Granted(grant) => grant,
+        other => panic!("not granted: {other:?}"),
+    };
+    let first = request(Duration::from_secs(30), false);
+    assert_eq!(granted(a.acquire(&first).await.unwrap()).handoff, None);
+    let waiting = request(Duration::from_secs(30), true);
+    assert!(matches!(
+        b.acquire(&waiting).await.unwrap(),
+        Acquire::Busy(_)
+    ));
+    let released = std::time::Instant::now();
+    assert!(matches!(
+        a.release(&first).await.unwrap(),
+        Release::Released
+    ));
+    let next = granted(b.acquire(&waiting).await.unwrap());
+    let bound = released.elapsed();
+    let handoff = next.handoff.expect("no hand-off after a release");
+    // The server's wall clock against ours: a millisecond for their rates and rounding.
+    assert!(
+        handoff > Duration::ZERO && handoff <= bound + Duration::from_millis(1),
+        "{handoff:?} against {bound:?} from the release's send"
+    );
+
+    // A lease that ends while a waiter waits: no release, so no hand-off.
+    let short = request(Duration::from_millis(300), true);
+    assert!(matches!(a.acquire(&short).await.unwrap(), Acquire::Busy(_)));
+    assert!(matches!(
+        b.release(&waiting).await.unwrap(),
+        Release::Released
+    ));
+    assert!(granted(a.acquire(&short).await.unwrap()).handoff.is_some());
+    let after = request(Duration::from_secs(30), true);
+    assert!(matches!(b.acquire(&after).await.unwrap(), Acquire::Busy(_)));
+    // `short` is neither renewed nor released: `after` waits for its lease to end.
+    let next = loop {
+        match b.acquire(&after).await.unwrap() {
+            Acquire::Granted(grant) => break grant,
+            Acquire::Busy(hint) => b
+                .wait(&after.name, &hint, Duration::from_secs(1))
+                .await
+                .unwrap(),
+        }
+    };
+    assert_eq!(next.handoff, None, "a lease that ended is no hand-off");
+}
+
 /// A holder's lease that ends while someone waits behind it.
 /// The lock key lives on for the waiter (it keeps the acquire fast path shut), with the
 /// holder's own lease end in its value. After that end the holder can neither renew nor

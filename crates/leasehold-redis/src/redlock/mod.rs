@@ -278,6 +278,9 @@ impl Backend for RedlockBackend {
             )
             .await;
         let mut tokens = Vec::new();
+        // Each node's hand-off, on its own clock. The least: a node whose gate is older than
+        // the last release (a split vote left it ungranted) overstates it.
+        let mut handoff = None;
         let mut hints = vec![WaitHint::none(); self.inner.nodes.len()];
         // Nodes where a grant exists or may exist (no answer): released on failure. Nodes
         // that answered busy keep the waiter entry (a waiting writer keeps readers out).
@@ -288,6 +291,7 @@ impl Backend for RedlockBackend {
                 Ok(Acquire::Granted(grant)) => {
                     answered += 1;
                     tokens.push(grant.token);
+                    handoff = handoff.into_iter().chain(grant.handoff).min();
                     to_release.push(i);
                 }
                 Ok(Acquire::Busy(hint)) => {
@@ -318,7 +322,9 @@ impl Backend for RedlockBackend {
             if majority.reached(written)
                 && let Some(left) = validity(Node::lease(req.ttl), started.elapsed())
             {
-                return Ok(Acquire::Granted(Grant::new(token, Expiry::After(left))));
+                return Ok(Acquire::Granted(
+                    Grant::new(token, Expiry::After(left)).with_handoff(handoff),
+                ));
             }
         }
         // Not granted: give back every part, also where the answer was lost. Without enough

@@ -222,13 +222,16 @@ pub(crate) async fn wait_ready(
 
 /// Whether process `pid` holds a TCP socket listening on `port` (any address, IPv4 or 6).
 /// Read from `/proc`; where that cannot be read (another user's process, without
-/// `CAP_SYS_PTRACE`), it is taken to, as before the check.
+/// `CAP_SYS_PTRACE`, or no socket table at all), it is taken to, as before the check. A
+/// kernel without IPv6 has no `tcp6` table: the IPv4 one is enough.
 fn listens_on(pid: u32, port: u16) -> bool {
     let mut sockets = Vec::new();
+    let mut tables = 0;
     for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
         let Ok(table) = std::fs::read_to_string(table) else {
-            return true;
+            continue;
         };
+        tables += 1;
         // `sl local_address rem_address st … inode`, the address `HEX:PORT`; 0A is LISTEN.
         let wanted = format!(":{port:04X}");
         sockets.extend(
@@ -237,6 +240,9 @@ fn listens_on(pid: u32, port: u16) -> bool {
                 .filter(|f| f.len() > 9 && f[1].ends_with(&wanted) && f[3] == "0A")
                 .map(|f| format!("socket:[{}]", f[9])),
         );
+    }
+    if tables == 0 {
+        return true;
     }
     let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
         return true;

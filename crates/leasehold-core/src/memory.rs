@@ -85,7 +85,7 @@ struct Set {
     queue: VecDeque<Queued>,
     /// Lock-delay: closed to new grants until then.
     closed_until: Option<Instant>,
-    /// When a holder last released.
+    /// When the last holder released, leaving the set free.
     /// The next grant, if it goes to a waiting request, reports the hand-off from it.
     released: Option<Instant>,
 }
@@ -379,7 +379,7 @@ impl Backend for InMemory {
             if before == (set.holders.len(), set.queue.len()) {
                 return Release::NotHeld;
             }
-            if set.holders.len() < before.0 {
+            if set.holders.is_empty() && before.0 > 0 {
                 set.released = Some(now);
             }
             entry.bump();

@@ -524,6 +524,21 @@ async fn a_waiters_grant_carries_the_time_since_the_release_before_it() {
     r.server.release(&b).await.unwrap();
     r.clock.advance(5 * MS);
     assert_eq!(granted(r.server.acquire(&c).await.unwrap()).handoff, None);
+    r.server.release(&c).await.unwrap();
+
+    // One reader of two releases; the other's lease runs out: no release let the writer in.
+    let (mut r1, mut r2, w) = (request(false), request(false), request(true));
+    r1.mode = Mode::Shared;
+    r2.mode = Mode::Shared;
+    granted(r.server.acquire(&r1).await.unwrap());
+    granted(r.server.acquire(&r2).await.unwrap());
+    assert!(matches!(
+        r.server.acquire(&w).await.unwrap(),
+        Acquire::Busy(_)
+    ));
+    r.server.release(&r1).await.unwrap();
+    r.clock.advance(10 * SEC);
+    assert_eq!(granted(r.server.acquire(&w).await.unwrap()).handoff, None);
 }
 
 #[test]

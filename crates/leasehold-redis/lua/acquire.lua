@@ -139,6 +139,7 @@ if ok then
     hold(zset, now + ttl, OWNER)
     redis.call('HSET', info, OWNER, info_of(token))
     extend_set(zset, info)
+    if MODE == 's' then mark_gate(false) end
     -- Shared holders and permits are granted in groups: let the next waiters try.
     if FAIR and rank then wake_next(MODE == 'p') end
   end

@@ -35,6 +35,20 @@ local function released_gate()
   return '* w0 ' .. t[1] .. string.format('%06d', tonumber(t[2]))
 end
 
+-- Marks the gate with a release's time once no reader is left (an exclusive waiter goes
+-- only then), or, not `released`, takes the time off: a shared grant ends the hand-off.
+local function mark_gate(released)
+  local value = redis.call('GET', LOCK)
+  if parse_lock(value) ~= '*' then return end
+  if released then
+    if redis.call('EXISTS', READERS) == 0 then
+      redis.call('SET', LOCK, released_gate(), 'KEEPTTL')
+    end
+  elseif value ~= GATE_ONLY then
+    redis.call('SET', LOCK, GATE_ONLY, 'KEEPTTL')
+  end
+end
+
 -- The µs from a released gate's time to now, or false if `value` is not such a gate.
 local function since_release(value)
   local owner, released = parse_lock(value)

@@ -59,6 +59,7 @@ if MODE ~= 'x' then
     redis.call('ZREM', delay, OWNER)
     close_gate_if_idle(now)
     if tonumber(expires) > now then
+      if MODE == 's' then mark_gate(true) end
       prune_queue(now)
       wake_next(MODE == 'p')
       return 1

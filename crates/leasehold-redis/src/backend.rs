@@ -543,10 +543,15 @@ impl Backend for RedisBackend {
             tracing::warn!(lock = %req.name, token = grant.token.get(), seen = floor,
                 "redis handed out a fencing token not above one already seen (it lost data: \
                  failover or restart); raising its counter and granting again");
+            let handoff = grant.handoff;
             self.release_script(req, &keys).await?;
             self.raise(req, floor).await?;
             let broken;
             (answer, broken) = self.acquire_checked(req, &keys).await?;
+            // The hand-off was the first grant's; the second follows our own release.
+            if let Acquire::Granted(grant) = answer {
+                answer = Acquire::Granted(grant.with_handoff(handoff));
+            }
             if broken.is_some() {
                 self.release_script(req, &keys).await?;
                 return Err(Error::backend(

@@ -522,6 +522,37 @@ async fn a_waiters_grant_after_a_release_carries_the_servers_handoff() {
         }
     };
     assert_eq!(next.handoff, None, "a lease that ended is no hand-off");
+    b.release(&after).await.unwrap();
+
+    // Queued behind a reader that the release let in first, a writer's hand-off counts
+    // from the reader's release, not the writer's before it.
+    let writer = request(Duration::from_secs(30), false);
+    granted(a.acquire(&writer).await.unwrap());
+    let mut reader = request(Duration::from_secs(30), true);
+    reader.mode = Mode::Shared;
+    let waiting = request(Duration::from_secs(30), true);
+    for (backend, req) in [(&b, &reader), (&a, &waiting)] {
+        assert!(matches!(
+            backend.acquire(req).await.unwrap(),
+            Acquire::Busy(_)
+        ));
+    }
+    a.release(&writer).await.unwrap();
+    granted(b.acquire(&reader).await.unwrap());
+    assert!(matches!(
+        a.acquire(&waiting).await.unwrap(),
+        Acquire::Busy(_)
+    ));
+    // Held long enough that a figure from the writer's release would show it.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let released = std::time::Instant::now();
+    b.release(&reader).await.unwrap();
+    let handoff = granted(a.acquire(&waiting).await.unwrap()).handoff.unwrap();
+    let bound = released.elapsed();
+    assert!(
+        handoff <= bound + Duration::from_millis(1),
+        "{handoff:?} against {bound:?} from the reader's release"
+    );
 }
 
 /// A holder's lease that ends while someone waits behind it.

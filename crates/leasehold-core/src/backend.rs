@@ -168,7 +168,7 @@ pub struct Grant {
     /// How long the server keeps it without renewal.
     pub expiry: Expiry,
     /// The hand-off: how long the name stood released before this grant, if measured.
-    /// The server's measure, from the release that left waiters behind to the grant. `None`
+    /// The server's measure, from the release that left the lock free to the grant. `None`
     /// when the backend does not measure it, or no release came just before.
     pub handoff: Option<Duration>,
 }

@@ -215,6 +215,28 @@ fn the_audit_finds_a_stale_access_the_resource_let_through() {
 }
 
 #[test]
+fn the_audit_finds_tokens_that_went_backwards() {
+    // Each worker numbers its grants from a counter of its own: the second worker to be
+    // granted the lock gets a token the first already had.
+    for seed in 1..=3 {
+        let html = tempfile::NamedTempFile::new().unwrap();
+        let (failed, found) =
+            run_and_audit("latency-jitter", seed, Some(Bug::LocalToken), html.path());
+        if !failed.contains(&Check::C3) {
+            continue;
+        }
+        let checks: Vec<&str> = found.findings.iter().map(|f| f.check).collect();
+        assert!(
+            checks.contains(&"token_order"),
+            "the checker failed {failed:?}; the audit found {:?}",
+            found.findings
+        );
+        return;
+    }
+    panic!("the checker found no tokens out of order in 3 seeds of per-client counters");
+}
+
+#[test]
 fn the_audit_follows_steady_clocks_through_wall_clock_jumps() {
     // The workers' wall clocks jump an hour back and forth (libfaketime); their steady
     // clocks do not. Read by the wall clock, holds would stretch over hours and overlap.
@@ -307,8 +329,11 @@ fn the_audit_judges_clocks_seconds_apart_within_their_uncertainty() {
         }
         assert!(
             must.is_subset(&found),
-            "missed: {:?} (found: {found:?})",
-            must.difference(&found).collect::<Vec<_>>()
+            "missed: {:?} (found: {found:?}; {} events read late, hosts {:?}; real: {:?})",
+            must.difference(&found).collect::<Vec<_>>(),
+            buggy.found.late,
+            buggy.found.hosts,
+            real.findings
         );
         assert!(
             skew_seen,

@@ -101,6 +101,13 @@ fn a_watchdog_ignoring_not_owner_is_caught() {
     assert!(checks.contains(&Check::C9), "{checks:?}");
 }
 
+#[test]
+fn tokens_from_a_counter_in_each_client_are_caught() {
+    // Two workers hand out the same tokens, and a later grant has a lower one.
+    let checks = caught(Bug::LocalToken, "latency-jitter", 3);
+    assert!(checks.contains(&Check::C3), "{checks:?}");
+}
+
 // The session bugs are planted in the backend, below the recorder: the history records the
 // session deadline the buggy backend counts on, so only the server's own bound (which the
 // backend reports beside it) can show that a guard outlived its session. The scenario

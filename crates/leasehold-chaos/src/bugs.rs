@@ -4,6 +4,7 @@
 //! feature.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -15,7 +16,8 @@ use leasehold::backend::{
 use leasehold::backend::{Eviction, Mode};
 use leasehold::clock::{Clock, Instant, Sleep, SystemClock};
 use leasehold::{
-    Error, ListCursor, Listing, LockName, LossReason, NamePrefix, OwnerId, RecordKey, Result,
+    Error, FencingToken, ListCursor, Listing, LockName, LossReason, NamePrefix, OwnerId, RecordKey,
+    Result,
 };
 use tokio::task::JoinHandle;
 
@@ -40,11 +42,14 @@ pub enum Bug {
     /// The session's deadline moves a ttl past each one sent, answered or not, and a
     /// session ended for want of an answer is kept.
     IgnoreMissedKeepAlive,
+    /// Fencing tokens from a counter in each client process, not from the server.
+    /// Two processes hand out the same tokens, and a newer grant can carry a lower one.
+    LocalToken,
 }
 
 impl Bug {
     /// Every planted bug.
-    pub const ALL: [Bug; 8] = [
+    pub const ALL: [Bug; 9] = [
         Bug::ReleaseAny,
         Bug::RenewAny,
         Bug::WallClock,
@@ -53,6 +58,7 @@ impl Bug {
         Bug::IgnoreNotOwner,
         Bug::SessionDeadlineFromReply,
         Bug::IgnoreMissedKeepAlive,
+        Bug::LocalToken,
     ];
 
     /// Its name.
@@ -66,18 +72,19 @@ impl Bug {
             Bug::IgnoreNotOwner => "ignore-not-owner",
             Bug::SessionDeadlineFromReply => "session-deadline-from-reply",
             Bug::IgnoreMissedKeepAlive => "ignore-missed-keep-alive",
+            Bug::LocalToken => "local-token",
         }
     }
 
-    /// Whether it is a bug of the backend itself (its session arithmetic), below the recorder.
-    /// The history then records the session deadline the buggy backend publishes, as it
-    /// would record a real backend's, and only the server's own bound (which the backend
-    /// reports beside it) shows the bug. The others are planted above the recorder, between
+    /// Whether it is a bug of the backend itself (its session arithmetic, its tokens), below the recorder.
+    /// The history then records the session deadline or token the buggy backend publishes,
+    /// as it would record a real backend's; a session bug shows only against the server's
+    /// own bound (which the backend reports beside it). The others are planted above the recorder, between
     /// it and the engine.
     pub fn in_backend(self) -> bool {
         matches!(
             self,
-            Bug::SessionDeadlineFromReply | Bug::IgnoreMissedKeepAlive
+            Bug::SessionDeadlineFromReply | Bug::IgnoreMissedKeepAlive | Bug::LocalToken
         )
     }
 
@@ -96,6 +103,7 @@ impl Bug {
             inner,
             owners: Mutex::default(),
             sessions: Mutex::default(),
+            tokens: AtomicU64::new(0),
         })
     }
 }
@@ -109,6 +117,8 @@ struct Planted {
     /// For the session bugs: each session, its buggy view handed to the engine, and its task.
     /// The task keeps that view of the backend's session.
     sessions: Mutex<Vec<(SessionLiveness, SessionLiveness, JoinHandle<()>)>>,
+    /// For [`Bug::LocalToken`]: the last token this process handed out.
+    tokens: AtomicU64,
 }
 
 impl Drop for Planted {
@@ -207,6 +217,14 @@ impl Backend for Planted {
                     .insert(req.owner.clone(), fresh.owner.clone());
                 self.inner.acquire(&fresh).await
             }
+            Bug::LocalToken => Ok(match self.inner.acquire(req).await? {
+                Acquire::Granted(mut grant) => {
+                    let local = self.tokens.fetch_add(1, Ordering::Relaxed) + 1;
+                    grant.token = FencingToken::new(local);
+                    Acquire::Granted(grant)
+                }
+                other => other,
+            }),
             Bug::ValidityFromReply => {
                 let sent = std::time::Instant::now();
                 let answer = self.inner.acquire(req).await?;

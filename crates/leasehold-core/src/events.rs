@@ -42,7 +42,13 @@ pub enum EventKind {
     /// The guard was lost, for this reason.
     Lost(LossReason),
     /// The holder let go (its release is on its way to the server).
+    /// After a [`Lost`](EventKind::Lost), it says that the holder sent its owner-checked
+    /// release of the lost grant: had the server kept the grant, that gave it up.
     Released,
+    /// The server answered a release: it held no grant for this owner any more.
+    /// It had let the grant go before the release came (a lease that ran out, or a server
+    /// that ended it early).
+    NotHeld,
     /// An acquire request went unanswered, and its outcome was resolved so.
     /// `adopted` (a retry found the grant), `not_granted` or `released`.
     Unknown(&'static str),
@@ -50,7 +56,8 @@ pub enum EventKind {
 
 impl EventKind {
     /// The kind's name in the records.
-    /// It is `granted`, `renewed`, `renewal_failed`, `lost`, `released` or `unknown`.
+    /// It is `granted`, `renewed`, `renewal_failed`, `lost`, `released`, `not_held` or
+    /// `unknown`.
     pub fn as_str(self) -> &'static str {
         match self {
             EventKind::Granted => "granted",
@@ -58,6 +65,7 @@ impl EventKind {
             EventKind::RenewalFailed => "renewal_failed",
             EventKind::Lost(_) => "lost",
             EventKind::Released => "released",
+            EventKind::NotHeld => "not_held",
             EventKind::Unknown(_) => "unknown",
         }
     }

@@ -371,10 +371,23 @@ impl Lease {
         before
     }
 
-    /// A release of this grant by owner, armed.
+    /// A release of this grant by owner, armed, to be sent at once.
     /// Dropped unconfirmed, it goes on in the background until the server confirms or the
-    /// grant's lease or session has ended.
+    /// grant's lease or session has ended. Of a lease already lost, it is recorded as a
+    /// `released` event, after the `lost` one: an auditor learns that the holder gave the
+    /// grant up, had the server still kept it.
     pub(crate) fn pending_release(&self) -> PendingRelease {
+        if let State::Lost(_) = self.recorded() {
+            let token = Some(self.token);
+            events::record(
+                &self.ctx,
+                EventKind::Released,
+                &self.request,
+                token,
+                None,
+                None,
+            );
+        }
         let (sent, granted) = *self.extended.lock().unwrap_or_else(|e| e.into_inner());
         PendingRelease::new(
             &self.ctx,
@@ -384,6 +397,7 @@ impl Lease {
             self.runtime.clone(),
         )
         .bound_to(self.session.clone())
+        .of_grant(self.token)
     }
 
     /// Starts renewing the lease, if it expires.

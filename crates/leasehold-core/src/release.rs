@@ -39,6 +39,8 @@ use crate::backend::{Liveness, Release, Request, SessionLiveness};
 use crate::clock::Instant;
 use crate::context::Context;
 use crate::error::Result;
+use crate::events::{self, EventKind};
+use crate::fencing::FencingToken;
 use crate::name::LockName;
 
 /// The first pause after a failed request; doubled per failure up to [`MAX_RETRY_PAUSE`].
@@ -85,6 +87,8 @@ pub(crate) struct PendingRelease {
     lease_end: Option<Instant>,
     /// The session the grant lives by, if known (else the backend's is asked).
     session: Option<SessionLiveness>,
+    /// The grant's token, for a guard's release: a "not held" answer is then a lock event.
+    token: Option<FencingToken>,
     runtime: Option<Handle>,
     armed: bool,
 }
@@ -107,6 +111,7 @@ impl PendingRelease {
             request,
             lease_end: None,
             session: None,
+            token: None,
             runtime: runtime.or_else(|| Handle::try_current().ok()),
             armed: true,
         };
@@ -132,6 +137,12 @@ impl PendingRelease {
         self
     }
 
+    /// It releases the grant of `token` (a guard's).
+    pub(crate) fn of_grant(mut self, token: FencingToken) -> Self {
+        self.token = Some(token);
+        self
+    }
+
     /// Nothing is left on the server: no release needed.
     pub(crate) fn disarm(&mut self) {
         self.armed = false;
@@ -150,8 +161,9 @@ impl PendingRelease {
     /// Dropping the future hands the release to the background.
     pub(crate) async fn run(mut self, timeout: Duration) -> Result<Release> {
         let answer = release(&self.ctx, &self.request, timeout).await;
-        if answer.is_ok() {
+        if let Ok(answered) = &answer {
             self.armed = false;
+            not_held(&self.ctx, &self.request, self.token, *answered);
         }
         answer
     }
@@ -171,7 +183,7 @@ impl Drop for PendingRelease {
         let request = self.request.clone();
         let name = request.name.clone();
         let retry = Retry::new(&ctx, self.lease_end, self.session.take());
-        let mut task = Box::pin(in_background(ctx, request, retry));
+        let mut task = Box::pin(in_background(ctx, request, self.token, retry));
         if !start_here(&runtime, task.as_mut(), &name) {
             self.ctx.spawn_background(&runtime, task);
         }
@@ -360,14 +372,19 @@ impl Retry {
 /// Retries the release until the server confirms it or nothing is left to release.
 /// It gives the grant up to the backend ([`Backend::abandon`](crate::Backend::abandon))
 /// when `retry` says so.
-async fn in_background(ctx: Arc<Context>, request: Request, mut retry: Retry) {
+async fn in_background(
+    ctx: Arc<Context>,
+    request: Request,
+    token: Option<FencingToken>,
+    mut retry: Retry,
+) {
     let timeout = ctx.options.request_timeout();
     let mut pause = FIRST_RETRY_PAUSE;
     loop {
         let sent = ctx.now();
         let suspended = retry.suspended();
         let refused = match ctx.call(timeout, ctx.backend.release(&request)).await {
-            Ok(_) => return,
+            Ok(answer) => return not_held(&ctx, &request, token, answer),
             Err(error) if !error.is_retryable() => {
                 tracing::warn!(lock = %request.name, %error, "background release refused");
                 true
@@ -396,6 +413,13 @@ async fn in_background(ctx: Arc<Context>, request: Request, mut retry: Retry) {
         "the release could not be confirmed; abandoning the grant");
     if let Err(error) = ctx.call(timeout, ctx.backend.abandon(&request)).await {
         tracing::warn!(lock = %request.name, %error, "abandoning the grant failed");
+    }
+}
+
+/// Records a `not_held` event if a guard's release (of `token`) was answered so.
+fn not_held(ctx: &Context, request: &Request, token: Option<FencingToken>, answer: Release) {
+    if token.is_some() && answer == Release::NotHeld {
+        events::record(ctx, EventKind::NotHeld, request, token, None, None);
     }
 }
 

@@ -55,6 +55,16 @@ impl Kept {
     }
 }
 
+/// A client of `faults` on `clock` with a 9 s ttl, recording its events in `kept`.
+fn recording(faults: &Faulty, clock: &ManualClock, kept: &Kept) -> Client {
+    let options = LockOptions::builder().ttl(9 * SEC).build().unwrap();
+    Client::builder(faults.clone())
+        .clock(clock.clone())
+        .options(options)
+        .events(kept.clone())
+        .build()
+}
+
 /// A grant, a renewal, a release and a loss are each recorded.
 /// With the holder, its token and the server's promise; a client without a sink records
 /// nothing.
@@ -64,12 +74,7 @@ async fn every_grant_renewal_release_and_loss_is_recorded() {
     let server = InMemory::with_clock(clock.clone());
     let faults = Faulty::new(server.clone());
     let kept = Kept::default();
-    let options = LockOptions::builder().ttl(9 * SEC).build().unwrap();
-    let client = Client::builder(faults.clone())
-        .clock(clock.clone())
-        .options(options)
-        .events(kept.clone())
-        .build();
+    let client = recording(&faults, &clock, &kept);
 
     let guard = client.mutex("audited").unwrap().lock().await.unwrap();
     clock.advance(3 * SEC);
@@ -135,6 +140,75 @@ async fn every_grant_renewal_release_and_loss_is_recorded() {
         .await
         .unwrap();
     assert_eq!(kept.all().len(), 5);
+}
+
+/// A lost lease's release is recorded after the loss.
+/// A server that had let the grant go answers "not held", and that is recorded too; one
+/// that still kept it (the lease was lost here, at its deadline) releases it, with nothing
+/// more to record.
+#[tokio::test]
+async fn a_lost_leases_release_is_recorded_with_a_not_held_answer() {
+    let clock = ManualClock::new();
+    let server = InMemory::with_clock(clock.clone());
+    let faults = Faulty::new(server.clone());
+    let kept = Kept::default();
+    let client = recording(&faults, &clock, &kept);
+    let of = |name: &str| -> Vec<EventKind> {
+        (kept.all().iter())
+            .filter(|e| e.name.as_str() == name)
+            .map(|e| e.kind)
+            .collect()
+    };
+
+    // Ended by the server, then released: the server had nothing left.
+    let ended = client.mutex("ended").unwrap().lock().await.unwrap();
+    let request = Request::new(
+        LockName::new("ended").unwrap(),
+        ended.owner().clone(),
+        Mode::Exclusive,
+        9 * SEC,
+    );
+    server.release(&request).await.unwrap();
+    clock.advance(3 * SEC);
+    assert_eq!(ended.lost().await, LossReason::NotOwner);
+    let token = ended.token();
+    assert!(ended.release().await.is_err());
+    assert_eq!(
+        of("ended"),
+        [
+            EventKind::Granted,
+            EventKind::Lost(LossReason::NotOwner),
+            EventKind::Released,
+            EventKind::NotHeld,
+        ]
+    );
+    let events = kept.all();
+    assert!(events.iter().all(|e| e.token == Some(token)), "{events:?}");
+    let line = events[3].to_json();
+    assert!(line.starts_with(r#"{"kind":"not_held","#), "{line}");
+
+    // Lost here at its deadline, its renewals unanswered, while the server keeps it to
+    // the end of its lease: the release takes it.
+    faults.hold_requests(Op::Renew);
+    let late = client.mutex("late").unwrap().lock().await.unwrap();
+    clock.advance(Duration::from_millis(8_950));
+    assert_eq!(late.lost().await, LossReason::Expired);
+    assert!(late.release().await.is_err());
+    let late = of("late");
+    assert_eq!(late.first(), Some(&EventKind::Granted));
+    assert_eq!(
+        late[late.len() - 2..],
+        [EventKind::Lost(LossReason::Expired), EventKind::Released]
+    );
+    assert!(!late.contains(&EventKind::NotHeld), "{late:?}");
+    assert!(
+        server
+            .inspect(&LockName::new("late").unwrap())
+            .await
+            .unwrap()
+            .holders
+            .is_empty()
+    );
 }
 
 /// A fence that reports says which accesses it let through and which it refused.

@@ -5,6 +5,12 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- The server's time in µs (a double holds it exactly).
+local function now_us()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
 -- The lock value of nobody (see head.lua); '*' is not allowed in owner ids.
 local GATE_ONLY = '* w0 0'
 
@@ -31,8 +37,7 @@ end
 -- server time in µs where a holder's value has its token. The grant that follows answers
 -- how long the name stood released: the hand-off (acquire.lua).
 local function released_gate()
-  local t = redis.call('TIME')
-  return '* w0 ' .. t[1] .. string.format('%06d', tonumber(t[2]))
+  return '* w0 ' .. int(now_us())
 end
 
 -- Marks the gate with a release's time once no reader is left (an exclusive waiter goes
@@ -53,8 +58,7 @@ end
 local function since_release(value)
   local owner, released = parse_lock(value)
   if owner ~= '*' or not released or released == 0 then return false end
-  local t = redis.call('TIME')
-  return math.max(tonumber(t[1]) * 1000000 + tonumber(t[2]) - released, 0)
+  return math.max(now_us() - released, 0)
 end
 
 -- Whether OWNER's grant in MODE is live at `now`: for the lock set the exclusive holder in

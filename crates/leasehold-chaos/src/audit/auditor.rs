@@ -7,6 +7,9 @@
 //! - a hold (one grant's entitlement) until it has ended more than the clock slack before
 //!   both the watermark and the start of every hold of its name still open that could
 //!   conflict with it (any, for an exclusive hold; an exclusive one, for a shared hold);
+//!   the end of a hold that was lost is its promise, unless its holder's release gave it
+//!   up sooner, and a pair of holds whose promises overlapped is kept until it is judged
+//!   (past the lost promise, when the release that could give it up has arrived);
 //! - each grant and fence access until it has been checked and lies more than the slack
 //!   before the watermark; after that only the highest token survives, per name;
 //! - a name or resource with nothing else kept for `forget_ms` of event time is forgotten.
@@ -39,6 +42,38 @@ struct Hold {
     promised_ms: Option<u64>,
     /// Its end, once known (released, lost, or its promise ran out).
     until_ms: Option<u64>,
+    /// It ended in a loss: the server may have let it go before its promise ran out.
+    #[serde(default)]
+    lost: bool,
+    /// After its loss, when its holder's release gave the promise up.
+    /// That is its `released` event, unless the server answered that it held nothing any
+    /// more (`not_held`).
+    #[serde(default)]
+    given_up_ms: Option<u64>,
+}
+
+impl Hold {
+    /// Until when the server had promised to keep it, once ended.
+    /// A release gives the promise up; a loss does not, and a server that grants the name
+    /// again before the promise runs out has broken it, unless the holder's release came
+    /// first.
+    fn promised_until(&self) -> Option<u64> {
+        let until = self.until_ms?;
+        Some(match (self.lost, self.promised_ms) {
+            (true, Some(promise)) => promise.min(self.given_up_ms.unwrap_or(u64::MAX)).max(until),
+            _ => until,
+        })
+    }
+}
+
+/// Two holds whose promises overlapped while no two holders believed they held at once.
+/// It is judged once the watermark has passed `ready_ms`, the end of the promise that
+/// was lost (and so every event of its holder that could give the promise up).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Suspect {
+    first: u64,
+    second: u64,
+    ready_ms: u64,
 }
 
 /// A token seen at a time: a grant, or an access a fence let through.
@@ -65,6 +100,9 @@ struct NameState {
     holds: Vec<Hold>,
     grants: Tokens,
     last_ms: u64,
+    /// Possible broken promises, to be judged (their holds are kept until then).
+    #[serde(default)]
+    suspects: Vec<Suspect>,
 }
 
 #[derive(Debug, Default, Clone, Serialize, Deserialize)]
@@ -80,6 +118,10 @@ struct Host {
     done: bool,
     /// By owner: the name and hold id of each hold not yet ended.
     open: HashMap<String, (String, u64)>,
+    /// By owner: the name and hold id of each hold that ended in a loss and is still kept.
+    /// Its holder's release, and the server's answer to it, may follow.
+    #[serde(default)]
+    lost: HashMap<String, (String, u64)>,
 }
 
 /// Counts of what an auditor read and found.
@@ -373,7 +415,22 @@ impl Auditor {
                     hold.promised_ms = Some(hold.promised_ms.map_or(promise, |p| p.max(promise)));
                 }
             }
+            "released" if !self.hosts[host].open.contains_key(owner) => {
+                // The release of a lost grant: the promise is given up from here.
+                if let Some(hold) = self.lost_hold(host, owner) {
+                    hold.given_up_ms = Some(at);
+                }
+            }
             "released" => self.end(host, owner, at, "released"),
+            "not_held" => {
+                // The server had let the lost grant go before that release came.
+                if let Some(hold) = self.lost_hold(host, owner) {
+                    hold.given_up_ms = None;
+                }
+                self.hosts[host].lost.remove(owner);
+            }
+            // A loss ends the hold it names (a record from another writer may not).
+            "lost" if !self.is_open(host, owner, name, event["token"].as_u64()) => {}
             "lost" => {
                 let mark = Mark::Loss {
                     lane: self.hosts[host].name.clone(),
@@ -482,6 +539,8 @@ impl Auditor {
             from_ms: at,
             promised_ms: promise,
             until_ms: None,
+            lost: false,
+            given_up_ms: None,
         });
         self.busy.insert(name.to_owned());
         self.hosts[host]
@@ -498,12 +557,39 @@ impl Auditor {
             .find(|h| h.id == *id)
     }
 
+    /// Whether `owner` has a hold of `name` open on `host` (with `token`, if given).
+    fn is_open(&mut self, host: usize, owner: &str, name: &str, token: Option<u64>) -> bool {
+        let named = self.hosts[host]
+            .open
+            .get(owner)
+            .is_some_and(|(n, _)| n == name);
+        named
+            && self
+                .open_hold(host, owner)
+                .is_some_and(|h| token.is_none_or(|t| t == h.token))
+    }
+
+    /// The hold of `owner` on `host` that ended in a loss, if it is still kept.
+    fn lost_hold(&mut self, host: usize, owner: &str) -> Option<&mut Hold> {
+        let (name, id) = self.hosts[host].lost.get(owner)?;
+        self.names
+            .get_mut(name)?
+            .holds
+            .iter_mut()
+            .find(|h| h.id == *id)
+    }
+
     /// The hold `owner` has open on `host`, if any, ended at `at` (or its promise, if sooner).
     /// `how` it ended: `released`, `lost` or `expired`.
     fn end(&mut self, host: usize, owner: &str, at: u64, how: &'static str) {
         let Some((name, id)) = self.hosts[host].open.remove(owner) else {
             return;
         };
+        if how == "lost" {
+            self.hosts[host]
+                .lost
+                .insert(owner.to_owned(), (name.clone(), id));
+        }
         self.close(&name, id, at, how);
         self.publish();
     }
@@ -519,6 +605,7 @@ impl Auditor {
         };
         let until = state.holds[index].promised_ms.map_or(at, |p| p.min(at));
         state.holds[index].until_ms = Some(until);
+        state.holds[index].lost = how == "lost";
         state.last_ms = state.last_ms.max(at);
         let ended = &state.holds[index];
         if let Some(timelines) = &mut self.timelines {
@@ -543,6 +630,7 @@ impl Auditor {
                 },
             );
         }
+        let mut suspects = Vec::new();
         for other in &state.holds {
             let Some(other_until) = other.until_ms else {
                 continue;
@@ -553,40 +641,49 @@ impl Auditor {
             {
                 continue;
             }
-            let from = other.from_ms.max(ended.from_ms);
-            let overlap = other_until.min(until).saturating_sub(from);
-            if overlap <= slack {
-                continue;
-            }
             let (first, second) = if other.from_ms <= ended.from_ms {
                 (other, ended)
             } else {
                 (ended, other)
             };
-            let finding = Finding {
-                check: "double_grant",
-                subject: name.to_owned(),
-                at_ms: from,
-                overlap_ms: overlap - slack,
-                detail: format!(
-                    "{} token {} ({}) and {} token {} ({}) held it together for {} ms",
-                    self.hosts[first.host].name,
-                    first.token,
-                    first.owner,
-                    self.hosts[second.host].name,
-                    second.token,
-                    second.owner,
-                    overlap
-                ),
-            };
-            self.counts.overlap_ms += finding.overlap_ms;
-            metrics::counter!("leasehold_audit_overlap_milliseconds_total")
-                .increment(finding.overlap_ms);
-            let lanes = vec![
-                self.hosts[first.host].name.clone(),
-                self.hosts[second.host].name.clone(),
-            ];
-            found(&mut self.counts, &mut self.made, finding, lanes);
+            let from = second.from_ms;
+            let overlap = other_until.min(until).saturating_sub(from);
+            if overlap > slack {
+                let lanes = vec![
+                    self.hosts[first.host].name.clone(),
+                    self.hosts[second.host].name.clone(),
+                ];
+                let finding = Finding {
+                    check: "double_grant",
+                    subject: name.to_owned(),
+                    at_ms: from,
+                    overlap_ms: overlap - slack,
+                    detail: format!(
+                        "{} and {} held it together for {overlap} ms",
+                        holder(&self.hosts, first),
+                        holder(&self.hosts, second)
+                    ),
+                };
+                self.counts.overlap_ms += finding.overlap_ms;
+                metrics::counter!("leasehold_audit_overlap_milliseconds_total")
+                    .increment(finding.overlap_ms);
+                found(&mut self.counts, &mut self.made, finding, lanes);
+                continue;
+            }
+            // No two holders believed at once; the promise of one that lost it may still
+            // have run past the other's grant. Judged once its holder's release (which
+            // gives the promise up) can no longer be on its way.
+            if let Some(ready_ms) = promises_overlap(first, second, slack) {
+                let (first, second) = (first.id, second.id);
+                suspects.push(Suspect {
+                    first,
+                    second,
+                    ready_ms,
+                });
+            }
+        }
+        if let Some(state) = self.names.get_mut(name) {
+            state.suspects.append(&mut suspects);
         }
     }
 
@@ -673,6 +770,20 @@ impl Auditor {
                 &mut self.counts,
                 &mut self.made,
             );
+            let holds = &state.holds;
+            state.suspects.retain(|suspect| {
+                if suspect.ready_ms >= watermark {
+                    return true;
+                }
+                let hold = |id: u64| holds.iter().find(|h| h.id == id);
+                if let (Some(first), Some(second)) = (hold(suspect.first), hold(suspect.second))
+                    && let Some((finding, lanes)) =
+                        broken_promise(&self.hosts, name, first, second, slack)
+                {
+                    found(&mut self.counts, &mut self.made, finding, lanes);
+                }
+                false
+            });
             // An ended hold is kept while a hold still open could conflict with it: any open
             // hold for an exclusive one, an open exclusive hold for a shared one.
             let open_from = |exclusive_only: bool| {
@@ -686,17 +797,31 @@ impl Auditor {
                     .min(watermark)
             };
             let (any_from, exclusive_from) = (open_from(false), open_from(true));
+            let suspects = &state.suspects;
             state.holds.retain(|h| {
+                if suspects.iter().any(|s| s.first == h.id || s.second == h.id) {
+                    return true;
+                }
                 let from = if h.exclusive {
                     any_from
                 } else {
                     exclusive_from
                 };
-                h.until_ms.is_none_or(|u| u.saturating_add(slack) >= from)
+                h.promised_until()
+                    .is_none_or(|u| u.saturating_add(slack) >= from)
             });
             if state.holds.is_empty() && state.grants.recent.is_empty() {
                 settled.push(name.clone());
             }
+        }
+        // A lost hold no longer kept has nothing left to give up.
+        let names = &self.names;
+        for host in &mut self.hosts {
+            host.lost.retain(|_, (name, id)| {
+                names
+                    .get(name)
+                    .is_some_and(|state| state.holds.iter().any(|h| h.id == *id))
+            });
         }
         for name in settled {
             self.busy.remove(&name);
@@ -838,6 +963,90 @@ fn check_order(
         }
     }
     tokens.recent = kept;
+}
+
+/// A hold's host, token and owner, for people.
+fn holder(hosts: &[Host], hold: &Hold) -> String {
+    format!(
+        "{} token {} ({})",
+        hosts[hold.host].name, hold.token, hold.owner
+    )
+}
+
+/// When to judge two ended holds for a broken promise, if their promises overlapped.
+/// `None` if they did not beyond `slack`; else a time past the promise of each that was
+/// lost, when its holder's release (which would give the promise up) is known. `first`
+/// was granted first.
+fn promises_overlap(first: &Hold, second: &Hold, slack: u64) -> Option<u64> {
+    let overlap = first
+        .promised_until()?
+        .min(second.promised_until()?)
+        .saturating_sub(second.from_ms);
+    if overlap <= slack {
+        return None;
+    }
+    let promise = |h: &Hold| h.promised_ms.or(h.until_ms).unwrap_or(0);
+    let ready = [first, second]
+        .into_iter()
+        .filter(|h| h.lost)
+        .map(promise)
+        .max()?;
+    Some(ready.saturating_add(slack))
+}
+
+/// The broken promise two ended holds show, if they still do (see [`promises_overlap`]).
+/// `first` was granted first.
+fn broken_promise(
+    hosts: &[Host],
+    name: &str,
+    first: &Hold,
+    second: &Hold,
+    slack: u64,
+) -> Option<(Finding, Vec<String>)> {
+    promises_overlap(first, second, slack)?;
+    let from = second.from_ms;
+    let promised = (first.promised_until()?)
+        .min(second.promised_until()?)
+        .saturating_sub(from);
+    let detail = if first.lost {
+        format!(
+            "{} was granted it while the promise to {} had {} ms to run; that holder \
+             learned of its loss {} that grant; the promises overlapped {promised} ms",
+            holder(hosts, second),
+            holder(hosts, first),
+            first.promised_until()?.saturating_sub(from),
+            apart(first.until_ms?, from)
+        )
+    } else {
+        format!(
+            "{} was granted it while {} held it, and learned of its loss {} ms later; \
+             the promises overlapped {promised} ms",
+            holder(hosts, second),
+            holder(hosts, first),
+            second.until_ms?.saturating_sub(from)
+        )
+    };
+    let finding = Finding {
+        check: "broken_promise",
+        subject: name.to_owned(),
+        at_ms: from,
+        overlap_ms: promised - slack,
+        detail,
+    };
+    let lanes = vec![
+        hosts[first.host].name.clone(),
+        hosts[second.host].name.clone(),
+    ];
+    Some((finding, lanes))
+}
+
+/// How `at` stands to `then`: "N ms before" or "N ms after".
+fn apart(at: u64, then: u64) -> String {
+    if at <= then {
+        format!("{} ms before", then - at)
+    } else {
+        format!("{} ms after", at - then)
+    }
 }
 
 /// Counts `finding` (by `lanes`, its hosts) and adds it to `findings`.

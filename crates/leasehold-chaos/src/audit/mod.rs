@@ -47,13 +47,14 @@ pub const FORGET_MS: u64 = 3_600_000;
 /// Something that must never happen, found in the events.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Finding {
-    /// `double_grant`, `token_order` or `stale_access`.
+    /// `double_grant`, `broken_promise`, `token_order` or `stale_access`.
     pub check: &'static str,
     /// The lock's name, or the fenced resource.
     pub subject: String,
     /// When it happened (ms since the epoch, the first host's clock).
     pub at_ms: u64,
-    /// How long it lasted beyond the clock uncertainty (double grants), in ms.
+    /// How long it lasted beyond the clock slack, in ms.
+    /// For a double grant, the holds' overlap; for a broken promise, the promises'.
     pub overlap_ms: u64,
     /// What was involved, for people.
     pub detail: String,
@@ -425,6 +426,125 @@ mod tests {
                 .findings
                 .is_empty()
         );
+    }
+
+    #[test]
+    fn a_grant_inside_the_promise_of_a_holder_that_lost_it_is_a_broken_promise() {
+        let dir = tempfile::tempdir().unwrap();
+        let audited = |first: &[String], second: &[String]| {
+            let a = host(dir.path(), "a", first);
+            let b = host(dir.path(), "b", second);
+            audit(&Spec::new(vec![a, b], 20)).unwrap().findings
+        };
+        // Each finding's check and overlap beyond the slack.
+        let measured = |first: &[String], second: &[String]| -> Vec<(&str, u64)> {
+            (audited(first, second).iter())
+                .map(|f| (f.check, f.overlap_ms))
+                .collect()
+        };
+        let b_after = [
+            granted("b1", 2, 1_600, 30_000),
+            ended("released", "b1", 2, 2_000),
+        ];
+        // a was promised 999 + 30 000 and lost it at 1 500; b was granted at 1 600: the
+        // promises overlapped 400 ms, 360 beyond the slack, though no two believed at once.
+        let a_lost = [
+            granted("a1", 1, 1_000, 30_000),
+            ended("lost", "a1", 1, 1_500),
+        ];
+        let found = audited(&a_lost, &b_after);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].check, "broken_promise");
+        assert_eq!((found[0].at_ms, found[0].overlap_ms), (1_600, 360));
+        assert!(
+            found[0]
+                .detail
+                .contains("a token 1 (a1) had 29399 ms to run")
+                && found[0].detail.contains("loss 100 ms before")
+                && found[0].detail.contains("overlapped 400 ms"),
+            "{}",
+            found[0].detail
+        );
+        // Its holder then sent the release of the lost grant: given up at 1 550, before
+        // b's grant, had the server still kept it. Clean.
+        let mut a_gave_up = a_lost.to_vec();
+        a_gave_up.push(ended("released", "a1", 1, 1_550));
+        assert!(audited(&a_gave_up, &b_after).is_empty());
+        // ... unless the server answered that it held nothing any more: it had let the
+        // grant go before the release came.
+        let mut a_not_held = a_gave_up.clone();
+        a_not_held.push(ended("not_held", "a1", 1, 1_551));
+        assert_eq!(measured(&a_not_held, &b_after), [("broken_promise", 360)]);
+        // A release sent only after b's grant gave up nothing before it: 100 ms promised
+        // to both, 60 beyond the slack.
+        let mut a_late = a_lost.to_vec();
+        a_late.push(ended("released", "a1", 1, 1_700));
+        assert_eq!(measured(&a_late, &b_after), [("broken_promise", 60)]);
+        // Released instead, the promise was given up: clean.
+        let a_released = [
+            granted("a1", 1, 1_000, 30_000),
+            ended("released", "a1", 1, 1_500),
+        ];
+        assert!(audited(&a_released, &b_after).is_empty());
+        // Lost, with its promise (999 + 550) run out before b's grant: clean.
+        let a_short = [granted("a1", 1, 1_000, 550), ended("lost", "a1", 1, 1_500)];
+        assert!(audited(&a_short, &b_after).is_empty());
+        // The one granted second lost it 10 ms after its grant, inside the slack, while a
+        // held on until 3 000: the promises overlapped from 1 600 to 3 000.
+        let a_held = [
+            granted("a1", 1, 1_000, 30_000),
+            ended("released", "a1", 1, 3_000),
+        ];
+        let b_lost = [
+            granted("b1", 2, 1_600, 30_000),
+            ended("lost", "b1", 2, 1_610),
+        ];
+        assert_eq!(measured(&a_held, &b_lost), [("broken_promise", 1_360)]);
+    }
+
+    #[test]
+    fn a_broken_promise_waits_for_the_release_that_could_give_it_up() {
+        // b's whole hold arrives before a's release of its lost grant, sent before b's
+        // grant: judged at once, the promise would look broken.
+        let mut auditor = Auditor::new(&["a".into(), "b".into()], 20, 60_000, 600_000);
+        auditor.line(0, &granted("a1", 1, 1_000, 5_000));
+        auditor.line(0, &ended("lost", "a1", 1, 1_500));
+        auditor.line(1, &granted("b1", 2, 1_600, 5_000));
+        auditor.line(1, &ended("released", "b1", 2, 2_000));
+        auditor.advance();
+        assert!(auditor.take_findings().is_empty());
+        auditor.line(0, &ended("released", "a1", 1, 1_550));
+        // Both hosts go on past a's promise (999 + 5 000): it is judged, and holds.
+        auditor.line(0, &granted("a2", 3, 7_000, 5_000));
+        auditor.line(1, &granted("b2", 4, 7_000, 5_000));
+        auditor.advance();
+        assert!(auditor.take_findings().is_empty());
+        assert!(auditor.kept() < 10, "kept {}", auditor.kept());
+        // The same, with the server's answer that it had let the grant go: found, once a's
+        // promise has run out.
+        let mut auditor = Auditor::new(&["a".into(), "b".into()], 20, 60_000, 600_000);
+        auditor.line(0, &granted("a1", 1, 1_000, 5_000));
+        auditor.line(0, &ended("lost", "a1", 1, 1_500));
+        auditor.line(1, &granted("b1", 2, 1_600, 5_000));
+        auditor.line(1, &ended("released", "b1", 2, 2_000));
+        auditor.line(0, &ended("released", "a1", 1, 1_550));
+        auditor.line(0, &ended("not_held", "a1", 1, 1_551));
+        auditor.line(0, &granted("a2", 3, 3_000, 5_000));
+        auditor.line(1, &granted("b2", 4, 3_000, 5_000));
+        auditor.advance();
+        assert!(
+            auditor.take_findings().is_empty(),
+            "judged before the promise ran out"
+        );
+        auditor.line(0, &granted("a3", 5, 7_000, 5_000));
+        auditor.line(1, &granted("b3", 6, 7_000, 5_000));
+        auditor.advance();
+        let found: Vec<_> = auditor
+            .take_findings()
+            .iter()
+            .map(|f| (f.check, f.at_ms, f.overlap_ms))
+            .collect();
+        assert_eq!(found, [("broken_promise", 1_600, 360)]);
     }
 
     #[test]

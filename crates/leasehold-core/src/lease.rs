@@ -346,7 +346,13 @@ impl Lease {
         let held_for = self.now().saturating_duration_since(self.acquired_at);
         telemetry::ended(&self.ctx, &self.request.name, &self.options, held_for, lost);
         let kind = lost.map_or(EventKind::Released, EventKind::Lost);
-        events::record(&self.ctx, kind, &self.request, Some(self.token), None, None);
+        // A session still alive says how far the server's promise had come (keep-alives
+        // move it); one that ended says nothing more.
+        let alive = (self.session.iter())
+            .find(|s| matches!(s.current(), Liveness::Alive { .. }))
+            .map(|s| Expiry::Session(s.clone()));
+        let token = Some(self.token);
+        events::record(&self.ctx, kind, &self.request, token, None, alive.as_ref());
     }
 
     /// Ends the lease on release, and returns the state it ended in.
@@ -371,23 +377,12 @@ impl Lease {
         before
     }
 
-    /// A release of this grant by owner, armed, to be sent at once.
+    /// A release of this grant by owner, armed.
     /// Dropped unconfirmed, it goes on in the background until the server confirms or the
-    /// grant's lease or session has ended. Of a lease already lost, it is recorded as a
-    /// `released` event, after the `lost` one: an auditor learns that the holder gave the
-    /// grant up, had the server still kept it.
+    /// grant's lease or session has ended. Of a lease already lost, its sending is recorded
+    /// as a `released` event, after the `lost` one.
     pub(crate) fn pending_release(&self) -> PendingRelease {
-        if let State::Lost(_) = self.recorded() {
-            let token = Some(self.token);
-            events::record(
-                &self.ctx,
-                EventKind::Released,
-                &self.request,
-                token,
-                None,
-                None,
-            );
-        }
+        let lost = self.ctx.events.is_some() && matches!(self.recorded(), State::Lost(_));
         let (sent, granted) = *self.extended.lock().unwrap_or_else(|e| e.into_inner());
         PendingRelease::new(
             &self.ctx,
@@ -397,7 +392,7 @@ impl Lease {
             self.runtime.clone(),
         )
         .bound_to(self.session.clone())
-        .of_grant(self.token)
+        .of_grant(self.token, lost)
     }
 
     /// Starts renewing the lease, if it expires.

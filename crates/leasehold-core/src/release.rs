@@ -87,8 +87,14 @@ pub(crate) struct PendingRelease {
     lease_end: Option<Instant>,
     /// The session the grant lives by, if known (else the backend's is asked).
     session: Option<SessionLiveness>,
-    /// The grant's token, for a guard's release: a "not held" answer is then a lock event.
+    /// The grant's token, for a guard's release.
+    /// A "not held" answer to its first attempt is then a lock event (a later attempt's may
+    /// follow an earlier one that was applied).
     token: Option<FencingToken>,
+    /// The grant was lost: the first attempt is recorded as a `released` event.
+    lost: bool,
+    /// An attempt was sent: the server may have applied it.
+    sent: bool,
     runtime: Option<Handle>,
     armed: bool,
 }
@@ -112,6 +118,8 @@ impl PendingRelease {
             lease_end: None,
             session: None,
             token: None,
+            lost: false,
+            sent: false,
             runtime: runtime.or_else(|| Handle::try_current().ok()),
             armed: true,
         };
@@ -137,10 +145,27 @@ impl PendingRelease {
         self
     }
 
-    /// It releases the grant of `token` (a guard's).
-    pub(crate) fn of_grant(mut self, token: FencingToken) -> Self {
+    /// It releases the grant of `token` (a guard's), which was `lost` already.
+    pub(crate) fn of_grant(mut self, token: FencingToken, lost: bool) -> Self {
         self.token = Some(token);
+        self.lost = lost;
         self
+    }
+
+    /// The first attempt is about to be sent: records the release of a lost grant.
+    /// An auditor learns that the holder gave the grant up, had the server still kept it.
+    fn sending(&mut self) {
+        if self.lost && !self.sent {
+            events::record(
+                &self.ctx,
+                EventKind::Released,
+                &self.request,
+                self.token,
+                None,
+                None,
+            );
+        }
+        self.sent = true;
     }
 
     /// Nothing is left on the server: no release needed.
@@ -160,10 +185,15 @@ impl PendingRelease {
     ///
     /// Dropping the future hands the release to the background.
     pub(crate) async fn run(mut self, timeout: Duration) -> Result<Release> {
-        let answer = release(&self.ctx, &self.request, timeout).await;
+        let first = !self.sent;
+        self.sending();
+        let mut attempts = 0;
+        let answer = release(&self.ctx, &self.request, timeout, &mut attempts).await;
         if let Ok(answered) = &answer {
             self.armed = false;
-            not_held(&self.ctx, &self.request, self.token, *answered);
+            if first && attempts == 1 {
+                not_held(&self.ctx, &self.request, self.token, *answered);
+            }
         }
         answer
     }
@@ -179,11 +209,14 @@ impl Drop for PendingRelease {
                 "no runtime to release on: the grant stays until its lease or session ends");
             return;
         };
+        // A "not held" is news only if no attempt went before.
+        let token = self.token.filter(|_| !self.sent);
+        self.sending();
         let ctx = self.ctx.clone();
         let request = self.request.clone();
         let name = request.name.clone();
         let retry = Retry::new(&ctx, self.lease_end, self.session.take());
-        let mut task = Box::pin(in_background(ctx, request, self.token, retry));
+        let mut task = Box::pin(in_background(ctx, request, token, retry));
         if !start_here(&runtime, task.as_mut(), &name) {
             self.ctx.spawn_background(&runtime, task);
         }
@@ -220,10 +253,17 @@ fn start_here(
 /// Releases `request`, retrying failures that may pass for about `timeout`.
 /// Such failures are a refused connection or a failover; a release is owner-checked, so a
 /// retry is harmless.
-async fn release(ctx: &Context, request: &Request, timeout: Duration) -> Result<Release> {
+/// `attempts` counts the requests sent.
+async fn release(
+    ctx: &Context,
+    request: &Request,
+    timeout: Duration,
+    attempts: &mut u32,
+) -> Result<Release> {
     let mut failures = Failures::default();
     loop {
         let sent = ctx.now();
+        *attempts += 1;
         match ctx.call(timeout, ctx.backend.release(request)).await {
             Err(error) if error.is_retryable() => {
                 let Some(pause) = failures.next(sent, timeout) else {
@@ -371,11 +411,12 @@ impl Retry {
 
 /// Retries the release until the server confirms it or nothing is left to release.
 /// It gives the grant up to the backend ([`Backend::abandon`](crate::Backend::abandon))
-/// when `retry` says so.
+/// when `retry` says so. A "not held" answer to its first attempt is recorded for the
+/// grant of `token`, if given.
 async fn in_background(
     ctx: Arc<Context>,
     request: Request,
-    token: Option<FencingToken>,
+    mut token: Option<FencingToken>,
     mut retry: Retry,
 ) {
     let timeout = ctx.options.request_timeout();
@@ -394,6 +435,8 @@ async fn in_background(
                 false
             }
         };
+        // The failed attempt may have been applied: a later "not held" says nothing.
+        token = None;
         if retry.needs_session() {
             retry.session = ctx.backend.session_liveness().await;
         }

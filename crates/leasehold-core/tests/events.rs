@@ -146,7 +146,8 @@ async fn every_grant_renewal_release_and_loss_is_recorded() {
 /// A server that had let the grant go answers "not held", and that is recorded too; one
 /// that still kept it (the lease was lost here, at its deadline) releases it, with nothing
 /// more to record.
-#[tokio::test]
+// Tokio's time is paused: a request timeout passes as soon as nothing else can run.
+#[tokio::test(start_paused = true)]
 async fn a_lost_leases_release_is_recorded_with_a_not_held_answer() {
     let clock = ManualClock::new();
     let server = InMemory::with_clock(clock.clone());
@@ -208,6 +209,22 @@ async fn a_lost_leases_release_is_recorded_with_a_not_held_answer() {
             .unwrap()
             .holders
             .is_empty()
+    );
+
+    // A first attempt applied, its reply lost: the retry is answered "not held", which
+    // says nothing of the grant then, and is not recorded.
+    let applied = client.mutex("applied").unwrap().lock().await.unwrap();
+    clock.advance(Duration::from_millis(8_950));
+    assert_eq!(applied.lost().await, LossReason::Expired);
+    faults.lose_next_reply(Op::Release);
+    let released = tokio::spawn(applied.release());
+    faults.until_calls(Op::Release, 3).await;
+    assert!(released.await.unwrap().is_err());
+    assert_eq!(faults.calls(Op::Release), 4, "the release was not retried");
+    let applied = of("applied");
+    assert_eq!(
+        applied[applied.len() - 2..],
+        [EventKind::Lost(LossReason::Expired), EventKind::Released]
     );
 }
 

@@ -1492,3 +1492,43 @@ async fn a_deleted_grant_is_revoked_without_waiting_long_for_its_record() {
     )
     .await;
 }
+
+/// Keeps the lock events a client records.
+#[derive(Debug, Default, Clone)]
+struct Kept(Arc<Mutex<Vec<leasehold_core::events::LockEvent>>>);
+
+impl leasehold_core::events::EventSink for Kept {
+    fn record(&self, event: &leasehold_core::events::LockEvent) {
+        self.0.lock().unwrap().push(event.clone());
+    }
+}
+
+#[tokio::test]
+async fn the_release_of_a_session_grant_records_the_deadline_its_keep_alives_reached() {
+    // The grant's event holds the session's deadline then; keep-alives move it later, and
+    // an auditor takes the server's promise from the release's event.
+    let etcd = Etcd::start().await.unwrap();
+    let kept = Kept::default();
+    let client = Client::builder(backend(&etcd.endpoints(), Duration::from_secs(2)).await)
+        .options(options())
+        .events(kept.clone())
+        .build();
+    let guard = job_within(&client, Duration::from_secs(10), "a free lock").await;
+    let first = guard.deadline().unwrap();
+    let moved = guard.deadline_changed(first).await.unwrap();
+    assert!(moved > first, "{moved:?} after {first:?}");
+    guard.release().await.unwrap();
+    let events = kept.0.lock().unwrap().clone();
+    let until = |kind: &str| {
+        let event = events.iter().find(|e| e.kind.as_str() == kind).unwrap();
+        event
+            .session_until_ms
+            .unwrap_or_else(|| panic!("{event:?}"))
+    };
+    assert!(
+        until("released") > until("granted"),
+        "granted {}, released {}",
+        until("granted"),
+        until("released")
+    );
+}

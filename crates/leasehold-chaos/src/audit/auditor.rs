@@ -64,11 +64,27 @@ impl Hold {
             _ => until,
         })
     }
+
+    /// [`Hold::promised_until`] before any release gave the promise up.
+    /// The hold is kept, and looked at, by this until the release's answer is known.
+    fn promise_end(&self) -> Option<u64> {
+        let until = self.until_ms?;
+        Some(match (self.lost, self.promised_ms) {
+            (true, Some(promise)) => promise.max(until),
+            _ => until,
+        })
+    }
 }
 
+/// How long after a lost grant's release (event time) its answer may still come.
+/// A client records the answer to a release's first attempt only, which comes within its
+/// request timeout (5 s by default).
+const ANSWER_WINDOW_MS: u64 = 10_000;
+
 /// Two holds whose promises overlapped while no two holders believed they held at once.
-/// It is judged once the watermark has passed `ready_ms`, the end of the promise that
-/// was lost (and so every event of its holder that could give the promise up).
+/// It is judged once every event that could give the lost promise up has been read: past
+/// `ready_ms` (the end of that promise, plus the slack) on its holder's record, and past
+/// the window for the answer to its release (see `Auditor::advance_at`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Suspect {
     first: u64,
@@ -341,6 +357,21 @@ impl Auditor {
         for owner in owners {
             self.end(host, &owner, last, "expired");
         }
+        self.releases_unseen(host);
+    }
+
+    /// Events of `host` may be missing: the release of each grant it lost may be among them.
+    /// Each lost promise not yet given up is taken as given up at the loss.
+    fn releases_unseen(&mut self, host: usize) {
+        let lost: Vec<(String, u64)> = self.hosts[host].lost.values().cloned().collect();
+        for (name, id) in lost {
+            if let Some(hold) = (self.names.get_mut(&name))
+                .and_then(|state| state.holds.iter_mut().find(|h| h.id == id))
+                && hold.given_up_ms.is_none()
+            {
+                hold.given_up_ms = hold.until_ms;
+            }
+        }
     }
 
     /// `host` has no more events (its file was read to its end).
@@ -401,6 +432,13 @@ impl Auditor {
             (Some(sent), Some(lease)) => Some(steady(sent).saturating_add(lease)),
             _ => event["session_until_ms"].as_u64().map(steady),
         };
+        // The deadline a live session had reached when the hold ended: its keep-alives
+        // moved the promise since the grant.
+        if matches!(kind, "released" | "lost")
+            && self.is_open(host, owner, name, event["token"].as_u64())
+        {
+            self.promised(host, owner, promise);
+        }
         match kind {
             "granted" => {
                 let Some(token) = event["token"].as_u64() else {
@@ -410,11 +448,7 @@ impl Auditor {
                 let exclusive = event["mode"].as_str() == Some("exclusive");
                 self.granted(host, name, owner, token, exclusive, at, promise);
             }
-            "renewed" => {
-                if let (Some(hold), Some(promise)) = (self.open_hold(host, owner), promise) {
-                    hold.promised_ms = Some(hold.promised_ms.map_or(promise, |p| p.max(promise)));
-                }
-            }
+            "renewed" => self.promised(host, owner, promise),
             "released" if !self.hosts[host].open.contains_key(owner) => {
                 // The release of a lost grant: the promise is given up from here.
                 if let Some(hold) = self.lost_hold(host, owner) {
@@ -422,6 +456,9 @@ impl Auditor {
                 }
             }
             "released" => self.end(host, owner, at, "released"),
+            // Of several copies (Redlock), "not held" is what the nodes that answered said;
+            // the others may have released.
+            "not_held" if event["backend"].as_str() == Some("redlock") => {}
             "not_held" => {
                 // The server had let the lost grant go before that release came.
                 if let Some(hold) = self.lost_hold(host, owner) {
@@ -439,7 +476,13 @@ impl Auditor {
                     token: event["token"].as_u64(),
                 };
                 self.mark(name, mark);
-                self.end(host, owner, at, "lost");
+                // An operator's eviction gives the promise up, as a release does.
+                let how = if event["reason"].as_str() == Some("Evicted") {
+                    "evicted"
+                } else {
+                    "lost"
+                };
+                self.end(host, owner, at, how);
             }
             "access" => {
                 let resource = event["resource"].as_str().unwrap_or_default();
@@ -473,6 +516,7 @@ impl Auditor {
                 }
             }
             "dropped" => {
+                self.releases_unseen(host);
                 let count = event["count"].as_u64().unwrap_or(0);
                 self.counts.dropped += count;
                 metrics::counter!("leasehold_audit_dropped_events_total").increment(count);
@@ -557,6 +601,13 @@ impl Auditor {
             .find(|h| h.id == *id)
     }
 
+    /// Extends the promise of the hold `owner` has open on `host` to `promise`.
+    fn promised(&mut self, host: usize, owner: &str, promise: Option<u64>) {
+        if let (Some(hold), Some(promise)) = (self.open_hold(host, owner), promise) {
+            hold.promised_ms = Some(hold.promised_ms.map_or(promise, |p| p.max(promise)));
+        }
+    }
+
     /// Whether `owner` has a hold of `name` open on `host` (with `token`, if given).
     fn is_open(&mut self, host: usize, owner: &str, name: &str, token: Option<u64>) -> bool {
         let named = self.hosts[host]
@@ -580,7 +631,7 @@ impl Auditor {
     }
 
     /// The hold `owner` has open on `host`, if any, ended at `at` (or its promise, if sooner).
-    /// `how` it ended: `released`, `lost` or `expired`.
+    /// `how` it ended: `released`, `lost`, `evicted` or `expired`.
     fn end(&mut self, host: usize, owner: &str, at: u64, how: &'static str) {
         let Some((name, id)) = self.hosts[host].open.remove(owner) else {
             return;
@@ -771,15 +822,34 @@ impl Auditor {
                 &mut self.made,
             );
             let holds = &state.holds;
+            let hosts = &self.hosts;
+            let forget = std::time::Duration::from_millis(self.forget_ms);
             state.suspects.retain(|suspect| {
-                if suspect.ready_ms >= watermark {
+                let hold = |id: u64| holds.iter().find(|h| h.id == id);
+                let (Some(first), Some(second)) = (hold(suspect.first), hold(suspect.second))
+                else {
+                    return false;
+                };
+                // Every event of the lost holder's record that could give its promise up
+                // has been read: the record is past them (or ended, or silent for good).
+                let read_past = |h: &Hold| {
+                    let host = &hosts[h.host];
+                    let awaited = match h.given_up_ms {
+                        Some(at) if host.lost.values().any(|(_, id)| *id == h.id) => {
+                            at.saturating_add(ANSWER_WINDOW_MS + slack)
+                        }
+                        _ => 0,
+                    };
+                    let past = suspect.ready_ms.max(awaited);
+                    let gone = host
+                        .heard
+                        .is_none_or(|t| now.saturating_duration_since(t) >= forget);
+                    !h.lost || (past < watermark && (host.latest_ms > past || host.done || gone))
+                };
+                if watermark < u64::MAX && !(read_past(first) && read_past(second)) {
                     return true;
                 }
-                let hold = |id: u64| holds.iter().find(|h| h.id == id);
-                if let (Some(first), Some(second)) = (hold(suspect.first), hold(suspect.second))
-                    && let Some((finding, lanes)) =
-                        broken_promise(&self.hosts, name, first, second, slack)
-                {
+                if let Some((finding, lanes)) = broken_promise(hosts, name, first, second, slack) {
                     found(&mut self.counts, &mut self.made, finding, lanes);
                 }
                 false
@@ -807,7 +877,7 @@ impl Auditor {
                 } else {
                     exclusive_from
                 };
-                h.promised_until()
+                h.promise_end()
                     .is_none_or(|u| u.saturating_add(slack) >= from)
             });
             if state.holds.is_empty() && state.grants.recent.is_empty() {
@@ -979,8 +1049,8 @@ fn holder(hosts: &[Host], hold: &Hold) -> String {
 /// was granted first.
 fn promises_overlap(first: &Hold, second: &Hold, slack: u64) -> Option<u64> {
     let overlap = first
-        .promised_until()?
-        .min(second.promised_until()?)
+        .promise_end()?
+        .min(second.promise_end()?)
         .saturating_sub(second.from_ms);
     if overlap <= slack {
         return None;
@@ -1003,11 +1073,13 @@ fn broken_promise(
     second: &Hold,
     slack: u64,
 ) -> Option<(Finding, Vec<String>)> {
-    promises_overlap(first, second, slack)?;
     let from = second.from_ms;
     let promised = (first.promised_until()?)
         .min(second.promised_until()?)
         .saturating_sub(from);
+    if promised <= slack {
+        return None;
+    }
     let detail = if first.lost {
         format!(
             "{} was granted it while the promise to {} had {} ms to run; that holder \

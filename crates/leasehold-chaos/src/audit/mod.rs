@@ -500,6 +500,30 @@ mod tests {
             ended("lost", "b1", 2, 1_610),
         ];
         assert_eq!(measured(&a_held, &b_lost), [("broken_promise", 1_360)]);
+        // An operator evicted a: the promise was given up, as by a release.
+        let a_evicted = [
+            granted("a1", 1, 1_000, 30_000),
+            ended("lost", "a1", 1, 1_500)
+                .replace(r#""token":1"#, r#""token":1,"reason":"Evicted""#),
+        ];
+        assert!(audited(&a_evicted, &b_after).is_empty());
+        // On a session: a was promised the session's deadline as of its grant (1 500), but
+        // the session lived on; when the server took the grant away at 1 550, the deadline
+        // the keep-alives had reached (2 400) was still ahead: b's grant at 1 600 broke it.
+        let session = |kind: &str, at: u64, until: u64| {
+            format!(
+                r#"{{"kind":"{kind}","at_ms":{at},"backend":"etcd","name":"n","mode":"exclusive","owner":"a1","token":1,"session_until_ms":{until}}}"#
+            )
+        };
+        let a_session = [
+            session("granted", 1_000, 1_500),
+            session("lost", 1_550, 2_400),
+        ];
+        assert_eq!(measured(&a_session, &b_after), [("broken_promise", 360)]);
+        // Redlock's "not held" is what the nodes that answered said: the release stands.
+        let redlock = |line: String| line.replace(r#""backend":"redis""#, r#""backend":"redlock""#);
+        let a_redlock: Vec<String> = a_not_held.iter().cloned().map(redlock).collect();
+        assert!(audited(&a_redlock, &b_after).is_empty());
     }
 
     #[test]
@@ -545,6 +569,34 @@ mod tests {
             .map(|f| (f.check, f.at_ms, f.overlap_ms))
             .collect();
         assert_eq!(found, [("broken_promise", 1_600, 360)]);
+        // a's release read before b's hold, its "not held" only after: the pair is still
+        // looked at, and found once the window for that answer has passed.
+        let mut auditor = Auditor::new(&["a".into(), "b".into()], 20, 60_000, 600_000);
+        auditor.line(0, &granted("a1", 1, 1_000, 5_000));
+        auditor.line(0, &ended("lost", "a1", 1, 1_500));
+        auditor.line(0, &ended("released", "a1", 1, 1_550));
+        auditor.line(1, &granted("b1", 2, 1_600, 5_000));
+        auditor.line(1, &ended("released", "b1", 2, 2_000));
+        auditor.advance();
+        auditor.line(0, &ended("not_held", "a1", 1, 1_551));
+        auditor.line(0, &granted("a2", 3, 12_000, 5_000));
+        auditor.line(1, &granted("b2", 4, 12_000, 5_000));
+        auditor.advance();
+        let checks: Vec<&str> = auditor.take_findings().iter().map(|f| f.check).collect();
+        assert_eq!(checks, ["broken_promise"]);
+        // Without the answer, the release gave the promise up: nothing, once the window
+        // for an answer has passed (the pair is then let go).
+        let mut auditor = Auditor::new(&["a".into(), "b".into()], 20, 60_000, 600_000);
+        auditor.line(0, &granted("a1", 1, 1_000, 5_000));
+        auditor.line(0, &ended("lost", "a1", 1, 1_500));
+        auditor.line(0, &ended("released", "a1", 1, 1_550));
+        auditor.line(1, &granted("b1", 2, 1_600, 5_000));
+        auditor.line(1, &ended("released", "b1", 2, 2_000));
+        auditor.line(0, &granted("a2", 3, 12_000, 5_000));
+        auditor.line(1, &granted("b2", 4, 12_000, 5_000));
+        auditor.advance();
+        assert!(auditor.take_findings().is_empty());
+        assert!(auditor.kept() < 10, "kept {}", auditor.kept());
     }
 
     #[test]

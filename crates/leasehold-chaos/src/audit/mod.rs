@@ -528,74 +528,84 @@ mod tests {
 
     #[test]
     fn a_broken_promise_waits_for_the_release_that_could_give_it_up() {
-        // b's whole hold arrives before a's release of its lost grant, sent before b's
-        // grant: judged at once, the promise would look broken.
-        let mut auditor = Auditor::new(&["a".into(), "b".into()], 20, 60_000, 600_000);
-        auditor.line(0, &granted("a1", 1, 1_000, 5_000));
-        auditor.line(0, &ended("lost", "a1", 1, 1_500));
-        auditor.line(1, &granted("b1", 2, 1_600, 5_000));
-        auditor.line(1, &ended("released", "b1", 2, 2_000));
-        auditor.advance();
-        assert!(auditor.take_findings().is_empty());
+        // An auditor of hosts a and b (±20 ms) that has read `lines` (host, line) in turn,
+        // advancing after each `None`.
+        let read = |lines: &[Option<(usize, String)>]| {
+            let mut auditor = Auditor::new(&["a".into(), "b".into()], 20, 60_000, 600_000);
+            for line in lines {
+                match line {
+                    Some((host, line)) => auditor.line(*host, line),
+                    None => auditor.advance(),
+                }
+            }
+            auditor
+        };
+        let checks = |auditor: &mut Auditor| -> Vec<(&str, u64, u64)> {
+            (auditor.take_findings().iter())
+                .map(|f| (f.check, f.at_ms, f.overlap_ms))
+                .collect()
+        };
+        let (a, b) = (|line| Some((0, line)), |line| Some((1, line)));
+        // a lost its grant (promised to 999 + 5 000) at 1 500; b held from 1 600 to 2 000.
+        let lost_then_b = [
+            a(granted("a1", 1, 1_000, 5_000)),
+            a(ended("lost", "a1", 1, 1_500)),
+            b(granted("b1", 2, 1_600, 5_000)),
+            b(ended("released", "b1", 2, 2_000)),
+        ];
+        // Both hosts past a's promise, and past the window for the answer to a release at
+        // 1 550.
+        let past_all = [
+            a(granted("a2", 3, 12_000, 5_000)),
+            b(granted("b2", 4, 12_000, 5_000)),
+            None,
+        ];
+
+        // a's release, sent before b's grant, arrives after b's whole hold: judged at once,
+        // the promise would look broken.
+        let mut auditor = read(&[lost_then_b.as_slice(), &[None]].concat());
+        assert!(checks(&mut auditor).is_empty());
         auditor.line(0, &ended("released", "a1", 1, 1_550));
-        // Both hosts go on past a's promise (999 + 5 000): it is judged, and holds.
-        auditor.line(0, &granted("a2", 3, 7_000, 5_000));
-        auditor.line(1, &granted("b2", 4, 7_000, 5_000));
+        for line in past_all.iter().flatten() {
+            auditor.line(line.0, &line.1);
+        }
         auditor.advance();
-        assert!(auditor.take_findings().is_empty());
+        assert!(checks(&mut auditor).is_empty());
         assert!(auditor.kept() < 10, "kept {}", auditor.kept());
-        // The same, with the server's answer that it had let the grant go: found, once a's
-        // promise has run out.
-        let mut auditor = Auditor::new(&["a".into(), "b".into()], 20, 60_000, 600_000);
-        auditor.line(0, &granted("a1", 1, 1_000, 5_000));
-        auditor.line(0, &ended("lost", "a1", 1, 1_500));
-        auditor.line(1, &granted("b1", 2, 1_600, 5_000));
-        auditor.line(1, &ended("released", "b1", 2, 2_000));
-        auditor.line(0, &ended("released", "a1", 1, 1_550));
-        auditor.line(0, &ended("not_held", "a1", 1, 1_551));
-        auditor.line(0, &granted("a2", 3, 3_000, 5_000));
-        auditor.line(1, &granted("b2", 4, 3_000, 5_000));
-        auditor.advance();
-        assert!(
-            auditor.take_findings().is_empty(),
-            "judged before the promise ran out"
-        );
+
+        // The server answered that it had let the grant go: found, once a's promise has run
+        // out on both records, not before.
+        let answered = [
+            a(ended("released", "a1", 1, 1_550)),
+            a(ended("not_held", "a1", 1, 1_551)),
+            a(granted("a2", 3, 3_000, 5_000)),
+            b(granted("b2", 4, 3_000, 5_000)),
+            None,
+        ];
+        let mut auditor = read(&[lost_then_b.as_slice(), &answered].concat());
+        assert!(checks(&mut auditor).is_empty(), "judged too soon");
         auditor.line(0, &granted("a3", 5, 7_000, 5_000));
         auditor.line(1, &granted("b3", 6, 7_000, 5_000));
         auditor.advance();
-        let found: Vec<_> = auditor
-            .take_findings()
-            .iter()
-            .map(|f| (f.check, f.at_ms, f.overlap_ms))
-            .collect();
-        assert_eq!(found, [("broken_promise", 1_600, 360)]);
+        assert_eq!(checks(&mut auditor), [("broken_promise", 1_600, 360)]);
+
         // a's release read before b's hold, its "not held" only after: the pair is still
         // looked at, and found once the window for that answer has passed.
-        let mut auditor = Auditor::new(&["a".into(), "b".into()], 20, 60_000, 600_000);
-        auditor.line(0, &granted("a1", 1, 1_000, 5_000));
-        auditor.line(0, &ended("lost", "a1", 1, 1_500));
-        auditor.line(0, &ended("released", "a1", 1, 1_550));
-        auditor.line(1, &granted("b1", 2, 1_600, 5_000));
-        auditor.line(1, &ended("released", "b1", 2, 2_000));
-        auditor.advance();
-        auditor.line(0, &ended("not_held", "a1", 1, 1_551));
-        auditor.line(0, &granted("a2", 3, 12_000, 5_000));
-        auditor.line(1, &granted("b2", 4, 12_000, 5_000));
-        auditor.advance();
-        let checks: Vec<&str> = auditor.take_findings().iter().map(|f| f.check).collect();
-        assert_eq!(checks, ["broken_promise"]);
-        // Without the answer, the release gave the promise up: nothing, once the window
-        // for an answer has passed (the pair is then let go).
-        let mut auditor = Auditor::new(&["a".into(), "b".into()], 20, 60_000, 600_000);
-        auditor.line(0, &granted("a1", 1, 1_000, 5_000));
-        auditor.line(0, &ended("lost", "a1", 1, 1_500));
-        auditor.line(0, &ended("released", "a1", 1, 1_550));
-        auditor.line(1, &granted("b1", 2, 1_600, 5_000));
-        auditor.line(1, &ended("released", "b1", 2, 2_000));
-        auditor.line(0, &granted("a2", 3, 12_000, 5_000));
-        auditor.line(1, &granted("b2", 4, 12_000, 5_000));
-        auditor.advance();
-        assert!(auditor.take_findings().is_empty());
+        let early_release = [
+            a(granted("a1", 1, 1_000, 5_000)),
+            a(ended("lost", "a1", 1, 1_500)),
+            a(ended("released", "a1", 1, 1_550)),
+            b(granted("b1", 2, 1_600, 5_000)),
+            b(ended("released", "b1", 2, 2_000)),
+            None,
+        ];
+        let late_answer = [a(ended("not_held", "a1", 1, 1_551))];
+        let mut auditor = read(&[early_release.as_slice(), &late_answer, &past_all].concat());
+        assert_eq!(checks(&mut auditor), [("broken_promise", 1_600, 360)]);
+        // Without the answer the release gave the promise up: nothing, and the pair is let
+        // go once the window has passed.
+        let mut auditor = read(&[early_release.as_slice(), &past_all].concat());
+        assert!(checks(&mut auditor).is_empty());
         assert!(auditor.kept() < 10, "kept {}", auditor.kept());
     }
 

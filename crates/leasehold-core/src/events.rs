@@ -42,8 +42,9 @@ pub enum EventKind {
     /// The guard was lost, for this reason.
     Lost(LossReason),
     /// The holder let go (its release is on its way to the server).
-    /// After a [`Lost`](EventKind::Lost), it says that the holder sent its owner-checked
-    /// release of the lost grant: had the server kept the grant, that gave it up.
+    /// After a [`Lost`](EventKind::Lost), it says that the holder is sending its
+    /// owner-checked release of the lost grant (recorded as its first attempt goes out):
+    /// had the server kept the grant, that gave it up.
     Released,
     /// The server answered a release: it held no grant for this owner any more.
     /// It had let the grant go before the release came (a lease that ran out, or a server

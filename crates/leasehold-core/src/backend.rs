@@ -128,10 +128,15 @@ pub struct Request {
     /// connection, so the server runs an acquisition's requests in the order they were
     /// sent, and a client that holds one lock at a time stays on one connection.
     pub lane: u32,
+    /// When the acquisition began, in ms since the Unix epoch.
+    /// It is read from this process's steady clock on the wall clock's scale
+    /// ([`steady_ms_now`](crate::events::steady_ms_now)). A backend that queues waiters on several independent servers (Redlock) orders them
+    /// by it on each, so that every server has the same waiter at its head.
+    pub began_ms: u64,
 }
 
 impl Request {
-    /// A request of `owner` for `name` in `mode` with a lease of `ttl`.
+    /// A request of `owner` for `name` in `mode` with a lease of `ttl`, beginning now.
     /// It is not fair, not waiting, with no lock-delay, no value, lane 0 (set those fields
     /// as needed).
     pub fn new(name: LockName, owner: OwnerId, mode: Mode, ttl: Duration) -> Self {
@@ -145,6 +150,7 @@ impl Request {
             lock_delay: None,
             value: None,
             lane: 0,
+            began_ms: crate::events::steady_ms_now(),
         }
     }
 }

@@ -92,12 +92,11 @@ async fn take(ctx: &Arc<Context>, spec: &Spec, wait: Wait) -> Result<Option<Arc<
         lock_delay: options.lock_delay(),
         value: spec.value.clone(),
         lane: lane.lane(),
+        began_ms: crate::events::steady_ms_now(),
     };
     let timeout = options.request_timeout();
     let mut leftover = PendingRelease::new(ctx, request.clone(), started, request.ttl, None);
     let mut failures = Failures::default();
-    // A request went unanswered and no later answer has told what became of it.
-    let mut unknown = false;
     // When the last wait for a change ended (a wake-up, or its slice running out).
     let mut woken_at = None;
     let resolved = |how, token| {
@@ -112,7 +111,7 @@ async fn take(ctx: &Arc<Context>, spec: &Spec, wait: Wait) -> Result<Option<Arc<
         let hint = match answer {
             Ok(Acquire::Granted(grant)) => {
                 failures = Failures::default();
-                let was_unknown = std::mem::take(&mut unknown);
+                let was_unknown = leftover.resolve();
                 let promise = ctx.events.is_some().then(|| grant.expiry.clone());
                 let handoff = grant.handoff;
                 let lease = Lease::new(
@@ -159,7 +158,7 @@ async fn take(ctx: &Arc<Context>, spec: &Spec, wait: Wait) -> Result<Option<Arc<
             }
             Ok(Acquire::Busy(hint)) => {
                 failures = Failures::default();
-                if std::mem::take(&mut unknown) {
+                if leftover.resolve() {
                     resolved("not_granted", None);
                 }
                 // A busy answer leaves a queue entry only for a request that waits.
@@ -170,13 +169,16 @@ async fn take(ctx: &Arc<Context>, spec: &Spec, wait: Wait) -> Result<Option<Arc<
             }
             Err(error) if error.is_retryable() => {
                 // Maybe applied, maybe not: the next acquire with the same owner adopts a
-                // grant the unanswered one made; giving up releases it.
-                unknown = true;
+                // grant the unanswered one made; giving up (or being dropped) releases it.
+                if leftover.unanswered(options) {
+                    let resolved_within = Failures::give_up_within(timeout);
+                    let kind = EventKind::Unanswered { resolved_within };
+                    events::record(ctx, kind, &request, None, Some(sent), None);
+                }
                 let pause = failures
                     .next(sent, timeout)
                     .filter(|pause| give_up_at.is_none_or(|at| sent.saturating_add(*pause) < at));
                 let Some(pause) = pause else {
-                    resolved("released", None);
                     give_up(leftover, timeout).await;
                     return Err(error);
                 };
@@ -185,9 +187,6 @@ async fn take(ctx: &Arc<Context>, spec: &Spec, wait: Wait) -> Result<Option<Arc<
                 continue;
             }
             Err(error) => {
-                if unknown {
-                    resolved("released", None);
-                }
                 give_up(leftover, timeout).await;
                 return Err(error);
             }

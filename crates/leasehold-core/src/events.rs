@@ -1,10 +1,10 @@
 //! Lock events: one record per grant, renewal, loss, release and unknown outcome.
 //!
 //! They are what an auditor of production traffic needs to tell, across hosts, whether two
-//! holders' promises overlapped (issue #29, `docs/audit.md` to come): who was granted which
-//! token, when the request that carried the promise was sent, and what the server promised
-//! (a lease counted from that send, or the session's deadline) — on each host's wall clock,
-//! whose uncertainty the auditor allows for.
+//! holders' promises overlapped (`docs/audit.md`): who was granted which token, when the
+//! request that carried the promise was sent, and what the server promised (a lease counted
+//! from that send, or the session's deadline) — on each host's wall clock, whose
+//! uncertainty the auditor allows for.
 //!
 //! Off unless the client is built with a sink ([`ClientBuilder::events`]); then nothing is
 //! made for an event but the record itself, handed to the sink as it happens. Sinks:
@@ -50,15 +50,25 @@ pub enum EventKind {
     /// It had let the grant go before the release came (a lease that ran out, or a server
     /// that ended it early).
     NotHeld,
+    /// An acquire request went unanswered: the server may have granted it.
+    /// `sent_ms` is when that request was sent. The [`Unknown`](EventKind::Unknown) event
+    /// that follows, within `resolved_within` of `sent_ms`, says how it was resolved: by the
+    /// answer to a retry, or by a release sent when the client gave up or the acquisition
+    /// was dropped.
+    Unanswered {
+        /// How long after `sent_ms` the outcome is resolved at the latest.
+        resolved_within: Duration,
+    },
     /// An acquire request went unanswered, and its outcome was resolved so.
-    /// `adopted` (a retry found the grant), `not_granted` or `released`.
+    /// `adopted` (a retry found the grant), `not_granted` or `released`. A release is
+    /// recorded as its first attempt is sent, also when the acquisition was dropped.
     Unknown(&'static str),
 }
 
 impl EventKind {
     /// The kind's name in the records.
-    /// It is `granted`, `renewed`, `renewal_failed`, `lost`, `released`, `not_held` or
-    /// `unknown`.
+    /// It is `granted`, `renewed`, `renewal_failed`, `lost`, `released`, `not_held`,
+    /// `unanswered` or `unknown`.
     pub fn as_str(self) -> &'static str {
         match self {
             EventKind::Granted => "granted",
@@ -67,6 +77,7 @@ impl EventKind {
             EventKind::Lost(_) => "lost",
             EventKind::Released => "released",
             EventKind::NotHeld => "not_held",
+            EventKind::Unanswered { .. } => "unanswered",
             EventKind::Unknown(_) => "unknown",
         }
     }
@@ -136,6 +147,13 @@ impl LockEvent {
             EventKind::Unknown(resolved) => {
                 out.push_str(r#","resolved":"#);
                 json_string(&mut out, resolved);
+            }
+            EventKind::Unanswered { resolved_within } => {
+                number(
+                    &mut out,
+                    "resolved_within_ms",
+                    Some(millis(resolved_within)),
+                );
             }
             _ => {}
         }
@@ -323,9 +341,10 @@ fn millis(d: Duration) -> u64 {
 /// Events as JSON lines appended to a file, one object per line.
 ///
 /// A thread of its own writes them, so a lock call never waits on the disk; it writes out
-/// what was queued every 50 ms. The queue holds [`JsonLines::QUEUE`] events; when the disk cannot keep up, further events are dropped and counted, and the
-/// next line written says how many (`{"kind":"dropped","count":N,…}`), so an auditor
-/// knows where the record has a gap. Dropping the sink writes out what is queued.
+/// what was queued every 50 ms. The queue holds [`JsonLines::QUEUE`] events; when the disk
+/// cannot keep up, further events are dropped and counted, and the next line written says
+/// how many (`{"kind":"dropped","count":N,…}`), so an auditor knows where the record has a
+/// gap. Dropping the sink writes out what is queued.
 #[derive(Debug)]
 pub struct JsonLines {
     queue: Option<mpsc::SyncSender<String>>,
@@ -449,6 +468,10 @@ impl EventSink for TracingEvents {
             EventKind::Unknown(resolved) => Some(resolved.to_owned()),
             _ => None,
         };
+        let resolved_within_ms = match event.kind {
+            EventKind::Unanswered { resolved_within } => Some(millis(resolved_within)),
+            _ => None,
+        };
         tracing::info!(
             target: "leasehold::events",
             kind = event.kind.as_str(),
@@ -463,6 +486,7 @@ impl EventSink for TracingEvents {
             lease_ms = event.lease_ms,
             session_until_ms = event.session_until_ms,
             reason = reason.as_deref(),
+            resolved_within_ms,
             "lock event"
         );
     }

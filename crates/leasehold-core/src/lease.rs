@@ -780,6 +780,7 @@ mod tests {
             lock_delay: None,
             value: None,
             lane: lane.lane(),
+            began_ms: 0,
         };
         Lease::new(
             ctx,
@@ -890,6 +891,7 @@ mod tests {
             lock_delay: None,
             value: None,
             lane: lane.lane(),
+            began_ms: 0,
         };
         Lease::new(
             ctx,

@@ -42,6 +42,8 @@ use crate::error::Result;
 use crate::events::{self, EventKind};
 use crate::fencing::FencingToken;
 use crate::name::LockName;
+use crate::options::LockOptions;
+use crate::telemetry;
 
 /// The first pause after a failed request; doubled per failure up to [`MAX_RETRY_PAUSE`].
 pub(crate) const FIRST_RETRY_PAUSE: Duration = Duration::from_millis(20);
@@ -73,6 +75,14 @@ impl Failures {
         self.pause = (self.pause * 2).clamp(FIRST_RETRY_PAUSE, MAX_RETRY_PAUSE);
         Some(self.pause)
     }
+
+    /// The latest a caller's last answer comes, after the first failed request's send.
+    /// That is for a `timeout` per call and as the budget: the first call may take a
+    /// timeout to fail; retries are sent for one budget after its send, the last of them
+    /// may take a timeout too; then one pause and a last call.
+    pub(crate) fn give_up_within(timeout: Duration) -> Duration {
+        timeout.saturating_mul(3).saturating_add(MAX_RETRY_PAUSE)
+    }
 }
 
 /// A release by owner that has not been confirmed yet.
@@ -93,6 +103,10 @@ pub(crate) struct PendingRelease {
     token: Option<FencingToken>,
     /// The grant was lost: the first attempt is recorded as a `released` event.
     lost: bool,
+    /// An acquire request went unanswered and nothing has told what became of it.
+    /// The first attempt resolves it as released. It holds the acquisition's options, for
+    /// the metric's labels.
+    unresolved: Option<LockOptions>,
     /// An attempt was sent: the server may have applied it.
     sent: bool,
     runtime: Option<Handle>,
@@ -119,6 +133,7 @@ impl PendingRelease {
             session: None,
             token: None,
             lost: false,
+            unresolved: None,
             sent: false,
             runtime: runtime.or_else(|| Handle::try_current().ok()),
             armed: true,
@@ -152,20 +167,30 @@ impl PendingRelease {
         self
     }
 
-    /// The first attempt is about to be sent: records the release of a lost grant.
-    /// An auditor learns that the holder gave the grant up, had the server still kept it.
-    fn sending(&mut self) {
-        if self.lost && !self.sent {
-            events::record(
-                &self.ctx,
-                EventKind::Released,
-                &self.request,
-                self.token,
-                None,
-                None,
-            );
+    /// An acquire request of `options` went unanswered; returns whether that is news.
+    /// Until [`PendingRelease::resolve`], the release resolves the unknown outcome.
+    pub(crate) fn unanswered(&mut self, options: &LockOptions) -> bool {
+        let news = self.unresolved.is_none();
+        if news {
+            self.unresolved = Some(options.clone());
         }
+        news
+    }
+
+    /// An answer told what became of the requests; returns whether one had gone unanswered.
+    pub(crate) fn resolve(&mut self) -> bool {
+        self.unresolved.take().is_some()
+    }
+
+    /// The first attempt is about to be sent: what it says to record, once.
+    /// See [`Announce`].
+    fn sending(&mut self) -> Announce {
+        let announce = Announce {
+            unresolved: self.unresolved.take(),
+            lost: (self.lost && !self.sent).then_some(self.token),
+        };
         self.sent = true;
+        announce
     }
 
     /// Nothing is left on the server: no release needed.
@@ -186,7 +211,7 @@ impl PendingRelease {
     /// Dropping the future hands the release to the background.
     pub(crate) async fn run(mut self, timeout: Duration) -> Result<Release> {
         let first = !self.sent;
-        self.sending();
+        self.sending().record(&self.ctx, &self.request);
         let mut attempts = 0;
         let answer = release(&self.ctx, &self.request, timeout, &mut attempts).await;
         if let Ok(answered) = &answer {
@@ -211,14 +236,47 @@ impl Drop for PendingRelease {
         };
         // A "not held" is news only if no attempt went before.
         let token = self.token.filter(|_| !self.sent);
-        self.sending();
+        let announce = self.sending();
         let ctx = self.ctx.clone();
         let request = self.request.clone();
         let name = request.name.clone();
         let retry = Retry::new(&ctx, self.lease_end, self.session.take());
-        let mut task = Box::pin(in_background(ctx, request, token, retry));
+        // Recorded by the task as it starts: a task never run sends nothing.
+        let mut task = Box::pin(async move {
+            announce.record(&ctx, &request);
+            in_background(ctx, request, token, retry).await;
+        });
         if !start_here(&runtime, task.as_mut(), &name) {
             self.ctx.spawn_background(&runtime, task);
+        }
+    }
+}
+
+/// The lock events of a release's first attempt, recorded as it is sent.
+#[derive(Debug)]
+struct Announce {
+    /// An unknown outcome it resolves, with the acquisition's options (for the metric).
+    unresolved: Option<LockOptions>,
+    /// The release of a lost grant, of this token.
+    /// Had the server still kept the grant, this gives it up, which an auditor needs to know.
+    lost: Option<Option<FencingToken>>,
+}
+
+impl Announce {
+    fn record(self, ctx: &Context, request: &Request) {
+        if let Some(options) = self.unresolved {
+            telemetry::unknown_resolved(ctx, &request.name, &options, "released");
+            events::record(
+                ctx,
+                EventKind::Unknown("released"),
+                request,
+                None,
+                None,
+                None,
+            );
+        }
+        if let Some(token) = self.lost {
+            events::record(ctx, EventKind::Released, request, token, None, None);
         }
     }
 }
@@ -261,17 +319,24 @@ async fn release(
     attempts: &mut u32,
 ) -> Result<Release> {
     let mut failures = Failures::default();
+    // An earlier attempt got no answer: it may have released the grant.
+    let mut maybe_applied = false;
     loop {
         let sent = ctx.now();
         *attempts += 1;
         match ctx.call(timeout, ctx.backend.release(request)).await {
             Err(error) if error.is_retryable() => {
+                maybe_applied |= error.is_unknown_outcome();
                 let Some(pause) = failures.next(sent, timeout) else {
                     return Err(error);
                 };
                 tracing::debug!(lock = %request.name, %error, "release failed; retrying");
                 tokio::time::sleep(pause).await;
             }
+            // After an attempt that went unanswered, "not held" is no news: that attempt
+            // may be what released it. (An error that says nothing was applied, a replica
+            // refusing a write, leaves a later "not held" as it is: the grant was gone.)
+            Ok(Release::NotHeld) if maybe_applied => return Ok(Release::Released),
             answer => return answer,
         }
     }

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use leasehold_core::backend::{Acquire, Backend, Mode, Request};
+use leasehold_core::backend::{Acquire, Backend, Eviction, Mode, Request};
 use leasehold_core::clock::{Clock, ManualClock};
 use leasehold_core::memory::InMemory;
 use leasehold_core::{Client, Error, Guard, LockName, LockOptions, LossReason, Owner, OwnerId};
@@ -228,6 +228,49 @@ async fn a_release_that_fails_to_reach_the_server_is_retried() {
     assert_eq!(r.faults.calls(Op::Release), 3);
     assert!(r.holders().await.is_empty());
     assert!(r.other_try().await.is_some());
+}
+
+/// A release whose first attempt was applied but whose answer was lost is not "not held".
+/// The retry finds nothing: the first attempt released it, nothing was lost unnoticed.
+// Tokio's time is paused: the request timeout passes as soon as nothing else can run.
+#[tokio::test(start_paused = true)]
+async fn a_release_whose_answer_was_lost_is_reported_done() {
+    let r = rig();
+    let guard = r.lock().await;
+    r.faults.lose_next_reply(Op::Release);
+    guard.release().await.unwrap();
+    assert_eq!(r.faults.calls(Op::Release), 2);
+    assert!(r.holders().await.is_empty());
+}
+
+/// A retry's "not held" after an error that says nothing was applied is a loss.
+/// A replica refusing the write (a retryable error with an answer) released nothing: the
+/// grant was gone already, here evicted unnoticed, and the release says so.
+#[tokio::test]
+async fn a_release_refused_then_not_held_reports_the_loss() {
+    let r = rig();
+    let guard = r.lock().await;
+    let eviction = Eviction::new(
+        guard.owner().clone(),
+        guard.token(),
+        "ops@host".into(),
+        "test".into(),
+    );
+    assert!(
+        r.server
+            .evict(guard.name(), Mode::Exclusive, &eviction)
+            .await
+            .unwrap()
+    );
+    r.faults.fail_next(
+        Op::Release,
+        Error::backend(
+            "READONLY You can't write against a read only replica.",
+            true,
+        ),
+    );
+    assert!(matches!(guard.release().await, Err(Error::NotHeld)));
+    assert_eq!(r.faults.calls(Op::Release), 2);
 }
 
 #[tokio::test]

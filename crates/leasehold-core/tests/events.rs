@@ -228,6 +228,80 @@ async fn a_lost_leases_release_is_recorded_with_a_not_held_answer() {
     );
 }
 
+/// An acquire request that went unanswered is recorded, and then how it was resolved.
+/// A retry adopts the grant; a try-lock gives up and releases it; an acquisition dropped
+/// while its outcome is unknown releases it in the background, and records that too.
+// Tokio's time is paused: a request timeout passes as soon as nothing else can run.
+#[tokio::test(start_paused = true)]
+async fn an_unanswered_acquire_is_recorded_with_how_it_was_resolved() {
+    let clock = ManualClock::new();
+    let server = InMemory::with_clock(clock.clone());
+    let faults = Faulty::new(server.clone());
+    let kept = Kept::default();
+    let client = recording(&faults, &clock, &kept);
+    let of = |name: &str| -> Vec<LockEvent> {
+        (kept.all().into_iter())
+            .filter(|e| e.name.as_str() == name)
+            .collect()
+    };
+    let kinds = |name: &str| -> Vec<EventKind> { of(name).iter().map(|e| e.kind).collect() };
+    let holders = async |name: &str| {
+        let name = LockName::new(name).unwrap();
+        server.inspect(&name).await.unwrap().holders.len()
+    };
+
+    // Resolved within three request timeouts (5 s by default) and the longest retry pause.
+    let unanswered = EventKind::Unanswered {
+        resolved_within: 16 * SEC,
+    };
+    faults.lose_next_reply(Op::Acquire);
+    let adopted = client.mutex("adopted").unwrap().lock().await.unwrap();
+    assert_eq!(
+        kinds("adopted"),
+        [
+            unanswered,
+            EventKind::Unknown("adopted"),
+            EventKind::Granted
+        ]
+    );
+    let events = of("adopted");
+    assert!(
+        events[0]
+            .sent_ms
+            .is_some_and(|sent| sent <= events[0].at_ms)
+    );
+    assert_eq!(events[0].token, None);
+    assert_eq!(events[1].token, Some(adopted.token()));
+    assert!(events.iter().all(|e| &e.owner == adopted.owner()));
+    let line = events[0].to_json();
+    assert!(line.starts_with(r#"{"kind":"unanswered","#), "{line}");
+    assert!(line.ends_with(r#","resolved_within_ms":16000}"#), "{line}");
+
+    faults.lose_next_reply(Op::Acquire);
+    assert!(client.mutex("tried").unwrap().try_lock().await.is_err());
+    assert_eq!(kinds("tried"), [unanswered, EventKind::Unknown("released")]);
+    assert_eq!(holders("tried").await, 0);
+
+    // The server grants, and its replies are held: the acquisition is dropped while it
+    // retries.
+    faults.hold_replies(Op::Acquire);
+    let dropped = client.mutex("dropped").unwrap();
+    let waiting = tokio::spawn(async move { dropped.lock().await.map(|_| ()) });
+    let before = kept.all().len();
+    kept.until(before + 1).await;
+    assert_eq!(kinds("dropped"), [unanswered]);
+    assert_eq!(holders("dropped").await, 1);
+    waiting.abort();
+    assert!(waiting.await.unwrap_err().is_cancelled());
+    client.settle().await;
+    assert_eq!(
+        kinds("dropped"),
+        [unanswered, EventKind::Unknown("released")]
+    );
+    assert_eq!(holders("dropped").await, 0);
+    faults.resume(Op::Acquire);
+}
+
 /// A fence that reports says which accesses it let through and which it refused.
 #[test]
 fn a_reporting_fence_records_each_access() {

@@ -600,10 +600,15 @@ impl Advisory {
     }
 
     pub(crate) async fn abandon(&self, req: &Request) -> Result<()> {
-        // Dropping the slot closes its connection: the server ends the session and frees
-        // whatever it held.
-        drop(self.owners().remove(&req.owner));
-        Ok(())
+        // Closing the session's connection frees what it held, but only as the server's
+        // process for it exits, after this returns. So the release is sent once more on
+        // that connection, if it still answers (bounded by a third of the session ttl);
+        // not done, its slot is dropped, which closes the connection.
+        let bound = self.session_ttl / 3;
+        match tokio::time::timeout(bound, self.release(req)).await {
+            Ok(released) => released.map(|_| ()),
+            Err(_) => Err(Error::Timeout(bound)),
+        }
     }
 
     /// Tells the watchers of `name` that it changed, if any follows it; failures only logged.

@@ -185,7 +185,9 @@ impl Guard {
     /// - [`Error::Lost`] if the lease had been lost: the work done under it may have
     ///   overlapped another holder's (the release is still attempted, owner-checked).
     /// - [`Error::NotHeld`] if the server had no grant for this owner (it lost it without
-    ///   the holder noticing).
+    ///   the holder noticing). After an attempt that went unanswered (a timeout, an
+    ///   unreachable server: it may be what released the grant), a later "not held"
+    ///   counts as released.
     /// - Backend errors, once retrying them for about one request timeout has not helped;
     ///   the release then goes on in the background.
     pub async fn release(mut self) -> Result<()> {

@@ -152,6 +152,7 @@ fn the_audit_finds_the_double_grant_of_a_release_without_owner_check() {
 
 #[test]
 fn the_audit_raises_no_alarm_where_every_promise_was_kept() {
+    let mut unanswered = 0;
     for scenario in [
         "pause-holder",
         "latency-jitter",
@@ -176,12 +177,18 @@ fn the_audit_raises_no_alarm_where_every_promise_was_kept() {
             "{scenario}: the resource's accesses were not seen: {:?}",
             found.events
         );
+        unanswered += found.events.get("unanswered").copied().unwrap_or(0);
         assert!(
             found.findings.is_empty(),
             "{scenario}: false alarms {:?}",
             found.findings
         );
     }
+    // Acquires went unanswered, and each was resolved: no `unresolved` among the findings.
+    // Whether a request is in flight when a fault hits depends on timing (a waiter between
+    // two attempts has none), so this counts them over all the runs, where replies were
+    // held past the request timeout, delayed by up to a lease, or reset.
+    assert!(unanswered > 0, "no acquire went unanswered in any run");
 }
 
 #[test]
@@ -269,11 +276,13 @@ fn the_audit_judges_clocks_seconds_apart_within_their_uncertainty() {
     // The overlaps that really were are those of the events with each host's skew taken
     // off, audited as from one exact clock. Nothing else is found: no hand-off is taken
     // for an overlap (read as if the clocks agreed, the same events show some: the skew is
-    // real). Each is found that outlasts twice the uncertainty (the audit's slack) plus
-    // what the second holder's clock is ahead of the first's (it shortens the overlap as
-    // measured; 4 × the uncertainty at worst). The audit measures the same events, so that
-    // bound is exact up to rounding (5 ms). Whether a run has an overlap that long depends
-    // on when a rogue release hits the paused holder: about two runs in three.
+    // real). Each real one is found that, measured on the hosts' own clocks (the same
+    // events read as if the clocks agreed), outlasts twice the uncertainty (the audit's
+    // slack), up to rounding (5 ms). Measured so, an overlap is shorter than it was by up
+    // to how far apart the two holders' clocks are, whichever is ahead (the second's, when
+    // the first hold ends first; the first's, when the second lies within the first, as
+    // when the first holder was paused). Whether a run has an overlap that long depends on
+    // when a rogue release hits the paused holder and on the machine's load: most seeds.
     let ttl = Some(Duration::from_secs(10));
     let mut skew_seen = false;
     for seed in 1..=8 {
@@ -297,26 +306,20 @@ fn the_audit_judges_clocks_seconds_apart_within_their_uncertainty() {
                 .collect()
         };
         let tokens = |holders: &[(String, u64)]| holders.iter().map(|h| h.1).collect::<Vec<_>>();
-        let must: BTreeSet<Vec<u64>> = double_grants(&real)
-            .into_iter()
-            .filter(|(holders, overlap_ms)| {
-                // The first holder has the lower token.
-                let [first, second] = &holders[..] else {
-                    return false;
-                };
-                let ahead = host_offset_ms(&second.0, skew) - host_offset_ms(&first.0, skew);
-                let beyond = 2 * 1_000 + ahead.max(0) + 5;
-                i64::try_from(*overlap_ms).unwrap() > beyond
-            })
-            .map(|(holders, _)| tokens(&holders))
-            .collect();
         let may: BTreeSet<Vec<u64>> = (double_grants(&real).iter())
             .map(|(holders, _)| tokens(holders))
             .collect();
         let found: BTreeSet<Vec<u64>> = (double_grants(&buggy.found).iter())
             .map(|(holders, _)| tokens(holders))
             .collect();
+        // With 1 ms of uncertainty the reported overlap is the measured one less 2 ms.
         let misread = leasehold_chaos::audit::audit(&Spec::new(buggy.files.clone(), 1)).unwrap();
+        let must: BTreeSet<Vec<u64>> = double_grants(&misread)
+            .into_iter()
+            .filter(|(_, overlap_ms)| overlap_ms + 2 > 2 * 1_000 + 5)
+            .map(|(holders, _)| tokens(&holders))
+            .filter(|pair| may.contains(pair))
+            .collect();
         skew_seen |=
             (double_grants(&misread).iter()).any(|(holders, _)| !may.contains(&tokens(holders)));
         assert!(

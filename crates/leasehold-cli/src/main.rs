@@ -69,7 +69,9 @@ enum Command {
     /// Uncontended and contended acquire+release cycles, acquire latency, and hand-off from
     /// a release to the next holder.
     Bench(BenchArgs),
-    /// Check the lock events of many hosts for double grants, broken promises and stale accesses.
+    /// Check the lock events of many hosts for what must never happen.
+    /// Double grants, broken promises, tokens out of order, stale accesses, unknown outcomes
+    /// left unresolved.
     /// Each FILE is one host's `--events` record. Exit codes: 0 nothing found; 1 findings
     /// (printed); 64 a file that cannot be read.
     Audit(AuditArgs),

@@ -12,7 +12,10 @@
 //!   (past the lost promise, when the release that could give it up has arrived);
 //! - each grant and fence access until it has been checked and lies more than the slack
 //!   before the watermark; after that only the highest token survives, per name;
-//! - a name or resource with nothing else kept for `forget_ms` of event time is forgotten.
+//! - a name or resource with nothing else kept for `forget_ms` of event time is forgotten;
+//! - per host, each acquire that went unanswered until its resolution is read, it is
+//!   reported, or the record shows a gap or that its process is gone (silent while the
+//!   record went on for `forget_ms`).
 //!
 //! A host from which nothing has arrived for `idle_ms` (of this process's time, not of
 //! event time, so that one host's clock running ahead cannot silence the others) stops
@@ -81,6 +84,40 @@ impl Hold {
 /// request timeout (5 s by default).
 const ANSWER_WINDOW_MS: u64 = 10_000;
 
+/// How long after an acquire request was sent its client resolves its outcome at most.
+/// That is for an `unanswered` event that does not say (`resolved_within_ms`).
+const RESOLVE_WINDOW_MS: u64 = 60_000;
+/// How much longer than the client's bound a process runs on before it is reported.
+/// That is with a resolution not read (see [`Unanswered`]); it is also the most one step
+/// between two of its events counts for.
+const RESOLVE_GRACE_MS: u64 = 5_000;
+
+/// An acquire request that went unanswered, its resolution not read yet.
+/// It is judged by the later events of its own process (owner ids of leasehold's clients
+/// begin with their process id: `<pid>-…`), so that another process writing to the same
+/// record, or one that took over after it stopped, cannot make it look overdue. Past
+/// `due_ms` the process's events count how long it ran, each step between two of them for
+/// at most [`RESOLVE_GRACE_MS`]: a process paused or suspended (twice, even) may write other
+/// events first and resolve it only as its own timers catch up, within the client's bound.
+/// It is overdue once that count passes the bound and the grace.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Unanswered {
+    name: String,
+    at_ms: u64,
+    due_ms: u64,
+    within_ms: u64,
+    /// The latest event of its process read.
+    last_ms: u64,
+    /// How long its process has run past `due_ms`, as its events count it.
+    ran_ms: u64,
+}
+
+/// The process an owner id belongs to: what comes before its first `-`.
+/// An owner id of another writer without one is its own process.
+fn process_of(owner: &str) -> &str {
+    owner.split_once('-').map_or(owner, |(process, _)| process)
+}
+
 /// Two holds whose promises overlapped while no two holders believed they held at once.
 /// It is judged once every event that could give the lost promise up has been read: past
 /// `ready_ms` (the end of that promise, plus the slack) on its holder's record, and past
@@ -138,6 +175,12 @@ struct Host {
     /// Its holder's release, and the server's answer to it, may follow.
     #[serde(default)]
     lost: HashMap<String, (String, u64)>,
+    /// By owner: each acquire request that went unanswered, its resolution not read yet.
+    #[serde(default)]
+    unanswered: HashMap<String, Unanswered>,
+    /// Its latest `dropped` line: events stamped before it may be missing.
+    #[serde(default)]
+    gap_ms: u64,
 }
 
 /// Counts of what an auditor read and found.
@@ -258,9 +301,13 @@ impl Auditor {
     }
 
     /// Adds a host (a new process's events), and returns its index.
+    /// It counts as heard from now: until it writes or falls silent for `idle_ms`, it holds
+    /// the watermark back, so that its first events (a process waits for its first grant
+    /// before it writes) are not late.
     pub fn add_host(&mut self, name: String) -> usize {
         self.hosts.push(Host {
             name,
+            heard: Some(std::time::Instant::now()),
             ..Host::default()
         });
         self.hosts.len() - 1
@@ -299,12 +346,14 @@ impl Auditor {
         self.watermark_ms
     }
 
-    /// Holds, grants and accesses kept: what its memory grows with.
+    /// Holds, grants, accesses and unanswered acquires kept: what its memory grows with.
     pub fn kept(&self) -> usize {
-        self.names
-            .values()
-            .map(|n| n.holds.len() + n.grants.recent.len() + 1)
-            .sum::<usize>()
+        self.hosts.iter().map(|h| h.unanswered.len()).sum::<usize>()
+            + self
+                .names
+                .values()
+                .map(|n| n.holds.len() + n.grants.recent.len() + 1)
+                .sum::<usize>()
             + self
                 .resources
                 .values()
@@ -358,6 +407,7 @@ impl Auditor {
             self.end(host, &owner, last, "expired");
         }
         self.releases_unseen(host);
+        self.hosts[host].unanswered.clear();
     }
 
     /// Events of `host` may be missing: the release of each grant it lost may be among them.
@@ -428,6 +478,13 @@ impl Auditor {
         host_state.done = false;
         let name = event["name"].as_str().unwrap_or_default();
         let owner = event["owner"].as_str().unwrap_or_default();
+        // A resolution read first: a paused process may write it past its due time.
+        if kind == "unknown" {
+            self.hosts[host].unanswered.remove(owner);
+        }
+        if !owner.is_empty() {
+            self.unresolved(host, process_of(owner), at);
+        }
         let promise = match (event["sent_ms"].as_u64(), event["lease_ms"].as_u64()) {
             (Some(sent), Some(lease)) => Some(steady(sent).saturating_add(lease)),
             _ => event["session_until_ms"].as_u64().map(steady),
@@ -449,6 +506,23 @@ impl Auditor {
                 self.granted(host, name, owner, token, exclusive, at, promise);
             }
             "renewed" => self.promised(host, owner, promise),
+            // Its resolution may be in a gap the sink's `dropped` line (written later)
+            // stands for.
+            "unanswered" if at <= self.hosts[host].gap_ms => {}
+            "unanswered" => {
+                let within = event["resolved_within_ms"].as_u64();
+                let sent = event["sent_ms"].as_u64().map_or(at, steady);
+                let within_ms = within.unwrap_or(RESOLVE_WINDOW_MS);
+                let entry = self.hosts[host].unanswered.entry(owner.to_owned());
+                entry.or_insert_with(|| Unanswered {
+                    name: name.to_owned(),
+                    at_ms: at,
+                    due_ms: sent.saturating_add(within_ms),
+                    within_ms,
+                    last_ms: at,
+                    ran_ms: 0,
+                });
+            }
             "released" if !self.hosts[host].open.contains_key(owner) => {
                 // The release of a lost grant: the promise is given up from here.
                 if let Some(hold) = self.lost_hold(host, owner) {
@@ -456,8 +530,8 @@ impl Auditor {
                 }
             }
             "released" => self.end(host, owner, at, "released"),
-            // Of several copies (Redlock), "not held" is what the nodes that answered said;
-            // the others may have released.
+            // Of several copies (Redlock), "not held" is what a majority of nodes said; the
+            // others may have released.
             "not_held" if event["backend"].as_str() == Some("redlock") => {}
             "not_held" => {
                 // The server had let the lost grant go before that release came.
@@ -517,11 +591,58 @@ impl Auditor {
             }
             "dropped" => {
                 self.releases_unseen(host);
+                let state = &mut self.hosts[host];
+                state.unanswered.clear();
+                state.gap_ms = state.gap_ms.max(at);
                 let count = event["count"].as_u64().unwrap_or(0);
                 self.counts.dropped += count;
                 metrics::counter!("leasehold_audit_dropped_events_total").increment(count);
             }
             _ => {}
+        }
+    }
+
+    /// Reports each unanswered acquire of `process` on `host` not resolved in time.
+    /// That is as of the process's event at `at`; see [`Unanswered`]. A process that stops
+    /// writing before then (it stopped: its grant ends with its lease or session) is not
+    /// reported.
+    fn unresolved(&mut self, host: usize, process: &str, at: u64) {
+        let state = &mut self.hosts[host];
+        let mut overdue: Vec<(String, Unanswered)> = Vec::new();
+        for (owner, u) in &mut state.unanswered {
+            if process_of(owner) != process || at <= u.last_ms {
+                continue;
+            }
+            let from = u.last_ms.max(u.due_ms);
+            u.ran_ms += at.saturating_sub(from).min(RESOLVE_GRACE_MS);
+            u.last_ms = at;
+            if u.ran_ms > u.within_ms + RESOLVE_GRACE_MS {
+                overdue.push((owner.clone(), u.clone()));
+            }
+        }
+        let lane = state.name.clone();
+        for (owner, u) in overdue {
+            self.hosts[host].unanswered.remove(&owner);
+            let detail = format!(
+                "{lane}'s acquire (owner {owner}) went unanswered; its resolution was due \
+                 {} ms later, and its process ran on for {} ms past that without saying \
+                 whether the grant it may have made was adopted, refused or released",
+                u.due_ms.saturating_sub(u.at_ms),
+                u.ran_ms
+            );
+            let finding = Finding {
+                check: "unresolved",
+                subject: u.name,
+                at_ms: u.at_ms,
+                overlap_ms: 0,
+                detail,
+            };
+            found(
+                &mut self.counts,
+                &mut self.made,
+                finding,
+                vec![lane.clone()],
+            );
         }
     }
 
@@ -884,14 +1005,22 @@ impl Auditor {
                 settled.push(name.clone());
             }
         }
-        // A lost hold no longer kept has nothing left to give up.
+        // A lost hold no longer kept has nothing left to give up; a host silent, or a
+        // process of it that wrote nothing while its record went on, for as long as a name
+        // is remembered will not resolve what it left unanswered.
         let names = &self.names;
+        let forget_ms = self.forget_ms;
+        let forget = std::time::Duration::from_millis(forget_ms);
         for host in &mut self.hosts {
             host.lost.retain(|_, (name, id)| {
                 names
                     .get(name)
                     .is_some_and(|state| state.holds.iter().any(|h| h.id == *id))
             });
+            let silent = (host.heard).is_none_or(|t| now.saturating_duration_since(t) >= forget);
+            let latest = host.latest_ms;
+            (host.unanswered)
+                .retain(|_, u| !silent && u.last_ms.saturating_add(forget_ms) >= latest);
         }
         for name in settled {
             self.busy.remove(&name);

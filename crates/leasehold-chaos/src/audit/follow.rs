@@ -98,7 +98,10 @@ pub async fn follow(
                     ..Tail::default()
                 })
                 .collect();
-            (spec.auditor_of(&files), tails)
+            // Each file counts as heard from now, as one found later does when added.
+            let mut auditor = spec.auditor_of(&files);
+            auditor.heard_all_at(Instant::now());
+            (auditor, tails)
         }
     };
     let mut changes = Changes::watch(&spec.files)?;

@@ -16,8 +16,9 @@
 //! - **token order** (C1): a grant whose token is not above every token granted earlier
 //!   on the name.
 //! - **stale access** (C2/C3): a fence accepted a token below one it had accepted before.
-//! - **unknown outcome** (C10): reported by kind; `released` and `not_granted` are fine,
-//!   counted only.
+//! - **unresolved** (C10): an acquire that went unanswered (`unanswered`) with no
+//!   resolution (`unknown`: adopted, not granted or released) by the time its client said
+//!   it would come, while its process ran on (see [`Auditor`]).
 //!
 //! [`Auditor`] is the engine: it takes each host's events in order and keeps only what a
 //! check still to come can need, so it runs on live streams in bounded memory. [`audit`]
@@ -47,7 +48,7 @@ pub const FORGET_MS: u64 = 3_600_000;
 /// Something that must never happen, found in the events.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Finding {
-    /// `double_grant`, `broken_promise`, `token_order` or `stale_access`.
+    /// `double_grant`, `broken_promise`, `token_order`, `stale_access` or `unresolved`.
     pub check: &'static str,
     /// The lock's name, or the fenced resource.
     pub subject: String,
@@ -429,6 +430,81 @@ mod tests {
     }
 
     #[test]
+    fn an_acquire_left_unresolved_is_found_once_its_process_runs_on() {
+        let dir = tempfile::tempdir().unwrap();
+        // Process 1's request, sent at 500 and due by 11 500.
+        let unanswered = r#"{"kind":"unanswered","at_ms":1000,"backend":"redis","name":"n","mode":"exclusive","owner":"1-a","sent_ms":500,"resolved_within_ms":11000}"#.to_owned();
+        let unknown = |how: &str, at: u64| {
+            format!(
+                r#"{{"kind":"unknown","at_ms":{at},"backend":"redis","name":"n","mode":"exclusive","owner":"1-a","resolved":"{how}"}}"#
+            )
+        };
+        // Holds of other names by `process`, one every 2 s from `from` ms to `to`.
+        let holds = |process: u64, from: u64, to: u64| {
+            (from / 2_000..to / 2_000).flat_map(move |i| {
+                let owner = format!("{process}-{i}");
+                let line = |kind: &str, at: u64| {
+                    format!(
+                        r#"{{"kind":"{kind}","at_ms":{at},"backend":"redis","name":"other{i}","mode":"exclusive","owner":"{owner}","token":1,"sent_ms":{at},"lease_ms":1000}}"#
+                    )
+                };
+                [line("granted", i * 2_000), line("released", i * 2_000 + 500)]
+            })
+        };
+        let audited = |record: &[String]| {
+            let a = host(dir.path(), "a", record);
+            let report = audit(&Spec::new(vec![a], 20)).unwrap();
+            (report.findings.iter())
+                .map(|f| (f.check, f.subject.clone(), f.at_ms))
+                .collect::<Vec<_>>()
+        };
+        let of = |parts: Vec<Vec<String>>| parts.concat();
+        let head = vec![unanswered.clone()];
+        for how in ["adopted", "not_granted", "released"] {
+            let record = of(vec![
+                head.clone(),
+                vec![unknown(how, 1_500)],
+                holds(1, 2_000, 60_000).collect(),
+            ]);
+            assert_eq!(audited(&record), [], "{how}");
+        }
+        // Nothing says what became of it while its process runs on: reported once the
+        // process has run for the client's bound and the grace past the due time (27.5 s).
+        let unresolved = of(vec![head.clone(), holds(1, 2_000, 60_000).collect()]);
+        assert_eq!(
+            audited(&unresolved),
+            [("unresolved", "n".to_owned(), 1_000)]
+        );
+        let short = of(vec![head.clone(), holds(1, 2_000, 26_000).collect()]);
+        assert_eq!(audited(&short), []);
+        // Process 1 stopped; process 2 writes on to the same record, beside it or after.
+        let other = of(vec![head.clone(), holds(2, 2_000, 60_000).collect()]);
+        assert_eq!(audited(&other), []);
+        // Process 1 paused past the due time twice, writing other events in between, then
+        // resolves it.
+        let paused = of(vec![
+            head.clone(),
+            holds(1, 40_000, 44_000).collect(),
+            holds(1, 90_000, 94_000).collect(),
+            vec![unknown("released", 94_500)],
+            holds(1, 96_000, 150_000).collect(),
+        ]);
+        assert_eq!(audited(&paused), []);
+        // Events were dropped, the line saying so written after some older ones: the
+        // resolution may have been among them.
+        let dropped = r#"{"kind":"dropped","at_ms":1200,"count":3}"#.to_owned();
+        for gap in [
+            vec![unanswered.clone(), dropped.clone()],
+            vec![dropped.clone(), unanswered.clone()],
+        ] {
+            assert_eq!(
+                audited(&of(vec![gap, holds(1, 2_000, 60_000).collect()])),
+                []
+            );
+        }
+    }
+
+    #[test]
     fn a_grant_inside_the_promise_of_a_holder_that_lost_it_is_a_broken_promise() {
         let dir = tempfile::tempdir().unwrap();
         let audited = |first: &[String], second: &[String]| {
@@ -520,7 +596,7 @@ mod tests {
             session("lost", 1_550, 2_400),
         ];
         assert_eq!(measured(&a_session, &b_after), [("broken_promise", 360)]);
-        // Redlock's "not held" is what the nodes that answered said: the release stands.
+        // Redlock's "not held" is what a majority of nodes said: the release stands.
         let redlock = |line: String| line.replace(r#""backend":"redis""#, r#""backend":"redlock""#);
         let a_redlock: Vec<String> = a_not_held.iter().cloned().map(redlock).collect();
         assert!(audited(&a_redlock, &b_after).is_empty());
@@ -701,6 +777,30 @@ mod tests {
         assert_eq!(auditor.counts().late, 2);
         let checks: Vec<&str> = auditor.take_findings().iter().map(|f| f.check).collect();
         assert_eq!(checks, ["token_order"]);
+    }
+
+    #[test]
+    fn a_host_added_holds_the_audit_back_until_its_first_event() {
+        // A process writes nothing until its first grant: b's file is found while b waits,
+        // and its first event, a grant over a's hold, comes after a has written on.
+        let mut auditor = Auditor::new(&["a".into()], 5, 60_000, 600_000);
+        auditor.line(0, &granted("a1", 1, 1_000, 500));
+        auditor.advance();
+        let b = auditor.add_host("b".into());
+        auditor.line(0, &ended("released", "a1", 1, 1_200));
+        for at in (1_300..5_000).step_by(100) {
+            auditor.line(0, &granted(&format!("a{at}"), at, at, 50));
+            auditor.line(0, &ended("released", &format!("a{at}"), at, at + 10));
+            auditor.advance();
+        }
+        // b, silent since it was added, held the watermark back: a's first hold is kept.
+        assert_eq!(auditor.watermark_ms(), 1_000);
+        auditor.line(b, &granted("b1", 2, 1_100, 500));
+        auditor.line(b, &ended("released", "b1", 2, 1_150));
+        auditor.advance();
+        assert_eq!(auditor.counts().late, 0);
+        let checks: Vec<&str> = auditor.take_findings().iter().map(|f| f.check).collect();
+        assert!(checks.contains(&"double_grant"), "{checks:?}");
     }
 
     #[test]

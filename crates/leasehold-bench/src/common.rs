@@ -272,6 +272,28 @@ pub(crate) fn leasehold_cycle(mutex: leasehold::Mutex) -> impl FnMut() -> Cycle 
     }
 }
 
+/// One rslock cycle on `key`: `acquire_no_guard` (timed), then `unlock`.
+/// `acquire_no_guard` retries until it holds. With several servers in `manager`, that is
+/// rslock's Redlock.
+#[allow(dead_code)] // only the comparisons with rslock
+pub(crate) fn rslock_cycle(
+    manager: std::sync::Arc<rslock::LockManager>,
+    key: String,
+    ttl: Duration,
+) -> impl FnMut() -> Cycle + Send + 'static {
+    move || {
+        let manager = manager.clone();
+        let key = key.clone();
+        Box::pin(async move {
+            let started = Instant::now();
+            let lock = manager.acquire_no_guard(key.as_bytes(), ttl).await.unwrap();
+            let took = started.elapsed();
+            manager.unlock(&lock).await;
+            took
+        })
+    }
+}
+
 /// User + system CPU time of process `pid` so far.
 #[allow(dead_code)] // only the comparisons that read the servers' CPU time
 pub(crate) fn cpu_time(pid: u32) -> Duration {

@@ -27,28 +27,11 @@ mod bare;
 mod common;
 use bare::{BareGrant, FENCED_GRANT, TTL, bare_cycle};
 use common::{
-    Args, CpuSide, Cycle, Rounds, bare_connection, cpu_time, leasehold_cycle, pin_servers,
-    print_server_cpu, server_cpu as server_cpu_of, uncontended,
+    Args, CpuSide, Rounds, bare_connection, cpu_time, leasehold_cycle, pin_servers,
+    print_server_cpu, rslock_cycle, server_cpu as server_cpu_of, uncontended,
 };
 
 const ROUNDS: usize = 3;
-fn rslock_cycle(
-    manager: Arc<rslock::LockManager>,
-    key: String,
-) -> impl FnMut() -> Cycle + Send + 'static {
-    move || {
-        let manager = manager.clone();
-        let key = key.clone();
-        Box::pin(async move {
-            let started = Instant::now();
-            let lock = manager.acquire_no_guard(key.as_bytes(), TTL).await.unwrap();
-            let took = started.elapsed();
-            manager.unlock(&lock).await;
-            took
-        })
-    }
-}
-
 /// EVALSHA calls the server has served (nested script commands are not counted).
 async fn commands(conn: &mut ConnectionManager) -> u64 {
     let info: String = redis::cmd("INFO")
@@ -122,7 +105,7 @@ async fn main() {
         }
 
         let mut rows = uncontended("rslock", "rslock", args.clients, spec.duration, |i, key| {
-            rslock_cycle(managers[i].clone(), key)
+            rslock_cycle(managers[i].clone(), key, TTL)
         })
         .await;
         if round == 0 {
@@ -199,7 +182,11 @@ async fn main() {
             (
                 "rslock",
                 Box::new(|i| {
-                    Box::new(rslock_cycle(managers[i].clone(), format!("cpu-rslock-{i}")))
+                    Box::new(rslock_cycle(
+                        managers[i].clone(),
+                        format!("cpu-rslock-{i}"),
+                        TTL,
+                    ))
                 }),
             ),
         ];

@@ -1,6 +1,8 @@
-//! Redlock over five redis-servers side by side with leasehold on one redis-server.
+//! Redlock over five redis-servers, beside leasehold on one and rslock's Redlock on the five.
 //! It shows the cost of the parallel fan-out, with and without the fencing write-back
 //! round, and the floor under it on this machine (a bare PING to all five nodes at once).
+//! Contended rows (every client on one name) also give the spread: the busiest client's
+//! cycles over the idlest's.
 //!
 //! ```sh
 //! cargo run --release -p leasehold-bench --bin redlock-compare [-- --duration 3s --json]
@@ -8,7 +10,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark: failures should be loud
 
-use std::time::Instant;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
 use leasehold_cli::bench::{BenchSpec, Row, cycles, json, table};
@@ -16,9 +19,11 @@ use redis::aio::ConnectionManager;
 use serde_json::json as j;
 
 mod common;
-use common::{Args, Cycle, Rounds, bare_connection, pin_servers};
+use common::{Args, Cycle, Rounds, bare_connection, pin_servers, rslock_cycle, uncontended};
 
 const ROUNDS: usize = 2;
+/// The lease of rslock's locks (leasehold's bench locks have 30 s too).
+const TTL: Duration = Duration::from_secs(30);
 
 /// The floor under any Redlock on this machine.
 /// A PING to every node at once, answered by all (no script, no lock), with plain redis-rs
@@ -75,6 +80,10 @@ async fn main() {
     for node in &nodes {
         five.push(bare_connection(&node.url()).await);
     }
+    let node_urls: Vec<String> = nodes.iter().map(|n| n.url()).collect();
+    let rslocks: Vec<Arc<rslock::LockManager>> = (0..args.clients)
+        .map(|_| Arc::new(rslock::LockManager::new(node_urls.clone())))
+        .collect();
     let mut rounds = Rounds::default();
     for _ in 0..args.rounds.unwrap_or(ROUNDS) {
         rounds.next();
@@ -90,6 +99,24 @@ async fn main() {
                 handoff: false,
             },
         ]);
+        let rs = |i: usize, key: String| rslock_cycle(rslocks[i].clone(), key, TTL);
+        let mut rows = uncontended(
+            "rslock N=5 uncontended",
+            "rslock",
+            args.clients,
+            spec.duration,
+            rs,
+        )
+        .await;
+        rows.push(Row {
+            name: format!("rslock N=5 contended, {} clients on 1 name", args.clients),
+            stats: cycles(args.clients, spec.duration, |i| {
+                rs(i, "rslock-shared".to_owned())
+            })
+            .await,
+            handoff: false,
+        });
+        rounds.keep(rows);
         for (label, url) in &targets {
             let rows = leasehold_cli::bench::leasehold(&spec, || leasehold::connect(url))
                 .await
@@ -123,6 +150,14 @@ async fn main() {
         println!("{out}");
     } else {
         print!("{}", table(&best));
+        println!();
+        for row in best.iter().filter(|r| r.name.contains(" contended,")) {
+            println!(
+                "{}: spread {:.2} (busiest client's cycles over the idlest's)",
+                row.name,
+                row.stats.spread()
+            );
+        }
         println!(
             "\nacquire p50, redlock / single: {:.2} without the fencing round, {:.2} with it",
             summary["redlock_no_fencing_vs_single_p50"]

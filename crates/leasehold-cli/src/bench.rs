@@ -20,6 +20,8 @@ pub struct Stats {
     pub elapsed: Duration,
     /// Sorted samples (acquire latency, or hand-off time).
     pub samples: Vec<Duration>,
+    /// The cycles of each concurrent task ([`cycles`]; empty for [`handoffs`]).
+    pub per_task: Vec<u64>,
 }
 
 impl Stats {
@@ -37,8 +39,19 @@ impl Stats {
         self.samples[i.min(self.samples.len() - 1)]
     }
 
+    /// The busiest task's cycles over the idlest's (1.0: even; one task, or none: 1.0).
+    pub fn spread(&self) -> f64 {
+        let most = self.per_task.iter().copied().max().unwrap_or(0);
+        let least = self.per_task.iter().copied().min().unwrap_or(0);
+        if most == 0 {
+            return 1.0;
+        }
+        most as f64 / least.max(1) as f64
+    }
+
     fn merge(mut self, other: Stats) -> Stats {
         self.cycles += other.cycles;
+        self.per_task.push(other.cycles);
         self.elapsed = self.elapsed.max(other.elapsed);
         self.samples.extend(other.samples);
         self
@@ -166,6 +179,7 @@ pub fn json(rows: &[Row]) -> Value {
             "cycles_per_second": (!row.handoff).then(|| row.stats.rate()),
             "p50_ms": ms(row.stats.quantile(0.5)),
             "p99_ms": ms(row.stats.quantile(0.99)),
+            "spread": (row.stats.per_task.len() > 1).then(|| row.stats.spread()),
         })).collect::<Vec<_>>()
     })
 }

@@ -68,9 +68,17 @@ local rank = false
 if FAIR then rank = redis.call('ZRANK', QUEUE, me) end
 if FAIR and WAITING then
   if not rank then
-    local last = redis.call('ZRANGE', QUEUE, -1, -1, 'WITHSCORES')
-    local seq = 1
-    if #last > 0 then seq = tonumber(last[2]) + 1 end
+    -- A place given (a Redlock node's waiter: when its acquisition began) orders the queue
+    -- the same way on every node; ties go by member. A place more than a lease away from
+    -- this server's clock (a client's clock far off) is brought within it.
+    local seq = tonumber(PLACE)
+    if seq ~= 0 then
+      seq = math.min(math.max(seq, now - ttl), now + ttl)
+    else
+      local last = redis.call('ZRANGE', QUEUE, -1, -1, 'WITHSCORES')
+      seq = 1
+      if #last > 0 then seq = tonumber(last[2]) + 1 end
+    end
     redis.call('ZADD', QUEUE, seq, me)
     rank = redis.call('ZRANK', QUEUE, me)
   end

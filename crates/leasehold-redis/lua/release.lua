@@ -1,5 +1,8 @@
 -- release: remove OWNER's grant, or its waiter entry; nothing of anyone else's. Wakes the
 -- waiters that may now be granted. Returns 1 if something was removed, else 0.
+-- With a PLACE (a Redlock node's waiter giving back a grant that made no majority), the
+-- grant goes back to the queue: OWNER waits again at PLACE, until its grant would have
+-- ended, so that the nodes' queues still agree; a waiter entry is kept as it is.
 
 -- An exclusive holder whose lease is the key's (nobody waits; see head.lua): compare the
 -- owner without building a string, then DEL the lock, its stored value (XINFO, when the
@@ -10,7 +13,8 @@ local mine = false
 if string.byte(FLAGS) == 120 then -- 'x'
   local value = redis.call('GET', LOCK)
   if value and string.find(value, OWNER, 1, true) == 1 and string.byte(value, #OWNER + 1) == 32 then
-    if string.byte(value, #OWNER + 2) ~= 119 then -- not "<owner> w<until> <token>"
+    -- not "<owner> w<until> <token>", and not going back to the queue
+    if string.byte(value, #OWNER + 2) ~= 119 and PLACE == '0' then
       if XINFO then
         -- A grant with a value (an election's leader): its observers see it go.
         redis.call('DEL', LOCK, XINFO)
@@ -30,11 +34,25 @@ end
 -- @common
 
 local now = now_ms()
+-- Back to the queue at PLACE, until `ends` (ms): the key stays up as the gate till then.
+-- The place is the one the waiter still has on the nodes that did not grant: when its
+-- acquisition began (acquire.lua brought it within a lease of the clock only if the
+-- client's clock was that far off).
+local function requeue(ends)
+  local me = member_of(MODE, OWNER, LIMIT)
+  redis.call('ZADD', QUEUE, PLACE, me)
+  redis.call('ZADD', QEXP, ends, me)
+  hold_gate(ends)
+end
 -- OWNER's value with a lease end: released if the lease has not ended. The key stays as
 -- the gate while others wait (or delay the name); woken, they go on in queue order.
 if mine and live_holder(mine, now) then
   if XINFO then redis.call('DEL', XINFO) end
   prune_queue(now)
+  if PLACE ~= '0' then
+    local _, _, ends = parse_lock(mine)
+    requeue(ends or now + redis.call('PTTL', LOCK))
+  end
   local others = redis.call('EXISTS', QEXP)
   if DELAY then
     redis.call('ZREM', DELAY, OWNER)
@@ -57,6 +75,7 @@ if MODE ~= 'x' then
     redis.call('ZREM', zset, OWNER)
     redis.call('HDEL', info, OWNER)
     redis.call('ZREM', delay, OWNER)
+    if PLACE ~= '0' and tonumber(expires) > now then requeue(tonumber(expires)) end
     close_gate_if_idle(now)
     if tonumber(expires) > now then
       if MODE == 's' then mark_gate(true) end
@@ -67,6 +86,7 @@ if MODE ~= 'x' then
     return 0
   end
 end
+if PLACE ~= '0' then return 0 end
 local me = member_of(MODE, OWNER, LIMIT)
 local gone = redis.call('ZREM', QEXP, me, '~' .. me)
 if redis.call('ZREM', QUEUE, me) == 1 or gone > 0 then

@@ -75,7 +75,9 @@ pub(crate) struct NodeAcquire {
     /// A Redlock node, whose tokens come from its counter alone, fresh on every grant.
     /// An owner that holds already gets a fresh token rather than its stored one, and
     /// tokens are not raised to the node's clock (Redlock's majority compares the nodes'
-    /// counters, which clocks would set apart on every grant).
+    /// counters, which clocks would set apart on every grant). A fair waiter takes its
+    /// place in the queue by when its acquisition began ([`Request::began_ms`]), the same
+    /// place on every node.
     pub(crate) redlock: bool,
 }
 
@@ -234,9 +236,35 @@ impl RedisBackend {
 
     /// Runs the release script for `req`: whether it removed something.
     async fn release_script(&self, req: &Request, keys: &Keys) -> Result<bool> {
+        self.release_with(req, keys, Values::of(req)).await
+    }
+
+    async fn release_with(&self, req: &Request, keys: &Keys, values: Values<'_>) -> Result<bool> {
         let call = self.calls().release_of(req);
-        let answer: i64 = self.run(call, keys, &Values::of(req)).await?;
+        let answer: i64 = self.run(call, keys, &values).await?;
         reply::yes_or_no(answer, call.name)
+    }
+
+    /// Gives back `req.owner`'s grant as a Redlock node, keeping its place in the queue.
+    /// The owner waits again at its place (see [`NodeAcquire::redlock`]) until its grant
+    /// would have ended; a waiter entry is left as it is. Whether a grant went back.
+    pub(crate) async fn give_back(&self, req: &Request) -> Result<bool> {
+        let keys = self.keys(&req.name);
+        let values = Values {
+            place: Self::place(req, true),
+            ..Values::of(req)
+        };
+        self.release_with(req, &keys, values).await
+    }
+
+    /// Where `req` queues: [`Arg::Place`](crate::script::Arg::Place) (0: after the last).
+    /// On a Redlock node a waiter's place is when its acquisition began (never 0).
+    fn place(req: &Request, redlock_node: bool) -> u64 {
+        if redlock_node && req.fair && req.waiting {
+            req.began_ms.max(1)
+        } else {
+            0
+        }
     }
 
     /// Why `req.owner`'s grant is gone, which a renewal just found.
@@ -303,6 +331,7 @@ impl RedisBackend {
         let values = Values {
             quarantine_ms: node.quarantine_ms,
             fresh_token: node.redlock,
+            place: Self::place(req, node.redlock),
             ..Values::of(req)
         };
         // An exclusive request tries the fast path first, with only the keys it touches,

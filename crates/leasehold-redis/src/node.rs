@@ -86,6 +86,19 @@ impl Node {
         self.redis.release(req).await
     }
 
+    /// Gives back a grant of a waiting `req` that made no majority, keeping its place here.
+    /// A request that does not wait has no place: its grant is released.
+    pub(crate) async fn give_back(&self, req: &Request) -> Result<Release> {
+        if !req.waiting {
+            return self.release(req).await;
+        }
+        Ok(if self.redis.give_back(req).await? {
+            Release::Released
+        } else {
+            Release::NotHeld
+        })
+    }
+
     /// Force-releases the grant `eviction` names here, if it is held here with its token.
     pub(crate) async fn evict(
         &self,

@@ -164,11 +164,15 @@ pub(crate) enum Arg {
     Record,
     /// How long a record beside the lock is kept, in whole milliseconds.
     Keep,
+    /// Where a fair waiter queues: its place's score (0: after the last waiter).
+    /// A Redlock node's waiters pass when their acquisition began, so that every node
+    /// queues them in one order.
+    Place,
 }
 
 impl Arg {
     /// Every argument, in the order of the bindings.
-    pub(crate) const ALL: [Arg; 12] = [
+    pub(crate) const ALL: [Arg; 13] = [
         Arg::Owner,
         Arg::Flags,
         Arg::Ttl,
@@ -181,6 +185,7 @@ impl Arg {
         Arg::Grant,
         Arg::Record,
         Arg::Keep,
+        Arg::Place,
     ];
 
     /// The argument's name in the scripts.
@@ -198,6 +203,7 @@ impl Arg {
             Arg::Grant => "GRANT",
             Arg::Record => "RECORD",
             Arg::Keep => "KEEP",
+            Arg::Place => "PLACE",
         }
     }
 
@@ -213,7 +219,8 @@ impl Arg {
             | Arg::Floor
             | Arg::Quarantine
             | Arg::Grant
-            | Arg::Keep => "'0'",
+            | Arg::Keep
+            | Arg::Place => "'0'",
         }
     }
 }
@@ -425,7 +432,7 @@ impl Calls {
         let acquire_shape = shape(
             all,
             &[
-                Owner, Flags, Ttl, Channel, Limit, LockDelay, Value, Quarantine,
+                Owner, Flags, Ttl, Channel, Limit, LockDelay, Value, Quarantine, Place,
             ],
             4,
         );
@@ -470,22 +477,22 @@ impl Calls {
             ),
             release_exclusive: call(
                 "release",
-                shape(&EXCLUSIVE_RELEASE_KEYS[..3], &[Owner, Channel], 2),
+                shape(&EXCLUSIVE_RELEASE_KEYS[..3], &[Owner, Channel, Place], 2),
                 release,
             ),
             release_exclusive_delayed: call(
                 "release",
-                shape(&EXCLUSIVE_RELEASE_KEYS[..4], &[Owner, Channel], 2),
+                shape(&EXCLUSIVE_RELEASE_KEYS[..4], &[Owner, Channel, Place], 2),
                 release,
             ),
             release_exclusive_valued: call(
                 "release",
-                shape(&EXCLUSIVE_RELEASE_KEYS, &[Owner, Channel], 2),
+                shape(&EXCLUSIVE_RELEASE_KEYS, &[Owner, Channel, Place], 2),
                 release,
             ),
             release: call(
                 "release",
-                shape(all, &[Owner, Flags, Channel, Limit], 3),
+                shape(all, &[Owner, Flags, Channel, Limit, Place], 3),
                 release,
             ),
             inspect: with(
@@ -735,6 +742,8 @@ pub(crate) struct Values<'a> {
     pub(crate) keep_ms: u64,
     /// The key of the record beside the lock, for a call that passes [`Key::Record`].
     pub(crate) record_key: &'a str,
+    /// [`Arg::Place`].
+    pub(crate) place: u64,
 }
 
 impl<'a> Values<'a> {
@@ -749,6 +758,7 @@ impl<'a> Values<'a> {
             record: b"",
             keep_ms: 0,
             record_key: "",
+            place: 0,
         }
     }
 
@@ -777,6 +787,7 @@ impl<'a> Values<'a> {
             Arg::Grant => self.grant == 0,
             Arg::Record => self.record.is_empty(),
             Arg::Keep => self.keep_ms == 0,
+            Arg::Place => self.place == 0,
             // Always passed when in a shape.
             Arg::Owner | Arg::Flags | Arg::Ttl | Arg::Channel => false,
         }
@@ -811,6 +822,7 @@ impl<'a> Values<'a> {
             Arg::Grant => cmd.arg(self.grant),
             Arg::Record => cmd.arg(self.record),
             Arg::Keep => cmd.arg(self.keep_ms),
+            Arg::Place => cmd.arg(self.place),
         };
     }
 

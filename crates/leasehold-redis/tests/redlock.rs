@@ -6,9 +6,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::StreamExt;
+use futures_util::future::join_all;
 use leasehold_core::backend::{Acquire, Backend, Mode, Release, Request};
 use leasehold_core::{Client, Error, Fence, LockName, LockOptions, OwnerId, RecordKey};
-use leasehold_redis::{RedlockBackend, RedlockOptions};
+use leasehold_redis::{RedisBackend, RedlockBackend, RedlockOptions};
 use leasehold_testkit::faulty::{Faulty, Op};
 use leasehold_testkit::probe::Resp;
 use leasehold_testkit::{Direction, FaultProxy, Redis, redis_servers};
@@ -206,15 +207,21 @@ async fn when_the_majority_answers_too_late_the_grant_is_refused_and_given_back(
     }
 }
 
-/// Seconds the server has been up, as it reports.
-async fn uptime(server: &Redis) -> u64 {
-    let info = server
-        .command(&["INFO", "server"])
+/// One section of the server's `INFO`.
+async fn info(server: &Redis, section: &str) -> String {
+    server
+        .command(&["INFO", section])
         .await
         .unwrap()
         .text()
-        .unwrap();
-    info.lines()
+        .unwrap()
+}
+
+/// Seconds the server has been up, as it reports.
+async fn uptime(server: &Redis) -> u64 {
+    info(server, "server")
+        .await
+        .lines()
         .find_map(|l| l.strip_prefix("uptime_in_seconds:"))
         .and_then(|s| s.trim().parse().ok())
         .unwrap()
@@ -843,4 +850,260 @@ async fn a_record_stands_with_a_majority_and_is_read_from_any_node() {
     }
     let read = redlock.get_record(&name, &key).await;
     assert!(matches!(read, Err(Error::Unavailable { .. })), "{read:?}");
+}
+
+/// The waiters queued on a node for `name`, head first, with their places.
+async fn queue(server: &Redis, name: &str) -> Vec<(String, u64)> {
+    let key = format!("leasehold:{{{name}}}:queue");
+    let reply = server
+        .command(&["ZRANGE", &key, "0", "-1", "WITHSCORES"])
+        .await
+        .unwrap();
+    let Resp::Array(Some(items)) = reply else {
+        panic!("ZRANGE {key}: {reply:?}");
+    };
+    let texts: Vec<String> = items.iter().map(|i| i.text().unwrap()).collect();
+    texts
+        .chunks(2)
+        .map(|pair| (pair[0].clone(), pair[1].parse().unwrap()))
+        .collect()
+}
+
+/// The script calls (`EVALSHA`) a node has served.
+async fn script_calls(server: &Redis) -> u64 {
+    info(server, "commandstats")
+        .await
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
+}
+
+/// Waiters are granted in the order their acquisitions began, one try each, with no herd.
+/// They queue on every node in that order, and each release wakes only the next. A herd (every waiter trying again at each release) would take 8 + 7 + … + 1 = 36
+/// acquire calls on a node for the eight hand-offs, not eight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_are_granted_in_the_order_they_began_one_wake_up_each() {
+    const WAITERS: usize = 8;
+    let servers = redis_servers(3).await.unwrap();
+    let nodes = urls(&servers);
+    let ttl = Duration::from_secs(30);
+    let holder = client(&nodes, no_quarantine(), ttl).await;
+    let held = holder.mutex("line").unwrap().lock().await.unwrap();
+    let granted = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..WAITERS {
+        let waiter = client(&nodes, no_quarantine(), ttl).await;
+        let granted = granted.clone();
+        tasks.push(tokio::spawn(async move {
+            let guard = waiter.mutex("line").unwrap().lock().await.unwrap();
+            granted.lock().unwrap().push(i);
+            guard.release().await.unwrap();
+        }));
+        // Queued on every node before the next begins, and the clock past its place (places
+        // are milliseconds: two acquisitions begun within one are ordered by owner id).
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let queues = join_all(servers.iter().map(|s| queue(s, "line"))).await;
+            let place = queues[0].last().map(|q| q.1);
+            if queues.iter().all(|q| q.len() == i + 1)
+                && place.is_some_and(|p| leasehold_core::events::steady_ms_now() > p)
+            {
+                break;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "{queues:?}");
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+    // Every node queues them in one order.
+    let queues = join_all(servers.iter().map(|s| queue(s, "line"))).await;
+    assert!(queues.iter().all(|q| q == &queues[0]), "{queues:?}");
+
+    let calls_before = join_all(servers.iter().map(script_calls)).await;
+    held.release().await.unwrap();
+    let all_served = async {
+        for task in tasks {
+            task.await.unwrap();
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), all_served)
+        .await
+        .expect("every waiter is served within a minute");
+    assert_eq!(*granted.lock().unwrap(), (0..WAITERS).collect::<Vec<_>>());
+    // Per node: the holder's release, then each waiter's acquire and release (2 × 8 + 1),
+    // and perhaps a waiter's try right after it subscribed, not counted before (8 more). A
+    // waiter woken by one node well before the others (a loaded machine) may split the
+    // vote: a few calls more for each time. A herd makes 45 at least.
+    let calls_after = join_all(servers.iter().map(script_calls)).await;
+    for (before, after) in calls_before.iter().zip(&calls_after) {
+        let calls = after - before;
+        assert!(
+            calls <= 5 * WAITERS as u64,
+            "{calls} script calls for {WAITERS} hand-offs"
+        );
+    }
+    for server in &servers {
+        assert!(queue(server, "line").await.is_empty());
+    }
+}
+
+/// Another owner's grant of `name` on each of `servers`, each by a single-server client.
+/// The request and the clients, to release it with.
+async fn held_by_another(servers: &[Redis], name: &str) -> (Request, Vec<RedisBackend>) {
+    let other = exclusive(name, Duration::from_secs(30));
+    let mut singles = Vec::new();
+    for server in servers {
+        let single = RedisBackend::connect(&server.url()).await.unwrap();
+        assert!(matches!(
+            single.acquire(&other).await.unwrap(),
+            Acquire::Granted(_)
+        ));
+        singles.push(single);
+    }
+    (other, singles)
+}
+
+/// A waiting exclusive request on `name` by a new owner whose acquisition began at `began_ms`.
+fn waiting(name: &str, began_ms: u64) -> Request {
+    let mut req = exclusive(name, Duration::from_secs(30));
+    req.waiting = true;
+    req.began_ms = began_ms;
+    req
+}
+
+/// Every node queues waiters by when their acquisitions began, whatever order they arrive in.
+/// The one that began first is at the head everywhere, also where it arrived last.
+#[tokio::test]
+async fn the_nodes_queue_waiters_in_one_order_whatever_order_they_arrive_in() {
+    let servers = redis_servers(3).await.unwrap();
+    let redlock = RedlockBackend::connect_nodes(&urls(&servers), no_quarantine())
+        .await
+        .unwrap();
+    let holder = exclusive("order", Duration::from_secs(30));
+    assert!(matches!(
+        redlock.acquire(&holder).await.unwrap(),
+        Acquire::Granted(_)
+    ));
+    let now = leasehold_core::events::steady_ms_now();
+    let (early, late) = (waiting("order", now - 5), waiting("order", now));
+    // The later one asks first.
+    for req in [&late, &early] {
+        assert!(matches!(
+            redlock.acquire(req).await.unwrap(),
+            Acquire::Busy(_)
+        ));
+    }
+    let expected = vec![
+        (format!("x{}", early.owner), now - 5),
+        (format!("x{}", late.owner), now),
+    ];
+    for server in &servers {
+        assert_eq!(queue(server, "order").await, expected);
+    }
+    for req in [&holder, &early, &late] {
+        redlock.release(req).await.unwrap();
+    }
+    for server in &servers {
+        assert!(queue(server, "order").await.is_empty());
+    }
+}
+
+/// A waiter's grant that made no majority goes back to the queue at its place.
+/// Another waiter behind it is not let in there: the nodes still agree on who goes next.
+/// Here another owner holds nodes 2 and 3, so W's grant on node 1 alone is given back.
+#[tokio::test]
+async fn a_grant_given_back_after_a_split_vote_keeps_its_place() {
+    let servers = redis_servers(3).await.unwrap();
+    let redlock = RedlockBackend::connect_nodes(&urls(&servers), no_quarantine())
+        .await
+        .unwrap();
+    let (other, singles) = held_by_another(&servers[1..], "split").await;
+    let now = leasehold_core::events::steady_ms_now();
+    let w = waiting("split", now - 5);
+    assert!(matches!(
+        redlock.acquire(&w).await.unwrap(),
+        Acquire::Busy(_)
+    ));
+    let first = &servers[0];
+    // Not held on node 1 any more, but W is still first in line there.
+    let value = lock_value(first, "split").await.unwrap();
+    assert!(value.starts_with("* w0 "), "{value}");
+    assert_eq!(
+        queue(first, "split").await,
+        [(format!("x{}", w.owner), now - 5)]
+    );
+    // V, who began later, finds node 1 taken by W's place: it is not granted there.
+    let v = waiting("split", now);
+    assert!(matches!(
+        redlock.acquire(&v).await.unwrap(),
+        Acquire::Busy(_)
+    ));
+    assert!(
+        lock_value(first, "split")
+            .await
+            .unwrap()
+            .starts_with("* w0 ")
+    );
+    assert_eq!(
+        queue(first, "split").await,
+        [
+            (format!("x{}", w.owner), now - 5),
+            (format!("x{}", v.owner), now)
+        ]
+    );
+    // Once the other owner has let go, W is granted everywhere, ahead of V.
+    for single in &singles {
+        single.release(&other).await.unwrap();
+    }
+    assert!(matches!(
+        redlock.acquire(&v).await.unwrap(),
+        Acquire::Busy(_)
+    ));
+    assert!(matches!(
+        redlock.acquire(&w).await.unwrap(),
+        Acquire::Granted(_)
+    ));
+    for req in [&w, &v] {
+        redlock.release(req).await.unwrap();
+    }
+    for server in &servers {
+        assert!(queue(server, "split").await.is_empty());
+    }
+}
+
+/// A release is "not held" only when a majority of nodes says so.
+/// Nodes that never held the grant answering while those that hold it are silent (paused)
+/// is an outage (an error the engine retries), not a grant lost unnoticed.
+#[tokio::test]
+async fn a_release_is_not_held_only_on_a_majoritys_word() {
+    let servers = redis_servers(5).await.unwrap();
+    let redlock = RedlockBackend::connect_nodes(&urls(&servers), no_quarantine())
+        .await
+        .unwrap();
+    // Another owner holds nodes 4 and 5: the grant is on nodes 1 to 3 only.
+    let _other = held_by_another(&servers[3..], "job").await;
+    let req = exclusive("job", Duration::from_secs(30));
+    assert!(matches!(
+        redlock.acquire(&req).await.unwrap(),
+        Acquire::Granted(_)
+    ));
+    for server in &servers[..3] {
+        server.pause();
+    }
+    let answer = redlock.release(&req).await;
+    for server in &servers[..3] {
+        server.resume();
+    }
+    assert!(
+        matches!(answer, Err(Error::Unavailable { .. })),
+        "{answer:?}"
+    );
+    // The paused nodes ran the release once resumed; asked again, a majority says "not
+    // held" (the engine takes that, after an unanswered attempt, as released).
+    assert!(matches!(
+        redlock.release(&req).await.unwrap(),
+        Release::NotHeld
+    ));
+    for server in &servers[..3] {
+        assert!(!holds(server, "job").await);
+    }
 }

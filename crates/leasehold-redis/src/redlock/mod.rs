@@ -18,6 +18,11 @@
 //!   (by address, or by run id behind different addresses). An even N is warned about.
 //! - Connecting returns once a majority of nodes is connected; the others are connected in
 //!   the background and used once their run id is checked.
+//! - Waiters queue on every node in one order, by when their acquisitions began (each
+//!   client's clock); a release wakes only the head of each node's queue, which tries again
+//!   once a majority of nodes woke it. A grant that made no majority goes back to the
+//!   queue at its place, waking nobody behind it. No herd, and no split vote between
+//!   waiters woken together.
 //!
 //! See `docs/backends/redlock.md` for what this can and cannot promise.
 //!
@@ -38,7 +43,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures_util::StreamExt;
-use futures_util::future::{join_all, select_all};
+use futures_util::future::join_all;
 use futures_util::stream::FuturesUnordered;
 use leasehold_core::backend::{
     Acquire, Backend, Capabilities, Changes, Eviction, Expiry, Grant, ListCursor, Listing,
@@ -71,8 +76,8 @@ struct Inner {
 #[derive(Debug)]
 struct Hint {
     nodes: Vec<WaitHint>,
-    /// Upper bound of the random pause after a wake-up.
-    /// With it competitors woken together do not split the vote again.
+    /// Upper bound of the random pause after a wake-up (zero after a plain busy answer).
+    /// After a split vote it keeps those that split it from meeting again at once.
     jitter: Duration,
 }
 
@@ -217,14 +222,13 @@ impl RedlockBackend {
     }
 
     /// A busy answer.
-    /// Waiters woken together retry after a random pause, so that they do not split the
-    /// vote: up to 1 ms after a plain wake-up, longer after a split vote (some nodes
-    /// granted, no majority).
+    /// After a split vote (some nodes granted, no majority) the waiter retries after a
+    /// random pause, so that those who split it do not meet again at once.
     fn busy(&self, req: &Request, hints: Vec<WaitHint>, split: bool) -> Acquire {
         let jitter = if split {
             (req.ttl / 10).clamp(Duration::from_millis(1), Duration::from_millis(20))
         } else {
-            Duration::from_millis(1)
+            Duration::ZERO
         };
         Acquire::Busy(WaitHint::new(Hint {
             nodes: hints,
@@ -232,10 +236,13 @@ impl RedlockBackend {
         }))
     }
 
+    /// What each node is asked.
+    /// Every request respects the nodes' queues, and a waiting one queues on every node at
+    /// the place its acquisition's start gives it (see `NodeAcquire`), so that the nodes'
+    /// queues agree.
     fn node_request(req: &Request) -> Request {
-        // No FIFO across independent queues: each node would order waiters its own way.
         let mut req = req.clone();
-        req.fair = false;
+        req.fair = true;
         req
     }
 }
@@ -250,8 +257,9 @@ impl Backend for RedlockBackend {
         caps.shared = true;
         caps.lock_delay = true;
         // Not offered: a semaphore does not compose over majorities (three holders can
-        // each find a majority with a free slot among five nodes of two permits), and
-        // independent queues cannot agree on one order.
+        // each find a majority with a free slot among five nodes of two permits), and FIFO:
+        // the nodes' queues agree on one order, but it is the order of the clients' clocks.
+        // Waiters always queue (`fair(false)` does not change that; see `node_request`).
         caps.permits = false;
         caps.fair = false;
         caps
@@ -332,11 +340,13 @@ impl Backend for RedlockBackend {
         if majority.release_everywhere(answered, tokens.len()) {
             self.release_everywhere(&node_req).await;
         } else {
+            // A split vote: a waiter keeps its place, and giving its grants back wakes
+            // nobody behind it, so the nodes' queues still agree on who goes next.
             let node_req = &node_req;
             join_all(
                 to_release
                     .into_iter()
-                    .map(|i| self.on(i, move |node| node.release(node_req))),
+                    .map(|i| self.on(i, move |node| node.give_back(node_req))),
             )
             .await;
         }
@@ -392,11 +402,18 @@ impl Backend for RedlockBackend {
         if answers.iter().any(|a| matches!(a, Ok(Release::Released))) {
             return Ok(Release::Released);
         }
-        if answers.iter().any(Result::is_ok) {
+        // Not held only if a majority says so: the grant had a majority, and the nodes that
+        // did not answer may be where it still was.
+        let not_held = answers
+            .iter()
+            .filter(|a| matches!(a, Ok(Release::NotHeld)))
+            .count();
+        if self.inner.majority.reached(not_held) {
             return Ok(Release::NotHeld);
         }
         Err(Error::unavailable(format!(
-            "no redis node answered the release of {}",
+            "only {not_held} of {} redis nodes answered the release of {}",
+            self.inner.nodes.len(),
             req.name
         )))
     }
@@ -426,16 +443,29 @@ impl Backend for RedlockBackend {
             .await;
             return Ok(());
         }
-        let waits: Vec<_> = with_hints()
+        let mut waits: FuturesUnordered<_> = with_hints()
             .filter(|(_, h)| Node::can_wait(h))
-            .map(|(node, h)| Box::pin(node.wait(name, h, max)))
+            .map(|(node, h)| node.wait(name, h, max))
             .collect();
         if waits.is_empty() {
             // Nothing to wait on (the request will not wait): pause as after a split vote.
             tokio::time::sleep(hint.jitter.max(Duration::from_millis(1)).min(max)).await;
             return Ok(());
         }
-        let _ = select_all(waits).await;
+        // Each node wakes only the head of its queue: once one has, the head is this waiter
+        // on the others too (their queues agree), and it tries again when enough of them
+        // have woken it to make a majority. A release goes to every node at once, so their
+        // wake-ups come within a round trip of each other: one later than the node timeout
+        // (a node with another waiter at its head, the queues disagreeing for a moment) is
+        // not waited for.
+        let enough = self.inner.majority.quorum().min(waits.len());
+        let _ = waits.next().await;
+        let _ = tokio::time::timeout(self.inner.options.node_timeout, async {
+            for _ in 1..enough {
+                let _ = waits.next().await;
+            }
+        })
+        .await;
         if !hint.jitter.is_zero() {
             let pause = rand::random_range(Duration::ZERO..=hint.jitter);
             tokio::time::sleep(pause).await;

@@ -158,11 +158,14 @@ async fn take(ctx: &Arc<Context>, spec: &Spec, wait: Wait) -> Result<Option<Arc<
             }
             Ok(Acquire::Busy(hint)) => {
                 failures = Failures::default();
-                if leftover.resolve() {
+                let was_unknown = leftover.resolve();
+                if was_unknown {
                     resolved("not_granted", None);
                 }
-                // A busy answer leaves a queue entry only for a request that waits.
-                if !request.waiting {
+                // A busy answer leaves a queue entry only for a request that waits. After
+                // one that went unanswered, that request may yet arrive late and grant
+                // (on another connection than the retry's): giving up releases it.
+                if !request.waiting && !was_unknown {
                     leftover.disarm();
                 }
                 hint

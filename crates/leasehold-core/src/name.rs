@@ -226,25 +226,30 @@ impl fmt::Display for RecordKey {
 /// Every release and renewal is checked against it.
 ///
 /// A fresh id is made for every acquisition: `<pid in hex>-<128 random bits in hex>`, so it
-/// says which process holds a lock and never repeats. Only characters valid in a
-/// [`LockName`] are used, so backends can put an owner id into keys and file names.
+/// says which process holds a lock and never repeats. The first 32 of the random bits are
+/// drawn once per process, so that `<pid>-<first 8 hex digits>` tells a process apart from
+/// a later one that got the same pid (an auditor judges each process by its own events).
+/// Only characters valid in a [`LockName`] are used, so backends can put an owner id into
+/// keys and file names.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct OwnerId(Arc<str>);
 
 impl OwnerId {
     /// A new, unique owner id: `<pid in hex>-<128 random bits in hex>`.
+    /// The first 32 random bits are this process's, the other 96 the id's own.
     pub fn generate() -> Self {
         // The pid is only informative (uniqueness comes from the random bits); it is
-        // written once per process, and every id is made from it without formatting (one
-        // is made per acquisition).
+        // written once per process with the process's random bits, and every id is made
+        // from it without formatting (one is made per acquisition).
         static PREFIX: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-        let prefix = PREFIX.get_or_init(|| format!("{:x}-", std::process::id()));
+        let prefix = PREFIX
+            .get_or_init(|| format!("{:x}-{:08x}", std::process::id(), rand::random::<u32>()));
         let random: u128 = rand::random();
-        let mut id = String::with_capacity(prefix.len() + 32);
+        let mut id = String::with_capacity(prefix.len() + 24);
         id.push_str(prefix);
         id.extend(
-            (0..32)
-                .map(|i| char::from(b"0123456789abcdef"[(random >> (124 - 4 * i)) as usize & 0xf])),
+            (0..24)
+                .map(|i| char::from(b"0123456789abcdef"[(random >> (92 - 4 * i)) as usize & 0xf])),
         );
         Self(id.into())
     }

@@ -94,8 +94,9 @@ const RESOLVE_GRACE_MS: u64 = 5_000;
 
 /// An acquire request that went unanswered, its resolution not read yet.
 /// It is judged by the later events of its own process (owner ids of leasehold's clients
-/// begin with their process id: `<pid>-…`), so that another process writing to the same
-/// record, or one that took over after it stopped, cannot make it look overdue. Past
+/// begin with their process: `<pid>-<8 hex digits drawn at its start>…`), so that another
+/// process writing to the same record, or one that took over after it stopped (with the
+/// same pid, even), cannot make it look overdue. Past
 /// `due_ms` the process's events count how long it ran, each step between two of them for
 /// at most [`RESOLVE_GRACE_MS`]: a process paused or suspended (twice, even) may write other
 /// events first and resolve it only as its own timers catch up, within the client's bound.
@@ -112,10 +113,18 @@ struct Unanswered {
     ran_ms: u64,
 }
 
-/// The process an owner id belongs to: what comes before its first `-`.
-/// An owner id of another writer without one is its own process.
+/// The process an owner id belongs to: `<pid>-` and the 8 hex digits that follow.
+/// leasehold draws those once per process ([`leasehold::OwnerId::generate`]), so a later
+/// process with the same pid is another. An owner id of another writer without them is its
+/// own process.
 fn process_of(owner: &str) -> &str {
-    owner.split_once('-').map_or(owner, |(process, _)| process)
+    let Some((pid, rest)) = owner.split_once('-') else {
+        return owner;
+    };
+    match rest.get(..8) {
+        Some(nonce) if nonce.bytes().all(|b| b.is_ascii_hexdigit()) => &owner[..pid.len() + 1 + 8],
+        _ => owner,
+    }
 }
 
 /// Two holds whose promises overlapped while no two holders believed they held at once.

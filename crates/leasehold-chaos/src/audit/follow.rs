@@ -124,7 +124,11 @@ pub async fn follow(
         let mut more = false;
         for tail in &mut tails {
             let host = tail.host;
-            more |= read_new(tail, |line| auditor.line(host, line));
+            more |= read_new(tail, |read| match read {
+                Some(line) => auditor.line(host, line),
+                // What was written before and not read yet is elsewhere or gone.
+                None => auditor.reconnected(host),
+            });
         }
         if stopping && spec.state.is_none() {
             auditor.finish();
@@ -263,9 +267,11 @@ fn save(path: &Path, roots: &[PathBuf], auditor: &Auditor, tails: &[Tail]) -> Re
 }
 
 /// Feeds `tail`'s complete new lines (at most [`CHUNK`] bytes of them) to `line`.
-/// It moves the position past them, and returns whether more is there to read.
-/// A file not there yet is read when it appears.
-fn read_new(tail: &mut Tail, mut line: impl FnMut(&str)) -> bool {
+/// It moves the position past them, and returns whether more is there to read. A record
+/// that starts over (replaced by another, or cut and written again) is told first as
+/// `None`: lines not read yet may have gone with the old one. A file not there yet is read
+/// when it appears.
+fn read_new(tail: &mut Tail, mut line: impl FnMut(Option<&str>)) -> bool {
     let Ok(mut file) = std::fs::File::open(&tail.path) else {
         return false;
     };
@@ -285,6 +291,7 @@ fn read_new(tail: &mut Tail, mut line: impl FnMut(&str)) -> bool {
         // Another record (replaced, or cut and written again): from its start.
         tail.offset = 0;
         tail.head.clear();
+        line(None);
     } else if meta.len() < tail.offset {
         // Shorter, with the same start: cut (and being written again), or being copied
         // over in place. Wait: a new record shows by its start.
@@ -307,7 +314,7 @@ fn read_new(tail: &mut Tail, mut line: impl FnMut(&str)) -> bool {
         return false;
     };
     for piece in bytes[..end].split(|&b| b == b'\n') {
-        line(&String::from_utf8_lossy(piece));
+        line(Some(&String::from_utf8_lossy(piece)));
     }
     tail.offset += end as u64 + 1;
     tail.offset < meta.len()
@@ -415,7 +422,9 @@ mod tests {
         };
 
         let mut read = Vec::new();
-        read_new(&mut tail, |l| read.push(l.to_owned()));
+        read_new(&mut tail, |l| {
+            read.push(l.unwrap_or("(started over)").to_owned())
+        });
         assert_eq!(read, ["one"]);
         std::fs::OpenOptions::new()
             .append(true)
@@ -423,22 +432,36 @@ mod tests {
             .unwrap()
             .write_all(b"o\nthree\n")
             .unwrap();
-        read_new(&mut tail, |l| read.push(l.to_owned()));
+        read_new(&mut tail, |l| {
+            read.push(l.unwrap_or("(started over)").to_owned())
+        });
         assert_eq!(read, ["one", "two", "three"]);
         // Replaced by a copy of itself (write and rename, as a shipper does): read on.
         let copy = dir.path().join("a.jsonl.tmp");
         std::fs::write(&copy, "one\ntwo\nthree\nfive\n").unwrap();
         std::fs::rename(&copy, &path).unwrap();
-        read_new(&mut tail, |l| read.push(l.to_owned()));
+        read_new(&mut tail, |l| {
+            read.push(l.unwrap_or("(started over)").to_owned())
+        });
         assert_eq!(read, ["one", "two", "three", "five"]);
         // Truncated, or replaced by another record: from its start.
         std::fs::write(&path, "four\n").unwrap();
-        read_new(&mut tail, |l| read.push(l.to_owned()));
-        assert_eq!(read, ["one", "two", "three", "five", "four"]);
+        read_new(&mut tail, |l| {
+            read.push(l.unwrap_or("(started over)").to_owned())
+        });
+        assert_eq!(
+            read,
+            ["one", "two", "three", "five", "(started over)", "four"]
+        );
         std::fs::write(&copy, "six\nseven\neight\nnine\nten\n").unwrap();
         std::fs::rename(&copy, &path).unwrap();
-        read_new(&mut tail, |l| read.push(l.to_owned()));
-        assert_eq!(read[5..], ["six", "seven", "eight", "nine", "ten"]);
+        read_new(&mut tail, |l| {
+            read.push(l.unwrap_or("(started over)").to_owned())
+        });
+        assert_eq!(
+            read[6..],
+            ["(started over)", "six", "seven", "eight", "nine", "ten"]
+        );
     }
 
     #[tokio::test]

@@ -433,16 +433,17 @@ mod tests {
     fn an_acquire_left_unresolved_is_found_once_its_process_runs_on() {
         let dir = tempfile::tempdir().unwrap();
         // Process 1's request, sent at 500 and due by 11 500.
-        let unanswered = r#"{"kind":"unanswered","at_ms":1000,"backend":"redis","name":"n","mode":"exclusive","owner":"1-a","sent_ms":500,"resolved_within_ms":11000}"#.to_owned();
+        let unanswered = r#"{"kind":"unanswered","at_ms":1000,"backend":"redis","name":"n","mode":"exclusive","owner":"1-0000000aa","sent_ms":500,"resolved_within_ms":11000}"#.to_owned();
         let unknown = |how: &str, at: u64| {
             format!(
-                r#"{{"kind":"unknown","at_ms":{at},"backend":"redis","name":"n","mode":"exclusive","owner":"1-a","resolved":"{how}"}}"#
+                r#"{{"kind":"unknown","at_ms":{at},"backend":"redis","name":"n","mode":"exclusive","owner":"1-0000000aa","resolved":"{how}"}}"#
             )
         };
-        // Holds of other names by `process`, one every 2 s from `from` ms to `to`.
-        let holds = |process: u64, from: u64, to: u64| {
+        // Holds of other names by `process`, one every 2 s from `from` ms to `to`. The
+        // process is told by the pid and 8 hex digits after it: process 1 is `1-0000000a`.
+        let holds = |process: &'static str, from: u64, to: u64| {
             (from / 2_000..to / 2_000).flat_map(move |i| {
-                let owner = format!("{process}-{i}");
+                let owner = format!("{process}{i}");
                 let line = |kind: &str, at: u64| {
                     format!(
                         r#"{{"kind":"{kind}","at_ms":{at},"backend":"redis","name":"other{i}","mode":"exclusive","owner":"{owner}","token":1,"sent_ms":{at},"lease_ms":1000}}"#
@@ -464,30 +465,39 @@ mod tests {
             let record = of(vec![
                 head.clone(),
                 vec![unknown(how, 1_500)],
-                holds(1, 2_000, 60_000).collect(),
+                holds("1-0000000a", 2_000, 60_000).collect(),
             ]);
             assert_eq!(audited(&record), [], "{how}");
         }
         // Nothing says what became of it while its process runs on: reported once the
         // process has run for the client's bound and the grace past the due time (27.5 s).
-        let unresolved = of(vec![head.clone(), holds(1, 2_000, 60_000).collect()]);
+        let unresolved = of(vec![
+            head.clone(),
+            holds("1-0000000a", 2_000, 60_000).collect(),
+        ]);
         assert_eq!(
             audited(&unresolved),
             [("unresolved", "n".to_owned(), 1_000)]
         );
-        let short = of(vec![head.clone(), holds(1, 2_000, 26_000).collect()]);
+        let short = of(vec![
+            head.clone(),
+            holds("1-0000000a", 2_000, 26_000).collect(),
+        ]);
         assert_eq!(audited(&short), []);
-        // Process 1 stopped; process 2 writes on to the same record, beside it or after.
-        let other = of(vec![head.clone(), holds(2, 2_000, 60_000).collect()]);
-        assert_eq!(audited(&other), []);
+        // Process 1 stopped; another writes on to the same record, beside it or after: one
+        // with another pid, or a later one with the same pid.
+        for process in ["2-0000000a", "1-0000000b"] {
+            let other = of(vec![head.clone(), holds(process, 2_000, 60_000).collect()]);
+            assert_eq!(audited(&other), [], "{process}");
+        }
         // Process 1 paused past the due time twice, writing other events in between, then
         // resolves it.
         let paused = of(vec![
             head.clone(),
-            holds(1, 40_000, 44_000).collect(),
-            holds(1, 90_000, 94_000).collect(),
+            holds("1-0000000a", 40_000, 44_000).collect(),
+            holds("1-0000000a", 90_000, 94_000).collect(),
             vec![unknown("released", 94_500)],
-            holds(1, 96_000, 150_000).collect(),
+            holds("1-0000000a", 96_000, 150_000).collect(),
         ]);
         assert_eq!(audited(&paused), []);
         // Events were dropped, the line saying so written after some older ones: the
@@ -498,7 +508,7 @@ mod tests {
             vec![dropped.clone(), unanswered.clone()],
         ] {
             assert_eq!(
-                audited(&of(vec![gap, holds(1, 2_000, 60_000).collect()])),
+                audited(&of(vec![gap, holds("1-0000000a", 2_000, 60_000).collect()])),
                 []
             );
         }

@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use leasehold::backend::{
-    Acquire, Backend, Capabilities, LockState, Release, Renewal, Request, WaitHint,
+    Acquire, Backend, Capabilities, Grant, LockState, Release, Renewal, Request, WaitHint,
 };
 use leasehold::{Client, LockName, Result};
 use leasehold_cli::bench::{HoldSpec, hold};
@@ -64,6 +64,9 @@ impl Backend for OneByOne {
     }
     async fn wait(&self, name: &LockName, hint: &WaitHint, max: Duration) -> Result<()> {
         self.0.wait(name, hint, max).await
+    }
+    async fn handed(&self, req: &Request, hint: &WaitHint) -> Option<Grant> {
+        self.0.handed(req, hint).await
     }
     async fn inspect(&self, name: &LockName) -> Result<LockState> {
         self.0.inspect(name).await

@@ -288,6 +288,11 @@ impl Backend for Planted {
         self.inner.wait(name, hint, max).await
     }
 
+    /// Nothing: the next acquire adopts a grant handed over, with the planted bug applied.
+    async fn handed(&self, _req: &Request, _hint: &WaitHint) -> Option<Grant> {
+        None
+    }
+
     async fn inspect(&self, name: &LockName) -> Result<LockState> {
         self.inner.inspect(name).await
     }

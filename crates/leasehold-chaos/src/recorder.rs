@@ -7,6 +7,7 @@
 //! deadline and, beside it, the server's own bound the backend reports (the session ttl
 //! past the last keep-alive the server acknowledged): C9 holds guards against the latter.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -16,8 +17,8 @@ use leasehold::backend::{
     Acquire, Backend, Capabilities, Expiry as BackendExpiry, LockState, Release, Renewal, Request,
     SessionLiveness, WaitHint,
 };
-use leasehold::backend::{Eviction, Mode};
-use leasehold::{ListCursor, Listing, LockName, NamePrefix, RecordKey, Result};
+use leasehold::backend::{Eviction, Grant, Mode};
+use leasehold::{ListCursor, Listing, LockName, NamePrefix, OwnerId, RecordKey, Result};
 use serde_json::json;
 use tokio::task::JoinHandle;
 
@@ -31,6 +32,9 @@ pub struct Recorder {
     sink: Sink,
     /// Sessions seen (their liveness, id, follower).
     sessions: Mutex<Vec<(SessionLiveness, String, JoinHandle<()>)>>,
+    /// By owner, when its latest acquire that was answered busy was invoked.
+    /// A grant handed to it later is that request's (see [`Backend::handed`]).
+    queued: Mutex<HashMap<OwnerId, std::time::Instant>>,
 }
 
 impl Recorder {
@@ -40,6 +44,7 @@ impl Recorder {
             inner,
             sink,
             sessions: Mutex::new(Vec::new()),
+            queued: Mutex::new(HashMap::new()),
         }
     }
 
@@ -185,8 +190,15 @@ impl Backend for Recorder {
     }
 
     async fn acquire(&self, req: &Request) -> Result<Acquire> {
+        let invoked = std::time::Instant::now();
         let done = self.invoke(Kind::Acquire, req).await;
         let answer = self.inner.acquire(req).await;
+        let mut queued = self.queued.lock().unwrap_or_else(|e| e.into_inner());
+        match &answer {
+            Ok(Acquire::Busy(_)) if req.waiting => queued.insert(req.owner.clone(), invoked),
+            _ => queued.remove(&req.owner),
+        };
+        drop(queued);
         match &answer {
             Ok(Acquire::Granted(grant)) => {
                 let mut event = done
@@ -230,6 +242,7 @@ impl Backend for Recorder {
     }
 
     async fn release(&self, req: &Request) -> Result<Release> {
+        (self.queued.lock().unwrap_or_else(|e| e.into_inner())).remove(&req.owner);
         let done = self.invoke(Kind::Release, req).await;
         let answer = self.inner.release(req).await;
         match &answer {
@@ -248,6 +261,29 @@ impl Backend for Recorder {
 
     async fn wait(&self, name: &LockName, hint: &WaitHint, max: Duration) -> Result<()> {
         self.inner.wait(name, hint, max).await
+    }
+
+    /// Recorded as an acquire granted now, with what is left of the handed lease.
+    /// That lease counts from the busy request's invocation (the server counts it from
+    /// when that request ran).
+    async fn handed(&self, req: &Request, hint: &WaitHint) -> Option<Grant> {
+        let grant = self.inner.handed(req, hint).await?;
+        let queued = (self.queued.lock().unwrap_or_else(|e| e.into_inner())).remove(&req.owner);
+        let done = self.invoke(Kind::Acquire, req).await;
+        let left = match (&grant.expiry, queued) {
+            (BackendExpiry::After(lease), Some(invoked)) => {
+                BackendExpiry::After(lease.saturating_sub(invoked.elapsed()))
+            }
+            (BackendExpiry::After(_), None) => BackendExpiry::After(Duration::ZERO),
+            (other, _) => other.clone(),
+        };
+        let event = done
+            .event(Phase::Ok)
+            .answer("granted")
+            .token(grant.token.get())
+            .expiry(self.expiry(&left));
+        done.finish(event);
+        Some(grant)
     }
 
     async fn inspect(&self, name: &LockName) -> Result<LockState> {

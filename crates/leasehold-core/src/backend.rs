@@ -924,6 +924,18 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// Returns when `name` may have changed since `hint` was taken, or after `max`.
     async fn wait(&self, name: &LockName, hint: &WaitHint, max: Duration) -> Result<()>;
 
+    /// The grant the server handed `req` while it waited on `hint`, if it says so.
+    /// A server that hands a released lock straight to the waiter at the head of its queue
+    /// (Redis) tells that waiter in the wake-up itself, so that the grant costs it no
+    /// request. It is the late answer of the request that returned `hint`: its expiry
+    /// counts from when that request was sent. The engine asks after each wait of a waiter
+    /// (while at least half of that lease is left); `None` (the default) makes it send its
+    /// next acquire, which finds a grant made meanwhile as its own.
+    async fn handed(&self, req: &Request, hint: &WaitHint) -> Option<Grant> {
+        let _ = (req, hint);
+        None
+    }
+
     /// Holders, waiters and a wait hint for `name`.
     async fn inspect(&self, name: &LockName) -> Result<LockState>;
 
@@ -1085,6 +1097,9 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
     }
     async fn wait(&self, name: &LockName, hint: &WaitHint, max: Duration) -> Result<()> {
         (**self).wait(name, hint, max).await
+    }
+    async fn handed(&self, req: &Request, hint: &WaitHint) -> Option<Grant> {
+        (**self).handed(req, hint).await
     }
     async fn inspect(&self, name: &LockName) -> Result<LockState> {
         (**self).inspect(name).await

@@ -99,15 +99,23 @@ async fn take(ctx: &Arc<Context>, spec: &Spec, wait: Wait) -> Result<Option<Arc<
     let mut failures = Failures::default();
     // When the last wait for a change ended (a wake-up, or its slice running out).
     let mut woken_at = None;
+    // A grant the server handed over while we waited (see `Backend::handed`).
+    let mut handed = None;
     let resolved = |how, token| {
         telemetry::unknown_resolved(ctx, &spec.name, options, how);
         events::record(ctx, EventKind::Unknown(how), &request, token, None, None);
     };
     loop {
-        let sent = ctx.now();
-        // From here on the request may have created something on the server.
-        leftover.sent(sent, request.ttl);
-        let answer = ctx.call(timeout, ctx.backend.acquire(&request)).await;
+        let (sent, answer) = match handed.take() {
+            // The answer, made while we waited, to the request that queued us.
+            Some((sent, grant)) => (sent, Ok(Acquire::Granted(grant))),
+            None => {
+                let sent = ctx.now();
+                // From here on the request may have created something on the server.
+                leftover.sent(sent, request.ttl);
+                (sent, ctx.call(timeout, ctx.backend.acquire(&request)).await)
+            }
+        };
         let hint = match answer {
             Ok(Acquire::Granted(grant)) => {
                 failures = Failures::default();
@@ -213,6 +221,11 @@ async fn take(ctx: &Arc<Context>, spec: &Spec, wait: Wait) -> Result<Option<Arc<
             .await;
         woken_at = Some(ctx.now());
         match waited {
+            // With less than half of the lease of the request that queued us left, a grant
+            // handed over is left to the next acquire, which adopts it afresh.
+            Ok(()) | Err(Error::Timeout(_)) if ctx.now() < sent.saturating_add(request.ttl / 2) => {
+                handed = (ctx.backend.handed(&request, &hint).await).map(|grant| (sent, grant));
+            }
             Ok(()) | Err(Error::Timeout(_)) => {}
             Err(error) if error.is_retryable() => {
                 let Some(pause) = failures.next(now, timeout) else {

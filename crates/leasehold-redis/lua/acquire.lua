@@ -6,7 +6,10 @@
 --   0     (the fast path only, acquire_fast.lua) the name is not simply free;
 --   -1    busy, nothing will change without a wake-up message;
 --   < -1  busy, the state may change on its own in -(answer + 2) ms (an expiry, or the end
---         of a Redlock node's quarantine).
+--         of a Redlock node's quarantine);
+--   {busy, counter}  busy, to a waiter a release may hand the lock to (see `me` below):
+--         the answer as above, and the fencing counter, which any token handed to it later
+--         is above.
 -- @token
 -- @quarantine
 -- @prologue
@@ -57,13 +60,18 @@ end
 local function in_set(member)
   local kind = string.sub(member, 1, 1)
   if MODE == 'p' then return kind == 'p' end
-  return kind == 'x' or kind == 's'
+  return kind == 'x' or kind == 'h' or kind == 's'
 end
 
 -- Our place in the queue, taken (or kept fresh) by a fair waiting request. A waiting
 -- request that is not fair leaves only an expiring entry "~<mode><owner>", so releases know
 -- to wake it, and new readers know a writer is waiting.
+-- An exclusive waiter with nothing to store at its grant (no value, no lock-delay) on a
+-- single server queues as "h<owner>": a release hands the lock straight to it (release.lua).
 local me = member_of(MODE, OWNER, LIMIT)
+local HANDED_TO = MODE == 'x' and FAIR and WAITING and not HAS_VALUE and LOCK_DELAY == 0
+  and PLACE == '0'
+if HANDED_TO then me = 'h' .. OWNER end
 local rank = false
 if FAIR then rank = redis.call('ZRANK', QUEUE, me) end
 if FAIR and WAITING then
@@ -111,7 +119,8 @@ if MODE == 'x' then
 elseif MODE == 's' then
   ok = ok and not holder
   for _, m in ipairs(ahead) do
-    if string.sub(m, 1, 1) == 'x' then ok = false end
+    local kind = string.sub(m, 1, 1)
+    if kind == 'x' or kind == 'h' then ok = false end
   end
   -- Without a queue, a waiting writer still keeps new readers out: writers do not starve.
   if not FAIR then
@@ -182,5 +191,7 @@ for _, set in ipairs({zset, QEXP, delay}) do
   local first = redis.call('ZRANGE', set, 0, 0, 'WITHSCORES')
   if #first > 0 then consider(first[2]) end
 end
-if next_change == nil then return -1 end
-return -(math.max(next_change - now, 1) + 2)
+local busy = -1
+if next_change ~= nil then busy = -(math.max(next_change - now, 1) + 2) end
+if HANDED_TO then return {busy, tonumber(redis.call('GET', TOKEN)) or 0} end
+return busy

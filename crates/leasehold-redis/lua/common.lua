@@ -170,7 +170,8 @@ end
 
 -- A waiter's member of the fair queue (and of QEXP): "<mode><owner>", a permit's with
 -- "/<limit>" after it, since each permit request counts with its own limit ('/' is not
--- allowed in owner ids).
+-- allowed in owner ids). An exclusive waiter a release may hand the lock to is
+-- "h<owner>" instead (acquire.lua).
 local function member_of(mode, owner, limit)
   if mode == 'p' then return 'p' .. owner .. '/' .. int(limit) end
   return mode .. owner
@@ -201,7 +202,7 @@ local function wake_next(permits)
   else
     for _, m in ipairs(members) do
       local kind = string.sub(m, 1, 1)
-      if kind == 'x' then
+      if kind == 'x' or kind == 'h' then
         if #names == 0 then table.insert(names, string.sub(m, 2)) end
         break
       elseif kind == 's' then

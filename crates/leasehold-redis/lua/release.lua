@@ -1,5 +1,6 @@
 -- release: remove OWNER's grant, or its waiter entry; nothing of anyone else's. Wakes the
--- waiters that may now be granted. Returns 1 if something was removed, else 0.
+-- waiters that may now be granted, or hands an exclusive grant straight to the next
+-- (`hand_over`). Returns 1 if something was removed, else 0.
 -- With a PLACE (a Redlock node's waiter giving back a grant that made no majority), the
 -- grant goes back to the queue: OWNER waits again at PLACE, until its grant would have
 -- ended, so that the nodes' queues still agree; a waiter entry is kept as it is.
@@ -29,6 +30,7 @@ if string.byte(FLAGS) == 120 then -- 'x'
   end
 end
 
+-- @token
 -- @prologue
 -- @head
 -- @common
@@ -44,6 +46,33 @@ local function requeue(ends)
   redis.call('ZADD', QEXP, ends, me)
   hold_gate(ends)
 end
+-- Hands the lock straight to the waiter at the head of the queue if a release may grant it
+-- ("h<owner>": exclusive, nothing to store at its grant), as its own acquire would on being
+-- woken: a fresh token, and a lease that ends with its waiter entry (the lease of its last
+-- request). The wake-up tells it "<owner>!<token>" (src/wakeups.rs); others wait on. Not
+-- while a lock-delay of another owner keeps the name closed (OWNER's own ends with its
+-- release; the others' were all over when OWNER was granted, and no new one is made while
+-- it holds, so a call that passes no DELAY has none to look at).
+local function hand_over()
+  local head = redis.call('ZRANGE', QUEUE, 0, 0)[1]
+  if not head or string.byte(head) ~= 104 then return false end -- 'h'
+  local ends = tonumber(redis.call('ZSCORE', QEXP, head))
+  if not ends or ends <= now then return false end
+  if DELAY then
+    redis.call('ZREM', DELAY, OWNER)
+    redis.call('ZREMRANGEBYSCORE', DELAY, '-inf', now)
+    if redis.call('EXISTS', DELAY) == 1 then return false end
+  end
+  redis.call('ZREM', QUEUE, head)
+  redis.call('ZREM', QEXP, head)
+  local owner = string.sub(head, 2)
+  local token = next_token(TOKEN)
+  redis.call('SET', LOCK, lock_value(owner, token, false), 'PXAT', int(ends))
+  local last = redis.call('ZRANGE', QEXP, -1, -1, 'WITHSCORES')
+  if #last > 0 then hold_gate(tonumber(last[2])) end
+  redis.call(PUBLISH, CHANNEL, owner .. '!' .. int(token))
+  return true
+end
 -- OWNER's value with a lease end: released if the lease has not ended. The key stays as
 -- the gate while others wait (or delay the name); woken, they go on in queue order.
 if mine and live_holder(mine, now) then
@@ -52,6 +81,8 @@ if mine and live_holder(mine, now) then
   if PLACE ~= '0' then
     local _, _, ends = parse_lock(mine)
     requeue(ends or now + redis.call('PTTL', LOCK))
+  elseif hand_over() then
+    return 1
   end
   local others = redis.call('EXISTS', QEXP)
   if DELAY then
@@ -88,8 +119,11 @@ if MODE ~= 'x' then
 end
 if PLACE ~= '0' then return 0 end
 local me = member_of(MODE, OWNER, LIMIT)
-local gone = redis.call('ZREM', QEXP, me, '~' .. me)
-if redis.call('ZREM', QUEUE, me) == 1 or gone > 0 then
+-- An exclusive waiter's entry may be either kind (acquire.lua).
+local handed_to = me
+if MODE == 'x' then handed_to = 'h' .. OWNER end
+local gone = redis.call('ZREM', QEXP, me, '~' .. me, handed_to)
+if redis.call('ZREM', QUEUE, me, handed_to) > 0 or gone > 0 then
   prune_queue(now)
   close_gate_if_idle(now)
   -- If it was at the head, whoever is next may now go first.

@@ -358,10 +358,14 @@ impl RedisBackend {
                 )
                 .with_handoff(handoff),
             )),
-            Acquired::Busy(_) if !req.waiting => Ok(Acquire::Busy(WaitHint::none())),
-            Acquired::Busy(retry) => Ok(Acquire::Busy(WaitHint::new(Hint::new(
-                channel, ticket, retry,
-            )))),
+            Acquired::Busy(..) if !req.waiting => Ok(Acquire::Busy(WaitHint::none())),
+            Acquired::Busy(retry, counter) => {
+                let hint = Hint::new(channel, ticket, retry);
+                Ok(Acquire::Busy(WaitHint::new(match counter {
+                    Some(counter) => hint.may_be_handed(counter),
+                    None => hint,
+                })))
+            }
             Acquired::NotFast => Err(unexpected("acquire", 0)),
         }
     }
@@ -706,6 +710,24 @@ impl Backend for RedisBackend {
         }
         self.inner.wakeups.wait(hint, max).await;
         Ok(())
+    }
+
+    /// A grant a release handed over (`lua/release.lua`), told by the wake-up.
+    /// Its lease is the waiter entry's: `req.ttl` from when the request that queued it ran.
+    /// With replicas to wait for, or a token not above one seen (see `acquire`), it is
+    /// left to the next acquire, which adopts it (and checks all that).
+    async fn handed(&self, req: &Request, hint: &WaitHint) -> Option<Grant> {
+        let token = hint.get::<Hint>()?.handed()?;
+        if self.inner.conn.options().replica_ack().is_some() {
+            return None;
+        }
+        let mut floors = self.floors();
+        if Floor::broken_by(floors.get(&req.name).as_ref(), token, &req.owner).is_some() {
+            return None;
+        }
+        floors.record(&req.name, token, &req.owner);
+        let lease = Expiry::After(Duration::from_millis(millis_up(req.ttl)));
+        Some(Grant::new(FencingToken::new(token), lease).with_handoff(Some(Duration::ZERO)))
     }
 
     async fn inspect(&self, name: &LockName) -> Result<LockState> {

@@ -22,7 +22,9 @@ pub(crate) enum Acquired {
     /// The fast path did not apply: make the full call.
     NotFast,
     /// Busy; the state may change on its own after this long (an expiry).
-    Busy(Option<Duration>),
+    /// To a waiter a release may hand the lock to, the fencing counter as it was then: a
+    /// token handed to it later is above it.
+    Busy(Option<Duration>, Option<u64>),
 }
 
 pub(crate) fn acquired(answer: &Value) -> Result<Acquired> {
@@ -31,9 +33,7 @@ pub(crate) fn acquired(answer: &Value) -> Result<Acquired> {
         Value::Int(answer) => Ok(match *answer {
             token if token > 0 => Acquired::Granted(token.unsigned_abs(), None),
             0 => Acquired::NotFast,
-            -1 => Acquired::Busy(None),
-            // -(ms + 2): no overflow for any i64.
-            busy => Acquired::Busy(Some(Duration::from_millis((-(busy + 2)).unsigned_abs()))),
+            busy => Acquired::Busy(retry(busy), None),
         }),
         Value::Array(parts) => match parts.as_slice() {
             [Value::Int(token), Value::Int(micros)] if *token > 0 && *micros >= 0 => {
@@ -42,10 +42,19 @@ pub(crate) fn acquired(answer: &Value) -> Result<Acquired> {
                     Some(Duration::from_micros(micros.unsigned_abs())),
                 ))
             }
+            [Value::Int(busy), Value::Int(counter)] if *busy < 0 && *counter >= 0 => {
+                Ok(Acquired::Busy(retry(*busy), Some(counter.unsigned_abs())))
+            }
             _ => Err(unexpected(WHAT, answer)),
         },
         other => Err(unexpected(WHAT, other)),
     }
+}
+
+/// When a busy answer (< 0) says the state may change on its own.
+/// -1: not without a wake-up; -(ms + 2): in ms (no overflow for any i64).
+fn retry(busy: i64) -> Option<Duration> {
+    (busy != -1).then(|| Duration::from_millis((-(busy + 2)).unsigned_abs()))
 }
 
 /// A 1 (yes) or 0 (no) answer of `what`.
@@ -193,7 +202,7 @@ pub(crate) fn inspected(reply: &Value) -> Result<(LockState, Option<Duration>)> 
     for member in members {
         let member = text(member, WHAT)?;
         let (mode, owner) = match member.split_at_checked(1) {
-            Some(("x", owner)) => (Mode::Exclusive, owner),
+            Some(("x" | "h", owner)) => (Mode::Exclusive, owner),
             Some(("s", owner)) => (Mode::Shared, owner),
             Some(("p", rest)) => {
                 let (owner, limit) = rest
@@ -295,15 +304,24 @@ mod tests {
         let int = |i| acquired(&Value::Int(i)).unwrap();
         assert_eq!(int(42), Acquired::Granted(42, None));
         assert_eq!(int(0), Acquired::NotFast);
-        assert_eq!(int(-1), Acquired::Busy(None));
-        assert_eq!(int(-502), Acquired::Busy(Some(Duration::from_millis(500))));
-        assert!(matches!(int(i64::MIN), Acquired::Busy(Some(_))));
+        assert_eq!(int(-1), Acquired::Busy(None, None));
+        assert_eq!(
+            int(-502),
+            Acquired::Busy(Some(Duration::from_millis(500)), None)
+        );
+        assert!(matches!(int(i64::MIN), Acquired::Busy(Some(_), None)));
         let pair = |a, b| acquired(&Value::Array(vec![Value::Int(a), Value::Int(b)]));
         assert_eq!(
             pair(42, 310).unwrap(),
             Acquired::Granted(42, Some(Duration::from_micros(310)))
         );
-        for (a, b) in [(0, 310), (42, -1), (-1, 310)] {
+        // Busy to a waiter a release may hand the lock to: with the counter.
+        assert_eq!(pair(-1, 310).unwrap(), Acquired::Busy(None, Some(310)));
+        assert_eq!(
+            pair(-502, 0).unwrap(),
+            Acquired::Busy(Some(Duration::from_millis(500)), Some(0))
+        );
+        for (a, b) in [(0, 310), (42, -1), (-1, -1)] {
             assert!(pair(a, b).is_err(), "{a} {b}");
         }
         assert!(acquired(&Value::Array(vec![Value::Int(42)])).is_err());

@@ -361,9 +361,10 @@ impl Call {
 
 /// Every kind of script call.
 ///
-/// Exclusive releases and renewals pass few keys, in the order of [`Key::ALL`]: a release
-/// three (four with a lock-delay, five with a stored value) and the owner and channel; a
-/// renewal one (five with a lock-delay or a value). The acquire fast path is a call of its
+/// Exclusive releases and renewals pass few keys: a release four (the lock, the queue's
+/// two keys and the counter, for a hand-off to the next waiter; five with a lock-delay, six
+/// with a stored value) and the owner and channel; a renewal one (five with a lock-delay or
+/// a value). The acquire fast path is a call of its
 /// own with two keys and two arguments. Every other call passes the keys of both lock sets
 /// ([`Key::STATE`]); inspect adds the eviction records, and an eviction passes the keys of
 /// the holders it may remove, their lock-delays and the records. A record's write passes
@@ -400,6 +401,15 @@ pub(crate) struct Calls {
 }
 
 const EXCLUSIVE_RELEASE_KEYS: [Key; 5] = [Key::Lock, Key::Queue, Key::Qexp, Key::Delay, Key::Xinfo];
+/// An exclusive release's keys: a renewal's, and the counter for the token of a hand-off.
+const HANDING_RELEASE_KEYS: [Key; 6] = [
+    Key::Lock,
+    Key::Queue,
+    Key::Qexp,
+    Key::Token,
+    Key::Delay,
+    Key::Xinfo,
+];
 
 /// The calls for a server, made (and their scripts hashed) once per process.
 /// Their scripts publish wake-ups with `PUBLISH`.
@@ -475,24 +485,28 @@ impl Calls {
                 shape(all, &[Owner, Flags, Ttl, LockDelay], 3),
                 renew,
             ),
-            release_exclusive: call(
+            release_exclusive: with(
                 "release",
-                shape(&EXCLUSIVE_RELEASE_KEYS[..3], &[Owner, Channel, Place], 2),
+                shape(&HANDING_RELEASE_KEYS[..4], &[Owner, Channel, Place], 2),
+                CLOCK_FLOOR,
                 release,
             ),
-            release_exclusive_delayed: call(
+            release_exclusive_delayed: with(
                 "release",
-                shape(&EXCLUSIVE_RELEASE_KEYS[..4], &[Owner, Channel, Place], 2),
+                shape(&HANDING_RELEASE_KEYS[..5], &[Owner, Channel, Place], 2),
+                CLOCK_FLOOR,
                 release,
             ),
-            release_exclusive_valued: call(
+            release_exclusive_valued: with(
                 "release",
-                shape(&EXCLUSIVE_RELEASE_KEYS, &[Owner, Channel, Place], 2),
+                shape(&HANDING_RELEASE_KEYS, &[Owner, Channel, Place], 2),
+                CLOCK_FLOOR,
                 release,
             ),
-            release: call(
+            release: with(
                 "release",
                 shape(all, &[Owner, Flags, Channel, Limit, Place], 3),
+                CLOCK_FLOOR,
                 release,
             ),
             inspect: with(
@@ -988,11 +1002,17 @@ mod tests {
                 vec!["o1".to_owned(), "1501".to_owned()]
             )
         );
-        // An exclusive release: the lock, the queue's two keys; the owner and channel.
+        // An exclusive release: the lock, the queue's two keys, the counter; the owner and
+        // channel.
         assert_eq!(
             sent(CALLS.release_of(&req), &values),
             (
-                vec![key(Key::Lock), key(Key::Queue), key(Key::Qexp)],
+                vec![
+                    key(Key::Lock),
+                    key(Key::Queue),
+                    key(Key::Qexp),
+                    key(Key::Token)
+                ],
                 vec!["o1".to_owned(), "leasehold:{orders:42}:wake".to_owned()]
             )
         );
@@ -1012,7 +1032,7 @@ mod tests {
         );
         let mut delayed = request();
         delayed.lock_delay = Some(Duration::from_millis(40));
-        assert_eq!(sent(CALLS.release_of(&delayed), &values).0.len(), 4);
+        assert_eq!(sent(CALLS.release_of(&delayed), &values).0.len(), 5);
         assert_eq!(sent(CALLS.renew_of(&delayed), &values).0.len(), 5);
     }
 

@@ -7,6 +7,10 @@
 //! scripts are passed to publish on. A channel has state on the board exactly while it is
 //! subscribed (or about to be unsubscribed).
 //!
+//! A release that hands an exclusive lock straight to the waiter at the head of the queue
+//! publishes `<owner>!<token>` (`lua/release.lua`): that waiter is woken, and its hint
+//! tells the grant ([`Hint::handed`]), so that taking it costs no request.
+//!
 //! A waiter takes its ticket *before* its acquire is sent, so a message that arrives
 //! between the script and the wait is never missed. A name is subscribed the first time
 //! one of its waiters is busy (the first wait subscribes and returns at once, so the
@@ -89,6 +93,9 @@ pub(crate) struct Hint {
     ticket: Option<Ticket>,
     /// When the server said the state may change on its own (an expiry).
     retry: Option<Duration>,
+    /// The fencing counter when the server answered busy, to a waiter it may hand the lock to.
+    /// A token handed since is above it.
+    counter: Option<u64>,
 }
 
 impl Hint {
@@ -98,7 +105,24 @@ impl Hint {
             channel: channel.to_owned(),
             ticket,
             retry,
+            counter: None,
         }
+    }
+
+    /// The same hint, of a waiter that a release may hand the lock to.
+    /// The server answered busy when its fencing counter stood at `counter`.
+    pub(crate) fn may_be_handed(mut self, counter: u64) -> Self {
+        self.counter = Some(counter);
+        self
+    }
+
+    /// The token a release handed the waiter since the busy answer.
+    /// A hand told before the answer (a token not above the counter then) is not this
+    /// request's: the answer proves the grant was gone by then.
+    pub(crate) fn handed(&self) -> Option<u64> {
+        let counter = self.counter?;
+        let token = self.ticket.as_ref()?.handed()?;
+        (token > counter).then_some(token)
     }
 
     /// The lock's channel.
@@ -390,7 +414,16 @@ impl AsyncPushSender for Router {
                 if let [channel, payload, ..] = info.data.as_slice()
                     && let (Some(channel), Some(payload)) = (text(channel), text(payload))
                 {
-                    self.0.board.wake(&channel, payload.split(' '));
+                    // A hand-off, or the owners to wake ('!' is not allowed in owner ids).
+                    match payload.rsplit_once('!') {
+                        Some((owner, token)) => match token.parse() {
+                            Ok(token) => self.0.board.hand(&channel, owner, token),
+                            Err(_) => {
+                                tracing::warn!(%channel, %payload, "redis: a wake-up that is not one")
+                            }
+                        },
+                        None => self.0.board.wake(&channel, payload.split(' ')),
+                    }
                 }
             }
             // A Cluster node drops the sharded subscriptions of a slot it gives away. A
@@ -412,5 +445,34 @@ impl AsyncPushSender for Router {
             _ => {}
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use leasehold_core::support::wakeups::Board;
+
+    use super::Hint;
+
+    #[test]
+    fn only_a_token_handed_after_the_busy_answer_is_taken() {
+        let board = Board::new();
+        // Tickets are taken before the requests are sent; the answers saw counters 4 and 5.
+        let hint = |counter| {
+            Hint::new("c", Some(board.ticket("c", Some("o"))), None).may_be_handed(counter)
+        };
+        let (before, after) = (hint(4), hint(5));
+        let not_queued = Hint::new("c", Some(board.ticket("c", Some("o"))), None);
+        board.hand("c", "o", 5);
+        assert_eq!(before.handed(), Some(5));
+        assert_eq!(
+            after.handed(),
+            None,
+            "a hand told before the answer was taken"
+        );
+        assert_eq!(not_queued.handed(), None);
+        // A plain wake-up after it: nothing is known to be handed any more.
+        board.wake("c", ["o"]);
+        assert_eq!(before.handed(), None);
     }
 }

@@ -6,7 +6,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use leasehold_core::backend::{Acquire, Backend, Eviction, Mode, Release, Renewal, Request};
+use leasehold_core::backend::{
+    Acquire, Backend, Eviction, Expiry, Mode, Release, Renewal, Request, WaitHint,
+};
 use leasehold_core::{
     Client, Error, FencingToken, LockName, LockOptions, LossReason, NamePrefix, OwnerId, RecordKey,
 };
@@ -467,10 +469,105 @@ fn request(ttl: Duration, waiting: bool) -> Request {
     request
 }
 
+/// A busy answer's hint, after the wait that subscribes to the name's wake-ups.
+/// The acquire is sent again with the subscription in place, as the engine does.
+async fn queued(backend: &RedisBackend, req: &Request) -> WaitHint {
+    let Acquire::Busy(hint) = backend.acquire(req).await.unwrap() else {
+        panic!("not busy");
+    };
+    backend
+        .wait(&req.name, &hint, Duration::ZERO)
+        .await
+        .unwrap();
+    match backend.acquire(req).await.unwrap() {
+        Acquire::Busy(hint) => hint,
+        Acquire::Granted(_) => panic!("granted"),
+    }
+}
+
+/// A release hands the lock straight to the exclusive waiter at the head of the queue.
+/// The wake-up tells the grant, so the waiter takes it without a request: a token above
+/// the last, a lease counted from when its busy request was sent, a hand-off of zero. A
+/// waiter with a value to store at its grant is woken to take it itself, as are the
+/// others behind the new holder once it releases.
+#[tokio::test]
+async fn a_release_hands_the_lock_to_the_next_waiter_in_the_wake_up() {
+    let server = Redis::start().await.unwrap();
+    let a = RedisBackend::connect(&server.url()).await.unwrap();
+    let b = RedisBackend::connect(&server.url()).await.unwrap();
+    let ttl = Duration::from_secs(30);
+    let holder = request(ttl, false);
+    let Acquire::Granted(first) = a.acquire(&holder).await.unwrap() else {
+        panic!("the free name was not granted");
+    };
+    let next = request(ttl, true);
+    let hint = queued(&b, &next).await;
+    let mut valued = request(ttl, true);
+    valued.value = Some(Arc::from(&b"v"[..]));
+    let behind = queued(&b, &valued).await;
+    assert!(
+        b.handed(&next, &hint).await.is_none(),
+        "handed before the release"
+    );
+
+    let calls = script_calls(&server).await;
+    a.release(&holder).await.unwrap();
+    b.wait(&next.name, &hint, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let grant = b
+        .handed(&next, &hint)
+        .await
+        .expect("no grant in the wake-up");
+    assert_eq!(
+        script_calls(&server).await,
+        calls + 1,
+        "the waiter sent a request"
+    );
+    assert!(grant.token.get() > first.token.get());
+    assert_eq!(grant.handoff, Some(Duration::ZERO));
+    // The lease of the busy request's waiter entry: counted from when that request was sent
+    // (by the engine), it ends before the server's does.
+    assert_eq!(grant.expiry, Expiry::After(ttl));
+    let lease = server
+        .command(&["PTTL", &format!("leasehold:{{{}}}:lock", next.name)])
+        .await
+        .unwrap();
+    assert!(
+        matches!(lease, Resp::Integer(ms) if ms > 0 && ms <= 30_000),
+        "{lease:?}"
+    );
+    let state = b.inspect(&next.name).await.unwrap();
+    assert_eq!(state.holders.len(), 1);
+    assert_eq!(state.holders[0].owner, next.owner);
+    assert_eq!(state.holders[0].token, grant.token);
+    // The waiter behind it is not woken, and has nothing handed.
+    assert!(b.handed(&valued, &behind).await.is_none());
+
+    // Its release wakes the waiter with a value, which takes the lock with a request.
+    b.release(&next).await.unwrap();
+    b.wait(&valued.name, &behind, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert!(b.handed(&valued, &behind).await.is_none());
+    let Acquire::Granted(taken) = b.acquire(&valued).await.unwrap() else {
+        panic!("the woken waiter was not granted");
+    };
+    assert!(taken.token.get() > grant.token.get());
+    assert_eq!(
+        b.inspect(&valued.name).await.unwrap().holders[0]
+            .value
+            .as_deref(),
+        Some(&b"v"[..])
+    );
+    b.release(&valued).await.unwrap();
+}
+
 /// A waiter's grant after a release carries the hand-off, measured by the server.
 /// It is the time from the release to the grant on the server's clock, so at most the time
 /// from the release's send to the grant's answer here; a grant after no release (a free
-/// name, a lease that ended) carries none.
+/// name, a lease that ended) carries none. (The waiters here have values: a plain one is
+/// handed the lock by the release.)
 #[tokio::test]
 async fn a_waiters_grant_after_a_release_carries_the_servers_handoff() {
     let server = Redis::start().await.unwrap();
@@ -479,6 +576,11 @@ async fn a_waiters_grant_after_a_release_carries_the_servers_handoff() {
     let granted = |answer| match answer {
         Acquire::Granted(grant) => grant,
         other => panic!("not granted: {other:?}"),
+    };
+    let request = |ttl, waiting| {
+        let mut req = request(ttl, waiting);
+        req.value = Some(Arc::from(&b"v"[..]));
+        req
     };
     let first = request(Duration::from_secs(30), false);
     assert_eq!(granted(a.acquire(&first).await.unwrap()).handoff, None);

@@ -18,7 +18,7 @@ use tokio::sync::watch;
 use leasehold_core::backend::{
     Acquire, Backend, Capabilities, LockState, Release, Renewal, Request, SessionLiveness, WaitHint,
 };
-use leasehold_core::backend::{Changes, Eviction, Mode};
+use leasehold_core::backend::{Changes, Eviction, Grant, Mode};
 use leasehold_core::{Error, ListCursor, Listing, LockName, NamePrefix, RecordKey, Result};
 
 /// A backend operation, for [`Faulty`].
@@ -234,6 +234,11 @@ impl Backend for Faulty {
     async fn wait(&self, name: &LockName, hint: &WaitHint, max: Duration) -> Result<()> {
         self.intercept(Op::Wait, self.inner.wait(name, hint, max))
             .await
+    }
+
+    /// Passed on as it is: a grant handed over comes with a wake-up, not an acquire's reply.
+    async fn handed(&self, req: &Request, hint: &WaitHint) -> Option<Grant> {
+        self.inner.handed(req, hint).await
     }
 
     async fn inspect(&self, name: &LockName) -> Result<LockState> {

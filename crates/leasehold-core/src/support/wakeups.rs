@@ -8,6 +8,10 @@
 //! wait is not missed; it then [waits](Ticket::wait) on the ticket until the name is
 //! [woken](Board::wake) for it (by its owner id, or for [`EVERYONE`]), or for a while.
 //!
+//! A server that hands a released lock straight to its next waiter says so with a
+//! [hand](Board::hand): the waiter is woken as for its owner id, and its ticket tells the
+//! grant it was [handed](Ticket::handed).
+//!
 //! State is kept per name only while a ticket of it lives, and per owner only while a
 //! ticket of that owner does: dropping the last one (a waiter granted, gone or cancelled)
 //! frees it, so a process that locks millions of names keeps state only for those waited
@@ -55,7 +59,8 @@ struct Entry {
 }
 
 struct Owner {
-    woken: watch::Sender<()>,
+    /// Bumped for the owner: with the grant handed to it, or `None` for a plain wake-up.
+    woken: watch::Sender<Option<u64>>,
     tickets: usize,
 }
 
@@ -77,7 +82,7 @@ pub struct Ticket {
     name: Arc<str>,
     owner: Option<Arc<str>>,
     everyone: watch::Receiver<()>,
-    mine: Option<watch::Receiver<()>>,
+    mine: Option<watch::Receiver<Option<u64>>>,
 }
 
 impl Board {
@@ -144,15 +149,28 @@ impl Board {
             if who == EVERYONE {
                 entry.everyone.send_replace(());
             } else if let Some(owner) = entry.owners.get(who) {
-                owner.woken.send_replace(());
+                owner.woken.send_replace(None);
             }
         }
     }
 
+    /// Wakes `owner`'s waiters of `name`: the server handed it the grant `grant` (a token).
+    /// Its tickets taken before then tell it ([`Ticket::handed`]) until a later wake-up.
+    pub fn hand(&self, name: &str, owner: &str, grant: u64) {
+        let names = self.shared.names();
+        if let Some(registered) = names.get(name).and_then(|entry| entry.owners.get(owner)) {
+            registered.woken.send_replace(Some(grant));
+        }
+    }
+
     /// Wakes every waiter of every name (announcements may have been lost).
+    /// A grant handed before is no longer told: the server it came from may have lost it.
     pub fn wake_all(&self) {
         for entry in self.shared.names().values() {
             entry.everyone.send_replace(());
+            for owner in entry.owners.values() {
+                owner.woken.send_replace(None);
+            }
         }
     }
 
@@ -248,7 +266,7 @@ impl Shared {
         let owner: Option<Arc<str>> = owner.map(Arc::from);
         let mine = owner.as_ref().map(|owner| {
             let registered = entry.owners.entry(owner.clone()).or_insert_with(|| Owner {
-                woken: watch::Sender::new(()),
+                woken: watch::Sender::new(None),
                 tickets: 0,
             });
             registered.tickets += 1;
@@ -265,6 +283,16 @@ impl Shared {
 }
 
 impl Ticket {
+    /// The grant [handed](Board::hand) to the ticket's owner since the ticket was taken.
+    /// `None` if there was none, or a plain wake-up for the owner came after it.
+    pub fn handed(&self) -> Option<u64> {
+        let mine = self.mine.as_ref()?;
+        if !mine.has_changed().unwrap_or(false) {
+            return None;
+        }
+        *mine.borrow()
+    }
+
     /// Returns when the name is woken for the ticket's owner or everyone, or after `limit`.
     /// Only a wake-up since the ticket was taken counts.
     ///
@@ -370,6 +398,29 @@ mod tests {
         // A ticket taken after a wake-up waits for the next one.
         let late = board.ticket("n", Some("a"));
         assert!(!woken(&late).await);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hand_wakes_its_owner_and_tells_only_tickets_taken_before_it() {
+        let board = Board::new();
+        let a = board.ticket("n", Some("a"));
+        let b = board.ticket("n", Some("b"));
+        assert_eq!(a.handed(), None);
+        board.hand("n", "a", 7);
+        assert!(woken(&a).await);
+        assert!(!woken(&b).await, "b was woken by a's hand");
+        assert_eq!((a.handed(), b.handed()), (Some(7), None));
+        // A ticket taken after the hand was not handed anything.
+        let later = board.ticket("n", Some("a"));
+        assert_eq!(later.handed(), None);
+        // A plain wake-up after the hand: nothing is known to be handed any more.
+        board.wake("n", ["a"]);
+        assert_eq!((a.handed(), later.handed()), (None, None));
+        board.hand("n", "a", 9);
+        assert_eq!((a.handed(), later.handed()), (Some(9), Some(9)));
+        // Announcements may have been lost (a reconnection): neither are hands.
+        board.wake_all();
+        assert_eq!(a.handed(), None);
     }
 
     #[tokio::test(start_paused = true)]

@@ -2,7 +2,9 @@
 //! It shows the cost of the parallel fan-out, with and without the fencing write-back
 //! round, and the floor under it on this machine (a bare PING to all five nodes at once).
 //! Contended rows (every client on one name) also give the spread: the busiest client's
-//! cycles over the idlest's.
+//! cycles over the idlest's. Last, the five servers' CPU time per uncontended cycle of
+//! leasehold's Redlock (with and without the fencing round) and of rslock's, at 1 and at
+//! N clients (`--only server-cpu` runs only that).
 //!
 //! ```sh
 //! cargo run --release -p leasehold-bench --bin redlock-compare [-- --duration 3s --json]
@@ -19,7 +21,10 @@ use redis::aio::ConnectionManager;
 use serde_json::json as j;
 
 mod common;
-use common::{Args, Cycle, Rounds, bare_connection, pin_servers, rslock_cycle, uncontended};
+use common::{
+    Args, CpuSide, Cycle, Rounds, bare_connection, cpu_time, leasehold_cycle, pin_servers,
+    print_server_cpu, rslock_cycle, server_cpu, uncontended,
+};
 
 const ROUNDS: usize = 2;
 /// The lease of rslock's locks (leasehold's bench locks have 30 s too).
@@ -55,6 +60,10 @@ async fn main() {
         .chain(nodes.iter_mut())
         .filter_map(|server| server.process().pid())
         .collect();
+    let node_pids: Vec<u32> = nodes
+        .iter_mut()
+        .filter_map(|server| server.process().pid())
+        .collect();
     pin_servers(&pids);
     let hosts: Vec<String> = nodes
         .iter()
@@ -85,7 +94,12 @@ async fn main() {
         .map(|_| Arc::new(rslock::LockManager::new(node_urls.clone())))
         .collect();
     let mut rounds = Rounds::default();
-    for _ in 0..args.rounds.unwrap_or(ROUNDS) {
+    // `--only server-cpu` runs none of the rates' rounds.
+    let rates_rounds = match args.only.as_deref() {
+        Some("server-cpu") => 0,
+        _ => args.rounds.unwrap_or(ROUNDS),
+    };
+    for _ in 0..rates_rounds {
         rounds.next();
         rounds.keep(vec![
             Row {
@@ -131,6 +145,40 @@ async fn main() {
             );
         }
     }
+    // The five servers' CPU time per uncontended cycle of each side.
+    let mut found = Vec::new();
+    if args.runs("server-cpu") {
+        let mut fenced = Vec::new();
+        let mut unfenced = Vec::new();
+        for i in 0..args.clients {
+            let client = leasehold::connect(&targets[2].1).await.expect("connect");
+            fenced.push(client.mutex(&format!("cpu-fenced-{i}")).unwrap());
+            let client = leasehold::connect(&targets[1].1).await.expect("connect");
+            unfenced.push(client.mutex(&format!("cpu-unfenced-{i}")).unwrap());
+        }
+        let sides: [CpuSide; 3] = [
+            (
+                targets[2].0,
+                Box::new(|i| Box::new(leasehold_cycle(fenced[i].clone()))),
+            ),
+            (
+                targets[1].0,
+                Box::new(|i| Box::new(leasehold_cycle(unfenced[i].clone()))),
+            ),
+            (
+                "rslock N=5",
+                Box::new(|i| {
+                    Box::new(rslock_cycle(
+                        rslocks[i].clone(),
+                        format!("cpu-rslock-{i}"),
+                        TTL,
+                    ))
+                }),
+            ),
+        ];
+        let spent = || node_pids.iter().map(|&pid| cpu_time(pid)).sum();
+        found = server_cpu(&sides, args.clients, spec.duration, spent).await;
+    }
     let best = rounds.best();
     let p50_of = |row: &str| {
         best.iter()
@@ -147,8 +195,10 @@ async fn main() {
     if args.json {
         let mut out = json(&best);
         out["summary"] = summary;
+        out["server_cpu"] = j!(found);
         println!("{out}");
     } else {
+        print_server_cpu(&found);
         print!("{}", table(&best));
         println!();
         for row in best.iter().filter(|r| r.name.contains(" contended,")) {
